@@ -1,0 +1,101 @@
+//! Command line and environment configuration.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+#[derive(Debug, Parser)]
+#[command(name = "gpucast", version, about = "Estimates GPU memory and utilization of training jobs before they run")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve the HTTP API.
+    Serve(ServeConfig),
+    /// Print the OpenAPI document (the committed openapi/openapi.json is this output).
+    Openapi,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ServeConfig {
+    /// Address to listen on.
+    #[arg(long, env = "GPUCAST_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+
+    /// Directory holding manifest.json and the ONNX models it lists.
+    #[arg(long, env = "GPUCAST_MODELS", default_value = "models")]
+    pub models: PathBuf,
+
+    /// ONNX Runtime shared library (libonnxruntime.so from the PyPI onnxruntime wheel;
+    /// scripts/fetch-onnxruntime.sh puts it in .cache/onnxruntime/).
+    #[arg(long, env = "ORT_DYLIB_PATH", default_value = ".cache/onnxruntime/libonnxruntime.so")]
+    pub ort_dylib: PathBuf,
+
+    /// Log format.
+    #[arg(long, env = "GPUCAST_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+
+    /// Largest request body accepted, in bytes.
+    #[arg(long, env = "GPUCAST_MAX_BODY_BYTES", default_value_t = 2 * 1024 * 1024)]
+    pub max_body_bytes: usize,
+
+    /// Most jobs accepted in one POST /v1/estimate/batch.
+    #[arg(long, env = "GPUCAST_MAX_BATCH_ITEMS", default_value_t = 256)]
+    pub max_batch_items: usize,
+
+    /// ONNX Runtime sessions per model (concurrent inferences per model).
+    #[arg(long, env = "GPUCAST_SESSIONS_PER_MODEL", default_value_t = 2)]
+    pub sessions_per_model: usize,
+
+    /// Requests handled at once; more are refused at once with 503 and Retry-After.
+    #[arg(long, env = "GPUCAST_MAX_CONCURRENT_REQUESTS", default_value_t = 512)]
+    pub max_concurrent_requests: usize,
+
+    /// Seconds a request may take before it is answered with 503.
+    #[arg(long, env = "GPUCAST_REQUEST_TIMEOUT_SECS", default_value_t = 10)]
+    pub request_timeout_secs: u64,
+}
+
+impl ServeConfig {
+    /// Rejects impossible combinations before anything starts.
+    pub fn validate(&self) -> Result<(), String> {
+        let positive = [
+            ("--max-body-bytes", self.max_body_bytes),
+            ("--max-batch-items", self.max_batch_items),
+            ("--sessions-per-model", self.sessions_per_model),
+            ("--max-concurrent-requests", self.max_concurrent_requests),
+            ("--request-timeout-secs", self.request_timeout_secs as usize),
+        ];
+        for (flag, value) in positive {
+            if value == 0 {
+                return Err(format!("{flag} must be positive"));
+            }
+        }
+        Ok(())
+    }
+
+    /// A configuration for tests and benchmarks: ephemeral port, repository models.
+    pub fn for_tests(models: PathBuf, ort_dylib: PathBuf) -> ServeConfig {
+        ServeConfig {
+            listen: "127.0.0.1:0".parse().expect("valid address"),
+            models,
+            ort_dylib,
+            log_format: LogFormat::Text,
+            max_body_bytes: 2 * 1024 * 1024,
+            max_batch_items: 256,
+            sessions_per_model: 2,
+            max_concurrent_requests: 512,
+            request_timeout_secs: 10,
+        }
+    }
+}

@@ -1,0 +1,252 @@
+//! Feature extraction, identical to `training/gpucast_features.py` (pinned together by
+//! `tests/fixtures/golden_features.json`). docs/models.md defines every feature.
+
+use serde::Deserialize;
+
+use super::job::{Job, LayerKind};
+
+/// Hidden activations that get a one-hot feature, in the order of the `act_<name>` features.
+pub const ONE_HOT_ACTIVATIONS: [LayerKind; 11] = [
+    LayerKind::Relu,
+    LayerKind::LeakyRelu,
+    LayerKind::Prelu,
+    LayerKind::Elu,
+    LayerKind::Selu,
+    LayerKind::Gelu,
+    LayerKind::Silu,
+    LayerKind::Mish,
+    LayerKind::Softplus,
+    LayerKind::Tanh,
+    LayerKind::Identity,
+];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Transform {
+    Identity,
+    Log1p,
+}
+
+/// One model input column: which raw feature, and how it is normalised.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct FeatureSpec {
+    pub name: String,
+    pub transform: Transform,
+    pub mean: f64,
+    pub std: f64,
+}
+
+impl FeatureSpec {
+    pub fn normalise(&self, raw: f64) -> f64 {
+        let transformed = match self.transform {
+            Transform::Identity => raw,
+            Transform::Log1p => raw.ln_1p(),
+        };
+        (transformed - self.mean) / self.std
+    }
+}
+
+/// Aggregate (whole-job) raw features, computed once per job and shared by every estimator.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AggregateFeatures {
+    depth: f64,
+    n_layers: f64,
+    total_params: f64,
+    total_activations: f64,
+    batch_size: f64,
+    max_output_size: f64,
+    n_batch_norm: f64,
+    n_dropout: f64,
+    n_activation: f64,
+    hidden_activation: LayerKind,
+}
+
+impl AggregateFeatures {
+    pub fn of(job: &Job) -> AggregateFeatures {
+        let layers = job.layers();
+        let count = |kind: LayerKind| layers.iter().filter(|l| l.kind == kind).count() as f64;
+        AggregateFeatures {
+            depth: count(LayerKind::Linear),
+            n_layers: layers.len() as f64,
+            total_params: layers.iter().map(|l| l.params as f64).sum(),
+            total_activations: layers.iter().map(|l| l.output_size as f64).sum(),
+            batch_size: job.batch_size() as f64,
+            max_output_size: layers.iter().map(|l| l.output_size).max().unwrap_or(0) as f64,
+            n_batch_norm: count(LayerKind::BatchNorm),
+            n_dropout: count(LayerKind::Dropout),
+            n_activation: layers.iter().filter(|l| l.kind.is_activation()).count() as f64,
+            hidden_activation: hidden_activation(job),
+        }
+    }
+
+    /// The raw value of a named feature, or `None` for a name this build does not know.
+    pub fn get(&self, name: &str) -> Option<f64> {
+        let value = match name {
+            "depth" => self.depth,
+            "n_layers" => self.n_layers,
+            "total_params" => self.total_params,
+            "total_activations" => self.total_activations,
+            "batch_size" => self.batch_size,
+            "activations_x_batch" => self.total_activations * self.batch_size,
+            "params_x_batch" => self.total_params * self.batch_size,
+            "max_output_size" => self.max_output_size,
+            "n_batch_norm" => self.n_batch_norm,
+            "n_dropout" => self.n_dropout,
+            "n_activation" => self.n_activation,
+            _ => {
+                let activation = name.strip_prefix("act_")?;
+                let kind = ONE_HOT_ACTIVATIONS.into_iter().find(|k| k.as_str() == activation)?;
+                f64::from(u8::from(kind == self.hidden_activation))
+            }
+        };
+        Some(value)
+    }
+
+    /// The model input vector for `specs`, in their order.
+    pub fn normalised(&self, specs: &[FeatureSpec]) -> Vec<f32> {
+        specs
+            .iter()
+            .map(|spec| {
+                // Names were checked against `get` when the manifest was loaded.
+                spec.normalise(self.get(&spec.name).unwrap_or(0.0)) as f32
+            })
+            .collect()
+    }
+}
+
+/// Names of the per-layer token features.
+pub const TOKEN_FEATURES: [&str; 5] = ["output_size", "params", "batch_size", "output_x_batch", "position"];
+
+/// Per-layer token inputs of a sequence model: kind ids (0 = padding) and a row-major
+/// `[n_tokens, specs.len()]` matrix of normalised features.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenFeatures {
+    pub kind_ids: Vec<i64>,
+    pub features: Vec<f32>,
+    pub n_tokens: usize,
+    pub n_features: usize,
+}
+
+/// Raw value of a token feature for layer `index`, or `None` for an unknown name.
+pub fn raw_token_feature(job: &Job, index: usize, name: &str) -> Option<f64> {
+    let layer = job.layers()[index];
+    let batch = job.batch_size() as f64;
+    let value = match name {
+        "output_size" => layer.output_size as f64,
+        "params" => layer.params as f64,
+        "batch_size" => batch,
+        "output_x_batch" => layer.output_size as f64 * batch,
+        "position" => index as f64 / (job.layers().len().saturating_sub(1).max(1)) as f64,
+        _ => return None,
+    };
+    Some(value)
+}
+
+impl TokenFeatures {
+    /// `vocab_index` maps a kind to its position in the model's vocabulary; a kind outside the
+    /// vocabulary is reported back so the caller can refuse the job.
+    pub fn of(
+        job: &Job,
+        vocab_index: impl Fn(LayerKind) -> Option<usize>,
+        specs: &[FeatureSpec],
+    ) -> Result<TokenFeatures, (usize, LayerKind)> {
+        let n_tokens = job.layers().len();
+        let mut kind_ids = Vec::with_capacity(n_tokens);
+        let mut features = Vec::with_capacity(n_tokens * specs.len());
+        for (index, layer) in job.layers().iter().enumerate() {
+            let id = vocab_index(layer.kind).ok_or((index, layer.kind))?;
+            kind_ids.push(id as i64 + 1);
+            for spec in specs {
+                let raw = raw_token_feature(job, index, &spec.name).unwrap_or(0.0);
+                features.push(spec.normalise(raw) as f32);
+            }
+        }
+        Ok(TokenFeatures { kind_ids, features, n_tokens, n_features: specs.len() })
+    }
+}
+
+/// The most frequent activation kind, not counting the output nonlinearities softmax and
+/// sigmoid; ties go to the kind seen first; none means identity.
+fn hidden_activation(job: &Job) -> LayerKind {
+    let mut counts: Vec<(LayerKind, usize)> = Vec::new();
+    for layer in job.layers() {
+        let kind = layer.kind;
+        if !kind.is_activation() || matches!(kind, LayerKind::Softmax | LayerKind::Sigmoid) {
+            continue;
+        }
+        match counts.iter_mut().find(|(k, _)| *k == kind) {
+            Some((_, n)) => *n += 1,
+            None => counts.push((kind, 1)),
+        }
+    }
+    // `max_by_key` keeps the last maximum, so scan in reverse to keep the first one seen.
+    counts.iter().rev().max_by_key(|(_, n)| *n).map_or(LayerKind::Identity, |(k, _)| *k)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::job::UncheckedLayer;
+
+    fn job(batch: u64, layers: &[(&str, u64, u64)]) -> Job {
+        let layers: Vec<_> = layers
+            .iter()
+            .map(|&(kind, output_size, params)| UncheckedLayer { kind, output_size, params })
+            .collect();
+        Job::parse(None, batch, layers.into_iter()).unwrap()
+    }
+
+    #[test]
+    fn aggregate_features_follow_the_contract() {
+        let job = job(
+            4,
+            &[("linear", 10, 110), ("batch_norm", 10, 20), ("relu", 10, 0), ("dropout", 10, 0), ("linear", 3, 33), ("softmax", 3, 0)],
+        );
+        let f = AggregateFeatures::of(&job);
+        assert_eq!(f.get("depth"), Some(2.0));
+        assert_eq!(f.get("n_layers"), Some(6.0));
+        assert_eq!(f.get("total_params"), Some(163.0));
+        assert_eq!(f.get("total_activations"), Some(46.0));
+        assert_eq!(f.get("activations_x_batch"), Some(184.0));
+        assert_eq!(f.get("params_x_batch"), Some(652.0));
+        assert_eq!(f.get("max_output_size"), Some(10.0));
+        assert_eq!(f.get("n_batch_norm"), Some(1.0));
+        assert_eq!(f.get("n_dropout"), Some(1.0));
+        assert_eq!(f.get("n_activation"), Some(2.0));
+        assert_eq!(f.get("act_relu"), Some(1.0));
+        assert_eq!(f.get("act_gelu"), Some(0.0));
+        assert_eq!(f.get("no_such_feature"), None);
+    }
+
+    #[test]
+    fn hidden_activation_ties_go_to_the_first_seen_and_none_is_identity() {
+        let tie = job(1, &[("linear", 1, 1), ("tanh", 1, 0), ("gelu", 1, 0), ("gelu", 1, 0), ("tanh", 1, 0)]);
+        assert_eq!(hidden_activation(&tie), LayerKind::Tanh);
+        let none = job(1, &[("linear", 1, 1), ("softmax", 1, 0), ("sigmoid", 1, 0)]);
+        assert_eq!(hidden_activation(&none), LayerKind::Identity);
+    }
+
+    #[test]
+    fn normalisation_applies_the_transform_then_standardises() {
+        let spec = FeatureSpec { name: "x".into(), transform: Transform::Log1p, mean: 1.0, std: 2.0 };
+        assert!((spec.normalise(std::f64::consts::E - 1.0) - 0.0).abs() < 1e-12);
+        let spec = FeatureSpec { name: "x".into(), transform: Transform::Identity, mean: 1.0, std: 2.0 };
+        assert_eq!(spec.normalise(5.0), 2.0);
+    }
+
+    #[test]
+    fn tokens_carry_vocabulary_ids_from_one_and_positions_from_zero_to_one() {
+        let job = job(2, &[("linear", 4, 8), ("relu", 4, 0), ("linear", 2, 10)]);
+        let specs: Vec<_> = TOKEN_FEATURES
+            .iter()
+            .map(|n| FeatureSpec { name: (*n).into(), transform: Transform::Identity, mean: 0.0, std: 1.0 })
+            .collect();
+        let vocab = [LayerKind::Linear, LayerKind::Relu];
+        let tokens = TokenFeatures::of(&job, |k| vocab.iter().position(|v| *v == k), &specs).unwrap();
+        assert_eq!(tokens.kind_ids, vec![1, 2, 1]);
+        assert_eq!(&tokens.features[0..5], &[4.0, 8.0, 2.0, 8.0, 0.0]);
+        assert_eq!(&tokens.features[10..15], &[2.0, 10.0, 2.0, 4.0, 1.0]);
+        let err = TokenFeatures::of(&job, |k| (k == LayerKind::Linear).then_some(0), &specs).unwrap_err();
+        assert_eq!(err, (1, LayerKind::Relu));
+    }
+}

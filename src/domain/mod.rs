@@ -1,0 +1,8 @@
+//! The domain: validated jobs, their features and memory classes. No HTTP and no ONNX here.
+
+pub mod features;
+pub mod job;
+pub mod memory;
+
+pub use job::{Family, Job, JobError, Layer, LayerKind, UncheckedLayer};
+pub use memory::{MemoryClass, MemoryClasses};

@@ -1,0 +1,101 @@
+//! One API error type; every failure a client can see maps to a status and a problem-details
+//! body (RFC 9457) here, and nowhere else.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+
+use crate::domain::JobError;
+use crate::estimators::EstimateError;
+use crate::http::types::Problem;
+
+/// Seconds a refused client is asked to wait before retrying.
+const RETRY_AFTER_SECS: &str = "1";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// The body is not JSON at all (syntax error, truncated, non-finite number).
+    #[error("{0}")]
+    MalformedJson(String),
+    /// The JSON is well formed but does not describe a valid request.
+    #[error("{0}")]
+    InvalidInput(String),
+    #[error("request body exceeds the limit of {0} bytes")]
+    PayloadTooLarge(usize),
+    #[error("content-type must be application/json")]
+    UnsupportedMediaType,
+    #[error("the service is at its concurrency limit; retry shortly")]
+    Overloaded,
+    #[error("the request took too long")]
+    Timeout,
+    #[error("the service is not ready")]
+    NotReady,
+    /// A bug or a runtime failure: the detail goes to the log, never to the client.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl ApiError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::MalformedJson(_) => StatusCode::BAD_REQUEST,
+            ApiError::InvalidInput(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ApiError::Overloaded | ApiError::Timeout | ApiError::NotReady => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    fn title(&self) -> &'static str {
+        match self {
+            ApiError::MalformedJson(_) => "Malformed JSON",
+            ApiError::InvalidInput(_) => "Invalid request",
+            ApiError::PayloadTooLarge(_) => "Payload too large",
+            ApiError::UnsupportedMediaType => "Unsupported media type",
+            ApiError::Overloaded => "Overloaded",
+            ApiError::Timeout => "Timeout",
+            ApiError::NotReady => "Not ready",
+            ApiError::Internal(_) => "Internal error",
+        }
+    }
+
+    /// The body a client sees.
+    pub fn problem(&self) -> Problem {
+        let detail = match self {
+            ApiError::Internal(detail) => {
+                tracing::error!(%detail, "internal error");
+                "an internal error occurred; it has been logged".to_string()
+            }
+            other => other.to_string(),
+        };
+        Problem { title: self.title().into(), status: self.status().as_u16(), detail }
+    }
+}
+
+impl From<JobError> for ApiError {
+    fn from(e: JobError) -> Self {
+        ApiError::InvalidInput(e.to_string())
+    }
+}
+
+impl From<EstimateError> for ApiError {
+    fn from(e: EstimateError) -> Self {
+        match e {
+            EstimateError::Inference(e) => ApiError::Internal(e.to_string()),
+            other => ApiError::InvalidInput(other.to_string()),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        let mut response = (status, axum::Json(self.problem())).into_response();
+        let headers = response.headers_mut();
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from_static(RETRY_AFTER_SECS));
+        }
+        response
+    }
+}

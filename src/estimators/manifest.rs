@@ -1,0 +1,76 @@
+//! `models/manifest.json`: what each estimator is, what it was trained on, how to feed it.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+use crate::domain::features::FeatureSpec;
+
+pub const MANIFEST_FILE: &str = "manifest.json";
+pub const SUPPORTED_SCHEMA_VERSION: u32 = 1;
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct Manifest {
+    pub schema_version: u32,
+    #[serde(default)]
+    pub generated_at: Option<String>,
+    /// Provenance of the training data (file, sha256, rows), passed through to clients.
+    #[serde(default)]
+    pub training_data: serde_json::Value,
+    /// The split protocol, passed through to clients.
+    #[serde(default)]
+    pub split: serde_json::Value,
+    pub estimators: Vec<EstimatorEntry>,
+    #[serde(default)]
+    pub combined: Option<CombinedEntry>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EstimatorKind {
+    MemoryClassifier,
+    UtilizationRegressor,
+}
+
+impl EstimatorKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EstimatorKind::MemoryClassifier => "memory_classifier",
+            EstimatorKind::UtilizationRegressor => "utilization_regressor",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct EstimatorEntry {
+    pub name: String,
+    pub version: String,
+    pub family: String,
+    pub kind: EstimatorKind,
+    pub file: String,
+    pub sha256: String,
+    pub input: InputSpec,
+    pub output: String,
+    #[serde(default)]
+    pub class_bins_mib: Option<Vec<u64>>,
+    /// What a regressor predicts (`smact`, `smocc`, `drama`).
+    #[serde(default)]
+    pub target: Option<String>,
+    #[serde(default)]
+    pub validation: BTreeMap<String, serde_json::Value>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum InputSpec {
+    Aggregate { features: Vec<FeatureSpec> },
+    Sequence { kind_vocab: Vec<String>, token_features: Vec<FeatureSpec>, max_tokens: usize },
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct CombinedEntry {
+    pub members: Vec<String>,
+    pub rule: String,
+    #[serde(default)]
+    pub validation: BTreeMap<String, serde_json::Value>,
+}

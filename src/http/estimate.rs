@@ -1,0 +1,153 @@
+//! `POST /v1/estimate` and `POST /v1/estimate/batch`.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use axum::extract::State;
+use axum::Json;
+
+use crate::domain::{Job, MemoryClass, UncheckedLayer};
+use crate::error::ApiError;
+use crate::estimators::{ClassAnswer, Estimate};
+use crate::http::extract::{from_value, JsonBody};
+use crate::http::types::{
+    BatchItemResponse, BatchRequest, BatchResponse, EstimateRequest, EstimateResponse, EstimatorAnswer,
+    LatencyResponse, MemoryClassResponse, MemoryResponse, Problem, UtilizationResponse,
+};
+use crate::http::AppState;
+
+const DRAMA_REASON: &str = "no measured DRAM-activity data exists yet for any family, so no DRAMA model is trained";
+
+/// Estimate one job.
+#[utoipa::path(
+    post,
+    path = "/v1/estimate",
+    tag = "estimate",
+    request_body = EstimateRequest,
+    responses(
+        (status = 200, description = "The estimate", body = EstimateResponse),
+        (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "Not JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid job description", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Overloaded or not ready; see Retry-After", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+#[tracing::instrument(skip_all, fields(family, layers))]
+pub async fn estimate(
+    State(state): State<AppState>,
+    JsonBody(request): JsonBody<EstimateRequest>,
+) -> Result<Json<EstimateResponse>, ApiError> {
+    let started = Instant::now();
+    let job = to_job(&request)?;
+    tracing::Span::current().record("family", job.family().as_str()).record("layers", job.layers().len());
+    let answer = tokio::task::spawn_blocking(move || estimate_job(&state, &job, started))
+        .await
+        .map_err(|e| ApiError::Internal(format!("estimate task failed: {e}")))??;
+    Ok(Json(answer))
+}
+
+/// Estimate many jobs; each item succeeds or fails on its own.
+#[utoipa::path(
+    post,
+    path = "/v1/estimate/batch",
+    tag = "estimate",
+    request_body = BatchRequest,
+    responses(
+        (status = 200, description = "One outcome per item, in order", body = BatchResponse),
+        (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Not a batch, or too many items", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Overloaded or not ready", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+#[tracing::instrument(skip_all, fields(items))]
+pub async fn estimate_batch(
+    State(state): State<AppState>,
+    JsonBody(request): JsonBody<BatchRequest>,
+) -> Result<Json<BatchResponse>, ApiError> {
+    let max = state.limits.max_batch_items;
+    if request.items.is_empty() || request.items.len() > max {
+        return Err(ApiError::InvalidInput(format!(
+            "items: between 1 and {max} items are accepted, got {}",
+            request.items.len()
+        )));
+    }
+    tracing::Span::current().record("items", request.items.len());
+    let items = tokio::task::spawn_blocking(move || {
+        request
+            .items
+            .into_iter()
+            .enumerate()
+            .map(|(index, item)| {
+                let started = Instant::now();
+                let outcome = from_value::<EstimateRequest>(item, &format!("items[{index}]"))
+                    .and_then(|request| to_job(&request).map_err(ApiError::from))
+                    .and_then(|job| estimate_job(&state, &job, started));
+                match outcome {
+                    Ok(estimate) => BatchItemResponse { index, status: 200, estimate: Some(estimate), error: None },
+                    Err(error) => {
+                        BatchItemResponse { index, status: error.status().as_u16(), estimate: None, error: Some(error.problem()) }
+                    }
+                }
+            })
+            .collect()
+    })
+    .await
+    .map_err(|e| ApiError::Internal(format!("batch task failed: {e}")))?;
+    Ok(Json(BatchResponse { items }))
+}
+
+pub fn to_job(request: &EstimateRequest) -> Result<Job, crate::domain::JobError> {
+    let layers = request
+        .layers
+        .iter()
+        .map(|l| UncheckedLayer { kind: &l.kind, output_size: l.output_size, params: l.params });
+    Job::parse(request.family.as_deref(), request.batch_size, layers)
+}
+
+/// Runs the estimators (CPU work: call it off the async workers) and records metrics.
+fn estimate_job(state: &AppState, job: &Job, started: Instant) -> Result<EstimateResponse, ApiError> {
+    let estimate = state.estimators.estimate(job)?;
+    for run in &estimate.runs {
+        state.metrics.inference_duration_seconds.with_label_values(&[run.name.as_str()]).observe(run.latency.as_secs_f64());
+    }
+    state
+        .metrics
+        .predicted_class_total
+        .with_label_values(&[estimate.family.as_str(), &estimate.class.class.index.to_string()])
+        .inc();
+    Ok(to_response(estimate, started))
+}
+
+fn class_response(class: MemoryClass, probabilities: Vec<f32>) -> MemoryClassResponse {
+    MemoryClassResponse { index: class.index, lower_mib: class.lower_mib, upper_mib: class.upper_mib, probabilities }
+}
+
+fn to_response(estimate: Estimate, started: Instant) -> EstimateResponse {
+    let Estimate { family, class, classifiers, mut utilization, runs } = estimate;
+    let versions: BTreeMap<String, String> = runs.iter().map(|r| (r.name.clone(), r.version.clone())).collect();
+    let estimators = classifiers
+        .into_iter()
+        .map(|(name, ClassAnswer { class, probabilities })| {
+            let version = versions.get(&name).cloned().unwrap_or_default();
+            (name, EstimatorAnswer { version, class: class_response(class, probabilities) })
+        })
+        .collect();
+    let drama = utilization.remove("drama");
+    EstimateResponse {
+        family: family.as_str().to_string(),
+        memory: MemoryResponse { class: class_response(class.class, class.probabilities), estimators },
+        utilization: UtilizationResponse {
+            smact: utilization.remove("smact"),
+            smocc: utilization.remove("smocc"),
+            drama,
+            drama_reason: drama.is_none().then(|| DRAMA_REASON.to_string()),
+        },
+        latency_us: LatencyResponse {
+            total: started.elapsed().as_secs_f64() * 1e6,
+            estimators: runs.iter().map(|r| (r.name.clone(), r.latency.as_secs_f64() * 1e6)).collect(),
+        },
+        estimator_versions: versions,
+    }
+}

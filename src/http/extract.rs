@@ -1,0 +1,69 @@
+//! A JSON body extractor whose rejections are [`ApiError`]s naming the offending field, so
+//! malformed input gets the same problem-details body as every other error.
+
+use axum::body::Bytes;
+use axum::extract::{FromRequest, Request};
+use axum::http::{header, StatusCode};
+use serde::de::DeserializeOwned;
+
+use crate::error::ApiError;
+use crate::http::AppState;
+
+pub struct JsonBody<T>(pub T);
+
+impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, state: &AppState) -> Result<Self, Self::Rejection> {
+        // A missing content type is accepted (curl without -H); a different one is not.
+        if let Some(content_type) = request.headers().get(header::CONTENT_TYPE) {
+            let is_json = content_type
+                .to_str()
+                .map(|v| v.split(';').next().unwrap_or("").trim().eq_ignore_ascii_case("application/json"))
+                .unwrap_or(false);
+            if !is_json {
+                return Err(ApiError::UnsupportedMediaType);
+            }
+        }
+        let bytes = Bytes::from_request(request, state).await.map_err(|rejection| {
+            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::PayloadTooLarge(state.limits.max_body_bytes)
+            } else {
+                ApiError::MalformedJson(rejection.body_text())
+            }
+        })?;
+        parse_json(&bytes, "").map(JsonBody)
+    }
+}
+
+/// Parses JSON; syntax errors are malformed (400), type and value errors invalid (422), both
+/// naming the JSON path (prefixed with `prefix`) where they occurred.
+pub fn parse_json<T: DeserializeOwned>(bytes: &[u8], prefix: &str) -> Result<T, ApiError> {
+    let mut deserializer = serde_json::Deserializer::from_slice(bytes);
+    let value: T = serde_path_to_error::deserialize(&mut deserializer).map_err(|e| classify(&e, prefix))?;
+    deserializer.end().map_err(|e| ApiError::MalformedJson(format!("{e}")))?;
+    Ok(value)
+}
+
+/// Deserializes an already parsed JSON value (a batch item).
+pub fn from_value<T: DeserializeOwned>(value: serde_json::Value, prefix: &str) -> Result<T, ApiError> {
+    serde_path_to_error::deserialize(value).map_err(|e| classify(&e, prefix))
+}
+
+fn classify(error: &serde_path_to_error::Error<serde_json::Error>, prefix: &str) -> ApiError {
+    let path = error.path().to_string();
+    let field = match (prefix.is_empty(), path.as_str()) {
+        (true, ".") => "body".to_string(),
+        (true, _) => path,
+        (false, ".") => prefix.to_string(),
+        (false, _) => format!("{prefix}.{path}"),
+    };
+    let inner = error.inner();
+    // serde_json appends " at line L column C"; the path says more.
+    let message = inner.to_string();
+    let message = message.split(" at line ").next().unwrap_or(&message).to_string();
+    match inner.classify() {
+        serde_json::error::Category::Data => ApiError::InvalidInput(format!("{field}: {message}")),
+        _ => ApiError::MalformedJson(format!("malformed JSON: {inner}")),
+    }
+}

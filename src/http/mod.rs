@@ -1,0 +1,109 @@
+//! The HTTP API: router, shared state, the OpenAPI document and the middleware that guards
+//! every route (metrics, concurrency limit, timeout).
+
+pub mod estimate;
+pub mod extract;
+pub mod service;
+pub mod types;
+
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use tokio::sync::Semaphore;
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+use utoipa_swagger_ui::SwaggerUi;
+
+use crate::error::ApiError;
+use crate::estimators::Estimators;
+use crate::metrics::Metrics;
+
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub max_body_bytes: usize,
+    pub max_batch_items: usize,
+    pub request_timeout: Duration,
+}
+
+#[derive(Clone)]
+pub struct AppState {
+    pub estimators: Arc<Estimators>,
+    pub metrics: Arc<Metrics>,
+    pub ready: Arc<AtomicBool>,
+    pub limits: Limits,
+    /// One permit per request in flight; none left means refuse with 503 at once.
+    pub permits: Arc<Semaphore>,
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "gpucast",
+        description = "Estimates the GPU memory and utilization of a deep-learning training job before it runs."
+    ),
+    tags(
+        (name = "estimate", description = "Memory and utilization estimates"),
+        (name = "operations", description = "Health, readiness and metrics"),
+    )
+)]
+struct ApiDoc;
+
+fn api_router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .routes(routes!(estimate::estimate))
+        .routes(routes!(estimate::estimate_batch))
+        .routes(routes!(service::estimators))
+        .routes(routes!(service::healthz))
+        .routes(routes!(service::readyz))
+        .routes(routes!(service::metrics))
+}
+
+/// The OpenAPI document, generated from the handlers and wire types.
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    let (_, mut api) = api_router().split_for_parts();
+    api.info.version = env!("CARGO_PKG_VERSION").to_string();
+    api
+}
+
+pub fn router(state: AppState) -> Router {
+    let (api_routes, api) = api_router().split_for_parts();
+    let mut api = api;
+    api.info.version = env!("CARGO_PKG_VERSION").to_string();
+    api_routes
+        .merge(SwaggerUi::new("/docs").url("/openapi.json", api))
+        .layer(DefaultBodyLimit::max(state.limits.max_body_bytes))
+        .layer(middleware::from_fn_with_state(state.clone(), guard))
+        .with_state(state)
+}
+
+/// Admission control, timeout and HTTP metrics for every request.
+async fn guard(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let method = request.method().as_str().to_owned();
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
+    let response = match state.permits.clone().try_acquire_owned() {
+        Err(_) => ApiError::Overloaded.into_response(),
+        Ok(permit) => {
+            let response = match tokio::time::timeout(state.limits.request_timeout, next.run(request)).await {
+                Ok(response) => response,
+                Err(_) => ApiError::Timeout.into_response(),
+            };
+            drop(permit);
+            response
+        }
+    };
+    let status = response.status().as_u16().to_string();
+    let labels = [method.as_str(), route.as_str(), status.as_str()];
+    state.metrics.http_requests_total.with_label_values(&labels).inc();
+    state.metrics.http_request_duration_seconds.with_label_values(&labels).observe(started.elapsed().as_secs_f64());
+    response
+}

@@ -1,0 +1,80 @@
+//! Operational routes: health, readiness, metrics and what is loaded.
+
+use std::sync::atomic::Ordering;
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::IntoResponse;
+use axum::Json;
+
+use crate::error::ApiError;
+use crate::http::types::{CombinedInfo, EstimatorInfo, EstimatorsResponse, HealthResponse, Problem, ReadyResponse};
+use crate::http::AppState;
+use crate::estimators::manifest::InputSpec;
+
+/// Liveness: the process serves HTTP.
+#[utoipa::path(get, path = "/healthz", tag = "operations", responses((status = 200, body = HealthResponse)))]
+pub async fn healthz() -> Json<HealthResponse> {
+    Json(HealthResponse { status: "ok".into() })
+}
+
+/// Readiness: models loaded and not shutting down.
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    tag = "operations",
+    responses(
+        (status = 200, description = "Ready", body = ReadyResponse),
+        (status = 503, description = "Not ready (shutting down)", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn readyz(State(state): State<AppState>) -> Result<Json<ReadyResponse>, ApiError> {
+    if state.ready.load(Ordering::Acquire) {
+        Ok(Json(ReadyResponse { ready: true }))
+    } else {
+        Err(ApiError::NotReady)
+    }
+}
+
+/// Prometheus metrics, text exposition format.
+#[utoipa::path(get, path = "/metrics", tag = "operations", responses((status = 200, description = "Prometheus text format", body = String, content_type = "text/plain")))]
+pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+    (StatusCode::OK, [(header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.metrics.render())
+}
+
+/// The loaded estimators, their provenance and validation figures.
+#[utoipa::path(get, path = "/v1/estimators", tag = "estimate", responses((status = 200, body = EstimatorsResponse)))]
+pub async fn estimators(State(state): State<AppState>) -> Json<EstimatorsResponse> {
+    let manifest = state.estimators.manifest();
+    let estimators = state
+        .estimators
+        .all()
+        .iter()
+        .map(|e| EstimatorInfo {
+            name: e.entry.name.clone(),
+            version: e.entry.version.clone(),
+            family: e.entry.family.clone(),
+            kind: e.entry.kind.as_str().to_string(),
+            input: match e.entry.input {
+                InputSpec::Aggregate { .. } => "aggregate".into(),
+                InputSpec::Sequence { .. } => "sequence".into(),
+            },
+            file: e.entry.file.clone(),
+            sha256: e.entry.sha256.clone(),
+            target: e.entry.target.clone(),
+            class_bins_mib: e.entry.class_bins_mib.clone(),
+            validation: e.entry.validation.clone(),
+        })
+        .collect();
+    Json(EstimatorsResponse {
+        generated_at: manifest.generated_at.clone(),
+        training_data: manifest.training_data.clone(),
+        split: manifest.split.clone(),
+        estimators,
+        combined: manifest.combined.as_ref().map(|c| CombinedInfo {
+            members: c.members.clone(),
+            rule: c.rule.clone(),
+            validation: c.validation.clone(),
+        }),
+    })
+}

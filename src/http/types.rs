@@ -1,0 +1,203 @@
+//! Wire types: what clients send and receive. Kept apart from the domain types so the API can
+//! stay stable while the internals change; field names here are a contract with schedulers.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// A training job to estimate.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({
+    "family": "mlp",
+    "batch_size": 996,
+    "layers": [
+        {"kind": "linear", "output_size": 1173, "params": 2753031},
+        {"kind": "batch_norm", "output_size": 1173, "params": 2346},
+        {"kind": "relu", "output_size": 1173, "params": 0},
+        {"kind": "dropout", "output_size": 1173, "params": 0},
+        {"kind": "linear", "output_size": 586, "params": 687964},
+        {"kind": "batch_norm", "output_size": 586, "params": 1172},
+        {"kind": "relu", "output_size": 586, "params": 0},
+        {"kind": "dropout", "output_size": 586, "params": 0},
+        {"kind": "linear", "output_size": 197, "params": 115639},
+        {"kind": "softmax", "output_size": 197, "params": 0}
+    ]
+}))]
+pub struct EstimateRequest {
+    /// `mlp`, `cnn` or `transformer`; inferred from the layers when absent (attention makes a
+    /// transformer, convolutions a CNN).
+    #[serde(default)]
+    pub family: Option<String>,
+    /// Samples per training step.
+    #[schema(minimum = 1, maximum = 1048576)]
+    pub batch_size: u64,
+    /// The model's layers in execution order (1 to 4096).
+    pub layers: Vec<LayerRequest>,
+}
+
+/// One layer of the model.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LayerRequest {
+    /// Layer kind, e.g. `linear`, `batch_norm`, `relu`, `dropout`, `conv2d`, `attention`;
+    /// matched case-insensitively ignoring `_`, `-` and spaces (`BatchNorm1d`, `LeakyReLU` work).
+    pub kind: String,
+    /// Elements of the layer's output for one sample.
+    pub output_size: u64,
+    /// Parameters the layer owns.
+    pub params: u64,
+}
+
+/// A MiB range with the probability of each class.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct MemoryClassResponse {
+    /// Class index (0 is the smallest).
+    pub index: usize,
+    /// Exclusive lower bound, MiB.
+    pub lower_mib: u64,
+    /// Inclusive upper bound, MiB; null for the open top class.
+    pub upper_mib: Option<u64>,
+    /// Probability of each class, by index.
+    pub probabilities: Vec<f32>,
+}
+
+/// One estimator's own answer.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct EstimatorAnswer {
+    pub version: String,
+    pub class: MemoryClassResponse,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct MemoryResponse {
+    /// The combined answer (mean of the classifiers' probabilities).
+    pub class: MemoryClassResponse,
+    /// Each memory estimator's own answer, by estimator name.
+    pub estimators: BTreeMap<String, EstimatorAnswer>,
+}
+
+/// Mean utilization while the job trains alone on the GPU, as fractions 0..1 (DCGM profiling
+/// metrics). A metric without a trained model is null.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct UtilizationResponse {
+    /// SM active (DCGM_FI_PROF_SM_ACTIVE).
+    pub smact: Option<f32>,
+    /// SM occupancy (DCGM_FI_PROF_SM_OCCUPANCY).
+    pub smocc: Option<f32>,
+    /// DRAM active (DCGM_FI_PROF_DRAM_ACTIVE); null until measured data exists.
+    pub drama: Option<f32>,
+    /// Why `drama` is null, while it is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub drama_reason: Option<String>,
+}
+
+/// Time spent on this estimate, microseconds: `total` and one entry per estimator name.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct LatencyResponse {
+    /// From a validated request to the answer, all estimators included.
+    pub total: f64,
+    #[serde(flatten)]
+    #[schema(additional_properties)]
+    pub estimators: BTreeMap<String, f64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct EstimateResponse {
+    /// The family whose estimators answered.
+    pub family: String,
+    pub memory: MemoryResponse,
+    pub utilization: UtilizationResponse,
+    pub latency_us: LatencyResponse,
+    /// Version of each estimator used, by name.
+    pub estimator_versions: BTreeMap<String, String>,
+}
+
+/// Many jobs in one call.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BatchRequest {
+    /// The jobs; each is validated on its own, so one bad item does not fail the batch.
+    #[schema(value_type = Vec<EstimateRequest>)]
+    pub items: Vec<serde_json::Value>,
+}
+
+/// One batch item's outcome: `estimate` when `status` is 200, `error` otherwise.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct BatchItemResponse {
+    pub index: usize,
+    pub status: u16,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub estimate: Option<EstimateResponse>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<Problem>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct BatchResponse {
+    /// One entry per request item, in request order.
+    pub items: Vec<BatchItemResponse>,
+}
+
+/// An error, problem-details style (RFC 9457).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Problem {
+    pub title: String,
+    pub status: u16,
+    /// What went wrong, naming the offending field.
+    pub detail: String,
+}
+
+/// A loaded estimator and its validation figures.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct EstimatorInfo {
+    pub name: String,
+    pub version: String,
+    pub family: String,
+    /// `memory_classifier` or `utilization_regressor`.
+    pub kind: String,
+    /// `aggregate` (whole-job features) or `sequence` (one token per layer).
+    pub input: String,
+    pub file: String,
+    pub sha256: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub class_bins_mib: Option<Vec<u64>>,
+    #[schema(value_type = Object)]
+    pub validation: BTreeMap<String, serde_json::Value>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct CombinedInfo {
+    pub members: Vec<String>,
+    pub rule: String,
+    #[schema(value_type = Object)]
+    pub validation: BTreeMap<String, serde_json::Value>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct EstimatorsResponse {
+    pub generated_at: Option<String>,
+    /// Provenance of the training data.
+    #[schema(value_type = Object)]
+    pub training_data: serde_json::Value,
+    /// How the data was split for validation.
+    #[schema(value_type = Object)]
+    pub split: serde_json::Value,
+    pub estimators: Vec<EstimatorInfo>,
+    pub combined: Option<CombinedInfo>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct HealthResponse {
+    /// `ok` while the process serves.
+    pub status: String,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ReadyResponse {
+    /// True once the models are loaded, false again while shutting down.
+    pub ready: bool,
+}

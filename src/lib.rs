@@ -1,0 +1,12 @@
+//! gpucast: estimates the GPU memory and utilization of a deep-learning training job from its
+//! description, before it runs.
+
+pub mod config;
+pub mod domain;
+pub mod error;
+pub mod estimators;
+pub mod http;
+pub mod metrics;
+pub mod shutdown;
+pub mod startup;
+pub mod telemetry;

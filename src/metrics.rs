@@ -1,0 +1,90 @@
+//! Every Prometheus metric of the service, defined once. Each app owns its registry, so tests
+//! can run several apps in one process.
+//!
+//! | metric | type | labels |
+//! | --- | --- | --- |
+//! | `gpucast_http_requests_total` | counter | method, route (template), status |
+//! | `gpucast_http_request_duration_seconds` | histogram | method, route, status |
+//! | `gpucast_inference_duration_seconds` | histogram | estimator |
+//! | `gpucast_predicted_class_total` | counter | family, class (index of the combined class) |
+//! | `gpucast_build_info` | gauge (1) | version, estimators (manifest generation time) |
+
+use prometheus::{Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder};
+
+/// HTTP latency buckets, seconds: estimates take tens of microseconds, batches milliseconds.
+const HTTP_BUCKETS: [f64; 14] =
+    [0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0];
+/// Inference latency buckets, seconds: from a few microseconds (MLP) to a millisecond or so.
+const INFERENCE_BUCKETS: [f64; 12] =
+    [0.000002, 0.000005, 0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01];
+
+pub struct Metrics {
+    registry: Registry,
+    pub http_requests_total: IntCounterVec,
+    pub http_request_duration_seconds: HistogramVec,
+    pub inference_duration_seconds: HistogramVec,
+    pub predicted_class_total: IntCounterVec,
+    pub build_info: IntGaugeVec,
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let registry = Registry::new_custom(Some("gpucast".into()), None).expect("valid prefix");
+        let http_requests_total = IntCounterVec::new(
+            Opts::new("http_requests_total", "HTTP requests answered"),
+            &["method", "route", "status"],
+        )
+        .expect("valid metric");
+        let http_request_duration_seconds = HistogramVec::new(
+            HistogramOpts::new("http_request_duration_seconds", "HTTP request latency").buckets(HTTP_BUCKETS.to_vec()),
+            &["method", "route", "status"],
+        )
+        .expect("valid metric");
+        let inference_duration_seconds = HistogramVec::new(
+            HistogramOpts::new("inference_duration_seconds", "Time one estimator takes for one job")
+                .buckets(INFERENCE_BUCKETS.to_vec()),
+            &["estimator"],
+        )
+        .expect("valid metric");
+        let predicted_class_total = IntCounterVec::new(
+            Opts::new("predicted_class_total", "Combined memory classes predicted"),
+            &["family", "class"],
+        )
+        .expect("valid metric");
+        let build_info = IntGaugeVec::new(
+            Opts::new("build_info", "Build and model information (always 1)"),
+            &["version", "estimators"],
+        )
+        .expect("valid metric");
+        for collector in [
+            Box::new(http_requests_total.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(http_request_duration_seconds.clone()),
+            Box::new(inference_duration_seconds.clone()),
+            Box::new(predicted_class_total.clone()),
+            Box::new(build_info.clone()),
+        ] {
+            registry.register(collector).expect("each metric is registered once");
+        }
+        Metrics {
+            registry,
+            http_requests_total,
+            http_request_duration_seconds,
+            inference_duration_seconds,
+            predicted_class_total,
+            build_info,
+        }
+    }
+
+    /// The text exposition format.
+    pub fn render(&self) -> String {
+        let mut buffer = Vec::new();
+        TextEncoder::new().encode(&self.registry.gather(), &mut buffer).expect("encoding to memory succeeds");
+        String::from_utf8(buffer).expect("the text format is UTF-8")
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}

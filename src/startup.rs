@@ -1,0 +1,93 @@
+//! The application: load and check every estimator, bind, then serve until shutdown.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+
+use crate::config::ServeConfig;
+use crate::estimators::{Estimators, LoadError};
+use crate::http::{self, AppState, Limits};
+use crate::metrics::Metrics;
+
+pub struct Application {
+    listener: TcpListener,
+    port: u16,
+    state: AppState,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartupError {
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    #[error(transparent)]
+    Models(#[from] LoadError),
+    #[error("cannot listen on {address}: {source}")]
+    Bind { address: std::net::SocketAddr, source: std::io::Error },
+}
+
+impl Application {
+    /// Loads the models (failing on any missing, corrupt or mismatched file), then binds.
+    pub async fn build(config: &ServeConfig) -> Result<Application, StartupError> {
+        config.validate().map_err(StartupError::Config)?;
+        let started = Instant::now();
+        let estimators = {
+            let (models, dylib, sessions) = (config.models.clone(), config.ort_dylib.clone(), config.sessions_per_model);
+            tokio::task::spawn_blocking(move || Estimators::load(&models, &dylib, sessions))
+                .await
+                .expect("model loading does not panic")?
+        };
+        tracing::info!(
+            models = %config.models.display(),
+            estimators = estimators.all().len(),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "estimators loaded and checked"
+        );
+        let metrics = Metrics::new();
+        metrics
+            .build_info
+            .with_label_values(&[env!("CARGO_PKG_VERSION"), estimators.manifest().generated_at.as_deref().unwrap_or("unknown")])
+            .set(1);
+        let listener = TcpListener::bind(config.listen)
+            .await
+            .map_err(|source| StartupError::Bind { address: config.listen, source })?;
+        let port = listener.local_addr().map_err(|source| StartupError::Bind { address: config.listen, source })?.port();
+        let state = AppState {
+            estimators: Arc::new(estimators),
+            metrics: Arc::new(metrics),
+            ready: Arc::new(AtomicBool::new(false)),
+            limits: Limits {
+                max_body_bytes: config.max_body_bytes,
+                max_batch_items: config.max_batch_items,
+                request_timeout: Duration::from_secs(config.request_timeout_secs),
+            },
+            permits: Arc::new(Semaphore::new(config.max_concurrent_requests)),
+        };
+        Ok(Application { listener, port, state })
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn state(&self) -> &AppState {
+        &self.state
+    }
+
+    /// Serves until `shutdown` resolves, then stops accepting, marks itself not ready and
+    /// finishes the requests in flight.
+    pub async fn run_until(self, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
+        let ready = self.state.ready.clone();
+        let router = http::router(self.state);
+        ready.store(true, Ordering::Release);
+        tracing::info!(address = %self.listener.local_addr()?, "ready");
+        axum::serve(self.listener, router)
+            .with_graceful_shutdown(async move {
+                shutdown.await;
+                ready.store(false, Ordering::Release);
+            })
+            .await
+    }
+}
