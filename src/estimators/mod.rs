@@ -62,7 +62,8 @@ impl Estimator {
         &self.entry.name
     }
 
-    fn run(&self, job: &Job, aggregate: &AggregateFeatures) -> Result<Vec<f32>, EstimateError> {
+    /// Runs this estimator alone: class probabilities, or a one-element regression output.
+    pub fn run(&self, job: &Job, aggregate: &AggregateFeatures) -> Result<Vec<f32>, EstimateError> {
         match &self.input {
             Input::Aggregate(specs) => {
                 let features = aggregate.normalised(specs);

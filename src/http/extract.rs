@@ -39,6 +39,12 @@ impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
 /// Parses JSON; syntax errors are malformed (400), type and value errors invalid (422), both
 /// naming the JSON path (prefixed with `prefix`) where they occurred.
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8], prefix: &str) -> Result<T, ApiError> {
+    // serde also reads structs from JSON arrays (by position); requests must be objects.
+    if let Some(&first) = bytes.iter().find(|b| !b.is_ascii_whitespace()) {
+        if first != b'{' && serde_json::from_slice::<serde::de::IgnoredAny>(bytes).is_ok() {
+            return Err(ApiError::InvalidInput(format!("{}: expected a JSON object", field_name(prefix))));
+        }
+    }
     let mut deserializer = serde_json::Deserializer::from_slice(bytes);
     let value: T = serde_path_to_error::deserialize(&mut deserializer).map_err(|e| classify(&e, prefix))?;
     deserializer.end().map_err(|e| ApiError::MalformedJson(format!("{e}")))?;
@@ -47,7 +53,14 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8], prefix: &str) -> Result<T, 
 
 /// Deserializes an already parsed JSON value (a batch item).
 pub fn from_value<T: DeserializeOwned>(value: serde_json::Value, prefix: &str) -> Result<T, ApiError> {
+    if !value.is_object() {
+        return Err(ApiError::InvalidInput(format!("{}: expected a JSON object", field_name(prefix))));
+    }
     serde_path_to_error::deserialize(value).map_err(|e| classify(&e, prefix))
+}
+
+fn field_name(prefix: &str) -> &str {
+    if prefix.is_empty() { "body" } else { prefix }
 }
 
 fn classify(error: &serde_path_to_error::Error<serde_json::Error>, prefix: &str) -> ApiError {

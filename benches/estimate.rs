@@ -1,0 +1,74 @@
+//! Latency of one estimate: features alone, each estimator in process, the whole family, and
+//! one HTTP round trip on loopback. `cargo bench --bench estimate` (needs ORT_DYLIB_PATH or
+//! scripts/fetch-onnxruntime.sh).
+
+use std::path::PathBuf;
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use gpucast::config::ServeConfig;
+use gpucast::domain::features::AggregateFeatures;
+use gpucast::estimators::Estimators;
+use gpucast::http::estimate::to_job;
+use gpucast::http::types::EstimateRequest;
+use gpucast::startup::Application;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn dylib() -> PathBuf {
+    std::env::var_os("ORT_DYLIB_PATH").map_or_else(|| root().join(".cache/onnxruntime/libonnxruntime.so"), PathBuf::from)
+}
+
+fn example() -> serde_json::Value {
+    let spec = serde_json::to_value(gpucast::http::openapi()).unwrap();
+    spec["components"]["schemas"]["EstimateRequest"]["example"].clone()
+}
+
+fn in_process(c: &mut Criterion) {
+    let estimators = Estimators::load(&root().join("models"), &dylib(), 1).expect("models load");
+    let request: EstimateRequest = serde_json::from_value(example()).unwrap();
+    let job = to_job(&request).unwrap();
+    let body = example().to_string();
+
+    c.bench_function("parse_and_validate", |b| {
+        b.iter(|| to_job(&serde_json::from_str::<EstimateRequest>(&body).unwrap()).unwrap())
+    });
+    c.bench_function("aggregate_features", |b| b.iter(|| AggregateFeatures::of(&job)));
+    for estimator in estimators.all() {
+        c.bench_function(&format!("estimator/{}", estimator.name()), |b| {
+            b.iter(|| estimator.run(&job, &AggregateFeatures::of(&job)).unwrap())
+        });
+    }
+    c.bench_function("estimate_all_estimators", |b| b.iter(|| estimators.estimate(&job).unwrap()));
+}
+
+fn http_round_trip(c: &mut Criterion) {
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let config = ServeConfig::for_tests(root().join("models"), dylib());
+    let (address, client) = runtime.block_on(async {
+        let app = Application::build(&config).await.expect("application starts");
+        let address = format!("http://127.0.0.1:{}/v1/estimate", app.port());
+        tokio::spawn(app.run_until(std::future::pending()));
+        (address, reqwest::Client::new())
+    });
+    let body = example().to_string();
+    c.bench_function("http_round_trip/v1_estimate", |b| {
+        b.iter(|| {
+            runtime.block_on(async {
+                let response = client
+                    .post(&address)
+                    .header("content-type", "application/json")
+                    .body(body.clone())
+                    .send()
+                    .await
+                    .unwrap();
+                assert!(response.status().is_success());
+                response.bytes().await.unwrap()
+            })
+        })
+    });
+}
+
+criterion_group!(benches, in_process, http_round_trip);
+criterion_main!(benches);

@@ -1,0 +1,149 @@
+import unittest
+
+import _paths  # noqa: F401
+import torch
+import torch.nn as nn
+
+import toy_models
+from gpucast_describe import CANONICAL_KINDS, describe_module, infer_family, total_params
+
+
+def on_meta(factory):
+    with torch.device("meta"):
+        return factory()
+
+
+def param_sum(description):
+    return sum(layer["params"] for layer in description["layers"])
+
+
+class MlpTest(unittest.TestCase):
+    def setUp(self):
+        self.model = on_meta(toy_models.mlp)
+        self.desc = describe_module(self.model, [20], batch_size=64, name="toy:mlp")
+
+    def test_layers_in_execution_order(self):
+        self.assertEqual(
+            [(l["kind"], l["output_size"], l["params"], l["name"]) for l in self.desc["layers"]],
+            [("linear", 30, 20 * 30 + 30, "0"), ("batch_norm", 30, 60, "1"),
+             ("relu", 30, 0, "2"), ("dropout", 30, 0, "3"),
+             ("linear", 5, 30 * 5 + 5, "4"), ("softmax", 5, 0, "5")])
+
+    def test_top_level_fields(self):
+        self.assertEqual(list(self.desc), ["model", "family", "batch_size", "input_shape", "layers"])
+        self.assertEqual(self.desc["model"], "toy:mlp")
+        self.assertEqual(self.desc["family"], "mlp")
+        self.assertEqual(self.desc["batch_size"], 64)
+        self.assertEqual(self.desc["input_shape"], [20])
+
+    def test_params_sum_to_total(self):
+        self.assertEqual(param_sum(self.desc), total_params(self.model))
+
+    def test_batch_independent(self):
+        other = describe_module(self.model, [20], batch_size=1, name="toy:mlp")
+        self.assertEqual(other["layers"], self.desc["layers"])
+
+    def test_model_name_defaults_to_class(self):
+        self.assertEqual(describe_module(self.model, [20], 1)["model"], "Sequential")
+
+    def test_family_override(self):
+        self.assertEqual(describe_module(self.model, [20], 1, family="cnn")["family"], "cnn")
+
+    def test_rejects_bad_sizes(self):
+        with self.assertRaises(ValueError):
+            describe_module(self.model, [20], 0)
+        with self.assertRaises(ValueError):
+            describe_module(self.model, [0], 1)
+
+
+class ParameterAttributionTest(unittest.TestCase):
+    def setUp(self):
+        self.model = on_meta(toy_models.shared_and_owned)
+        self.desc = describe_module(self.model, [8], batch_size=4)
+
+    def test_one_layer_per_call_params_counted_once(self):
+        self.assertEqual(
+            [(l["kind"], l["output_size"], l["params"], l["name"]) for l in self.desc["layers"]],
+            [("other", 0, 8, "(root)"),          # the root's own parameter, where it is called
+             ("linear", 8, 72, "fc"), ("gelu", 8, 0, "act"),
+             ("linear", 8, 0, "fc"),             # second call of the same module
+             ("other", 0, 27, "unused")])        # never called: its params still count
+
+    def test_params_sum_to_total(self):
+        self.assertEqual(param_sum(self.desc), total_params(self.model))
+
+
+class TokenModelTest(unittest.TestCase):
+    def setUp(self):
+        self.model = on_meta(toy_models.tiny_token_model)
+        self.desc = describe_module(self.model, [10], batch_size=2, input_dtype=torch.int64)
+
+    def test_attention_layers_and_children(self):
+        rows = [(l["kind"], l["name"]) for l in self.desc["layers"]]
+        self.assertEqual(rows, [
+            ("other", "(root)"), ("embedding", "embed"),
+            ("attention", "attn"), ("linear", "attn.qkv"), ("linear", "attn.proj"),
+            ("attention", "mha"), ("layer_norm", "norm"), ("linear", "head"),
+            ("other", "mha.out_proj"),  # nn.MultiheadAttention uses it functionally
+        ])
+        sizes = {l["name"]: l["output_size"] for l in self.desc["layers"]}
+        self.assertEqual(sizes["embed"], 10 * 16)
+        self.assertEqual(sizes["attn"], 10 * 16)
+        self.assertEqual(sizes["attn.qkv"], 10 * 48)
+        self.assertEqual(sizes["mha"], 10 * 16)  # (output, None)
+        self.assertEqual(sizes["head"], 10 * 100)
+
+    def test_family_and_params(self):
+        self.assertEqual(self.desc["family"], "transformer")
+        self.assertEqual(param_sum(self.desc), total_params(self.model))
+        mha = next(l for l in self.desc["layers"] if l["name"] == "mha")
+        self.assertEqual(mha["params"], 3 * 16 * 16 + 3 * 16)  # in_proj weight and bias
+
+
+class CnnTest(unittest.TestCase):
+    def test_kinds_sizes_family(self):
+        desc = describe_module(on_meta(toy_models.tiny_cnn), [3, 16, 16], batch_size=1)
+        self.assertEqual(desc["family"], "cnn")
+        self.assertEqual(
+            [(l["kind"], l["output_size"]) for l in desc["layers"]],
+            [("conv2d", 8 * 16 * 16), ("batch_norm", 8 * 16 * 16), ("relu6", 8 * 16 * 16),
+             ("max_pool", 8 * 8 * 8), ("conv2d", 4 * 8 * 8), ("hardswish", 4 * 8 * 8),
+             ("adaptive_avg_pool", 4), ("flatten", 4), ("linear", 2)])
+
+
+class NonMetaModuleTest(unittest.TestCase):
+    def test_cpu_module_is_copied_and_left_alone(self):
+        model = toy_models.mlp()  # real CPU weights
+        desc = describe_module(model, [20], batch_size=1)
+        self.assertEqual(param_sum(desc), total_params(model))
+        self.assertFalse(next(model.parameters()).is_meta)
+        self.assertEqual(len(model._forward_hooks) + len(model[0]._forward_pre_hooks), 0)
+
+    def test_hooks_removed_and_mode_restored(self):
+        model = on_meta(toy_models.mlp).eval()
+        describe_module(model, [20], batch_size=1)
+        self.assertFalse(model.training)
+        for module in model.modules():
+            self.assertFalse(module._forward_hooks)
+            self.assertFalse(module._forward_pre_hooks)
+
+
+class FamilyTest(unittest.TestCase):
+    def test_infer_family(self):
+        layer = lambda kind: {"kind": kind, "output_size": 1, "params": 0}  # noqa: E731
+        self.assertEqual(infer_family([layer("linear"), layer("relu")]), "mlp")
+        self.assertEqual(infer_family([layer("conv1d"), layer("linear")]), "cnn")
+        self.assertEqual(infer_family([layer("conv2d"), layer("attention")]), "transformer")
+        self.assertEqual(infer_family([]), "mlp")
+
+    def test_emitted_kinds_are_canonical(self):
+        for factory, shape, dtype in [(toy_models.mlp, [20], torch.float32),
+                                      (toy_models.tiny_token_model, [5], torch.int64),
+                                      (toy_models.tiny_cnn, [3, 8, 8], torch.float32)]:
+            desc = describe_module(on_meta(factory), shape, 1, input_dtype=dtype)
+            for layer in desc["layers"]:
+                self.assertIn(layer["kind"], CANONICAL_KINDS)
+
+
+if __name__ == "__main__":
+    unittest.main()

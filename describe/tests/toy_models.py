@@ -1,0 +1,82 @@
+"""Small local models for the tests (also used through the CLI as module:toy_models:<factory>)."""
+
+import torch
+import torch.nn as nn
+
+
+def mlp() -> nn.Module:
+    """The docs/models.md example shape: linear, batch norm, relu, dropout, linear, softmax."""
+    return nn.Sequential(
+        nn.Linear(20, 30), nn.BatchNorm1d(30), nn.ReLU(), nn.Dropout(0.1),
+        nn.Linear(30, 5), nn.Softmax(dim=-1),
+    )
+
+
+class SharedAndOwned(nn.Module):
+    """A layer called twice, a parameter owned by a non-leaf module, and an unused layer."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(8))
+        self.fc = nn.Linear(8, 8)
+        self.act = nn.GELU()
+        self.unused = nn.Linear(8, 3)
+
+    def forward(self, x):
+        x = self.act(self.fc(x)) * self.scale
+        return self.fc(x)
+
+
+def shared_and_owned() -> nn.Module:
+    return SharedAndOwned()
+
+
+class SelfAttention(nn.Module):
+    """Class name ends in "Attention": gets an attention layer besides its children's."""
+
+    def __init__(self, dim=16, heads=2):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        x = nn.functional.scaled_dot_product_attention(q, k, v)
+        return self.proj(x.transpose(1, 2).reshape(b, n, c))
+
+
+class TinyTokenModel(nn.Module):
+    """Token ids in, logits out: embedding, two kinds of attention, a norm and a head."""
+
+    def __init__(self, vocab=100, dim=16):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.pos = nn.Parameter(torch.zeros(1, 64, dim))
+        self.attn = SelfAttention(dim)
+        self.mha = nn.MultiheadAttention(dim, 2, batch_first=True)
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab)
+
+    def forward(self, ids):
+        x = self.embed(ids) + self.pos[:, : ids.shape[1]]
+        x = x + self.attn(x)
+        x = x + self.mha(x, x, x, need_weights=False)[0]
+        return self.head(self.norm(x))
+
+
+def tiny_token_model() -> nn.Module:
+    return TinyTokenModel()
+
+
+def tiny_cnn() -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU6(),
+        nn.MaxPool2d(2), nn.Conv2d(8, 4, 1), nn.Hardswish(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 2),
+    )
+
+
+def not_a_module():
+    return 42

@@ -1,0 +1,136 @@
+use serde_json::{json, Value};
+
+use crate::helpers::{example_job, spawn_app};
+
+#[tokio::test]
+async fn estimating_the_example_job_returns_every_documented_field() {
+    let app = spawn_app().await;
+    let response = app.post_json("/v1/estimate", &example_job()).await;
+    assert_eq!(response.status(), 200);
+    let body: Value = response.json().await.unwrap();
+
+    let class = &body["memory"]["class"];
+    let index = class["index"].as_u64().unwrap() as usize;
+    assert_eq!(class["lower_mib"], json!(index as u64 * 1000));
+    let probabilities = class["probabilities"].as_array().unwrap();
+    assert_eq!(probabilities.len(), 6);
+    let sum: f64 = probabilities.iter().map(|p| p.as_f64().unwrap()).sum();
+    assert!((sum - 1.0).abs() < 1e-3, "probabilities sum to {sum}");
+    // The example job measured 1545 MiB on the A100: class (1000, 2000].
+    assert_eq!(index, 1, "{body}");
+    assert_eq!(class["upper_mib"], json!(2000));
+
+    let estimators = body["memory"]["estimators"].as_object().unwrap();
+    assert!(estimators.contains_key("mlp_ensemble") && estimators.contains_key("sequence_transformer"), "{body}");
+    for answer in estimators.values() {
+        assert!(answer["class"]["index"].is_u64() && answer["version"].is_string());
+    }
+
+    for metric in ["smact", "smocc"] {
+        let value = body["utilization"][metric].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&value), "{metric} = {value}");
+    }
+    assert!(body["utilization"]["drama"].is_null());
+    assert!(body["utilization"]["drama_reason"].as_str().unwrap().contains("DRAM"));
+
+    let latency = body["latency_us"].as_object().unwrap();
+    assert!(latency["total"].as_f64().unwrap() > 0.0);
+    for name in ["mlp_ensemble", "sequence_transformer", "smact", "smocc"] {
+        assert!(latency[name].as_f64().unwrap() > 0.0, "latency of {name}");
+        assert!(body["estimator_versions"][name].is_string(), "version of {name}");
+    }
+    assert_eq!(body["family"], "mlp");
+}
+
+#[tokio::test]
+async fn the_family_is_inferred_and_gpumemnet_spellings_are_accepted() {
+    let app = spawn_app().await;
+    let job = json!({
+        "batch_size": 64,
+        "layers": [
+            {"kind": "Linear", "output_size": 512, "params": 401920},
+            {"kind": "batch_normalization", "output_size": 512, "params": 1024},
+            {"kind": "LeakyReLU", "output_size": 512, "params": 0},
+            {"kind": "linear", "output_size": 10, "params": 5130},
+            {"kind": "Softmax", "output_size": 10, "params": 0}
+        ]
+    });
+    let response = app.post_json("/v1/estimate", &job).await;
+    assert_eq!(response.status(), 200);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["family"], "mlp");
+}
+
+#[tokio::test]
+async fn a_bigger_job_never_gets_a_smaller_class() {
+    let app = spawn_app().await;
+    let job = |batch: u64, width: u64| {
+        json!({"batch_size": batch, "layers": [
+            {"kind": "linear", "output_size": width, "params": width * 4096 + width},
+            {"kind": "relu", "output_size": width, "params": 0},
+            {"kind": "linear", "output_size": width, "params": width * width + width},
+            {"kind": "relu", "output_size": width, "params": 0},
+            {"kind": "linear", "output_size": 10, "params": width * 10 + 10},
+            {"kind": "softmax", "output_size": 10, "params": 0}
+        ]})
+    };
+    let class = |body: Value| body["memory"]["class"]["index"].as_u64().unwrap();
+    let small = class(app.post_json("/v1/estimate", &job(32, 256)).await.json().await.unwrap());
+    let large = class(app.post_json("/v1/estimate", &job(2048, 8192)).await.json().await.unwrap());
+    assert!(large > small, "small job class {small}, large job class {large}");
+}
+
+/// Every bad input of the brief gets a problem-details 4xx naming what is wrong, never a 5xx.
+#[tokio::test]
+async fn bad_inputs_get_a_client_error_naming_the_field() {
+    let app = spawn_app().await;
+    let layer = json!({"kind": "linear", "output_size": 10, "params": 110});
+    let too_many_layers: Vec<Value> = (0..5000).map(|_| layer.clone()).collect();
+    let cases: Vec<(&str, String, u16, &str)> = vec![
+        ("malformed JSON", "{\"batch_size\": 8, \"layers\": [".into(), 400, "malformed"),
+        ("not JSON at all", "hello".into(), 400, "malformed"),
+        ("non-finite number", "{\"batch_size\": NaN, \"layers\": []}".into(), 400, "malformed"),
+        ("number out of range", "{\"batch_size\": 1e400, \"layers\": []}".into(), 400, "malformed"),
+        ("wrong type", json!({"batch_size": "eight", "layers": [layer]}).to_string(), 422, "batch_size"),
+        ("negative batch", json!({"batch_size": -8, "layers": [layer]}).to_string(), 422, "batch_size"),
+        ("fractional batch", json!({"batch_size": 8.5, "layers": [layer]}).to_string(), 422, "batch_size"),
+        ("zero batch", json!({"batch_size": 0, "layers": [layer]}).to_string(), 422, "batch_size"),
+        ("negative params", json!({"batch_size": 8, "layers": [{"kind": "linear", "output_size": 10, "params": -1}]}).to_string(), 422, "layers[0].params"),
+        ("absurd params", json!({"batch_size": 8, "layers": [{"kind": "linear", "output_size": 10, "params": 1u64 << 62}]}).to_string(), 422, "layers[0].params"),
+        ("missing field", json!({"batch_size": 8, "layers": [{"kind": "linear", "params": 1}]}).to_string(), 422, "layers[0]"),
+        ("unknown field", json!({"batch_size": 8, "layers": [layer], "bacth": 1}).to_string(), 422, "bacth"),
+        ("empty layer list", json!({"batch_size": 8, "layers": []}).to_string(), 422, "layers"),
+        ("absurdly long layer list", json!({"batch_size": 8, "layers": too_many_layers}).to_string(), 422, "layers"),
+        ("unknown layer kind", json!({"batch_size": 8, "layers": [layer, {"kind": "warp_drive", "output_size": 1, "params": 0}]}).to_string(), 422, "layers[1].kind"),
+        ("unknown family", json!({"family": "rnn", "batch_size": 8, "layers": [layer]}).to_string(), 422, "family"),
+        ("family without estimators", json!({"family": "cnn", "batch_size": 8, "layers": [layer]}).to_string(), 422, "family"),
+        ("array instead of object", "[1, 2, 3]".into(), 422, "body"),
+        ("empty body", String::new(), 400, "malformed"),
+    ];
+    for (name, body, status, needle) in cases {
+        let response = app.post_raw("/v1/estimate", "application/json", body).await;
+        assert_eq!(response.status().as_u16(), status, "{name}");
+        assert_eq!(response.headers()["content-type"], "application/problem+json", "{name}");
+        let problem: Value = response.json().await.unwrap();
+        assert_eq!(problem["status"], status, "{name}");
+        let detail = problem["detail"].as_str().unwrap().to_lowercase();
+        assert!(detail.contains(&needle.to_lowercase()), "{name}: detail {detail:?} should mention {needle:?}");
+    }
+}
+
+#[tokio::test]
+async fn an_oversized_body_is_refused_with_413() {
+    let app = spawn_app().await;
+    let body = format!("{{\"batch_size\": 8, \"layers\": [], \"pad\": \"{}\"}}", "x".repeat(3 * 1024 * 1024));
+    let response = app.post_raw("/v1/estimate", "application/json", body).await;
+    assert_eq!(response.status(), 413);
+    let problem: Value = response.json().await.unwrap();
+    assert!(problem["detail"].as_str().unwrap().contains("limit"));
+}
+
+#[tokio::test]
+async fn a_body_that_is_not_json_by_content_type_is_refused_with_415() {
+    let app = spawn_app().await;
+    let response = app.post_raw("/v1/estimate", "text/plain", example_job().to_string()).await;
+    assert_eq!(response.status(), 415);
+}

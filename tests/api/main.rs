@@ -1,0 +1,10 @@
+//! Integration tests: each starts the real server on an ephemeral port with the committed
+//! models and talks to it over HTTP.
+
+mod accuracy;
+mod batch;
+mod docs;
+mod estimate;
+mod helpers;
+mod operations;
+mod startup;

@@ -1,0 +1,67 @@
+use serde_json::Value;
+
+use crate::helpers::{example_job, spawn_app};
+
+#[tokio::test]
+async fn health_and_readiness_answer_ok() {
+    let app = spawn_app().await;
+    let health: Value = app.get("/healthz").await.json().await.unwrap();
+    assert_eq!(health["status"], "ok");
+    let response = app.get("/readyz").await;
+    assert_eq!(response.status(), 200);
+    let ready: Value = response.json().await.unwrap();
+    assert_eq!(ready["ready"], true);
+}
+
+fn counter(metrics: &str, prefix: &str) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(prefix))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[tokio::test]
+async fn metrics_count_requests_by_route_template_and_inference_by_estimator() {
+    let app = spawn_app().await;
+    let before = app.get("/metrics").await.text().await.unwrap();
+    let route = "gpucast_http_requests_total{method=\"POST\",route=\"/v1/estimate\",status=\"200\"}";
+    assert_eq!(counter(&before, route), 0.0);
+    for _ in 0..3 {
+        assert_eq!(app.post_json("/v1/estimate", &example_job()).await.status(), 200);
+    }
+    let after = app.get("/metrics").await.text().await.unwrap();
+    assert_eq!(counter(&after, route), 3.0, "{after}");
+    for estimator in ["mlp_ensemble", "sequence_transformer", "smact", "smocc"] {
+        let count = format!("gpucast_inference_duration_seconds_count{{estimator=\"{estimator}\"}}");
+        assert_eq!(counter(&after, &count), 3.0, "{estimator}");
+    }
+    assert_eq!(counter(&after, "gpucast_predicted_class_total{class=\"1\",family=\"mlp\"}"), 3.0, "{after}");
+    assert!(after.contains("gpucast_http_request_duration_seconds_bucket"));
+    assert!(after.contains("gpucast_build_info{"));
+}
+
+#[tokio::test]
+async fn the_estimators_route_lists_what_is_loaded_with_validation_figures() {
+    let app = spawn_app().await;
+    let body: Value = app.get("/v1/estimators").await.json().await.unwrap();
+    let estimators = body["estimators"].as_array().unwrap();
+    let names: Vec<&str> = estimators.iter().map(|e| e["name"].as_str().unwrap()).collect();
+    for name in ["mlp_ensemble", "sequence_transformer", "smact", "smocc"] {
+        assert!(names.contains(&name), "{names:?}");
+    }
+    for estimator in estimators {
+        assert_eq!(estimator["sha256"].as_str().unwrap().len(), 64);
+        assert!(!estimator["validation"].as_object().unwrap().is_empty());
+    }
+    assert!(body["training_data"]["sha256"].is_string());
+}
+
+#[tokio::test]
+async fn graceful_shutdown_stops_the_server() {
+    let mut app = spawn_app().await;
+    assert_eq!(app.get("/healthz").await.status(), 200);
+    app.shutdown.take().unwrap().send(()).unwrap();
+    let result = tokio::time::timeout(std::time::Duration::from_secs(5), &mut app.server).await;
+    assert!(matches!(result, Ok(Ok(Ok(())))), "server did not stop cleanly: {result:?}");
+}

@@ -1,0 +1,70 @@
+use std::path::Path;
+
+use gpucast::startup::Application;
+
+use crate::helpers::{models_dir, test_config};
+
+/// A copy of the committed models that a test may break.
+fn copy_models() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(models_dir()).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), dir.path().join(entry.file_name())).unwrap();
+    }
+    dir
+}
+
+async fn start_error(models: &Path) -> String {
+    match Application::build(&test_config(models)).await {
+        Ok(_) => panic!("the application started on broken models"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[tokio::test]
+async fn a_missing_model_fails_start_up_naming_the_file() {
+    let models = copy_models();
+    std::fs::remove_file(models.path().join("sequence_transformer.onnx")).unwrap();
+    let error = start_error(models.path()).await;
+    assert!(error.contains("sequence_transformer.onnx") && error.contains("cannot read"), "{error}");
+    assert_eq!(error.lines().count(), 1);
+}
+
+#[tokio::test]
+async fn a_model_whose_checksum_differs_fails_start_up_naming_the_file() {
+    let models = copy_models();
+    let path = models.path().join("mlp_ensemble.onnx");
+    let mut bytes = std::fs::read(&path).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    std::fs::write(&path, bytes).unwrap();
+    let error = start_error(models.path()).await;
+    assert!(error.contains("mlp_ensemble.onnx") && error.contains("sha256"), "{error}");
+}
+
+#[tokio::test]
+async fn a_corrupt_model_with_a_matching_checksum_fails_start_up_naming_the_file() {
+    use sha2::{Digest, Sha256};
+    let models = copy_models();
+    let garbage = b"this is not an ONNX graph".to_vec();
+    std::fs::write(models.path().join("smact.onnx"), &garbage).unwrap();
+    let manifest_path = models.path().join("manifest.json");
+    let manifest = std::fs::read_to_string(&manifest_path).unwrap();
+    let mut manifest: serde_json::Value = serde_json::from_str(&manifest).unwrap();
+    for estimator in manifest["estimators"].as_array_mut().unwrap() {
+        if estimator["file"] == "smact.onnx" {
+            estimator["sha256"] = hex::encode(Sha256::digest(&garbage)).into();
+        }
+    }
+    std::fs::write(&manifest_path, manifest.to_string()).unwrap();
+    let error = start_error(models.path()).await;
+    assert!(error.contains("smact.onnx") && error.contains("not a loadable ONNX model"), "{error}");
+}
+
+#[tokio::test]
+async fn a_corrupt_manifest_fails_start_up_naming_the_file() {
+    let models = copy_models();
+    std::fs::write(models.path().join("manifest.json"), "{ not json").unwrap();
+    let error = start_error(models.path()).await;
+    assert!(error.contains("manifest.json") && error.contains("invalid manifest"), "{error}");
+}

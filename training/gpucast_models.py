@@ -1,0 +1,152 @@
+"""Torch modules of the gpucast estimators (exported to ONNX by pipeline.py).
+
+All models take the *normalised* inputs of docs/models.md.  Peak memory is close to linear in
+parameter and activation counts (CUDA context + ~16 B/param for Adam fp32 + activations x batch),
+while the inputs are log-scaled, so every model carries a fixed "linear-scale" input layer: it
+undoes the normalisation of a few count features inside the graph (expm1(x * std + mean)) and
+divides by a training-set scale, giving the network both log and linear views of the counts.
+The constants are buffers, so the ONNX files stay self-contained.
+"""
+
+import torch
+from torch import nn
+
+
+class LinearScaleInputs(nn.Module):
+    """Recover selected raw log1p features from their normalised values, rescaled to ~1."""
+
+    def __init__(self, columns, means, stds, scales):
+        super().__init__()
+        self.register_buffer("columns", torch.tensor(columns, dtype=torch.long))
+        self.register_buffer("means", torch.tensor(means, dtype=torch.float32))
+        self.register_buffer("stds", torch.tensor(stds, dtype=torch.float32))
+        self.register_buffer("scales", torch.tensor(scales, dtype=torch.float32))
+
+    def raw(self, x):
+        return torch.expm1(x.index_select(-1, self.columns) * self.stds + self.means)
+
+    def forward(self, x):
+        return self.raw(x) / self.scales
+
+
+def mlp(n_inputs, hidden, n_outputs):
+    return nn.Sequential(
+        nn.Linear(n_inputs, hidden), nn.SiLU(),
+        nn.Linear(hidden, hidden), nn.SiLU(),
+        nn.Linear(hidden, n_outputs),
+    )
+
+
+class AggregateMLP(nn.Module):
+    """One member: aggregate features (+ their linear-scale view) -> logits / raw output."""
+
+    def __init__(self, n_features, linear_scale, hidden, n_outputs):
+        super().__init__()
+        self.linear_scale = linear_scale
+        self.body = mlp(n_features + len(linear_scale.columns), hidden, n_outputs)
+
+    def forward(self, features):
+        return self.body(torch.cat([features, self.linear_scale(features)], dim=-1))
+
+
+class ProbabilityEnsemble(nn.Module):
+    """Exported memory classifier: mean of the members' softmax probabilities."""
+
+    def __init__(self, members):
+        super().__init__()
+        self.members = nn.ModuleList(members)
+
+    def forward(self, features):
+        probabilities = [torch.softmax(member(features), dim=-1) for member in self.members]
+        return torch.stack(probabilities, dim=0).mean(dim=0)
+
+
+class SigmoidEnsemble(nn.Module):
+    """Exported utilization regressor: mean of the members' sigmoid outputs, shape [N, 1]."""
+
+    def __init__(self, members):
+        super().__init__()
+        self.members = nn.ModuleList(members)
+
+    def forward(self, features):
+        values = [torch.sigmoid(member(features)) for member in self.members]
+        return torch.stack(values, dim=0).mean(dim=0)
+
+
+class MaskedSelfAttention(nn.Module):
+    """Multi-head self-attention that ignores padded keys (hand-written so it exports cleanly)."""
+
+    def __init__(self, d_model, n_heads):
+        super().__init__()
+        self.n_heads, self.head_dim = n_heads, d_model // n_heads
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.out = nn.Linear(d_model, d_model)
+
+    def forward(self, h, key_bias):
+        n, length, d_model = h.shape
+        qkv = self.qkv(h).reshape(n, length, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv[0], qkv[1], qkv[2]                       # [N, H, L, Dh]
+        scores = q @ k.transpose(-1, -2) * (self.head_dim ** -0.5) + key_bias
+        context = torch.softmax(scores, dim=-1) @ v            # [N, H, L, Dh]
+        return self.out(context.transpose(1, 2).reshape(n, length, d_model))
+
+
+class EncoderBlock(nn.Module):
+    """Pre-norm Transformer encoder block."""
+
+    def __init__(self, d_model, n_heads, d_ff):
+        super().__init__()
+        self.norm_attention = nn.LayerNorm(d_model)
+        self.attention = MaskedSelfAttention(d_model, n_heads)
+        self.norm_ff = nn.LayerNorm(d_model)
+        self.ff = nn.Sequential(nn.Linear(d_model, d_ff), nn.GELU(), nn.Linear(d_ff, d_model))
+
+    def forward(self, h, key_bias):
+        h = h + self.attention(self.norm_attention(h), key_bias)
+        return h + self.ff(self.norm_ff(h))
+
+
+class SequenceTransformer(nn.Module):
+    """Layer tokens -> Transformer encoder -> masked mean pool -> class logits.
+
+    Besides the pooled encoding, the head sees the masked *sums* of the tokens' linear-scale
+    params and output x batch (total parameters and activation volume, the quantities memory is
+    linear in), which mean pooling alone cannot express.
+    """
+
+    def __init__(self, n_kinds, n_token_features, token_linear_scale, sum_log_mean, sum_log_std,
+                 d_model=32, n_heads=4, n_layers=2, d_ff=64, n_classes=6):
+        super().__init__()
+        self.kind_embedding = nn.Embedding(n_kinds + 1, d_model, padding_idx=0)
+        self.token_projection = nn.Linear(n_token_features, d_model)
+        self.blocks = nn.ModuleList(EncoderBlock(d_model, n_heads, d_ff) for _ in range(n_layers))
+        self.final_norm = nn.LayerNorm(d_model)
+        self.token_linear_scale = token_linear_scale
+        self.register_buffer("sum_log_mean", torch.tensor(sum_log_mean, dtype=torch.float32))
+        self.register_buffer("sum_log_std", torch.tensor(sum_log_std, dtype=torch.float32))
+        n_sums = len(token_linear_scale.columns)
+        self.head = mlp(d_model + 2 * n_sums, 2 * d_model, n_classes)
+
+    def forward(self, kind_ids, token_features, mask):
+        key_bias = ((mask - 1.0) * 1e9)[:, None, None, :]      # [N, 1, 1, L]; 0 for real tokens
+        h = self.kind_embedding(kind_ids) + self.token_projection(token_features)
+        for block in self.blocks:
+            h = block(h, key_bias)
+        h = self.final_norm(h)
+        weights = mask[..., None]
+        pooled = (h * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
+        raw_sums = (self.token_linear_scale.raw(token_features) * weights).sum(dim=1)
+        sums = raw_sums / self.token_linear_scale.scales
+        log_sums = (torch.log1p(raw_sums) - self.sum_log_mean) / self.sum_log_std
+        return self.head(torch.cat([pooled, sums, log_sums], dim=-1))
+
+
+class SequenceProbabilities(nn.Module):
+    """Exported sequence classifier: softmax over the transformer's logits."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, kind_ids, token_features, mask):
+        return torch.softmax(self.model(kind_ids, token_features, mask), dim=-1)

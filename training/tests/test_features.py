@@ -1,0 +1,146 @@
+"""Feature extraction vs the golden fixture shared with the Rust service (stdlib only).
+
+Run from the repository root:  python3 -m unittest discover -s training/tests
+"""
+
+import json
+import math
+import os
+import sys
+import unittest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(REPO, "training"))
+
+import gpucast_features as gf  # noqa: E402
+
+GOLDEN = os.path.join(REPO, "tests", "fixtures", "golden_features.json")
+MANIFEST = os.path.join(REPO, "models", "manifest.json")
+
+
+def load_json(path):
+    with open(path) as handle:
+        return json.load(handle)
+
+
+def estimator(manifest, name):
+    return next(entry for entry in manifest["estimators"] if entry["name"] == name)
+
+
+class GoldenFeaturesTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.golden = load_json(GOLDEN)
+        manifest = load_json(MANIFEST)
+        cls.aggregate_entries = estimator(manifest, cls.golden["estimators"]["aggregate"])["input"]["features"]
+        sequence_input = estimator(manifest, cls.golden["estimators"]["sequence"])["input"]
+        cls.kind_vocab = sequence_input["kind_vocab"]
+        cls.token_entries = sequence_input["token_features"]
+
+    def assertClose(self, actual, expected, rel_tol, abs_tol, where):
+        self.assertTrue(math.isclose(actual, expected, rel_tol=rel_tol, abs_tol=abs_tol),
+                        "%s: %r != %r" % (where, actual, expected))
+
+    def test_has_cases(self):
+        self.assertGreaterEqual(len(self.golden["cases"]), 10)
+
+    def test_raw_aggregate(self):
+        for case in self.golden["cases"]:
+            raw = gf.raw_aggregate_features(case["job"])
+            self.assertEqual(sorted(raw), sorted(case["raw_aggregate"]), case["name"])
+            for name, expected in case["raw_aggregate"].items():
+                self.assertClose(raw[name], expected, 1e-9, 0.0, "%s %s" % (case["name"], name))
+
+    def test_normalised_aggregate(self):
+        for case in self.golden["cases"]:
+            vector = gf.aggregate_vector(case["job"], self.aggregate_entries)
+            self.assertEqual(len(vector), len(case["aggregate"]), case["name"])
+            for index, (actual, expected) in enumerate(zip(vector, case["aggregate"])):
+                self.assertClose(actual, expected, 1e-6, 1e-6, "%s column %d" % (case["name"], index))
+
+    def test_tokens(self):
+        for case in self.golden["cases"]:
+            self.assertEqual(gf.kind_ids(case["job"], self.kind_vocab), case["kind_ids"], case["name"])
+            tokens = gf.token_vectors(case["job"], self.token_entries)
+            self.assertEqual(len(tokens), len(case["token_features"]), case["name"])
+            for position, (row, expected_row) in enumerate(zip(tokens, case["token_features"])):
+                self.assertEqual(len(row), len(expected_row))
+                for actual, expected in zip(row, expected_row):
+                    self.assertClose(actual, expected, 1e-6, 1e-6, "%s token %d" % (case["name"], position))
+
+
+class HandCheckedTest(unittest.TestCase):
+    def test_kind_aliases(self):
+        for spelling, canonical in [("Dense", "linear"), ("batch_normalization", "batch_norm"),
+                                    ("BatchNorm1d", "batch_norm"), ("BN", "batch_norm"),
+                                    ("batch normalization", "batch_norm"), ("LeakyReLU", "leaky_relu"),
+                                    ("leaky-relu", "leaky_relu"), ("Swish", "silu"), ("SiLU", "silu"),
+                                    ("PReLU", "prelu"), ("Identity", "identity"), ("Softmax", "softmax")]:
+            self.assertEqual(gf.normalise_kind(spelling), canonical, spelling)
+        with self.assertRaises(ValueError):
+            gf.normalise_kind("conv2d")
+
+    def test_hidden_activation(self):
+        self.assertEqual(gf.hidden_activation(["linear", "tanh", "linear", "gelu", "gelu", "tanh"]), "tanh")
+        self.assertEqual(gf.hidden_activation(["linear", "gelu", "tanh", "tanh", "softmax", "softmax"]), "tanh")
+        self.assertEqual(gf.hidden_activation(["linear", "sigmoid"]), "identity")
+        self.assertEqual(gf.hidden_activation(["linear", "softmax"]), "identity")
+        self.assertEqual(gf.hidden_activation(["linear"]), "identity")
+
+    def test_aggregate_by_hand(self):
+        job = {"batch_size": 4, "layers": [
+            {"kind": "Dense", "output_size": 10, "params": 110},
+            {"kind": "bn", "output_size": 10, "params": 20},
+            {"kind": "ReLU", "output_size": 10, "params": 0},
+            {"kind": "dropout", "output_size": 10, "params": 0},
+            {"kind": "linear", "output_size": 3, "params": 33},
+            {"kind": "Softmax", "output_size": 3, "params": 0}]}
+        raw = gf.raw_aggregate_features(job)
+        self.assertEqual(list(raw), gf.AGGREGATE_FEATURES)
+        expected = {"depth": 2, "n_layers": 6, "total_params": 163, "total_activations": 46,
+                    "batch_size": 4, "activations_x_batch": 184, "params_x_batch": 652,
+                    "max_output_size": 10, "n_batch_norm": 1, "n_dropout": 1, "n_activation": 2,
+                    "act_relu": 1}
+        for name in gf.AGGREGATE_FEATURES:
+            self.assertEqual(raw[name], float(expected.get(name, 0)), name)
+
+    def test_no_activation_is_identity(self):
+        raw = gf.raw_aggregate_features({"batch_size": 2, "layers": [
+            {"kind": "linear", "output_size": 5, "params": 30}]})
+        self.assertEqual(raw["act_identity"], 1.0)
+        self.assertEqual(sum(raw["act_" + name] for name in gf.HIDDEN_ACTIVATIONS), 1.0)
+        self.assertEqual(raw["n_activation"], 0.0)
+
+    def test_tokens_by_hand(self):
+        job = {"batch_size": 8, "layers": [
+            {"kind": "linear", "output_size": 4, "params": 20},
+            {"kind": "tanh", "output_size": 4, "params": 0},
+            {"kind": "softmax", "output_size": 4, "params": 0}]}
+        self.assertEqual(gf.kind_ids(job), [1, 13, 15])
+        self.assertEqual(gf.raw_token_features(job), [[4.0, 20.0, 8.0, 32.0, 0.0],
+                                                      [4.0, 0.0, 8.0, 32.0, 0.5],
+                                                      [4.0, 0.0, 8.0, 32.0, 1.0]])
+        single = gf.raw_token_features({"batch_size": 1, "layers": [
+            {"kind": "linear", "output_size": 4, "params": 20}]})
+        self.assertEqual(single[0][4], 0.0)
+        entries = [{"name": "output_x_batch", "transform": "log1p", "mean": 1.0, "std": 2.0},
+                   {"name": "position", "transform": "identity", "mean": 0.0, "std": 1.0}]
+        self.assertEqual(gf.token_vectors(job, entries)[1], [(math.log1p(32.0) - 1.0) / 2.0, 0.5])
+
+    def test_memory_class(self):
+        self.assertEqual([gf.memory_class(v) for v in (1, 1000, 1001, 2000, 4925, 5000, 5001)],
+                         [0, 0, 1, 1, 4, 4, 5])
+
+    def test_csv_row_to_job(self):
+        row = {"Batch Size": "996", "Activations-Params":
+               "[('linear', 1173, 2753031), ('batch_normalization', 1173, 2346), ('ReLU', 1173, 0)]"}
+        self.assertEqual(gf.csv_row_to_job(row), {"family": "mlp", "batch_size": 996, "layers": [
+            {"kind": "linear", "output_size": 1173, "params": 2753031},
+            {"kind": "batch_norm", "output_size": 1173, "params": 2346},
+            {"kind": "relu", "output_size": 1173, "params": 0}]})
+        self.assertEqual(gf.group_key("input:1_output:2_depth:3_batch:996_act:relu.out"),
+                         "input:1_output:2_depth:3_act:relu")
+
+
+if __name__ == "__main__":
+    unittest.main()
