@@ -40,7 +40,7 @@ fn in_process(c: &mut Criterion) {
             b.iter(|| estimator.run(&job, &AggregateFeatures::of(&job)).unwrap())
         });
     }
-    c.bench_function("estimate_all_estimators", |b| b.iter(|| estimators.estimate(&job).unwrap()));
+    c.bench_function("estimate_all_estimators", |b| b.iter(|| estimators.estimate(&job, 0.95).unwrap()));
 }
 
 fn http_round_trip(c: &mut Criterion) {

@@ -7,4 +7,4 @@ cd "$ROOT"
 scripts/fetch-onnxruntime.sh
 export ORT_DYLIB_PATH="${ORT_DYLIB_PATH:-$ROOT/.cache/onnxruntime/libonnxruntime.so}"
 cargo test --locked --all-targets
-python3 -m unittest discover -s training/tests -t . -v
+python3 -m unittest discover -s training/tests -v

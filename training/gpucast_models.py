@@ -49,6 +49,44 @@ class AggregateMLP(nn.Module):
         return self.body(torch.cat([features, self.linear_scale(features)], dim=-1))
 
 
+class OrdinalMemoryHead(nn.Module):
+    """Estimate peak memory, then turn it into class probabilities with soft class boundaries.
+
+    memory = linear(linear-scale counts) + mlp(all inputs), in GiB (1000 MiB) units;
+    P(peak <= b_i) = sigmoid((b_i - memory) / spread), and class i gets the mass between
+    consecutive boundaries.  Training also regresses `memory` on the measured peak, which uses
+    far more of the label than the class alone.
+    """
+
+    def __init__(self, n_linear, n_inputs, hidden, bins_mib):
+        super().__init__()
+        self.linear = nn.Linear(n_linear, 1)
+        self.correction = mlp(n_inputs, hidden, 1)
+        self.log_spread = nn.Parameter(torch.tensor(-3.0))   # spread ~ 50 MiB to start
+        self.register_buffer("bins", torch.tensor(bins_mib, dtype=torch.float32) / 1000.0)
+
+    def forward(self, linear_inputs, inputs):
+        memory = self.linear(linear_inputs) + self.correction(inputs)          # [N, 1]
+        below = torch.sigmoid((self.bins - memory) / torch.exp(self.log_spread))  # [N, K]
+        zeros, ones = torch.zeros_like(memory), torch.ones_like(memory)
+        cdf = torch.cat([zeros, below, ones], dim=-1)                          # [N, K + 2]
+        return cdf[:, 1:] - cdf[:, :-1], memory[:, 0]
+
+
+class AggregateMemoryModel(nn.Module):
+    """One ensemble member: aggregate features -> (class probabilities, memory in GiB)."""
+
+    def __init__(self, n_features, linear_scale, hidden, bins_mib):
+        super().__init__()
+        self.linear_scale = linear_scale
+        n_linear = len(linear_scale.columns)
+        self.head = OrdinalMemoryHead(n_linear, n_features + n_linear, hidden, bins_mib)
+
+    def forward(self, features):
+        linear = self.linear_scale(features)
+        return self.head(linear, torch.cat([features, linear], dim=-1))
+
+
 class ProbabilityEnsemble(nn.Module):
     """Exported memory classifier: mean of the members' softmax probabilities."""
 
@@ -57,7 +95,7 @@ class ProbabilityEnsemble(nn.Module):
         self.members = nn.ModuleList(members)
 
     def forward(self, features):
-        probabilities = [torch.softmax(member(features), dim=-1) for member in self.members]
+        probabilities = [member(features)[0] for member in self.members]
         return torch.stack(probabilities, dim=0).mean(dim=0)
 
 
@@ -107,7 +145,7 @@ class EncoderBlock(nn.Module):
 
 
 class SequenceTransformer(nn.Module):
-    """Layer tokens -> Transformer encoder -> masked mean pool -> class logits.
+    """Layer tokens -> Transformer encoder -> masked mean pool -> (probabilities, memory).
 
     Besides the pooled encoding, the head sees the masked *sums* of the tokens' linear-scale
     params and output x batch (total parameters and activation volume, the quantities memory is
@@ -115,7 +153,7 @@ class SequenceTransformer(nn.Module):
     """
 
     def __init__(self, n_kinds, n_token_features, token_linear_scale, sum_log_mean, sum_log_std,
-                 d_model=32, n_heads=4, n_layers=2, d_ff=64, n_classes=6):
+                 bins_mib, d_model=32, n_heads=4, n_layers=2, d_ff=64):
         super().__init__()
         self.kind_embedding = nn.Embedding(n_kinds + 1, d_model, padding_idx=0)
         self.token_projection = nn.Linear(n_token_features, d_model)
@@ -125,7 +163,7 @@ class SequenceTransformer(nn.Module):
         self.register_buffer("sum_log_mean", torch.tensor(sum_log_mean, dtype=torch.float32))
         self.register_buffer("sum_log_std", torch.tensor(sum_log_std, dtype=torch.float32))
         n_sums = len(token_linear_scale.columns)
-        self.head = mlp(d_model + 2 * n_sums, 2 * d_model, n_classes)
+        self.head = OrdinalMemoryHead(n_sums, d_model + 2 * n_sums, 2 * d_model, bins_mib)
 
     def forward(self, kind_ids, token_features, mask):
         key_bias = ((mask - 1.0) * 1e9)[:, None, None, :]      # [N, 1, 1, L]; 0 for real tokens
@@ -138,15 +176,15 @@ class SequenceTransformer(nn.Module):
         raw_sums = (self.token_linear_scale.raw(token_features) * weights).sum(dim=1)
         sums = raw_sums / self.token_linear_scale.scales
         log_sums = (torch.log1p(raw_sums) - self.sum_log_mean) / self.sum_log_std
-        return self.head(torch.cat([pooled, sums, log_sums], dim=-1))
+        return self.head(sums, torch.cat([pooled, sums, log_sums], dim=-1))
 
 
 class SequenceProbabilities(nn.Module):
-    """Exported sequence classifier: softmax over the transformer's logits."""
+    """Exported sequence classifier: the transformer's class probabilities only."""
 
     def __init__(self, model):
         super().__init__()
         self.model = model
 
     def forward(self, kind_ids, token_features, mask):
-        return torch.softmax(self.model(kind_ids, token_features, mask), dim=-1)
+        return self.model(kind_ids, token_features, mask)[0]

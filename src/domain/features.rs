@@ -3,6 +3,7 @@
 
 use serde::Deserialize;
 
+use super::analytic;
 use super::job::{Job, LayerKind};
 
 /// Hidden activations that get a one-hot feature, in the order of the `act_<name>` features.
@@ -58,6 +59,13 @@ pub struct AggregateFeatures {
     n_batch_norm: f64,
     n_dropout: f64,
     n_activation: f64,
+    n_conv: f64,
+    n_attention: f64,
+    n_norm: f64,
+    n_embedding: f64,
+    input_pixels: f64,
+    first_principles_mib: f64,
+    horus_mib: f64,
     hidden_activation: LayerKind,
 }
 
@@ -75,6 +83,13 @@ impl AggregateFeatures {
             n_batch_norm: count(LayerKind::BatchNorm),
             n_dropout: count(LayerKind::Dropout),
             n_activation: layers.iter().filter(|l| l.kind.is_activation()).count() as f64,
+            n_conv: layers.iter().filter(|l| l.kind.is_convolution()).count() as f64,
+            n_attention: count(LayerKind::Attention),
+            n_norm: layers.iter().filter(|l| l.kind.is_normalisation()).count() as f64,
+            n_embedding: count(LayerKind::Embedding),
+            input_pixels: job.input_shape().map_or(0.0, |shape| shape.iter().map(|&d| d as f64).product()),
+            first_principles_mib: analytic::first_principles_mib(job),
+            horus_mib: analytic::horus_mib(job),
             hidden_activation: hidden_activation(job),
         }
     }
@@ -93,6 +108,13 @@ impl AggregateFeatures {
             "n_batch_norm" => self.n_batch_norm,
             "n_dropout" => self.n_dropout,
             "n_activation" => self.n_activation,
+            "n_conv" => self.n_conv,
+            "n_attention" => self.n_attention,
+            "n_norm" => self.n_norm,
+            "n_embedding" => self.n_embedding,
+            "input_pixels" => self.input_pixels,
+            "first_principles_mib" => self.first_principles_mib,
+            "horus_mib" => self.horus_mib,
             _ => {
                 let activation = name.strip_prefix("act_")?;
                 let kind = ONE_HOT_ACTIVATIONS.into_iter().find(|k| k.as_str() == activation)?;

@@ -214,7 +214,14 @@ impl LayerKind {
         )
     }
 
-    fn is_convolution(self) -> bool {
+    pub fn is_normalisation(self) -> bool {
+        matches!(
+            self,
+            LayerKind::BatchNorm | LayerKind::LayerNorm | LayerKind::GroupNorm | LayerKind::InstanceNorm | LayerKind::RmsNorm
+        )
+    }
+
+    pub fn is_convolution(self) -> bool {
         matches!(
             self,
             LayerKind::Conv1d | LayerKind::Conv2d | LayerKind::Conv3d | LayerKind::ConvTranspose2d
@@ -289,12 +296,65 @@ pub struct UncheckedLayer<'a> {
     pub params: u64,
 }
 
+/// The optimizer, which decides how much state is kept per parameter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Optimizer {
+    Sgd,
+    Momentum,
+    #[default]
+    Adam,
+    AdamW,
+}
+
+impl Optimizer {
+    pub fn parse(raw: &str) -> Option<Optimizer> {
+        match raw.to_ascii_lowercase().as_str() {
+            "sgd" => Some(Optimizer::Sgd),
+            "momentum" | "sgd_momentum" | "nesterov" => Some(Optimizer::Momentum),
+            "adam" => Some(Optimizer::Adam),
+            "adamw" => Some(Optimizer::AdamW),
+            _ => None,
+        }
+    }
+
+    /// Bytes of optimizer state per (fp32) parameter.
+    pub fn state_bytes_per_param(self) -> f64 {
+        match self {
+            Optimizer::Sgd => 0.0,
+            Optimizer::Momentum => 4.0,
+            Optimizer::Adam | Optimizer::AdamW => 8.0,
+        }
+    }
+}
+
+/// Numeric precision of training.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Precision {
+    #[default]
+    Fp32,
+    /// fp16 or bf16 autocast with fp32 master weights.
+    Mixed16,
+}
+
+impl Precision {
+    pub fn parse(raw: &str) -> Option<Precision> {
+        match raw.to_ascii_lowercase().as_str() {
+            "fp32" | "float32" => Some(Precision::Fp32),
+            "mixed16" | "fp16" | "bf16" | "float16" | "bfloat16" | "amp" => Some(Precision::Mixed16),
+            _ => None,
+        }
+    }
+}
+
 /// A validated job description.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Job {
     family: Family,
     batch_size: u64,
     layers: Vec<Layer>,
+    optimizer: Optimizer,
+    precision: Precision,
+    input_shape: Option<Vec<u64>>,
 }
 
 /// Why a job description was rejected. Each variant names the offending field.
@@ -312,6 +372,12 @@ pub enum JobError {
     QuantityTooLarge { index: usize, field: &'static str, value: u64 },
     #[error("family: unknown family '{0}' (known: mlp, cnn, transformer)")]
     UnknownFamily(String),
+    #[error("optimizer: unknown optimizer '{0}' (known: sgd, momentum, adam, adamw)")]
+    UnknownOptimizer(String),
+    #[error("precision: unknown precision '{0}' (known: fp32, mixed16, fp16, bf16)")]
+    UnknownPrecision(String),
+    #[error("input_shape: must hold 1 to 5 positive dimensions of at most 1,000,000")]
+    InputShape,
 }
 
 impl Job {
@@ -338,7 +404,41 @@ impl Job {
             Some(name) => Family::parse(name).ok_or_else(|| JobError::UnknownFamily(name.into()))?,
             None => Family::infer(&layers),
         };
-        Ok(Job { family, batch_size, layers })
+        Ok(Job { family, batch_size, layers, optimizer: Optimizer::default(), precision: Precision::default(), input_shape: None })
+    }
+
+    /// Sets how the job trains; `None` keeps the defaults (Adam, fp32).
+    pub fn with_training(mut self, optimizer: Option<&str>, precision: Option<&str>) -> Result<Job, JobError> {
+        if let Some(raw) = optimizer {
+            self.optimizer = Optimizer::parse(raw).ok_or_else(|| JobError::UnknownOptimizer(raw.chars().take(64).collect()))?;
+        }
+        if let Some(raw) = precision {
+            self.precision = Precision::parse(raw).ok_or_else(|| JobError::UnknownPrecision(raw.chars().take(64).collect()))?;
+        }
+        Ok(self)
+    }
+
+    /// Sets the per-sample input shape (e.g. `[3, 224, 224]`).
+    pub fn with_input_shape(mut self, shape: Option<&[u64]>) -> Result<Job, JobError> {
+        if let Some(shape) = shape {
+            if shape.is_empty() || shape.len() > 5 || shape.iter().any(|&d| d == 0 || d > 1_000_000) {
+                return Err(JobError::InputShape);
+            }
+            self.input_shape = Some(shape.to_vec());
+        }
+        Ok(self)
+    }
+
+    pub fn optimizer(&self) -> Optimizer {
+        self.optimizer
+    }
+
+    pub fn precision(&self) -> Precision {
+        self.precision
+    }
+
+    pub fn input_shape(&self) -> Option<&[u64]> {
+        self.input_shape.as_deref()
     }
 
     pub fn family(&self) -> Family {
@@ -431,5 +531,17 @@ mod tests {
         assert!(err.to_string().starts_with("layers[0].params"), "{err}");
         let err = Job::parse(Some("rnn"), 8, vec![unchecked("linear")].into_iter()).unwrap_err();
         assert_eq!(err, JobError::UnknownFamily("rnn".into()));
+    }
+
+    #[test]
+    fn training_settings_default_to_adam_fp32_and_reject_unknown_names() {
+        let job = Job::parse(None, 8, vec![unchecked("linear")].into_iter()).unwrap();
+        assert_eq!((job.optimizer(), job.precision()), (Optimizer::Adam, Precision::Fp32));
+        let job = job.with_training(Some("SGD"), Some("bf16")).unwrap();
+        assert_eq!((job.optimizer(), job.precision()), (Optimizer::Sgd, Precision::Mixed16));
+        assert_eq!(job.clone().with_training(Some("lion"), None).unwrap_err(), JobError::UnknownOptimizer("lion".into()));
+        assert_eq!(job.clone().with_training(None, Some("int4")).unwrap_err(), JobError::UnknownPrecision("int4".into()));
+        assert_eq!(job.clone().with_input_shape(Some(&[3, 0, 224])).unwrap_err(), JobError::InputShape);
+        assert_eq!(job.with_input_shape(Some(&[3, 224, 224])).unwrap().input_shape(), Some(&[3, 224, 224][..]));
     }
 }

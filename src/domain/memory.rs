@@ -87,3 +87,107 @@ mod tests {
         assert!(MemoryClasses::new(vec![0, 1000]).is_err());
     }
 }
+
+/// Conformal quantiles of log(measured / predicted) at several confidence levels; the upper
+/// bound at confidence c is `estimate x exp(q(c))`, q interpolated linearly between levels.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResidualQuantiles {
+    /// (confidence, log ratio), sorted by confidence.
+    levels: Vec<(f64, f64)>,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+#[error("residual quantiles must be finite, non-decreasing and at confidences strictly between 0 and 1")]
+pub struct InvalidQuantiles;
+
+impl ResidualQuantiles {
+    pub fn new(mut levels: Vec<(f64, f64)>) -> Result<ResidualQuantiles, InvalidQuantiles> {
+        levels.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let valid_level = |&(c, q): &(f64, f64)| c > 0.0 && c < 1.0 && q.is_finite();
+        let increasing = levels.windows(2).all(|w| w[0].0 < w[1].0 && w[0].1 <= w[1].1);
+        if levels.is_empty() || !levels.iter().all(valid_level) || !increasing {
+            return Err(InvalidQuantiles);
+        }
+        Ok(ResidualQuantiles { levels })
+    }
+
+    /// The confidence range covered: requests outside it cannot be honoured.
+    pub fn range(&self) -> (f64, f64) {
+        (self.levels[0].0, self.levels[self.levels.len() - 1].0)
+    }
+
+    /// The log ratio at `confidence`, or `None` outside the covered range.
+    pub fn log_ratio_at(&self, confidence: f64) -> Option<f64> {
+        let (low, high) = self.range();
+        if !(low..=high).contains(&confidence) {
+            return None;
+        }
+        let upper = self.levels.iter().position(|&(c, _)| c >= confidence)?;
+        if upper == 0 {
+            return Some(self.levels[0].1);
+        }
+        let ((c0, q0), (c1, q1)) = (self.levels[upper - 1], self.levels[upper]);
+        Some(q0 + (q1 - q0) * (confidence - c0) / (c1 - c0))
+    }
+}
+
+#[cfg(test)]
+mod quantile_tests {
+    use super::*;
+
+    #[test]
+    fn quantiles_interpolate_between_levels_and_refuse_outside_them() {
+        let q = ResidualQuantiles::new(vec![(0.95, 0.2), (0.5, 0.0), (0.99, 0.4)]).unwrap();
+        assert_eq!(q.range(), (0.5, 0.99));
+        assert_eq!(q.log_ratio_at(0.5), Some(0.0));
+        assert!((q.log_ratio_at(0.725).unwrap() - 0.1).abs() < 1e-12);
+        assert_eq!(q.log_ratio_at(0.99), Some(0.4));
+        assert_eq!(q.log_ratio_at(0.999), None);
+        assert_eq!(q.log_ratio_at(0.3), None);
+    }
+
+    #[test]
+    fn quantiles_must_grow_with_confidence() {
+        assert!(ResidualQuantiles::new(vec![]).is_err());
+        assert!(ResidualQuantiles::new(vec![(0.5, 0.3), (0.9, 0.1)]).is_err());
+        assert!(ResidualQuantiles::new(vec![(1.0, 0.3)]).is_err());
+        assert!(ResidualQuantiles::new(vec![(0.9, f64::NAN)]).is_err());
+    }
+}
+
+/// The confidence an upper bound must hold at: the share of jobs whose true peak stays below.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Confidence(f64);
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+#[error("confidence: must be a number from 0.5 to 0.99, got {0}")]
+pub struct InvalidConfidence(pub f64);
+
+impl Confidence {
+    pub const DEFAULT: Confidence = Confidence(0.95);
+
+    pub fn parse(raw: Option<f64>) -> Result<Confidence, InvalidConfidence> {
+        match raw {
+            None => Ok(Confidence::DEFAULT),
+            Some(c) if (0.5..=0.99).contains(&c) => Ok(Confidence(c)),
+            Some(c) => Err(InvalidConfidence(c)),
+        }
+    }
+
+    pub fn get(self) -> f64 {
+        self.0
+    }
+}
+
+#[cfg(test)]
+mod confidence_tests {
+    use super::*;
+
+    #[test]
+    fn confidence_defaults_to_95_percent_and_must_lie_in_range() {
+        assert_eq!(Confidence::parse(None).unwrap().get(), 0.95);
+        assert_eq!(Confidence::parse(Some(0.9)).unwrap().get(), 0.9);
+        assert!(Confidence::parse(Some(1.0)).is_err());
+        assert!(Confidence::parse(Some(0.2)).is_err());
+    }
+}

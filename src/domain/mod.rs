@@ -1,8 +1,9 @@
 //! The domain: validated jobs, their features and memory classes. No HTTP and no ONNX here.
 
+pub mod analytic;
 pub mod features;
 pub mod job;
 pub mod memory;
 
-pub use job::{Family, Job, JobError, Layer, LayerKind, UncheckedLayer};
-pub use memory::{MemoryClass, MemoryClasses};
+pub use job::{Family, Job, JobError, Layer, LayerKind, Optimizer, Precision, UncheckedLayer};
+pub use memory::{Confidence, MemoryClass, MemoryClasses, ResidualQuantiles};

@@ -29,6 +29,7 @@ pub struct Manifest {
 #[serde(rename_all = "snake_case")]
 pub enum EstimatorKind {
     MemoryClassifier,
+    MemoryRegressor,
     UtilizationRegressor,
 }
 
@@ -36,6 +37,7 @@ impl EstimatorKind {
     pub fn as_str(self) -> &'static str {
         match self {
             EstimatorKind::MemoryClassifier => "memory_classifier",
+            EstimatorKind::MemoryRegressor => "memory_regressor",
             EstimatorKind::UtilizationRegressor => "utilization_regressor",
         }
     }
@@ -56,8 +58,20 @@ pub struct EstimatorEntry {
     /// What a regressor predicts (`smact`, `smocc`, `drama`).
     #[serde(default)]
     pub target: Option<String>,
+    /// A memory regressor's conformal quantiles of log(measured / predicted).
+    #[serde(default)]
+    pub residual_quantiles: Option<Vec<ResidualQuantile>>,
+    /// Capacity of the card the training data was measured on (fit checks default to it).
+    #[serde(default)]
+    pub capacity_mib: Option<u64>,
     #[serde(default)]
     pub validation: BTreeMap<String, serde_json::Value>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+pub struct ResidualQuantile {
+    pub confidence: f64,
+    pub log_ratio: f64,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use sha2::{Digest, Sha256};
 
 use crate::domain::features::{raw_token_feature, AggregateFeatures, FeatureSpec, TokenFeatures, TOKEN_FEATURES};
-use crate::domain::{Family, Job, LayerKind, MemoryClass, MemoryClasses};
+use crate::domain::{analytic, Family, Job, LayerKind, MemoryClass, MemoryClasses, ResidualQuantiles};
 use manifest::{EstimatorEntry, EstimatorKind, InputSpec, Manifest, MANIFEST_FILE, SUPPORTED_SCHEMA_VERSION};
 use onnx::{InferenceError, Model, ModelInput, OnnxModel};
 
@@ -39,6 +39,8 @@ pub enum EstimateError {
     KindNotInVocabulary { index: usize, kind: LayerKind, estimator: String },
     #[error("layers: estimator '{estimator}' accepts at most {max} layers, got {got}")]
     TooManyTokens { estimator: String, max: usize, got: usize },
+    #[error("confidence: {confidence} is outside the calibrated range {low} to {high}")]
+    ConfidenceOutOfRange { confidence: f64, low: f64, high: f64 },
     #[error(transparent)]
     Inference(#[from] InferenceError),
 }
@@ -55,6 +57,7 @@ pub struct Estimator {
     input: Input,
     model: Box<dyn Model>,
     classes: Option<MemoryClasses>,
+    quantiles: Option<ResidualQuantiles>,
 }
 
 impl Estimator {
@@ -103,6 +106,16 @@ pub struct EstimatorRun {
     pub latency: Duration,
 }
 
+/// The MiB figure, its upper bound and the card it is checked against.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MibAnswer {
+    pub estimate_mib: f64,
+    pub upper_bound_mib: f64,
+    pub confidence: f64,
+    /// Capacity of the card the regressor was trained on.
+    pub reference_capacity_mib: Option<u64>,
+}
+
 /// Everything the estimators said about one job.
 #[derive(Debug, Clone)]
 pub struct Estimate {
@@ -111,17 +124,25 @@ pub struct Estimate {
     pub class: ClassAnswer,
     /// Each classifier's own answer, by estimator name.
     pub classifiers: BTreeMap<String, ClassAnswer>,
+    /// The learned MiB figure and bound, when the family has a memory regressor.
+    pub mib: Option<MibAnswer>,
+    /// Each MiB estimator's own figure (regressors and analytic formulas), by name.
+    pub mib_estimators: BTreeMap<String, f64>,
     /// Utilization fractions by target (`smact`, `smocc`, ...); absent targets have no model.
     pub utilization: BTreeMap<String, f32>,
     pub runs: Vec<EstimatorRun>,
 }
+
+/// Names and version of the analytic estimators, which every family gets.
+pub const FIRST_PRINCIPLES: &str = "first_principles";
+pub const HORUS: &str = "horus";
+pub const ANALYTIC_VERSION: &str = "1.0.0";
 
 /// All loaded estimators, grouped by family.
 pub struct Estimators {
     manifest: Manifest,
     estimators: Vec<Estimator>,
 }
-
 impl Estimators {
     /// Loads and checks every estimator of `dir/manifest.json`: file present, checksum equal,
     /// features known, graph inputs and outputs as the contract says.
@@ -145,7 +166,7 @@ impl Estimators {
         let mut estimators = Vec::with_capacity(manifest.estimators.len());
         for entry in &manifest.estimators {
             let path = dir.join(&entry.file);
-            let (family, input, classes) = check_entry(entry).map_err(|reason| invalid(format!("estimator '{}': {reason}", entry.name)))?;
+            let Checked { family, input, classes, quantiles } = check_entry(entry).map_err(|reason| invalid(format!("estimator '{}': {reason}", entry.name)))?;
             let bytes = std::fs::read(&path).map_err(|source| LoadError::Read { path: path.clone(), source })?;
             let actual = hex::encode(Sha256::digest(&bytes));
             if !actual.eq_ignore_ascii_case(&entry.sha256) {
@@ -157,7 +178,7 @@ impl Estimators {
             };
             let model = OnnxModel::load(environment, &bytes, input_names, &entry.output, sessions_per_model)
                 .map_err(|reason| LoadError::Model { path: path.clone(), reason })?;
-            estimators.push(Estimator { entry: entry.clone(), family, input, model: Box::new(model), classes });
+            estimators.push(Estimator { entry: entry.clone(), family, input, model: Box::new(model), classes, quantiles });
         }
         for pair in estimators.windows(2) {
             let (a, b) = (&pair[0], &pair[1]);
@@ -176,43 +197,75 @@ impl Estimators {
         &self.estimators
     }
 
-    /// Runs every estimator of the job's family.
-    pub fn estimate(&self, job: &Job) -> Result<Estimate, EstimateError> {
+    /// Runs every estimator of the job's family; the upper bound is at `confidence`.
+    pub fn estimate(&self, job: &Job, confidence: f64) -> Result<Estimate, EstimateError> {
         let family = job.family();
         let members: Vec<&Estimator> = self.estimators.iter().filter(|e| e.family == family).collect();
-        let classifiers: Vec<&Estimator> =
-            members.iter().copied().filter(|e| e.entry.kind == EstimatorKind::MemoryClassifier).collect();
-        let Some(classes) = classifiers.first().and_then(|e| e.classes.as_ref()) else {
+        let n_classifiers = members.iter().filter(|e| e.entry.kind == EstimatorKind::MemoryClassifier).count();
+        let Some(classes) = members.iter().find_map(|e| e.classes.as_ref()) else {
             return Err(EstimateError::UnsupportedFamily(family));
         };
         let aggregate = AggregateFeatures::of(job);
-        let mut runs = Vec::with_capacity(members.len());
-        let mut answers = BTreeMap::new();
+        let mut runs = Vec::with_capacity(members.len() + 2);
+        let mut classifiers = BTreeMap::new();
+        let mut mib_estimators = BTreeMap::new();
+        let mut mib = None;
         let mut utilization = BTreeMap::new();
         let mut mean = vec![0.0f32; classes.len()];
         for estimator in &members {
             let started = Instant::now();
             let output = estimator.run(job, &aggregate)?;
+            let first = output.first().copied().unwrap_or(f32::NAN);
+            match estimator.entry.kind {
+                EstimatorKind::MemoryClassifier => {
+                    for (m, p) in mean.iter_mut().zip(&output) {
+                        *m += p / n_classifiers as f32;
+                    }
+                    classifiers.insert(estimator.entry.name.clone(), class_answer(classes, output));
+                }
+                EstimatorKind::MemoryRegressor => {
+                    let estimate_mib = f64::from(first).exp();
+                    if !estimate_mib.is_finite() {
+                        return Err(InferenceError(format!("{} returned a non-finite figure", estimator.name())).into());
+                    }
+                    let quantiles = estimator.quantiles.as_ref().expect("checked at load");
+                    let log_ratio = quantiles.log_ratio_at(confidence).ok_or_else(|| {
+                        let (low, high) = quantiles.range();
+                        EstimateError::ConfidenceOutOfRange { confidence, low, high }
+                    })?;
+                    mib_estimators.insert(estimator.entry.name.clone(), estimate_mib);
+                    mib = Some(MibAnswer {
+                        estimate_mib,
+                        upper_bound_mib: estimate_mib * log_ratio.exp(),
+                        confidence,
+                        reference_capacity_mib: estimator.entry.capacity_mib,
+                    });
+                }
+                EstimatorKind::UtilizationRegressor => {
+                    let target = estimator.entry.target.clone().unwrap_or_default();
+                    utilization.insert(target, first.clamp(0.0, 1.0));
+                }
+            }
             runs.push(EstimatorRun {
                 name: estimator.entry.name.clone(),
                 version: estimator.entry.version.clone(),
                 latency: started.elapsed(),
             });
-            match estimator.entry.kind {
-                EstimatorKind::MemoryClassifier => {
-                    for (m, p) in mean.iter_mut().zip(&output) {
-                        *m += p / classifiers.len() as f32;
-                    }
-                    answers.insert(estimator.entry.name.clone(), class_answer(classes, output));
-                }
-                EstimatorKind::UtilizationRegressor => {
-                    let target = estimator.entry.target.clone().unwrap_or_default();
-                    let value = output.first().copied().unwrap_or(f32::NAN).clamp(0.0, 1.0);
-                    utilization.insert(target, value);
-                }
-            }
         }
-        Ok(Estimate { family, class: class_answer(classes, mean), classifiers: answers, utilization, runs })
+        for (name, formula) in [(FIRST_PRINCIPLES, analytic::first_principles_mib as fn(&Job) -> f64), (HORUS, analytic::horus_mib)] {
+            let started = Instant::now();
+            mib_estimators.insert(name.to_string(), formula(job));
+            runs.push(EstimatorRun { name: name.into(), version: ANALYTIC_VERSION.into(), latency: started.elapsed() });
+        }
+        let class = if n_classifiers > 0 {
+            class_answer(classes, mean)
+        } else {
+            // No classifier: the class of the learned figure, with all probability on it.
+            let index = classes.classify(mib.map_or(0.0, |m| m.estimate_mib)).index;
+            let probabilities = (0..classes.len()).map(|i| f32::from(u8::from(i == index))).collect();
+            ClassAnswer { class: classes.class(index), probabilities }
+        };
+        Ok(Estimate { family, class, classifiers, mib, mib_estimators, utilization, runs })
     }
 }
 
@@ -226,8 +279,15 @@ fn class_answer(classes: &MemoryClasses, probabilities: Vec<f32>) -> ClassAnswer
     ClassAnswer { class: classes.class(index), probabilities }
 }
 
+struct Checked {
+    family: Family,
+    input: Input,
+    classes: Option<MemoryClasses>,
+    quantiles: Option<ResidualQuantiles>,
+}
+
 /// Checks a manifest entry against what this build can compute.
-fn check_entry(entry: &EstimatorEntry) -> Result<(Family, Input, Option<MemoryClasses>), String> {
+fn check_entry(entry: &EstimatorEntry) -> Result<Checked, String> {
     let family = Family::parse(&entry.family).ok_or_else(|| format!("unknown family '{}'", entry.family))?;
     let probe_job = Job::parse(None, 1, std::iter::once(crate::domain::UncheckedLayer { kind: "linear", output_size: 1, params: 1 }))
         .expect("a one-layer job is valid");
@@ -251,17 +311,25 @@ fn check_entry(entry: &EstimatorEntry) -> Result<(Family, Input, Option<MemoryCl
             Input::Sequence { vocab, token_features: token_features.clone(), max_tokens: *max_tokens }
         }
     };
-    let classes = match entry.kind {
+    let classes = match &entry.class_bins_mib {
+        Some(bins) => Some(MemoryClasses::new(bins.clone()).map_err(|e| e.to_string())?),
+        None => None,
+    };
+    let mut quantiles = None;
+    match entry.kind {
         EstimatorKind::MemoryClassifier => {
-            let bins = entry.class_bins_mib.clone().ok_or("a memory classifier needs class_bins_mib")?;
-            Some(MemoryClasses::new(bins).map_err(|e| e.to_string())?)
+            classes.as_ref().ok_or("a memory classifier needs class_bins_mib")?;
+        }
+        EstimatorKind::MemoryRegressor => {
+            let levels = entry.residual_quantiles.as_ref().ok_or("a memory regressor needs residual_quantiles")?;
+            let levels = levels.iter().map(|l| (l.confidence, l.log_ratio)).collect();
+            quantiles = Some(ResidualQuantiles::new(levels).map_err(|e| e.to_string())?);
         }
         EstimatorKind::UtilizationRegressor => {
             entry.target.as_ref().ok_or("a utilization regressor needs a target")?;
-            None
         }
-    };
-    Ok((family, input, classes))
+    }
+    Ok(Checked { family, input, classes, quantiles })
 }
 
 fn check_specs(specs: &[FeatureSpec], known: impl Fn(&str) -> bool) -> Result<(), String> {

@@ -6,7 +6,7 @@ use std::time::Instant;
 use axum::extract::State;
 use axum::Json;
 
-use crate::domain::{Job, MemoryClass, UncheckedLayer};
+use crate::domain::{Confidence, Job, MemoryClass, UncheckedLayer};
 use crate::error::ApiError;
 use crate::estimators::{ClassAnswer, Estimate};
 use crate::http::extract::{from_value, JsonBody};
@@ -40,8 +40,9 @@ pub async fn estimate(
 ) -> Result<Json<EstimateResponse>, ApiError> {
     let started = Instant::now();
     let job = to_job(&request)?;
+    let confidence = Confidence::parse(request.confidence).map_err(|e| ApiError::InvalidInput(e.to_string()))?;
     tracing::Span::current().record("family", job.family().as_str()).record("layers", job.layers().len());
-    let answer = tokio::task::spawn_blocking(move || estimate_job(&state, &job, started))
+    let answer = tokio::task::spawn_blocking(move || estimate_job(&state, &job, confidence, started))
         .await
         .map_err(|e| ApiError::Internal(format!("estimate task failed: {e}")))??;
     Ok(Json(answer))
@@ -81,9 +82,12 @@ pub async fn estimate_batch(
             .enumerate()
             .map(|(index, item)| {
                 let started = Instant::now();
-                let outcome = from_value::<EstimateRequest>(item, &format!("items[{index}]"))
-                    .and_then(|request| to_job(&request).map_err(ApiError::from))
-                    .and_then(|job| estimate_job(&state, &job, started));
+                let outcome = from_value::<EstimateRequest>(item, &format!("items[{index}]")).and_then(|request| {
+                    let job = to_job(&request).map_err(|e| ApiError::InvalidInput(format!("items[{index}].{e}")))?;
+                    let confidence = Confidence::parse(request.confidence)
+                        .map_err(|e| ApiError::InvalidInput(format!("items[{index}].{e}")))?;
+                    estimate_job(&state, &job, confidence, started)
+                });
                 match outcome {
                     Ok(estimate) => BatchItemResponse { index, status: 200, estimate: Some(estimate), error: None },
                     Err(error) => {
@@ -103,12 +107,14 @@ pub fn to_job(request: &EstimateRequest) -> Result<Job, crate::domain::JobError>
         .layers
         .iter()
         .map(|l| UncheckedLayer { kind: &l.kind, output_size: l.output_size, params: l.params });
-    Job::parse(request.family.as_deref(), request.batch_size, layers)
+    Job::parse(request.family.as_deref(), request.batch_size, layers)?
+        .with_training(request.optimizer.as_deref(), request.precision.as_deref())?
+        .with_input_shape(request.input_shape.as_deref())
 }
 
 /// Runs the estimators (CPU work: call it off the async workers) and records metrics.
-fn estimate_job(state: &AppState, job: &Job, started: Instant) -> Result<EstimateResponse, ApiError> {
-    let estimate = state.estimators.estimate(job)?;
+fn estimate_job(state: &AppState, job: &Job, confidence: Confidence, started: Instant) -> Result<EstimateResponse, ApiError> {
+    let estimate = state.estimators.estimate(job, confidence.get())?;
     for run in &estimate.runs {
         state.metrics.inference_duration_seconds.with_label_values(&[run.name.as_str()]).observe(run.latency.as_secs_f64());
     }
@@ -117,27 +123,43 @@ fn estimate_job(state: &AppState, job: &Job, started: Instant) -> Result<Estimat
         .predicted_class_total
         .with_label_values(&[estimate.family.as_str(), &estimate.class.class.index.to_string()])
         .inc();
-    Ok(to_response(estimate, started))
+    Ok(to_response(estimate, confidence, started))
 }
 
 fn class_response(class: MemoryClass, probabilities: Vec<f32>) -> MemoryClassResponse {
     MemoryClassResponse { index: class.index, lower_mib: class.lower_mib, upper_mib: class.upper_mib, probabilities }
 }
 
-fn to_response(estimate: Estimate, started: Instant) -> EstimateResponse {
-    let Estimate { family, class, classifiers, mut utilization, runs } = estimate;
+fn to_response(estimate: Estimate, confidence: Confidence, started: Instant) -> EstimateResponse {
+    let Estimate { family, class, classifiers, mib, mib_estimators, mut utilization, runs } = estimate;
     let versions: BTreeMap<String, String> = runs.iter().map(|r| (r.name.clone(), r.version.clone())).collect();
-    let estimators = classifiers
+    let version_of = |name: &str| versions.get(name).cloned().unwrap_or_default();
+    let mut estimators: BTreeMap<String, EstimatorAnswer> = classifiers
         .into_iter()
         .map(|(name, ClassAnswer { class, probabilities })| {
-            let version = versions.get(&name).cloned().unwrap_or_default();
-            (name, EstimatorAnswer { version, class: class_response(class, probabilities) })
+            let answer = EstimatorAnswer {
+                version: version_of(&name),
+                class: Some(class_response(class, probabilities)),
+                estimate_mib: None,
+            };
+            (name, answer)
         })
         .collect();
+    for (name, figure) in mib_estimators {
+        let answer = EstimatorAnswer { version: version_of(&name), class: None, estimate_mib: Some(round_mib(figure)) };
+        estimators.insert(name, answer);
+    }
     let drama = utilization.remove("drama");
     EstimateResponse {
         family: family.as_str().to_string(),
-        memory: MemoryResponse { class: class_response(class.class, class.probabilities), estimators },
+        memory: MemoryResponse {
+            estimate_mib: mib.map(|m| round_mib(m.estimate_mib)),
+            // Rounded up: a bound must not shrink in rounding.
+            upper_bound_mib: mib.map(|m| m.upper_bound_mib.ceil()),
+            confidence: confidence.get(),
+            class: class_response(class.class, class.probabilities),
+            estimators,
+        },
         utilization: UtilizationResponse {
             smact: utilization.remove("smact"),
             smocc: utilization.remove("smocc"),
@@ -150,4 +172,8 @@ fn to_response(estimate: Estimate, started: Instant) -> EstimateResponse {
         },
         estimator_versions: versions,
     }
+}
+
+fn round_mib(mib: f64) -> f64 {
+    (mib * 10.0).round() / 10.0
 }

@@ -35,6 +35,22 @@ pub struct EstimateRequest {
     pub batch_size: u64,
     /// The model's layers in execution order (1 to 4096).
     pub layers: Vec<LayerRequest>,
+    /// `sgd`, `momentum`, `adam` (default) or `adamw`.
+    #[serde(default)]
+    pub optimizer: Option<String>,
+    /// `fp32` (default) or `mixed16` (`fp16`/`bf16` autocast with fp32 master weights).
+    #[serde(default)]
+    pub precision: Option<String>,
+    /// Per-sample input shape, e.g. `[3, 224, 224]` (informational for most estimators).
+    #[serde(default)]
+    pub input_shape: Option<Vec<u64>>,
+    /// Where the description came from, e.g. `timm:resnet50` (informational).
+    #[serde(default)]
+    pub model: Option<String>,
+    /// Confidence of `memory.upper_bound_mib`: the share of jobs whose true peak stays at or
+    /// below it (0.5 to 0.99, default 0.95).
+    #[serde(default)]
+    pub confidence: Option<f64>,
 }
 
 /// One layer of the model.
@@ -48,6 +64,9 @@ pub struct LayerRequest {
     pub output_size: u64,
     /// Parameters the layer owns.
     pub params: u64,
+    /// Module path, e.g. `layer1.0.conv1` (informational).
+    #[serde(default)]
+    pub name: Option<String>,
 }
 
 /// A MiB range with the probability of each class.
@@ -63,16 +82,27 @@ pub struct MemoryClassResponse {
     pub probabilities: Vec<f32>,
 }
 
-/// One estimator's own answer.
+/// One estimator's own answer: a class (classifiers) or a MiB figure (regressors, formulas).
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct EstimatorAnswer {
     pub version: String,
-    pub class: MemoryClassResponse,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub class: Option<MemoryClassResponse>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub estimate_mib: Option<f64>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct MemoryResponse {
-    /// The combined answer (mean of the classifiers' probabilities).
+    /// Expected peak GPU memory, MiB (as nvidia-smi reports it: CUDA context included); null
+    /// for a family without a memory regressor.
+    pub estimate_mib: Option<f64>,
+    /// A peak the job stays at or below with probability `confidence` (calibrated on models
+    /// held out from training); null with `estimate_mib`.
+    pub upper_bound_mib: Option<f64>,
+    /// Confidence of `upper_bound_mib`.
+    pub confidence: f64,
+    /// The combined class answer (mean of the classifiers' probabilities).
     pub class: MemoryClassResponse,
     /// Each memory estimator's own answer, by estimator name.
     pub estimators: BTreeMap<String, EstimatorAnswer>,

@@ -50,7 +50,7 @@ fn committed_models_reproduce_the_manifest_held_out_figures() {
     let mut abs_error: BTreeMap<String, f64> = BTreeMap::new();
     for held_out in &jobs {
         let job = to_job(&held_out.job).expect("held-out jobs are valid");
-        let estimate = estimators.estimate(&job).expect("held-out jobs are estimated");
+        let estimate = estimators.estimate(&job, 0.95).expect("held-out jobs are estimated");
         let true_class = classes.classify(held_out.measured_peak_mib).index;
         let mut answers: Vec<(String, usize)> =
             estimate.classifiers.iter().map(|(name, a)| (name.clone(), a.class.index)).collect();

@@ -22,9 +22,14 @@ async fn estimating_the_example_job_returns_every_documented_field() {
 
     let estimators = body["memory"]["estimators"].as_object().unwrap();
     assert!(estimators.contains_key("mlp_ensemble") && estimators.contains_key("sequence_transformer"), "{body}");
-    for answer in estimators.values() {
-        assert!(answer["class"]["index"].is_u64() && answer["version"].is_string());
+    for name in ["mlp_ensemble", "sequence_transformer"] {
+        assert!(estimators[name]["class"]["index"].is_u64() && estimators[name]["version"].is_string());
     }
+    // The analytic formulas answer for every family, in MiB.
+    for name in ["first_principles", "horus"] {
+        assert!(estimators[name]["estimate_mib"].as_f64().unwrap() > 0.0, "{name}");
+    }
+    assert_eq!(body["memory"]["confidence"], 0.95);
 
     for metric in ["smact", "smocc"] {
         let value = body["utilization"][metric].as_f64().unwrap();
@@ -35,7 +40,7 @@ async fn estimating_the_example_job_returns_every_documented_field() {
 
     let latency = body["latency_us"].as_object().unwrap();
     assert!(latency["total"].as_f64().unwrap() > 0.0);
-    for name in ["mlp_ensemble", "sequence_transformer", "smact", "smocc"] {
+    for name in ["mlp_ensemble", "sequence_transformer", "smact", "smocc", "first_principles", "horus"] {
         assert!(latency[name].as_f64().unwrap() > 0.0, "latency of {name}");
         assert!(body["estimator_versions"][name].is_string(), "version of {name}");
     }
@@ -106,6 +111,10 @@ async fn bad_inputs_get_a_client_error_naming_the_field() {
         ("family without estimators", json!({"family": "cnn", "batch_size": 8, "layers": [layer]}).to_string(), 422, "family"),
         ("array instead of object", "[1, 2, 3]".into(), 422, "body"),
         ("empty body", String::new(), 400, "malformed"),
+        ("confidence out of range", json!({"batch_size": 8, "layers": [layer], "confidence": 1.5}).to_string(), 422, "confidence"),
+        ("unknown optimizer", json!({"batch_size": 8, "layers": [layer], "optimizer": "lion"}).to_string(), 422, "optimizer"),
+        ("unknown precision", json!({"batch_size": 8, "layers": [layer], "precision": "int4"}).to_string(), 422, "precision"),
+        ("zero input dimension", json!({"batch_size": 8, "layers": [layer], "input_shape": [3, 0]}).to_string(), 422, "input_shape"),
     ];
     for (name, body, status, needle) in cases {
         let response = app.post_raw("/v1/estimate", "application/json", body).await;

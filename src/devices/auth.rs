@@ -1,0 +1,84 @@
+//! The bearer-token check for routes that change state (calibration observations, watches).
+
+/// Whether a request may proceed, given its `Authorization` header and the configured token.
+///
+/// - No token configured: every request is allowed (the service trusts its network).
+/// - A token configured: the header must be `Bearer <token>` (scheme case-insensitive, as
+///   RFC 7235 says); the token is compared in constant time so its bytes cannot be guessed one
+///   by one from response times.
+/// - An empty configured token authorizes nothing (fail closed); configuration should refuse it.
+pub fn authorized(header: Option<&str>, token: Option<&str>) -> bool {
+    let Some(expected) = token else {
+        return true;
+    };
+    if expected.is_empty() {
+        return false;
+    }
+    let Some(presented) = header.and_then(bearer_credentials) else {
+        return false;
+    };
+    constant_time_eq(presented.as_bytes(), expected.as_bytes())
+}
+
+/// The credentials of a `Bearer` authorization header.
+fn bearer_credentials(header: &str) -> Option<&str> {
+    let (scheme, credentials) = header.trim().split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| credentials.trim_start())
+}
+
+/// Compares every byte of the longer input whatever the content, so the time taken depends
+/// only on the lengths (a token's length is not a secret worth protecting).
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    let mut difference = (a.len() ^ b.len()) as u64;
+    for i in 0..a.len().max(b.len()) {
+        let x = a.get(i).copied().unwrap_or(0);
+        let y = b.get(i).copied().unwrap_or(0);
+        difference |= u64::from(x ^ y);
+    }
+    std::hint::black_box(difference) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_a_configured_token_everything_is_allowed() {
+        assert!(authorized(None, None));
+        assert!(authorized(Some("Bearer anything"), None));
+    }
+
+    #[test]
+    fn the_right_bearer_token_is_allowed() {
+        assert!(authorized(Some("Bearer s3cret"), Some("s3cret")));
+        assert!(authorized(Some("bearer s3cret"), Some("s3cret")));
+        assert!(authorized(Some("BEARER   s3cret "), Some("s3cret")));
+    }
+
+    #[test]
+    fn wrong_missing_or_malformed_credentials_are_refused() {
+        let token = Some("s3cret");
+        assert!(!authorized(None, token));
+        assert!(!authorized(Some(""), token));
+        assert!(!authorized(Some("Bearer"), token));
+        assert!(!authorized(Some("Bearer "), token));
+        assert!(!authorized(Some("Bearer s3cre"), token));
+        assert!(!authorized(Some("Bearer s3cret2"), token));
+        assert!(!authorized(Some("Bearer S3CRET"), token));
+        assert!(!authorized(Some("Basic s3cret"), token));
+        assert!(!authorized(Some("s3cret"), token));
+    }
+
+    #[test]
+    fn an_empty_configured_token_fails_closed() {
+        assert!(!authorized(Some("Bearer "), Some("")));
+        assert!(!authorized(None, Some("")));
+    }
+
+    #[test]
+    fn constant_time_eq_agrees_with_eq() {
+        for (a, b) in [("", ""), ("a", ""), ("abc", "abc"), ("abc", "abd"), ("abc", "abcd"), ("\0", "")] {
+            assert_eq!(constant_time_eq(a.as_bytes(), b.as_bytes()), a == b, "{a:?} vs {b:?}");
+        }
+    }
+}

@@ -1,0 +1,256 @@
+//! The catalogue of GPU models (SKUs) gpucast knows the capacity of, parsing of driver names
+//! and user input into them, and the fit arithmetic: does a job fit, and how many copies do.
+
+use std::fmt;
+
+/// One GPU model with its usable memory as `nvidia-smi` reports it (`memory.total`, MiB).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sku {
+    /// Canonical id, lower case: `a100-40gb`. Also the calibration profile's file stem.
+    pub id: &'static str,
+    /// A readable name: `NVIDIA A100 40GB`.
+    pub name: &'static str,
+    pub capacity_mib: u64,
+}
+
+/// Known SKUs. Capacities are nvidia-smi's `memory.total` where it is well known (it is less
+/// than the marketing size: ECC and driver reservations); for V100 the nominal GiB x 1024,
+/// because the reported figure varies with board and driver.
+pub const CATALOGUE: &[Sku] = &[
+    Sku { id: "a100-40gb", name: "NVIDIA A100 40GB", capacity_mib: 40_960 },
+    Sku { id: "a100-80gb", name: "NVIDIA A100 80GB", capacity_mib: 81_920 },
+    Sku { id: "h100-80gb", name: "NVIDIA H100 80GB", capacity_mib: 81_559 },
+    Sku { id: "h200-141gb", name: "NVIDIA H200 141GB", capacity_mib: 143_771 },
+    Sku { id: "l4", name: "NVIDIA L4", capacity_mib: 23_034 },
+    Sku { id: "l40s", name: "NVIDIA L40S", capacity_mib: 46_068 },
+    Sku { id: "t4", name: "NVIDIA T4", capacity_mib: 15_360 },
+    Sku { id: "v100-16gb", name: "NVIDIA V100 16GB", capacity_mib: 16_384 },
+    Sku { id: "v100-32gb", name: "NVIDIA V100 32GB", capacity_mib: 32_768 },
+];
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SkuError {
+    #[error("unknown GPU `{0}`; known: {known}", known = known_ids())]
+    Unknown(String),
+    #[error("`{0}` is ambiguous: say which memory size, e.g. {1}")]
+    Ambiguous(String, &'static str),
+}
+
+fn known_ids() -> String {
+    CATALOGUE.iter().map(|s| s.id).collect::<Vec<_>>().join(", ")
+}
+
+impl Sku {
+    /// The catalogue entry with this canonical id.
+    pub fn by_id(id: &str) -> Option<&'static Sku> {
+        CATALOGUE.iter().find(|s| s.id == id)
+    }
+
+    /// Parses a driver name (`NVIDIA A100-SXM4-40GB`, `NVIDIA H100 80GB HBM3`, `Tesla T4`,
+    /// `NVIDIA H200`) or what a user typed (`A100 40GB`, `a100-40gb`, `h100`), case-insensitively.
+    pub fn parse(input: &str) -> Result<&'static Sku, SkuError> {
+        let tokens = tokens(input);
+        let unknown = || SkuError::Unknown(input.trim().to_string());
+        // The first token that names a family decides; vendor words and form factors are noise.
+        let family = tokens.iter().find_map(|t| family_of(t)).ok_or_else(unknown)?;
+        let gb = memory_gb(&tokens);
+        // The H100 NVL (94 GB) names no size in its driver name; it is not in the catalogue.
+        if family == "h100" && tokens.iter().any(|t| t == "nvl") {
+            return Err(unknown());
+        }
+        let id = match (family, gb) {
+            ("a100", Some(40)) => "a100-40gb",
+            ("a100", Some(80)) => "a100-80gb",
+            ("a100", None) => return Err(SkuError::Ambiguous(input.trim().into(), "a100-40gb or a100-80gb")),
+            ("h100", Some(80) | None) => "h100-80gb",
+            ("h200", Some(141) | None) => "h200-141gb",
+            ("l4", Some(24) | None) => "l4",
+            ("l40s", Some(48) | None) => "l40s",
+            ("t4", Some(16) | None) => "t4",
+            ("v100", Some(16)) => "v100-16gb",
+            ("v100", Some(32)) | ("v100s", Some(32) | None) => "v100-32gb",
+            ("v100", None) => return Err(SkuError::Ambiguous(input.trim().into(), "v100-16gb or v100-32gb")),
+            _ => return Err(unknown()),
+        };
+        Ok(Sku::by_id(id).expect("every id above is in the catalogue"))
+    }
+
+    /// Like [`Sku::parse`] for a name the driver reported: `None` for models not in the catalogue.
+    pub fn from_device_name(name: &str) -> Option<&'static Sku> {
+        Sku::parse(name).ok()
+    }
+}
+
+impl fmt::Display for Sku {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.id)
+    }
+}
+
+/// Which GPU a request asks about: the one this host has, or a catalogue SKU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GpuSelector {
+    Attached,
+    Sku(&'static Sku),
+}
+
+impl GpuSelector {
+    /// `attached` (any case) or anything [`Sku::parse`] accepts.
+    pub fn parse(input: &str) -> Result<GpuSelector, SkuError> {
+        if input.trim().eq_ignore_ascii_case("attached") {
+            Ok(GpuSelector::Attached)
+        } else {
+            Sku::parse(input).map(GpuSelector::Sku)
+        }
+    }
+}
+
+/// Lower-case alphanumeric tokens, vendor words dropped.
+fn tokens(input: &str) -> Vec<String> {
+    input
+        .to_ascii_lowercase()
+        .split(|c: char| !c.is_ascii_alphanumeric())
+        .filter(|t| !t.is_empty() && *t != "nvidia" && *t != "tesla")
+        .map(str::to_string)
+        .collect()
+}
+
+fn family_of(token: &str) -> Option<&'static str> {
+    ["a100", "h100", "h200", "l4", "l40s", "t4", "v100", "v100s"].into_iter().find(|f| *f == token)
+}
+
+/// The memory size named in the tokens: `40gb`, or `40` followed by `gb`.
+fn memory_gb(tokens: &[String]) -> Option<u64> {
+    tokens.iter().enumerate().find_map(|(i, t)| {
+        if let Some(number) = t.strip_suffix("gb") {
+            return number.parse().ok();
+        }
+        let next_is_gb = tokens.get(i + 1).is_some_and(|n| n == "gb");
+        if next_is_gb {
+            t.parse().ok()
+        } else {
+            None
+        }
+    })
+}
+
+/// A file-name-safe key for any GPU name: lower case, alphanumerics joined by `-`, vendor
+/// words dropped (`NVIDIA RTX 6000 Ada Generation` -> `rtx-6000-ada-generation`).
+pub fn slug(name: &str) -> String {
+    let joined = tokens(name).join("-");
+    if joined.is_empty() {
+        "unknown".to_string()
+    } else {
+        joined
+    }
+}
+
+/// Whether a job fits on one GPU, and how many copies of it fit side by side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fit {
+    pub fits: bool,
+    /// floor(capacity / upper bound); 0 when one copy does not fit.
+    pub max_colocated: u64,
+}
+
+/// Fit of a job whose memory need is at most `upper_bound_mib` on a GPU of `capacity_mib`.
+///
+/// An upper bound that is not a finite positive number says nothing a scheduler could rely on,
+/// so the answer is "does not fit" rather than a division by zero or an infinite count.
+pub fn fit(capacity_mib: u64, upper_bound_mib: f64) -> Fit {
+    if !upper_bound_mib.is_finite() || upper_bound_mib <= 0.0 {
+        return Fit { fits: false, max_colocated: 0 };
+    }
+    // f64 holds every capacity exactly (< 2^53); the quotient is finite and non-negative.
+    let copies = (capacity_mib as f64 / upper_bound_mib).floor();
+    let max_colocated = if copies >= u64::MAX as f64 { u64::MAX } else { copies as u64 };
+    Fit { fits: max_colocated >= 1, max_colocated }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(input: &str) -> &'static str {
+        Sku::parse(input).unwrap_or_else(|e| panic!("{input}: {e}")).id
+    }
+
+    #[test]
+    fn driver_names_parse_to_catalogue_ids() {
+        assert_eq!(id("NVIDIA A100-SXM4-40GB"), "a100-40gb");
+        assert_eq!(id("NVIDIA A100-PCIE-40GB"), "a100-40gb");
+        assert_eq!(id("NVIDIA A100-SXM4-80GB"), "a100-80gb");
+        assert_eq!(id("NVIDIA A100 80GB PCIe"), "a100-80gb");
+        assert_eq!(id("NVIDIA H100 80GB HBM3"), "h100-80gb");
+        assert_eq!(id("NVIDIA H100 PCIe"), "h100-80gb");
+        assert_eq!(id("NVIDIA H200"), "h200-141gb");
+        assert_eq!(id("NVIDIA L4"), "l4");
+        assert_eq!(id("NVIDIA L40S"), "l40s");
+        assert_eq!(id("Tesla T4"), "t4");
+        assert_eq!(id("Tesla V100-SXM2-16GB"), "v100-16gb");
+        assert_eq!(id("Tesla V100-PCIE-32GB"), "v100-32gb");
+        assert_eq!(id("Tesla V100S-PCIE-32GB"), "v100-32gb");
+    }
+
+    #[test]
+    fn user_input_parses_case_insensitively() {
+        assert_eq!(id("A100 40GB"), "a100-40gb");
+        assert_eq!(id("a100-40gb"), "a100-40gb");
+        assert_eq!(id("A100 80 GB"), "a100-80gb");
+        assert_eq!(id("  h200-141gb "), "h200-141gb");
+        assert_eq!(id("H100"), "h100-80gb");
+        assert_eq!(id("l40s"), "l40s");
+        for sku in CATALOGUE {
+            assert_eq!(id(sku.id), sku.id, "every canonical id parses to itself");
+            assert_eq!(id(sku.name), sku.id, "every readable name parses to its id");
+        }
+    }
+
+    #[test]
+    fn unknown_and_ambiguous_names_are_refused() {
+        assert!(matches!(Sku::parse("A100"), Err(SkuError::Ambiguous(..))));
+        assert!(matches!(Sku::parse("v100"), Err(SkuError::Ambiguous(..))));
+        assert!(matches!(Sku::parse("NVIDIA L40"), Err(SkuError::Unknown(_))));
+        assert!(matches!(Sku::parse("NVIDIA H100 NVL 94GB"), Err(SkuError::Unknown(_))));
+        assert!(matches!(Sku::parse("NVIDIA H100 NVL"), Err(SkuError::Unknown(_))));
+        assert_eq!(id("NVIDIA H200 NVL"), "h200-141gb");
+        assert!(matches!(Sku::parse("NVIDIA GeForce RTX 4090"), Err(SkuError::Unknown(_))));
+        assert!(matches!(Sku::parse(""), Err(SkuError::Unknown(_))));
+        assert!(Sku::parse("rtx").unwrap_err().to_string().contains("a100-40gb"));
+        assert_eq!(Sku::from_device_name("NVIDIA GeForce RTX 4090"), None);
+    }
+
+    #[test]
+    fn the_selector_knows_attached() {
+        assert_eq!(GpuSelector::parse("attached").unwrap(), GpuSelector::Attached);
+        assert_eq!(GpuSelector::parse("Attached").unwrap(), GpuSelector::Attached);
+        assert_eq!(GpuSelector::parse("t4").unwrap(), GpuSelector::Sku(Sku::by_id("t4").unwrap()));
+        assert!(GpuSelector::parse("attachedx").is_err());
+    }
+
+    #[test]
+    fn slugs_are_file_name_safe() {
+        assert_eq!(slug("NVIDIA GeForce RTX 4090"), "geforce-rtx-4090");
+        assert_eq!(slug("../../etc/passwd"), "etc-passwd");
+        assert_eq!(slug("NVIDIA"), "unknown");
+    }
+
+    #[test]
+    fn max_colocated_is_the_floor_of_capacity_over_the_bound() {
+        assert_eq!(fit(40_960, 10_000.0), Fit { fits: true, max_colocated: 4 });
+        assert_eq!(fit(40_960, 10_240.0), Fit { fits: true, max_colocated: 4 });
+        assert_eq!(fit(40_960, 10_240.5), Fit { fits: true, max_colocated: 3 });
+        assert_eq!(fit(40_960, 40_960.0), Fit { fits: true, max_colocated: 1 });
+        assert_eq!(fit(40_960, 40_960.1), Fit { fits: false, max_colocated: 0 });
+        assert_eq!(fit(143_771, 1.0), Fit { fits: true, max_colocated: 143_771 });
+        assert_eq!(fit(0, 100.0), Fit { fits: false, max_colocated: 0 });
+    }
+
+    #[test]
+    fn a_meaningless_bound_never_fits() {
+        for bound in [0.0, -1.0, f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+            assert_eq!(fit(40_960, bound), Fit { fits: false, max_colocated: 0 }, "bound {bound}");
+        }
+        assert_eq!(fit(40_960, f64::MIN_POSITIVE).max_colocated, u64::MAX);
+    }
+}

@@ -1,0 +1,74 @@
+//! Analytic memory models: closed formulas over the job description, no learning. Identical
+//! to `training/gpucast_features.py` (docs/models.md defines both).
+
+use super::job::{Job, Precision};
+
+const MIB: f64 = 1024.0 * 1024.0;
+
+/// CUDA context, cuBLAS/cuDNN workspaces and the caching allocator's slack on an A100, read
+/// off the smallest MLP jobs of the GPUMemNet data (whose peaks start at ~1,440 MiB).
+pub const FRAMEWORK_OVERHEAD_MIB: f64 = 1300.0;
+
+fn totals(job: &Job) -> (f64, f64, f64) {
+    let params: f64 = job.layers().iter().map(|l| l.params as f64).sum();
+    let activations: f64 = job.layers().iter().map(|l| l.output_size as f64).sum();
+    (params, activations, job.batch_size() as f64)
+}
+
+/// Weights + gradients + optimizer state + activations kept for backward + framework overhead.
+pub fn first_principles_mib(job: &Job) -> f64 {
+    let (params, activations, batch) = totals(job);
+    let (weight_bytes, activation_bytes) = match job.precision() {
+        Precision::Fp32 => (4.0, 4.0),
+        // fp32 master weights plus a 2-byte working copy; activations in 16 bits.
+        Precision::Mixed16 => (6.0, 2.0),
+    };
+    let gradient_bytes = 4.0;
+    let state_bytes = job.optimizer().state_bytes_per_param();
+    let model = params * (weight_bytes + gradient_bytes + state_bytes);
+    FRAMEWORK_OVERHEAD_MIB + (model + activations * batch * activation_bytes) / MIB
+}
+
+/// The Horus formula: weights plus feature maps, in fp32; no gradients, optimizer state or
+/// framework overhead. A published baseline to compare against, not to trust.
+pub fn horus_mib(job: &Job) -> f64 {
+    let (params, activations, batch) = totals(job);
+    (4.0 * params + 4.0 * activations * batch) / MIB
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::job::UncheckedLayer;
+
+    fn job(optimizer: &str, precision: &str) -> Job {
+        let layers = vec![
+            UncheckedLayer { kind: "linear", output_size: 1024, params: 1 << 20 },
+            UncheckedLayer { kind: "relu", output_size: 1024, params: 0 },
+        ];
+        Job::parse(None, 256, layers.into_iter()).unwrap().with_training(Some(optimizer), Some(precision)).unwrap()
+    }
+
+    #[test]
+    fn adam_fp32_costs_sixteen_bytes_per_parameter_plus_activations() {
+        // 2^20 params x 16 B = 16 MiB; 2,048 outputs x 256 samples x 4 B = 2 MiB.
+        let mib = first_principles_mib(&job("adam", "fp32"));
+        assert!((mib - (FRAMEWORK_OVERHEAD_MIB + 16.0 + 2.0)).abs() < 1e-9, "{mib}");
+    }
+
+    #[test]
+    fn optimizer_and_precision_change_the_figure_as_expected() {
+        let sgd = first_principles_mib(&job("sgd", "fp32"));
+        let momentum = first_principles_mib(&job("momentum", "fp32"));
+        let mixed = first_principles_mib(&job("adam", "mixed16"));
+        assert!((sgd - (FRAMEWORK_OVERHEAD_MIB + 8.0 + 2.0)).abs() < 1e-9);
+        assert!((momentum - sgd - 4.0).abs() < 1e-9);
+        assert!((mixed - (FRAMEWORK_OVERHEAD_MIB + 18.0 + 1.0)).abs() < 1e-9);
+    }
+
+    #[test]
+    fn horus_counts_weights_and_feature_maps_only() {
+        let mib = horus_mib(&job("adam", "fp32"));
+        assert!((mib - (4.0 + 2.0)).abs() < 1e-9, "{mib}");
+    }
+}
