@@ -4,6 +4,7 @@ pub mod analytic;
 pub mod features;
 pub mod job;
 pub mod memory;
+pub mod summary;
 
 pub use job::{Family, Job, JobError, Layer, LayerKind, Optimizer, Precision, UncheckedLayer};
 pub use memory::{Confidence, MemoryClass, MemoryClasses, ResidualQuantiles};

@@ -68,8 +68,13 @@ pub fn parse_summary(
     let _ = batch_size;
     if text.len() > MAX_SUMMARY_BYTES {
         // Name the line where the limit was crossed, so the user sees how far off they are.
-        let newlines =
-            text.as_bytes().get(..MAX_SUMMARY_BYTES).unwrap_or_default().iter().filter(|&&b| b == b'\n').count();
+        let newlines = text
+            .as_bytes()
+            .get(..MAX_SUMMARY_BYTES)
+            .unwrap_or_default()
+            .iter()
+            .filter(|&&b| b == b'\n')
+            .count();
         return Err(SummaryError::new(
             newlines.saturating_add(1),
             format!("the text is larger than {MAX_SUMMARY_BYTES} bytes"),
@@ -199,7 +204,8 @@ fn kind_for_class(class: &str) -> LayerKind {
     }
     let normalised: String =
         class.chars().filter(char::is_ascii_alphanumeric).map(|c| c.to_ascii_lowercase()).collect();
-    let key = normalised.strip_suffix("activation").filter(|k| !k.is_empty()).unwrap_or(&normalised);
+    let key =
+        normalised.strip_suffix("activation").filter(|k| !k.is_empty()).unwrap_or(&normalised);
     let key = key.strip_prefix("lazy").unwrap_or(key);
     let base = ["1d", "2d", "3d"].iter().find_map(|dims| key.strip_suffix(dims)).unwrap_or(key);
     if let Some(kind) = LayerKind::parse(key).or_else(|| LayerKind::parse(base)) {
@@ -288,11 +294,15 @@ mod table {
                 continue;
             }
             if trimmed.starts_with("Layer (type") {
-                columns = parse_header(trimmed).map_err(|reason| SummaryError::new(line, reason))?;
+                columns =
+                    parse_header(trimmed).map_err(|reason| SummaryError::new(line, reason))?;
                 continue;
             }
             let row = parse_row(trimmed, &columns, line).map_err(|reason| {
-                SummaryError::new(line, format!("not a layer row ({reason}): '{}'", excerpt(trimmed)))
+                SummaryError::new(
+                    line,
+                    format!("not a layer row ({reason}): '{}'", excerpt(trimmed)),
+                )
             })?;
             rows.push(row);
         }
@@ -317,14 +327,18 @@ mod table {
             .collect();
         for needed in DEFAULT_COLUMNS {
             if columns.iter().filter(|&&c| c == needed).count() != 1 {
-                return Err("the header must have one 'Output Shape' and one 'Param #' column".into());
+                return Err(
+                    "the header must have one 'Output Shape' and one 'Param #' column".into()
+                );
             }
         }
         Ok(columns)
     }
 
     fn parse_row<'a>(trimmed: &'a str, columns: &[Column], line: usize) -> Result<Row<'a>, String> {
-        let body = trimmed.trim_start_matches(|c: char| matches!(c, '│' | '├' | '└' | '─' | '|') || c.is_whitespace());
+        let body = trimmed.trim_start_matches(|c: char| {
+            matches!(c, '│' | '├' | '└' | '─' | '|') || c.is_whitespace()
+        });
         let tokens = tokenize(body)?;
         let name_len = tokens
             .len()
@@ -377,7 +391,9 @@ mod table {
     fn parse_name<'a>(tokens: &[&'a str]) -> Result<(&'a str, Option<u64>), String> {
         let (&first, rest) = tokens.split_first().ok_or("no layer name")?;
         let depth_idx = rest.last().and_then(|last| last.split_once('-')).filter(|(d, i)| {
-            !d.is_empty() && !i.is_empty() && (d.chars().chain(i.chars())).all(|c| c.is_ascii_digit())
+            !d.is_empty()
+                && !i.is_empty()
+                && (d.chars().chain(i.chars())).all(|c| c.is_ascii_digit())
         });
         let (class, depth, var_names) = match (depth_idx, rest.split_last()) {
             (Some((depth, _)), Some((_, var_names))) => {
@@ -389,12 +405,15 @@ mod table {
                 (first.trim_end_matches(':'), Some(depth), var_names)
             }
             _ => match first.rsplit_once('-') {
-                Some((class, index)) if rest.is_empty() && parse_dim(index).is_ok() => (class, None, rest),
+                Some((class, index)) if rest.is_empty() && parse_dim(index).is_ok() => {
+                    (class, None, rest)
+                }
                 _ => (first, Some(0), rest),
             },
         };
         // torchinfo's `row_settings=("var_names",)` adds `(conv1)` after the class.
-        let var_names_ok = var_names.iter().all(|v| v.starts_with('(') && v.trim_end_matches(':').ends_with(')'));
+        let var_names_ok =
+            var_names.iter().all(|v| v.starts_with('(') && v.trim_end_matches(':').ends_with(')'));
         if !is_identifier(class) || !var_names_ok {
             return Err(format!("'{}' is not a layer name", excerpt(&tokens.join(" "))));
         }
@@ -418,8 +437,12 @@ mod table {
             return flat_shape_size(inner);
         }
         split_top_level(inner).into_iter().try_fold(0u64, |sum, part| {
-            let part = part.strip_prefix('[').and_then(|p| p.strip_suffix(']')).ok_or("malformed list of shapes")?;
-            sum.checked_add(flat_shape_size(part)?).ok_or_else(|| "output size does not fit in 64 bits".to_string())
+            let part = part
+                .strip_prefix('[')
+                .and_then(|p| p.strip_suffix(']'))
+                .ok_or("malformed list of shapes")?;
+            sum.checked_add(flat_shape_size(part)?)
+                .ok_or_else(|| "output size does not fit in 64 bits".to_string())
         })
     }
 
@@ -436,7 +459,9 @@ mod table {
             None => {}
         }
         dims.try_fold(1u64, |product, dim| {
-            product.checked_mul(parse_dim(dim)?).ok_or_else(|| "output size does not fit in 64 bits".to_string())
+            product
+                .checked_mul(parse_dim(dim)?)
+                .ok_or_else(|| "output size does not fit in 64 bits".to_string())
         })
     }
 
@@ -445,7 +470,9 @@ mod table {
     fn parse_params(token: &str) -> Result<u64, String> {
         match token {
             "--" | "(recursive)" => Ok(0),
-            _ => parse_count(token.strip_prefix('(').and_then(|t| t.strip_suffix(')')).unwrap_or(token)),
+            _ => parse_count(
+                token.strip_prefix('(').and_then(|t| t.strip_suffix(')')).unwrap_or(token),
+            ),
         }
     }
 
@@ -455,24 +482,36 @@ mod table {
         let mut next_rows = rows.iter().skip(1);
         for (row, &has_attention_inside) in rows.iter().zip(&nested_attention) {
             let next_depth = next_rows.next().and_then(|next| next.depth);
-            let is_container = matches!((row.depth, next_depth), (Some(depth), Some(next)) if next > depth);
+            let is_container =
+                matches!((row.depth, next_depth), (Some(depth), Some(next)) if next > depth);
             if is_container {
                 // Containers are listed before their children, which hold their parameters
                 // (torchinfo shows only parameters a container owns directly, e.g. a ViT's
                 // position embedding). The innermost attention container stands for the
                 // attention computation, which no child row represents.
                 if is_attention_class(row.class) && !has_attention_inside {
-                    let layer = ParsedLayer { kind: LayerKind::Attention, output_size: row.output_size, params: row.params };
+                    let layer = ParsedLayer {
+                        kind: LayerKind::Attention,
+                        output_size: row.output_size,
+                        params: row.params,
+                    };
                     layers.push(layer, row.line)?;
                 } else if row.params > 0 {
-                    layers.push(ParsedLayer { kind: LayerKind::Other, output_size: 0, params: row.params }, row.line)?;
+                    layers.push(
+                        ParsedLayer { kind: LayerKind::Other, output_size: 0, params: row.params },
+                        row.line,
+                    )?;
                 }
                 continue;
             }
             if row.depth.is_none() && row.params == 0 && FLAT_CONTAINERS.contains(&row.class) {
                 continue;
             }
-            let layer = ParsedLayer { kind: kind_for_class(row.class), output_size: row.output_size, params: row.params };
+            let layer = ParsedLayer {
+                kind: kind_for_class(row.class),
+                output_size: row.output_size,
+                params: row.params,
+            };
             layers.push(layer, row.line)?;
         }
         if layers.len() == 0 {
@@ -538,6 +577,9 @@ mod module_print {
         closing: Option<(usize, Option<u64>)>,
         /// Whether an attention module is nested inside (only the innermost one counts).
         attention_inside: bool,
+        /// Whether expanding the module yields any layer. Children that do not are dropped
+        /// once the tree is built, so every module visited during expansion adds a layer.
+        emits: bool,
     }
 
     pub(super) fn parse(text: &str, seq_len: u64) -> Result<Vec<ParsedLayer>, SummaryError> {
@@ -581,12 +623,16 @@ mod module_print {
                     continue;
                 }
                 if root_done {
-                    return Err(at_line(format!("unexpected text after the model's closing ')': '{}'", excerpt(trimmed))));
+                    return Err(at_line(format!(
+                        "unexpected text after the model's closing ')': '{}'",
+                        excerpt(trimmed)
+                    )));
                 }
                 let (body, params) = split_params(trimmed).map_err(at_line)?;
                 annotated |= params.is_some();
                 if body == ")" {
-                    let closed = open.pop().ok_or_else(|| at_line("')' closes no module".into()))?;
+                    let closed =
+                        open.pop().ok_or_else(|| at_line("')' closes no module".into()))?;
                     if let Some(node) = nodes.get_mut(closed) {
                         node.closing = Some((line, params));
                     }
@@ -599,10 +645,22 @@ mod module_print {
                 if let Some(parent) = open.last().and_then(|&parent| nodes.get_mut(parent)) {
                     parent.children.push(index);
                 }
-                nodes.push(Node { line, class, args, repeat, params, children: Vec::new(), closing: None, attention_inside: false });
+                nodes.push(Node {
+                    line,
+                    class,
+                    args,
+                    repeat,
+                    params,
+                    children: Vec::new(),
+                    closing: None,
+                    attention_inside: false,
+                    emits: false,
+                });
                 if args.is_none() {
                     if open.len() >= MAX_NESTING {
-                        return Err(at_line(format!("modules nest deeper than {MAX_NESTING} levels")));
+                        return Err(at_line(format!(
+                            "modules nest deeper than {MAX_NESTING} levels"
+                        )));
                     }
                     open.push(index);
                 } else if open.is_empty() {
@@ -610,23 +668,41 @@ mod module_print {
                 }
             }
             if let Some(node) = open.last().and_then(|&unclosed| nodes.get(unclosed)) {
-                return Err(SummaryError::new(node.line, format!("'{}(' is never closed", node.class)));
+                return Err(SummaryError::new(
+                    node.line,
+                    format!("'{}(' is never closed", node.class),
+                ));
             }
             if nodes.is_empty() {
                 return Err(SummaryError::new(1, "no module lines found"));
             }
             if !annotated {
-                return Err(SummaryError::new(1, "no ', N params' annotations found: each module line must end with its parameter count"));
+                return Err(SummaryError::new(
+                    1,
+                    "no ', N params' annotations found: each module line must end with its \
+                     parameter count",
+                ));
             }
             // Children come after their parent, so a reverse pass sees them first.
             for index in (0..nodes.len()).rev() {
-                let inside = nodes.get(index).map_or(false, |node| {
-                    node.children.iter().filter_map(|&child| nodes.get(child)).any(|child| {
-                        is_attention_class(child.class) || child.attention_inside
-                    })
-                });
+                let Some(node) = nodes.get(index) else { continue };
+                let children = || node.children.iter().filter_map(|&child| nodes.get(child));
+                let inside =
+                    children().any(|child| is_attention_class(child.class) || child.attention_inside);
+                let emits = node.repeat > 0
+                    && (node.args.is_some()
+                        || children().any(|child| child.emits)
+                        || (is_attention_class(node.class) && !inside));
+                let emitting: Vec<usize> = node
+                    .children
+                    .iter()
+                    .copied()
+                    .filter(|&child| nodes.get(child).is_some_and(|child| child.emits))
+                    .collect();
                 if let Some(node) = nodes.get_mut(index) {
                     node.attention_inside = inside;
+                    node.emits = emits;
+                    node.children = emitting;
                 }
             }
             Ok(Tree { nodes, root: 0, footer_total })
@@ -635,7 +711,8 @@ mod module_print {
 
     /// Splits `body, 12,608 params` into the body and the count.
     fn split_params(trimmed: &str) -> Result<(&str, Option<u64>), String> {
-        let Some(head) = trimmed.strip_suffix("params").or_else(|| trimmed.strip_suffix("param")) else {
+        let Some(head) = trimmed.strip_suffix("params").or_else(|| trimmed.strip_suffix("param"))
+        else {
             return Ok((trimmed, None));
         };
         let (body, count) = head
@@ -668,7 +745,10 @@ mod module_print {
         if args.is_empty() {
             return Ok((repeat, class, None));
         }
-        let args = args.strip_suffix(')').filter(|args| is_balanced(args)).ok_or("unbalanced parentheses")?;
+        let args = args
+            .strip_suffix(')')
+            .filter(|args| is_balanced(args))
+            .ok_or("unbalanced parentheses")?;
         Ok((repeat, class, Some(args)))
     }
 
@@ -694,8 +774,8 @@ mod module_print {
     }
 
     impl Emitter<'_, '_> {
-        /// Emits a module's layers, `repeat` times. Recursion depth is bounded by MAX_NESTING;
-        /// the repeat loop by MAX_LAYERS, as each pass adds a layer or ends the loop.
+        /// Emits a module's layers, `repeat` times. Recursion depth is bounded by MAX_NESTING,
+        /// and the work by MAX_LAYERS: only modules that add a layer are visited.
         fn emit(&mut self, index: usize) -> Result<(), SummaryError> {
             let nodes = self.nodes;
             let Some(node) = nodes.get(index) else { return Ok(()) };
@@ -737,13 +817,18 @@ mod module_print {
                 Some(width) => self.tokens_times(width, node.line)?,
                 None => self.layers.last_output_size(),
             };
-            self.layers.push(ParsedLayer { kind: LayerKind::Attention, output_size, params: 0 }, node.line)
+            self.layers
+                .push(ParsedLayer { kind: LayerKind::Attention, output_size, params: 0 }, node.line)
         }
 
         /// A leaf's layer, plus its output width when it is a linear projection. Outputs are
         /// not printed, so they are derived from the arguments: `[seq_len, width]` for
         /// projections, embeddings and norms; the input's size for everything else.
-        fn leaf(&self, node: &Node<'_>, args: &str) -> Result<(ParsedLayer, Option<u64>), SummaryError> {
+        fn leaf(
+            &self,
+            node: &Node<'_>,
+            args: &str,
+        ) -> Result<(ParsedLayer, Option<u64>), SummaryError> {
             let at_line = |reason: String| SummaryError::new(node.line, reason);
             let kind = kind_for_class(node.class);
             let width = if node.class == "Conv1D" {
@@ -755,7 +840,9 @@ mod module_print {
                         Some(dim) => Some(parse_dim(dim).map_err(at_line)?),
                         None => keyword(args, "embedding_dim").map_err(at_line)?,
                     },
-                    LayerKind::LayerNorm | LayerKind::RmsNorm => normalized_size(args).map_err(at_line)?,
+                    LayerKind::LayerNorm | LayerKind::RmsNorm => {
+                        normalized_size(args).map_err(at_line)?
+                    }
                     _ => None,
                 }
             };
@@ -768,9 +855,9 @@ mod module_print {
         }
 
         fn tokens_times(&self, width: u64, line: usize) -> Result<u64, SummaryError> {
-            self.seq_len
-                .checked_mul(width)
-                .ok_or_else(|| SummaryError::new(line, "output size (seq_len x width) does not fit in 64 bits"))
+            self.seq_len.checked_mul(width).ok_or_else(|| {
+                SummaryError::new(line, "output size (seq_len x width) does not fit in 64 bits")
+            })
         }
     }
 
@@ -806,7 +893,11 @@ mod module_print {
             return Ok(None);
         }
         dims.into_iter()
-            .try_fold(1u64, |product, dim| product.checked_mul(parse_dim(dim)?).ok_or_else(|| "normalized shape does not fit in 64 bits".to_string()))
+            .try_fold(1u64, |product, dim| {
+                product
+                    .checked_mul(parse_dim(dim)?)
+                    .ok_or_else(|| "normalized shape does not fit in 64 bits".to_string())
+            })
             .map(Some)
     }
 
@@ -826,16 +917,24 @@ mod module_print {
             if footer != root_total {
                 return Err(SummaryError::new(
                     line,
-                    format!("Total params {footer} does not match the model's closing line ({root_total})"),
+                    format!(
+                        "Total params {footer} does not match the model's closing line \
+                         ({root_total})"
+                    ),
                 ));
             }
         }
-        let Some(total) = root_total.or(tree.footer_total.map(|(total, _)| total)) else { return Ok(()) };
-        let sum = layers
-            .total_params()
-            .ok_or_else(|| SummaryError::new(root_line, "the parameter counts add up to more than 64 bits"))?;
+        let Some(total) = root_total.or(tree.footer_total.map(|(total, _)| total)) else {
+            return Ok(());
+        };
+        let sum = layers.total_params().ok_or_else(|| {
+            SummaryError::new(root_line, "the parameter counts add up to more than 64 bits")
+        })?;
         if let Some(missing) = total.checked_sub(sum).filter(|&m| m > 0) {
-            layers.push(ParsedLayer { kind: LayerKind::Other, output_size: 0, params: missing }, root_line)?;
+            layers.push(
+                ParsedLayer { kind: LayerKind::Other, output_size: 0, params: missing },
+                root_line,
+            )?;
         } else if let Some(excess) = sum.checked_sub(total).filter(|&e| e > 0) {
             let first = layers.0.iter().position(|l| l.params == excess);
             let last = layers.0.iter().rposition(|l| l.params == excess);
@@ -1071,12 +1170,23 @@ GPT2LMHeadModel(
 
     #[test]
     fn a_torchsummary_table_yields_its_rows_without_batch_dim_and_block_rows() {
-        let layers = parse_summary(SummaryFormat::Torchsummary, RESNET18_TORCHSUMMARY, 8, None).unwrap();
+        let layers =
+            parse_summary(SummaryFormat::Torchsummary, RESNET18_TORCHSUMMARY, 8, None).unwrap();
         assert_eq!(
             kinds(&layers),
             [
-                "conv2d", "batch_norm", "relu", "max_pool", "conv2d", "batch_norm", "relu", "conv2d",
-                "batch_norm", "relu", "adaptive_avg_pool", "linear"
+                "conv2d",
+                "batch_norm",
+                "relu",
+                "max_pool",
+                "conv2d",
+                "batch_norm",
+                "relu",
+                "conv2d",
+                "batch_norm",
+                "relu",
+                "adaptive_avg_pool",
+                "linear"
             ]
         );
         assert_eq!(layers[0], layer(LayerKind::Conv2d, 64 * 112 * 112, 9_408));
@@ -1088,7 +1198,8 @@ GPT2LMHeadModel(
 
     #[test]
     fn a_torchinfo_table_keeps_leaf_rows_and_reads_dashes_as_zero() {
-        let layers = parse_summary(SummaryFormat::Torchsummary, RESNET18_TORCHINFO, 8, None).unwrap();
+        let layers =
+            parse_summary(SummaryFormat::Torchsummary, RESNET18_TORCHINFO, 8, None).unwrap();
         let from_torchsummary =
             parse_summary(SummaryFormat::Torchsummary, RESNET18_TORCHSUMMARY, 8, None).unwrap();
         assert_eq!(layers, from_torchsummary);
@@ -1166,11 +1277,26 @@ MultiheadAttention-2  [[-1, 10, 64], [-1, 10, 10]]               0
         assert_eq!(
             kinds(&layers[5..18]),
             [
-                "linear", "linear", "linear", "dropout", "attention", "linear", "layer_norm", "dropout",
-                "linear", "gelu", "linear", "layer_norm", "dropout"
+                "linear",
+                "linear",
+                "linear",
+                "dropout",
+                "attention",
+                "linear",
+                "layer_norm",
+                "dropout",
+                "linear",
+                "gelu",
+                "linear",
+                "layer_norm",
+                "dropout"
             ]
         );
-        assert_eq!(kinds(&layers[5..18]), kinds(&layers[148..161]), "the last block repeats the first");
+        assert_eq!(
+            kinds(&layers[5..18]),
+            kinds(&layers[148..161]),
+            "the last block repeats the first"
+        );
         assert_eq!(layers[8].output_size, 128 * 768, "dropout keeps the value projection's size");
         assert_eq!(layers[13].output_size, 128 * 3072);
         assert_eq!(layers[14].kind, LayerKind::Gelu);
@@ -1268,10 +1394,15 @@ Encoder(
     fn the_layer_after_the_limit_is_reported() {
         let rows = "Linear-1  [-1, 10]  110\n".repeat(MAX_LAYERS + 1);
         assert_eq!(error_line(SummaryFormat::Torchsummary, &rows, None), MAX_LAYERS + 1);
-        let repeated = "M(\n  (0-99999999999): 99999999999 x B(\n    (a): ReLU(), 0 params\n  )\n), 0 params\n";
+        let repeated =
+            "M(\n  (0-99999999999): 99999999999 x B(\n    (a): ReLU(), 0 params\n  )\n), 0 params\n";
         assert_eq!(error_line(SummaryFormat::ModulePrint, repeated, Some(4)), 3);
-        let empty_blocks = "M(\n  (0-99999999999): 99999999999 x B(\n  )\n  (a): ReLU(), 0 params\n), 0 params\n";
-        assert_eq!(parse_summary(SummaryFormat::ModulePrint, empty_blocks, 8, Some(4)).unwrap().len(), 1);
+        let empty_blocks =
+            "M(\n  (0-99999999999): 99999999999 x B(\n  )\n  (a): ReLU(), 0 params\n), 0 params\n";
+        assert_eq!(
+            parse_summary(SummaryFormat::ModulePrint, empty_blocks, 8, Some(4)).unwrap().len(),
+            1
+        );
     }
 
     #[test]
@@ -1298,9 +1429,11 @@ Encoder(
         assert_eq!(error_line(SummaryFormat::Torchsummary, shape, None), 1);
         let dim = "Linear-1  [-1, 18446744073709551616]  1\n";
         assert_eq!(error_line(SummaryFormat::Torchsummary, dim, None), 1);
-        let width = "M(\n  (a): Linear(in_features=1, out_features=18446744073709551615), 2 params\n), 2 params\n";
+        let width = "M(\n  (a): Linear(in_features=1, out_features=18446744073709551615), 2 params\n\
+                     ), 2 params\n";
         assert_eq!(error_line(SummaryFormat::ModulePrint, width, Some(2)), 2);
-        let sum = "M(\n  (a): ReLU(), 18446744073709551615 params\n  (b): ReLU(), 1 params\n), 5 params\n";
+        let sum =
+            "M(\n  (a): ReLU(), 18446744073709551615 params\n  (b): ReLU(), 1 params\n), 5 params\n";
         assert_eq!(error_line(SummaryFormat::ModulePrint, sum, Some(2)), 4);
     }
 
@@ -1345,7 +1478,8 @@ Encoder(
     #[test]
     fn random_bytes_and_shuffled_lines_never_panic() {
         let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
-        let alphabet: Vec<char> = "([{}])-,:x =│├└─0123456789 params\nLinearConv2dReLU9,4-1é".chars().collect();
+        let alphabet: Vec<char> =
+            "([{}])-,:x =│├└─0123456789 params\nLinearConv2dReLU9,4-1é".chars().collect();
         for _ in 0..3_000 {
             let len = rng.below(120);
             let text: String = if rng.below(2) == 0 {

@@ -6,13 +6,14 @@ use std::time::Instant;
 use axum::extract::State;
 use axum::Json;
 
+use crate::domain::summary::{parse_summary, SummaryFormat};
 use crate::domain::{Confidence, Job, MemoryClass, UncheckedLayer};
 use crate::error::ApiError;
 use crate::estimators::{ClassAnswer, Estimate};
 use crate::http::extract::{from_value, JsonBody};
 use crate::http::types::{
     BatchItemResponse, BatchRequest, BatchResponse, EstimateRequest, EstimateResponse, EstimatorAnswer,
-    LatencyResponse, MemoryClassResponse, MemoryResponse, Problem, UtilizationResponse,
+    LatencyResponse, MemoryClassResponse, MemoryResponse, Problem, SummaryFormatRequest, UtilizationResponse,
 };
 use crate::http::AppState;
 
@@ -83,7 +84,10 @@ pub async fn estimate_batch(
             .map(|(index, item)| {
                 let started = Instant::now();
                 let outcome = from_value::<EstimateRequest>(item, &format!("items[{index}]")).and_then(|request| {
-                    let job = to_job(&request).map_err(|e| ApiError::InvalidInput(format!("items[{index}].{e}")))?;
+                    let job = to_job(&request).map_err(|e| match e {
+                        ApiError::InvalidInput(detail) => ApiError::InvalidInput(format!("items[{index}].{detail}")),
+                        other => other,
+                    })?;
                     let confidence = Confidence::parse(request.confidence)
                         .map_err(|e| ApiError::InvalidInput(format!("items[{index}].{e}")))?;
                     estimate_job(&state, &job, confidence, started)
@@ -102,14 +106,29 @@ pub async fn estimate_batch(
     Ok(Json(BatchResponse { items }))
 }
 
-pub fn to_job(request: &EstimateRequest) -> Result<Job, crate::domain::JobError> {
-    let layers = request
-        .layers
-        .iter()
-        .map(|l| UncheckedLayer { kind: &l.kind, output_size: l.output_size, params: l.params });
-    Job::parse(request.family.as_deref(), request.batch_size, layers)?
+/// Turns a request into a validated job: from its layer list, or by parsing its summary text.
+pub fn to_job(request: &EstimateRequest) -> Result<Job, ApiError> {
+    let job = match (&request.layers, &request.summary) {
+        (Some(layers), None) => {
+            let layers = layers.iter().map(|l| UncheckedLayer { kind: &l.kind, output_size: l.output_size, params: l.params });
+            Job::parse(request.family.as_deref(), request.batch_size, layers)?
+        }
+        (None, Some(summary)) => {
+            let format = match summary.format {
+                SummaryFormatRequest::Torchsummary => SummaryFormat::Torchsummary,
+                SummaryFormatRequest::ModulePrint => SummaryFormat::ModulePrint,
+            };
+            let parsed = parse_summary(format, &summary.text, request.batch_size, request.seq_len)
+                .map_err(|e| ApiError::InvalidInput(e.to_string()))?;
+            let layers = parsed.iter().map(|l| UncheckedLayer { kind: l.kind.as_str(), output_size: l.output_size, params: l.params });
+            Job::parse(request.family.as_deref(), request.batch_size, layers)?
+        }
+        (Some(_), Some(_)) => return Err(ApiError::InvalidInput("layers: give either layers or summary, not both".into())),
+        (None, None) => return Err(ApiError::InvalidInput("layers: missing; give layers or summary".into())),
+    };
+    Ok(job
         .with_training(request.optimizer.as_deref(), request.precision.as_deref())?
-        .with_input_shape(request.input_shape.as_deref())
+        .with_input_shape(request.input_shape.as_deref())?)
 }
 
 /// Runs the estimators (CPU work: call it off the async workers) and records metrics.

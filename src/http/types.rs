@@ -33,8 +33,16 @@ pub struct EstimateRequest {
     /// Samples per training step.
     #[schema(minimum = 1, maximum = 1048576)]
     pub batch_size: u64,
-    /// The model's layers in execution order (1 to 4096).
-    pub layers: Vec<LayerRequest>,
+    /// The model's layers in execution order (1 to 4096). Give either `layers` or `summary`.
+    #[serde(default)]
+    pub layers: Option<Vec<LayerRequest>>,
+    /// The model as summary text instead of a layer list.
+    #[serde(default)]
+    pub summary: Option<SummaryRequest>,
+    /// Sequence length (tokens per sample); required with a `module_print` summary.
+    #[serde(default)]
+    #[schema(minimum = 1)]
+    pub seq_len: Option<u64>,
     /// `sgd`, `momentum`, `adam` (default) or `adamw`.
     #[serde(default)]
     pub optimizer: Option<String>,
@@ -51,6 +59,24 @@ pub struct EstimateRequest {
     /// below it (0.5 to 0.99, default 0.95).
     #[serde(default)]
     pub confidence: Option<f64>,
+}
+
+/// A model summary as printed by a tool.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SummaryRequest {
+    pub format: SummaryFormatRequest,
+    /// The printed text (at most 1 MiB).
+    pub text: String,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SummaryFormatRequest {
+    /// The table of `torchsummary.summary` or `torchinfo.summary`.
+    Torchsummary,
+    /// `print(model)` annotated with `, N params` per module.
+    ModulePrint,
 }
 
 /// One layer of the model.

@@ -8,3 +8,4 @@ mod estimate;
 mod helpers;
 mod operations;
 mod startup;
+mod summary;
