@@ -64,6 +64,50 @@ pub struct ServeConfig {
     /// Seconds a request may take before it is answered with 503.
     #[arg(long, env = "GPUCAST_REQUEST_TIMEOUT_SECS", default_value_t = 10)]
     pub request_timeout_secs: u64,
+
+    /// Directory of per-GPU calibration profiles (one JSON file per SKU), created if missing.
+    #[arg(long, env = "GPUCAST_PROFILES", default_value = "profiles")]
+    pub profiles: PathBuf,
+
+    /// Bearer token required by the routes that change state (calibration); none means open.
+    #[arg(long, env = "GPUCAST_TOKEN")]
+    pub token: Option<ApiToken>,
+
+    /// Do not look for NVIDIA GPUs through NVML (as if the host had none).
+    #[arg(long, env = "GPUCAST_NO_NVML")]
+    pub no_nvml: bool,
+}
+
+/// A secret that never appears in logs or debug output.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ApiToken(String);
+
+impl ApiToken {
+    pub fn new(token: impl Into<String>) -> ApiToken {
+        ApiToken(token.into())
+    }
+
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for ApiToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ApiToken(redacted)")
+    }
+}
+
+impl std::str::FromStr for ApiToken {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s.trim().is_empty() {
+            Err("the token must not be empty".into())
+        } else {
+            Ok(ApiToken(s.to_string()))
+        }
+    }
 }
 
 impl ServeConfig {
@@ -84,7 +128,8 @@ impl ServeConfig {
         Ok(())
     }
 
-    /// A configuration for tests and benchmarks: ephemeral port, repository models.
+    /// A configuration for tests and benchmarks: ephemeral port, repository models, a fresh
+    /// profiles directory, no NVML.
     pub fn for_tests(models: PathBuf, ort_dylib: PathBuf) -> ServeConfig {
         ServeConfig {
             listen: "127.0.0.1:0".parse().expect("valid address"),
@@ -96,6 +141,27 @@ impl ServeConfig {
             sessions_per_model: 2,
             max_concurrent_requests: 512,
             request_timeout_secs: 10,
+            profiles: std::env::temp_dir().join(format!("gpucast-profiles-{}-{}", std::process::id(), unique())),
+            token: None,
+            no_nvml: true,
         }
+    }
+}
+
+/// A number unique within this process, for test directories.
+fn unique() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_token_is_redacted_in_debug_output_and_must_not_be_empty() {
+        let token: ApiToken = "s3cret".parse().unwrap();
+        assert!(!format!("{token:?}").contains("s3cret"));
+        assert!("  ".parse::<ApiToken>().is_err());
     }
 }

@@ -29,6 +29,11 @@ pub enum ApiError {
     Timeout,
     #[error("the service is not ready")]
     NotReady,
+    #[error("a valid bearer token is required")]
+    Unauthorized,
+    /// The request needs a GPU this host does not have (or cannot read).
+    #[error("{0}")]
+    NoDevice(String),
     /// A bug or a runtime failure: the detail goes to the log, never to the client.
     #[error("internal error: {0}")]
     Internal(String),
@@ -42,6 +47,8 @@ impl ApiError {
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::Overloaded | ApiError::Timeout | ApiError::NotReady => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::NoDevice(_) => StatusCode::CONFLICT,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -55,6 +62,8 @@ impl ApiError {
             ApiError::Overloaded => "Overloaded",
             ApiError::Timeout => "Timeout",
             ApiError::NotReady => "Not ready",
+            ApiError::Unauthorized => "Unauthorized",
+            ApiError::NoDevice(_) => "No such device",
             ApiError::Internal(_) => "Internal error",
         }
     }
@@ -93,6 +102,9 @@ impl IntoResponse for ApiError {
         let mut response = (status, axum::Json(self.problem())).into_response();
         let headers = response.headers_mut();
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+        if status == StatusCode::UNAUTHORIZED {
+            headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
         if status == StatusCode::SERVICE_UNAVAILABLE {
             headers.insert(header::RETRY_AFTER, HeaderValue::from_static(RETRY_AFTER_SECS));
         }

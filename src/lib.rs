@@ -2,11 +2,13 @@
 //! description, before it runs.
 
 pub mod config;
+pub mod devices;
 pub mod domain;
 pub mod error;
 pub mod estimators;
 pub mod http;
 pub mod metrics;
+pub mod placement;
 pub mod shutdown;
 pub mod startup;
 pub mod telemetry;

@@ -8,6 +8,9 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
 use crate::config::ServeConfig;
+use crate::devices::nvml::NvmlDevices;
+use crate::devices::profiles::{ProfileError, ProfileStore};
+use crate::devices::{GpuDevices, NoDevices};
 use crate::estimators::{Estimators, LoadError};
 use crate::http::{self, AppState, Limits};
 use crate::metrics::Metrics;
@@ -24,14 +27,36 @@ pub enum StartupError {
     Config(String),
     #[error(transparent)]
     Models(#[from] LoadError),
+    #[error("calibration profiles: {0}")]
+    Profiles(#[from] ProfileError),
     #[error("cannot listen on {address}: {source}")]
     Bind { address: std::net::SocketAddr, source: std::io::Error },
 }
 
 impl Application {
     /// Loads the models (failing on any missing, corrupt or mismatched file), then binds.
+    /// GPUs are found through NVML; a host without a driver serves estimates all the same.
     pub async fn build(config: &ServeConfig) -> Result<Application, StartupError> {
+        let devices: Arc<dyn GpuDevices> = if config.no_nvml {
+            Arc::new(NoDevices::new("NVML disabled by --no-nvml"))
+        } else {
+            Arc::from(tokio::task::spawn_blocking(NvmlDevices::detect).await.expect("NVML detection does not panic"))
+        };
+        Application::build_with_devices(config, devices).await
+    }
+
+    /// As [`Application::build`], with the given devices (tests use a fake one).
+    pub async fn build_with_devices(config: &ServeConfig, devices: Arc<dyn GpuDevices>) -> Result<Application, StartupError> {
         config.validate().map_err(StartupError::Config)?;
+        match devices.unavailable_reason() {
+            Some(reason) => tracing::info!(%reason, "no NVML device; estimates are served without one"),
+            None => tracing::info!(devices = devices.list().map(|d| d.len()).unwrap_or(0), "NVML devices found"),
+        }
+        let (profiles, warnings) = ProfileStore::load(&config.profiles)?;
+        for warning in &warnings {
+            tracing::warn!(%warning, "calibration profile skipped");
+        }
+        tracing::info!(dir = %config.profiles.display(), profiles = profiles.list().len(), "calibration profiles loaded");
         let started = Instant::now();
         let estimators = {
             let (models, dylib, sessions) = (config.models.clone(), config.ort_dylib.clone(), config.sessions_per_model);
@@ -64,6 +89,10 @@ impl Application {
                 request_timeout: Duration::from_secs(config.request_timeout_secs),
             },
             permits: Arc::new(Semaphore::new(config.max_concurrent_requests)),
+            devices,
+            profiles: Arc::new(profiles),
+            token: config.token.clone(),
+            stop_watches: Arc::new(AtomicBool::new(false)),
         };
         Ok(Application { listener, port, state })
     }
@@ -80,6 +109,7 @@ impl Application {
     /// finishes the requests in flight.
     pub async fn run_until(self, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
         let ready = self.state.ready.clone();
+        let stop_watches = self.state.stop_watches.clone();
         let router = http::router(self.state);
         ready.store(true, Ordering::Release);
         tracing::info!(address = %self.listener.local_addr()?, "ready");
@@ -87,6 +117,7 @@ impl Application {
             .with_graceful_shutdown(async move {
                 shutdown.await;
                 ready.store(false, Ordering::Release);
+                stop_watches.store(true, Ordering::Release);
             })
             .await
     }

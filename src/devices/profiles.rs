@@ -66,6 +66,30 @@ pub struct CalibrationProfile {
     pub samples: Vec<Sample>,
 }
 
+/// A profile without its samples: what a listing route shows.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ProfileSummary {
+    pub sku: String,
+    pub offset_mib: f64,
+    pub scale: f64,
+    pub residual_quantiles: BTreeMap<String, f64>,
+    pub observations: u64,
+    pub updated_at: String,
+}
+
+impl From<&CalibrationProfile> for ProfileSummary {
+    fn from(p: &CalibrationProfile) -> ProfileSummary {
+        ProfileSummary {
+            sku: p.sku.clone(),
+            offset_mib: p.offset_mib,
+            scale: p.scale,
+            residual_quantiles: p.residual_quantiles.clone(),
+            observations: p.observations,
+            updated_at: p.updated_at.clone(),
+        }
+    }
+}
+
 /// The result of a fit.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Fitted {
@@ -583,6 +607,7 @@ mod tests {
         }
         let written = store.get("h100-80gb").unwrap();
         assert_eq!(written.observations, 12);
+        assert_eq!(ProfileSummary::from(&written).observations, 12);
         assert_eq!(written.samples.len(), 12);
         assert!(written.updated_at.ends_with('Z'));
         let files: Vec<_> = fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
@@ -602,14 +627,23 @@ mod tests {
 
     #[test]
     fn only_the_last_samples_are_kept_but_all_are_counted() {
-        let (_dir, store) = store();
-        for i in 0..(MAX_SAMPLES + 5) {
+        let sample = |i: usize| {
             let p = 1000.0 + (i % 50) as f64 * 100.0;
-            store.observe("t4", p, p + 300.0).unwrap();
+            Sample { predicted_mib: p, observed_mib: p + 300.0 }
+        };
+        // Start from a full profile on disk (one fit), then observe past the cap.
+        let dir = tempfile::tempdir().unwrap();
+        let full = CalibrationProfile::fitted("t4", 2_000, (0..MAX_SAMPLES).map(sample).collect(), 0);
+        fs::write(dir.path().join("t4.json"), serde_json::to_vec(&full).unwrap()).unwrap();
+        let (store, warnings) = ProfileStore::load(dir.path()).unwrap();
+        assert!(warnings.is_empty(), "{warnings:?}");
+        for i in 0..5 {
+            store.observe("t4", sample(i).predicted_mib, sample(i).observed_mib).unwrap();
         }
         let profile = store.get("t4").unwrap();
         assert_eq!(profile.samples.len(), MAX_SAMPLES);
-        assert_eq!(profile.observations, (MAX_SAMPLES + 5) as u64);
+        assert_eq!(profile.observations, 2_005);
+        assert_eq!(profile.samples[0], sample(5), "the oldest samples went first");
         assert!((profile.offset_mib - 300.0).abs() < 1e-6);
     }
 

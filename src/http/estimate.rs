@@ -12,10 +12,12 @@ use crate::error::ApiError;
 use crate::estimators::{ClassAnswer, Estimate};
 use crate::http::extract::{from_value, JsonBody};
 use crate::http::types::{
-    BatchItemResponse, BatchRequest, BatchResponse, EstimateRequest, EstimateResponse, EstimatorAnswer,
+    BatchItemResponse, BatchRequest, BatchResponse, CalibrationResponse, EstimateRequest, FitResponse, EstimateResponse, EstimatorAnswer,
     LatencyResponse, MemoryClassResponse, MemoryResponse, Problem, SummaryFormatRequest, UtilizationResponse,
 };
+use crate::http::calibration::resolve;
 use crate::http::AppState;
+use crate::placement::{place, Placement, Target};
 
 const DRAMA_REASON: &str = "no measured DRAM-activity data exists yet for any family, so no DRAMA model is trained";
 
@@ -42,8 +44,9 @@ pub async fn estimate(
     let started = Instant::now();
     let job = to_job(&request)?;
     let confidence = Confidence::parse(request.confidence).map_err(|e| ApiError::InvalidInput(e.to_string()))?;
+    let target = resolve(&state, request.gpu.as_deref())?;
     tracing::Span::current().record("family", job.family().as_str()).record("layers", job.layers().len());
-    let answer = tokio::task::spawn_blocking(move || estimate_job(&state, &job, confidence, started))
+    let answer = tokio::task::spawn_blocking(move || estimate_job(&state, &job, confidence, target, started))
         .await
         .map_err(|e| ApiError::Internal(format!("estimate task failed: {e}")))??;
     Ok(Json(answer))
@@ -90,7 +93,11 @@ pub async fn estimate_batch(
                     })?;
                     let confidence = Confidence::parse(request.confidence)
                         .map_err(|e| ApiError::InvalidInput(format!("items[{index}].{e}")))?;
-                    estimate_job(&state, &job, confidence, started)
+                    let target = resolve(&state, request.gpu.as_deref()).map_err(|e| match e {
+                        ApiError::InvalidInput(detail) => ApiError::InvalidInput(format!("items[{index}].{detail}")),
+                        other => other,
+                    })?;
+                    estimate_job(&state, &job, confidence, target, started)
                 });
                 match outcome {
                     Ok(estimate) => BatchItemResponse { index, status: 200, estimate: Some(estimate), error: None },
@@ -132,8 +139,15 @@ pub fn to_job(request: &EstimateRequest) -> Result<Job, ApiError> {
 }
 
 /// Runs the estimators (CPU work: call it off the async workers) and records metrics.
-fn estimate_job(state: &AppState, job: &Job, confidence: Confidence, started: Instant) -> Result<EstimateResponse, ApiError> {
+fn estimate_job(
+    state: &AppState,
+    job: &Job,
+    confidence: Confidence,
+    target: Target,
+    started: Instant,
+) -> Result<EstimateResponse, ApiError> {
     let estimate = state.estimators.estimate(job, confidence.get())?;
+    let placement = estimate.mib.as_ref().map(|answer| place(answer, target, &state.profiles));
     for run in &estimate.runs {
         state.metrics.inference_duration_seconds.with_label_values(&[run.name.as_str()]).observe(run.latency.as_secs_f64());
     }
@@ -142,14 +156,14 @@ fn estimate_job(state: &AppState, job: &Job, confidence: Confidence, started: In
         .predicted_class_total
         .with_label_values(&[estimate.family.as_str(), &estimate.class.class.index.to_string()])
         .inc();
-    Ok(to_response(estimate, confidence, started))
+    Ok(to_response(estimate, placement, confidence, started))
 }
 
 fn class_response(class: MemoryClass, probabilities: Vec<f32>) -> MemoryClassResponse {
     MemoryClassResponse { index: class.index, lower_mib: class.lower_mib, upper_mib: class.upper_mib, probabilities }
 }
 
-fn to_response(estimate: Estimate, confidence: Confidence, started: Instant) -> EstimateResponse {
+fn to_response(estimate: Estimate, placement: Option<Placement>, confidence: Confidence, started: Instant) -> EstimateResponse {
     let Estimate { family, class, classifiers, mib, mib_estimators, mut utilization, runs } = estimate;
     let versions: BTreeMap<String, String> = runs.iter().map(|r| (r.name.clone(), r.version.clone())).collect();
     let version_of = |name: &str| versions.get(name).cloned().unwrap_or_default();
@@ -172,9 +186,10 @@ fn to_response(estimate: Estimate, confidence: Confidence, started: Instant) -> 
     EstimateResponse {
         family: family.as_str().to_string(),
         memory: MemoryResponse {
-            estimate_mib: mib.map(|m| round_mib(m.estimate_mib)),
+            // The figures for the target GPU (calibrated when it has a profile).
+            estimate_mib: placement.as_ref().map(|p| round_mib(p.estimate_mib)).or(mib.map(|m| round_mib(m.estimate_mib))),
             // Rounded up: a bound must not shrink in rounding.
-            upper_bound_mib: mib.map(|m| m.upper_bound_mib.ceil()),
+            upper_bound_mib: placement.as_ref().map(|p| p.upper_bound_mib.ceil()).or(mib.map(|m| m.upper_bound_mib.ceil())),
             confidence: confidence.get(),
             class: class_response(class.class, class.probabilities),
             estimators,
@@ -190,6 +205,17 @@ fn to_response(estimate: Estimate, confidence: Confidence, started: Instant) -> 
             estimators: runs.iter().map(|r| (r.name.clone(), r.latency.as_secs_f64() * 1e6)).collect(),
         },
         estimator_versions: versions,
+        fit: placement.as_ref().map(|p| FitResponse {
+            gpu: p.target.gpu.clone(),
+            capacity_mib: p.target.capacity_mib,
+            fits: p.fit.fits,
+            max_colocated: p.fit.max_colocated,
+        }),
+        calibration: placement.as_ref().map(|p| CalibrationResponse {
+            gpu: p.target.gpu.clone(),
+            profile_used: p.profile_observations.is_some(),
+            observations: p.profile_observations.unwrap_or(0),
+        }),
     }
 }
 

@@ -1,6 +1,7 @@
 //! The HTTP API: router, shared state, the OpenAPI document and the middleware that guards
 //! every route (metrics, concurrency limit, timeout).
 
+pub mod calibration;
 pub mod estimate;
 pub mod extract;
 pub mod service;
@@ -20,6 +21,9 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use utoipa_swagger_ui::SwaggerUi;
 
+use crate::config::ApiToken;
+use crate::devices::profiles::ProfileStore;
+use crate::devices::GpuDevices;
 use crate::error::ApiError;
 use crate::estimators::Estimators;
 use crate::metrics::Metrics;
@@ -39,6 +43,12 @@ pub struct AppState {
     pub limits: Limits,
     /// One permit per request in flight; none left means refuse with 503 at once.
     pub permits: Arc<Semaphore>,
+    pub devices: Arc<dyn GpuDevices>,
+    pub profiles: Arc<ProfileStore>,
+    /// Required as a bearer token by the routes that change state, when set.
+    pub token: Option<ApiToken>,
+    /// Set on shutdown so that process watches end.
+    pub stop_watches: Arc<AtomicBool>,
 }
 
 #[derive(OpenApi)]
@@ -50,7 +60,9 @@ pub struct AppState {
     tags(
         (name = "estimate", description = "Memory and utilization estimates"),
         (name = "operations", description = "Health, readiness and metrics"),
-    )
+        (name = "devices", description = "GPUs of this host and per-GPU calibration"),
+    ),
+    modifiers(&BearerSecurity)
 )]
 struct ApiDoc;
 
@@ -62,6 +74,21 @@ fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(service::healthz))
         .routes(routes!(service::readyz))
         .routes(routes!(service::metrics))
+        .routes(routes!(calibration::devices))
+        .routes(routes!(calibration::profiles))
+        .routes(routes!(calibration::observe))
+        .routes(routes!(calibration::watch))
+}
+
+/// Declares the bearer token of the calibration routes in the spec.
+struct BearerSecurity;
+
+impl utoipa::Modify for BearerSecurity {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme("bearer", SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()));
+    }
 }
 
 /// The OpenAPI document, generated from the handlers and wire types.

@@ -59,6 +59,10 @@ pub struct EstimateRequest {
     /// below it (0.5 to 0.99, default 0.95).
     #[serde(default)]
     pub confidence: Option<f64>,
+    /// The GPU to estimate for: a SKU (`h100-80gb`, `A100 80GB`, `l4`, ...) or `attached` (this
+    /// host's first GPU). Default: the A100 40 GB the estimators were trained on.
+    #[serde(default)]
+    pub gpu: Option<String>,
 }
 
 /// A model summary as printed by a tool.
@@ -168,6 +172,135 @@ pub struct EstimateResponse {
     pub latency_us: LatencyResponse,
     /// Version of each estimator used, by name.
     pub estimator_versions: BTreeMap<String, String>,
+    /// Whether the job fits the GPU (by its upper bound); null without a MiB figure.
+    pub fit: Option<FitResponse>,
+    /// Which GPU's calibration was applied to the MiB figures.
+    pub calibration: Option<CalibrationResponse>,
+}
+
+/// Whether the job fits one GPU, and how many copies fit side by side.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct FitResponse {
+    /// The GPU checked: the requested one, or the reference `a100-40gb`.
+    pub gpu: String,
+    pub capacity_mib: u64,
+    /// True when `memory.upper_bound_mib` is at most `capacity_mib`.
+    pub fits: bool,
+    /// floor(capacity / upper bound): copies of the job that fit on one such GPU.
+    pub max_colocated: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct CalibrationResponse {
+    pub gpu: String,
+    /// True when a profile learned from observed jobs on this GPU moved the figures.
+    pub profile_used: bool,
+    /// Observations the profile rests on (0 without a profile).
+    pub observations: u64,
+}
+
+/// One measured peak of a job on a GPU.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"gpu": "h100-80gb", "observed_peak_mib": 2310, "job": {
+    "batch_size": 512,
+    "layers": [
+        {"kind": "linear", "output_size": 1024, "params": 803840},
+        {"kind": "relu", "output_size": 1024, "params": 0},
+        {"kind": "linear", "output_size": 10, "params": 10250},
+        {"kind": "softmax", "output_size": 10, "params": 0}
+    ]
+}}))]
+pub struct ObservationRequest {
+    /// A SKU or `attached`.
+    pub gpu: String,
+    /// The job, as `POST /v1/estimate` takes it.
+    pub job: EstimateRequest,
+    /// Peak GPU memory the job reached, MiB, as nvidia-smi reports it.
+    pub observed_peak_mib: f64,
+}
+
+/// One observation or a list of them.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum ObservationsRequest {
+    One(ObservationRequest),
+    Many(Vec<ObservationRequest>),
+}
+
+/// What the service has learned about one GPU.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ProfileResponse {
+    pub gpu: String,
+    /// Calibrated figure = offset_mib + scale x the reference figure.
+    pub offset_mib: f64,
+    pub scale: f64,
+    /// Quantiles of observed / calibrated - 1, by level ("0.5", "0.95", ...).
+    pub residual_quantiles: BTreeMap<String, f64>,
+    pub observations: u64,
+    /// RFC 3339.
+    pub updated_at: String,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ObservationsResponse {
+    /// Observations recorded by this call.
+    pub recorded: usize,
+    /// The refitted profiles, one per GPU touched.
+    pub profiles: Vec<ProfileResponse>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ProfilesResponse {
+    pub profiles: Vec<ProfileResponse>,
+}
+
+/// Watch a training process on this host's GPU until it exits and learn from its peak.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WatchRequest {
+    /// The process to watch (it may not have touched the GPU yet).
+    pub pid: u32,
+    /// The job the process runs, as `POST /v1/estimate` takes it.
+    pub job: EstimateRequest,
+    /// Longest watch, seconds (default 86,400); a watch cut short records nothing.
+    #[serde(default)]
+    pub max_seconds: Option<u64>,
+    /// Milliseconds between two readings (default 200, at least 10).
+    #[serde(default)]
+    pub interval_ms: Option<u64>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct WatchResponse {
+    pub pid: u32,
+    pub gpu: String,
+    /// `watching`: the peak is recorded as an observation when the process exits.
+    pub status: String,
+}
+
+/// One GPU of this host.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct DeviceResponse {
+    pub index: u32,
+    pub uuid: String,
+    pub name: String,
+    /// Catalogue id when known (`a100-40gb`), else null.
+    pub sku: Option<String>,
+    pub memory_total_mib: u64,
+    pub memory_used_mib: u64,
+    pub memory_free_mib: u64,
+    pub compute_capability: Option<String>,
+    pub driver_version: String,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct DevicesResponse {
+    /// False when there is no NVIDIA driver (or NVML is disabled); `reason` says why.
+    pub nvml: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    pub devices: Vec<DeviceResponse>,
 }
 
 /// Many jobs in one call.

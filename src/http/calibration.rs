@@ -1,0 +1,213 @@
+//! GPUs of this host and what the service learns per GPU: `GET /v1/devices`,
+//! `GET /v1/calibration/profiles`, `POST /v1/calibration/observations`,
+//! `POST /v1/calibration/watch`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::Json;
+
+use crate::devices::auth::authorized;
+use crate::devices::profiles::{CalibrationProfile, ProfileError};
+use crate::devices::watch::{watch_process, WatchConfig};
+use crate::devices::DeviceError;
+use crate::error::ApiError;
+use crate::estimators::FIRST_PRINCIPLES;
+use crate::http::estimate::to_job;
+use crate::http::extract::JsonBody;
+use crate::http::types::{
+    DeviceResponse, DevicesResponse, EstimateRequest, ObservationRequest, ObservationsRequest, ObservationsResponse,
+    Problem, ProfileResponse, ProfilesResponse, WatchRequest, WatchResponse,
+};
+use crate::http::AppState;
+use crate::placement::{PlacementError, Target};
+
+/// Observations accepted in one call.
+const MAX_OBSERVATIONS: usize = 1000;
+
+/// The GPUs of this host, as NVML reports them.
+#[utoipa::path(get, path = "/v1/devices", tag = "devices", responses((status = 200, body = DevicesResponse)))]
+pub async fn devices(State(state): State<AppState>) -> Result<Json<DevicesResponse>, ApiError> {
+    let devices = state.devices.clone();
+    let listed = tokio::task::spawn_blocking(move || devices.list())
+        .await
+        .map_err(|e| ApiError::Internal(format!("device task failed: {e}")))?;
+    let response = match listed {
+        Ok(devices) => DevicesResponse {
+            nvml: true,
+            reason: None,
+            devices: devices
+                .into_iter()
+                .map(|d| DeviceResponse {
+                    index: d.index,
+                    uuid: d.uuid,
+                    name: d.name,
+                    sku: d.sku,
+                    memory_total_mib: d.memory_total_mib,
+                    memory_used_mib: d.memory_used_mib,
+                    memory_free_mib: d.memory_free_mib,
+                    compute_capability: d.compute_capability,
+                    driver_version: d.driver_version,
+                })
+                .collect(),
+        },
+        // No driver is a fact about the host, not a failure: say so plainly.
+        Err(DeviceError::Unavailable(reason)) => {
+            DevicesResponse { nvml: false, reason: Some(format!("no NVML device is present: {reason}")), devices: vec![] }
+        }
+        Err(other) => return Err(ApiError::Internal(other.to_string())),
+    };
+    Ok(Json(response))
+}
+
+/// Calibration profiles learned so far.
+#[utoipa::path(get, path = "/v1/calibration/profiles", tag = "devices", responses((status = 200, body = ProfilesResponse)))]
+pub async fn profiles(State(state): State<AppState>) -> Json<ProfilesResponse> {
+    Json(ProfilesResponse { profiles: state.profiles.list().iter().map(profile_response).collect() })
+}
+
+/// Record measured peaks of jobs on a GPU; the GPU's profile is refitted and saved.
+#[utoipa::path(
+    post,
+    path = "/v1/calibration/observations",
+    tag = "devices",
+    request_body = ObservationsRequest,
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "Recorded; the refitted profiles", body = ObservationsResponse),
+        (status = 401, description = "Missing or wrong bearer token", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`attached` without an NVML device", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid observation", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn observe(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    JsonBody(request): JsonBody<ObservationsRequest>,
+) -> Result<Json<ObservationsResponse>, ApiError> {
+    require_token(&state, &headers)?;
+    let observations = match request {
+        ObservationsRequest::One(one) => vec![one],
+        ObservationsRequest::Many(many) => many,
+    };
+    if observations.is_empty() || observations.len() > MAX_OBSERVATIONS {
+        return Err(ApiError::InvalidInput(format!(
+            "body: between 1 and {MAX_OBSERVATIONS} observations are accepted, got {}",
+            observations.len()
+        )));
+    }
+    let response = tokio::task::spawn_blocking(move || record(&state, observations))
+        .await
+        .map_err(|e| ApiError::Internal(format!("calibration task failed: {e}")))??;
+    Ok(Json(response))
+}
+
+/// Validates every observation first, so that a bad one records nothing.
+fn record(state: &AppState, observations: Vec<ObservationRequest>) -> Result<ObservationsResponse, ApiError> {
+    let mut prepared = Vec::with_capacity(observations.len());
+    for (index, observation) in observations.iter().enumerate() {
+        let at = |e: ApiError| match e {
+            ApiError::InvalidInput(detail) if observations.len() > 1 => ApiError::InvalidInput(format!("[{index}].{detail}")),
+            other => other,
+        };
+        if !(observation.observed_peak_mib.is_finite() && observation.observed_peak_mib > 0.0) {
+            return Err(at(ApiError::InvalidInput("observed_peak_mib: must be a positive number".into())));
+        }
+        let target = resolve(state, Some(&observation.gpu)).map_err(at)?;
+        let predicted = reference_figure(state, &observation.job).map_err(at)?;
+        prepared.push((target.gpu, predicted, observation.observed_peak_mib));
+    }
+    let mut touched: Vec<CalibrationProfile> = Vec::new();
+    for (gpu, predicted, observed) in &prepared {
+        let profile = state.profiles.observe(gpu, *predicted, *observed).map_err(profile_error)?;
+        touched.retain(|p| p.sku != profile.sku);
+        touched.push(profile);
+    }
+    Ok(ObservationsResponse { recorded: prepared.len(), profiles: touched.iter().map(profile_response).collect() })
+}
+
+/// Watch a process on this host's GPU; its peak becomes an observation when it exits.
+#[utoipa::path(
+    post,
+    path = "/v1/calibration/watch",
+    tag = "devices",
+    request_body = WatchRequest,
+    security(("bearer" = [])),
+    responses(
+        (status = 202, description = "Watching", body = WatchResponse),
+        (status = 401, description = "Missing or wrong bearer token", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "No NVML device on this host", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid request", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn watch(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    JsonBody(request): JsonBody<WatchRequest>,
+) -> Result<(StatusCode, Json<WatchResponse>), ApiError> {
+    require_token(&state, &headers)?;
+    let target = resolve(&state, Some("attached"))?;
+    let predicted = reference_figure(&state, &request.job)?;
+    let interval = Duration::from_millis(request.interval_ms.unwrap_or(200).max(10));
+    let mut config = WatchConfig::new(interval, Duration::from_secs(request.max_seconds.unwrap_or(86_400).max(1)));
+    config.stop = state.stop_watches.clone();
+    let (pid, gpu) = (request.pid, target.gpu.clone());
+    let (devices, profiles) = (state.devices.clone(), Arc::clone(&state.profiles));
+    tracing::info!(pid, gpu = %gpu, "watching a training process");
+    tokio::task::spawn_blocking(move || match watch_process(devices, pid, &config) {
+        Ok(report) if report.complete() => match profiles.observe(&gpu, predicted, report.peak_mib as f64) {
+            Ok(profile) => tracing::info!(pid, gpu = %gpu, peak_mib = report.peak_mib, observations = profile.observations, "watch recorded"),
+            Err(e) => tracing::warn!(pid, error = %e, "watch peak not recorded"),
+        },
+        Ok(report) => tracing::warn!(pid, ended = ?report.ended, peak_mib = report.peak_mib, "watch cut short; nothing recorded"),
+        Err(e) => tracing::warn!(pid, error = %e, "watch failed"),
+    });
+    Ok((StatusCode::ACCEPTED, Json(WatchResponse { pid: request.pid, gpu: target.gpu, status: "watching".into() })))
+}
+
+fn require_token(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
+    let header = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+    if authorized(header, state.token.as_ref().map(|t| t.expose())) {
+        Ok(())
+    } else {
+        Err(ApiError::Unauthorized)
+    }
+}
+
+pub fn resolve(state: &AppState, gpu: Option<&str>) -> Result<Target, ApiError> {
+    Target::resolve(gpu, state.devices.as_ref()).map_err(|e| match e {
+        PlacementError::NoDevice(_) => ApiError::NoDevice(e.to_string()),
+        PlacementError::Sku(_) => ApiError::InvalidInput(e.to_string()),
+    })
+}
+
+/// What the reference (uncalibrated) model says of a job: the learned MiB figure, or the
+/// first-principles one for a family without a memory regressor.
+fn reference_figure(state: &AppState, request: &EstimateRequest) -> Result<f64, ApiError> {
+    let job = to_job(request).map_err(|e| match e {
+        ApiError::InvalidInput(detail) => ApiError::InvalidInput(format!("job.{detail}")),
+        other => other,
+    })?;
+    let estimate = state.estimators.estimate(&job, crate::domain::Confidence::DEFAULT.get())?;
+    Ok(estimate.mib.map(|m| m.estimate_mib).unwrap_or_else(|| estimate.mib_estimators[FIRST_PRINCIPLES]))
+}
+
+fn profile_error(e: ProfileError) -> ApiError {
+    match e {
+        ProfileError::InvalidSku(_) | ProfileError::InvalidObservation(_) => ApiError::InvalidInput(e.to_string()),
+        other => ApiError::Internal(other.to_string()),
+    }
+}
+
+fn profile_response(p: &CalibrationProfile) -> ProfileResponse {
+    ProfileResponse {
+        gpu: p.sku.clone(),
+        offset_mib: p.offset_mib,
+        scale: p.scale,
+        residual_quantiles: p.residual_quantiles.clone(),
+        observations: p.observations,
+        updated_at: p.updated_at.clone(),
+    }
+}
