@@ -16,9 +16,9 @@ use crate::devices::DeviceError;
 use crate::error::ApiError;
 use crate::estimators::FIRST_PRINCIPLES;
 use crate::http::estimate::to_job;
-use crate::http::extract::JsonBody;
+use crate::http::extract::{from_value, JsonBody, JsonObjectOrArray};
 use crate::http::types::{
-    DeviceResponse, DevicesResponse, EstimateRequest, ObservationRequest, ObservationsRequest, ObservationsResponse,
+    DeviceResponse, DevicesResponse, EstimateRequest, ObservationRequest, ObservationsResponse,
     Problem, ProfileResponse, ProfilesResponse, WatchRequest, WatchResponse,
 };
 use crate::http::AppState;
@@ -73,7 +73,7 @@ pub async fn profiles(State(state): State<AppState>) -> Json<ProfilesResponse> {
     post,
     path = "/v1/calibration/observations",
     tag = "devices",
-    request_body = ObservationsRequest,
+    request_body = crate::http::types::ObservationsRequest,
     security(("bearer" = [])),
     responses(
         (status = 200, description = "Recorded; the refitted profiles", body = ObservationsResponse),
@@ -85,12 +85,17 @@ pub async fn profiles(State(state): State<AppState>) -> Json<ProfilesResponse> {
 pub async fn observe(
     State(state): State<AppState>,
     headers: HeaderMap,
-    JsonBody(request): JsonBody<ObservationsRequest>,
+    JsonObjectOrArray(body): JsonObjectOrArray<serde_json::Value>,
 ) -> Result<Json<ObservationsResponse>, ApiError> {
     require_token(&state, &headers)?;
-    let observations = match request {
-        ObservationsRequest::One(one) => vec![one],
-        ObservationsRequest::Many(many) => many,
+    // Parsed item by item (not as an untagged enum) so that errors name the field.
+    let observations: Vec<ObservationRequest> = match body {
+        serde_json::Value::Array(items) => items
+            .into_iter()
+            .enumerate()
+            .map(|(index, item)| from_value(item, &format!("[{index}]")))
+            .collect::<Result<_, _>>()?,
+        one => vec![from_value(one, "")?],
     };
     if observations.is_empty() || observations.len() > MAX_OBSERVATIONS {
         return Err(ApiError::InvalidInput(format!(

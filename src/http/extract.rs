@@ -9,13 +9,32 @@ use serde::de::DeserializeOwned;
 use crate::error::ApiError;
 use crate::http::AppState;
 
+/// A JSON object body.
 pub struct JsonBody<T>(pub T);
+
+/// A JSON body that may be one object or an array of them.
+pub struct JsonObjectOrArray<T>(pub T);
 
 impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
     type Rejection = ApiError;
 
     async fn from_request(request: Request, state: &AppState) -> Result<Self, Self::Rejection> {
-        // A missing content type is accepted (curl without -H); a different one is not.
+        let bytes = body_bytes(request, state).await?;
+        parse_json(&bytes, "").map(JsonBody)
+    }
+}
+
+impl<T: DeserializeOwned> FromRequest<AppState> for JsonObjectOrArray<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, state: &AppState) -> Result<Self, Self::Rejection> {
+        let bytes = body_bytes(request, state).await?;
+        deserialize(&bytes, "").map(JsonObjectOrArray)
+    }
+}
+
+async fn body_bytes(request: Request, state: &AppState) -> Result<Bytes, ApiError> {
+    // A missing content type is accepted (curl without -H); a different one is not.
         if let Some(content_type) = request.headers().get(header::CONTENT_TYPE) {
             let is_json = content_type
                 .to_str()
@@ -25,15 +44,13 @@ impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
                 return Err(ApiError::UnsupportedMediaType);
             }
         }
-        let bytes = Bytes::from_request(request, state).await.map_err(|rejection| {
+        Bytes::from_request(request, state).await.map_err(|rejection| {
             if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
                 ApiError::PayloadTooLarge(state.limits.max_body_bytes)
             } else {
                 ApiError::MalformedJson(rejection.body_text())
             }
-        })?;
-        parse_json(&bytes, "").map(JsonBody)
-    }
+        })
 }
 
 /// Parses JSON; syntax errors are malformed (400), type and value errors invalid (422), both
@@ -45,6 +62,10 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8], prefix: &str) -> Result<T, 
             return Err(ApiError::InvalidInput(format!("{}: expected a JSON object", field_name(prefix))));
         }
     }
+    deserialize(bytes, prefix)
+}
+
+fn deserialize<T: DeserializeOwned>(bytes: &[u8], prefix: &str) -> Result<T, ApiError> {
     let mut deserializer = serde_json::Deserializer::from_slice(bytes);
     let value: T = serde_path_to_error::deserialize(&mut deserializer).map_err(|e| classify(&e, prefix))?;
     deserializer.end().map_err(|e| ApiError::MalformedJson(format!("{e}")))?;

@@ -73,3 +73,27 @@ pub fn example_job() -> Value {
     let schema = serde_json::to_value(&spec).unwrap();
     schema["components"]["schemas"]["EstimateRequest"]["example"].clone()
 }
+
+/// Starts the service with the given GPUs (a fake device in tests).
+pub async fn spawn_app_with_devices(config: ServeConfig, devices: std::sync::Arc<dyn gpucast::devices::GpuDevices>) -> TestApp {
+    let app = Application::build_with_devices(&config, devices).await.expect("the application starts");
+    let address = format!("http://127.0.0.1:{}", app.port());
+    let (shutdown, stop) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(app.run_until(async move {
+        let _ = stop.await;
+    }));
+    TestApp { address, client: reqwest::Client::new(), shutdown: Some(shutdown), server }
+}
+
+/// Jobs of the committed MLP held-out split with their measured peaks.
+pub fn held_out_mlp_jobs() -> Vec<(Value, f64)> {
+    use std::io::BufRead;
+    let file = std::fs::File::open(repo_root().join("data/mlp/test.jsonl.gz")).unwrap();
+    std::io::BufReader::new(flate2::read::GzDecoder::new(file))
+        .lines()
+        .map(|line| {
+            let row: Value = serde_json::from_str(&line.unwrap()).unwrap();
+            (row["job"].clone(), row["measured_peak_mib"].as_f64().unwrap())
+        })
+        .collect()
+}

@@ -3,6 +3,7 @@
 
 mod accuracy;
 mod batch;
+mod calibration;
 mod docs;
 mod estimate;
 mod helpers;

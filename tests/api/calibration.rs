@@ -1,0 +1,181 @@
+//! GPUs of the host and per-GPU calibration, against a fake NVML device.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use gpucast::config::ApiToken;
+use gpucast::devices::{FakeDevices, GpuDevices, NoDevices};
+use serde_json::{json, Value};
+
+use crate::helpers::{example_job, held_out_mlp_jobs, models_dir, spawn_app, spawn_app_with_devices, test_config};
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+#[tokio::test]
+async fn without_a_driver_devices_says_so_plainly_and_estimates_still_work() {
+    let app = spawn_app_with_devices(test_config(&models_dir()), Arc::new(NoDevices::new("libnvidia-ml.so not found"))).await;
+    let response = app.get("/v1/devices").await;
+    assert_eq!(response.status(), 200);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["nvml"], false);
+    assert!(body["reason"].as_str().unwrap().contains("no NVML device is present"), "{body}");
+    assert_eq!(body["devices"], json!([]));
+    assert_eq!(app.post_json("/v1/estimate", &example_job()).await.status(), 200);
+
+    let mut job = example_job();
+    job["gpu"] = "attached".into();
+    let response = app.post_json("/v1/estimate", &job).await;
+    assert_eq!(response.status(), 409);
+}
+
+#[tokio::test]
+async fn the_attached_fake_gpu_is_listed_and_used_for_fit() {
+    let devices: Arc<dyn GpuDevices> = Arc::new(FakeDevices::single("NVIDIA L4", 23_034).with_driver("550.54.15"));
+    let app = spawn_app_with_devices(test_config(&models_dir()), devices).await;
+    let body: Value = app.get("/v1/devices").await.json().await.unwrap();
+    assert_eq!(body["nvml"], true);
+    assert_eq!(body["devices"][0]["sku"], "l4");
+    assert_eq!(body["devices"][0]["memory_total_mib"], 23_034);
+
+    let mut job = example_job();
+    job["gpu"] = "attached".into();
+    let body: Value = app.post_json("/v1/estimate", &job).await.json().await.unwrap();
+    let fit = &body["fit"];
+    assert_eq!(fit["gpu"], "l4");
+    assert_eq!(fit["capacity_mib"], 23_034);
+    let bound = body["memory"]["upper_bound_mib"].as_f64().unwrap();
+    assert_eq!(fit["max_colocated"].as_u64().unwrap(), (23_034.0 / bound).floor() as u64, "{body}");
+    assert_eq!(fit["fits"], true);
+    assert_eq!(body["calibration"]["profile_used"], false);
+}
+
+#[tokio::test]
+async fn unknown_gpus_are_refused() {
+    let app = spawn_app().await;
+    let mut job = example_job();
+    job["gpu"] = "rtx-9999".into();
+    let response = app.post_json("/v1/estimate", &job).await;
+    assert_eq!(response.status(), 422);
+    let problem: Value = response.json().await.unwrap();
+    assert!(problem["detail"].as_str().unwrap().starts_with("gpu:"), "{problem}");
+}
+
+#[tokio::test]
+async fn observations_need_the_bearer_token_when_one_is_configured() {
+    let mut config = test_config(&models_dir());
+    config.token = Some(ApiToken::new("let-me-in"));
+    let app = spawn_app_with_devices(config, Arc::new(NoDevices::new("none"))).await;
+    let body = json!({"gpu": "h100-80gb", "job": example_job(), "observed_peak_mib": 2000});
+    let url = format!("{}/v1/calibration/observations", app.address);
+    let response = app.client.post(&url).json(&body).send().await.unwrap();
+    assert_eq!(response.status(), 401);
+    assert_eq!(response.headers()["www-authenticate"], "Bearer");
+    let response = app.client.post(&url).bearer_auth("wrong").json(&body).send().await.unwrap();
+    assert_eq!(response.status(), 401);
+    let response = app.client.post(&url).bearer_auth("let-me-in").json(&body).send().await.unwrap();
+    assert_eq!(response.status(), 200);
+    let recorded: Value = response.json().await.unwrap();
+    assert_eq!(recorded["recorded"], 1);
+    assert_eq!(recorded["profiles"][0]["gpu"], "h100-80gb");
+}
+
+#[tokio::test]
+async fn bad_observations_record_nothing() {
+    let app = spawn_app().await;
+    let good = json!({"gpu": "t4", "job": example_job(), "observed_peak_mib": 2000});
+    let bad = json!({"gpu": "t4", "job": example_job(), "observed_peak_mib": -5});
+    let response = app.post_json("/v1/calibration/observations", &json!([good, bad])).await;
+    assert_eq!(response.status(), 422);
+    let problem: Value = response.json().await.unwrap();
+    assert!(problem["detail"].as_str().unwrap().starts_with("[1].observed_peak_mib"), "{problem}");
+    let profiles: Value = app.get("/v1/calibration/profiles").await.json().await.unwrap();
+    assert_eq!(profiles["profiles"], json!([]));
+}
+
+/// A GPU that needs 1.15x the A100's memory plus 700 MiB (context and workspaces) is learned
+/// from 30 observations: the calibrated median error on further jobs comes within 2 points of
+/// the reference model's own median error on the A100.
+#[tokio::test]
+async fn a_constant_offset_and_scale_is_learned_from_30_observations() {
+    let app = spawn_app().await;
+    let jobs = held_out_mlp_jobs();
+    let shifted = |measured: f64| 1.15 * measured + 700.0;
+    let observations: Vec<Value> = jobs[..30]
+        .iter()
+        .map(|(job, measured)| json!({"gpu": "h100-80gb", "job": job, "observed_peak_mib": shifted(*measured)}))
+        .collect();
+    let response = app.post_json("/v1/calibration/observations", &json!(observations)).await;
+    assert_eq!(response.status(), 200);
+
+    let further = &jobs[30..230];
+    let estimate = |gpu: Option<&str>| {
+        let items: Vec<Value> = further
+            .iter()
+            .map(|(job, _)| {
+                let mut job = job.clone();
+                if let Some(gpu) = gpu {
+                    job["gpu"] = gpu.into();
+                }
+                job
+            })
+            .collect();
+        let app = &app;
+        async move {
+            let body: Value = app.post_json("/v1/estimate/batch", &json!({ "items": items })).await.json().await.unwrap();
+            body["items"].as_array().unwrap().iter().map(|i| i["estimate"]["memory"]["estimate_mib"].as_f64().unwrap()).collect::<Vec<_>>()
+        }
+    };
+    let reference = estimate(None).await;
+    let calibrated = estimate(Some("h100-80gb")).await;
+    let reference_error = median(further.iter().zip(&reference).map(|((_, m), e)| (e - m).abs() / m).collect());
+    let uncalibrated_error =
+        median(further.iter().zip(&reference).map(|((_, m), e)| (e - shifted(*m)).abs() / shifted(*m)).collect());
+    let calibrated_error =
+        median(further.iter().zip(&calibrated).map(|((_, m), e)| (e - shifted(*m)).abs() / shifted(*m)).collect());
+    assert!(
+        calibrated_error <= reference_error + 0.02,
+        "calibrated {calibrated_error:.4}, reference {reference_error:.4}, uncalibrated {uncalibrated_error:.4}"
+    );
+    assert!(uncalibrated_error > calibrated_error + 0.05, "the shift was not there to learn");
+    let profiles: Value = app.get("/v1/calibration/profiles").await.json().await.unwrap();
+    assert_eq!(profiles["profiles"][0]["observations"], 30);
+}
+
+#[tokio::test]
+async fn a_watched_process_peak_becomes_an_observation() {
+    let devices = Arc::new(FakeDevices::single("NVIDIA A100-SXM4-80GB", 81_920));
+    devices.script_process(4242, [None, Some(900), Some(2600), Some(2400), None]);
+    let app = spawn_app_with_devices(test_config(&models_dir()), devices).await;
+    let body = json!({"pid": 4242, "job": example_job(), "interval_ms": 10});
+    let response = app.post_json("/v1/calibration/watch", &body).await;
+    assert_eq!(response.status(), 202);
+    let accepted: Value = response.json().await.unwrap();
+    assert_eq!(accepted["gpu"], "a100-80gb");
+    for _ in 0..200 {
+        let profiles: Value = app.get("/v1/calibration/profiles").await.json().await.unwrap();
+        if let Some(profile) = profiles["profiles"].as_array().unwrap().first() {
+            assert_eq!(profile["gpu"], "a100-80gb");
+            assert_eq!(profile["observations"], 1);
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("the watch recorded nothing");
+}
+
+#[tokio::test]
+async fn profiles_survive_a_restart_and_a_corrupt_file_is_skipped() {
+    let config = test_config(&models_dir());
+    let app = spawn_app_with_devices(config.clone(), Arc::new(NoDevices::new("none"))).await;
+    let body = json!({"gpu": "l40s", "job": example_job(), "observed_peak_mib": 2100});
+    assert_eq!(app.post_json("/v1/calibration/observations", &body).await.status(), 200);
+    std::fs::write(config.profiles.join("t4.json"), "{ torn").unwrap();
+
+    let restarted = spawn_app_with_devices(config, Arc::new(NoDevices::new("none"))).await;
+    let profiles: Value = restarted.get("/v1/calibration/profiles").await.json().await.unwrap();
+    let gpus: Vec<&str> = profiles["profiles"].as_array().unwrap().iter().map(|p| p["gpu"].as_str().unwrap()).collect();
+    assert_eq!(gpus, vec!["l40s"]);
+}
