@@ -8,7 +8,9 @@ use axum::response::IntoResponse;
 use axum::Json;
 
 use crate::error::ApiError;
-use crate::http::types::{CombinedInfo, EstimatorInfo, EstimatorsResponse, HealthResponse, Problem, ReadyResponse};
+use crate::http::types::{
+    CombinedInfo, EstimatorInfo, EstimatorsResponse, HealthResponse, Problem, ReadyResponse, ResidualQuantileInfo,
+};
 use crate::http::AppState;
 use crate::estimators::manifest::InputSpec;
 
@@ -63,6 +65,9 @@ pub async fn estimators(State(state): State<AppState>) -> Json<EstimatorsRespons
             sha256: e.entry.sha256.clone(),
             target: e.entry.target.clone(),
             class_bins_mib: e.entry.class_bins_mib.clone(),
+            residual_quantiles: e.entry.residual_quantiles.as_ref().map(|levels| {
+                levels.iter().map(|l| ResidualQuantileInfo { confidence: l.confidence, log_ratio: l.log_ratio }).collect()
+            }),
             validation: e.entry.validation.clone(),
         })
         .collect();

@@ -354,8 +354,17 @@ pub struct EstimatorInfo {
     pub target: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub class_bins_mib: Option<Vec<u64>>,
+    /// A memory regressor's calibrated quantiles of log(measured / predicted), by confidence.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub residual_quantiles: Option<Vec<ResidualQuantileInfo>>,
     #[schema(value_type = Object)]
     pub validation: BTreeMap<String, serde_json::Value>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ResidualQuantileInfo {
+    pub confidence: f64,
+    pub log_ratio: f64,
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]

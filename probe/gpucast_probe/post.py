@@ -1,0 +1,86 @@
+"""Sending measured rows to gpucast as calibration observations
+(`POST /v1/calibration/observations`), with only the standard library."""
+
+from __future__ import annotations
+
+import ast
+import json
+import urllib.error
+import urllib.request
+from typing import Callable, Optional
+
+OBSERVATIONS_PATH = "/v1/calibration/observations"
+MAX_LAYERS = 4096  # the API's limit per job
+
+# GPUMemNet layer kinds -> the API's kinds (others are sent lower-cased; the API matches them
+# ignoring case, '_' and '-').
+API_KINDS = {
+    "batch_normalization": "batch_norm",
+    "max_pooling": "max_pool",
+    "avg_pooling": "avg_pool",
+    "adaptive_avg_pooling": "adaptive_avg_pool",
+    "multihead_attention": "attention",
+    "MultiheadAttention": "attention",
+    "NonDynamicallyQuantizableLinear": "linear",
+    "LeakyReLU": "leaky_relu",
+    "SiLU": "silu",
+    "PReLU": "prelu",
+    "ReLU6": "relu6",
+}
+
+
+def api_kind(kind: str) -> str:
+    return API_KINDS.get(kind, kind.lower())
+
+
+def observation(row: dict, gpu: str) -> Optional[dict]:
+    """The request body for one CSV row, or None when the row is not a usable observation
+    (the job did not train to the end, no peak, or too many layers for the API)."""
+    peak = row.get("Max GPU Memory (MiB)")
+    if row.get("status") != "ok" or peak in (None, ""):
+        return None
+    layers = ast.literal_eval(row["Activations-Params"]) if isinstance(row["Activations-Params"], str) else row["Activations-Params"]
+    if not layers or len(layers) > MAX_LAYERS:
+        return None
+    job = {
+        "batch_size": int(row["Batch Size"]),
+        "layers": [{"kind": api_kind(k), "output_size": int(n), "params": int(p)} for k, n, p in layers],
+        "optimizer": "adam",
+        "precision": "fp32",
+    }
+    family = row.get("family")
+    if family in ("mlp", "cnn", "transformer"):
+        job["family"] = family
+    else:
+        job["model"] = str(row["Filename"]).split("_batch:")[0]
+    return {"gpu": gpu, "job": job, "measured_peak_mib": float(peak)}
+
+
+def post_rows(
+    base_url: str,
+    rows: list,
+    gpu: str,
+    token: Optional[str],
+    timeout: float = 10.0,
+    time_left: Callable[[], float] = lambda: float("inf"),
+) -> tuple:
+    """(sent, skipped, errors) after posting every usable row; errors are messages. Stops
+    (counting the rest as skipped) when `time_left()` no longer covers a request's timeout."""
+    sent, skipped, errors = 0, 0, []
+    url = base_url.rstrip("/") + OBSERVATIONS_PATH
+    for row in rows:
+        body = observation(row, gpu)
+        if body is None or time_left() < timeout:
+            skipped += 1
+            continue
+        request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST")
+        request.add_header("Content-Type", "application/json")
+        if token:
+            request.add_header("Authorization", f"Bearer {token}")
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                response.read()
+            sent += 1
+        except (urllib.error.URLError, OSError) as e:
+            errors.append(f"{row.get('Filename')}: {e}")
+    return sent, skipped, errors
