@@ -53,7 +53,7 @@ def observation(row: dict, gpu: str) -> Optional[dict]:
         job["family"] = family
     else:
         job["model"] = str(row["Filename"]).split("_batch:")[0]
-    return {"gpu": gpu, "job": job, "measured_peak_mib": float(peak)}
+    return {"gpu": gpu, "job": job, "observed_peak_mib": float(peak)}
 
 
 def post_rows(

@@ -52,7 +52,7 @@ class Observations(unittest.TestCase):
     def test_an_ok_row_becomes_an_observation_in_the_api_shape(self):
         body = observation(rows(1)[0], "attached")
         self.assertEqual(body["gpu"], "attached")
-        self.assertEqual(body["measured_peak_mib"], 3000.0)
+        self.assertEqual(body["observed_peak_mib"], 3000.0)
         job = body["job"]
         self.assertEqual(job["family"], "mlp")
         self.assertTrue(all(set(layer) == {"kind", "output_size", "params"} for layer in job["layers"]))
