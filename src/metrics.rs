@@ -8,8 +8,11 @@
 //! | `gpucast_inference_duration_seconds` | histogram | estimator |
 //! | `gpucast_predicted_class_total` | counter | family, class (index of the combined class) |
 //! | `gpucast_build_info` | gauge (1) | version, estimators (manifest generation time) |
+//! | `gpucast_calibration_observations` | gauge | gpu (profile key) |
+//! | `gpucast_calibration_scale` | gauge | gpu |
+//! | `gpucast_calibration_offset_mib` | gauge | gpu |
 
-use prometheus::{Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder};
+use prometheus::{Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder};
 
 /// HTTP latency buckets, seconds: estimates take tens of microseconds, batches milliseconds.
 const HTTP_BUCKETS: [f64; 14] =
@@ -25,6 +28,9 @@ pub struct Metrics {
     pub inference_duration_seconds: HistogramVec,
     pub predicted_class_total: IntCounterVec,
     pub build_info: IntGaugeVec,
+    pub calibration_observations: IntGaugeVec,
+    pub calibration_scale: GaugeVec,
+    pub calibration_offset_mib: GaugeVec,
 }
 
 impl Metrics {
@@ -56,12 +62,27 @@ impl Metrics {
             &["version", "estimators"],
         )
         .expect("valid metric");
+        let calibration_observations = IntGaugeVec::new(
+            Opts::new("calibration_observations", "Observations behind each GPU's calibration profile"),
+            &["gpu"],
+        )
+        .expect("valid metric");
+        let calibration_scale =
+            GaugeVec::new(Opts::new("calibration_scale", "Scale of each GPU's calibration profile"), &["gpu"]).expect("valid metric");
+        let calibration_offset_mib = GaugeVec::new(
+            Opts::new("calibration_offset_mib", "Offset (MiB) of each GPU's calibration profile"),
+            &["gpu"],
+        )
+        .expect("valid metric");
         for collector in [
             Box::new(http_requests_total.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(http_request_duration_seconds.clone()),
             Box::new(inference_duration_seconds.clone()),
             Box::new(predicted_class_total.clone()),
             Box::new(build_info.clone()),
+            Box::new(calibration_observations.clone()),
+            Box::new(calibration_scale.clone()),
+            Box::new(calibration_offset_mib.clone()),
         ] {
             registry.register(collector).expect("each metric is registered once");
         }
@@ -72,7 +93,17 @@ impl Metrics {
             inference_duration_seconds,
             predicted_class_total,
             build_info,
+            calibration_observations,
+            calibration_scale,
+            calibration_offset_mib,
         }
+    }
+
+    /// Publishes the state of one GPU's calibration profile.
+    pub fn record_calibration(&self, gpu: &str, observations: u64, scale: f64, offset_mib: f64) {
+        self.calibration_observations.with_label_values(&[gpu]).set(observations as i64);
+        self.calibration_scale.with_label_values(&[gpu]).set(scale);
+        self.calibration_offset_mib.with_label_values(&[gpu]).set(offset_mib);
     }
 
     /// The text exposition format.

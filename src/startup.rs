@@ -75,6 +75,9 @@ impl Application {
             .build_info
             .with_label_values(&[env!("CARGO_PKG_VERSION"), estimators.manifest().generated_at.as_deref().unwrap_or("unknown")])
             .set(1);
+        for profile in profiles.list() {
+            metrics.record_calibration(&profile.sku, profile.observations, profile.scale, profile.offset_mib);
+        }
         let listener = TcpListener::bind(config.listen)
             .await
             .map_err(|source| StartupError::Bind { address: config.listen, source })?;

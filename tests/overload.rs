@@ -149,8 +149,20 @@ fn median(mut values: Vec<Duration>) -> Duration {
 
 // --- the tests -------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn requests_beyond_the_concurrency_limit_are_refused_at_once_with_503_and_retry_after() {
+/// What 64 concurrent batch requests of 256 items met at a server with 2 permits.
+struct Burst {
+    app: TestApp,
+    client: reqwest::Client,
+    url: String,
+    body: Arc<Vec<u8>>,
+    /// Time to the full response of each accepted (200) and refused (503) request.
+    accepted: Vec<Duration>,
+    refused: Vec<Duration>,
+    /// Requests that got no response at all (a reset or closed connection).
+    dropped: Vec<String>,
+}
+
+async fn burst_against_two_permits() -> Burst {
     let mut config = test_config();
     config.max_concurrent_requests = 2;
     let app = spawn_app_with(config).await;
@@ -201,21 +213,40 @@ async fn requests_beyond_the_concurrency_limit_are_refused_at_once_with_503_and_
         }
     }
     eprintln!("{} accepted, {} refused, {} dropped: {:?}", accepted.len(), refused.len(), dropped.len(), dropped.first());
+    Burst { app, client, url, body, accepted, refused, dropped }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn requests_beyond_the_concurrency_limit_are_refused_at_once_with_503_and_retry_after() {
+    let Burst { app, client, url, body, accepted, refused, .. } = burst_against_two_permits().await;
     assert!(!accepted.is_empty(), "some requests are accepted");
     assert!(!refused.is_empty(), "with 2 permits and 64 concurrent requests some are refused");
-    let (accepted_median, refused_median) = (median(accepted.clone()), median(refused.clone()));
-    eprintln!(
-        "{} accepted (median {accepted_median:?}), {} refused (median {refused_median:?})",
-        accepted.len(),
-        refused.len()
-    );
-    // A refusal does no work: it answers well before an accepted batch of 256 does.
+    let (accepted_median, refused_median) = (median(accepted), median(refused));
+    eprintln!("median time: accepted {accepted_median:?}, refused {refused_median:?}");
+    // A refusal does no work: it answers well before an accepted batch of 256 does (4-20 times
+    // sooner on a 2-core machine, most of it the 64 clients' own uploads).
     assert!(refused_median < accepted_median, "refused median {refused_median:?} vs accepted {accepted_median:?}");
 
     // Every permit came back: the service serves normally once the burst is over.
     wait_until("every permit is released", Duration::from_secs(5), || app.state.permits.available_permits() == 2).await;
     let response = client.post(&url).header("content-type", "application/json").body(body.to_vec()).send().await.unwrap();
     assert_eq!(response.status(), 200);
+}
+
+/// A refused client must see the 503 and its Retry-After, not a reset connection. Today the
+/// guard answers 503 without reading the request body; hyper then closes the connection with
+/// request bytes unread, the kernel resets it, and 1 to 12 of the 62 refused clients see
+/// `IncompleteMessage` instead of the answer (in most runs). Reading the refused body (bounded
+/// by the body limit and a short timeout) before answering fixes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn refused_requests_are_answered_not_reset() {
+    let burst = burst_against_two_permits().await;
+    assert!(
+        burst.dropped.is_empty(),
+        "{} of 64 requests got no response at all: {:?}",
+        burst.dropped.len(),
+        burst.dropped.first()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -77,6 +77,7 @@ pub async fn profiles(State(state): State<AppState>) -> Json<ProfilesResponse> {
     security(("bearer" = [])),
     responses(
         (status = 200, description = "Recorded; the refitted profiles", body = ObservationsResponse),
+        (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or wrong bearer token", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "`attached` without an NVML device", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid observation", body = Problem, content_type = "application/problem+json"),
@@ -127,6 +128,7 @@ fn record(state: &AppState, observations: Vec<ObservationRequest>) -> Result<Obs
     let mut touched: Vec<CalibrationProfile> = Vec::new();
     for (gpu, predicted, observed) in &prepared {
         let profile = state.profiles.observe(gpu, *predicted, *observed).map_err(profile_error)?;
+        state.metrics.record_calibration(&profile.sku, profile.observations, profile.scale, profile.offset_mib);
         touched.retain(|p| p.sku != profile.sku);
         touched.push(profile);
     }
@@ -142,6 +144,7 @@ fn record(state: &AppState, observations: Vec<ObservationRequest>) -> Result<Obs
     security(("bearer" = [])),
     responses(
         (status = 202, description = "Watching", body = WatchResponse),
+        (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or wrong bearer token", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "No NVML device on this host", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid request", body = Problem, content_type = "application/problem+json"),
@@ -159,11 +162,14 @@ pub async fn watch(
     let mut config = WatchConfig::new(interval, Duration::from_secs(request.max_seconds.unwrap_or(86_400).max(1)));
     config.stop = state.stop_watches.clone();
     let (pid, gpu) = (request.pid, target.gpu.clone());
-    let (devices, profiles) = (state.devices.clone(), Arc::clone(&state.profiles));
+    let (devices, profiles, metrics) = (state.devices.clone(), Arc::clone(&state.profiles), Arc::clone(&state.metrics));
     tracing::info!(pid, gpu = %gpu, "watching a training process");
     tokio::task::spawn_blocking(move || match watch_process(devices, pid, &config) {
         Ok(report) if report.complete() => match profiles.observe(&gpu, predicted, report.peak_mib as f64) {
-            Ok(profile) => tracing::info!(pid, gpu = %gpu, peak_mib = report.peak_mib, observations = profile.observations, "watch recorded"),
+            Ok(profile) => {
+                metrics.record_calibration(&profile.sku, profile.observations, profile.scale, profile.offset_mib);
+                tracing::info!(pid, gpu = %gpu, peak_mib = report.peak_mib, observations = profile.observations, "watch recorded");
+            }
             Err(e) => tracing::warn!(pid, error = %e, "watch peak not recorded"),
         },
         Ok(report) => tracing::warn!(pid, ended = ?report.ended, peak_mib = report.peak_mib, "watch cut short; nothing recorded"),

@@ -118,7 +118,13 @@ async fn guard(State(state): State<AppState>, request: Request, next: Next) -> R
         .get::<MatchedPath>()
         .map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
     let response = match state.permits.clone().try_acquire_owned() {
-        Err(_) => ApiError::Overloaded.into_response(),
+        Err(_) => {
+            // Read the body before refusing: a connection closed with request bytes unread is
+            // reset by the kernel, and the client would see a reset instead of 503 + Retry-After.
+            let body = axum::body::to_bytes(request.into_body(), state.limits.max_body_bytes);
+            let _ = tokio::time::timeout(Duration::from_secs(1), body).await;
+            ApiError::Overloaded.into_response()
+        }
         Ok(permit) => {
             let response = match tokio::time::timeout(state.limits.request_timeout, next.run(request)).await {
                 Ok(response) => response,

@@ -217,6 +217,7 @@ pub struct ObservationRequest {
     /// The job, as `POST /v1/estimate` takes it.
     pub job: EstimateRequest,
     /// Peak GPU memory the job reached, MiB, as nvidia-smi reports it.
+    #[schema(exclusive_minimum = 0)]
     pub observed_peak_mib: f64,
 }
 
@@ -307,8 +308,8 @@ pub struct DevicesResponse {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BatchRequest {
-    /// The jobs; each is validated on its own, so one bad item does not fail the batch.
-    #[schema(value_type = Vec<EstimateRequest>)]
+    /// The jobs (1 to 256); each is validated on its own, so one bad item does not fail the batch.
+    #[schema(value_type = Vec<EstimateRequest>, min_items = 1, max_items = 256)]
     pub items: Vec<serde_json::Value>,
 }
 
