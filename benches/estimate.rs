@@ -41,6 +41,24 @@ fn in_process(c: &mut Criterion) {
         });
     }
     c.bench_function("estimate_all_estimators", |b| b.iter(|| estimators.estimate(&job, 0.95).unwrap()));
+
+    // 256 held-out MLP jobs through one estimate_many call (what the batch route does).
+    let held_out = held_out_mlp_jobs();
+    let jobs: Vec<_> = held_out.iter().cycle().take(256).collect();
+    let items: Vec<_> = jobs.iter().map(|job| (*job, 0.95)).collect();
+    c.bench_function("estimate_many/256_mlp_jobs", |b| b.iter(|| estimators.estimate_many(&items)));
+}
+
+fn held_out_mlp_jobs() -> Vec<gpucast::domain::Job> {
+    use std::io::BufRead;
+    let file = std::fs::File::open(root().join("data/mlp/test.jsonl.gz")).unwrap();
+    std::io::BufReader::new(flate2::read::GzDecoder::new(file))
+        .lines()
+        .map(|line| {
+            let row: serde_json::Value = serde_json::from_str(&line.unwrap()).unwrap();
+            to_job(&serde_json::from_value(row["job"].clone()).unwrap()).unwrap()
+        })
+        .collect()
 }
 
 fn http_round_trip(c: &mut Criterion) {

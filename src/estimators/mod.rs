@@ -65,30 +65,72 @@ impl Estimator {
         &self.entry.name
     }
 
-    /// Runs this estimator alone: class probabilities, or a one-element regression output.
+    /// Runs this estimator alone on one job: class probabilities, or a one-element regression
+    /// output.
     pub fn run(&self, job: &Job, aggregate: &AggregateFeatures) -> Result<Vec<f32>, EstimateError> {
+        self.run_many(&[job], std::slice::from_ref(aggregate)).pop().expect("one job in, one answer out")
+    }
+
+    /// Runs this estimator on many jobs with as few model calls as possible: one for aggregate
+    /// inputs, one per distinct layer count for sequences (so no padding changes an answer).
+    pub fn run_many(&self, jobs: &[&Job], aggregates: &[AggregateFeatures]) -> Vec<Result<Vec<f32>, EstimateError>> {
         match &self.input {
             Input::Aggregate(specs) => {
-                let features = aggregate.normalised(specs);
-                Ok(self.model.infer(ModelInput::Aggregate(&features))?)
+                let rows: Vec<f32> = aggregates.iter().flat_map(|a| a.normalised(specs)).collect();
+                let input = ModelInput::Aggregate { rows: &rows, n_rows: jobs.len() };
+                split_rows(self.model.infer(input), jobs.len())
             }
             Input::Sequence { vocab, token_features, max_tokens } => {
-                if job.layers().len() > *max_tokens {
-                    return Err(EstimateError::TooManyTokens {
-                        estimator: self.entry.name.clone(),
-                        max: *max_tokens,
-                        got: job.layers().len(),
-                    });
+                let mut answers: Vec<Result<Vec<f32>, EstimateError>> = Vec::with_capacity(jobs.len());
+                let mut by_length: BTreeMap<usize, Vec<(usize, TokenFeatures)>> = BTreeMap::new();
+                for (i, job) in jobs.iter().enumerate() {
+                    let n_layers = job.layers().len();
+                    let tokens = if n_layers > *max_tokens {
+                        Err(EstimateError::TooManyTokens { estimator: self.entry.name.clone(), max: *max_tokens, got: n_layers })
+                    } else {
+                        TokenFeatures::of(job, |k| vocab.iter().position(|v| *v == k), token_features).map_err(|(index, kind)| {
+                            EstimateError::KindNotInVocabulary { index, kind, estimator: self.entry.name.clone() }
+                        })
+                    };
+                    match tokens {
+                        Ok(tokens) => {
+                            by_length.entry(n_layers).or_default().push((i, tokens));
+                            answers.push(Ok(Vec::new()));
+                        }
+                        Err(e) => answers.push(Err(e)),
+                    }
                 }
-                let tokens = TokenFeatures::of(job, |k| vocab.iter().position(|v| *v == k), token_features)
-                    .map_err(|(index, kind)| EstimateError::KindNotInVocabulary {
-                        index,
-                        kind,
-                        estimator: self.entry.name.clone(),
-                    })?;
-                Ok(self.model.infer(ModelInput::Sequence(&tokens))?)
+                for (n_tokens, group) in by_length {
+                    let kind_ids: Vec<i64> = group.iter().flat_map(|(_, t)| t.kind_ids.iter().copied()).collect();
+                    let features: Vec<f32> = group.iter().flat_map(|(_, t)| t.features.iter().copied()).collect();
+                    let input = ModelInput::Sequence {
+                        kind_ids: &kind_ids,
+                        features: &features,
+                        n_rows: group.len(),
+                        n_tokens,
+                        n_features: token_features.len(),
+                    };
+                    for ((i, _), answer) in group.iter().zip(split_rows(self.model.infer(input), group.len())) {
+                        answers[*i] = answer;
+                    }
+                }
+                answers
             }
         }
+    }
+}
+
+/// Splits a row-major model output into one row per job.
+fn split_rows(output: Result<Vec<f32>, InferenceError>, n_rows: usize) -> Vec<Result<Vec<f32>, EstimateError>> {
+    match output {
+        Ok(values) if n_rows > 0 && values.len() % n_rows == 0 && !values.is_empty() => {
+            values.chunks(values.len() / n_rows).map(|row| Ok(row.to_vec())).collect()
+        }
+        Ok(values) => {
+            let error = InferenceError(format!("{} outputs cannot be split into {n_rows} rows", values.len()));
+            (0..n_rows).map(|_| Err(error.clone().into())).collect()
+        }
+        Err(e) => (0..n_rows).map(|_| Err(e.clone().into())).collect(),
     }
 }
 
@@ -199,73 +241,148 @@ impl Estimators {
 
     /// Runs every estimator of the job's family; the upper bound is at `confidence`.
     pub fn estimate(&self, job: &Job, confidence: f64) -> Result<Estimate, EstimateError> {
-        let family = job.family();
+        self.estimate_many(&[(job, confidence)]).pop().expect("one job in, one answer out")
+    }
+
+    /// Estimates many jobs (each with its confidence), calling each model once per family
+    /// rather than once per job. Per-estimator latencies are the call's time per job.
+    pub fn estimate_many(&self, jobs: &[(&Job, f64)]) -> Vec<Result<Estimate, EstimateError>> {
+        let mut answers: Vec<Option<Result<Estimate, EstimateError>>> = (0..jobs.len()).map(|_| None).collect();
+        for family in [Family::Mlp, Family::Cnn, Family::Transformer] {
+            let indices: Vec<usize> = (0..jobs.len()).filter(|&i| jobs[i].0.family() == family).collect();
+            if indices.is_empty() {
+                continue;
+            }
+            let group: Vec<(&Job, f64)> = indices.iter().map(|&i| jobs[i]).collect();
+            for (i, answer) in indices.into_iter().zip(self.estimate_family(family, &group)) {
+                answers[i] = Some(answer);
+            }
+        }
+        answers.into_iter().map(|a| a.expect("every job has a family")).collect()
+    }
+
+    fn estimate_family(&self, family: Family, jobs: &[(&Job, f64)]) -> Vec<Result<Estimate, EstimateError>> {
         let members: Vec<&Estimator> = self.estimators.iter().filter(|e| e.family == family).collect();
         let n_classifiers = members.iter().filter(|e| e.entry.kind == EstimatorKind::MemoryClassifier).count();
         let Some(classes) = members.iter().find_map(|e| e.classes.as_ref()) else {
-            return Err(EstimateError::UnsupportedFamily(family));
+            return jobs.iter().map(|_| Err(EstimateError::UnsupportedFamily(family))).collect();
         };
-        let aggregate = AggregateFeatures::of(job);
-        let mut runs = Vec::with_capacity(members.len() + 2);
-        let mut classifiers = BTreeMap::new();
-        let mut mib_estimators = BTreeMap::new();
-        let mut mib = None;
-        let mut utilization = BTreeMap::new();
-        let mut mean = vec![0.0f32; classes.len()];
+        let job_refs: Vec<&Job> = jobs.iter().map(|(job, _)| *job).collect();
+        let aggregates: Vec<AggregateFeatures> = job_refs.iter().map(|job| AggregateFeatures::of(job)).collect();
+        let mut partials: Vec<Result<Partial, EstimateError>> =
+            jobs.iter().map(|_| Ok(Partial::new(classes.len(), members.len()))).collect();
         for estimator in &members {
             let started = Instant::now();
-            let output = estimator.run(job, &aggregate)?;
-            let first = output.first().copied().unwrap_or(f32::NAN);
-            match estimator.entry.kind {
-                EstimatorKind::MemoryClassifier => {
-                    for (m, p) in mean.iter_mut().zip(&output) {
-                        *m += p / n_classifiers as f32;
-                    }
-                    classifiers.insert(estimator.entry.name.clone(), class_answer(classes, output));
-                }
-                EstimatorKind::MemoryRegressor => {
-                    let estimate_mib = f64::from(first).exp();
-                    if !estimate_mib.is_finite() {
-                        return Err(InferenceError(format!("{} returned a non-finite figure", estimator.name())).into());
-                    }
-                    let quantiles = estimator.quantiles.as_ref().expect("checked at load");
-                    let log_ratio = quantiles.log_ratio_at(confidence).ok_or_else(|| {
-                        let (low, high) = quantiles.range();
-                        EstimateError::ConfidenceOutOfRange { confidence, low, high }
-                    })?;
-                    mib_estimators.insert(estimator.entry.name.clone(), estimate_mib);
-                    mib = Some(MibAnswer {
-                        estimate_mib,
-                        upper_bound_mib: estimate_mib * log_ratio.exp(),
-                        confidence,
-                        reference_capacity_mib: estimator.entry.capacity_mib,
-                    });
-                }
-                EstimatorKind::UtilizationRegressor => {
-                    let target = estimator.entry.target.clone().unwrap_or_default();
-                    utilization.insert(target, first.clamp(0.0, 1.0));
+            let outputs = estimator.run_many(&job_refs, &aggregates);
+            let latency = started.elapsed() / jobs.len().max(1) as u32;
+            for ((partial, output), (_, confidence)) in partials.iter_mut().zip(outputs).zip(jobs) {
+                let Ok(state) = partial else { continue };
+                let applied = output.and_then(|output| state.apply(estimator, classes, n_classifiers, output, *confidence));
+                match applied {
+                    Ok(()) => state.runs.push(EstimatorRun {
+                        name: estimator.entry.name.clone(),
+                        version: estimator.entry.version.clone(),
+                        latency,
+                    }),
+                    Err(e) => *partial = Err(e),
                 }
             }
-            runs.push(EstimatorRun {
-                name: estimator.entry.name.clone(),
-                version: estimator.entry.version.clone(),
-                latency: started.elapsed(),
-            });
         }
+        partials
+            .into_iter()
+            .zip(&job_refs)
+            .map(|(partial, job)| partial.map(|state| state.finish(family, job, classes, n_classifiers)))
+            .collect()
+    }
+}
+
+/// One job's answers as the estimators come in.
+struct Partial {
+    classifiers: BTreeMap<String, ClassAnswer>,
+    mean: Vec<f32>,
+    mib: Option<MibAnswer>,
+    mib_estimators: BTreeMap<String, f64>,
+    utilization: BTreeMap<String, f32>,
+    runs: Vec<EstimatorRun>,
+}
+
+impl Partial {
+    fn new(n_classes: usize, n_estimators: usize) -> Partial {
+        Partial {
+            classifiers: BTreeMap::new(),
+            mean: vec![0.0; n_classes],
+            mib: None,
+            mib_estimators: BTreeMap::new(),
+            utilization: BTreeMap::new(),
+            runs: Vec::with_capacity(n_estimators + 2),
+        }
+    }
+
+    fn apply(
+        &mut self,
+        estimator: &Estimator,
+        classes: &MemoryClasses,
+        n_classifiers: usize,
+        output: Vec<f32>,
+        confidence: f64,
+    ) -> Result<(), EstimateError> {
+        let first = output.first().copied().unwrap_or(f32::NAN);
+        match estimator.entry.kind {
+            EstimatorKind::MemoryClassifier => {
+                for (m, p) in self.mean.iter_mut().zip(&output) {
+                    *m += p / n_classifiers as f32;
+                }
+                self.classifiers.insert(estimator.entry.name.clone(), class_answer(classes, output));
+            }
+            EstimatorKind::MemoryRegressor => {
+                let estimate_mib = f64::from(first).exp();
+                if !estimate_mib.is_finite() {
+                    return Err(InferenceError(format!("{} returned a non-finite figure", estimator.name())).into());
+                }
+                let quantiles = estimator.quantiles.as_ref().expect("checked at load");
+                let log_ratio = quantiles.log_ratio_at(confidence).ok_or_else(|| {
+                    let (low, high) = quantiles.range();
+                    EstimateError::ConfidenceOutOfRange { confidence, low, high }
+                })?;
+                self.mib_estimators.insert(estimator.entry.name.clone(), estimate_mib);
+                self.mib = Some(MibAnswer {
+                    estimate_mib,
+                    upper_bound_mib: estimate_mib * log_ratio.exp(),
+                    confidence,
+                    reference_capacity_mib: estimator.entry.capacity_mib,
+                });
+            }
+            EstimatorKind::UtilizationRegressor => {
+                let target = estimator.entry.target.clone().unwrap_or_default();
+                self.utilization.insert(target, first.clamp(0.0, 1.0));
+            }
+        }
+        Ok(())
+    }
+
+    fn finish(mut self, family: Family, job: &Job, classes: &MemoryClasses, n_classifiers: usize) -> Estimate {
         for (name, formula) in [(FIRST_PRINCIPLES, analytic::first_principles_mib as fn(&Job) -> f64), (HORUS, analytic::horus_mib)] {
             let started = Instant::now();
-            mib_estimators.insert(name.to_string(), formula(job));
-            runs.push(EstimatorRun { name: name.into(), version: ANALYTIC_VERSION.into(), latency: started.elapsed() });
+            self.mib_estimators.insert(name.to_string(), formula(job));
+            self.runs.push(EstimatorRun { name: name.into(), version: ANALYTIC_VERSION.into(), latency: started.elapsed() });
         }
         let class = if n_classifiers > 0 {
-            class_answer(classes, mean)
+            class_answer(classes, self.mean)
         } else {
             // No classifier: the class of the learned figure, with all probability on it.
-            let index = classes.classify(mib.map_or(0.0, |m| m.estimate_mib)).index;
+            let index = classes.classify(self.mib.map_or(0.0, |m| m.estimate_mib)).index;
             let probabilities = (0..classes.len()).map(|i| f32::from(u8::from(i == index))).collect();
             ClassAnswer { class: classes.class(index), probabilities }
         };
-        Ok(Estimate { family, class, classifiers, mib, mib_estimators, utilization, runs })
+        Estimate {
+            family,
+            class,
+            classifiers: self.classifiers,
+            mib: self.mib,
+            mib_estimators: self.mib_estimators,
+            utilization: self.utilization,
+            runs: self.runs,
+        }
     }
 }
 

@@ -11,22 +11,21 @@ use ort::session::builder::GraphOptimizationLevel;
 use ort::session::Session;
 use ort::value::TensorRef;
 
-use crate::domain::features::TokenFeatures;
 
-/// What a model is fed.
+/// What a model is fed: `n_rows` jobs at once, row-major.
 #[derive(Debug, Clone, Copy)]
 pub enum ModelInput<'a> {
-    /// One row of aggregate features.
-    Aggregate(&'a [f32]),
-    /// One job's layer tokens.
-    Sequence(&'a TokenFeatures),
+    /// Aggregate features, `[n_rows, rows.len() / n_rows]`.
+    Aggregate { rows: &'a [f32], n_rows: usize },
+    /// Layer tokens of jobs that all have `n_tokens` layers (no padding needed).
+    Sequence { kind_ids: &'a [i64], features: &'a [f32], n_rows: usize, n_tokens: usize, n_features: usize },
 }
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 #[error("inference failed: {0}")]
 pub struct InferenceError(pub String);
 
-/// A loaded model: one job in, one output row out.
+/// A loaded model: `n_rows` jobs in, their outputs out, row-major (`[n_rows, outputs]`).
 pub trait Model: Send + Sync {
     fn infer(&self, input: ModelInput<'_>) -> Result<Vec<f32>, InferenceError>;
 }
@@ -109,19 +108,15 @@ impl Model for OnnxModel {
         let output = self.output.as_str();
         self.run_on(|session| {
             let outputs = match input {
-                ModelInput::Aggregate(features) => {
-                    let features = TensorRef::from_array_view(([1usize, features.len()], features))?;
+                ModelInput::Aggregate { rows, n_rows } => {
+                    let features = TensorRef::from_array_view(([n_rows, rows.len() / n_rows.max(1)], rows))?;
                     session.run(ort::inputs!["features" => features])?
                 }
-                ModelInput::Sequence(tokens) => {
-                    let n = tokens.n_tokens;
-                    let mask = vec![1.0f32; n];
-                    let kind_ids = TensorRef::from_array_view(([1usize, n], tokens.kind_ids.as_slice()))?;
-                    let token_features = TensorRef::from_array_view((
-                        [1usize, n, tokens.n_features],
-                        tokens.features.as_slice(),
-                    ))?;
-                    let mask = TensorRef::from_array_view(([1usize, n], mask.as_slice()))?;
+                ModelInput::Sequence { kind_ids, features, n_rows, n_tokens, n_features } => {
+                    let mask = vec![1.0f32; n_rows * n_tokens];
+                    let kind_ids = TensorRef::from_array_view(([n_rows, n_tokens], kind_ids))?;
+                    let token_features = TensorRef::from_array_view(([n_rows, n_tokens, n_features], features))?;
+                    let mask = TensorRef::from_array_view(([n_rows, n_tokens], mask.as_slice()))?;
                     session.run(ort::inputs![
                         "kind_ids" => kind_ids,
                         "token_features" => token_features,

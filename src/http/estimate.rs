@@ -9,7 +9,7 @@ use axum::Json;
 use crate::domain::summary::{parse_summary, SummaryFormat};
 use crate::domain::{Confidence, Job, MemoryClass, UncheckedLayer};
 use crate::error::ApiError;
-use crate::estimators::{ClassAnswer, Estimate};
+use crate::estimators::{ClassAnswer, Estimate, EstimateError};
 use crate::http::extract::{from_value, JsonBody};
 use crate::http::types::{
     BatchItemResponse, BatchRequest, BatchResponse, CalibrationResponse, EstimateRequest, FitResponse, EstimateResponse, EstimatorAnswer,
@@ -80,24 +80,35 @@ pub async fn estimate_batch(
     }
     tracing::Span::current().record("items", request.items.len());
     let items = tokio::task::spawn_blocking(move || {
-        request
+        let started = Instant::now();
+        // Validate every item first, then run the estimators once over all the valid ones.
+        let parsed: Vec<Result<(Job, Confidence, Target), ApiError>> = request
             .items
             .into_iter()
             .enumerate()
             .map(|(index, item)| {
-                let started = Instant::now();
-                let outcome = from_value::<EstimateRequest>(item, &format!("items[{index}]")).and_then(|request| {
-                    let job = to_job(&request).map_err(|e| match e {
-                        ApiError::InvalidInput(detail) => ApiError::InvalidInput(format!("items[{index}].{detail}")),
-                        other => other,
-                    })?;
-                    let confidence = Confidence::parse(request.confidence)
-                        .map_err(|e| ApiError::InvalidInput(format!("items[{index}].{e}")))?;
-                    let target = resolve(&state, request.gpu.as_deref()).map_err(|e| match e {
-                        ApiError::InvalidInput(detail) => ApiError::InvalidInput(format!("items[{index}].{detail}")),
-                        other => other,
-                    })?;
-                    estimate_job(&state, &job, confidence, target, started)
+                let located = |e: ApiError| match e {
+                    ApiError::InvalidInput(detail) if !detail.starts_with("items[") => {
+                        ApiError::InvalidInput(format!("items[{index}].{detail}"))
+                    }
+                    other => other,
+                };
+                let request = from_value::<EstimateRequest>(item, &format!("items[{index}]"))?;
+                let job = to_job(&request).map_err(located)?;
+                let confidence = Confidence::parse(request.confidence).map_err(|e| located(ApiError::InvalidInput(e.to_string())))?;
+                let target = resolve(&state, request.gpu.as_deref()).map_err(located)?;
+                Ok((job, confidence, target))
+            })
+            .collect();
+        let valid: Vec<(&Job, f64)> = parsed.iter().filter_map(|p| p.as_ref().ok()).map(|(job, c, _)| (job, c.get())).collect();
+        let mut estimates = state.estimators.estimate_many(&valid).into_iter();
+        parsed
+            .into_iter()
+            .enumerate()
+            .map(|(index, item)| {
+                let outcome = item.and_then(|(_, confidence, target)| {
+                    let estimate = estimates.next().expect("one estimate per valid item");
+                    respond(&state, estimate, confidence, target, started)
                 });
                 match outcome {
                     Ok(estimate) => BatchItemResponse { index, status: 200, estimate: Some(estimate), error: None },
@@ -146,7 +157,18 @@ fn estimate_job(
     target: Target,
     started: Instant,
 ) -> Result<EstimateResponse, ApiError> {
-    let estimate = state.estimators.estimate(job, confidence.get())?;
+    respond(state, state.estimators.estimate(job, confidence.get()), confidence, target, started)
+}
+
+/// Records an estimate's metrics and turns it into the wire answer for its target GPU.
+fn respond(
+    state: &AppState,
+    estimate: Result<Estimate, EstimateError>,
+    confidence: Confidence,
+    target: Target,
+    started: Instant,
+) -> Result<EstimateResponse, ApiError> {
+    let estimate = estimate?;
     let placement = estimate.mib.as_ref().map(|answer| place(answer, target, &state.profiles));
     for run in &estimate.runs {
         state.metrics.inference_duration_seconds.with_label_values(&[run.name.as_str()]).observe(run.latency.as_secs_f64());

@@ -54,7 +54,9 @@ async fn the_estimators_route_lists_what_is_loaded_with_validation_figures() {
         assert_eq!(estimator["sha256"].as_str().unwrap().len(), 64);
         assert!(!estimator["validation"].as_object().unwrap().is_empty());
     }
-    assert!(body["training_data"]["sha256"].is_string());
+    // Provenance: every training file with its checksum.
+    let files = body["training_data"].as_array().unwrap();
+    assert!(!files.is_empty() && files.iter().all(|f| f["sha256"].as_str().is_some_and(|h| h.len() == 64)), "{body}");
 }
 
 #[tokio::test]
