@@ -21,8 +21,12 @@ pub struct Manifest {
     #[serde(default)]
     pub split: serde_json::Value,
     pub estimators: Vec<EstimatorEntry>,
+    /// How the mlp family's classifiers combine (kept at the top level for compatibility).
     #[serde(default)]
     pub combined: Option<CombinedEntry>,
+    /// How the other families' classifiers combine, by family.
+    #[serde(default)]
+    pub combined_by_family: BTreeMap<String, CombinedEntry>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -64,6 +68,9 @@ pub struct EstimatorEntry {
     /// Capacity of the card the training data was measured on (fit checks default to it).
     #[serde(default)]
     pub capacity_mib: Option<u64>,
+    /// Held-out jobs this estimator's `test_*` figures were measured on (default: the split's).
+    #[serde(default)]
+    pub test_file: Option<String>,
     #[serde(default)]
     pub validation: BTreeMap<String, serde_json::Value>,
 }

@@ -12,7 +12,7 @@ use crate::http::types::{
     CombinedInfo, EstimatorInfo, EstimatorsResponse, HealthResponse, Problem, ReadyResponse, ResidualQuantileInfo,
 };
 use crate::http::AppState;
-use crate::estimators::manifest::InputSpec;
+use crate::estimators::manifest::{CombinedEntry, InputSpec};
 
 /// Liveness: the process serves HTTP.
 #[utoipa::path(get, path = "/healthz", tag = "operations", responses((status = 200, body = HealthResponse)))]
@@ -76,10 +76,11 @@ pub async fn estimators(State(state): State<AppState>) -> Json<EstimatorsRespons
         training_data: manifest.training_data.clone(),
         split: manifest.split.clone(),
         estimators,
-        combined: manifest.combined.as_ref().map(|c| CombinedInfo {
-            members: c.members.clone(),
-            rule: c.rule.clone(),
-            validation: c.validation.clone(),
-        }),
+        combined: manifest.combined.as_ref().map(combined_info),
+        combined_by_family: manifest.combined_by_family.iter().map(|(f, c)| (f.clone(), combined_info(c))).collect(),
     })
+}
+
+fn combined_info(c: &CombinedEntry) -> CombinedInfo {
+    CombinedInfo { members: c.members.clone(), rule: c.rule.clone(), validation: c.validation.clone() }
 }

@@ -386,7 +386,10 @@ pub struct EstimatorsResponse {
     #[schema(value_type = Object)]
     pub split: serde_json::Value,
     pub estimators: Vec<EstimatorInfo>,
+    /// How the mlp family's classifiers combine into `memory.class`.
     pub combined: Option<CombinedInfo>,
+    /// The same for the other families, by family.
+    pub combined_by_family: BTreeMap<String, CombinedInfo>,
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
