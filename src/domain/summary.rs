@@ -991,167 +991,21 @@ mod tests {
         }
     }
 
-    const TINY_LM: &str = "\
-TinyLM(
-  (embed): Embedding(1000, 64), 64,000 params
-  (blocks): ModuleList(
-    (0): Block(
-      (qkv): Linear(in_features=64, out_features=192, bias=True), 12,480 params
-      (norm): LayerNorm((64,), eps=1e-05, elementwise_affine=True), 128 params
-      (drop): Dropout(p=0.1, inplace=False), 0 params
-    ), 12,608 params
-  ), 12,608 params
-), 76,608 params
-=========================================
-Total params: 76,608
-Trainable params: 76,608
-Non-trainable params: 0
-";
+    const TINY_LM: &str = include_str!("../../tests/fixtures/summaries/tiny_lm_module_print.txt");
 
     // resnet18 as `torchsummary.summary(model, (3, 224, 224))` prints it, abridged after the
     // first block (rows 12-66 removed).
-    const RESNET18_TORCHSUMMARY: &str = "\
-----------------------------------------------------------------
-        Layer (type)               Output Shape         Param #
-================================================================
-            Conv2d-1         [-1, 64, 112, 112]           9,408
-       BatchNorm2d-2         [-1, 64, 112, 112]             128
-              ReLU-3         [-1, 64, 112, 112]               0
-         MaxPool2d-4           [-1, 64, 56, 56]               0
-            Conv2d-5           [-1, 64, 56, 56]          36,864
-       BatchNorm2d-6           [-1, 64, 56, 56]             128
-              ReLU-7           [-1, 64, 56, 56]               0
-            Conv2d-8           [-1, 64, 56, 56]          36,864
-       BatchNorm2d-9           [-1, 64, 56, 56]             128
-             ReLU-10           [-1, 64, 56, 56]               0
-       BasicBlock-11           [-1, 64, 56, 56]               0
-AdaptiveAvgPool2d-67            [-1, 512, 1, 1]               0
-           Linear-68                 [-1, 1000]         513,000
-================================================================
-Total params: 11,689,512
-Trainable params: 11,689,512
-Non-trainable params: 0
-----------------------------------------------------------------
-Input size (MB): 0.57
-Forward/backward pass size (MB): 62.79
-Params size (MB): 44.59
-Estimated Total Size (MB): 107.96
-----------------------------------------------------------------
-";
+    const RESNET18_TORCHSUMMARY: &str = include_str!("../../tests/fixtures/summaries/resnet18_torchsummary.txt");
 
     // resnet18 as `torchinfo.summary(model, (1, 3, 224, 224))` prints it, abridged.
-    const RESNET18_TORCHINFO: &str = "\
-==========================================================================================
-Layer (type:depth-idx)                   Output Shape              Param #
-==========================================================================================
-ResNet                                   [1, 1000]                 --
-├─Conv2d: 1-1                            [1, 64, 112, 112]         9,408
-├─BatchNorm2d: 1-2                       [1, 64, 112, 112]         128
-├─ReLU: 1-3                              [1, 64, 112, 112]         --
-├─MaxPool2d: 1-4                         [1, 64, 56, 56]           --
-├─Sequential: 1-5                        [1, 64, 56, 56]           --
-│    └─BasicBlock: 2-1                   [1, 64, 56, 56]           --
-│    │    └─Conv2d: 3-1                  [1, 64, 56, 56]           36,864
-│    │    └─BatchNorm2d: 3-2             [1, 64, 56, 56]           128
-│    │    └─ReLU: 3-3                    [1, 64, 56, 56]           --
-│    │    └─Conv2d: 3-4                  [1, 64, 56, 56]           36,864
-│    │    └─BatchNorm2d: 3-5             [1, 64, 56, 56]           128
-│    │    └─ReLU: 3-6                    [1, 64, 56, 56]           --
-├─AdaptiveAvgPool2d: 1-9                 [1, 512, 1, 1]            --
-├─Linear: 1-10                           [1, 1000]                 513,000
-==========================================================================================
-Total params: 11,689,512
-Trainable params: 11,689,512
-Non-trainable params: 0
-Total mult-adds (G): 1.81
-==========================================================================================
-Input size (MB): 0.60
-Forward/backward pass size (MB): 39.75
-Params size (MB): 46.76
-Estimated Total Size (MB): 87.11
-==========================================================================================
-";
+    const RESNET18_TORCHINFO: &str = include_str!("../../tests/fixtures/summaries/resnet18_torchinfo.txt");
 
     // bert-base-uncased, printed with `, N params` per module (embeddings and encoder intact,
     // the classifier-free pooler at the end). 12 x BertLayer of 7,087,872 parameters each.
-    const BERT_BASE: &str = "\
-BertModel(
-  (embeddings): BertEmbeddings(
-    (word_embeddings): Embedding(30522, 768, padding_idx=0), 23,440,896 params
-    (position_embeddings): Embedding(512, 768), 393,216 params
-    (token_type_embeddings): Embedding(2, 768), 1,536 params
-    (LayerNorm): LayerNorm((768,), eps=1e-12, elementwise_affine=True), 1,536 params
-    (dropout): Dropout(p=0.1, inplace=False), 0 params
-  ), 23,837,184 params
-  (encoder): BertEncoder(
-    (layer): ModuleList(
-      (0-11): 12 x BertLayer(
-        (attention): BertAttention(
-          (self): BertSelfAttention(
-            (query): Linear(in_features=768, out_features=768, bias=True), 590,592 params
-            (key): Linear(in_features=768, out_features=768, bias=True), 590,592 params
-            (value): Linear(in_features=768, out_features=768, bias=True), 590,592 params
-            (dropout): Dropout(p=0.1, inplace=False), 0 params
-          ), 1,771,776 params
-          (output): BertSelfOutput(
-            (dense): Linear(in_features=768, out_features=768, bias=True), 590,592 params
-            (LayerNorm): LayerNorm((768,), eps=1e-12, elementwise_affine=True), 1,536 params
-            (dropout): Dropout(p=0.1, inplace=False), 0 params
-          ), 592,128 params
-        ), 2,363,904 params
-        (intermediate): BertIntermediate(
-          (dense): Linear(in_features=768, out_features=3072, bias=True), 2,362,368 params
-          (intermediate_act_fn): GELUActivation(), 0 params
-        ), 2,362,368 params
-        (output): BertOutput(
-          (dense): Linear(in_features=3072, out_features=768, bias=True), 2,360,064 params
-          (LayerNorm): LayerNorm((768,), eps=1e-12, elementwise_affine=True), 1,536 params
-          (dropout): Dropout(p=0.1, inplace=False), 0 params
-        ), 2,361,600 params
-      ), 7,087,872 params
-    ), 85,054,464 params
-  ), 85,054,464 params
-  (pooler): BertPooler(
-    (dense): Linear(in_features=768, out_features=768, bias=True), 590,592 params
-    (activation): Tanh(), 0 params
-  ), 590,592 params
-), 109,482,240 params
-=========================================
-Total params: 109,482,240
-Trainable params: 109,482,240
-Non-trainable params: 0
-";
+    const BERT_BASE: &str = include_str!("../../tests/fixtures/summaries/bert_base_module_print.txt");
 
     // gpt2 (GPT2LMHeadModel): lm_head shares wte's weight, so the total counts it once.
-    const GPT2: &str = "\
-GPT2LMHeadModel(
-  (transformer): GPT2Model(
-    (wte): Embedding(50257, 768), 38,597,376 params
-    (wpe): Embedding(1024, 768), 786,432 params
-    (drop): Dropout(p=0.1, inplace=False), 0 params
-    (h): ModuleList(
-      (0-11): 12 x GPT2Block(
-        (ln_1): LayerNorm((768,), eps=1e-05, elementwise_affine=True), 1,536 params
-        (attn): GPT2Attention(
-          (c_attn): Conv1D(nf=2304, nx=768), 1,771,776 params
-          (c_proj): Conv1D(nf=768, nx=768), 590,592 params
-          (attn_dropout): Dropout(p=0.1, inplace=False), 0 params
-          (resid_dropout): Dropout(p=0.1, inplace=False), 0 params
-        ), 2,362,368 params
-        (ln_2): LayerNorm((768,), eps=1e-05, elementwise_affine=True), 1,536 params
-        (mlp): GPT2MLP(
-          (c_fc): Conv1D(nf=3072, nx=768), 2,362,368 params
-          (c_proj): Conv1D(nf=768, nx=3072), 2,360,064 params
-          (act): NewGELUActivation(), 0 params
-          (dropout): Dropout(p=0.1, inplace=False), 0 params
-        ), 4,722,432 params
-      ), 7,087,872 params
-    ), 85,054,464 params
-    (ln_f): LayerNorm((768,), eps=1e-05, elementwise_affine=True), 1,536 params
-  ), 124,439,808 params
-  (lm_head): Linear(in_features=768, out_features=50257, bias=False), 38,597,376 params
-), 124,439,808 params
-";
+    const GPT2: &str = include_str!("../../tests/fixtures/summaries/gpt2_module_print.txt");
 
     #[test]
     fn the_tiny_lm_print_yields_its_leaves_sized_by_seq_len() {

@@ -8,5 +8,6 @@ mod docs;
 mod estimate;
 mod helpers;
 mod operations;
+mod real_models;
 mod startup;
 mod summary;

@@ -1,0 +1,97 @@
+//! Real models: `describe` output and printed summaries of CNNs and Hugging Face transformers
+//! get a MiB figure, a bound and a fit answer.
+
+use std::io::BufRead;
+
+use serde_json::{json, Value};
+
+use crate::helpers::{repo_root, spawn_app};
+
+fn summary(name: &str) -> String {
+    std::fs::read_to_string(repo_root().join("tests/fixtures/summaries").join(name)).unwrap()
+}
+
+fn assert_real_estimate(body: &Value, family: &str) {
+    assert_eq!(body["family"], family, "{body}");
+    let estimate = body["memory"]["estimate_mib"].as_f64().unwrap();
+    let bound = body["memory"]["upper_bound_mib"].as_f64().unwrap();
+    assert!(estimate > 0.0 && bound >= estimate, "{body}");
+    assert_eq!(body["fit"]["gpu"], "a100-40gb");
+    assert_eq!(body["fit"]["fits"], bound <= 40_960.0);
+    for name in ["first_principles", "horus"] {
+        assert!(body["memory"]["estimators"][name]["estimate_mib"].as_f64().unwrap() > 0.0);
+    }
+}
+
+/// The first descriptions `describe` wrote for the training models, unchanged but for the batch.
+#[tokio::test]
+async fn describe_output_is_accepted_unchanged() {
+    let app = spawn_app().await;
+    let file = std::fs::File::open(repo_root().join("data/timm/descriptions.jsonl.gz")).unwrap();
+    let lines = std::io::BufReader::new(flate2::read::GzDecoder::new(file)).lines();
+    let mut families = std::collections::BTreeSet::new();
+    for line in lines.step_by(40).take(16) {
+        let mut job: Value = serde_json::from_str(&line.unwrap()).unwrap();
+        job["batch_size"] = 32.into();
+        let response = app.post_json("/v1/estimate", &job).await;
+        assert_eq!(response.status(), 200, "{}", job["model"]);
+        let body: Value = response.json().await.unwrap();
+        let family = job["family"].as_str().unwrap();
+        assert_real_estimate(&body, family);
+        families.insert(family.to_string());
+    }
+    assert_eq!(families.len(), 2, "both cnn and transformer descriptions were tried");
+}
+
+#[tokio::test]
+async fn a_bigger_batch_needs_more_memory_and_eventually_does_not_fit() {
+    let app = spawn_app().await;
+    let file = std::fs::File::open(repo_root().join("data/timm/descriptions.jsonl.gz")).unwrap();
+    let line = std::io::BufReader::new(flate2::read::GzDecoder::new(file))
+        .lines()
+        .map(|l| l.unwrap())
+        .find(|l| l.contains("\"timm:resnet50\""))
+        .expect("resnet50 is described");
+    let mut job: Value = serde_json::from_str(&line).unwrap();
+    let mut previous = 0.0;
+    let mut fits = Vec::new();
+    for batch in [8, 64, 512, 4096] {
+        job["batch_size"] = batch.into();
+        let body: Value = app.post_json("/v1/estimate", &job).await.json().await.unwrap();
+        let estimate = body["memory"]["estimate_mib"].as_f64().unwrap();
+        assert!(estimate > previous, "batch {batch}: {estimate} MiB after {previous} MiB");
+        previous = estimate;
+        fits.push(body["fit"]["fits"].as_bool().unwrap());
+    }
+    assert_eq!(fits.first(), Some(&true), "resnet50 at batch 8 fits a 40 GB card");
+    assert_eq!(fits.last(), Some(&false), "resnet50 at batch 4096 does not");
+}
+
+#[tokio::test]
+async fn printed_summaries_of_cnns_and_hugging_face_transformers_get_estimates() {
+    let app = spawn_app().await;
+    let cases = [
+        (json!({"summary": {"format": "torchsummary", "text": summary("resnet18_torchsummary.txt")}, "batch_size": 64}), "cnn"),
+        (json!({"summary": {"format": "torchsummary", "text": summary("resnet18_torchinfo.txt")}, "batch_size": 64}), "cnn"),
+        (json!({"summary": {"format": "module_print", "text": summary("bert_base_module_print.txt")}, "batch_size": 16, "seq_len": 128}), "transformer"),
+        (json!({"summary": {"format": "module_print", "text": summary("gpt2_module_print.txt")}, "batch_size": 8, "seq_len": 512}), "transformer"),
+    ];
+    for (body, family) in cases {
+        let response = app.post_json("/v1/estimate", &body).await;
+        assert_eq!(response.status(), 200, "{family}");
+        assert_real_estimate(&response.json().await.unwrap(), family);
+    }
+}
+
+#[tokio::test]
+async fn a_higher_confidence_gives_a_higher_bound() {
+    let app = spawn_app().await;
+    let mut bounds = Vec::new();
+    for confidence in [0.5, 0.9, 0.99] {
+        let body = json!({"summary": {"format": "torchsummary", "text": summary("resnet18_torchsummary.txt")}, "batch_size": 64, "confidence": confidence});
+        let answer: Value = app.post_json("/v1/estimate", &body).await.json().await.unwrap();
+        assert_eq!(answer["memory"]["confidence"], confidence);
+        bounds.push(answer["memory"]["upper_bound_mib"].as_f64().unwrap());
+    }
+    assert!(bounds[0] <= bounds[1] && bounds[1] < bounds[2], "{bounds:?}");
+}
