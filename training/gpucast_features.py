@@ -15,13 +15,37 @@ CANONICAL_KINDS = [
     "tanh", "sigmoid", "softmax", "identity",
 ]
 
-# Accepted spellings after normalisation (lower case, without "_", "-" and spaces).
+# Every canonical kind the service accepts (Rust `LayerKind::ALL`, docs/models.md), in the
+# order used for the real-model sequence estimators' `kind_vocab`.
+ALL_KINDS = [
+    "linear", "conv1d", "conv2d", "conv3d", "conv_transpose2d",
+    "batch_norm", "layer_norm", "group_norm", "instance_norm", "rms_norm",
+    "dropout", "drop_path",
+    "relu", "relu6", "leaky_relu", "prelu", "elu", "selu", "gelu", "silu", "mish", "softplus",
+    "tanh", "sigmoid", "hardswish", "hardsigmoid", "softmax", "identity",
+    "max_pool", "avg_pool", "adaptive_avg_pool", "adaptive_max_pool",
+    "embedding", "attention", "flatten", "upsample", "other",
+]
+
+# Accepted spellings after normalisation (lower case, without "_", "-" and spaces); the same
+# table as Rust `LayerKind::parse`.
 KIND_ALIASES = {
     "linear": "linear", "dense": "linear",
+    "conv1d": "conv1d",
+    "conv2d": "conv2d", "conv": "conv2d",
+    "conv3d": "conv3d",
+    "convtranspose2d": "conv_transpose2d",
     "batchnorm": "batch_norm", "batchnormalization": "batch_norm",
-    "batchnorm1d": "batch_norm", "bn": "batch_norm",
+    "batchnorm1d": "batch_norm", "batchnorm2d": "batch_norm", "batchnorm3d": "batch_norm",
+    "bn": "batch_norm",
+    "layernorm": "layer_norm",
+    "groupnorm": "group_norm",
+    "instancenorm": "instance_norm", "instancenorm2d": "instance_norm",
+    "rmsnorm": "rms_norm",
     "dropout": "dropout",
+    "droppath": "drop_path",
     "relu": "relu",
+    "relu6": "relu6",
     "leakyrelu": "leaky_relu",
     "prelu": "prelu",
     "elu": "elu",
@@ -32,14 +56,27 @@ KIND_ALIASES = {
     "softplus": "softplus",
     "tanh": "tanh",
     "sigmoid": "sigmoid",
+    "hardswish": "hardswish",
+    "hardsigmoid": "hardsigmoid",
     "softmax": "softmax",
     "identity": "identity",
+    "maxpool": "max_pool", "maxpool2d": "max_pool",
+    "avgpool": "avg_pool", "avgpool2d": "avg_pool",
+    "adaptiveavgpool": "adaptive_avg_pool", "adaptiveavgpool2d": "adaptive_avg_pool",
+    "adaptivemaxpool": "adaptive_max_pool", "adaptivemaxpool2d": "adaptive_max_pool",
+    "embedding": "embedding",
+    "attention": "attention", "multiheadattention": "attention",
+    "flatten": "flatten",
+    "upsample": "upsample",
+    "other": "other",
 }
 
 ACTIVATION_KINDS = [
-    "relu", "leaky_relu", "prelu", "elu", "selu", "gelu", "silu", "mish", "softplus",
-    "tanh", "sigmoid", "softmax", "identity",
+    "relu", "relu6", "leaky_relu", "prelu", "elu", "selu", "gelu", "silu", "mish", "softplus",
+    "tanh", "sigmoid", "hardswish", "hardsigmoid", "softmax", "identity",
 ]
+CONV_KINDS = ["conv1d", "conv2d", "conv3d", "conv_transpose2d"]
+NORM_KINDS = ["batch_norm", "layer_norm", "group_norm", "instance_norm", "rms_norm"]
 
 # Output-layer activations: never the hidden activation.
 OUTPUT_ACTIVATIONS = ("softmax", "sigmoid")
@@ -55,12 +92,26 @@ COUNT_FEATURES = [
     "activations_x_batch", "params_x_batch", "max_output_size",
     "n_batch_norm", "n_dropout", "n_activation",
 ]
+# Features added for the real-model families (docs/models.md "Real-model families").
+REAL_COUNT_FEATURES = ["n_conv", "n_attention", "n_norm", "n_embedding", "input_pixels",
+                       "first_principles_mib", "horus_mib"]
 AGGREGATE_FEATURES = COUNT_FEATURES + ["act_" + name for name in HIDDEN_ACTIVATIONS]
+ALL_AGGREGATE_FEATURES = COUNT_FEATURES + REAL_COUNT_FEATURES + ["act_" + name for name in HIDDEN_ACTIVATIONS]
+
+# Analytic memory models (Rust src/domain/analytic.rs).
+MIB = 1024.0 * 1024.0
+FRAMEWORK_OVERHEAD_MIB = 1300.0
+OPTIMIZER_ALIASES = {"sgd": "sgd", "momentum": "momentum", "sgd_momentum": "momentum",
+                     "nesterov": "momentum", "adam": "adam", "adamw": "adamw"}
+OPTIMIZER_STATE_BYTES = {"sgd": 0.0, "momentum": 4.0, "adam": 8.0, "adamw": 8.0}
+PRECISION_ALIASES = {"fp32": "fp32", "float32": "fp32", "mixed16": "mixed16", "fp16": "mixed16",
+                     "bf16": "mixed16", "float16": "mixed16", "bfloat16": "mixed16", "amp": "mixed16"}
+MAX_INPUT_DIMENSION = 1000000
 
 TOKEN_FEATURES = ["output_size", "params", "batch_size", "output_x_batch", "position"]
 
 # Default transform per raw feature when building a manifest (one-hots and position stay linear).
-DEFAULT_TRANSFORMS = {name: "log1p" for name in COUNT_FEATURES}
+DEFAULT_TRANSFORMS = {name: "log1p" for name in COUNT_FEATURES + REAL_COUNT_FEATURES}
 DEFAULT_TRANSFORMS.update({"act_" + name: "identity" for name in HIDDEN_ACTIVATIONS})
 DEFAULT_TOKEN_TRANSFORMS = {
     "output_size": "log1p", "params": "log1p", "batch_size": "log1p",
@@ -78,8 +129,20 @@ def normalise_kind(kind):
     return KIND_ALIASES[key]
 
 
+def infer_family(kinds):
+    """Attention blocks make a transformer; otherwise convolutions make a CNN (Rust Family::infer)."""
+    if "attention" in kinds:
+        return "transformer"
+    if any(kind in CONV_KINDS for kind in kinds):
+        return "cnn"
+    return "mlp"
+
+
 def normalise_job(job):
-    """Return a copy of `job` with canonical layer kinds and integer sizes, validated."""
+    """Return a copy of `job` with canonical layer kinds, optimizer and precision, validated.
+
+    `optimizer` defaults to adam and `precision` to fp32; `input_shape` is kept when given.
+    """
     batch_size = job["batch_size"]
     if batch_size is None or batch_size <= 0:
         raise ValueError("batch_size must be positive")
@@ -93,7 +156,46 @@ def normalise_job(job):
             raise ValueError("output_size and params must be non-negative")
         normalised.append({"kind": normalise_kind(layer["kind"]),
                            "output_size": output_size, "params": params})
-    return {"family": job.get("family") or "mlp", "batch_size": batch_size, "layers": normalised}
+    optimizer = job.get("optimizer")
+    optimizer = "adam" if optimizer is None else OPTIMIZER_ALIASES.get(str(optimizer).lower())
+    if optimizer is None:
+        raise ValueError("unknown optimizer: %r" % (job.get("optimizer"),))
+    precision = job.get("precision")
+    precision = "fp32" if precision is None else PRECISION_ALIASES.get(str(precision).lower())
+    if precision is None:
+        raise ValueError("unknown precision: %r" % (job.get("precision"),))
+    input_shape = job.get("input_shape")
+    if input_shape is not None:
+        if not (1 <= len(input_shape) <= 5) or not all(0 < d <= MAX_INPUT_DIMENSION for d in input_shape):
+            raise ValueError("input_shape must hold 1 to 5 positive dimensions of at most 1,000,000")
+        input_shape = [int(d) for d in input_shape]
+    family = job.get("family") or infer_family([layer["kind"] for layer in normalised])
+    return {"family": family, "batch_size": batch_size, "layers": normalised,
+            "optimizer": optimizer, "precision": precision, "input_shape": input_shape}
+
+
+def _totals(job):
+    params = float(sum(layer["params"] for layer in job["layers"]))
+    activations = float(sum(layer["output_size"] for layer in job["layers"]))
+    return params, activations, float(job["batch_size"])
+
+
+def first_principles_mib(job):
+    """Weights + gradients + optimizer state + activations kept for backward + overhead (MiB)."""
+    job = normalise_job(job)
+    params, activations, batch = _totals(job)
+    weight_bytes, activation_bytes = (4.0, 4.0) if job["precision"] == "fp32" else (6.0, 2.0)
+    gradient_bytes = 4.0
+    state_bytes = OPTIMIZER_STATE_BYTES[job["optimizer"]]
+    model = params * (weight_bytes + gradient_bytes + state_bytes)
+    return FRAMEWORK_OVERHEAD_MIB + (model + activations * batch * activation_bytes) / MIB
+
+
+def horus_mib(job):
+    """The Horus formula: fp32 weights plus feature maps (MiB)."""
+    job = normalise_job(job)
+    params, activations, batch = _totals(job)
+    return (4.0 * params + 4.0 * activations * batch) / MIB
 
 
 def hidden_activation(kinds):
@@ -128,11 +230,25 @@ def raw_aggregate_features(job):
         "n_batch_norm": float(kinds.count("batch_norm")),
         "n_dropout": float(kinds.count("dropout")),
         "n_activation": float(sum(1 for kind in kinds if kind in ACTIVATION_KINDS)),
+        "n_conv": float(sum(1 for kind in kinds if kind in CONV_KINDS)),
+        "n_attention": float(kinds.count("attention")),
+        "n_norm": float(sum(1 for kind in kinds if kind in NORM_KINDS)),
+        "n_embedding": float(kinds.count("embedding")),
+        "input_pixels": _product(job["input_shape"]) if job["input_shape"] else 0.0,
+        "first_principles_mib": first_principles_mib(job),
+        "horus_mib": horus_mib(job),
     }
     hidden = hidden_activation(kinds)
     for name in HIDDEN_ACTIVATIONS:
         features["act_" + name] = 1.0 if name == hidden else 0.0
     return features
+
+
+def _product(values):
+    result = 1.0
+    for value in values:
+        result *= float(value)
+    return result
 
 
 def raw_token_features(job):

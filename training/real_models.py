@@ -49,13 +49,17 @@ class LogBase(nn.Module):
 class MemoryRegressor(nn.Module):
     """features [N, F] -> per-member log MiB [K, N, 1] (training) / mean `log_mib` [N, 1] (export)."""
 
-    def __init__(self, n_features, base, members=5, hidden=32):
+    def __init__(self, n_features, base, members=5, hidden=32, cap=None):
         super().__init__()
         self.base = base
+        self.cap = cap
         self.members = StackedMLP(members, n_features, hidden, 1)
 
     def member_outputs(self, x):
-        return self.base(x).unsqueeze(0) + self.members(x)
+        correction = self.members(x)
+        if self.cap is not None:   # |log correction| < cap: no wild extrapolation on unseen families
+            correction = self.cap * torch.tanh(correction / self.cap)
+        return self.base(x).unsqueeze(0) + correction
 
     def forward(self, x):
         return self.member_outputs(x).mean(dim=0)

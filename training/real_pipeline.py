@@ -58,10 +58,10 @@ MLP_REG_FEATURES = [
     "n_batch_norm", "n_dropout", "n_activation",
 ] + ["act_" + name for name in gf.HIDDEN_ACTIVATIONS]
 
-REGRESSOR = dict(members=5, hidden=32, epochs=800, lr=1e-2, weight_decay=1e-3, oom_weight=1.0)
+REGRESSOR = dict(members=5, hidden=32, epochs=800, lr=1e-2, weight_decay=1e-3, oom_weight=3.0)
 CLASSIFIER = dict(members=5, hidden=32, epochs=800, lr=1e-2, weight_decay=1e-3, under_weight=1.0,
                   regression_weight=1.0)
-SEQUENCE = dict(d_model=32, n_heads=4, n_layers=1, pool=16, epochs=25, batch=32, lr=3e-3,
+SEQUENCE = dict(d_model=32, n_heads=4, n_layers=1, pool=16, epochs=6, batch=64, lr=5e-3,
                 weight_decay=1e-4, under_weight=1.0, regression_weight=1.0)
 LOG_CAPACITY = math.log(CAPACITY_MIB)
 
@@ -276,7 +276,8 @@ def base_of(entries):
 
 def train_regressor(x, records, entries, seed):
     torch.manual_seed(seed)
-    model = rm.MemoryRegressor(x.shape[1], base_of(entries), REGRESSOR["members"], REGRESSOR["hidden"])
+    model = rm.MemoryRegressor(x.shape[1], base_of(entries), REGRESSOR["members"], REGRESSOR["hidden"],
+                               REGRESSOR.get("cap"))
     xt = torch.as_tensor(x)
     log_peak, oom, _ = targets(records)
     return full_batch(model, lambda: regression_loss(model.member_outputs(xt).squeeze(-1), log_peak, oom),
@@ -361,13 +362,35 @@ def log_ratio_at(quantiles, confidence):
     return float(np.interp(confidence, [c for c, _ in levels], [q for _, q in levels]))
 
 
+def credible_oom(records):
+    """oom rows that are credibly out of memory: from a model's first oom row reading at least
+    90 % of the capacity on (larger batches of a model that ran out of memory also do). Other
+    oom rows read far below the capacity at every batch size (e.g. vit_base_patch16_clip_quickgelu_224:
+    2,929 MiB at batch 8, then 2,301 MiB 'oom' at 16..128): crashes, not a measured need."""
+    by_model = {}
+    for index, record in enumerate(records):
+        model, batch = record["id"].rsplit("@", 1)
+        by_model.setdefault(model, []).append((int(batch), index))
+    mask = np.zeros(len(records), dtype=bool)
+    for rows in by_model.values():
+        seen = False
+        for _, index in sorted(rows):
+            record = records[index]
+            if record["status"] == "oom" and record["peak"] >= 0.9 * CAPACITY_MIB:
+                seen = True
+            mask[index] = seen and record["status"] == "oom"
+    return mask
+
+
 def regression_figures(log_pred, records, quantiles):
-    """Figures on measured (ok) rows and on oom rows (reported as not fitting)."""
+    """Figures on measured (ok) rows and on oom rows (reported as not fitting). `quantiles`:
+    family -> conformal quantiles (each row's bound uses its family's)."""
     log_pred = np.asarray(log_pred, dtype=np.float64).reshape(-1)
+    q95 = np.array([log_ratio_at(quantiles[r.get("family", "mlp")], BOUND_CONFIDENCE) for r in records])
     ok = np.array([r["status"] == "ok" for r in records])
     peak = np.array([r["peak"] for r in records])
     pred = np.exp(log_pred)
-    bound = pred * math.exp(log_ratio_at(quantiles, BOUND_CONFIDENCE))
+    bound = pred * np.exp(q95)
     rel = np.abs(pred[ok] / peak[ok] - 1.0)
     figures = {
         "median_abs_rel_error": float(np.median(rel)),
@@ -377,6 +400,10 @@ def regression_figures(log_pred, records, quantiles):
         "oom_not_fit_rate": float(np.mean(bound[~ok] > CAPACITY_MIB)) if (~ok).any() else None,
         "ok_rows": int(ok.sum()), "oom_rows": int((~ok).sum()),
     }
+    if (~ok).any():
+        credible = credible_oom(records)
+        figures["credible_oom_not_fit_rate"] = float(np.mean(bound[credible] > CAPACITY_MIB)) if credible.any() else None
+        figures["credible_oom_rows"] = int(credible.sum())
     return figures
 
 
@@ -387,19 +414,21 @@ def true_classes(records):
 def class_figures(probabilities, records):
     labels = true_classes(records)
     predicted = np.argmax(probabilities, axis=1)
-    return {"accuracy": float(np.mean(predicted == labels)), "below_rate": float(np.mean(predicted < labels))}
+    ok = np.array([r["status"] == "ok" for r in records])
+    return {"accuracy": float(np.mean(predicted == labels)), "below_rate": float(np.mean(predicted < labels)),
+            "ok_accuracy": float(np.mean(predicted[ok] == labels[ok])),
+            "oom_top_class_rate": float(np.mean(predicted[~ok] == N_CLASSES - 1)) if (~ok).any() else None}
 
 
 def prefixed(prefix, figures):
-    return {prefix + k: v for k, v in figures.items() if k not in ("ok_rows", "oom_rows")}
+    return {prefix + k: v for k, v in figures.items() if k not in ("ok_rows", "oom_rows", "credible_oom_rows")}
 
 
 # ----------------------------------------------------------------------------- export
 
 def export_onnx(model, example_inputs, input_names, output_name, dynamic_axes, path):
     dims = {"N": torch.export.Dim("N"), "L": torch.export.Dim("L", min=2, max=MAX_TOKENS)}
-    dynamic_shapes = {name: {axis: dims[dim] for axis, dim in axes.items()}
-                      for name, axes in zip(input_names, dynamic_axes)}
+    dynamic_shapes = tuple({axis: dims[dim] for axis, dim in axes.items()} for axes in dynamic_axes)
     torch.onnx.export(model, tuple(torch.as_tensor(a) for a in example_inputs), path, dynamo=True,
                       external_data=False, input_names=list(input_names), output_names=[output_name],
                       dynamic_shapes=dynamic_shapes, verbose=False, optimize=True)
@@ -437,3 +466,331 @@ def onnx_sequence(session, jobs, token_entries):
         out.append(session.run(None, {"kind_ids": ids[None], "token_features": feats[None],
                                       "mask": np.ones((1, len(ids)), dtype=np.float32)})[0][0])
     return np.array(out)
+
+
+# ----------------------------------------------------------------------------- MLP regressor
+
+def load_mlp(csv_path, splits_path):
+    with open(csv_path, newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    with open(splits_path) as handle:
+        splits = json.load(handle)
+    records = [{"id": str(i), "group": gf.group_key(row["Filename"]), "status": "ok",
+                "peak": float(row["Max GPU Memory (MiB)"]), "job": gf.csv_row_to_job(row)}
+               for i, row in enumerate(rows)]
+    return records, splits
+
+
+def run_mlp_regressor(csv_path, models_dir, threads):
+    records, splits = load_mlp(csv_path, os.path.join(REPO, "data", "mlp", "splits.json"))
+    train = [records[i] for i in splits["train_rows"]]
+    raws = [gf.raw_aggregate_features(r["job"]) for r in train]
+    folds = GroupKFold(n_splits=3, shuffle=True, random_state=SEED).split(
+        np.zeros(len(train)), groups=[r["group"] for r in train])
+    oof = np.zeros(len(train))
+    for k, (fit, val) in enumerate(folds):
+        entries = fit_entries([raws[i] for i in fit], MLP_REG_FEATURES)
+        model = train_regressor(encode([raws[i] for i in fit], entries), [train[i] for i in fit], entries, SEED + k)
+        with torch.no_grad():
+            oof[val] = model(torch.as_tensor(encode([raws[i] for i in val], entries))).numpy()[:, 0]
+    peaks = np.array([r["peak"] for r in train])
+    quantiles = conformal_quantiles(np.log(peaks) - oof)
+    cv = regression_figures(oof, train, {"mlp": quantiles})
+    entries = fit_entries(raws, MLP_REG_FEATURES)
+    model = train_regressor(encode(raws, entries), train, entries, SEED)
+    path = os.path.join(models_dir, "mlp_regressor.onnx")
+    export_onnx(model, [encode(raws[:2], entries)], ["features"], "log_mib", [{0: "N"}], path)
+    session = onnx_session(path, threads)
+    test_file = "data/mlp/test.jsonl.gz"
+    test = [{"status": "ok", "peak": float(line["measured_peak_mib"]), "job": line["job"]}
+            for line in read_test_file(os.path.join(REPO, test_file))]
+    test = [dict(r, id="%d@0" % i) for i, r in enumerate(test)]
+    test_pred = onnx_aggregate(session, [r["job"] for r in test], entries)
+    with torch.no_grad():
+        torch_pred = model(torch.as_tensor(encode([gf.raw_aggregate_features(r["job"]) for r in test], entries))).numpy()
+    figures = {"cv": cv, "test": regression_figures(test_pred, test, {"mlp": quantiles}),
+               "max_abs_diff": float(np.abs(torch_pred - test_pred).max()),
+               "latency": latency_us(session, {"features": encode(raws[:1], entries)})}
+    entry = {
+        "name": "mlp_memory_regressor", "version": VERSION, "family": "mlp", "kind": "memory_regressor",
+        "file": "mlp_regressor.onnx", "sha256": sha256_of(path),
+        "input": {"type": "aggregate", "features": entries}, "output": "log_mib",
+        "residual_quantiles": quantiles, "capacity_mib": CAPACITY_MIB, "test_file": test_file,
+        "validation": {**prefixed("cv_", cv), **prefixed("test_", figures["test"])}}
+    for key in ("cv_oom_not_fit_rate", "test_oom_not_fit_rate"):
+        entry["validation"].pop(key, None)
+    return entry, figures, entries
+
+
+# ----------------------------------------------------------------------------- timm
+
+def family_mask(records, family):
+    return np.array([r["family"] == family for r in records])
+
+
+def subset(records, mask):
+    return [r for r, m in zip(records, mask) if m]
+
+
+def run_timm(models_dir, threads, timm_csv):
+    records, dropped = load_timm(timm_csv, os.path.join(REPO, "data", "timm", "descriptions.jsonl.gz"))
+    test_groups = split_groups(records)
+    train = [r for r in records if r["group"] not in test_groups]
+    test = [r for r in records if r["group"] in test_groups]
+    test_file = "data/timm/test.jsonl.gz"
+    write_test_file(test, os.path.join(REPO, test_file))
+    log("timm: %d rows (%s dropped), train %d rows / test %d rows (%d groups held out)"
+        % (len(records), dropped, len(train), len(test), len(test_groups)))
+    raws = [gf.raw_aggregate_features(r["job"]) for r in train]
+    jobs = [r["job"] for r in train]
+    groups = [r["group"] for r in train]
+    folds = list(GroupKFold(n_splits=N_FOLDS, shuffle=True, random_state=SEED).split(np.zeros(len(train)), groups=groups))
+    oof_reg = np.zeros(len(train))
+    oof_agg = np.zeros((len(train), N_CLASSES))
+    oof_seq = np.zeros((len(train), N_CLASSES))
+    for k, (fit, val) in enumerate(folds):
+        entries = fit_entries([raws[i] for i in fit], REAL_FEATURES)
+        x_fit, x_val = encode([raws[i] for i in fit], entries), encode([raws[i] for i in val], entries)
+        fit_records = [train[i] for i in fit]
+        regressor = train_regressor(x_fit, fit_records, entries, SEED + k)
+        classifier = train_aggregate_classifier(x_fit, fit_records, entries, SEED + k)
+        with torch.no_grad():
+            oof_reg[val] = regressor(torch.as_tensor(x_val)).numpy()[:, 0]
+            oof_agg[val] = classifier(torch.as_tensor(x_val)).numpy()
+        token_entries = fit_token_entries([jobs[i] for i in fit])
+        encoded = encode_tokens(jobs, token_entries)
+        sequence = train_sequence([encoded[i] for i in fit], fit_records, token_entries, SEED + k)
+        oof_seq[val] = predict_sequence(sequence, [encoded[i] for i in val])
+        log("fold %d done" % k)
+    ok = np.array([r["status"] == "ok" for r in train])
+    peaks = np.array([r["peak"] for r in train])
+    # Conformal quantiles per family (cnn residuals are wider than transformer ones).
+    quantiles = {family: conformal_quantiles((np.log(peaks) - oof_reg)[ok & family_mask(train, family)])
+                 for family in FAMILIES}
+    oof_mean = (oof_agg + oof_seq) / 2
+    cv = {}
+    for family in FAMILIES + ["all"]:
+        mask = np.ones(len(train), bool) if family == "all" else family_mask(train, family)
+        recs = subset(train, mask)
+        cv[family] = {"regressor": regression_figures(oof_reg[mask], recs, quantiles),
+                      "mlp_ensemble": class_figures(oof_agg[mask], recs),
+                      "sequence_transformer": class_figures(oof_seq[mask], recs),
+                      "combined": class_figures(oof_mean[mask], recs)}
+    save_oof(train, oof_reg, oof_agg, oof_seq, raws, quantiles)
+
+    # Final models on the whole training part.
+    entries = fit_entries(raws, REAL_FEATURES)
+    x = encode(raws, entries)
+    regressor = train_regressor(x, train, entries, SEED)
+    classifier = train_aggregate_classifier(x, train, entries, SEED)
+    token_entries = fit_token_entries(jobs)
+    encoded = encode_tokens(jobs, token_entries)
+    sequence = train_sequence(encoded, train, token_entries, SEED)
+    paths = {name: os.path.join(models_dir, name + ".onnx")
+             for name in ("timm_regressor", "timm_mlp_ensemble", "timm_sequence_transformer")}
+    export_onnx(regressor, [x[:2]], ["features"], "log_mib", [{0: "N"}], paths["timm_regressor"])
+    export_onnx(classifier, [x[:2]], ["features"], "probabilities", [{0: "N"}], paths["timm_mlp_ensemble"])
+    example = pad_tokens(encoded[:2])
+    export_onnx(sequence, example, ["kind_ids", "token_features", "mask"], "probabilities",
+                [{0: "N", 1: "L"}, {0: "N", 1: "L"}, {0: "N", 1: "L"}], paths["timm_sequence_transformer"])
+
+    # Test figures through onnxruntime, from the test file's job JSON.
+    test_lines = read_test_file(os.path.join(REPO, test_file))
+    test_records = [{"id": l["id"], "family": l["job"]["family"], "status": l["status"], "peak": l["measured_peak_mib"],
+                     "job": l["job"]} for l in test_lines]
+    test_jobs = [r["job"] for r in test_records]
+    sessions = {name: onnx_session(path, threads) for name, path in paths.items()}
+    t_reg = onnx_aggregate(sessions["timm_regressor"], test_jobs, entries)[:, 0]
+    t_agg = onnx_aggregate(sessions["timm_mlp_ensemble"], test_jobs, entries)
+    t_seq = onnx_sequence(sessions["timm_sequence_transformer"], test_jobs, token_entries)
+    x_test = torch.as_tensor(encode([gf.raw_aggregate_features(j) for j in test_jobs], entries))
+    with torch.no_grad():
+        diffs = {"timm_regressor": float(np.abs(regressor(x_test).numpy()[:, 0] - t_reg).max()),
+                 "timm_mlp_ensemble": float(np.abs(classifier(x_test).numpy() - t_agg).max()),
+                 "timm_sequence_transformer": float(np.abs(predict_sequence(sequence, encode_tokens(test_jobs, token_entries)) - t_seq).max())}
+    test_figures = {}
+    for family in FAMILIES + ["all"]:
+        mask = np.ones(len(test_records), bool) if family == "all" else family_mask(test_records, family)
+        recs = subset(test_records, mask)
+        test_figures[family] = {"regressor": regression_figures(t_reg[mask], recs, quantiles),
+                        "mlp_ensemble": class_figures(t_agg[mask], recs),
+                        "sequence_transformer": class_figures(t_seq[mask], recs),
+                        "combined": class_figures((t_agg[mask] + t_seq[mask]) / 2, recs)}
+        ok_t = np.array([r["status"] == "ok" for r in recs])
+        residual = np.log([r["peak"] for r in recs]) - t_reg[mask]
+        if family != "all":
+            test_figures[family]["coverage"] = {str(q["confidence"]): float(np.mean(residual[ok_t] <= q["log_ratio"]))
+                                                for q in quantiles[family]}
+    # Latency, N = 1; the sequence model at the longest description (1,630 layers) and at 4,096.
+    longest = max(range(len(jobs)), key=lambda i: len(jobs[i]["layers"]))
+    ids, feats = encoded[longest]
+    latency = {"timm_regressor": latency_us(sessions["timm_regressor"], {"features": x[:1]}),
+               "timm_mlp_ensemble": latency_us(sessions["timm_mlp_ensemble"], {"features": x[:1]}),
+               "timm_sequence_transformer@%d" % len(ids): latency_us(
+                   sessions["timm_sequence_transformer"],
+                   {"kind_ids": ids[None], "token_features": feats[None], "mask": np.ones((1, len(ids)), np.float32)}, 200)}
+    reps = -(-MAX_TOKENS // len(ids))
+    ids4, feats4 = np.tile(ids, reps)[:MAX_TOKENS], np.tile(feats, (reps, 1))[:MAX_TOKENS]
+    latency["timm_sequence_transformer@%d" % MAX_TOKENS] = latency_us(
+        sessions["timm_sequence_transformer"],
+        {"kind_ids": ids4[None], "token_features": feats4[None], "mask": np.ones((1, MAX_TOKENS), np.float32)}, 100)
+    info = {"dropped": dropped, "rows": len(records), "train_rows": len(train), "test_rows": len(test),
+            "test_groups": test_groups, "n_groups": len(set(r["group"] for r in records)),
+            "train_models": len(set(r["model"] for r in train)), "test_models": len(set(r["model"] for r in test)),
+            "test_file": test_file}
+    return dict(info=info, cv=cv, test=test_figures, quantiles=quantiles, entries=entries, token_entries=token_entries,
+                paths=paths, diffs=diffs, latency=latency, test_records=test_records)
+
+
+def save_oof(train, oof_reg, oof_agg, oof_seq, raws, quantiles):
+    path = os.path.join(REPO, "data", "timm", "cv_predictions.csv.gz")
+    with open(path, "wb") as raw:
+        with gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as handle:
+            handle.write(b"id,group,family,status,batch_size,measured_peak_mib,faketensor_mib,first_principles_mib,"
+                         b"horus_mib,regressor_mib,p_mlp_ensemble,p_sequence_transformer\n")
+            for r, reg, agg, seq, f in zip(train, oof_reg, oof_agg, oof_seq, raws):
+                handle.write(("%s,%s,%s,%s,%d,%.1f,%.1f,%.3f,%.3f,%.3f,%s,%s\n" % (
+                    r["id"], r["group"], r["family"], r["status"], r["batch_size"], r["peak"], r["faketensor"],
+                    f["first_principles_mib"], f["horus_mib"], math.exp(reg),
+                    " ".join("%.5f" % p for p in agg), " ".join("%.5f" % p for p in seq))).encode())
+    with open(os.path.join(REPO, "data", "timm", "cv_quantiles.json"), "w") as handle:
+        json.dump(quantiles, handle, indent=1)
+
+
+# ----------------------------------------------------------------------------- manifest/golden
+
+REAL_NAMES = {family: {"regressor": family + "_memory_regressor", "mlp_ensemble": family + "_mlp_ensemble",
+                       "sequence_transformer": family + "_sequence_transformer"} for family in FAMILIES}
+OUR_NAMES = {"mlp_memory_regressor"} | {n for names in REAL_NAMES.values() for n in names.values()}
+
+
+def timm_entries(result):
+    out = []
+    sha = {name: sha256_of(path) for name, path in result["paths"].items()}
+    for family in FAMILIES:
+        cv, test = result["cv"][family], result["test"][family]
+        names = REAL_NAMES[family]
+        common = {"version": VERSION, "family": family, "test_file": result["info"]["test_file"]}
+        out.append({"name": names["regressor"], **common, "kind": "memory_regressor",
+                    "file": "timm_regressor.onnx", "sha256": sha["timm_regressor"],
+                    "input": {"type": "aggregate", "features": result["entries"]}, "output": "log_mib",
+                    "residual_quantiles": result["quantiles"][family], "capacity_mib": CAPACITY_MIB,
+                    "validation": {**prefixed("cv_", cv["regressor"]), **prefixed("test_", test["regressor"])}})
+        out.append({"name": names["mlp_ensemble"], **common, "kind": "memory_classifier",
+                    "file": "timm_mlp_ensemble.onnx", "sha256": sha["timm_mlp_ensemble"],
+                    "input": {"type": "aggregate", "features": result["entries"]}, "output": "probabilities",
+                    "class_bins_mib": CLASS_BINS_MIB,
+                    "validation": {**prefixed("cv_", cv["mlp_ensemble"]), **prefixed("test_", test["mlp_ensemble"])}})
+        out.append({"name": names["sequence_transformer"], **common, "kind": "memory_classifier",
+                    "file": "timm_sequence_transformer.onnx", "sha256": sha["timm_sequence_transformer"],
+                    "input": {"type": "sequence", "kind_vocab": gf.ALL_KINDS, "max_tokens": MAX_TOKENS,
+                              "token_features": result["token_entries"]},
+                    "output": "probabilities", "class_bins_mib": CLASS_BINS_MIB,
+                    "validation": {**prefixed("cv_", cv["sequence_transformer"]),
+                                   **prefixed("test_", test["sequence_transformer"])}})
+    return out
+
+
+def merge_manifest(path, entries, timm_result, timm_csv, mlp_csv):
+    with open(path) as handle:
+        manifest = json.load(handle)
+    manifest["estimators"] = [e for e in manifest["estimators"] if e["name"] not in OUR_NAMES] + entries
+    manifest["generated_at"] = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
+    mlp_data = manifest["training_data"]
+    if isinstance(mlp_data, list):
+        mlp_data = next(d for d in mlp_data if d["file"] == os.path.basename(mlp_csv))
+    info = timm_result["info"]
+    manifest["training_data"] = [mlp_data, {
+        "file": os.path.basename(timm_csv), "sha256": sha256_of(timm_csv), "rows": info["rows"] + sum(info["dropped"].values()),
+        "families": FAMILIES, "descriptions": "data/timm/descriptions.jsonl.gz",
+        "descriptions_sha256": sha256_of(os.path.join(REPO, "data", "timm", "descriptions.jsonl.gz"))}]
+    manifest["split_real"] = {
+        "protocol": ("group = timm model name without source prefixes (tf_, legacy_, gluon_, timm_, hf_) up to the "
+                     "first '_' or digit; %d of %d groups held out (seeded shuffle, ~15 %% of models) for the test "
+                     "file; %d-fold GroupKFold (shuffled, same seed) on the rest for CV, out-of-fold residuals of "
+                     "ok rows give the conformal quantiles; failed/anomalous rows excluded; oom rows censored "
+                     "(need > capacity), scored as 'not fitting' and as the top class")
+                    % (len(info["test_groups"]), info["n_groups"], N_FOLDS),
+        "seed": SEED, "test_file": info["test_file"], "test_groups": info["test_groups"],
+        "train_rows": info["train_rows"], "test_rows": info["test_rows"], "folds": N_FOLDS,
+        "excluded_rows": info["dropped"]}
+    manifest["combined_by_family"] = {}
+    for family in FAMILIES:
+        names = REAL_NAMES[family]
+        manifest["combined_by_family"][family] = {
+            "members": [names["mlp_ensemble"], names["sequence_transformer"]], "rule": "mean_probabilities",
+            "validation": {**prefixed("cv_", timm_result["cv"][family]["combined"]),
+                           **prefixed("test_", timm_result["test"][family]["combined"])}}
+    with open(path, "w") as handle:
+        json.dump(manifest, handle, indent=1)
+        handle.write("\n")
+    return manifest
+
+
+def golden_real_jobs(test_records):
+    """A few held-out timm jobs of each family (shortest, longest, a middle one) plus
+    optimizer / precision variants."""
+    cases = []
+    for family in FAMILIES:
+        members = sorted((r for r in test_records if r["family"] == family), key=lambda r: (len(r["job"]["layers"]), r["job"]["model"], r["job"]["batch_size"]))
+        for label, record in (("shortest", members[0]), ("median", members[len(members) // 2]), ("longest", members[-1])):
+            cases.append(("timm_%s_%s" % (family, label), record["job"]))
+    base = dict(cases[0][1])
+    for optimizer, precision in (("sgd", "fp32"), ("momentum", "mixed16"), ("AdamW", "bf16"), ("nesterov", "fp16")):
+        job = dict(base, optimizer=optimizer, precision=precision)
+        cases.append(("timm_cnn_shortest_%s_%s" % (optimizer.lower(), precision), job))
+    no_shape = {k: v for k, v in cases[3][1].items() if k != "input_shape"}
+    cases.append(("timm_transformer_shortest_no_input_shape", dict(no_shape, optimizer="sgd", precision="amp")))
+    return cases
+
+
+def write_golden(path, manifest, test_records):
+    with open(path) as handle:
+        golden = json.load(handle)
+    by_name = {e["name"]: e for e in manifest["estimators"]}
+    golden["estimators"]["extra_aggregate"] = ["mlp_memory_regressor"]
+    for case in golden["cases"]:
+        case["raw_aggregate"] = gf.raw_aggregate_features(case["job"])
+        case["extra_aggregate"] = {"mlp_memory_regressor": gf.aggregate_vector(case["job"], by_name["mlp_memory_regressor"]["input"]["features"])}
+    names = REAL_NAMES["cnn"]
+    golden["real_estimators"] = {"aggregate": names["regressor"], "sequence": names["sequence_transformer"],
+                                 "extra_aggregate": [names["mlp_ensemble"]]}
+    sequence = by_name[names["sequence_transformer"]]["input"]
+    golden["real_cases"] = []
+    for name, job in golden_real_jobs(test_records):
+        golden["real_cases"].append({
+            "name": name, "job": job, "raw_aggregate": gf.raw_aggregate_features(job),
+            "aggregate": gf.aggregate_vector(job, by_name[names["regressor"]]["input"]["features"]),
+            "kind_ids": gf.kind_ids(job, sequence["kind_vocab"]),
+            "token_features": gf.token_vectors(job, sequence["token_features"]),
+            "extra_aggregate": {names["mlp_ensemble"]: gf.aggregate_vector(job, by_name[names["mlp_ensemble"]]["input"]["features"])}})
+    with open(path, "w") as handle:
+        json.dump(golden, handle, indent=1)
+        handle.write("\n")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--timm-csv", default=os.environ.get("GPUCAST_TIMM_CSV", TIMM_CSV))
+    parser.add_argument("--mlp-csv", default=os.environ.get("GPUCAST_MLP_CSV", MLP_CSV))
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    started = time.time()
+    models_dir = os.path.join(REPO, "models")
+    log("MLP memory regressor")
+    mlp_entry, mlp_figures, _ = run_mlp_regressor(args.mlp_csv, models_dir, 1)
+    log("MLP regressor: cv %s test %s" % (mlp_figures["cv"], mlp_figures["test"]))
+    timm = run_timm(models_dir, 1, args.timm_csv)
+    manifest = merge_manifest(os.path.join(models_dir, "manifest.json"), [mlp_entry] + timm_entries(timm),
+                              timm, args.timm_csv, args.mlp_csv)
+    write_golden(os.path.join(REPO, "tests", "fixtures", "golden_features.json"), manifest, timm["test_records"])
+    with open(os.path.join(REPO, "data", "timm", "pipeline_figures.json"), "w") as handle:
+        json.dump({"timm": {k: timm[k] for k in ("info", "cv", "test", "quantiles", "diffs", "latency")},
+                   "mlp_regressor": mlp_figures, "seconds": time.time() - started}, handle, indent=1)
+    log("done in %.0f s" % (time.time() - started))
+    print(json.dumps({k: timm[k] for k in ("cv", "test", "diffs", "latency")}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

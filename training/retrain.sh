@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Retrain every estimator and rewrite models/, data/mlp/, tests/fixtures/golden_features.json,
-# models/manifest.json and training/report.md.
+# Retrain every estimator and rewrite models/, data/mlp/, data/timm/ (derived files),
+# tests/fixtures/golden_features.json, models/manifest.json, training/report.md and
+# training/report_real.md.
 #
 #   training/retrain.sh                      # venv at .venv from training/requirements.txt
 #   PYTHON=/path/to/python training/retrain.sh   # use an existing interpreter instead
-#   GPUCAST_MLP_CSV=/path/to/gpumemnet_mlp_a100.csv training/retrain.sh
+#   GPUCAST_MLP_CSV=/path/to/gpumemnet_mlp_a100.csv GPUCAST_TIMM_CSV=/path/to/timm_a100_train.csv training/retrain.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,6 +18,12 @@ if [[ -z "${PYTHON:-}" ]]; then
     PYTHON="$VENV/bin/python"
 fi
 
+# 1. MLP classifiers and utilization regressors; writes the base manifest and golden fixture.
 "$PYTHON" training/pipeline.py "$@"
+# 2. Real-model (timm cnn / transformer) estimators and the MLP memory regressor; merges their
+#    entries into models/manifest.json and their cases into the golden fixture.
+"$PYTHON" training/real_pipeline.py
+# 3. Grouped-CV comparison with FakeTensor, Horus, first principles and GPUMemNet.
+"$PYTHON" training/evaluate_real.py > /dev/null
 # The feature tests are stdlib-only; run them with the pipeline's interpreter as a final check.
 "$PYTHON" -m unittest discover -s training/tests

@@ -143,12 +143,16 @@ fn committed_models_reproduce_the_manifest_held_out_figures() {
 struct Golden {
     estimators: GoldenEstimators,
     cases: Vec<GoldenCase>,
+    real_estimators: GoldenEstimators,
+    real_cases: Vec<GoldenCase>,
 }
 
 #[derive(Deserialize)]
 struct GoldenEstimators {
     aggregate: String,
     sequence: String,
+    #[serde(default)]
+    extra_aggregate: Vec<String>,
 }
 
 #[derive(Deserialize)]
@@ -159,10 +163,53 @@ struct GoldenCase {
     aggregate: Vec<f64>,
     kind_ids: Vec<i64>,
     token_features: Vec<Vec<f64>>,
+    /// Normalised inputs of further aggregate estimators, by name.
+    #[serde(default)]
+    extra_aggregate: BTreeMap<String, Vec<f64>>,
 }
 
 fn close(a: f64, b: f64, relative: f64) -> bool {
     (a - b).abs() <= relative * a.abs().max(b.abs()).max(1.0)
+}
+
+fn assert_vector(case: &str, what: &str, actual: &[f32], golden: &[f64]) {
+    assert_eq!(actual.len(), golden.len(), "{case}: {what} length");
+    for (i, (a, e)) in actual.iter().zip(golden).enumerate() {
+        assert!(close(f64::from(*a), *e, 1e-6), "{case}: {what}[{i}] = {a}, golden {e}");
+    }
+}
+
+/// Checks every case against the named estimators' inputs as the manifest defines them.
+fn check_golden(manifest: &gpucast::estimators::manifest::Manifest, estimators: &GoldenEstimators, cases: &[GoldenCase]) {
+    let input = |name: &str| manifest.estimators.iter().find(|e| e.name == name).unwrap_or_else(|| panic!("{name}")).input.clone();
+    let aggregate_specs = |name: &str| match input(name) {
+        InputSpec::Aggregate { features } => features,
+        InputSpec::Sequence { .. } => panic!("{name} is not an aggregate estimator"),
+    };
+    let InputSpec::Sequence { kind_vocab, token_features, .. } = input(&estimators.sequence) else {
+        panic!("{} is not a sequence estimator", estimators.sequence)
+    };
+    let vocab: Vec<LayerKind> = kind_vocab.iter().map(|k| LayerKind::parse(k).unwrap()).collect();
+    assert!(cases.len() >= 5);
+    for case in cases {
+        let name = case.name.as_str();
+        let job = to_job(&case.job).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let raw = AggregateFeatures::of(&job);
+        for (feature, expected) in &case.raw_aggregate {
+            let actual = raw.get(feature).unwrap_or_else(|| panic!("{name}: unknown feature {feature}"));
+            assert!(close(actual, *expected, 1e-9), "{name}: {feature} = {actual}, golden {expected}");
+        }
+        assert_vector(name, &estimators.aggregate, &raw.normalised(&aggregate_specs(&estimators.aggregate)), &case.aggregate);
+        for extra in &estimators.extra_aggregate {
+            let golden = case.extra_aggregate.get(extra).unwrap_or_else(|| panic!("{name}: no golden input for {extra}"));
+            assert_vector(name, extra, &raw.normalised(&aggregate_specs(extra)), golden);
+        }
+        let tokens = TokenFeatures::of(&job, |k| vocab.iter().position(|v| *v == k), &token_features)
+            .unwrap_or_else(|e| panic!("{name}: {e:?}"));
+        assert_eq!(tokens.kind_ids, case.kind_ids, "{name}");
+        let golden_tokens: Vec<f64> = case.token_features.iter().flatten().copied().collect();
+        assert_vector(name, &estimators.sequence, &tokens.features, &golden_tokens);
+    }
 }
 
 #[test]
@@ -171,32 +218,6 @@ fn rust_features_equal_the_golden_vectors_written_by_python() {
         serde_json::from_str(&std::fs::read_to_string(repo_root().join("tests/fixtures/golden_features.json")).unwrap()).unwrap();
     let manifest: gpucast::estimators::manifest::Manifest =
         serde_json::from_str(&std::fs::read_to_string(models_dir().join("manifest.json")).unwrap()).unwrap();
-    let entry = |name: &str| manifest.estimators.iter().find(|e| e.name == name).unwrap().input.clone();
-    let InputSpec::Aggregate { features } = entry(&golden.estimators.aggregate) else { panic!("not aggregate") };
-    let InputSpec::Sequence { kind_vocab, token_features, .. } = entry(&golden.estimators.sequence) else {
-        panic!("not sequence")
-    };
-    let vocab: Vec<LayerKind> = kind_vocab.iter().map(|k| LayerKind::parse(k).unwrap()).collect();
-    assert!(golden.cases.len() >= 5);
-    for case in &golden.cases {
-        let job = to_job(&case.job).unwrap_or_else(|e| panic!("{}: {e}", case.name));
-        let raw = AggregateFeatures::of(&job);
-        for (name, expected) in &case.raw_aggregate {
-            let actual = raw.get(name).unwrap_or_else(|| panic!("{}: unknown feature {name}", case.name));
-            assert!(close(actual, *expected, 1e-9), "{}: {name} = {actual}, golden {expected}", case.name);
-        }
-        let aggregate = raw.normalised(&features);
-        assert_eq!(aggregate.len(), case.aggregate.len(), "{}", case.name);
-        for (i, (a, e)) in aggregate.iter().zip(&case.aggregate).enumerate() {
-            assert!(close(f64::from(*a), *e, 1e-6), "{}: aggregate[{i}] = {a}, golden {e}", case.name);
-        }
-        let tokens = TokenFeatures::of(&job, |k| vocab.iter().position(|v| *v == k), &token_features)
-            .unwrap_or_else(|e| panic!("{}: {e:?}", case.name));
-        assert_eq!(tokens.kind_ids, case.kind_ids, "{}", case.name);
-        let golden_tokens: Vec<f64> = case.token_features.iter().flatten().copied().collect();
-        assert_eq!(tokens.features.len(), golden_tokens.len(), "{}", case.name);
-        for (i, (a, e)) in tokens.features.iter().zip(&golden_tokens).enumerate() {
-            assert!(close(f64::from(*a), *e, 1e-6), "{}: token feature {i} = {a}, golden {e}", case.name);
-        }
-    }
+    check_golden(&manifest, &golden.estimators, &golden.cases);
+    check_golden(&manifest, &golden.real_estimators, &golden.real_cases);
 }

@@ -69,6 +69,46 @@ class GoldenFeaturesTest(unittest.TestCase):
                     self.assertClose(actual, expected, 1e-6, 1e-6, "%s token %d" % (case["name"], position))
 
 
+class RealGoldenFeaturesTest(unittest.TestCase):
+    """The real-model (cnn / transformer) cases and every extra aggregate estimator's vectors."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.golden = load_json(GOLDEN)
+        cls.manifest = load_json(MANIFEST)
+
+    def test_real_cases(self):
+        names = self.golden.get("real_estimators")
+        if names is None:
+            self.skipTest("no real-model estimators in the fixture")
+        self.assertGreaterEqual(len(self.golden["real_cases"]), 5)
+        aggregate = estimator(self.manifest, names["aggregate"])["input"]["features"]
+        sequence = estimator(self.manifest, names["sequence"])["input"]
+        for case in self.golden["real_cases"]:
+            raw = gf.raw_aggregate_features(case["job"])
+            self.assertEqual(sorted(raw), sorted(case["raw_aggregate"]), case["name"])
+            for name, expected in case["raw_aggregate"].items():
+                self.assertTrue(math.isclose(raw[name], expected, rel_tol=1e-9), "%s %s" % (case["name"], name))
+            for actual, expected in zip(gf.aggregate_vector(case["job"], aggregate), case["aggregate"]):
+                self.assertTrue(math.isclose(actual, expected, rel_tol=1e-6, abs_tol=1e-6), case["name"])
+            self.assertEqual(gf.kind_ids(case["job"], sequence["kind_vocab"]), case["kind_ids"], case["name"])
+            tokens = gf.token_vectors(case["job"], sequence["token_features"])
+            self.assertEqual(len(tokens), len(case["token_features"]))
+            for row, expected_row in zip(tokens, case["token_features"]):
+                for actual, expected in zip(row, expected_row):
+                    self.assertTrue(math.isclose(actual, expected, rel_tol=1e-6, abs_tol=1e-6), case["name"])
+
+    def test_extra_aggregate(self):
+        for case in self.golden["cases"] + self.golden.get("real_cases", []):
+            for name, expected_vector in case.get("extra_aggregate", {}).items():
+                entries = estimator(self.manifest, name)["input"]["features"]
+                vector = gf.aggregate_vector(case["job"], entries)
+                self.assertEqual(len(vector), len(expected_vector), "%s %s" % (case["name"], name))
+                for actual, expected in zip(vector, expected_vector):
+                    self.assertTrue(math.isclose(actual, expected, rel_tol=1e-6, abs_tol=1e-6),
+                                    "%s %s" % (case["name"], name))
+
+
 class HandCheckedTest(unittest.TestCase):
     def test_kind_aliases(self):
         for spelling, canonical in [("Dense", "linear"), ("batch_normalization", "batch_norm"),
@@ -77,8 +117,15 @@ class HandCheckedTest(unittest.TestCase):
                                     ("leaky-relu", "leaky_relu"), ("Swish", "silu"), ("SiLU", "silu"),
                                     ("PReLU", "prelu"), ("Identity", "identity"), ("Softmax", "softmax")]:
             self.assertEqual(gf.normalise_kind(spelling), canonical, spelling)
+        for spelling, canonical in [("Conv2d", "conv2d"), ("conv", "conv2d"), ("BatchNorm2d", "batch_norm"),
+                                    ("LayerNorm", "layer_norm"), ("MultiheadAttention", "attention"),
+                                    ("ReLU6", "relu6"), ("Hardswish", "hardswish"), ("DropPath", "drop_path"),
+                                    ("AdaptiveAvgPool2d", "adaptive_avg_pool"), ("ConvTranspose2d", "conv_transpose2d")]:
+            self.assertEqual(gf.normalise_kind(spelling), canonical, spelling)
+        for kind in gf.ALL_KINDS:
+            self.assertEqual(gf.normalise_kind(kind), kind)
         with self.assertRaises(ValueError):
-            gf.normalise_kind("conv2d")
+            gf.normalise_kind("conv4d")
 
     def test_hidden_activation(self):
         self.assertEqual(gf.hidden_activation(["linear", "tanh", "linear", "gelu", "gelu", "tanh"]), "tanh")
@@ -96,13 +143,48 @@ class HandCheckedTest(unittest.TestCase):
             {"kind": "linear", "output_size": 3, "params": 33},
             {"kind": "Softmax", "output_size": 3, "params": 0}]}
         raw = gf.raw_aggregate_features(job)
-        self.assertEqual(list(raw), gf.AGGREGATE_FEATURES)
+        self.assertEqual(list(raw), gf.ALL_AGGREGATE_FEATURES)
         expected = {"depth": 2, "n_layers": 6, "total_params": 163, "total_activations": 46,
                     "batch_size": 4, "activations_x_batch": 184, "params_x_batch": 652,
                     "max_output_size": 10, "n_batch_norm": 1, "n_dropout": 1, "n_activation": 2,
-                    "act_relu": 1}
-        for name in gf.AGGREGATE_FEATURES:
+                    "n_norm": 1, "act_relu": 1,
+                    "first_principles_mib": 1300 + (163 * 16 + 184 * 4) / 2 ** 20,
+                    "horus_mib": (163 * 4 + 184 * 4) / 2 ** 20}
+        for name in gf.ALL_AGGREGATE_FEATURES:
             self.assertEqual(raw[name], float(expected.get(name, 0)), name)
+
+    def test_analytic_formulas_by_hand(self):
+        # The cases of Rust src/domain/analytic.rs: 2^20 params, 2,048 outputs x 256 samples.
+        def job(**training):
+            body = {"batch_size": 256, "layers": [{"kind": "linear", "output_size": 1024, "params": 1 << 20},
+                                                  {"kind": "relu", "output_size": 1024, "params": 0}]}
+            body.update(training)
+            return body
+        self.assertAlmostEqual(gf.first_principles_mib(job()), 1300 + 16 + 2, places=9)
+        self.assertAlmostEqual(gf.first_principles_mib(job(optimizer="adamw", precision="fp32")), 1318, places=9)
+        self.assertAlmostEqual(gf.first_principles_mib(job(optimizer="SGD", precision="bf16")), 1300 + 10 + 1, places=9)
+        self.assertAlmostEqual(gf.first_principles_mib(job(optimizer="momentum")), 1300 + 12 + 2, places=9)
+        self.assertAlmostEqual(gf.first_principles_mib(job(precision="mixed16")), 1300 + 18 + 1, places=9)
+        self.assertAlmostEqual(gf.horus_mib(job(optimizer="sgd", precision="fp16")), 4 + 2, places=9)
+        with self.assertRaises(ValueError):
+            gf.first_principles_mib(job(optimizer="lion"))
+        with self.assertRaises(ValueError):
+            gf.first_principles_mib(job(precision="int4"))
+
+    def test_real_model_counts_by_hand(self):
+        raw = gf.raw_aggregate_features({"batch_size": 2, "input_shape": [3, 32, 32], "layers": [
+            {"kind": "Conv2d", "output_size": 100, "params": 10}, {"kind": "BatchNorm2d", "output_size": 100, "params": 2},
+            {"kind": "layer_norm", "output_size": 100, "params": 2}, {"kind": "attention", "output_size": 100, "params": 5},
+            {"kind": "embedding", "output_size": 100, "params": 5}, {"kind": "relu6", "output_size": 100, "params": 0},
+            {"kind": "conv_transpose2d", "output_size": 100, "params": 1}]})
+        self.assertEqual((raw["n_conv"], raw["n_attention"], raw["n_norm"], raw["n_embedding"], raw["n_batch_norm"]),
+                         (2.0, 1.0, 2.0, 1.0, 1.0))
+        self.assertEqual(raw["input_pixels"], 3072.0)
+        self.assertEqual(raw["n_activation"], 1.0)
+        # relu6 is the hidden activation but has no one-hot column.
+        self.assertEqual(sum(raw["act_" + name] for name in gf.HIDDEN_ACTIVATIONS), 0.0)
+        self.assertEqual(gf.normalise_job({"batch_size": 1, "layers": [{"kind": "attention", "output_size": 1, "params": 0}]})["family"],
+                         "transformer")
 
     def test_no_activation_is_identity(self):
         raw = gf.raw_aggregate_features({"batch_size": 2, "layers": [
