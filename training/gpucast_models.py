@@ -188,3 +188,139 @@ class SequenceProbabilities(nn.Module):
 
     def forward(self, kind_ids, token_features, mask):
         return self.model(kind_ids, token_features, mask)[0]
+
+
+class SequenceEnsemble(nn.Module):
+    """Exported sequence classifier: mean of K independently seeded transformers' probabilities.
+
+    The members run one after another inside the one graph (same inputs and output as a single
+    `SequenceProbabilities`); averaging their class probabilities smooths the seed-to-seed noise
+    of the soft class boundaries, where all of the single model's errors lie.
+    """
+
+    def __init__(self, members):
+        super().__init__()
+        self.members = nn.ModuleList(members)
+
+    def forward(self, kind_ids, token_features, mask):
+        probabilities = [member(kind_ids, token_features, mask)[0] for member in self.members]
+        if len(probabilities) == 1:
+            return probabilities[0]
+        return torch.stack(probabilities, dim=0).mean(dim=0)
+
+
+class StackedSequenceEnsemble(nn.Module):
+    """The same mean of K transformers as `SequenceEnsemble`, with the members' weights stacked.
+
+    Every linear layer becomes one batched MatMul over a leading member axis [K, ...], so the
+    exported graph has the node count of a single transformer whatever K is (ONNX Runtime's
+    per-node overhead, not arithmetic, dominates at N = 1).  Built from trained members; the
+    token sums' scaling constants are shared (all members are fitted on the same rows).
+    """
+
+    def __init__(self, members):
+        super().__init__()
+        first = members[0]
+        for member in members[1:]:
+            for name in ("sum_log_mean", "sum_log_std"):
+                assert torch.equal(getattr(member, name), getattr(first, name))
+            for name in ("columns", "means", "stds", "scales"):
+                assert torch.equal(getattr(member.token_linear_scale, name), getattr(first.token_linear_scale, name))
+            assert torch.equal(member.head.bins, first.head.bins)
+        self.n_members = len(members)
+        self.token_linear_scale = first.token_linear_scale
+        self.register_buffer("sum_log_mean", first.sum_log_mean.clone())
+        self.register_buffer("sum_log_std", first.sum_log_std.clone())
+        self.register_buffer("bins", first.head.bins.clone())
+        self.n_heads = first.blocks[0].attention.n_heads
+        self.head_dim = first.blocks[0].attention.head_dim
+        self.n_blocks = len(first.blocks)
+
+        def stack(get, linear=False):
+            tensors = [get(member).detach() for member in members]
+            if linear:   # nn.Linear weight [out, in] -> [in, out] for x @ W
+                tensors = [t.t() for t in tensors]
+            return nn.Parameter(torch.stack(tensors, dim=0).contiguous())
+
+        self.embedding = stack(lambda m: m.kind_embedding.weight)                  # [K, V, D]
+        self.projection_w = stack(lambda m: m.token_projection.weight, True)      # [K, T, D]
+        self.projection_b = stack(lambda m: m.token_projection.bias)
+        self.block_params = nn.ParameterList()
+        names = []
+        for b in range(self.n_blocks):
+            for key, get, linear in (
+                    ("ln1_w", lambda m: m.blocks[b].norm_attention.weight, False),
+                    ("ln1_b", lambda m: m.blocks[b].norm_attention.bias, False),
+                    ("qkv_w", lambda m: m.blocks[b].attention.qkv.weight, True),
+                    ("qkv_b", lambda m: m.blocks[b].attention.qkv.bias, False),
+                    ("out_w", lambda m: m.blocks[b].attention.out.weight, True),
+                    ("out_b", lambda m: m.blocks[b].attention.out.bias, False),
+                    ("ln2_w", lambda m: m.blocks[b].norm_ff.weight, False),
+                    ("ln2_b", lambda m: m.blocks[b].norm_ff.bias, False),
+                    ("ff1_w", lambda m: m.blocks[b].ff[0].weight, True),
+                    ("ff1_b", lambda m: m.blocks[b].ff[0].bias, False),
+                    ("ff2_w", lambda m: m.blocks[b].ff[2].weight, True),
+                    ("ff2_b", lambda m: m.blocks[b].ff[2].bias, False)):
+                self.block_params.append(stack(get, linear))
+                names.append((b, key))
+        self.block_index = {name: i for i, name in enumerate(names)}
+        self.final_w = stack(lambda m: m.final_norm.weight)
+        self.final_b = stack(lambda m: m.final_norm.bias)
+        self.eps = first.final_norm.eps
+        self.linear_w = stack(lambda m: m.head.linear.weight, True)               # [K, S, 1]
+        self.linear_b = stack(lambda m: m.head.linear.bias)
+        self.corr = nn.ParameterList()
+        for i in (0, 2, 4):
+            self.corr.append(stack(lambda m: m.head.correction[i].weight, True))
+            self.corr.append(stack(lambda m: m.head.correction[i].bias))
+        self.log_spread = stack(lambda m: m.head.log_spread.reshape(1))           # [K, 1]
+
+    def _block(self, b, key):
+        return self.block_params[self.block_index[(b, key)]]
+
+    @staticmethod
+    def _linear(x, weight, bias):
+        # x [K, M, in] @ [K, in, out] + [K, 1, out]
+        return torch.matmul(x, weight) + bias[:, None, :]
+
+    def _norm(self, x, weight, bias):
+        x = nn.functional.layer_norm(x, x.shape[-1:], eps=self.eps)
+        return x * weight[:, None, :] + bias[:, None, :]
+
+    def forward(self, kind_ids, token_features, mask):
+        n, length = kind_ids.shape
+        k, d_model, heads, dh = self.n_members, self.embedding.shape[-1], self.n_heads, self.head_dim
+        rows = n * length
+        embedded = self.embedding.index_select(1, kind_ids.reshape(-1))            # [K, N*L, D]
+        flat_tokens = token_features.reshape(1, rows, -1)
+        h = embedded + self._linear(flat_tokens, self.projection_w, self.projection_b)
+        key_bias = ((mask - 1.0) * 1e9)[None, :, None, None, :]                   # [1, N, 1, 1, L]
+        for b in range(self.n_blocks):
+            x = self._norm(h, self._block(b, "ln1_w"), self._block(b, "ln1_b"))
+            qkv = self._linear(x, self._block(b, "qkv_w"), self._block(b, "qkv_b"))
+            qkv = qkv.reshape(k, n, length, 3, heads, dh).permute(3, 0, 1, 4, 2, 5)  # [3, K, N, H, L, Dh]
+            q, key, v = qkv[0], qkv[1], qkv[2]
+            scores = q @ key.transpose(-1, -2) * (dh ** -0.5) + key_bias
+            context = torch.softmax(scores, dim=-1) @ v                             # [K, N, H, L, Dh]
+            context = context.permute(0, 1, 3, 2, 4).reshape(k, rows, d_model)
+            h = h + self._linear(context, self._block(b, "out_w"), self._block(b, "out_b"))
+            x = self._norm(h, self._block(b, "ln2_w"), self._block(b, "ln2_b"))
+            x = nn.functional.gelu(self._linear(x, self._block(b, "ff1_w"), self._block(b, "ff1_b")))
+            h = h + self._linear(x, self._block(b, "ff2_w"), self._block(b, "ff2_b"))
+        h = self._norm(h, self.final_w, self.final_b).reshape(k, n, length, d_model)
+        weights = mask[..., None]                                                   # [N, L, 1]
+        pooled = (h * weights).sum(dim=2) / weights.sum(dim=1).clamp(min=1.0)      # [K, N, D]
+        raw_sums = (self.token_linear_scale.raw(token_features) * weights).sum(dim=1)   # [N, S]
+        sums = raw_sums / self.token_linear_scale.scales
+        log_sums = (torch.log1p(raw_sums) - self.sum_log_mean) / self.sum_log_std
+        shared = torch.cat([sums, log_sums], dim=-1)[None].expand(k, n, -1)
+        inputs = torch.cat([pooled, shared], dim=-1)                                # [K, N, D + 2S]
+        x = nn.functional.silu(self._linear(inputs, self.corr[0], self.corr[1]))
+        x = nn.functional.silu(self._linear(x, self.corr[2], self.corr[3]))
+        memory = self._linear(x, self.corr[4], self.corr[5]) + self._linear(
+            sums[None].expand(k, n, -1), self.linear_w, self.linear_b)            # [K, N, 1]
+        spread = torch.exp(self.log_spread)[:, None, :]                             # [K, 1, 1]
+        below = torch.sigmoid((self.bins - memory) / spread)                        # [K, N, B]
+        zeros, ones = torch.zeros_like(memory), torch.ones_like(memory)
+        cdf = torch.cat([zeros, below, ones], dim=-1)
+        return (cdf[..., 1:] - cdf[..., :-1]).mean(dim=0)                            # [N, C]

@@ -44,6 +44,10 @@ LINEAR_SCALE_TOKENS = ["params", "output_x_batch"]
 ENSEMBLE = dict(members=5, hidden=32, epochs=1000, lr=1e-2, weight_decay=1e-3)
 TRANSFORMER = dict(d_model=32, n_heads=4, n_layers=2, d_ff=64, epochs=40, batch=64, lr=3e-3,
                    weight_decay=1e-4)
+# Independently seeded transformers averaged inside the exported graph (seeds seed, seed+1, ...).
+# Chosen by grouped CV among the member counts whose N=1 latency (L=46, one thread) stays within
+# ~250 us: see training/report_sequence_members.md (K=5 scored best in CV but took ~360 us).
+SEQUENCE_MEMBERS = 1
 REGRESSOR = dict(members=3, hidden=32, epochs=500, lr=1e-2, weight_decay=1e-3)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -232,7 +236,18 @@ def length_bucketed_batches(lengths, batch, generator):
     return [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()]
 
 
-def train_transformer(kind_ids, token_features, mask, records, token_entries, seed):
+def train_transformer(kind_ids, token_features, mask, records, token_entries, seed, members=None):
+    """SEQUENCE_MEMBERS transformers seeded seed, seed + 1, ...; one member exports as itself, more
+    as one graph with stacked weights (gm.StackedSequenceEnsemble, mean of the probabilities)."""
+    members = members or SEQUENCE_MEMBERS
+    trained = [train_transformer_member(kind_ids, token_features, mask, records, token_entries, seed + m)
+               for m in range(members)]
+    if members == 1:
+        return gm.SequenceProbabilities(trained[0]).eval()
+    return gm.StackedSequenceEnsemble(trained).eval()
+
+
+def train_transformer_member(kind_ids, token_features, mask, records, token_entries, seed):
     torch.manual_seed(seed)
     scale, log_mean, log_std = token_linear_scale(token_entries, token_features, mask)
     model = gm.SequenceTransformer(len(gf.CANONICAL_KINDS), token_features.shape[-1], scale,
@@ -257,7 +272,7 @@ def train_transformer(kind_ids, token_features, mask, records, token_entries, se
             loss.backward()
             optimiser.step()
             schedule.step()
-    return gm.SequenceProbabilities(model).eval()
+    return model.eval()
 
 
 # ----------------------------------------------------------------------------- scoring
