@@ -6,7 +6,10 @@ use std::path::PathBuf;
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use gpucast::config::ServeConfig;
+use std::io::BufRead;
+
 use gpucast::domain::features::AggregateFeatures;
+use gpucast::domain::{Family, Job};
 use gpucast::estimators::Estimators;
 use gpucast::http::estimate::to_job;
 use gpucast::http::types::EstimateRequest;
@@ -25,32 +28,50 @@ fn example() -> serde_json::Value {
     spec["components"]["schemas"]["EstimateRequest"]["example"].clone()
 }
 
+/// A realistic job of each family: the OpenAPI example MLP, timm resnet50 and ViT-B/16.
+fn jobs_by_family() -> Vec<(Family, Job)> {
+    let example: EstimateRequest = serde_json::from_value(example()).unwrap();
+    let mut jobs = vec![(Family::Mlp, to_job(&example).unwrap())];
+    let file = std::fs::File::open(root().join("data/timm/descriptions.jsonl.gz")).unwrap();
+    for line in std::io::BufReader::new(flate2::read::GzDecoder::new(file)).lines() {
+        let line = line.unwrap();
+        for (model, family, batch) in [("timm:resnet50", Family::Cnn, 64), ("timm:vit_base_patch16_224", Family::Transformer, 32)] {
+            if line.contains(&format!("\"{model}\"")) {
+                let mut request: EstimateRequest = serde_json::from_str(&line).unwrap();
+                request.batch_size = batch;
+                jobs.push((family, to_job(&request).unwrap()));
+            }
+        }
+    }
+    jobs
+}
+
 fn in_process(c: &mut Criterion) {
     let estimators = Estimators::load(&root().join("models"), &dylib(), 1).expect("models load");
-    let request: EstimateRequest = serde_json::from_value(example()).unwrap();
-    let job = to_job(&request).unwrap();
+    let jobs = jobs_by_family();
     let body = example().to_string();
 
-    c.bench_function("parse_and_validate", |b| {
+    c.bench_function("parse_and_validate/mlp_example", |b| {
         b.iter(|| to_job(&serde_json::from_str::<EstimateRequest>(&body).unwrap()).unwrap())
     });
-    c.bench_function("aggregate_features", |b| b.iter(|| AggregateFeatures::of(&job)));
-    for estimator in estimators.all() {
-        c.bench_function(&format!("estimator/{}", estimator.name()), |b| {
-            b.iter(|| estimator.run(&job, &AggregateFeatures::of(&job)).unwrap())
-        });
+    for (family, job) in &jobs {
+        let layers = job.layers().len();
+        c.bench_function(&format!("aggregate_features/{family}_{layers}_layers"), |b| b.iter(|| AggregateFeatures::of(job)));
+        for estimator in estimators.all().iter().filter(|e| e.family == *family) {
+            c.bench_function(&format!("estimator/{}", estimator.name()), |b| {
+                b.iter(|| estimator.run(job, &AggregateFeatures::of(job)).unwrap())
+            });
+        }
+        c.bench_function(&format!("estimate_all_estimators/{family}"), |b| b.iter(|| estimators.estimate(job, 0.95).unwrap()));
     }
-    c.bench_function("estimate_all_estimators", |b| b.iter(|| estimators.estimate(&job, 0.95).unwrap()));
 
     // 256 held-out MLP jobs through one estimate_many call (what the batch route does).
     let held_out = held_out_mlp_jobs();
-    let jobs: Vec<_> = held_out.iter().cycle().take(256).collect();
-    let items: Vec<_> = jobs.iter().map(|job| (*job, 0.95)).collect();
-    c.bench_function("estimate_many/256_mlp_jobs", |b| b.iter(|| estimators.estimate_many(&items)));
+    let batch: Vec<_> = held_out.iter().cycle().take(256).map(|job| (job, 0.95)).collect();
+    c.bench_function("estimate_many/256_mlp_jobs", |b| b.iter(|| estimators.estimate_many(&batch)));
 }
 
-fn held_out_mlp_jobs() -> Vec<gpucast::domain::Job> {
-    use std::io::BufRead;
+fn held_out_mlp_jobs() -> Vec<Job> {
     let file = std::fs::File::open(root().join("data/mlp/test.jsonl.gz")).unwrap();
     std::io::BufReader::new(flate2::read::GzDecoder::new(file))
         .lines()
