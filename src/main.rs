@@ -3,9 +3,19 @@ use clap::Parser;
 use gpucast::config::{Cli, Command};
 use gpucast::startup::Application;
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    // Estimates are CPU work on the blocking pool: more threads than cores only add memory
+    // (each thread grows its own allocator arena) and queueing inside the OS.
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .max_blocking_threads(2 * cores)
+        .build()?
+        .block_on(run(cli))
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Openapi => {
             println!("{}", gpucast::http::openapi().to_pretty_json()?);

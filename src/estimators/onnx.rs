@@ -69,6 +69,13 @@ impl OnnxModel {
         for _ in 0..pool_size.max(1) {
             let session = Session::builder(environment)
                 .and_then(|b| b.with_optimization_level(GraphOptimizationLevel::Level3).map_err(Into::into))
+                // No arena: it keeps the largest batch's buffers for good, per session; the
+                // models are small, so plain allocations cost little and memory stays flat.
+                .and_then(|b| {
+                    b.with_execution_providers([ort::ep::CPU::default().with_arena_allocator(false).build()])
+                        .map_err(Into::into)
+                })
+                .and_then(|b| b.with_memory_pattern(false).map_err(Into::into))
                 // Tiny models: a single thread per run is fastest; parallelism comes from
                 // concurrent requests using different sessions of the pool.
                 .and_then(|b| b.with_intra_threads(1).map_err(Into::into))

@@ -164,7 +164,10 @@ pub async fn watch(
     let (pid, gpu) = (request.pid, target.gpu.clone());
     let (devices, profiles, metrics) = (state.devices.clone(), Arc::clone(&state.profiles), Arc::clone(&state.metrics));
     tracing::info!(pid, gpu = %gpu, "watching a training process");
-    tokio::task::spawn_blocking(move || match watch_process(devices, pid, &config) {
+    // A thread of its own: a watch lasts as long as the training job, and must not hold one of
+    // the blocking pool's threads, which serve estimates.
+    let watcher = std::thread::Builder::new().name(format!("watch-{pid}"));
+    let spawned = watcher.spawn(move || match watch_process(devices, pid, &config) {
         Ok(report) if report.complete() => match profiles.observe(&gpu, predicted, report.peak_mib as f64) {
             Ok(profile) => {
                 metrics.record_calibration(&profile.sku, profile.observations, profile.scale, profile.offset_mib);
@@ -175,6 +178,7 @@ pub async fn watch(
         Ok(report) => tracing::warn!(pid, ended = ?report.ended, peak_mib = report.peak_mib, "watch cut short; nothing recorded"),
         Err(e) => tracing::warn!(pid, error = %e, "watch failed"),
     });
+    spawned.map_err(|e| ApiError::Internal(format!("cannot start a watch thread: {e}")))?;
     Ok((StatusCode::ACCEPTED, Json(WatchResponse { pid: request.pid, gpu: target.gpu, status: "watching".into() })))
 }
 

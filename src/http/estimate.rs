@@ -10,7 +10,7 @@ use crate::domain::summary::{parse_summary, SummaryFormat};
 use crate::domain::{Confidence, Job, MemoryClass, UncheckedLayer};
 use crate::error::ApiError;
 use crate::estimators::{ClassAnswer, Estimate, EstimateError};
-use crate::http::extract::{from_value, JsonBody};
+use crate::http::extract::{parse_json, JsonBody};
 use crate::http::types::{
     BatchItemResponse, BatchRequest, BatchResponse, CalibrationResponse, EstimateRequest, FitResponse, EstimateResponse, EstimatorAnswer,
     LatencyResponse, MemoryClassResponse, MemoryResponse, Problem, SummaryFormatRequest, UtilizationResponse,
@@ -93,7 +93,7 @@ pub async fn estimate_batch(
                     }
                     other => other,
                 };
-                let request = from_value::<EstimateRequest>(item, &format!("items[{index}]"))?;
+                let request = parse_json::<EstimateRequest>(item.get().as_bytes(), &format!("items[{index}]"))?;
                 let job = to_job(&request).map_err(located)?;
                 let confidence = Confidence::parse(request.confidence).map_err(|e| located(ApiError::InvalidInput(e.to_string())))?;
                 let target = resolve(&state, request.gpu.as_deref()).map_err(located)?;

@@ -309,8 +309,9 @@ pub struct DevicesResponse {
 #[serde(deny_unknown_fields)]
 pub struct BatchRequest {
     /// The jobs (1 to 256); each is validated on its own, so one bad item does not fail the batch.
+    // Kept as raw JSON until each item is parsed on its own: far less memory than a tree.
     #[schema(value_type = Vec<EstimateRequest>, min_items = 1, max_items = 256)]
-    pub items: Vec<serde_json::Value>,
+    pub items: Vec<Box<serde_json::value::RawValue>>,
 }
 
 /// One batch item's outcome: `estimate` when `status` is 200, `error` otherwise.
