@@ -222,8 +222,11 @@ pub struct ObservationRequest {
 }
 
 /// One observation or a list of them.
-#[derive(Debug, Deserialize, ToSchema)]
+// Documents the body only: the handler parses the items one by one, so that an error names
+// the item and field.
+#[derive(Debug, ToSchema)]
 #[serde(untagged)]
+#[allow(clippy::large_enum_variant)] // never built at run time
 pub enum ObservationsRequest {
     One(ObservationRequest),
     Many(Vec<ObservationRequest>),
