@@ -32,15 +32,17 @@ pub struct EstimateRequest {
     pub family: Option<String>,
     /// Samples per training step.
     #[schema(minimum = 1, maximum = 1048576)]
+    #[serde(deserialize_with = "whole_number::one")]
     pub batch_size: u64,
     /// The model's layers in execution order (1 to 4096). Give either `layers` or `summary`.
     #[serde(default)]
+    #[schema(min_items = 1, max_items = 4096)]
     pub layers: Option<Vec<LayerRequest>>,
     /// The model as summary text instead of a layer list.
     #[serde(default)]
     pub summary: Option<SummaryRequest>,
     /// Sequence length (tokens per sample); required with a `module_print` summary.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "whole_number::optional")]
     #[schema(minimum = 1)]
     pub seq_len: Option<u64>,
     /// `sgd`, `momentum`, `adam` (default) or `adamw`.
@@ -50,7 +52,8 @@ pub struct EstimateRequest {
     #[serde(default)]
     pub precision: Option<String>,
     /// Per-sample input shape, e.g. `[3, 224, 224]` (informational for most estimators).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "whole_number::optional_list")]
+    #[schema(min_items = 1, max_items = 5)]
     pub input_shape: Option<Vec<u64>>,
     /// Where the description came from, e.g. `timm:resnet50` (informational).
     #[serde(default)]
@@ -62,7 +65,35 @@ pub struct EstimateRequest {
     /// The GPU to estimate for: a SKU (`h100-80gb`, `A100 80GB`, `l4`, ...) or `attached` (this
     /// host's first GPU). Default: the A100 40 GB the estimators were trained on.
     #[serde(default)]
+    #[schema(value_type = Option<GpuName>)]
     pub gpu: Option<String>,
+}
+
+/// GPUs a request can name: the catalogue's ids and `attached`. Other spellings of the same
+/// SKUs (`A100 80GB`, `NVIDIA A100-SXM4-40GB`) are accepted too.
+#[derive(ToSchema)]
+#[allow(dead_code)] // documents the accepted values; requests carry a string
+pub enum GpuName {
+    #[schema(rename = "attached")]
+    Attached,
+    #[schema(rename = "a100-40gb")]
+    A100_40gb,
+    #[schema(rename = "a100-80gb")]
+    A100_80gb,
+    #[schema(rename = "h100-80gb")]
+    H100_80gb,
+    #[schema(rename = "h200-141gb")]
+    H200_141gb,
+    #[schema(rename = "l4")]
+    L4,
+    #[schema(rename = "l40s")]
+    L40s,
+    #[schema(rename = "t4")]
+    T4,
+    #[schema(rename = "v100-16gb")]
+    V100_16gb,
+    #[schema(rename = "v100-32gb")]
+    V100_32gb,
 }
 
 /// A model summary as printed by a tool.
@@ -91,8 +122,10 @@ pub struct LayerRequest {
     /// matched case-insensitively ignoring `_`, `-` and spaces (`BatchNorm1d`, `LeakyReLU` work).
     pub kind: String,
     /// Elements of the layer's output for one sample.
+    #[serde(deserialize_with = "whole_number::one")]
     pub output_size: u64,
     /// Parameters the layer owns.
+    #[serde(deserialize_with = "whole_number::one")]
     pub params: u64,
     /// Module path, e.g. `layer1.0.conv1` (informational).
     #[serde(default)]
@@ -383,8 +416,8 @@ pub struct CombinedInfo {
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct EstimatorsResponse {
     pub generated_at: Option<String>,
-    /// Provenance of the training data.
-    #[schema(value_type = Object)]
+    /// Provenance of the training data: each file with its sha256.
+    #[schema(value_type = Vec<Object>)]
     pub training_data: serde_json::Value,
     /// How the data was split for validation.
     #[schema(value_type = Object)]
@@ -406,4 +439,80 @@ pub struct HealthResponse {
 pub struct ReadyResponse {
     /// True once the models are loaded, false again while shutting down.
     pub ready: bool,
+}
+
+/// Non-negative whole numbers, also when a client's JSON writes them as `29440.0` (JSON Schema's
+/// `integer` admits that; serde's `u64` alone would not).
+mod whole_number {
+    use serde::de::{Deserializer, Error, Unexpected, Visitor};
+    use serde::Deserialize;
+
+    struct WholeNumber;
+
+    /// Integral floats are exact up to 2^53; beyond that a float cannot name one integer.
+    const MAX_EXACT: f64 = 9_007_199_254_740_992.0;
+
+    impl Visitor<'_> for WholeNumber {
+        type Value = u64;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a non-negative whole number")
+        }
+
+        fn visit_u64<E: Error>(self, v: u64) -> Result<u64, E> {
+            Ok(v)
+        }
+
+        fn visit_i64<E: Error>(self, v: i64) -> Result<u64, E> {
+            u64::try_from(v).map_err(|_| E::invalid_value(Unexpected::Signed(v), &self))
+        }
+
+        fn visit_f64<E: Error>(self, v: f64) -> Result<u64, E> {
+            if v.fract() == 0.0 && (0.0..=MAX_EXACT).contains(&v) {
+                Ok(v as u64)
+            } else {
+                Err(E::invalid_value(Unexpected::Float(v), &self))
+            }
+        }
+    }
+
+    #[derive(Deserialize)]
+    struct Whole(#[serde(deserialize_with = "one")] u64);
+
+    pub fn one<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+        d.deserialize_any(WholeNumber)
+    }
+
+    pub fn optional<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+        Ok(Option::<Whole>::deserialize(d)?.map(|w| w.0))
+    }
+
+    pub fn optional_list<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<u64>>, D::Error> {
+        Ok(Option::<Vec<Whole>>::deserialize(d)?.map(|v| v.into_iter().map(|w| w.0).collect()))
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[derive(Deserialize)]
+        struct Probe {
+            #[serde(deserialize_with = "one")]
+            n: u64,
+        }
+
+        fn parse(json: &str) -> Result<u64, String> {
+            serde_json::from_str::<Probe>(json).map(|p| p.n).map_err(|e| e.to_string())
+        }
+
+        #[test]
+        fn whole_numbers_are_accepted_in_either_notation_and_nothing_else() {
+            assert_eq!(parse(r#"{"n": 29440}"#), Ok(29440));
+            assert_eq!(parse(r#"{"n": 29440.0}"#), Ok(29440));
+            assert!(parse(r#"{"n": 8.5}"#).is_err());
+            assert!(parse(r#"{"n": -8}"#).is_err());
+            assert!(parse(r#"{"n": 1e300}"#).is_err());
+            assert!(parse(r#"{"n": "8"}"#).unwrap_err().contains("non-negative whole number"));
+        }
+    }
 }
