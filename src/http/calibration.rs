@@ -158,12 +158,13 @@ pub async fn watch(
     JsonBody(request): JsonBody<WatchRequest>,
 ) -> Result<(StatusCode, Json<WatchResponse>), ApiError> {
     require_token(&state, &headers)?;
+    let pid = u32::try_from(request.pid).map_err(|_| ApiError::InvalidInput(format!("pid: {} is not a process id", request.pid)))?;
     let target = resolve(&state, Some("attached"))?;
     let predicted = reference_figure(&state, &request.job)?;
     let interval = Duration::from_millis(request.interval_ms.unwrap_or(200).max(10));
     let mut config = WatchConfig::new(interval, Duration::from_secs(request.max_seconds.unwrap_or(86_400).max(1)));
     config.stop = state.stop_watches.clone();
-    let (pid, gpu) = (request.pid, target.gpu.clone());
+    let gpu = target.gpu.clone();
     let (devices, profiles, metrics) = (state.devices.clone(), Arc::clone(&state.profiles), Arc::clone(&state.metrics));
     tracing::info!(pid, gpu = %gpu, "watching a training process");
     // A thread of its own: a watch lasts as long as the training job, and must not hold one of
@@ -181,7 +182,7 @@ pub async fn watch(
         Err(e) => tracing::warn!(pid, error = %e, "watch failed"),
     });
     spawned.map_err(|e| ApiError::Internal(format!("cannot start a watch thread: {e}")))?;
-    Ok((StatusCode::ACCEPTED, Json(WatchResponse { pid: request.pid, gpu: target.gpu, status: "watching".into() })))
+    Ok((StatusCode::ACCEPTED, Json(WatchResponse { pid, gpu: target.gpu, status: "watching".into() })))
 }
 
 fn require_token(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {

@@ -246,6 +246,7 @@ pub struct CalibrationResponse {
 }}))]
 pub struct ObservationRequest {
     /// A SKU or `attached`.
+    #[schema(value_type = GpuName)]
     pub gpu: String,
     /// The job, as `POST /v1/estimate` takes it.
     pub job: EstimateRequest,
@@ -297,14 +298,16 @@ pub struct ProfilesResponse {
 #[serde(deny_unknown_fields)]
 pub struct WatchRequest {
     /// The process to watch (it may not have touched the GPU yet).
-    pub pid: u32,
+    #[serde(deserialize_with = "whole_number::one")]
+    #[schema(maximum = 4294967295_u64)]
+    pub pid: u64,
     /// The job the process runs, as `POST /v1/estimate` takes it.
     pub job: EstimateRequest,
     /// Longest watch, seconds (default 86,400); a watch cut short records nothing.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "whole_number::optional")]
     pub max_seconds: Option<u64>,
     /// Milliseconds between two readings (default 200, at least 10).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "whole_number::optional")]
     pub interval_ms: Option<u64>,
 }
 
