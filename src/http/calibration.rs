@@ -26,6 +26,8 @@ use crate::placement::{PlacementError, Target};
 
 /// Observations accepted in one call.
 const MAX_OBSERVATIONS: usize = 1000;
+/// Largest peak an observation may report, MiB.
+const MAX_OBSERVED_PEAK_MIB: f64 = 10_000_000.0;
 
 /// The GPUs of this host, as NVML reports them.
 #[utoipa::path(get, path = "/v1/devices", tag = "devices", responses((status = 200, body = DevicesResponse)))]
@@ -119,8 +121,9 @@ fn record(state: &AppState, observations: Vec<ObservationRequest>) -> Result<Obs
             ApiError::InvalidInput(detail) if observations.len() > 1 => ApiError::InvalidInput(format!("[{index}].{detail}")),
             other => other,
         };
-        if !(observation.observed_peak_mib.is_finite() && observation.observed_peak_mib > 0.0) {
-            return Err(at(ApiError::InvalidInput("observed_peak_mib: must be a positive number".into())));
+        // No GPU job peaks below 1 MiB (the CUDA context alone is hundreds) or above 10 TiB.
+        if !(1.0..=MAX_OBSERVED_PEAK_MIB).contains(&observation.observed_peak_mib) {
+            return Err(at(ApiError::InvalidInput("observed_peak_mib: must be a number from 1 to 10,000,000".into())));
         }
         let target = resolve(state, Some(&observation.gpu)).map_err(at)?;
         let predicted = reference_figure(state, &observation.job).map_err(at)?;
@@ -214,7 +217,10 @@ fn reference_figure(state: &AppState, request: &EstimateRequest) -> Result<f64, 
 
 fn profile_error(e: ProfileError) -> ApiError {
     match e {
-        ProfileError::InvalidSku(_) | ProfileError::InvalidObservation(_) => ApiError::InvalidInput(e.to_string()),
+        // A profile that fails validation after a refit was made so by the observations sent.
+        ProfileError::InvalidSku(_) | ProfileError::InvalidObservation(_) | ProfileError::Invalid(_) => {
+            ApiError::InvalidInput(e.to_string())
+        }
         other => ApiError::Internal(other.to_string()),
     }
 }

@@ -70,30 +70,34 @@ pub struct EstimateRequest {
 }
 
 /// GPUs a request can name: the catalogue's ids and `attached`. Other spellings of the same
-/// SKUs (`A100 80GB`, `NVIDIA A100-SXM4-40GB`) are accepted too.
-#[derive(ToSchema)]
-#[allow(dead_code)] // documents the accepted values; requests carry a string
-pub enum GpuName {
-    #[schema(rename = "attached")]
-    Attached,
-    #[schema(rename = "a100-40gb")]
-    A100_40gb,
-    #[schema(rename = "a100-80gb")]
-    A100_80gb,
-    #[schema(rename = "h100-80gb")]
-    H100_80gb,
-    #[schema(rename = "h200-141gb")]
-    H200_141gb,
-    #[schema(rename = "l4")]
-    L4,
-    #[schema(rename = "l40s")]
-    L40s,
-    #[schema(rename = "t4")]
-    T4,
-    #[schema(rename = "v100-16gb")]
-    V100_16gb,
-    #[schema(rename = "v100-32gb")]
-    V100_32gb,
+/// SKUs (`A100 80GB`, `NVIDIA A100-SXM4-40GB`) are accepted too. Documents the schema only.
+pub struct GpuName;
+
+impl utoipa::PartialSchema for GpuName {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        let names = std::iter::once("attached").chain(crate::devices::sku::CATALOGUE.iter().map(|sku| sku.id));
+        string_enum(names, "A catalogue GPU id, or `attached` for this host's first GPU.")
+    }
+}
+
+impl ToSchema for GpuName {}
+
+/// The canonical layer kinds. Other spellings (`BatchNorm2d`, `LeakyReLU`,
+/// `batch_normalization`) are accepted too. Documents the schema only.
+pub struct LayerKindName;
+
+impl utoipa::PartialSchema for LayerKindName {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        let names = crate::domain::LayerKind::ALL.into_iter().map(crate::domain::LayerKind::as_str);
+        string_enum(names, "A layer kind; matched case-insensitively ignoring `_`, `-` and spaces.")
+    }
+}
+
+impl ToSchema for LayerKindName {}
+
+fn string_enum<'a>(values: impl Iterator<Item = &'a str>, description: &str) -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+    use utoipa::openapi::schema::{ObjectBuilder, Type};
+    ObjectBuilder::new().schema_type(Type::String).enum_values(Some(values)).description(Some(description)).into()
 }
 
 /// A model summary as printed by a tool.
@@ -120,12 +124,15 @@ pub enum SummaryFormatRequest {
 pub struct LayerRequest {
     /// Layer kind, e.g. `linear`, `batch_norm`, `relu`, `dropout`, `conv2d`, `attention`;
     /// matched case-insensitively ignoring `_`, `-` and spaces (`BatchNorm1d`, `LeakyReLU` work).
+    #[schema(value_type = LayerKindName)]
     pub kind: String,
     /// Elements of the layer's output for one sample.
     #[serde(deserialize_with = "whole_number::one")]
+    #[schema(maximum = 10_000_000_000_000_u64)]
     pub output_size: u64,
     /// Parameters the layer owns.
     #[serde(deserialize_with = "whole_number::one")]
+    #[schema(maximum = 10_000_000_000_000_u64)]
     pub params: u64,
     /// Module path, e.g. `layer1.0.conv1` (informational).
     #[serde(default)]
@@ -250,8 +257,8 @@ pub struct ObservationRequest {
     pub gpu: String,
     /// The job, as `POST /v1/estimate` takes it.
     pub job: EstimateRequest,
-    /// Peak GPU memory the job reached, MiB, as nvidia-smi reports it.
-    #[schema(exclusive_minimum = 0)]
+    /// Peak GPU memory the job reached, MiB, as nvidia-smi reports it (1 to 10,000,000).
+    #[schema(minimum = 1, maximum = 10_000_000)]
     pub observed_peak_mib: f64,
 }
 
@@ -345,11 +352,16 @@ pub struct DevicesResponse {
 
 /// Many jobs in one call.
 #[derive(Debug, Deserialize, ToSchema)]
+#[schema(example = json!({"items": [
+    {"batch_size": 64, "layers": [{"kind": "linear", "output_size": 512, "params": 401920}, {"kind": "relu", "output_size": 512, "params": 0}, {"kind": "linear", "output_size": 10, "params": 5130}]},
+    {"batch_size": 8, "layers": [{"kind": "warp_drive", "output_size": 1, "params": 0}]}
+]}))]
 #[serde(deny_unknown_fields)]
 pub struct BatchRequest {
-    /// The jobs (1 to 256); each is validated on its own, so one bad item does not fail the batch.
+    /// The jobs (1 to 256), each an `EstimateRequest`. Each is validated on its own: a bad item
+    /// gets its own error in the answer and does not fail the batch, so any JSON is accepted here.
     // Kept as raw JSON until each item is parsed on its own: far less memory than a tree.
-    #[schema(value_type = Vec<EstimateRequest>, min_items = 1, max_items = 256)]
+    #[schema(value_type = Vec<Value>, min_items = 1, max_items = 256)]
     pub items: Vec<Box<serde_json::value::RawValue>>,
 }
 

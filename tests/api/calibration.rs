@@ -91,6 +91,10 @@ async fn bad_observations_record_nothing() {
     assert_eq!(response.status(), 422);
     let problem: Value = response.json().await.unwrap();
     assert!(problem["detail"].as_str().unwrap().starts_with("[1].observed_peak_mib"), "{problem}");
+    // A peak no GPU job has (found by schemathesis: it once made the refit fail with a 500).
+    let tiny = json!({"gpu": "t4", "job": example_job(), "observed_peak_mib": 5e-324});
+    let response = app.post_json("/v1/calibration/observations", &tiny).await;
+    assert_eq!(response.status(), 422);
     let profiles: Value = app.get("/v1/calibration/profiles").await.json().await.unwrap();
     assert_eq!(profiles["profiles"], json!([]));
 }
