@@ -53,7 +53,7 @@ pub struct EstimateRequest {
     pub precision: Option<String>,
     /// Per-sample input shape, e.g. `[3, 224, 224]` (informational for most estimators).
     #[serde(default, deserialize_with = "whole_number::optional_list")]
-    #[schema(min_items = 1, max_items = 5)]
+    #[schema(value_type = Option<Vec<Dimension>>, min_items = 1, max_items = 5)]
     pub input_shape: Option<Vec<u64>>,
     /// Where the description came from, e.g. `timm:resnet50` (informational).
     #[serde(default)]
@@ -94,6 +94,18 @@ impl utoipa::PartialSchema for LayerKindName {
 }
 
 impl ToSchema for LayerKindName {}
+
+/// One dimension of an input shape. Documents the schema only.
+pub struct Dimension;
+
+impl utoipa::PartialSchema for Dimension {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{ObjectBuilder, Type};
+        ObjectBuilder::new().schema_type(Type::Integer).minimum(Some(1)).maximum(Some(1_000_000)).into()
+    }
+}
+
+impl ToSchema for Dimension {}
 
 fn string_enum<'a>(values: impl Iterator<Item = &'a str>, description: &str) -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
     use utoipa::openapi::schema::{ObjectBuilder, Type};
