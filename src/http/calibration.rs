@@ -101,9 +101,10 @@ pub async fn observe(
             .collect::<Result<_, _>>()?,
         one => vec![from_value(one, "")?],
     };
-    if observations.is_empty() || observations.len() > MAX_OBSERVATIONS {
+    // An empty list records nothing, and says so.
+    if observations.len() > MAX_OBSERVATIONS {
         return Err(ApiError::InvalidInput(format!(
-            "body: between 1 and {MAX_OBSERVATIONS} observations are accepted, got {}",
+            "body: at most {MAX_OBSERVATIONS} observations are accepted, got {}",
             observations.len()
         )));
     }

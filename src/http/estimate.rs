@@ -19,6 +19,9 @@ use crate::http::calibration::resolve;
 use crate::http::AppState;
 use crate::placement::{place, Placement, Target};
 
+/// Longest sequence accepted (tokens per sample).
+const MAX_SEQ_LEN: u64 = 1_000_000;
+
 const DRAMA_REASON: &str = "no measured DRAM-activity data exists yet for any family, so no DRAMA model is trained";
 
 /// Estimate one job.
@@ -126,6 +129,9 @@ pub async fn estimate_batch(
 
 /// Turns a request into a validated job: from its layer list, or by parsing its summary text.
 pub fn to_job(request: &EstimateRequest) -> Result<Job, ApiError> {
+    if let Some(seq_len) = request.seq_len.filter(|&l| l == 0 || l > MAX_SEQ_LEN) {
+        return Err(ApiError::InvalidInput(format!("seq_len: must be between 1 and {MAX_SEQ_LEN}, got {seq_len}")));
+    }
     let job = match (&request.layers, &request.summary) {
         (Some(layers), None) => {
             let layers = layers.iter().map(|l| UncheckedLayer { kind: &l.kind, output_size: l.output_size, params: l.params });

@@ -43,7 +43,7 @@ pub struct EstimateRequest {
     pub summary: Option<SummaryRequest>,
     /// Sequence length (tokens per sample); required with a `module_print` summary.
     #[serde(default, deserialize_with = "whole_number::optional")]
-    #[schema(minimum = 1)]
+    #[schema(minimum = 1, maximum = 1_000_000)]
     pub seq_len: Option<u64>,
     /// `sgd`, `momentum`, `adam` (default) or `adamw`.
     #[serde(default)]

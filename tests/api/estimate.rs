@@ -114,6 +114,7 @@ async fn bad_inputs_get_a_client_error_naming_the_field() {
         ("confidence out of range", json!({"batch_size": 8, "layers": [layer], "confidence": 1.5}).to_string(), 422, "confidence"),
         ("unknown optimizer", json!({"batch_size": 8, "layers": [layer], "optimizer": "lion"}).to_string(), 422, "optimizer"),
         ("unknown precision", json!({"batch_size": 8, "layers": [layer], "precision": "int4"}).to_string(), 422, "precision"),
+        ("absurd sequence length", json!({"batch_size": 8, "layers": [layer], "seq_len": 1u64 << 63}).to_string(), 422, "seq_len"),
         ("zero input dimension", json!({"batch_size": 8, "layers": [layer], "input_shape": [3, 0]}).to_string(), 422, "input_shape"),
     ];
     for (name, body, status, needle) in cases {
