@@ -80,6 +80,28 @@ fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(calibration::watch))
 }
 
+/// States in the spec what the code enforces: a job gives exactly one of `layers` and
+/// `summary` (a derived struct schema can only make both optional).
+struct LayersOrSummary;
+
+impl utoipa::Modify for LayersOrSummary {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::schema::{AllOfBuilder, ArrayBuilder, ObjectBuilder, OneOfBuilder, Schema, Type};
+        use utoipa::openapi::RefOr;
+        let Some(components) = openapi.components.as_mut() else { return };
+        let Some(RefOr::T(Schema::Object(request))) = components.schemas.remove("EstimateRequest") else { return };
+        let example = request.example.clone();
+        let exactly_one = OneOfBuilder::new()
+            .item(ObjectBuilder::new().required("layers").property("layers", ArrayBuilder::new()))
+            .item(ObjectBuilder::new().required("summary").property("summary", ObjectBuilder::new().schema_type(Type::Object)));
+        let description = request.description.clone();
+        // `example`, not 3.1's `examples`: it is what Swagger UI's "Try it out" fills in.
+        #[allow(deprecated)]
+        let schema = AllOfBuilder::new().item(request).item(exactly_one).description(description).example(example).build();
+        components.schemas.insert("EstimateRequest".into(), RefOr::T(Schema::AllOf(schema)));
+    }
+}
+
 /// Declares the bearer token of the calibration routes in the spec.
 struct BearerSecurity;
 
@@ -93,15 +115,21 @@ impl utoipa::Modify for BearerSecurity {
 
 /// The OpenAPI document, generated from the handlers and wire types.
 pub fn openapi() -> utoipa::openapi::OpenApi {
-    let (_, mut api) = api_router().split_for_parts();
+    complete(api_router().split_for_parts().1)
+}
+
+/// What the derives cannot say: the version, and rules across fields. Runs after the routes
+/// have registered their schemas (the `#[openapi]` modifiers run before).
+fn complete(mut api: utoipa::openapi::OpenApi) -> utoipa::openapi::OpenApi {
+    use utoipa::Modify;
     api.info.version = env!("CARGO_PKG_VERSION").to_string();
+    LayersOrSummary.modify(&mut api);
     api
 }
 
 pub fn router(state: AppState) -> Router {
     let (api_routes, api) = api_router().split_for_parts();
-    let mut api = api;
-    api.info.version = env!("CARGO_PKG_VERSION").to_string();
+    let api = complete(api);
     api_routes
         .merge(SwaggerUi::new("/docs").url("/openapi.json", api))
         .layer(DefaultBodyLimit::max(state.limits.max_body_bytes))
