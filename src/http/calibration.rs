@@ -127,6 +127,13 @@ fn record(state: &AppState, observations: Vec<ObservationRequest>) -> Result<Obs
             return Err(at(ApiError::InvalidInput("observed_peak_mib: must be a number from 1 to 10,000,000".into())));
         }
         let target = resolve(state, Some(&observation.gpu)).map_err(at)?;
+        // The GPU is named once, at the top: a different one inside the job is a contradiction.
+        if let Some(inner) = observation.job.gpu.as_deref() {
+            let inner = resolve(state, Some(inner)).map_err(|e| at(prefixed("job.", e)))?;
+            if inner != target {
+                return Err(at(ApiError::InvalidInput(format!("job.gpu: names {}, the observation {}", inner.gpu, target.gpu))));
+            }
+        }
         let predicted = reference_figure(state, &observation.job).map_err(at)?;
         prepared.push((target.gpu, predicted, observation.observed_peak_mib));
     }
@@ -189,6 +196,13 @@ pub async fn watch(
     Ok((StatusCode::ACCEPTED, Json(WatchResponse { pid, gpu: target.gpu, status: "watching".into() })))
 }
 
+fn prefixed(prefix: &str, e: ApiError) -> ApiError {
+    match e {
+        ApiError::InvalidInput(detail) => ApiError::InvalidInput(format!("{prefix}{detail}")),
+        other => other,
+    }
+}
+
 fn require_token(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
     let header = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
     if authorized(header, state.token.as_ref().map(|t| t.expose())) {
@@ -208,10 +222,7 @@ pub fn resolve(state: &AppState, gpu: Option<&str>) -> Result<Target, ApiError> 
 /// What the reference (uncalibrated) model says of a job: the learned MiB figure, or the
 /// first-principles one for a family without a memory regressor.
 fn reference_figure(state: &AppState, request: &EstimateRequest) -> Result<f64, ApiError> {
-    let job = to_job(request).map_err(|e| match e {
-        ApiError::InvalidInput(detail) => ApiError::InvalidInput(format!("job.{detail}")),
-        other => other,
-    })?;
+    let job = to_job(request).map_err(|e| prefixed("job.", e))?;
     let estimate = state.estimators.estimate(&job, crate::domain::Confidence::DEFAULT.get())?;
     Ok(estimate.mib.map(|m| m.estimate_mib).unwrap_or_else(|| estimate.mib_estimators[FIRST_PRINCIPLES]))
 }

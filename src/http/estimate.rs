@@ -34,6 +34,7 @@ const DRAMA_REASON: &str = "no measured DRAM-activity data exists yet for any fa
         (status = 200, description = "The estimate", body = EstimateResponse),
         (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`gpu: attached` on a host without an NVML device", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "Not JSON", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid job description", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Overloaded or not ready; see Retry-After", body = Problem, content_type = "application/problem+json"),

@@ -6,6 +6,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+use crate::domain::Family;
+
 /// A training job to estimate.
 #[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -29,6 +31,7 @@ pub struct EstimateRequest {
     /// `mlp`, `cnn` or `transformer`; inferred from the layers when absent (attention makes a
     /// transformer, convolutions a CNN).
     #[serde(default)]
+    #[schema(value_type = Option<FamilyName>)]
     pub family: Option<String>,
     /// Samples per training step.
     #[schema(minimum = 1, maximum = 1048576)]
@@ -81,6 +84,18 @@ impl utoipa::PartialSchema for GpuName {
 }
 
 impl ToSchema for GpuName {}
+
+/// Model families. Documents the schema only.
+pub struct FamilyName;
+
+impl utoipa::PartialSchema for FamilyName {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        let names = [Family::Mlp, Family::Cnn, Family::Transformer].map(Family::as_str);
+        string_enum(names.into_iter(), "A model family: it selects the estimators.")
+    }
+}
+
+impl ToSchema for FamilyName {}
 
 /// The canonical layer kinds. Other spellings (`BatchNorm2d`, `LeakyReLU`,
 /// `batch_normalization`) are accepted too. Documents the schema only.

@@ -91,6 +91,14 @@ async fn bad_observations_record_nothing() {
     assert_eq!(response.status(), 422);
     let problem: Value = response.json().await.unwrap();
     assert!(problem["detail"].as_str().unwrap().starts_with("[1].observed_peak_mib"), "{problem}");
+    // The GPU named inside the job must not contradict the observation's.
+    let mut job = example_job();
+    job["gpu"] = "h100-80gb".into();
+    let contradiction = json!({"gpu": "t4", "job": job, "observed_peak_mib": 2000});
+    let response = app.post_json("/v1/calibration/observations", &contradiction).await;
+    assert_eq!(response.status(), 422);
+    let problem: Value = response.json().await.unwrap();
+    assert!(problem["detail"].as_str().unwrap().starts_with("job.gpu"), "{problem}");
     // A peak no GPU job has (found by schemathesis: it once made the refit fail with a 500).
     let tiny = json!({"gpu": "t4", "job": example_job(), "observed_peak_mib": 5e-324});
     let response = app.post_json("/v1/calibration/observations", &tiny).await;
