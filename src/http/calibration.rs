@@ -172,8 +172,9 @@ pub async fn watch(
     let pid = u32::try_from(request.pid).map_err(|_| ApiError::InvalidInput(format!("pid: {} is not a process id", request.pid)))?;
     let target = resolve(&state, Some("attached"))?;
     let predicted = reference_figure(&state, &request.job)?;
-    let interval = Duration::from_millis(request.interval_ms.unwrap_or(200).max(10));
-    let mut config = WatchConfig::new(interval, Duration::from_secs(request.max_seconds.unwrap_or(86_400).max(1)));
+    let interval = Duration::from_millis(request.interval_ms.unwrap_or(200).clamp(10, 60_000));
+    let max_duration = Duration::from_secs(request.max_seconds.unwrap_or(86_400).clamp(1, 2_592_000));
+    let mut config = WatchConfig::new(interval, max_duration);
     config.stop = state.stop_watches.clone();
     let gpu = target.gpu.clone();
     let (devices, profiles, metrics) = (state.devices.clone(), Arc::clone(&state.profiles), Arc::clone(&state.metrics));

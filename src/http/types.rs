@@ -133,6 +133,7 @@ fn string_enum<'a>(values: impl Iterator<Item = &'a str>, description: &str) -> 
 pub struct SummaryRequest {
     pub format: SummaryFormatRequest,
     /// The printed text (at most 1 MiB).
+    #[schema(min_length = 1, max_length = 1048576)]
     pub text: String,
 }
 
@@ -337,11 +338,13 @@ pub struct WatchRequest {
     pub pid: u64,
     /// The job the process runs, as `POST /v1/estimate` takes it.
     pub job: EstimateRequest,
-    /// Longest watch, seconds (default 86,400); a watch cut short records nothing.
+    /// Longest watch, seconds (default 86,400, at most 30 days); a watch cut short records nothing.
     #[serde(default, deserialize_with = "whole_number::optional")]
+    #[schema(minimum = 1, maximum = 2_592_000)]
     pub max_seconds: Option<u64>,
-    /// Milliseconds between two readings (default 200, at least 10).
+    /// Milliseconds between two readings (default 200, 10 to 60,000).
     #[serde(default, deserialize_with = "whole_number::optional")]
+    #[schema(minimum = 10, maximum = 60_000)]
     pub interval_ms: Option<u64>,
 }
 
