@@ -335,10 +335,14 @@ impl Partial {
                 self.classifiers.insert(estimator.entry.name.clone(), class_answer(classes, output));
             }
             EstimatorKind::MemoryRegressor => {
-                let estimate_mib = f64::from(first).exp();
-                if !estimate_mib.is_finite() {
+                let learned_mib = f64::from(first).exp();
+                if !learned_mib.is_finite() {
                     return Err(InferenceError(format!("{} returned a non-finite figure", estimator.name())).into());
                 }
+                // Every job pays the CUDA context and library workspaces (no training job of the
+                // data peaked below ~1,440 MiB); a learned figure below them is an
+                // extrapolation on a job far smaller than any it was trained on.
+                let estimate_mib = learned_mib.max(analytic::FRAMEWORK_OVERHEAD_MIB);
                 let quantiles = estimator.quantiles.as_ref().expect("checked at load");
                 let log_ratio = quantiles.log_ratio_at(confidence).ok_or_else(|| {
                     let (low, high) = quantiles.range();

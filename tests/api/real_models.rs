@@ -95,3 +95,18 @@ async fn a_higher_confidence_gives_a_higher_bound() {
     }
     assert!(bounds[0] <= bounds[1] && bounds[1] < bounds[2], "{bounds:?}");
 }
+
+/// A model far smaller than any training job still pays the CUDA context and workspaces.
+#[tokio::test]
+async fn a_tiny_model_is_never_estimated_below_the_framework_overhead() {
+    let app = spawn_app().await;
+    let tiny = json!({"batch_size": 1, "layers": [
+        {"kind": "conv2d", "output_size": 16, "params": 10},
+        {"kind": "relu", "output_size": 16, "params": 0},
+        {"kind": "linear", "output_size": 2, "params": 34}
+    ]});
+    let body: Value = app.post_json("/v1/estimate", &tiny).await.json().await.unwrap();
+    let overhead = gpucast::domain::analytic::FRAMEWORK_OVERHEAD_MIB;
+    assert!(body["memory"]["estimate_mib"].as_f64().unwrap() >= overhead, "{body}");
+    assert!(body["memory"]["upper_bound_mib"].as_f64().unwrap() >= overhead, "{body}");
+}
