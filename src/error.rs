@@ -68,6 +68,15 @@ impl ApiError {
         }
     }
 
+    /// Places an input error inside a larger body: with prefix `items[3].`, the detail
+    /// `layers[0].kind: ...` becomes `items[3].layers[0].kind: ...`. Other errors are unchanged.
+    pub fn within(self, prefix: &str) -> ApiError {
+        match self {
+            ApiError::InvalidInput(detail) => ApiError::InvalidInput(format!("{prefix}{detail}")),
+            other => other,
+        }
+    }
+
     /// The body a client sees.
     pub fn problem(&self) -> Problem {
         let detail = match self {

@@ -11,7 +11,6 @@ import argparse
 import csv
 import datetime
 import gzip
-import hashlib
 import json
 import math
 import os
@@ -20,13 +19,13 @@ import sys
 import time
 
 import numpy as np
-import onnxruntime as ort
 import torch
 from sklearn.model_selection import GroupKFold
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpucast_features as gf  # noqa: E402
 import real_models as rm  # noqa: E402
+from pipeline import median_latency_us, onnx_session, sha256_of  # noqa: E402
 
 SEED = 20260101
 VERSION = "1.0.0"
@@ -68,14 +67,6 @@ LOG_CAPACITY = math.log(CAPACITY_MIB)
 
 def log(message):
     print("[%s] %s" % (time.strftime("%H:%M:%S"), message), flush=True)
-
-
-def sha256_of(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 # ----------------------------------------------------------------------------- data
@@ -434,26 +425,6 @@ def export_onnx(model, example_inputs, input_names, output_name, dynamic_axes, p
                       dynamic_shapes=dynamic_shapes, verbose=False, optimize=True)
 
 
-def onnx_session(path, threads=1):
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
-
-
-def latency_us(session, feeds, runs=1000):
-    for _ in range(50):
-        session.run(None, feeds)
-    timings = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        session.run(None, feeds)
-        timings.append(time.perf_counter() - start)
-    timings.sort()
-    return {"median_us": 1e6 * timings[len(timings) // 2], "p99_us": 1e6 * timings[int(len(timings) * 0.99)]}
-
-
 def onnx_aggregate(session, jobs, entries):
     x = encode([gf.raw_aggregate_features(j) for j in jobs], entries)
     return session.run(None, {"features": x})[0]
@@ -510,7 +481,7 @@ def run_mlp_regressor(csv_path, models_dir, threads):
         torch_pred = model(torch.as_tensor(encode([gf.raw_aggregate_features(r["job"]) for r in test], entries))).numpy()
     figures = {"cv": cv, "test": regression_figures(test_pred, test, {"mlp": quantiles}),
                "max_abs_diff": float(np.abs(torch_pred - test_pred).max()),
-               "latency": latency_us(session, {"features": encode(raws[:1], entries)})}
+               "latency": median_latency_us(session, {"features": encode(raws[:1], entries)})}
     entry = {
         "name": "mlp_memory_regressor", "version": VERSION, "family": "mlp", "kind": "memory_regressor",
         "file": "mlp_regressor.onnx", "sha256": sha256_of(path),
@@ -624,14 +595,14 @@ def run_timm(models_dir, threads, timm_csv):
     # Latency, N = 1; the sequence model at the longest description (1,630 layers) and at 4,096.
     longest = max(range(len(jobs)), key=lambda i: len(jobs[i]["layers"]))
     ids, feats = encoded[longest]
-    latency = {"timm_regressor": latency_us(sessions["timm_regressor"], {"features": x[:1]}),
-               "timm_mlp_ensemble": latency_us(sessions["timm_mlp_ensemble"], {"features": x[:1]}),
-               "timm_sequence_transformer@%d" % len(ids): latency_us(
+    latency = {"timm_regressor": median_latency_us(sessions["timm_regressor"], {"features": x[:1]}),
+               "timm_mlp_ensemble": median_latency_us(sessions["timm_mlp_ensemble"], {"features": x[:1]}),
+               "timm_sequence_transformer@%d" % len(ids): median_latency_us(
                    sessions["timm_sequence_transformer"],
                    {"kind_ids": ids[None], "token_features": feats[None], "mask": np.ones((1, len(ids)), np.float32)}, 200)}
     reps = -(-MAX_TOKENS // len(ids))
     ids4, feats4 = np.tile(ids, reps)[:MAX_TOKENS], np.tile(feats, (reps, 1))[:MAX_TOKENS]
-    latency["timm_sequence_transformer@%d" % MAX_TOKENS] = latency_us(
+    latency["timm_sequence_transformer@%d" % MAX_TOKENS] = median_latency_us(
         sessions["timm_sequence_transformer"],
         {"kind_ids": ids4[None], "token_features": feats4[None], "mask": np.ones((1, MAX_TOKENS), np.float32)}, 100)
     info = {"dropped": dropped, "rows": len(records), "train_rows": len(train), "test_rows": len(test),

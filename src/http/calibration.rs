@@ -118,10 +118,9 @@ pub async fn observe(
 fn record(state: &AppState, observations: Vec<ObservationRequest>) -> Result<ObservationsResponse, ApiError> {
     let mut prepared = Vec::with_capacity(observations.len());
     for (index, observation) in observations.iter().enumerate() {
-        let at = |e: ApiError| match e {
-            ApiError::InvalidInput(detail) if observations.len() > 1 => ApiError::InvalidInput(format!("[{index}].{detail}")),
-            other => other,
-        };
+        // A lone observation's fields are named as they are; a list's with their index.
+        let location = if observations.len() > 1 { format!("[{index}].") } else { String::new() };
+        let at = |e: ApiError| e.within(&location);
         // No GPU job peaks below 1 MiB (the CUDA context alone is hundreds) or above 10 TiB.
         if !(1.0..=MAX_OBSERVED_PEAK_MIB).contains(&observation.observed_peak_mib) {
             return Err(at(ApiError::InvalidInput("observed_peak_mib: must be a number from 1 to 10,000,000".into())));
@@ -129,7 +128,7 @@ fn record(state: &AppState, observations: Vec<ObservationRequest>) -> Result<Obs
         let target = resolve(state, Some(&observation.gpu)).map_err(at)?;
         // The GPU is named once, at the top: a different one inside the job is a contradiction.
         if let Some(inner) = observation.job.gpu.as_deref() {
-            let inner = resolve(state, Some(inner)).map_err(|e| at(prefixed("job.", e)))?;
+            let inner = resolve(state, Some(inner)).map_err(|e| at(e.within("job.")))?;
             if inner != target {
                 return Err(at(ApiError::InvalidInput(format!("job.gpu: names {}, the observation {}", inner.gpu, target.gpu))));
             }
@@ -197,13 +196,6 @@ pub async fn watch(
     Ok((StatusCode::ACCEPTED, Json(WatchResponse { pid, gpu: target.gpu, status: "watching".into() })))
 }
 
-fn prefixed(prefix: &str, e: ApiError) -> ApiError {
-    match e {
-        ApiError::InvalidInput(detail) => ApiError::InvalidInput(format!("{prefix}{detail}")),
-        other => other,
-    }
-}
-
 fn require_token(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
     let header = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
     if authorized(header, state.token.as_ref().map(|t| t.expose())) {
@@ -223,7 +215,7 @@ pub fn resolve(state: &AppState, gpu: Option<&str>) -> Result<Target, ApiError> 
 /// What the reference (uncalibrated) model says of a job: the learned MiB figure, or the
 /// first-principles one for a family without a memory regressor.
 fn reference_figure(state: &AppState, request: &EstimateRequest) -> Result<f64, ApiError> {
-    let job = to_job(request).map_err(|e| prefixed("job.", e))?;
+    let job = to_job(request).map_err(|e| e.within("job."))?;
     let estimate = state.estimators.estimate(&job, crate::domain::Confidence::DEFAULT.get())?;
     Ok(estimate.mib.map(|m| m.estimate_mib).unwrap_or_else(|| estimate.mib_estimators[FIRST_PRINCIPLES]))
 }

@@ -91,12 +91,8 @@ pub async fn estimate_batch(
             .into_iter()
             .enumerate()
             .map(|(index, item)| {
-                let located = |e: ApiError| match e {
-                    ApiError::InvalidInput(detail) if !detail.starts_with("items[") => {
-                        ApiError::InvalidInput(format!("items[{index}].{detail}"))
-                    }
-                    other => other,
-                };
+                let location = format!("items[{index}].");
+                let located = |e: ApiError| e.within(&location);
                 let request = parse_json::<EstimateRequest>(item.get().as_bytes(), &format!("items[{index}]"))?;
                 let job = to_job(&request).map_err(located)?;
                 let confidence = Confidence::parse(request.confidence).map_err(|e| located(ApiError::InvalidInput(e.to_string())))?;
