@@ -15,6 +15,10 @@ import json
 import math
 import os
 import statistics
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import label_audit  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CAPACITY_MIB = 40960
@@ -55,21 +59,46 @@ def true_class(row):
     return TOP if row["status"] == "oom" else memory_class(float(row["measured_peak_mib"]))
 
 
+def audit_rows(rows):
+    return [(r["id"].rsplit("@", 1)[0], int(r["batch_size"]), r["status"], float(r["measured_peak_mib"])) for r in rows]
+
+
 def credible_oom_ids(rows):
-    """oom rows from a model's first oom reading >= 90 % of the capacity on (see real_pipeline.credible_oom)."""
-    by_model = {}
-    for r in rows:
-        model, batch = r["id"].rsplit("@", 1)
-        by_model.setdefault(model, []).append((int(batch), r))
-    ids = set()
-    for members in by_model.values():
-        seen = False
-        for _, r in sorted(members, key=lambda m: m[0]):
-            if r["status"] == "oom" and float(r["measured_peak_mib"]) >= 0.9 * CAPACITY_MIB:
-                seen = True
-            if seen and r["status"] == "oom":
-                ids.add(r["id"])
-    return ids
+    """oom rows from a model's first oom reading >= 90 % of the capacity on (label_audit.credible_oom)."""
+    return {r["id"] for r, flag in zip(rows, label_audit.credible_oom(audit_rows(rows))) if flag}
+
+
+def audit_lines(rows, quantiles):
+    """What the labels themselves allow: failed ok rows, and oom rows whose own readings say the
+    job fits, with the best oom-not-fit share an estimator can reach without calling them
+    'does not fit'."""
+    audit = audit_rows(rows)
+    failed = label_audit.failed_ok(audit)
+    fitting = label_audit.fitting_oom(audit)
+    n_ok = sum(r["status"] == "ok" for r in rows)
+    oom = [i for i, r in enumerate(rows) if r["status"] == "oom"]
+    q95 = {family: next(q["log_ratio"] for q in levels if q["confidence"] == 0.95) for family, levels in quantiles.items()}
+    flagged = sum(float(rows[i]["regressor_mib"]) * math.exp(q95[rows[i]["family"]]) > CAPACITY_MIB
+                  for i in oom if fitting[i])
+    trusted = [r for r, f in zip(rows, failed) if not f]
+    f = figure_row(trusted, "regressor_mib", q95)
+    examples = [rows[i]["id"] for i in oom if fitting[i]][:4]
+    return [
+        "## What the labels allow (`training/label_audit.py`)", "",
+        "- ok rows no working run gives (reading not above the model's last trusted reading at a smaller "
+        "batch, or above it x the batch ratio + 10 %%): %d of %d. The estimators do not learn from them "
+        "(nor from oom rows that are not credible); every table above still scores them as labelled." % (
+            sum(failed), n_ok),
+        "- oom rows whose model's own trusted readings extrapolate to under 90 %% of the card (crashes, "
+        "not a need above 40 GB; e.g. %s): %d of %d. An estimator that says these fit (their measured "
+        "need) reaches at most %s oom not fit; 95 %% needs calling at least %d of them 'does not fit'. "
+        "gpucast's bound calls %d of them 'does not fit'." % (
+            ", ".join("`%s`" % e for e in examples), sum(fitting), len(oom),
+            pct(1 - sum(fitting) / len(oom)), math.ceil(0.95 * len(oom)) - (len(oom) - sum(fitting)), flagged),
+        "- gpucast memory_regressor on the trusted ok rows and every oom row: median %s, p90 %s, bound "
+        "exceeded %s, 8 GB class accuracy %.3f." % (pct(f["median"]), pct(f["p90"]), pct(f["bound_under"]),
+                                                   f["class_accuracy"]),
+        ""]
 
 
 def figure_row(rows, figure, log_bound):
@@ -81,6 +110,7 @@ def figure_row(rows, figure, log_bound):
     ok = [r for r in rows if r["status"] == "ok"]
     oom = [r for r in rows if r["status"] == "oom"]
     rel = [abs(float(r[figure]) / float(r["measured_peak_mib"]) - 1) for r in ok]
+    credible = credible_oom_ids(rows)
     return {
         "median": statistics.median(rel), "p90": quantile(rel, 0.9),
         "under": sum(float(r[figure]) < float(r["measured_peak_mib"]) for r in ok) / len(ok),
@@ -89,7 +119,7 @@ def figure_row(rows, figure, log_bound):
         "class_below": sum(memory_class(float(r[figure])) < true_class(r) for r in rows) / len(rows),
         "oom_not_fit": sum(bounds[r["id"]] > CAPACITY_MIB for r in oom) / len(oom),
         "credible_not_fit": rate([bounds[r["id"]] > CAPACITY_MIB
-                                  for r in oom if r["id"] in credible_oom_ids(rows)]),
+                                  for r in oom if r["id"] in credible]),
     }
 
 
@@ -108,12 +138,13 @@ def classifier_row(rows, column):
             p = [float(v) for v in r[column].split()]
         predicted.append(max(range(len(p)), key=lambda i: (p[i], -i)))
     labels = [true_class(r) for r in rows]
+    credible = credible_oom_ids(rows)
     return {"class_accuracy": sum(p == t for p, t in zip(predicted, labels)) / len(rows),
             "class_below": sum(p < t for p, t in zip(predicted, labels)) / len(rows),
             # "does not fit" = top class predicted
             "oom_not_fit": sum(p == TOP for p, r in zip(predicted, rows) if r["status"] == "oom")
             / max(1, sum(r["status"] == "oom" for r in rows)),
-            "credible_not_fit": rate([p == TOP for p, r in zip(predicted, rows) if r["id"] in credible_oom_ids(rows)])}
+            "credible_not_fit": rate([p == TOP for p, r in zip(predicted, rows) if r["id"] in credible])}
 
 
 def pct(value):
@@ -172,6 +203,7 @@ def main():
         out.append("")
         out.extend(table(subset, quantiles))
         out.append("")
+    out.extend(audit_lines(rows, quantiles))
     for family, levels in quantiles.items():
         out.append("Conformal quantiles of log(measured / predicted), %s (out-of-fold, ok rows): " % family +
                    ", ".join("%.3g: %.3f" % (q["confidence"], q["log_ratio"]) for q in levels))
