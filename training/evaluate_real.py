@@ -86,7 +86,7 @@ def audit_lines(rows, quantiles):
     return [
         "## What the labels allow (`training/label_audit.py`)", "",
         "- ok rows no working run gives (reading not above the model's last trusted reading at a smaller "
-        "batch, or above it x the batch ratio + 10 %%): %d of %d. The estimators do not learn from them "
+        "batch, or above it x the batch ratio + 10 %%, or repeated by a neighbouring batch size): %d of %d. The estimators do not learn from them "
         "(nor from oom rows that are not credible); every table above still scores them as labelled." % (
             sum(failed), n_ok),
         "- oom rows whose model's own trusted readings extrapolate to under 90 %% of the card (crashes, "

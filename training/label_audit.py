@@ -5,7 +5,9 @@ the physics of a training step, whose peak is a fixed part plus batch x a per-sa
 
 - an `ok` row that reads no more than the model's last trusted reading at a smaller batch size,
   or more than that reading x batch ratio (+10 % for allocator rounding): a run that failed early,
-  or a reading shared with something else (resnetaa50d: 4,489 MiB at 16, 38,835 MiB at 32);
+  or a reading shared with something else (resnetaa50d: 4,489 MiB at 16, 38,835 MiB at 32); and
+  an `ok` row whose reading a neighbouring batch size repeats (volo_d5_512: 9,507 MiB at 32 and
+  64), a stuck reading;
 - an `oom` row whose model's trusted readings extrapolate to under 90 % of the card: a crash, not
   a job that needed more than 40 GB (vit_betwixt_patch32_clip_224: 1,969 and 2,391 MiB at 8 and
   16, then 'oom' at 32 reading 1,969 MiB).
@@ -43,10 +45,12 @@ def credible_oom(rows):
 def _trusted_walk(rows, indices):
     """Yields (index, trusted readings so far, failed ok flag) in batch order."""
     trusted = []
-    for index in indices:
+    for position, index in enumerate(indices):
         _, batch, status, peak = rows[index]
-        failed = False
-        if status == "ok" and trusted:
+        # A reading that a neighbouring batch size repeats is stuck, not a measurement.
+        neighbours = indices[max(0, position - 1):position] + indices[position + 1:position + 2]
+        failed = status == "ok" and any(abs(rows[i][3] - peak) <= 0.01 * peak for i in neighbours)
+        if status == "ok" and trusted and not failed:
             batch0, peak0 = trusted[-1]
             failed = peak <= 1.01 * peak0 or peak > ROUNDING_SLACK * peak0 * batch / batch0
         yield index, list(trusted), failed

@@ -358,7 +358,11 @@ def log_ratio_at(quantiles, confidence):
 
 
 def audit_rows(records):
-    return [(r["id"].rsplit("@", 1)[0], r["batch_size"], r["status"], r["peak"]) for r in records]
+    rows = []
+    for r in records:
+        model, batch = r["id"].rsplit("@", 1)
+        rows.append((model, int(batch), r["status"], r["peak"]))
+    return rows
 
 
 def credible_oom(records):
