@@ -94,6 +94,8 @@ COUNT_FEATURES = [
 ]
 # Features added for the real-model families (docs/models.md "Real-model families").
 REAL_COUNT_FEATURES = ["n_conv", "n_attention", "n_norm", "n_embedding", "input_pixels",
+                       "conv_outputs_x_batch", "norm_outputs_x_batch", "activation_outputs_x_batch",
+                       "linear_outputs_x_batch", "attention_outputs_x_batch", "other_outputs_x_batch",
                        "first_principles_mib", "horus_mib"]
 AGGREGATE_FEATURES = COUNT_FEATURES + ["act_" + name for name in HIDDEN_ACTIVATIONS]
 ALL_AGGREGATE_FEATURES = COUNT_FEATURES + REAL_COUNT_FEATURES + ["act_" + name for name in HIDDEN_ACTIVATIONS]
@@ -235,6 +237,15 @@ def raw_aggregate_features(job):
         "n_norm": float(sum(1 for kind in kinds if kind in NORM_KINDS)),
         "n_embedding": float(kinds.count("embedding")),
         "input_pixels": _product(job["input_shape"]) if job["input_shape"] else 0.0,
+        # Outputs per sample x batch by what kind of layer produced them: what a layer keeps for
+        # backward depends on its kind (a norm keeps its input and statistics, an in-place ReLU
+        # its output only, an unrecognised module anything).
+        "conv_outputs_x_batch": _outputs(layers, CONV_KINDS) * batch_size,
+        "norm_outputs_x_batch": _outputs(layers, NORM_KINDS) * batch_size,
+        "activation_outputs_x_batch": _outputs(layers, [k for k in ACTIVATION_KINDS if k != "identity"]) * batch_size,
+        "linear_outputs_x_batch": _outputs(layers, ("linear",)) * batch_size,
+        "attention_outputs_x_batch": _outputs(layers, ("attention",)) * batch_size,
+        "other_outputs_x_batch": _outputs(layers, ("other",)) * batch_size,
         "first_principles_mib": first_principles_mib(job),
         "horus_mib": horus_mib(job),
     }
@@ -242,6 +253,10 @@ def raw_aggregate_features(job):
     for name in HIDDEN_ACTIVATIONS:
         features["act_" + name] = 1.0 if name == hidden else 0.0
     return features
+
+
+def _outputs(layers, kinds):
+    return float(sum(layer["output_size"] for layer in layers if layer["kind"] in kinds))
 
 
 def _product(values):

@@ -28,7 +28,8 @@ class StackedMLP(nn.Module):
             self.w3.mul_(0.1)
 
     def forward(self, x):
-        h = torch.nn.functional.silu(torch.matmul(x.unsqueeze(0), self.w1) + self.b1)
+        """x: [N, F], or [K, N, F] with one input per member."""
+        h = torch.nn.functional.silu(torch.matmul(x if x.dim() == 3 else x.unsqueeze(0), self.w1) + self.b1)
         h = torch.nn.functional.silu(torch.matmul(h, self.w2) + self.b2)
         return torch.matmul(h, self.w3) + self.b3
 
@@ -47,16 +48,23 @@ class LogBase(nn.Module):
 
 
 class MemoryRegressor(nn.Module):
-    """features [N, F] -> per-member log MiB [K, N, 1] (training) / mean `log_mib` [N, 1] (export)."""
+    """features [N, F] -> per-member log MiB [K, N, 1] (training) / mean `log_mib` [N, 1] (export).
 
-    def __init__(self, n_features, base, members=5, hidden=32, cap=None):
+    `member_inputs` [K, F] (0/1), optional: which features each member sees; members that see
+    fewer features disagree with the others where the extra features mislead, and the mean
+    hedges between them."""
+
+    def __init__(self, n_features, base, members=5, hidden=32, cap=None, member_inputs=None):
         super().__init__()
         self.base = base
         self.cap = cap
         self.members = StackedMLP(members, n_features, hidden, 1)
+        if member_inputs is None:
+            member_inputs = torch.ones(members, n_features)
+        self.register_buffer("member_inputs", torch.as_tensor(member_inputs, dtype=torch.float32).unsqueeze(1))
 
     def member_outputs(self, x):
-        correction = self.members(x)
+        correction = self.members(x.unsqueeze(0) * self.member_inputs)
         if self.cap is not None:   # |log correction| < cap: no wild extrapolation on unseen families
             correction = self.cap * torch.tanh(correction / self.cap)
         return self.base(x).unsqueeze(0) + correction

@@ -64,6 +64,14 @@ pub struct AggregateFeatures {
     n_norm: f64,
     n_embedding: f64,
     input_pixels: f64,
+    /// Outputs per sample by the kind of layer that produced them: what a layer keeps for
+    /// backward depends on its kind.
+    conv_outputs: f64,
+    norm_outputs: f64,
+    activation_outputs: f64,
+    linear_outputs: f64,
+    attention_outputs: f64,
+    other_outputs: f64,
     first_principles_mib: f64,
     horus_mib: f64,
     hidden_activation: LayerKind,
@@ -73,6 +81,9 @@ impl AggregateFeatures {
     pub fn of(job: &Job) -> AggregateFeatures {
         let layers = job.layers();
         let count = |kind: LayerKind| layers.iter().filter(|l| l.kind == kind).count() as f64;
+        let outputs = |of_kind: fn(LayerKind) -> bool| {
+            layers.iter().filter(|l| of_kind(l.kind)).map(|l| l.output_size as f64).sum::<f64>()
+        };
         AggregateFeatures {
             depth: count(LayerKind::Linear),
             n_layers: layers.len() as f64,
@@ -88,6 +99,12 @@ impl AggregateFeatures {
             n_norm: layers.iter().filter(|l| l.kind.is_normalisation()).count() as f64,
             n_embedding: count(LayerKind::Embedding),
             input_pixels: job.input_shape().map_or(0.0, |shape| shape.iter().map(|&d| d as f64).product()),
+            conv_outputs: outputs(LayerKind::is_convolution),
+            norm_outputs: outputs(LayerKind::is_normalisation),
+            activation_outputs: outputs(|kind| kind.is_activation() && kind != LayerKind::Identity),
+            linear_outputs: outputs(|kind| kind == LayerKind::Linear),
+            attention_outputs: outputs(|kind| kind == LayerKind::Attention),
+            other_outputs: outputs(|kind| kind == LayerKind::Other),
             first_principles_mib: analytic::first_principles_mib(job),
             horus_mib: analytic::horus_mib(job),
             hidden_activation: hidden_activation(job),
@@ -113,6 +130,12 @@ impl AggregateFeatures {
             "n_norm" => self.n_norm,
             "n_embedding" => self.n_embedding,
             "input_pixels" => self.input_pixels,
+            "conv_outputs_x_batch" => self.conv_outputs * self.batch_size,
+            "norm_outputs_x_batch" => self.norm_outputs * self.batch_size,
+            "activation_outputs_x_batch" => self.activation_outputs * self.batch_size,
+            "linear_outputs_x_batch" => self.linear_outputs * self.batch_size,
+            "attention_outputs_x_batch" => self.attention_outputs * self.batch_size,
+            "other_outputs_x_batch" => self.other_outputs * self.batch_size,
             "first_principles_mib" => self.first_principles_mib,
             "horus_mib" => self.horus_mib,
             _ => {
@@ -238,6 +261,21 @@ mod tests {
         assert_eq!(f.get("act_relu"), Some(1.0));
         assert_eq!(f.get("act_gelu"), Some(0.0));
         assert_eq!(f.get("no_such_feature"), None);
+    }
+
+    #[test]
+    fn outputs_by_layer_kind_are_summed_per_kind_and_scaled_by_the_batch() {
+        let job = job(
+            4,
+            &[("conv2d", 8, 1), ("batch_norm", 8, 2), ("relu", 8, 0), ("identity", 8, 0), ("attention", 5, 0), ("other", 7, 3), ("linear", 3, 4)],
+        );
+        let f = AggregateFeatures::of(&job);
+        assert_eq!(f.get("conv_outputs_x_batch"), Some(32.0));
+        assert_eq!(f.get("norm_outputs_x_batch"), Some(32.0));
+        assert_eq!(f.get("activation_outputs_x_batch"), Some(32.0), "identity is no activation here");
+        assert_eq!(f.get("attention_outputs_x_batch"), Some(20.0));
+        assert_eq!(f.get("other_outputs_x_batch"), Some(28.0));
+        assert_eq!(f.get("linear_outputs_x_batch"), Some(12.0));
     }
 
     #[test]

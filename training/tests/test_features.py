@@ -148,6 +148,8 @@ class HandCheckedTest(unittest.TestCase):
                     "batch_size": 4, "activations_x_batch": 184, "params_x_batch": 652,
                     "max_output_size": 10, "n_batch_norm": 1, "n_dropout": 1, "n_activation": 2,
                     "n_norm": 1, "act_relu": 1,
+                    # by kind: linear 10 + 3, batch_norm 10, relu 10 + softmax 3; x batch 4
+                    "linear_outputs_x_batch": 52, "norm_outputs_x_batch": 40, "activation_outputs_x_batch": 52,
                     "first_principles_mib": 1300 + (163 * 16 + 184 * 4) / 2 ** 20,
                     "horus_mib": (163 * 4 + 184 * 4) / 2 ** 20}
         for name in gf.ALL_AGGREGATE_FEATURES:
