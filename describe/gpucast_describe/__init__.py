@@ -2,7 +2,8 @@
 
 from .kinds import CANONICAL_KINDS, is_attention, kind_of
 from .specs import ResolvedSpec, SpecError, describe_spec, resolve_spec
-from .walker import describe_module, infer_family, total_params, with_batch_size
+from .walker import (describe_module, infer_family, total_params, trace_saved_tensors,
+                     with_batch_size)
 
 __all__ = [
     "CANONICAL_KINDS",
@@ -15,6 +16,7 @@ __all__ = [
     "kind_of",
     "resolve_spec",
     "total_params",
+    "trace_saved_tensors",
     "with_batch_size",
 ]
 __version__ = "0.1.0"

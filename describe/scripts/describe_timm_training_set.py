@@ -5,16 +5,20 @@
         [--csv /work/shared/data/timm_a100_train.csv] [--out data/timm] [--limit N] [--models a,b]
 
 Writes <out>/descriptions.jsonl.gz (one job description per line, batch_size 1, sorted by model
-name; the description does not depend on the batch size) and <out>/PROVENANCE.md (command,
-versions, sha256 of the CSV, counts, failures, timings). Models that cannot be built or run on
-the meta device are recorded and skipped.
+name; the description does not depend on the batch size; ``saved_tensors`` is per sample plus a
+fixed part) and <out>/PROVENANCE.md (command, versions, sha256 of the CSV, counts, failures,
+models without ``saved_tensors``, timings). Models that cannot be built or run on the meta
+device are recorded and skipped; a model whose saved tensors cannot be traced keeps its
+description without the field, and the reason is recorded.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import gzip
+import io
 import hashlib
 import json
 import os
@@ -40,8 +44,8 @@ DEFAULT_CSV = "/work/shared/data/timm_a100_train.csv"
 PER_MODEL_TIMEOUT_S = 600
 
 
-class ModelTimeout(Exception):
-    pass
+class ModelTimeout(BaseException):
+    """Not an Exception, so that the saved-tensor trace's fallback does not swallow it."""
 
 
 def _on_alarm(signum, frame):
@@ -61,26 +65,33 @@ def distinct_models(csv_path: Path) -> list:
         return sorted({row["model"] for row in csv.DictReader(handle)})
 
 
-def describe_one(name: str) -> dict:
-    """The description of timm:<name> at batch size 1, with its parameter count checked.
+def describe_one(name: str) -> tuple:
+    """The description of timm:<name> at batch size 1, with its parameter count checked, and
+    what ``describe_module`` wrote to stderr (the reason when ``saved_tensors`` is missing).
 
     Same result as ``python -m gpucast_describe timm:<name> --batch-size 1``.
     """
     resolved = resolve_spec(f"timm:{name}")
     if resolved.default_input_shape is None:
         raise ValueError("no input_size in the model's pretrained_cfg")
-    description = describe_module(resolved.module, resolved.default_input_shape, 1,
-                                  name=resolved.spec)
+    captured = io.StringIO()
+    with contextlib.redirect_stderr(captured):
+        description = describe_module(resolved.module, resolved.default_input_shape, 1,
+                                      name=resolved.spec)
+    warnings = captured.getvalue().strip()
+    if warnings:
+        print(warnings, file=sys.stderr, flush=True)
     # The invariant the service relies on: the layers' params sum to the model's total.
     model_total = total_params(resolved.module)
     layer_total = sum(layer["params"] for layer in description["layers"])
     if layer_total != model_total:
         raise AssertionError(f"layer params sum to {layer_total}, model has {model_total}")
-    return description
+    return description, warnings
 
 
 def write_provenance(path: Path, *, command: str, csv_path: Path, csv_sha: str, n_models: int,
-                     described: dict, failures: dict, timings: dict, wall_s: float) -> None:
+                     described: dict, failures: dict, untraced: dict, timings: dict,
+                     wall_s: float) -> None:
     import timm
 
     times = sorted(timings.values())
@@ -109,6 +120,13 @@ def write_provenance(path: Path, *, command: str, csv_path: Path, csv_sha: str, 
         f"- python {platform.python_version()}, torch {torch.__version__}, timm {timm.__version__}",
         "- input: each model's `pretrained_cfg['input_size']`, one meta tensor `[1, *input_size]`,",
         "  one forward pass in training mode (batch norms in eval mode) under `torch.no_grad()`",
+        "  for the layers",
+        "- `saved_tensors` (`per_sample_bytes`, `fixed_bytes`): the bytes of the tensors autograd",
+        "  saves for backward in one training-mode forward pass (batch norms in eval mode), fp32,",
+        "  parameters and buffers left out, each storage once; two more meta forward passes with",
+        "  autograd and a `saved_tensors_hooks` pack hook, at batch 2 and 4: `per_sample_bytes =",
+        "  round((saved(4) - saved(2)) / 2)`, `fixed_bytes = max(0, saved(2) - 2 * per_sample_bytes)`,",
+        "  so `saved(B) = fixed_bytes + per_sample_bytes * B`",
         "- same output as `python -m gpucast_describe timm:<name> --batch-size 1`",
         "",
         "## Result",
@@ -123,9 +141,22 @@ def write_provenance(path: Path, *, command: str, csv_path: Path, csv_sha: str, 
                      f"{int(statistics.median(n_layers))}, max {max(n_layers)}")
     lines.append("- every description's layer `params` sum to the model's parameter count "
                  "(checked per model)")
+    traced = [d["saved_tensors"] for d in described.values() if "saved_tensors" in d]
+    lines.append(f"- `saved_tensors`: in {len(traced)} of {len(described)} descriptions"
+                 + (f" ({len(untraced)} without, see below)" if untraced else ""))
+    if traced:
+        mib = 2 ** 20
+        per_sample = sorted(t["per_sample_bytes"] / mib for t in traced)
+        fixed = sorted(t["fixed_bytes"] / mib for t in traced)
+        lines.append(f"  - per_sample_bytes: min {per_sample[0]:.1f} MiB, median "
+                     f"{statistics.median(per_sample):.1f} MiB, max {per_sample[-1]:.1f} MiB")
+        lines.append(f"  - fixed_bytes: above 1 MiB in {sum(f > 1 for f in fixed)} models, "
+                     f"median {statistics.median(fixed):.2f} MiB, max {fixed[-1]:.1f} MiB "
+                     "(e.g. weights standardised in the forward pass)")
     if times:
         lines += [
-            f"- time per model (build + describe + check, 1 CPU thread): median "
+            f"- time per model (build + layer walk + saved-tensor trace + check, 1 CPU "
+            f"thread): median "
             f"{statistics.median(times):.2f} s, mean {statistics.mean(times):.2f} s, max "
             f"{times[-1]:.2f} s; total wall {wall_s / 60:.1f} min",
             "- slowest: " + ", ".join(f"{name} {secs:.1f} s" for name, secs in slowest),
@@ -133,6 +164,11 @@ def write_provenance(path: Path, *, command: str, csv_path: Path, csv_sha: str, 
     lines += ["", "## Failures", ""]
     if failures:
         lines += [f"- `{name}`: {reason}" for name, reason in sorted(failures.items())]
+    else:
+        lines.append("None.")
+    lines += ["", "## Descriptions without saved_tensors", ""]
+    if untraced:
+        lines += [f"- `{name}`: {reason}" for name, reason in sorted(untraced.items())]
     else:
         lines.append("None.")
     path.write_text("\n".join(lines) + "\n")
@@ -159,15 +195,23 @@ def main() -> int:
     if args.limit:
         models = models[: args.limit]
 
-    described, failures, timings = {}, {}, {}
+    described, failures, untraced, timings = {}, {}, {}, {}
     started = time.perf_counter()
     for i, name in enumerate(models, 1):
         t0 = time.perf_counter()
         signal.alarm(PER_MODEL_TIMEOUT_S)
         try:
-            described[name] = describe_one(name)
+            described[name], warnings = describe_one(name)
             status = f"{len(described[name]['layers'])} layers"
-        except Exception as exc:  # record and move on
+            if "saved_tensors" in described[name]:
+                saved = described[name]["saved_tensors"]
+                status += (f", saved {saved['per_sample_bytes'] / 2**20:.1f} MiB/sample"
+                           f" + {saved['fixed_bytes'] / 2**20:.1f} MiB")
+            else:
+                untraced[name] = (warnings.splitlines()[-1] if warnings
+                                  else "no saved_tensors")[:300]
+                status += ", no saved_tensors"
+        except (Exception, ModelTimeout) as exc:  # record and move on
             reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             failures[name] = reason[:300]
             status = "FAILED " + failures[name]
@@ -186,10 +230,10 @@ def main() -> int:
             handle.write((json.dumps(described[name], separators=(",", ":")) + "\n").encode())
     write_provenance(args.out / "PROVENANCE.md", command=command, csv_path=args.csv,
                      csv_sha=sha256_of(args.csv), n_models=n_models, described=described,
-                     failures=failures, timings=timings,
+                     failures=failures, untraced=untraced, timings=timings,
                      wall_s=time.perf_counter() - started)
-    print(f"wrote {out_file}: {len(described)} described, {len(failures)} failed",
-          file=sys.stderr)
+    print(f"wrote {out_file}: {len(described)} described, {len(failures)} failed, "
+          f"{len(untraced)} without saved_tensors", file=sys.stderr)
     return 0
 
 

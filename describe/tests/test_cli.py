@@ -47,6 +47,23 @@ class CliTest(unittest.TestCase):
                          [("module:toy_models:tiny_cnn", n) for n in (8, 16, 32)])
         self.assertEqual(bodies[0]["layers"], bodies[2]["layers"])
 
+    def test_saved_tensors_in_every_body(self):
+        result = run_cli("module:toy_models:small_mlp", "--batch-size", "2", "32",
+                         "--input-shape", "10")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        for body in lines(result.stdout):
+            self.assertEqual(body["saved_tensors"], {"per_sample_bytes": 120, "fixed_bytes": 0})
+
+    def test_untraceable_saved_tensors_warn_and_still_print(self):
+        result = run_cli("module:toy_models:grad_refusing", "--batch-size", "4",
+                         "--input-shape", "4")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        [body] = lines(result.stdout)
+        self.assertNotIn("saved_tensors", body)
+        self.assertEqual([l["kind"] for l in body["layers"]], ["linear"])
+        [warning] = result.stderr.splitlines()
+        self.assertTrue(warning.startswith("warning: module:toy_models:grad_refusing: "), warning)
+
     @unittest.skipIf(torchvision is None, "torchvision not installed")
     def test_several_specs_and_batch_sizes(self):
         result = run_cli("torchvision:resnet18", "module:toy_models:tiny_cnn",

@@ -1,3 +1,5 @@
+import contextlib
+import io
 import unittest
 
 import _paths  # noqa: F401
@@ -5,7 +7,13 @@ import torch
 import torch.nn as nn
 
 import toy_models
-from gpucast_describe import CANONICAL_KINDS, describe_module, infer_family, total_params
+from gpucast_describe import (CANONICAL_KINDS, describe_module, infer_family, total_params,
+                              trace_saved_tensors, with_batch_size)
+
+try:
+    import torchvision
+except ImportError:
+    torchvision = None
 
 
 def on_meta(factory):
@@ -30,7 +38,9 @@ class MlpTest(unittest.TestCase):
              ("linear", 5, 30 * 5 + 5, "4"), ("softmax", 5, 0, "5")])
 
     def test_top_level_fields(self):
-        self.assertEqual(list(self.desc), ["model", "family", "batch_size", "input_shape", "layers"])
+        self.assertEqual(list(self.desc),
+                         ["model", "family", "batch_size", "input_shape", "layers",
+                          "saved_tensors"])
         self.assertEqual(self.desc["model"], "toy:mlp")
         self.assertEqual(self.desc["family"], "mlp")
         self.assertEqual(self.desc["batch_size"], 64)
@@ -126,6 +136,97 @@ class NonMetaModuleTest(unittest.TestCase):
         for module in model.modules():
             self.assertFalse(module._forward_hooks)
             self.assertFalse(module._forward_pre_hooks)
+
+
+FP32, INT64 = 4, 8
+
+
+class SavedTensorsTest(unittest.TestCase):
+    def test_small_mlp_by_hand(self):
+        # Linear(10, 20) saves its input (the model input: 10 floats a sample), ReLU its output
+        # (20 floats), Linear(20, 3) the ReLU output again (same storage, counted once); the
+        # weights they save are parameters, left out. Nothing is independent of the batch.
+        saved = trace_saved_tensors(on_meta(toy_models.small_mlp), [10])
+        self.assertEqual(saved, {"per_sample_bytes": (10 + 20) * FP32, "fixed_bytes": 0})
+
+    def test_in_every_description_and_batch_independent(self):
+        model = on_meta(toy_models.small_mlp)
+        desc = describe_module(model, [10], batch_size=64)
+        self.assertEqual(desc["saved_tensors"], {"per_sample_bytes": 120, "fixed_bytes": 0})
+        self.assertEqual(describe_module(model, [10], batch_size=1)["saved_tensors"],
+                         desc["saved_tensors"])
+        self.assertEqual(with_batch_size(desc, 8)["saved_tensors"], desc["saved_tensors"])
+        self.assertIsInstance(desc["saved_tensors"]["per_sample_bytes"], int)
+        self.assertIsInstance(desc["saved_tensors"]["fixed_bytes"], int)
+
+    def test_layers_unchanged_by_the_trace(self):
+        model = on_meta(toy_models.mlp)
+        desc = describe_module(model, [20], batch_size=1)
+        self.assertEqual(
+            [(l["kind"], l["output_size"], l["params"]) for l in desc["layers"]],
+            [("linear", 30, 630), ("batch_norm", 30, 60), ("relu", 30, 0), ("dropout", 30, 0),
+             ("linear", 5, 155), ("softmax", 5, 0)])
+
+    def test_mlp_with_norm_and_dropout(self):
+        # Per sample: linear input 20, batch norm input 30, relu output 30, dropout's scaled
+        # noise 30 (meta takes the non-fused path: a float mask), linear input 30, softmax
+        # output 5 floats. Fixed: the batch norm's mean and inverse std (30 floats each); its
+        # running statistics are buffers, left out like the parameters.
+        saved = trace_saved_tensors(on_meta(toy_models.mlp), [20])
+        self.assertEqual(saved, {"per_sample_bytes": (20 + 30 + 30 + 30 + 30 + 5) * FP32,
+                                 "fixed_bytes": 2 * 30 * FP32})
+
+    def test_token_ids(self):
+        # The embedding saves the int64 ids (the input can't require grad, its weight does),
+        # the linear the embeddings (16 floats a token).
+        saved = trace_saved_tensors(on_meta(toy_models.token_linear), [10], torch.int64)
+        self.assertEqual(saved, {"per_sample_bytes": 10 * (INT64 + 16 * FP32), "fixed_bytes": 0})
+
+    def test_token_model_description(self):
+        desc = describe_module(on_meta(toy_models.tiny_token_model), [10], batch_size=2,
+                               input_dtype=torch.int64)
+        saved = desc["saved_tensors"]
+        # at least the ids and one float activation per token
+        self.assertGreater(saved["per_sample_bytes"], 10 * (INT64 + 16 * FP32))
+        self.assertGreaterEqual(saved["fixed_bytes"], 0)
+
+    def test_training_flags_restored(self):
+        model = on_meta(toy_models.mlp).eval()
+        model[3].train()
+        trace_saved_tensors(model, [20])
+        self.assertEqual([m.training for m in model.modules()],
+                         [False, False, False, False, True, False, False])
+
+    def test_cpu_module_left_alone(self):
+        model = toy_models.small_mlp()
+        self.assertEqual(trace_saved_tensors(model, [10])["per_sample_bytes"], 120)
+        self.assertFalse(next(model.parameters()).is_meta)
+
+    def test_failure_omits_the_field(self):
+        model = on_meta(toy_models.grad_refusing)
+        stderr = io.StringIO()
+        with contextlib.redirect_stderr(stderr):
+            desc = describe_module(model, [4], batch_size=3, name="toy:refusing")
+        self.assertNotIn("saved_tensors", desc)
+        self.assertEqual([l["kind"] for l in desc["layers"]], ["linear"])
+        lines = stderr.getvalue().splitlines()
+        self.assertEqual(len(lines), 1)
+        self.assertIn("toy:refusing", lines[0])
+        self.assertIn("NotImplementedError", lines[0])
+        self.assertTrue(model.training)
+
+    @unittest.skipIf(torchvision is None, "torchvision not installed")
+    def test_resnet18(self):
+        model = on_meta(torchvision.models.resnet18)
+        saved = trace_saved_tensors(model, [3, 224, 224])
+        # about 21 MiB a sample at 224x224 fp32; the fixed part is the batch norms' statistics
+        self.assertGreater(saved["per_sample_bytes"], 15 * 2**20)
+        self.assertLess(saved["per_sample_bytes"], 30 * 2**20)
+        self.assertLess(saved["fixed_bytes"], 2**20)
+        # activations scale with the image area
+        small = trace_saved_tensors(model, [3, 112, 112])
+        self.assertAlmostEqual(small["per_sample_bytes"] / saved["per_sample_bytes"], 0.25,
+                               delta=0.02)
 
 
 class FamilyTest(unittest.TestCase):

@@ -80,3 +80,30 @@ def tiny_cnn() -> nn.Module:
 
 def not_a_module():
     return 42
+
+
+def small_mlp() -> nn.Module:
+    """Linear, ReLU, Linear: saved tensors easy to count by hand."""
+    return nn.Sequential(nn.Linear(10, 20), nn.ReLU(), nn.Linear(20, 3))
+
+
+def token_linear() -> nn.Module:
+    """Token ids in: an embedding (saves the int64 ids) and a linear (saves the embeddings)."""
+    return nn.Sequential(nn.Embedding(100, 16), nn.Linear(16, 4))
+
+
+class GradRefusing(nn.Module):
+    """Runs without autograd (the layer walk) but raises with it (the saved-tensor trace)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x):
+        if torch.is_grad_enabled():
+            raise NotImplementedError("no autograd on this device")
+        return self.fc(x)
+
+
+def grad_refusing() -> nn.Module:
+    return GradRefusing()
