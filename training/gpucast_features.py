@@ -96,13 +96,14 @@ COUNT_FEATURES = [
 REAL_COUNT_FEATURES = ["n_conv", "n_attention", "n_norm", "n_embedding", "input_pixels",
                        "conv_outputs_x_batch", "norm_outputs_x_batch", "activation_outputs_x_batch",
                        "linear_outputs_x_batch", "attention_outputs_x_batch", "other_outputs_x_batch",
-                       "first_principles_mib", "horus_mib"]
+                       "first_principles_mib", "traced_first_principles_mib", "horus_mib"]
 AGGREGATE_FEATURES = COUNT_FEATURES + ["act_" + name for name in HIDDEN_ACTIVATIONS]
 ALL_AGGREGATE_FEATURES = COUNT_FEATURES + REAL_COUNT_FEATURES + ["act_" + name for name in HIDDEN_ACTIVATIONS]
 
 # Analytic memory models (Rust src/domain/analytic.rs).
 MIB = 1024.0 * 1024.0
 FRAMEWORK_OVERHEAD_MIB = 1300.0
+MAX_SAVED_BYTES = 1 << 44
 OPTIMIZER_ALIASES = {"sgd": "sgd", "momentum": "momentum", "sgd_momentum": "momentum",
                      "nesterov": "momentum", "adam": "adam", "adamw": "adamw"}
 OPTIMIZER_STATE_BYTES = {"sgd": 0.0, "momentum": 4.0, "adam": 8.0, "adamw": 8.0}
@@ -171,9 +172,15 @@ def normalise_job(job):
         if not (1 <= len(input_shape) <= 5) or not all(0 < d <= MAX_INPUT_DIMENSION for d in input_shape):
             raise ValueError("input_shape must hold 1 to 5 positive dimensions of at most 1,000,000")
         input_shape = [int(d) for d in input_shape]
+    saved = job.get("saved_tensors")
+    if saved is not None:
+        saved = {"per_sample_bytes": int(saved["per_sample_bytes"]), "fixed_bytes": int(saved["fixed_bytes"])}
+        if not all(0 <= v <= MAX_SAVED_BYTES for v in saved.values()):
+            raise ValueError("saved_tensors counts must be between 0 and 2^44")
     family = job.get("family") or infer_family([layer["kind"] for layer in normalised])
     return {"family": family, "batch_size": batch_size, "layers": normalised,
-            "optimizer": optimizer, "precision": precision, "input_shape": input_shape}
+            "optimizer": optimizer, "precision": precision, "input_shape": input_shape,
+            "saved_tensors": saved}
 
 
 def _totals(job):
@@ -182,15 +189,32 @@ def _totals(job):
     return params, activations, float(job["batch_size"])
 
 
-def first_principles_mib(job):
-    """Weights + gradients + optimizer state + activations kept for backward + overhead (MiB)."""
-    job = normalise_job(job)
-    params, activations, batch = _totals(job)
+def _model_state_bytes_and_activation_bytes(job):
+    params, _, _ = _totals(job)
     weight_bytes, activation_bytes = (4.0, 4.0) if job["precision"] == "fp32" else (6.0, 2.0)
     gradient_bytes = 4.0
     state_bytes = OPTIMIZER_STATE_BYTES[job["optimizer"]]
-    model = params * (weight_bytes + gradient_bytes + state_bytes)
+    return params * (weight_bytes + gradient_bytes + state_bytes), activation_bytes
+
+
+def first_principles_mib(job):
+    """Weights + gradients + optimizer state + activations kept for backward + overhead (MiB)."""
+    job = normalise_job(job)
+    _, activations, batch = _totals(job)
+    model, activation_bytes = _model_state_bytes_and_activation_bytes(job)
     return FRAMEWORK_OVERHEAD_MIB + (model + activations * batch * activation_bytes) / MIB
+
+
+def traced_first_principles_mib(job):
+    """first_principles with the traced saved tensors (fp32 bytes, halved for mixed16) as the
+    activations; None without a trace."""
+    job = normalise_job(job)
+    saved = job["saved_tensors"]
+    if saved is None:
+        return None
+    model, activation_bytes = _model_state_bytes_and_activation_bytes(job)
+    traced = saved["per_sample_bytes"] * float(job["batch_size"]) + saved["fixed_bytes"]
+    return FRAMEWORK_OVERHEAD_MIB + (model + traced * activation_bytes / 4.0) / MIB
 
 
 def horus_mib(job):
@@ -247,6 +271,8 @@ def raw_aggregate_features(job):
         "attention_outputs_x_batch": _outputs(layers, ("attention",)) * batch_size,
         "other_outputs_x_batch": _outputs(layers, ("other",)) * batch_size,
         "first_principles_mib": first_principles_mib(job),
+        # 0 without a trace: only the traced regressors read it, and only traced jobs reach them.
+        "traced_first_principles_mib": traced_first_principles_mib(job) or 0.0,
         "horus_mib": horus_mib(job),
     }
     hidden = hidden_activation(kinds)

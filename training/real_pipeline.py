@@ -58,6 +58,9 @@ REAL_FEATURES = [
     "n_conv", "n_attention", "n_norm", "n_batch_norm", "n_dropout", "n_activation",
     "n_embedding", "input_pixels",
 ] + KIND_OUTPUT_FEATURES + ["act_" + name for name in gf.HIDDEN_ACTIVATIONS]
+# The traced regressor: the same, plus first_principles with describe's traced saved tensors as
+# the activations (its base). Jobs that carry `saved_tensors` get it; others the plain one.
+TRACED_FEATURES = REAL_FEATURES + ["traced_first_principles_mib"]
 MLP_REG_FEATURES = [
     "first_principles_mib", "horus_mib", "total_params", "total_activations", "batch_size",
     "activations_x_batch", "params_x_batch", "max_output_size", "n_layers", "depth",
@@ -109,10 +112,13 @@ def load_descriptions(path):
 
 def timm_job(description, batch_size):
     """The request body for one CSV row (layer names dropped: informational only)."""
-    return {"model": description["model"], "family": description["family"], "batch_size": batch_size,
-            "input_shape": description["input_shape"],
-            "layers": [{"kind": l["kind"], "output_size": l["output_size"], "params": l["params"]}
-                       for l in description["layers"]]}
+    job = {"model": description["model"], "family": description["family"], "batch_size": batch_size,
+           "input_shape": description["input_shape"],
+           "layers": [{"kind": l["kind"], "output_size": l["output_size"], "params": l["params"]}
+                      for l in description["layers"]]}
+    if "saved_tensors" in description:
+        job["saved_tensors"] = description["saved_tensors"]
+    return job
 
 
 def load_timm(csv_path, descriptions_path):
@@ -271,17 +277,17 @@ def full_batch(model, loss_fn, epochs, lr, weight_decay):
     return model.eval()
 
 
-def base_of(entries):
-    column = [e["name"] for e in entries].index("first_principles_mib")
+def base_of(entries, base_feature="first_principles_mib"):
+    column = [e["name"] for e in entries].index(base_feature)
     return rm.LogBase(column, entries[column]["mean"], entries[column]["std"])
 
 
-def train_regressor(x, records, entries, seed):
+def train_regressor(x, records, entries, seed, base_feature="first_principles_mib"):
     torch.manual_seed(seed)
     names = [e["name"] for e in entries]
     member_inputs = np.ones((REGRESSOR["members"], len(names)), dtype=np.float32)
     member_inputs[:REGRESSOR_KIND_BLIND, [i for i, n in enumerate(names) if n in KIND_OUTPUT_FEATURES]] = 0.0
-    model = rm.MemoryRegressor(x.shape[1], base_of(entries), REGRESSOR["members"], REGRESSOR["hidden"],
+    model = rm.MemoryRegressor(x.shape[1], base_of(entries, base_feature), REGRESSOR["members"], REGRESSOR["hidden"],
                                REGRESSOR.get("cap"), member_inputs)
     xt = torch.as_tensor(x)
     log_peak, oom, _ = targets(records)
@@ -406,6 +412,7 @@ def regression_figures(log_pred, records, quantiles):
         "median_abs_rel_error": float(np.median(rel)),
         "p90_abs_rel_error": float(np.quantile(rel, 0.9)),
         "under_rate": float(np.mean(pred[ok] < peak[ok])),
+        "class_accuracy": float(np.mean([memory_class(p) for p in pred] == true_classes(records))),
         "bound_exceeded_rate": float(np.mean(bound[ok] < peak[ok])),
         "oom_not_fit_rate": float(np.mean(bound[~ok] > CAPACITY_MIB)) if (~ok).any() else None,
         "ok_rows": int(ok.sum()), "oom_rows": int((~ok).sum()),
@@ -536,6 +543,7 @@ def run_timm(models_dir, threads, timm_csv):
     groups = [r["group"] for r in train]
     folds = list(GroupKFold(n_splits=N_FOLDS, shuffle=True, random_state=SEED).split(np.zeros(len(train)), groups=groups))
     oof_reg = np.zeros(len(train))
+    oof_traced = np.zeros(len(train))
     oof_agg = np.zeros((len(train), N_CLASSES))
     oof_seq = np.zeros((len(train), N_CLASSES))
     usable = training_rows(train)
@@ -549,9 +557,13 @@ def run_timm(models_dir, threads, timm_csv):
         fit_records = [train[i] for i in fit]
         regressor = train_regressor(x_fit, fit_records, entries, SEED + k)
         classifier = train_aggregate_classifier(x_fit, fit_records, entries, SEED + k)
+        traced_entries = fit_entries([raws[i] for i in fit], TRACED_FEATURES)
+        traced = train_regressor(encode([raws[i] for i in fit], traced_entries), fit_records, traced_entries, SEED + k,
+                                 "traced_first_principles_mib")
         with torch.no_grad():
             oof_reg[val] = regressor(torch.as_tensor(x_val)).numpy()[:, 0]
             oof_agg[val] = classifier(torch.as_tensor(x_val)).numpy()
+            oof_traced[val] = traced(torch.as_tensor(encode([raws[i] for i in val], traced_entries))).numpy()[:, 0]
         token_entries = fit_token_entries([jobs[i] for i in fit])
         encoded = encode_tokens(jobs, token_entries)
         sequence = train_sequence([encoded[i] for i in fit], fit_records, token_entries, SEED + k)
@@ -562,16 +574,19 @@ def run_timm(models_dir, threads, timm_csv):
     # Conformal quantiles per family (cnn residuals are wider than transformer ones).
     quantiles = {family: conformal_quantiles((np.log(peaks) - oof_reg)[ok & family_mask(train, family)])
                  for family in FAMILIES}
+    traced_quantiles = {family: conformal_quantiles((np.log(peaks) - oof_traced)[ok & family_mask(train, family)])
+                        for family in FAMILIES}
     oof_mean = (oof_agg + oof_seq) / 2
     cv = {}
     for family in FAMILIES + ["all"]:
         mask = np.ones(len(train), bool) if family == "all" else family_mask(train, family)
         recs = subset(train, mask)
         cv[family] = {"regressor": regression_figures(oof_reg[mask], recs, quantiles),
+                      "traced_regressor": regression_figures(oof_traced[mask], recs, traced_quantiles),
                       "mlp_ensemble": class_figures(oof_agg[mask], recs),
                       "sequence_transformer": class_figures(oof_seq[mask], recs),
                       "combined": class_figures(oof_mean[mask], recs)}
-    save_oof(train, oof_reg, oof_agg, oof_seq, raws, quantiles)
+    save_oof(train, oof_reg, oof_traced, oof_agg, oof_seq, raws, quantiles)
 
     # Final models on the whole training part (its usable rows).
     learn = np.flatnonzero(usable)
@@ -579,13 +594,17 @@ def run_timm(models_dir, threads, timm_csv):
     entries = fit_entries([raws[i] for i in learn], REAL_FEATURES)
     x = encode(raws, entries)
     regressor = train_regressor(x[learn], learn_records, entries, SEED)
+    traced_entries = fit_entries([raws[i] for i in learn], TRACED_FEATURES)
+    x_traced = encode(raws, traced_entries)
+    traced = train_regressor(x_traced[learn], learn_records, traced_entries, SEED, "traced_first_principles_mib")
     classifier = train_aggregate_classifier(x[learn], learn_records, entries, SEED)
     token_entries = fit_token_entries([jobs[i] for i in learn])
     encoded = encode_tokens(jobs, token_entries)
     sequence = train_sequence([encoded[i] for i in learn], learn_records, token_entries, SEED)
     paths = {name: os.path.join(models_dir, name + ".onnx")
-             for name in ("timm_regressor", "timm_mlp_ensemble", "timm_sequence_transformer")}
+             for name in ("timm_regressor", "timm_traced_regressor", "timm_mlp_ensemble", "timm_sequence_transformer")}
     export_onnx(regressor, [x[:2]], ["features"], "log_mib", [{0: "N"}], paths["timm_regressor"])
+    export_onnx(traced, [x_traced[:2]], ["features"], "log_mib", [{0: "N"}], paths["timm_traced_regressor"])
     export_onnx(classifier, [x[:2]], ["features"], "probabilities", [{0: "N"}], paths["timm_mlp_ensemble"])
     example = pad_tokens(encoded[:2])
     export_onnx(sequence, example, ["kind_ids", "token_features", "mask"], "probabilities",
@@ -598,11 +617,14 @@ def run_timm(models_dir, threads, timm_csv):
     test_jobs = [r["job"] for r in test_records]
     sessions = {name: onnx_session(path, threads) for name, path in paths.items()}
     t_reg = onnx_aggregate(sessions["timm_regressor"], test_jobs, entries)[:, 0]
+    t_traced = onnx_aggregate(sessions["timm_traced_regressor"], test_jobs, traced_entries)[:, 0]
     t_agg = onnx_aggregate(sessions["timm_mlp_ensemble"], test_jobs, entries)
     t_seq = onnx_sequence(sessions["timm_sequence_transformer"], test_jobs, token_entries)
     x_test = torch.as_tensor(encode([gf.raw_aggregate_features(j) for j in test_jobs], entries))
     with torch.no_grad():
+        x_test_traced = torch.as_tensor(encode([gf.raw_aggregate_features(j) for j in test_jobs], traced_entries))
         diffs = {"timm_regressor": float(np.abs(regressor(x_test).numpy()[:, 0] - t_reg).max()),
+                 "timm_traced_regressor": float(np.abs(traced(x_test_traced).numpy()[:, 0] - t_traced).max()),
                  "timm_mlp_ensemble": float(np.abs(classifier(x_test).numpy() - t_agg).max()),
                  "timm_sequence_transformer": float(np.abs(predict_sequence(sequence, encode_tokens(test_jobs, token_entries)) - t_seq).max())}
     test_figures = {}
@@ -610,6 +632,7 @@ def run_timm(models_dir, threads, timm_csv):
         mask = np.ones(len(test_records), bool) if family == "all" else family_mask(test_records, family)
         recs = subset(test_records, mask)
         test_figures[family] = {"regressor": regression_figures(t_reg[mask], recs, quantiles),
+                        "traced_regressor": regression_figures(t_traced[mask], recs, traced_quantiles),
                         "mlp_ensemble": class_figures(t_agg[mask], recs),
                         "sequence_transformer": class_figures(t_seq[mask], recs),
                         "combined": class_figures((t_agg[mask] + t_seq[mask]) / 2, recs)}
@@ -622,6 +645,7 @@ def run_timm(models_dir, threads, timm_csv):
     longest = max(range(len(jobs)), key=lambda i: len(jobs[i]["layers"]))
     ids, feats = encoded[longest]
     latency = {"timm_regressor": median_latency_us(sessions["timm_regressor"], {"features": x[:1]}),
+               "timm_traced_regressor": median_latency_us(sessions["timm_traced_regressor"], {"features": x_traced[:1]}),
                "timm_mlp_ensemble": median_latency_us(sessions["timm_mlp_ensemble"], {"features": x[:1]}),
                "timm_sequence_transformer@%d" % len(ids): median_latency_us(
                    sessions["timm_sequence_transformer"],
@@ -636,20 +660,23 @@ def run_timm(models_dir, threads, timm_csv):
             "test_groups": test_groups, "n_groups": len(set(r["group"] for r in records)),
             "train_models": len(set(r["model"] for r in train)), "test_models": len(set(r["model"] for r in test)),
             "test_file": test_file}
-    return dict(info=info, cv=cv, test=test_figures, quantiles=quantiles, entries=entries, token_entries=token_entries,
+    return dict(info=info, cv=cv, test=test_figures, quantiles=quantiles, traced_quantiles=traced_quantiles,
+                entries=entries, traced_entries=traced_entries, token_entries=token_entries,
                 paths=paths, diffs=diffs, latency=latency, test_records=test_records)
 
 
-def save_oof(train, oof_reg, oof_agg, oof_seq, raws, quantiles):
+def save_oof(train, oof_reg, oof_traced, oof_agg, oof_seq, raws, quantiles):
     path = os.path.join(REPO, "data", "timm", "cv_predictions.csv.gz")
     with open(path, "wb") as raw:
         with gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as handle:
             handle.write(b"id,group,family,status,batch_size,measured_peak_mib,faketensor_mib,first_principles_mib,"
-                         b"horus_mib,regressor_mib,p_mlp_ensemble,p_sequence_transformer\n")
-            for r, reg, agg, seq, f in zip(train, oof_reg, oof_agg, oof_seq, raws):
-                handle.write(("%s,%s,%s,%s,%d,%.1f,%.1f,%.3f,%.3f,%.3f,%s,%s\n" % (
+                         b"horus_mib,regressor_mib,traced_first_principles_mib,traced_regressor_mib,"
+                         b"p_mlp_ensemble,p_sequence_transformer\n")
+            for r, reg, traced, agg, seq, f in zip(train, oof_reg, oof_traced, oof_agg, oof_seq, raws):
+                handle.write(("%s,%s,%s,%s,%d,%.1f,%.1f,%.3f,%.3f,%.3f,%.3f,%.3f,%s,%s\n" % (
                     r["id"], r["group"], r["family"], r["status"], r["batch_size"], r["peak"], r["faketensor"],
-                    f["first_principles_mib"], f["horus_mib"], math.exp(reg),
+                    f["first_principles_mib"], f["horus_mib"], math.exp(reg), f["traced_first_principles_mib"],
+                    math.exp(traced),
                     " ".join("%.5f" % p for p in agg), " ".join("%.5f" % p for p in seq))).encode())
     with open(os.path.join(REPO, "data", "timm", "cv_quantiles.json"), "w") as handle:
         json.dump(quantiles, handle, indent=1)
@@ -657,8 +684,9 @@ def save_oof(train, oof_reg, oof_agg, oof_seq, raws, quantiles):
 
 # ----------------------------------------------------------------------------- manifest/golden
 
-REAL_NAMES = {family: {"regressor": family + "_memory_regressor", "mlp_ensemble": family + "_mlp_ensemble",
-                       "sequence_transformer": family + "_sequence_transformer"} for family in FAMILIES}
+REAL_NAMES = {family: {"regressor": family + "_memory_regressor", "traced_regressor": family + "_traced_memory_regressor",
+                       "mlp_ensemble": family + "_mlp_ensemble", "sequence_transformer": family + "_sequence_transformer"}
+              for family in FAMILIES}
 OUR_NAMES = {"mlp_memory_regressor"} | {n for names in REAL_NAMES.values() for n in names.values()}
 
 
@@ -674,6 +702,12 @@ def timm_entries(result):
                     "input": {"type": "aggregate", "features": result["entries"]}, "output": "log_mib",
                     "residual_quantiles": result["quantiles"][family], "capacity_mib": CAPACITY_MIB,
                     "validation": {**prefixed("cv_", cv["regressor"]), **prefixed("test_", test["regressor"])}})
+        out.append({"name": names["traced_regressor"], **common, "kind": "memory_regressor",
+                    "file": "timm_traced_regressor.onnx", "sha256": sha["timm_traced_regressor"],
+                    "requires": ["saved_tensors"],
+                    "input": {"type": "aggregate", "features": result["traced_entries"]}, "output": "log_mib",
+                    "residual_quantiles": result["traced_quantiles"][family], "capacity_mib": CAPACITY_MIB,
+                    "validation": {**prefixed("cv_", cv["traced_regressor"]), **prefixed("test_", test["traced_regressor"])}})
         out.append({"name": names["mlp_ensemble"], **common, "kind": "memory_classifier",
                     "file": "timm_mlp_ensemble.onnx", "sha256": sha["timm_mlp_ensemble"],
                     "input": {"type": "aggregate", "features": result["entries"]}, "output": "probabilities",
@@ -737,6 +771,7 @@ def golden_real_jobs(test_records):
     for optimizer, precision in (("sgd", "fp32"), ("momentum", "mixed16"), ("AdamW", "bf16"), ("nesterov", "fp16")):
         job = dict(base, optimizer=optimizer, precision=precision)
         cases.append(("timm_cnn_shortest_%s_%s" % (optimizer.lower(), precision), job))
+    cases.append(("timm_cnn_shortest_untraced", {k: v for k, v in base.items() if k != "saved_tensors"}))
     no_shape = {k: v for k, v in cases[3][1].items() if k != "input_shape"}
     cases.append(("timm_transformer_shortest_no_input_shape", dict(no_shape, optimizer="sgd", precision="amp")))
     return cases
@@ -752,7 +787,7 @@ def write_golden(path, manifest, test_records):
         case["extra_aggregate"] = {"mlp_memory_regressor": gf.aggregate_vector(case["job"], by_name["mlp_memory_regressor"]["input"]["features"])}
     names = REAL_NAMES["cnn"]
     golden["real_estimators"] = {"aggregate": names["regressor"], "sequence": names["sequence_transformer"],
-                                 "extra_aggregate": [names["mlp_ensemble"]]}
+                                 "extra_aggregate": [names["mlp_ensemble"], names["traced_regressor"]]}
     sequence = by_name[names["sequence_transformer"]]["input"]
     golden["real_cases"] = []
     for name, job in golden_real_jobs(test_records):
@@ -761,7 +796,8 @@ def write_golden(path, manifest, test_records):
             "aggregate": gf.aggregate_vector(job, by_name[names["regressor"]]["input"]["features"]),
             "kind_ids": gf.kind_ids(job, sequence["kind_vocab"]),
             "token_features": gf.token_vectors(job, sequence["token_features"]),
-            "extra_aggregate": {names["mlp_ensemble"]: gf.aggregate_vector(job, by_name[names["mlp_ensemble"]]["input"]["features"])}})
+            "extra_aggregate": {extra: gf.aggregate_vector(job, by_name[extra]["input"]["features"])
+                                for extra in (names["mlp_ensemble"], names["traced_regressor"])}})
     with open(path, "w") as handle:
         json.dump(golden, handle, indent=1)
         handle.write("\n")

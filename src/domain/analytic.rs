@@ -15,9 +15,8 @@ fn totals(job: &Job) -> (f64, f64, f64) {
     (params, activations, job.batch_size() as f64)
 }
 
-/// Weights + gradients + optimizer state + activations kept for backward + framework overhead.
-pub fn first_principles_mib(job: &Job) -> f64 {
-    let (params, activations, batch) = totals(job);
+/// Bytes of weights, gradients and optimizer state, and bytes per activation element.
+fn model_state_and_activation_bytes(job: &Job, params: f64) -> (f64, f64) {
     let (weight_bytes, activation_bytes) = match job.precision() {
         Precision::Fp32 => (4.0, 4.0),
         // fp32 master weights plus a 2-byte working copy; activations in 16 bits.
@@ -25,8 +24,24 @@ pub fn first_principles_mib(job: &Job) -> f64 {
     };
     let gradient_bytes = 4.0;
     let state_bytes = job.optimizer().state_bytes_per_param();
-    let model = params * (weight_bytes + gradient_bytes + state_bytes);
+    (params * (weight_bytes + gradient_bytes + state_bytes), activation_bytes)
+}
+
+/// Weights + gradients + optimizer state + activations kept for backward + framework overhead.
+pub fn first_principles_mib(job: &Job) -> f64 {
+    let (params, activations, batch) = totals(job);
+    let (model, activation_bytes) = model_state_and_activation_bytes(job, params);
     FRAMEWORK_OVERHEAD_MIB + (model + activations * batch * activation_bytes) / MIB
+}
+
+/// `first_principles_mib` with the traced saved tensors (fp32 bytes, halved for mixed16) as the
+/// activations kept for backward; `None` when the job carries no trace.
+pub fn traced_first_principles_mib(job: &Job) -> Option<f64> {
+    let saved = job.saved_tensors()?;
+    let (params, _, _) = totals(job);
+    let (model, activation_bytes) = model_state_and_activation_bytes(job, params);
+    let traced = saved.bytes_at(job.batch_size()) * activation_bytes / 4.0;
+    Some(FRAMEWORK_OVERHEAD_MIB + (model + traced) / MIB)
 }
 
 /// The Horus formula: weights plus feature maps, in fp32; no gradients, optimizer state or
@@ -64,6 +79,18 @@ mod tests {
         assert!((sgd - (FRAMEWORK_OVERHEAD_MIB + 8.0 + 2.0)).abs() < 1e-9);
         assert!((momentum - sgd - 4.0).abs() < 1e-9);
         assert!((mixed - (FRAMEWORK_OVERHEAD_MIB + 18.0 + 1.0)).abs() < 1e-9);
+    }
+
+    #[test]
+    fn the_traced_formula_swaps_the_layer_outputs_for_the_saved_tensors() {
+        use crate::domain::SavedTensors;
+        assert_eq!(traced_first_principles_mib(&job("adam", "fp32")), None);
+        // 2^20 params x 16 B = 16 MiB; 256 x 8 KiB + 2 MiB saved = 4 MiB (2 MiB in mixed16).
+        let saved = Some(SavedTensors { per_sample_bytes: 8192, fixed_bytes: 2 << 20 });
+        let fp32 = traced_first_principles_mib(&job("adam", "fp32").with_saved_tensors(saved).unwrap()).unwrap();
+        assert!((fp32 - (FRAMEWORK_OVERHEAD_MIB + 16.0 + 4.0)).abs() < 1e-9, "{fp32}");
+        let mixed = traced_first_principles_mib(&job("adam", "mixed16").with_saved_tensors(saved).unwrap()).unwrap();
+        assert!((mixed - (FRAMEWORK_OVERHEAD_MIB + 18.0 + 2.0)).abs() < 1e-9, "{mixed}");
     }
 
     #[test]

@@ -73,6 +73,8 @@ pub struct AggregateFeatures {
     attention_outputs: f64,
     other_outputs: f64,
     first_principles_mib: f64,
+    /// 0 without a trace: only the traced regressors read it, and only traced jobs reach them.
+    traced_first_principles_mib: f64,
     horus_mib: f64,
     hidden_activation: LayerKind,
 }
@@ -106,6 +108,7 @@ impl AggregateFeatures {
             attention_outputs: outputs(|kind| kind == LayerKind::Attention),
             other_outputs: outputs(|kind| kind == LayerKind::Other),
             first_principles_mib: analytic::first_principles_mib(job),
+            traced_first_principles_mib: analytic::traced_first_principles_mib(job).unwrap_or(0.0),
             horus_mib: analytic::horus_mib(job),
             hidden_activation: hidden_activation(job),
         }
@@ -137,6 +140,7 @@ impl AggregateFeatures {
             "attention_outputs_x_batch" => self.attention_outputs * self.batch_size,
             "other_outputs_x_batch" => self.other_outputs * self.batch_size,
             "first_principles_mib" => self.first_principles_mib,
+            "traced_first_principles_mib" => self.traced_first_principles_mib,
             "horus_mib" => self.horus_mib,
             _ => {
                 let activation = name.strip_prefix("act_")?;

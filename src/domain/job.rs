@@ -10,6 +10,8 @@ pub const MAX_LAYERS: usize = 4096;
 pub const MAX_BATCH_SIZE: u64 = 1 << 20;
 /// Largest per-layer parameter count or output size accepted (10^13: far beyond any model).
 pub const MAX_LAYER_QUANTITY: u64 = 10_000_000_000_000;
+/// Largest traced saved-tensor byte count accepted (16 TiB), so that sums stay exact in f64.
+pub const MAX_SAVED_BYTES: u64 = 1 << 44;
 
 /// What a layer does, in the canonical vocabulary shared with the training pipeline and the
 /// `describe` tool (see docs/models.md).
@@ -346,6 +348,22 @@ impl Precision {
     }
 }
 
+/// The tensors autograd keeps for backward in one training forward pass, as `describe` traces
+/// them on the meta device: `per_sample_bytes x batch + fixed_bytes`. Where a job has them they
+/// are the best single predictor of its activation memory (docs/models.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SavedTensors {
+    pub per_sample_bytes: u64,
+    pub fixed_bytes: u64,
+}
+
+impl SavedTensors {
+    /// Bytes kept for backward at `batch_size`.
+    pub fn bytes_at(self, batch_size: u64) -> f64 {
+        self.per_sample_bytes as f64 * batch_size as f64 + self.fixed_bytes as f64
+    }
+}
+
 /// A validated job description.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Job {
@@ -355,6 +373,7 @@ pub struct Job {
     optimizer: Optimizer,
     precision: Precision,
     input_shape: Option<Vec<u64>>,
+    saved_tensors: Option<SavedTensors>,
 }
 
 /// Why a job description was rejected. Each variant names the offending field.
@@ -378,6 +397,8 @@ pub enum JobError {
     UnknownPrecision(String),
     #[error("input_shape: must hold 1 to 5 positive dimensions of at most 1,000,000")]
     InputShape,
+    #[error("saved_tensors.{field}: must be at most {MAX_SAVED_BYTES}, got {value}")]
+    SavedBytesTooLarge { field: &'static str, value: u64 },
 }
 
 impl Job {
@@ -404,7 +425,15 @@ impl Job {
             Some(name) => Family::parse(name).ok_or_else(|| JobError::UnknownFamily(name.into()))?,
             None => Family::infer(&layers),
         };
-        Ok(Job { family, batch_size, layers, optimizer: Optimizer::default(), precision: Precision::default(), input_shape: None })
+        Ok(Job {
+            family,
+            batch_size,
+            layers,
+            optimizer: Optimizer::default(),
+            precision: Precision::default(),
+            input_shape: None,
+            saved_tensors: None,
+        })
     }
 
     /// Sets how the job trains; `None` keeps the defaults (Adam, fp32).
@@ -427,6 +456,23 @@ impl Job {
             self.input_shape = Some(shape.to_vec());
         }
         Ok(self)
+    }
+
+    /// Sets the traced saved tensors; each count at most `MAX_SAVED_BYTES` (16 TiB).
+    pub fn with_saved_tensors(mut self, saved: Option<SavedTensors>) -> Result<Job, JobError> {
+        if let Some(saved) = saved {
+            for (field, value) in [("per_sample_bytes", saved.per_sample_bytes), ("fixed_bytes", saved.fixed_bytes)] {
+                if value > MAX_SAVED_BYTES {
+                    return Err(JobError::SavedBytesTooLarge { field, value });
+                }
+            }
+            self.saved_tensors = Some(saved);
+        }
+        Ok(self)
+    }
+
+    pub fn saved_tensors(&self) -> Option<SavedTensors> {
+        self.saved_tensors
     }
 
     pub fn optimizer(&self) -> Optimizer {

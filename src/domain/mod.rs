@@ -6,5 +6,5 @@ pub mod job;
 pub mod memory;
 pub mod summary;
 
-pub use job::{Family, Job, JobError, Layer, LayerKind, Optimizer, Precision, UncheckedLayer};
+pub use job::{Family, Job, JobError, Layer, LayerKind, Optimizer, Precision, SavedTensors, UncheckedLayer};
 pub use memory::{Confidence, MemoryClass, MemoryClasses, ResidualQuantiles};

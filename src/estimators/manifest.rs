@@ -73,6 +73,26 @@ pub struct EstimatorEntry {
     pub test_file: Option<String>,
     #[serde(default)]
     pub validation: BTreeMap<String, serde_json::Value>,
+    /// What a job must carry for this estimator to run on it; jobs without it get the family's
+    /// other estimators. Only memory regressors may require anything.
+    #[serde(default)]
+    pub requires: Vec<Requirement>,
+}
+
+/// Something a job may carry besides its layers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Requirement {
+    /// `saved_tensors`, as `gpucast_describe` traces them.
+    SavedTensors,
+}
+
+impl Requirement {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Requirement::SavedTensors => "saved_tensors",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Deserialize)]

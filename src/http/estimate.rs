@@ -7,7 +7,7 @@ use axum::extract::State;
 use axum::Json;
 
 use crate::domain::summary::{parse_summary, SummaryFormat};
-use crate::domain::{Confidence, Job, MemoryClass, UncheckedLayer};
+use crate::domain::{Confidence, Job, MemoryClass, SavedTensors, UncheckedLayer};
 use crate::error::ApiError;
 use crate::estimators::{ClassAnswer, Estimate, EstimateError};
 use crate::http::extract::{parse_json, JsonBody};
@@ -149,7 +149,11 @@ pub fn to_job(request: &EstimateRequest) -> Result<Job, ApiError> {
     };
     Ok(job
         .with_training(request.optimizer.as_deref(), request.precision.as_deref())?
-        .with_input_shape(request.input_shape.as_deref())?)
+        .with_input_shape(request.input_shape.as_deref())?
+        .with_saved_tensors(request.saved_tensors.as_ref().map(|saved| SavedTensors {
+            per_sample_bytes: saved.per_sample_bytes,
+            fixed_bytes: saved.fixed_bytes,
+        }))?)
 }
 
 /// Runs the estimators (CPU work: call it off the async workers) and records metrics.

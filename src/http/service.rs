@@ -68,6 +68,7 @@ pub async fn estimators(State(state): State<AppState>) -> Json<EstimatorsRespons
             residual_quantiles: e.entry.residual_quantiles.as_ref().map(|levels| {
                 levels.iter().map(|l| ResidualQuantileInfo { confidence: l.confidence, log_ratio: l.log_ratio }).collect()
             }),
+            requires: e.entry.requires.iter().map(|r| r.as_str().to_string()).collect(),
             validation: e.entry.validation.clone(),
         })
         .collect();

@@ -58,6 +58,10 @@ pub struct EstimateRequest {
     #[serde(default, deserialize_with = "whole_number::optional_list")]
     #[schema(value_type = Option<Vec<Dimension>>, min_items = 1, max_items = 5)]
     pub input_shape: Option<Vec<u64>>,
+    /// What autograd keeps for backward, as `gpucast_describe` traces it on the meta device:
+    /// when present, the MiB figure comes from the regressors that use it (more accurate).
+    #[serde(default)]
+    pub saved_tensors: Option<SavedTensorsRequest>,
     /// Where the description came from, e.g. `timm:resnet50` (informational).
     #[serde(default)]
     pub model: Option<String>,
@@ -144,6 +148,21 @@ pub enum SummaryFormatRequest {
     Torchsummary,
     /// `print(model)` annotated with `, N params` per module.
     ModulePrint,
+}
+
+/// The tensors autograd keeps for backward in one training forward pass (parameters excluded,
+/// each storage once): `per_sample_bytes x batch_size + fixed_bytes`.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SavedTensorsRequest {
+    /// Bytes per sample.
+    #[serde(deserialize_with = "whole_number::one")]
+    #[schema(maximum = 17_592_186_044_416_u64)]
+    pub per_sample_bytes: u64,
+    /// Bytes that do not grow with the batch (e.g. standardised weights).
+    #[serde(deserialize_with = "whole_number::one")]
+    #[schema(maximum = 17_592_186_044_416_u64)]
+    pub fixed_bytes: u64,
 }
 
 /// One layer of the model.
@@ -427,7 +446,7 @@ pub struct EstimatorInfo {
     pub name: String,
     pub version: String,
     pub family: String,
-    /// `memory_classifier` or `utilization_regressor`.
+    /// `memory_classifier`, `memory_regressor` or `utilization_regressor`.
     pub kind: String,
     /// `aggregate` (whole-job features) or `sequence` (one token per layer).
     pub input: String,
@@ -440,6 +459,10 @@ pub struct EstimatorInfo {
     /// A memory regressor's calibrated quantiles of log(measured / predicted), by confidence.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub residual_quantiles: Option<Vec<ResidualQuantileInfo>>,
+    /// What a job must carry for this estimator to answer it (`saved_tensors`); empty: any job
+    /// of its family.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub requires: Vec<String>,
     #[schema(value_type = Object)]
     pub validation: BTreeMap<String, serde_json::Value>,
 }

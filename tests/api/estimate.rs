@@ -116,6 +116,9 @@ async fn bad_inputs_get_a_client_error_naming_the_field() {
         ("unknown precision", json!({"batch_size": 8, "layers": [layer], "precision": "int4"}).to_string(), 422, "precision"),
         ("absurd sequence length", json!({"batch_size": 8, "layers": [layer], "seq_len": 1u64 << 63}).to_string(), 422, "seq_len"),
         ("zero input dimension", json!({"batch_size": 8, "layers": [layer], "input_shape": [3, 0]}).to_string(), 422, "input_shape"),
+        ("negative saved bytes", json!({"batch_size": 8, "layers": [layer], "saved_tensors": {"per_sample_bytes": -1, "fixed_bytes": 0}}).to_string(), 422, "saved_tensors.per_sample_bytes"),
+        ("absurd saved bytes", json!({"batch_size": 8, "layers": [layer], "saved_tensors": {"per_sample_bytes": 1, "fixed_bytes": 1u64 << 50}}).to_string(), 422, "saved_tensors.fixed_bytes"),
+        ("incomplete saved tensors", json!({"batch_size": 8, "layers": [layer], "saved_tensors": {"per_sample_bytes": 1}}).to_string(), 422, "saved_tensors"),
     ];
     for (name, body, status, needle) in cases {
         let response = app.post_raw("/v1/estimate", "application/json", body).await;

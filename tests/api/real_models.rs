@@ -166,3 +166,37 @@ async fn the_most_common_cnn_is_estimated_near_its_measured_peak() {
         assert_eq!(body["fit"]["fits"], true, "batch {batch}");
     }
 }
+
+/// A description with describe's `saved_tensors` gets its MiB figure from the traced regressor;
+/// the same description without them from the plain one, and no traced formula.
+#[tokio::test]
+async fn a_traced_description_is_answered_by_the_traced_regressor() {
+    let app = spawn_app().await;
+    let mut job = training_description("timm:resnet50");
+    job["batch_size"] = 64.into();
+    assert!(job["saved_tensors"]["per_sample_bytes"].as_u64().unwrap() > 0, "describe traced resnet50");
+    let traced: Value = app.post_json("/v1/estimate", &job).await.json().await.unwrap();
+    let estimators = &traced["memory"]["estimators"];
+    assert_eq!(traced["memory"]["estimate_mib"], estimators["cnn_traced_memory_regressor"]["estimate_mib"], "{traced}");
+    assert!(estimators["cnn_memory_regressor"]["estimate_mib"].as_f64().is_some());
+    assert!(estimators["traced_first_principles"]["estimate_mib"].as_f64().is_some());
+    // The class follows the traced figure (8 GB classes).
+    let figure = traced["memory"]["estimate_mib"].as_f64().unwrap();
+    let expected_class = [8000.0, 16000.0, 24000.0, 32000.0, 40960.0].iter().filter(|&&b| figure > b).count();
+    assert_eq!(traced["memory"]["class"]["index"], expected_class, "{traced}");
+
+    job.as_object_mut().unwrap().remove("saved_tensors");
+    let plain: Value = app.post_json("/v1/estimate", &job).await.json().await.unwrap();
+    let estimators = &plain["memory"]["estimators"];
+    assert_eq!(plain["memory"]["estimate_mib"], estimators["cnn_memory_regressor"]["estimate_mib"], "{plain}");
+    assert!(estimators.get("cnn_traced_memory_regressor").is_none());
+    assert!(estimators.get("traced_first_principles").is_none());
+
+    // In one batch, each job still gets its own regressor.
+    let mut traced_job = training_description("timm:resnet50");
+    traced_job["batch_size"] = 64.into();
+    let batch: Value =
+        app.post_json("/v1/estimate/batch", &json!({"items": [job, traced_job, job]})).await.json().await.unwrap();
+    let figures: Vec<&Value> = batch["items"].as_array().unwrap().iter().map(|i| &i["estimate"]["memory"]["estimate_mib"]).collect();
+    assert_eq!(figures, [&plain["memory"]["estimate_mib"], &traced["memory"]["estimate_mib"], &plain["memory"]["estimate_mib"]]);
+}
