@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import copy
+import math
 import sys
 from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 import torch.nn as nn
+from torch.overrides import TorchFunctionMode
 
 from .kinds import CONV_KINDS, kind_of
 
@@ -15,6 +17,13 @@ ROOT_NAME = "(root)"
 # The two batch sizes of the saved-tensor trace (batch 1 is avoided: some models take other
 # paths at batch 1, e.g. squeezed dimensions).
 SAVED_TENSORS_BATCHES = (2, 4)
+# The function the saved-tensor trace routes to the memory-efficient attention op.
+_SDPA = torch.nn.functional.scaled_dot_product_attention
+# CUDA's memory-efficient attention kernel: the head dimensions must be multiples of this
+# (16 bytes: 4 fp32, 8 fp16/bf16 values on sm80+), an attention bias whose strides are not
+# multiples of _BIAS_ALIGNMENT is padded in its last dimension first (and sliced back).
+_HEAD_DIM_ALIGNMENT = {torch.float32: 4, torch.float16: 8, torch.bfloat16: 8}
+_BIAS_ALIGNMENT = 8
 
 
 def infer_family(layers: Sequence[Dict[str, Any]]) -> str:
@@ -147,6 +156,85 @@ def _storage_key_and_bytes(tensor: torch.Tensor) -> tuple:
         return ("tensor", id(tensor)), tensor.numel() * tensor.element_size()
 
 
+def _efficient_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                         scale=None, enable_gqa=False):
+    """``F.scaled_dot_product_attention`` as CUDA runs it in fp32 on an A100: the
+    memory-efficient kernel, ``aten._scaled_dot_product_efficient_attention`` (which has meta
+    kernels and an autograd formula, so autograd saves what it would save on the GPU: q, k, v,
+    the bias, the output and the log-sum-exp, no N x N probabilities or dropout mask).
+
+    Mirrors ``at::scaled_dot_product_attention``'s efficient-attention branch: a boolean mask
+    becomes an additive float mask (0 / -inf) in the query's dtype, a bias whose leading strides
+    are not multiples of 8 is padded in its last dimension and sliced back, the bias is expanded
+    to ``[B, heads, L, S]``, and the log-sum-exp is computed when autograd needs it. Returns None
+    (the caller falls back to the normal call) for inputs that kernel does not take and for which
+    CUDA would pick the math path too: not 4-D dense meta tensors of one float dtype, different
+    batch/head counts (``enable_gqa``), head dimensions not aligned, a last dimension not
+    contiguous, a mask not broadcastable to ``[B, heads, L, S]``, a mask with ``is_causal``.
+    """
+    qkv = (query, key, value)
+    if enable_gqa or not all(isinstance(t, torch.Tensor) for t in qkv):
+        return None
+    if not all(t.is_meta and t.layout == torch.strided and not t.is_nested and t.dim() == 4
+               for t in qkv):
+        return None
+    alignment = _HEAD_DIM_ALIGNMENT.get(query.dtype)
+    if alignment is None or key.dtype != query.dtype or value.dtype != query.dtype:
+        return None
+    (b, h, l, e), (s, ev) = query.shape, (key.shape[2], value.shape[3])
+    if key.shape[:2] != (b, h) or value.shape[:3] != (b, h, s) or key.shape[3] != e:
+        return None
+    if min(l, s, e, ev) < 1 or e % alignment or ev % alignment:
+        return None
+    if any(t.stride(-1) != 1 for t in qkv):
+        return None
+    bias = None
+    if attn_mask is not None:
+        if is_causal or not isinstance(attn_mask, torch.Tensor) or not attn_mask.is_meta:
+            return None
+        if attn_mask.dtype not in (torch.bool, query.dtype) or attn_mask.dim() > 4:
+            return None
+        try:
+            if torch.broadcast_shapes(attn_mask.shape, (b, h, l, s)) != (b, h, l, s):
+                return None
+        except RuntimeError:
+            return None
+        if attn_mask.stride(-1) != 1 and attn_mask.shape[-1] != 1:
+            return None
+        bias = attn_mask
+        if bias.dtype == torch.bool:
+            bias = torch.zeros(bias.shape, dtype=query.dtype, device=bias.device).masked_fill(
+                bias.logical_not(), -math.inf)
+        aligned = bias.stride(-1) == 1 and all(
+            bias.stride(i) % _BIAS_ALIGNMENT == 0 for i in range(bias.dim() - 1))
+        if not aligned:
+            last = bias.shape[-1]
+            bias = nn.functional.pad(bias, (0, _BIAS_ALIGNMENT - last % _BIAS_ALIGNMENT))
+            bias = bias[..., :last]
+        bias = bias.expand(b, h, l, s)
+    compute_log_sumexp = torch.is_grad_enabled() and any(t.requires_grad for t in qkv)
+    return torch.ops.aten._scaled_dot_product_efficient_attention(
+        query, key, value, bias, compute_log_sumexp, float(dropout_p), bool(is_causal),
+        scale=scale)[0]
+
+
+class _EfficientAttentionMode(TorchFunctionMode):
+    """While active (in this thread), ``F.scaled_dot_product_attention`` calls, however the
+    function was imported, go to :func:`_efficient_attention`, or to the normal call when it
+    returns None. Nothing is patched: leaving the ``with`` block, on error too, ends it."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is _SDPA:
+            try:
+                output = _efficient_attention(*args, **kwargs)
+            except (TypeError, RuntimeError, NotImplementedError):  # e.g. arguments the
+                output = None  # normal call rejects too: it raises its own error
+            if output is not None:
+                return output
+        return func(*args, **kwargs)
+
+
 def _saved_bytes(model: nn.Module, example: torch.Tensor) -> int:
     """Bytes of the distinct storages autograd saves for backward in one forward of ``example``.
 
@@ -166,7 +254,7 @@ def _saved_bytes(model: nn.Module, example: torch.Tensor) -> int:
             sizes[key] = nbytes
         return tensor
 
-    with torch.inference_mode(False), torch.enable_grad(), \
+    with torch.inference_mode(False), torch.enable_grad(), _EfficientAttentionMode(), \
             torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
         output = model(example)
     total = sum(sizes.values())
@@ -188,7 +276,20 @@ def trace_saved_tensors(
     mode, as in the layer walk), with a ``saved_tensors_hooks`` pack hook that records the
     storage of every tensor an autograd node saves. Parameters and buffers are left out, each
     other storage is counted once (the model input counts when an op saves it, e.g. the first
-    linear or convolution). Saved bytes are linear in the batch size B,
+    linear or convolution).
+
+    During these passes (only: not in the layer walk, and nothing is patched) calls of
+    ``F.scaled_dot_product_attention`` run as CUDA runs them in fp32 on an A100: with the
+    memory-efficient attention kernel, ``aten._scaled_dot_product_efficient_attention``, which
+    saves q, k, v, the attention bias, the output and a log-sum-exp, not the N x N attention
+    probabilities (nor a dropout mask) that the math path, the one the meta device takes,
+    would save (see :func:`_efficient_attention`). Inputs that kernel refuses (not 4-D, k/v
+    with other head counts or ``enable_gqa``, head dimensions not a multiple of 4 in fp32, a
+    mask not contiguous in its last dimension...), which a GPU also sends to the math path,
+    take the normal call. Attention written out by hand (``q @ k.transpose(-2, -1)``, softmax)
+    keeps its N x N tensors, as it does on a GPU.
+
+    Saved bytes are linear in the batch size B,
     ``saved(B) = fixed_bytes + per_sample_bytes * B``::
 
         per_sample_bytes = round((saved(4) - saved(2)) / 2)

@@ -1,5 +1,6 @@
 import contextlib
 import io
+import math
 import unittest
 
 import _paths  # noqa: F401
@@ -227,6 +228,73 @@ class SavedTensorsTest(unittest.TestCase):
         small = trace_saved_tensors(model, [3, 112, 112])
         self.assertAlmostEqual(small["per_sample_bytes"] / saved["per_sample_bytes"], 0.25,
                                delta=0.02)
+
+
+class EfficientAttentionTest(unittest.TestCase):
+    """F.scaled_dot_product_attention is traced as CUDA's memory-efficient kernel runs it."""
+
+    DIM, HEADS = 32, 4
+
+    def trace(self, n, **options):
+        model = on_meta(lambda: toy_models.SdpaBlock(self.DIM, self.HEADS, **options))
+        return trace_saved_tensors(model, [n, self.DIM])
+
+    def per_token_bytes(self, n):
+        # Per sample: the model input (qkv's input), the qkv output (q, k and v are views of
+        # it: one storage), the attention output (the proj's input is a view of it: its
+        # [B, N, heads, d] layout makes transpose + reshape free) and the log-sum-exp (heads x
+        # N rounded up to 32) in fp32. No heads x N x N probabilities.
+        return (n * self.DIM + n * 3 * self.DIM + n * self.DIM
+                + self.HEADS * math.ceil(n / 32) * 32) * FP32
+
+    PHILOX = 2 * INT64  # the kernel's dropout seed and offset, saved with it (batch-independent)
+
+    def test_by_hand(self):
+        for n in (60, 64, 128):
+            self.assertEqual(self.trace(n), {"per_sample_bytes": self.per_token_bytes(n),
+                                             "fixed_bytes": self.PHILOX})
+
+    def test_linear_in_sequence_length(self):
+        ratio = self.trace(128)["per_sample_bytes"] / self.trace(64)["per_sample_bytes"]
+        self.assertAlmostEqual(ratio, 2.0, delta=0.05)  # not ~4: nothing N x N is kept
+
+    def test_masks(self):
+        # A boolean mask becomes an additive fp32 mask, saved with the kernel; one whose row
+        # stride is not a multiple of 8 (N = 60) is padded to 64 columns first, as on a GPU.
+        for mask in ("bool", "bias"):
+            self.assertEqual(self.trace(64, mask=mask),
+                             {"per_sample_bytes": self.per_token_bytes(64),
+                              "fixed_bytes": self.PHILOX + 64 * 64 * FP32})
+            self.assertEqual(self.trace(60, mask=mask),
+                             {"per_sample_bytes": self.per_token_bytes(60),
+                              "fixed_bytes": self.PHILOX + 60 * 64 * FP32})
+
+    def test_refused_inputs_take_the_normal_call(self):
+        # enable_gqa and a mask not contiguous in its last dimension: the memory-efficient
+        # kernel refuses them (a GPU takes the math path too), the trace does not fail, and
+        # the N x N probabilities are kept.
+        for options in ({"gqa": True}, {"mask": "transposed"}):
+            small, large = self.trace(64, **options), self.trace(128, **options)
+            self.assertIsNotNone(small, options)
+            self.assertGreater(large["per_sample_bytes"] / small["per_sample_bytes"], 3.0)
+
+    def test_only_during_the_trace(self):
+        def plain_call():
+            q, k, v = (torch.empty(2, 4, 64, 8, device="meta", requires_grad=True)
+                       for _ in range(3))
+            return type(nn.functional.scaled_dot_product_attention(q, k, v).grad_fn).__name__
+
+        before = plain_call()
+        self.assertNotIn("Efficient", before)
+        with contextlib.redirect_stderr(io.StringIO()):  # a trace that raises
+            self.assertIsNone(trace_saved_tensors(on_meta(toy_models.grad_refusing), [4]))
+        self.trace(64)
+        self.assertEqual(plain_call(), before)
+        # the layer walk (no autograd) sees the module calls as before
+        desc = describe_module(on_meta(toy_models.sdpa_block), [64, self.DIM], batch_size=1)
+        self.assertEqual([(l["kind"], l["output_size"]) for l in desc["layers"]],
+                         [("linear", 64 * 3 * self.DIM), ("linear", 64 * self.DIM)])
+        self.assertEqual(desc["saved_tensors"]["per_sample_bytes"], self.per_token_bytes(64))
 
 
 class FamilyTest(unittest.TestCase):

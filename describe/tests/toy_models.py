@@ -107,3 +107,42 @@ class GradRefusing(nn.Module):
 
 def grad_refusing() -> nn.Module:
     return GradRefusing()
+
+
+class SdpaBlock(nn.Module):
+    """Tokens [N, dim] in: q, k, v from one linear, F.scaled_dot_product_attention, a linear.
+
+    ``mask``: None, ``"bool"`` (an [N, N] boolean mask), ``"bias"`` (an additive [N, N] float
+    bias, N not a multiple of 8 then padded on a GPU) or ``"transposed"`` (a float mask whose
+    last dimension is not contiguous: the fused kernels refuse it). ``gqa``: k and v with one
+    head and ``enable_gqa=True`` (the memory-efficient kernel refuses it).
+    """
+
+    def __init__(self, dim=32, heads=4, mask=None, gqa=False):
+        super().__init__()
+        self.heads, self.mask, self.gqa = heads, mask, gqa
+        self.head_dim = dim // heads
+        kv_dim = self.head_dim if gqa else dim
+        self.qkv = nn.Linear(dim, dim + 2 * kv_dim)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).split([c, (self.qkv.out_features - c) // 2,
+                                     (self.qkv.out_features - c) // 2], dim=-1)
+        q = q.reshape(b, n, self.heads, -1).transpose(1, 2)
+        k = k.reshape(b, n, -1, self.head_dim).transpose(1, 2)
+        v = v.reshape(b, n, -1, self.head_dim).transpose(1, 2)
+        kwargs = {"enable_gqa": True} if self.gqa else {}
+        if self.mask == "bool":
+            kwargs["attn_mask"] = torch.ones(n, n, dtype=torch.bool, device=x.device).tril()
+        elif self.mask == "bias":
+            kwargs["attn_mask"] = torch.zeros(n, n, device=x.device)
+        elif self.mask == "transposed":
+            kwargs["attn_mask"] = torch.zeros(n, n, device=x.device).t()
+        x = nn.functional.scaled_dot_product_attention(q, k, v, **kwargs)
+        return self.proj(x.transpose(1, 2).reshape(b, n, c))
+
+
+def sdpa_block() -> nn.Module:
+    return SdpaBlock()
