@@ -297,9 +297,9 @@ impl Estimators {
             };
             let latency = started.elapsed() / applicable.len() as u32;
             for (&i, output) in applicable.iter().zip(outputs) {
-                let (partial, (_, confidence)) = (&mut partials[i], &jobs[i]);
+                let (partial, confidence) = (&mut partials[i], jobs[i].1);
                 let Ok(state) = partial else { continue };
-                let applied = output.and_then(|output| state.apply(estimator, classes, n_classifiers, output, *confidence));
+                let applied = output.and_then(|output| state.apply(estimator, classes, n_classifiers, output, confidence));
                 match applied {
                     Ok(()) => state.runs.push(EstimatorRun {
                         name: estimator.entry.name.clone(),
