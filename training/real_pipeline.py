@@ -525,6 +525,20 @@ def family_mask(records, family):
     return np.array([r["family"] == family for r in records])
 
 
+def family_mask_or_all(records, family):
+    return np.ones(len(records), bool) if family == "all" else family_mask(records, family)
+
+
+def figures_of(records, mask, log_reg, log_traced, p_agg, p_seq, quantiles, traced_quantiles):
+    """Every estimator's figures on the masked rows (regressors: log MiB; classifiers: probabilities)."""
+    recs = subset(records, mask)
+    return {"regressor": regression_figures(log_reg[mask], recs, quantiles),
+            "traced_regressor": regression_figures(log_traced[mask], recs, traced_quantiles),
+            "mlp_ensemble": class_figures(p_agg[mask], recs),
+            "sequence_transformer": class_figures(p_seq[mask], recs),
+            "combined": class_figures((p_agg[mask] + p_seq[mask]) / 2, recs)}
+
+
 def subset(records, mask):
     return [r for r, m in zip(records, mask) if m]
 
@@ -576,16 +590,9 @@ def run_timm(models_dir, threads, timm_csv):
                  for family in FAMILIES}
     traced_quantiles = {family: conformal_quantiles((np.log(peaks) - oof_traced)[ok & family_mask(train, family)])
                         for family in FAMILIES}
-    oof_mean = (oof_agg + oof_seq) / 2
-    cv = {}
-    for family in FAMILIES + ["all"]:
-        mask = np.ones(len(train), bool) if family == "all" else family_mask(train, family)
-        recs = subset(train, mask)
-        cv[family] = {"regressor": regression_figures(oof_reg[mask], recs, quantiles),
-                      "traced_regressor": regression_figures(oof_traced[mask], recs, traced_quantiles),
-                      "mlp_ensemble": class_figures(oof_agg[mask], recs),
-                      "sequence_transformer": class_figures(oof_seq[mask], recs),
-                      "combined": class_figures(oof_mean[mask], recs)}
+    cv = {family: figures_of(train, family_mask_or_all(train, family), oof_reg, oof_traced, oof_agg, oof_seq,
+                             quantiles, traced_quantiles)
+          for family in FAMILIES + ["all"]}
     save_oof(train, oof_reg, oof_traced, oof_agg, oof_seq, raws, quantiles)
 
     # Final models on the whole training part (its usable rows).
@@ -629,13 +636,9 @@ def run_timm(models_dir, threads, timm_csv):
                  "timm_sequence_transformer": float(np.abs(predict_sequence(sequence, encode_tokens(test_jobs, token_entries)) - t_seq).max())}
     test_figures = {}
     for family in FAMILIES + ["all"]:
-        mask = np.ones(len(test_records), bool) if family == "all" else family_mask(test_records, family)
+        mask = family_mask_or_all(test_records, family)
         recs = subset(test_records, mask)
-        test_figures[family] = {"regressor": regression_figures(t_reg[mask], recs, quantiles),
-                        "traced_regressor": regression_figures(t_traced[mask], recs, traced_quantiles),
-                        "mlp_ensemble": class_figures(t_agg[mask], recs),
-                        "sequence_transformer": class_figures(t_seq[mask], recs),
-                        "combined": class_figures((t_agg[mask] + t_seq[mask]) / 2, recs)}
+        test_figures[family] = figures_of(test_records, mask, t_reg, t_traced, t_agg, t_seq, quantiles, traced_quantiles)
         ok_t = np.array([r["status"] == "ok" for r in recs])
         residual = np.log([r["peak"] for r in recs]) - t_reg[mask]
         if family != "all":
