@@ -4,6 +4,8 @@
 use crate::devices::profiles::ProfileStore;
 use crate::devices::sku::{self, GpuSelector, Sku, SkuError};
 use crate::devices::{DeviceError, GpuDevices};
+use crate::domain::physics::Physics;
+use crate::domain::MemoryFraction;
 use crate::estimators::MibAnswer;
 
 /// The card the training data was measured on: estimates are for it unless a GPU is named.
@@ -48,21 +50,75 @@ pub struct Placement {
     pub target: Target,
     pub estimate_mib: f64,
     pub upper_bound_mib: f64,
+    /// True when the figure was raised to the physics floor (before or after calibration).
+    pub floored: bool,
     /// Observations behind the profile used; `None` when the GPU has no profile yet.
     pub profile_observations: Option<u64>,
     pub fit: sku::Fit,
+    pub fit_basis: FitBasis,
 }
 
-/// Applies the target's calibration profile (if it has one) and checks the fit against its
-/// capacity using the upper bound: a scheduler reserves the bound, not the estimate.
-pub fn place(answer: &MibAnswer, target: Target, profiles: &ProfileStore) -> Placement {
+/// What `fits` and `max_colocated` rest on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FitBasis {
+    /// The upper bound (a job without a simulation): a scheduler reserves the bound.
+    UpperBound,
+    /// The simulation's minimum capacity and reserved peak.
+    Simulation,
+}
+
+/// Applies the target's calibration profile (if it has one), holds the result to physics (a
+/// profile is learning too), and checks the fit against the target's capacity.
+pub fn place(
+    answer: &MibAnswer,
+    target: Target,
+    profiles: &ProfileStore,
+    physics: &Physics,
+    fraction: Option<MemoryFraction>,
+) -> Placement {
     let calibrated = profiles.calibrate(&target.gpu, answer.estimate_mib, Some(answer.upper_bound_mib));
     let (estimate_mib, upper_bound_mib, profile_observations) = match &calibrated {
         Some(c) => (c.estimate_mib, c.upper_bound_mib, Some(c.observations)),
         None => (answer.estimate_mib, answer.upper_bound_mib, None),
     };
-    let fit = sku::fit(target.capacity_mib, upper_bound_mib);
-    Placement { target, estimate_mib, upper_bound_mib, profile_observations, fit }
+    let settled = physics.settle(estimate_mib, upper_bound_mib);
+    let (fit, fit_basis) = fit(target.capacity_mib, settled.upper_bound_mib, physics, fraction);
+    Placement {
+        target,
+        estimate_mib: settled.estimate_mib,
+        upper_bound_mib: settled.upper_bound_mib,
+        floored: answer.floored || settled.floored,
+        profile_observations,
+        fit,
+        fit_basis,
+    }
+}
+
+/// Whether a job fits a card of `capacity_mib`, and how many copies of it do.
+///
+/// With a simulation: the step runs where its minimum capacity fits beside the CUDA context
+/// (the allocator frees its cache before it fails), and a copy occupies its reserved peak plus
+/// the context. Without one: the job fits where its upper bound does, and a copy occupies the
+/// bound. A `memory_fraction` f caps the allocator at f x capacity: the job must run within
+/// that cap, and a copy then occupies the cap plus the context, whatever it would reserve
+/// uncapped, since nothing lets it grow beyond (a cap of the whole card leaves room for no
+/// other copy).
+pub fn fit(capacity_mib: u64, upper_bound_mib: f64, physics: &Physics, fraction: Option<MemoryFraction>) -> (sku::Fit, FitBasis) {
+    let capacity = capacity_mib as f64;
+    let context = physics.parts.cuda_context;
+    // The most the allocator can hold: what the card leaves beside the context, at most the cap.
+    let cap = |f: MemoryFraction| (f.get() * capacity).min(capacity - context);
+    let (fits, occupied, basis) = match (physics.simulated, fraction) {
+        (Some(peaks), None) => (peaks.runs_on_card(), peaks.reserved_mib + context, FitBasis::Simulation),
+        (Some(peaks), Some(f)) => (peaks.min_capacity_mib <= cap(f), cap(f) + context, FitBasis::Simulation),
+        (None, None) => return (sku::fit(capacity_mib, upper_bound_mib), FitBasis::UpperBound),
+        (None, Some(f)) => (upper_bound_mib <= cap(f) + context, cap(f) + context, FitBasis::UpperBound),
+    };
+    if !fits {
+        return (sku::Fit { fits: false, max_colocated: 0 }, basis);
+    }
+    // A job that runs alone fits once, even where its uncapped reservation exceeds the card.
+    (sku::Fit { fits: true, max_colocated: sku::fit(capacity_mib, occupied).max_colocated.max(1) }, basis)
 }
 
 #[cfg(test)]
@@ -71,7 +127,86 @@ mod tests {
     use crate::devices::{FakeDevices, NoDevices};
 
     fn answer(estimate_mib: f64, upper_bound_mib: f64) -> MibAnswer {
-        MibAnswer { estimate_mib, upper_bound_mib, confidence: 0.95, reference_capacity_mib: Some(40_960) }
+        MibAnswer { estimate_mib, upper_bound_mib, confidence: 0.95, reference_capacity_mib: Some(40_960), floored: false }
+    }
+
+    /// A job whose analytic floor (model state + context) is 1,316 MiB.
+    fn physics() -> Physics {
+        let layers = vec![crate::domain::UncheckedLayer { kind: "linear", output_size: 1024, params: 1 << 20 }];
+        Physics::analytic(&crate::domain::Job::parse(None, 256, layers.into_iter()).unwrap())
+    }
+
+    /// Reserved 10 GiB, runs on 9 GiB, 2 GiB at the peak by category, context 1,000 MiB.
+    fn simulated(capacity_mib: u64) -> Physics {
+        use crate::domain::{SimulatedCategories, UncheckedSimulation};
+        let gib = 1u64 << 30;
+        let layers = vec![crate::domain::UncheckedLayer { kind: "linear", output_size: 1024, params: 1 << 20 }];
+        let raw = UncheckedSimulation {
+            batch_size: 256,
+            optimizer: None,
+            precision: None,
+            allocated_peak_bytes: 2 * gib,
+            reserved_peak_bytes: 10 * gib,
+            min_capacity_bytes: 9 * gib,
+            breakdown_at_peak: SimulatedCategories { activations: 2 * gib, ..Default::default() },
+            attention: None,
+            interpolated: false,
+        };
+        let job = crate::domain::Job::parse(None, 256, layers.into_iter()).unwrap().with_simulation(Some(raw)).unwrap();
+        Physics::simulated(job.simulation().unwrap(), 1000.0, capacity_mib)
+    }
+
+    fn fraction(f: f64) -> Option<MemoryFraction> {
+        MemoryFraction::parse(Some(f)).unwrap()
+    }
+
+    #[test]
+    fn the_reference_card_is_the_physics_reference() {
+        let reference = Target::resolve(None, &NoDevices::new("none")).unwrap();
+        assert_eq!(reference.capacity_mib, crate::domain::physics::REFERENCE_CAPACITY_MIB);
+    }
+
+    #[test]
+    fn a_simulated_job_fits_by_its_minimum_capacity_and_colocates_by_its_reserved_peak() {
+        // 9,216 + 1,000 MiB needed to run; 10,240 + 1,000 MiB occupied per copy.
+        let (fit, basis) = fit(40_960, 99_999.0, &simulated(40_960), None);
+        assert_eq!((fit, basis), (sku::Fit { fits: true, max_colocated: 3 }, FitBasis::Simulation));
+        // Enough to run but not to reserve the whole peak: one copy, the allocator frees its cache.
+        assert_eq!(fit_of(10_216, None), sku::Fit { fits: true, max_colocated: 1 });
+        assert_eq!(fit_of(10_215, None), sku::Fit { fits: false, max_colocated: 0 });
+    }
+
+    fn fit_of(capacity_mib: u64, fraction: Option<MemoryFraction>) -> sku::Fit {
+        fit(capacity_mib, 0.0, &simulated(capacity_mib), fraction).0
+    }
+
+    #[test]
+    fn a_memory_fraction_caps_the_allocator_and_sets_what_a_copy_occupies() {
+        // 0.25 x 40,960 = 10,240 MiB cap >= 9,216 needed: each copy occupies 11,240 MiB.
+        assert_eq!(fit_of(40_960, fraction(0.25)), sku::Fit { fits: true, max_colocated: 3 });
+        // 0.2 x 40,960 = 8,192 MiB: the step does not run within the cap.
+        assert_eq!(fit_of(40_960, fraction(0.2)), sku::Fit { fits: false, max_colocated: 0 });
+        // The whole card: one copy.
+        assert_eq!(fit_of(40_960, fraction(1.0)), sku::Fit { fits: true, max_colocated: 1 });
+        // Without a simulation the bound must fit within the cap plus the context.
+        let plain = physics();
+        assert_eq!(fit(40_960, 11_540.0, &plain, fraction(0.25)).0, sku::Fit { fits: true, max_colocated: 3 });
+        assert_eq!(fit(40_960, 11_541.0, &plain, fraction(0.25)).0, sku::Fit { fits: false, max_colocated: 0 });
+        assert_eq!(fit(40_960, 11_541.0, &plain, None), (sku::Fit { fits: true, max_colocated: 3 }, FitBasis::UpperBound));
+    }
+
+    #[test]
+    fn placing_holds_a_calibrated_figure_to_the_floor() {
+        let dir = tempfile::tempdir().unwrap();
+        let (profiles, _) = ProfileStore::load(dir.path()).unwrap();
+        for _ in 0..3 {
+            profiles.observe("h100-80gb", 10_000.0, 1_000.0).unwrap();
+        }
+        let target = Target::resolve(Some("h100-80gb"), &NoDevices::new("none")).unwrap();
+        let placement = place(&answer(10_000.0, 11_000.0), target, &profiles, &physics(), None);
+        assert!(placement.floored, "{placement:?}");
+        assert!((placement.estimate_mib - physics().floor_mib()).abs() < 1e-9);
+        assert!(placement.upper_bound_mib >= placement.estimate_mib);
     }
 
     #[test]
@@ -94,10 +229,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (profiles, _) = ProfileStore::load(dir.path()).unwrap();
         let target = Target::resolve(Some("a100-80gb"), &NoDevices::new("none")).unwrap();
-        let placement = place(&answer(9_000.0, 20_000.0), target.clone(), &profiles);
+        let placement = place(&answer(9_000.0, 20_000.0), target.clone(), &profiles, &physics(), None);
         assert_eq!(placement.fit, sku::Fit { fits: true, max_colocated: 4 });
         assert_eq!(placement.profile_observations, None);
-        let placement = place(&answer(39_000.0, 90_000.0), target, &profiles);
+        let placement = place(&answer(39_000.0, 90_000.0), target, &profiles, &physics(), None);
         assert_eq!(placement.fit, sku::Fit { fits: false, max_colocated: 0 });
     }
 
@@ -109,7 +244,7 @@ mod tests {
             profiles.observe("h100-80gb", 10_000.0, 10_500.0).unwrap();
         }
         let target = Target::resolve(Some("H100 80GB"), &NoDevices::new("none")).unwrap();
-        let placement = place(&answer(10_000.0, 11_000.0), target, &profiles);
+        let placement = place(&answer(10_000.0, 11_000.0), target, &profiles, &physics(), None);
         assert_eq!(placement.profile_observations, Some(3));
         assert!((placement.estimate_mib - 10_500.0).abs() < 1.0, "{placement:?}");
         assert!(placement.upper_bound_mib >= placement.estimate_mib);

@@ -15,13 +15,56 @@ fn totals(job: &Job) -> (f64, f64, f64) {
     (params, activations, job.batch_size() as f64)
 }
 
-/// Bytes of weights, gradients and optimizer state, and bytes per activation element.
-fn model_state_and_activation_bytes(job: &Job, params: f64) -> (f64, f64) {
-    let (weight_bytes, activation_bytes) = match job.precision() {
+/// Bytes the model itself keeps on the GPU through training, by category.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ModelState {
+    /// Weights: fp32, plus a 2-byte working copy in mixed16.
+    pub parameters: f64,
+    pub gradients: f64,
+    pub optimizer_state: f64,
+}
+
+impl ModelState {
+    pub fn total(self) -> f64 {
+        self.parameters + self.gradients + self.optimizer_state
+    }
+}
+
+/// Bytes per parameter of weights and of activation elements for a precision.
+fn weight_and_activation_bytes(precision: Precision) -> (f64, f64) {
+    match precision {
         Precision::Fp32 => (4.0, 4.0),
         // fp32 master weights plus a 2-byte working copy; activations in 16 bits.
         Precision::Mixed16 => (6.0, 2.0),
-    };
+    }
+}
+
+/// Weights, gradients and optimizer state of the job's parameters, in bytes.
+pub fn model_state(job: &Job) -> ModelState {
+    let (params, _, _) = totals(job);
+    let (weight_bytes, _) = weight_and_activation_bytes(job.precision());
+    ModelState {
+        parameters: params * weight_bytes,
+        gradients: params * 4.0,
+        optimizer_state: params * job.optimizer().state_bytes_per_param(),
+    }
+}
+
+/// Bytes of the activations kept for backward: the traced saved tensors when the job has them
+/// (fp32 bytes, halved for mixed16), else every layer output of every sample.
+pub fn activation_bytes(job: &Job) -> f64 {
+    let (_, activations, batch) = totals(job);
+    let (_, element_bytes) = weight_and_activation_bytes(job.precision());
+    match job.saved_tensors() {
+        Some(saved) => saved.bytes_at(job.batch_size()) * element_bytes / 4.0,
+        None => activations * batch * element_bytes,
+    }
+}
+
+/// Bytes of weights, gradients and optimizer state, and bytes per activation element (one
+/// product, as `training/gpucast_features.py` computes it, so both agree to the last bit).
+fn model_state_and_activation_bytes(job: &Job, params: f64) -> (f64, f64) {
+    let (weight_bytes, activation_bytes) = weight_and_activation_bytes(job.precision());
     let gradient_bytes = 4.0;
     let state_bytes = job.optimizer().state_bytes_per_param();
     (params * (weight_bytes + gradient_bytes + state_bytes), activation_bytes)
@@ -91,6 +134,21 @@ mod tests {
         assert!((fp32 - (FRAMEWORK_OVERHEAD_MIB + 16.0 + 4.0)).abs() < 1e-9, "{fp32}");
         let mixed = traced_first_principles_mib(&job("adam", "mixed16").with_saved_tensors(saved).unwrap()).unwrap();
         assert!((mixed - (FRAMEWORK_OVERHEAD_MIB + 18.0 + 2.0)).abs() < 1e-9, "{mixed}");
+    }
+
+    #[test]
+    fn model_state_and_activations_split_the_first_principles_figure() {
+        for (optimizer, precision) in [("adam", "fp32"), ("sgd", "fp32"), ("momentum", "mixed16")] {
+            let job = job(optimizer, precision);
+            let state = model_state(&job);
+            let total = FRAMEWORK_OVERHEAD_MIB + (state.total() + activation_bytes(&job)) / MIB;
+            assert!((total - first_principles_mib(&job)).abs() < 1e-9, "{optimizer} {precision}");
+        }
+        let mixed = model_state(&job("adam", "mixed16"));
+        assert_eq!((mixed.parameters, mixed.gradients, mixed.optimizer_state), (6.0 * MIB, 4.0 * MIB, 8.0 * MIB));
+        let saved = Some(crate::domain::SavedTensors { per_sample_bytes: 8192, fixed_bytes: 2 << 20 });
+        let traced = job("adam", "mixed16").with_saved_tensors(saved).unwrap();
+        assert_eq!(activation_bytes(&traced), 2.0 * MIB);
     }
 
     #[test]

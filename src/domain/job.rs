@@ -319,6 +319,15 @@ impl Optimizer {
         }
     }
 
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Optimizer::Sgd => "sgd",
+            Optimizer::Momentum => "momentum",
+            Optimizer::Adam => "adam",
+            Optimizer::AdamW => "adamw",
+        }
+    }
+
     /// Bytes of optimizer state per (fp32) parameter.
     pub fn state_bytes_per_param(self) -> f64 {
         match self {
@@ -346,6 +355,13 @@ impl Precision {
             _ => None,
         }
     }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Precision::Fp32 => "fp32",
+            Precision::Mixed16 => "mixed16",
+        }
+    }
 }
 
 /// The tensors autograd keeps for backward in one training forward pass, as `describe` traces
@@ -364,6 +380,69 @@ impl SavedTensors {
     }
 }
 
+/// Allocated bytes by category at the allocated peak of a simulated training step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SimulatedCategories {
+    pub parameters: u64,
+    pub gradients: u64,
+    pub optimizer_state: u64,
+    /// Tensors kept for backward (and the live forward outputs) at the peak.
+    pub activations: u64,
+    /// Everything else live at the peak: workspaces, intermediate results of the step.
+    pub temporaries: u64,
+}
+
+impl SimulatedCategories {
+    /// The categories with their wire names, in the order of the contract.
+    pub fn named(self) -> [(&'static str, u64); 5] {
+        [
+            ("parameters", self.parameters),
+            ("gradients", self.gradients),
+            ("optimizer_state", self.optimizer_state),
+            ("activations", self.activations),
+            ("temporaries", self.temporaries),
+        ]
+    }
+
+    /// Their sum; u128 so that five counts of up to 2^44 cannot overflow.
+    fn total(self) -> u128 {
+        self.named().iter().map(|&(_, bytes)| u128::from(bytes)).sum()
+    }
+}
+
+/// What `gpucast_describe`'s whole-training-step simulation (fake tensors replayed through a
+/// model of PyTorch's CUDA caching allocator) says of the job at its batch size. Validated:
+/// allocated <= min_capacity <= reserved, and the categories sum exactly to the allocated peak.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Simulation {
+    /// The allocator's allocated peak in the second (steady-state) training step.
+    pub allocated_peak_bytes: u64,
+    /// Its reserved (segment) peak with unlimited memory.
+    pub reserved_peak_bytes: u64,
+    /// The smallest allocator capacity on which the step runs: the allocator frees its cached
+    /// segments and retries before it fails, so a card with this much usable memory suffices.
+    pub min_capacity_bytes: u64,
+    pub breakdown_at_peak: SimulatedCategories,
+    /// The attention kernel the simulation assumed (informational).
+    pub attention: Option<String>,
+    /// True when the figures were interpolated from two other batch sizes.
+    pub interpolated: bool,
+}
+
+/// A simulation as it arrives, before validation against itself and its job.
+#[derive(Debug, Clone)]
+pub struct UncheckedSimulation<'a> {
+    pub batch_size: u64,
+    pub optimizer: Option<&'a str>,
+    pub precision: Option<&'a str>,
+    pub allocated_peak_bytes: u64,
+    pub reserved_peak_bytes: u64,
+    pub min_capacity_bytes: u64,
+    pub breakdown_at_peak: SimulatedCategories,
+    pub attention: Option<&'a str>,
+    pub interpolated: bool,
+}
+
 /// A validated job description.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Job {
@@ -374,6 +453,7 @@ pub struct Job {
     precision: Precision,
     input_shape: Option<Vec<u64>>,
     saved_tensors: Option<SavedTensors>,
+    simulation: Option<Simulation>,
 }
 
 /// Why a job description was rejected. Each variant names the offending field.
@@ -399,6 +479,22 @@ pub enum JobError {
     InputShape,
     #[error("saved_tensors.{field}: must be at most {MAX_SAVED_BYTES}, got {value}")]
     SavedBytesTooLarge { field: &'static str, value: u64 },
+    #[error("simulation.{field}: must be at most {MAX_SAVED_BYTES}, got {value}")]
+    SimulatedBytesTooLarge { field: String, value: u64 },
+    #[error("simulation.batch_size: the simulation is of batch size {simulated}, the job's batch_size is {job}")]
+    SimulatedBatchSize { simulated: u64, job: u64 },
+    #[error("simulation.optimizer: '{simulated}' is not the job's optimizer ({job})")]
+    SimulatedOptimizer { simulated: String, job: String },
+    #[error("simulation.precision: '{simulated}' is not the job's precision ({job})")]
+    SimulatedPrecision { simulated: String, job: String },
+    #[error("simulation.reserved_peak_bytes: must be at least allocated_peak_bytes ({allocated}), got {reserved}")]
+    SimulatedReservedBelowAllocated { allocated: u64, reserved: u64 },
+    #[error(
+        "simulation.min_capacity_bytes: must lie between allocated_peak_bytes ({allocated}) and reserved_peak_bytes ({reserved}), got {min_capacity}"
+    )]
+    SimulatedMinCapacity { allocated: u64, reserved: u64, min_capacity: u64 },
+    #[error("simulation.breakdown_at_peak: the categories sum to {sum} bytes, allocated_peak_bytes is {allocated}")]
+    SimulatedBreakdownSum { sum: u128, allocated: u64 },
 }
 
 impl Job {
@@ -433,6 +529,7 @@ impl Job {
             precision: Precision::default(),
             input_shape: None,
             saved_tensors: None,
+            simulation: None,
         })
     }
 
@@ -471,8 +568,68 @@ impl Job {
         Ok(self)
     }
 
+    /// Sets the whole-step simulation. Call it after [`Job::with_training`]: a simulation of
+    /// another batch size, optimizer or precision describes another job and is refused.
+    pub fn with_simulation(mut self, simulation: Option<UncheckedSimulation<'_>>) -> Result<Job, JobError> {
+        let Some(raw) = simulation else { return Ok(self) };
+        let counts = [
+            ("allocated_peak_bytes", raw.allocated_peak_bytes),
+            ("reserved_peak_bytes", raw.reserved_peak_bytes),
+            ("min_capacity_bytes", raw.min_capacity_bytes),
+        ];
+        for (field, value) in counts {
+            if value > MAX_SAVED_BYTES {
+                return Err(JobError::SimulatedBytesTooLarge { field: field.into(), value });
+            }
+        }
+        for (category, value) in raw.breakdown_at_peak.named() {
+            if value > MAX_SAVED_BYTES {
+                return Err(JobError::SimulatedBytesTooLarge { field: format!("breakdown_at_peak.{category}"), value });
+            }
+        }
+        if raw.batch_size != self.batch_size {
+            return Err(JobError::SimulatedBatchSize { simulated: raw.batch_size, job: self.batch_size });
+        }
+        // Echo at most a short prefix of untrusted names.
+        let echo = |raw: &str| raw.chars().take(64).collect::<String>();
+        if let Some(name) = raw.optimizer {
+            if Optimizer::parse(name) != Some(self.optimizer) {
+                return Err(JobError::SimulatedOptimizer { simulated: echo(name), job: self.optimizer.as_str().into() });
+            }
+        }
+        if let Some(name) = raw.precision {
+            if Precision::parse(name) != Some(self.precision) {
+                return Err(JobError::SimulatedPrecision { simulated: echo(name), job: self.precision.as_str().into() });
+            }
+        }
+        let (allocated, reserved, min_capacity) = (raw.allocated_peak_bytes, raw.reserved_peak_bytes, raw.min_capacity_bytes);
+        if allocated > reserved {
+            return Err(JobError::SimulatedReservedBelowAllocated { allocated, reserved });
+        }
+        if min_capacity < allocated || min_capacity > reserved {
+            return Err(JobError::SimulatedMinCapacity { allocated, reserved, min_capacity });
+        }
+        let sum = raw.breakdown_at_peak.total();
+        if sum != u128::from(allocated) {
+            return Err(JobError::SimulatedBreakdownSum { sum, allocated });
+        }
+        self.simulation = Some(Simulation {
+            allocated_peak_bytes: allocated,
+            reserved_peak_bytes: reserved,
+            min_capacity_bytes: min_capacity,
+            breakdown_at_peak: raw.breakdown_at_peak,
+            attention: raw.attention.map(echo),
+            interpolated: raw.interpolated,
+        });
+        Ok(self)
+    }
+
     pub fn saved_tensors(&self) -> Option<SavedTensors> {
         self.saved_tensors
+    }
+
+    pub fn simulation(&self) -> Option<&Simulation> {
+        self.simulation.as_ref()
     }
 
     pub fn optimizer(&self) -> Optimizer {
@@ -589,5 +746,76 @@ mod tests {
         assert_eq!(job.clone().with_training(None, Some("int4")).unwrap_err(), JobError::UnknownPrecision("int4".into()));
         assert_eq!(job.clone().with_input_shape(Some(&[3, 0, 224])).unwrap_err(), JobError::InputShape);
         assert_eq!(job.with_input_shape(Some(&[3, 224, 224])).unwrap().input_shape(), Some(&[3, 224, 224][..]));
+    }
+
+    fn simulation(batch_size: u64) -> UncheckedSimulation<'static> {
+        UncheckedSimulation {
+            batch_size,
+            optimizer: Some("adam"),
+            precision: Some("fp32"),
+            allocated_peak_bytes: 15,
+            reserved_peak_bytes: 40,
+            min_capacity_bytes: 20,
+            breakdown_at_peak: SimulatedCategories { parameters: 1, gradients: 2, optimizer_state: 3, activations: 4, temporaries: 5 },
+            attention: Some("efficient"),
+            interpolated: false,
+        }
+    }
+
+    fn simulated(raw: UncheckedSimulation<'_>) -> Result<Job, JobError> {
+        Job::parse(None, 8, vec![unchecked("linear")].into_iter()).unwrap().with_simulation(Some(raw))
+    }
+
+    #[test]
+    fn a_consistent_simulation_is_kept_with_its_job() {
+        let job = simulated(simulation(8)).unwrap();
+        let kept = job.simulation().unwrap();
+        assert_eq!((kept.allocated_peak_bytes, kept.reserved_peak_bytes, kept.min_capacity_bytes), (15, 40, 20));
+        assert_eq!(kept.breakdown_at_peak.activations, 4);
+        assert_eq!(kept.attention.as_deref(), Some("efficient"));
+        // Optimizer and precision may be left out, and are matched by meaning, not spelling.
+        let loose = UncheckedSimulation { optimizer: None, precision: Some("FP32"), ..simulation(8) };
+        assert!(simulated(loose).is_ok());
+        // The bounds are inclusive: min_capacity may equal either peak.
+        let tight = UncheckedSimulation { min_capacity_bytes: 15, reserved_peak_bytes: 15, ..simulation(8) };
+        assert!(simulated(tight).is_ok());
+        let job = Job::parse(None, 8, vec![unchecked("linear")].into_iter()).unwrap();
+        assert_eq!(job.with_simulation(None).unwrap().simulation(), None);
+    }
+
+    #[test]
+    fn a_simulation_of_another_job_or_an_inconsistent_one_is_refused_naming_the_field() {
+        let field = |raw: UncheckedSimulation<'_>| simulated(raw).unwrap_err().to_string();
+        assert!(field(simulation(16)).starts_with("simulation.batch_size:"));
+        let adamw = UncheckedSimulation { optimizer: Some("adamw"), ..simulation(8) };
+        assert!(field(adamw).starts_with("simulation.optimizer: 'adamw'"));
+        let unknown = UncheckedSimulation { optimizer: Some("lion"), ..simulation(8) };
+        assert!(field(unknown).starts_with("simulation.optimizer:"));
+        let bf16 = UncheckedSimulation { precision: Some("bf16"), ..simulation(8) };
+        assert!(field(bf16).starts_with("simulation.precision:"));
+        let above = UncheckedSimulation { allocated_peak_bytes: 41, ..simulation(8) };
+        assert!(field(above).starts_with("simulation.reserved_peak_bytes:"));
+        let low = UncheckedSimulation { min_capacity_bytes: 14, ..simulation(8) };
+        assert!(field(low).starts_with("simulation.min_capacity_bytes:"));
+        let high = UncheckedSimulation { min_capacity_bytes: 41, ..simulation(8) };
+        assert!(field(high).starts_with("simulation.min_capacity_bytes:"));
+        let mut off_by_one = simulation(8);
+        off_by_one.breakdown_at_peak.temporaries = 6;
+        assert!(field(off_by_one).starts_with("simulation.breakdown_at_peak:"));
+        let huge = UncheckedSimulation { reserved_peak_bytes: MAX_SAVED_BYTES + 1, ..simulation(8) };
+        assert!(field(huge).starts_with("simulation.reserved_peak_bytes: must be at most"));
+        let mut huge_category = simulation(8);
+        huge_category.breakdown_at_peak.gradients = u64::MAX;
+        assert!(field(huge_category).starts_with("simulation.breakdown_at_peak.gradients: must be at most"));
+    }
+
+    #[test]
+    fn the_simulation_is_checked_against_the_jobs_training_settings() {
+        let job = Job::parse(None, 8, vec![unchecked("linear")].into_iter()).unwrap();
+        let sgd = job.clone().with_training(Some("sgd"), Some("bf16")).unwrap();
+        let raw = UncheckedSimulation { optimizer: Some("SGD"), precision: Some("fp16"), ..simulation(8) };
+        assert!(sgd.with_simulation(Some(raw.clone())).is_ok());
+        // The job's default (adam, fp32) is what a simulation of sgd contradicts.
+        assert!(matches!(job.with_simulation(Some(raw)), Err(JobError::SimulatedOptimizer { .. })));
     }
 }

@@ -191,3 +191,41 @@ mod confidence_tests {
         assert!(Confidence::parse(Some(0.2)).is_err());
     }
 }
+
+/// The share of the card's memory a job caps its caching allocator at
+/// (`torch.cuda.set_per_process_memory_fraction`): 0 < f <= 1.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MemoryFraction(f64);
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+#[error("memory_fraction: must be a number greater than 0 and at most 1, got {0}")]
+pub struct InvalidMemoryFraction(pub f64);
+
+impl MemoryFraction {
+    pub fn parse(raw: Option<f64>) -> Result<Option<MemoryFraction>, InvalidMemoryFraction> {
+        match raw {
+            None => Ok(None),
+            Some(f) if f > 0.0 && f <= 1.0 => Ok(Some(MemoryFraction(f))),
+            Some(f) => Err(InvalidMemoryFraction(f)),
+        }
+    }
+
+    pub fn get(self) -> f64 {
+        self.0
+    }
+}
+
+#[cfg(test)]
+mod memory_fraction_tests {
+    use super::*;
+
+    #[test]
+    fn a_memory_fraction_is_optional_and_lies_in_zero_exclusive_to_one() {
+        assert_eq!(MemoryFraction::parse(None), Ok(None));
+        assert_eq!(MemoryFraction::parse(Some(1.0)).unwrap().unwrap().get(), 1.0);
+        assert_eq!(MemoryFraction::parse(Some(0.25)).unwrap().unwrap().get(), 0.25);
+        for bad in [0.0, -0.5, 1.01, f64::NAN] {
+            assert!(MemoryFraction::parse(Some(bad)).is_err(), "{bad}");
+        }
+    }
+}

@@ -4,7 +4,11 @@ pub mod analytic;
 pub mod features;
 pub mod job;
 pub mod memory;
+pub mod physics;
 pub mod summary;
 
-pub use job::{Family, Job, JobError, Layer, LayerKind, Optimizer, Precision, SavedTensors, UncheckedLayer};
-pub use memory::{Confidence, MemoryClass, MemoryClasses, ResidualQuantiles};
+pub use job::{
+    Family, Job, JobError, Layer, LayerKind, Optimizer, Precision, SavedTensors, SimulatedCategories, Simulation, UncheckedLayer,
+    UncheckedSimulation,
+};
+pub use memory::{Confidence, MemoryClass, MemoryClasses, MemoryFraction, ResidualQuantiles};

@@ -27,6 +27,21 @@ pub struct Manifest {
     /// How the other families' classifiers combine, by family.
     #[serde(default)]
     pub combined_by_family: BTreeMap<String, CombinedEntry>,
+    /// The `simulated` estimator (physics from the job's whole-step simulation), for every
+    /// family; absent in older manifests, and then simulations serve only as features.
+    #[serde(default)]
+    pub simulated: Option<SimulatedEntry>,
+}
+
+/// The constants of the `simulated` estimator: what every process pays outside the caching
+/// allocator, and how far measured peaks fall from the simulated figure.
+#[derive(Debug, Clone, Deserialize)]
+pub struct SimulatedEntry {
+    /// CUDA context and cuBLAS/cuDNN handles, MiB.
+    pub cuda_context_mib: f64,
+    /// Conformal quantiles of log(measured / simulated figure).
+    pub residual_quantiles: Vec<ResidualQuantile>,
+    pub version: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -85,12 +100,15 @@ pub struct EstimatorEntry {
 pub enum Requirement {
     /// `saved_tensors`, as `gpucast_describe` traces them.
     SavedTensors,
+    /// `simulation`, `gpucast_describe`'s whole-training-step simulation.
+    Simulation,
 }
 
 impl Requirement {
     pub fn as_str(self) -> &'static str {
         match self {
             Requirement::SavedTensors => "saved_tensors",
+            Requirement::Simulation => "simulation",
         }
     }
 }

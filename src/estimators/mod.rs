@@ -11,8 +11,11 @@ use std::time::{Duration, Instant};
 use sha2::{Digest, Sha256};
 
 use crate::domain::features::{raw_token_feature, AggregateFeatures, FeatureSpec, TokenFeatures, TOKEN_FEATURES};
+use crate::domain::physics::{Physics, REFERENCE_CAPACITY_MIB};
 use crate::domain::{analytic, Family, Job, LayerKind, MemoryClass, MemoryClasses, ResidualQuantiles};
-use manifest::{EstimatorEntry, EstimatorKind, InputSpec, Manifest, Requirement, MANIFEST_FILE, SUPPORTED_SCHEMA_VERSION};
+use manifest::{
+    EstimatorEntry, EstimatorKind, InputSpec, Manifest, Requirement, SimulatedEntry, MANIFEST_FILE, SUPPORTED_SCHEMA_VERSION,
+};
 use onnx::{InferenceError, Model, ModelInput, OnnxModel};
 
 /// Why the models could not be loaded. Each message names the file at fault, on one line.
@@ -69,6 +72,7 @@ impl Estimator {
     pub fn applies_to(&self, job: &Job) -> bool {
         self.entry.requires.iter().all(|requirement| match requirement {
             Requirement::SavedTensors => job.saved_tensors().is_some(),
+            Requirement::Simulation => job.simulation().is_some(),
         })
     }
 
@@ -163,13 +167,25 @@ pub struct MibAnswer {
     pub confidence: f64,
     /// Capacity of the card the regressor was trained on.
     pub reference_capacity_mib: Option<u64>,
+    /// True when the figure was raised to the physics floor.
+    pub floored: bool,
+}
+
+/// One job to estimate: at what confidence, for a card of what capacity (the simulated figure
+/// depends on the card: its allocator frees its cache before it fails).
+#[derive(Debug, Clone, Copy)]
+pub struct Query<'a> {
+    pub job: &'a Job,
+    pub confidence: f64,
+    pub capacity_mib: u64,
 }
 
 /// Everything the estimators said about one job.
 #[derive(Debug, Clone)]
 pub struct Estimate {
     pub family: Family,
-    /// The combined memory class (mean of the classifiers' probabilities).
+    /// The memory class: the class of the MiB figure where there is one (see
+    /// [`Estimate::class_for`]), else the classifiers' combined answer.
     pub class: ClassAnswer,
     /// Each classifier's own answer, by estimator name.
     pub classifiers: BTreeMap<String, ClassAnswer>,
@@ -180,21 +196,102 @@ pub struct Estimate {
     /// Utilization fractions by target (`smact`, `smocc`, ...); absent targets have no model.
     pub utilization: BTreeMap<String, f32>,
     pub runs: Vec<EstimatorRun>,
+    /// What physics says of the job on the queried card: the floor under the figure, the
+    /// categories of its breakdown, the simulated peaks.
+    pub physics: Physics,
+    classes: MemoryClasses,
+    /// The mean of the classifiers' probabilities; `None` for a family without classifiers.
+    classifier_mean: Option<Vec<f32>>,
+}
+
+impl Estimate {
+    /// The memory class of an answer with MiB figure `figure_mib`: the class containing the
+    /// figure, so that the two never disagree. The figure places a job better than the
+    /// classifiers do (grouped CV, 8 GB classes: traced figure 0.886, plain figure 0.833,
+    /// classifiers 0.834), but the probabilities keep 40 % of the classifiers' mean so that the
+    /// answer still shows their doubt. Without a figure: the classifiers' mean alone.
+    pub fn class_for(&self, figure_mib: Option<f64>) -> ClassAnswer {
+        let classes = &self.classes;
+        match (figure_mib, &self.classifier_mean) {
+            (Some(figure), Some(mean)) => {
+                let index = classes.classify(figure).index;
+                let probabilities = mean
+                    .iter()
+                    .enumerate()
+                    .map(|(i, p)| FIGURE_CLASS_WEIGHT * f32::from(u8::from(i == index)) + (1.0 - FIGURE_CLASS_WEIGHT) * p)
+                    .collect();
+                ClassAnswer { class: classes.class(index), probabilities }
+            }
+            (None, Some(mean)) => class_answer(classes, mean.clone()),
+            (figure, None) => {
+                // No classifier: the class of the figure, with all probability on it.
+                let index = classes.classify(figure.unwrap_or(0.0)).index;
+                let probabilities = (0..classes.len()).map(|i| f32::from(u8::from(i == index))).collect();
+                ClassAnswer { class: classes.class(index), probabilities }
+            }
+        }
+    }
 }
 
 /// Names and version of the analytic estimators, which every family gets.
 pub const FIRST_PRINCIPLES: &str = "first_principles";
-/// Share of the combined class probability put on the traced figure's class (> 0.5: it leads).
-const TRACED_CLASS_WEIGHT: f32 = 0.6;
+/// Share of the class probability put on the MiB figure's class (> 0.5: it leads).
+const FIGURE_CLASS_WEIGHT: f32 = 0.6;
+/// Physics from the job's whole-step simulation; only for jobs that carry one.
+pub const SIMULATED: &str = "simulated";
 /// First principles with the job's traced saved tensors; only for jobs that carry them.
 pub const TRACED_FIRST_PRINCIPLES: &str = "traced_first_principles";
 pub const HORUS: &str = "horus";
 pub const ANALYTIC_VERSION: &str = "1.0.0";
 
+/// Which MiB figure leads, in one place. Higher wins; between equals, the later in the
+/// manifest. Physics first, learning second:
+/// - 3, a regressor that requires the job's simulation: it starts from the simulated figure
+///   and learns only what the simulation cannot see (workspaces, the allocator's real
+///   behaviour), so it is the most accurate figure there can be; the physics floor still
+///   holds it.
+/// - 2, the `simulated` estimator: a replay of the whole training step through a model of
+///   the caching allocator, which no regressor trained on layer lists or traces can match
+///   where no simulation regressor is loaded.
+/// - 1, a regressor that requires the traced saved tensors: they are the best single
+///   predictor of activation memory (grouped CV median 3.0 % against 7.0 % without).
+/// - 0, the family's plain regressor: any job, from its layers alone.
+fn precedence(requires: &[Requirement]) -> u8 {
+    if requires.contains(&Requirement::Simulation) {
+        3
+    } else if requires.contains(&Requirement::SavedTensors) {
+        1
+    } else {
+        0
+    }
+}
+/// The `simulated` estimator's place in [`precedence`].
+const SIMULATED_PRECEDENCE: u8 = 2;
+
+/// The `simulated` estimator as loaded from the manifest.
+struct SimulatedModel {
+    cuda_context_mib: f64,
+    quantiles: ResidualQuantiles,
+    version: String,
+}
+
+impl SimulatedModel {
+    fn load(entry: &SimulatedEntry) -> Result<SimulatedModel, String> {
+        // The context of any CUDA process is hundreds of MiB, never more than a few GiB.
+        if !(entry.cuda_context_mib.is_finite() && (0.0..=65_536.0).contains(&entry.cuda_context_mib)) {
+            return Err(format!("simulated: cuda_context_mib must be a number from 0 to 65,536, got {}", entry.cuda_context_mib));
+        }
+        let levels = entry.residual_quantiles.iter().map(|l| (l.confidence, l.log_ratio)).collect();
+        let quantiles = ResidualQuantiles::new(levels).map_err(|e| format!("simulated: {e}"))?;
+        Ok(SimulatedModel { cuda_context_mib: entry.cuda_context_mib, quantiles, version: entry.version.clone() })
+    }
+}
+
 /// All loaded estimators, grouped by family.
 pub struct Estimators {
     manifest: Manifest,
     estimators: Vec<Estimator>,
+    simulated: Option<SimulatedModel>,
 }
 impl Estimators {
     /// Loads and checks every estimator of `dir/manifest.json`: file present, checksum equal,
@@ -215,6 +312,7 @@ impl Estimators {
         if manifest.estimators.is_empty() {
             return Err(invalid("no estimators listed".into()));
         }
+        let simulated = manifest.simulated.as_ref().map(SimulatedModel::load).transpose().map_err(invalid)?;
         let environment = onnx::environment(ort_dylib).map_err(LoadError::Runtime)?;
         let mut estimators = Vec::with_capacity(manifest.estimators.len());
         for entry in &manifest.estimators {
@@ -239,7 +337,7 @@ impl Estimators {
                 return Err(invalid(format!("estimators '{}' and '{}' classify family {} into different bins", a.name(), b.name(), a.family)));
             }
         }
-        Ok(Estimators { manifest, estimators })
+        Ok(Estimators { manifest, estimators, simulated })
     }
 
     pub fn manifest(&self) -> &Manifest {
@@ -250,21 +348,34 @@ impl Estimators {
         &self.estimators
     }
 
-    /// Runs every estimator of the job's family; the upper bound is at `confidence`.
+    /// Runs every estimator of the job's family for the reference card (the A100 40 GB of the
+    /// training data); the upper bound is at `confidence`.
     pub fn estimate(&self, job: &Job, confidence: f64) -> Result<Estimate, EstimateError> {
-        self.estimate_many(&[(job, confidence)]).pop().expect("one job in, one answer out")
+        self.estimate_on(job, confidence, REFERENCE_CAPACITY_MIB)
     }
 
-    /// Estimates many jobs (each with its confidence), calling each model once per family
-    /// rather than once per job. Per-estimator latencies are the call's time per job.
+    /// [`Estimators::estimate`] for a card of `capacity_mib`.
+    pub fn estimate_on(&self, job: &Job, confidence: f64, capacity_mib: u64) -> Result<Estimate, EstimateError> {
+        self.estimate_queries(&[Query { job, confidence, capacity_mib }]).pop().expect("one job in, one answer out")
+    }
+
+    /// Estimates many jobs (each with its confidence) for the reference card.
     pub fn estimate_many(&self, jobs: &[(&Job, f64)]) -> Vec<Result<Estimate, EstimateError>> {
-        let mut answers: Vec<Option<Result<Estimate, EstimateError>>> = (0..jobs.len()).map(|_| None).collect();
+        let queries: Vec<Query> =
+            jobs.iter().map(|&(job, confidence)| Query { job, confidence, capacity_mib: REFERENCE_CAPACITY_MIB }).collect();
+        self.estimate_queries(&queries)
+    }
+
+    /// Estimates many jobs, calling each model once per family rather than once per job.
+    /// Per-estimator latencies are the call's time per job.
+    pub fn estimate_queries(&self, queries: &[Query]) -> Vec<Result<Estimate, EstimateError>> {
+        let mut answers: Vec<Option<Result<Estimate, EstimateError>>> = (0..queries.len()).map(|_| None).collect();
         for family in [Family::Mlp, Family::Cnn, Family::Transformer] {
-            let indices: Vec<usize> = (0..jobs.len()).filter(|&i| jobs[i].0.family() == family).collect();
+            let indices: Vec<usize> = (0..queries.len()).filter(|&i| queries[i].job.family() == family).collect();
             if indices.is_empty() {
                 continue;
             }
-            let group: Vec<(&Job, f64)> = indices.iter().map(|&i| jobs[i]).collect();
+            let group: Vec<Query> = indices.iter().map(|&i| queries[i]).collect();
             for (i, answer) in indices.into_iter().zip(self.estimate_family(family, &group)) {
                 answers[i] = Some(answer);
             }
@@ -272,13 +383,13 @@ impl Estimators {
         answers.into_iter().map(|a| a.expect("every job has a family")).collect()
     }
 
-    fn estimate_family(&self, family: Family, jobs: &[(&Job, f64)]) -> Vec<Result<Estimate, EstimateError>> {
+    fn estimate_family(&self, family: Family, jobs: &[Query]) -> Vec<Result<Estimate, EstimateError>> {
         let members: Vec<&Estimator> = self.estimators.iter().filter(|e| e.family == family).collect();
         let n_classifiers = members.iter().filter(|e| e.entry.kind == EstimatorKind::MemoryClassifier).count();
         let Some(classes) = members.iter().find_map(|e| e.classes.as_ref()) else {
             return jobs.iter().map(|_| Err(EstimateError::UnsupportedFamily(family))).collect();
         };
-        let job_refs: Vec<&Job> = jobs.iter().map(|(job, _)| *job).collect();
+        let job_refs: Vec<&Job> = jobs.iter().map(|query| query.job).collect();
         let aggregates: Vec<AggregateFeatures> = job_refs.iter().map(|job| AggregateFeatures::of(job)).collect();
         let mut partials: Vec<Result<Partial, EstimateError>> =
             jobs.iter().map(|_| Ok(Partial::new(classes.len(), members.len()))).collect();
@@ -297,7 +408,7 @@ impl Estimators {
             };
             let latency = started.elapsed() / applicable.len() as u32;
             for (&i, output) in applicable.iter().zip(outputs) {
-                let (partial, confidence) = (&mut partials[i], jobs[i].1);
+                let (partial, confidence) = (&mut partials[i], jobs[i].confidence);
                 let Ok(state) = partial else { continue };
                 let applied = output.and_then(|output| state.apply(estimator, classes, n_classifiers, output, confidence));
                 match applied {
@@ -312,8 +423,10 @@ impl Estimators {
         }
         partials
             .into_iter()
-            .zip(&job_refs)
-            .map(|(partial, job)| partial.map(|state| state.finish(family, job, classes, n_classifiers)))
+            .zip(jobs)
+            .map(|(partial, query)| {
+                partial.and_then(|state| state.finish(family, query, classes, n_classifiers, self.simulated.as_ref()))
+            })
             .collect()
     }
 }
@@ -323,8 +436,8 @@ struct Partial {
     classifiers: BTreeMap<String, ClassAnswer>,
     mean: Vec<f32>,
     mib: Option<MibAnswer>,
-    /// Whether `mib` came from a regressor that needs more than the layers (it then wins).
-    mib_from_specific: bool,
+    /// The [`precedence`] of the estimator `mib` came from.
+    mib_precedence: u8,
     mib_estimators: BTreeMap<String, f64>,
     utilization: BTreeMap<String, f32>,
     runs: Vec<EstimatorRun>,
@@ -336,7 +449,7 @@ impl Partial {
             classifiers: BTreeMap::new(),
             mean: vec![0.0; n_classes],
             mib: None,
-            mib_from_specific: false,
+            mib_precedence: 0,
             mib_estimators: BTreeMap::new(),
             utilization: BTreeMap::new(),
             runs: Vec::with_capacity(n_estimators + 2),
@@ -374,18 +487,17 @@ impl Partial {
                     EstimateError::ConfidenceOutOfRange { confidence, low, high }
                 })?;
                 self.mib_estimators.insert(estimator.entry.name.clone(), estimate_mib);
-                // A regressor that uses what the job carries beyond its layers (a trace) is the
-                // more accurate one; the plain regressor answers only where none applies.
-                let specific = !estimator.entry.requires.is_empty();
-                if self.mib.is_some() && self.mib_from_specific && !specific {
+                let precedence = precedence(&estimator.entry.requires);
+                if self.mib.is_some() && precedence < self.mib_precedence {
                     return Ok(());
                 }
-                self.mib_from_specific = specific;
+                self.mib_precedence = precedence;
                 self.mib = Some(MibAnswer {
                     estimate_mib,
                     upper_bound_mib: estimate_mib * log_ratio.exp(),
                     confidence,
                     reference_capacity_mib: estimator.entry.capacity_mib,
+                    floored: false,
                 });
             }
             EstimatorKind::UtilizationRegressor => {
@@ -396,7 +508,15 @@ impl Partial {
         Ok(())
     }
 
-    fn finish(mut self, family: Family, job: &Job, classes: &MemoryClasses, n_classifiers: usize) -> Estimate {
+    fn finish(
+        mut self,
+        family: Family,
+        query: &Query,
+        classes: &MemoryClasses,
+        n_classifiers: usize,
+        simulated: Option<&SimulatedModel>,
+    ) -> Result<Estimate, EstimateError> {
+        let job = query.job;
         let formulas = [
             (FIRST_PRINCIPLES, (|job| Some(analytic::first_principles_mib(job))) as fn(&Job) -> Option<f64>),
             (TRACED_FIRST_PRINCIPLES, analytic::traced_first_principles_mib),
@@ -408,35 +528,54 @@ impl Partial {
             self.mib_estimators.insert(name.to_string(), mib);
             self.runs.push(EstimatorRun { name: name.into(), version: ANALYTIC_VERSION.into(), latency: started.elapsed() });
         }
-        let class = if let (true, Some(mib)) = (self.mib_from_specific && n_classifiers > 0, self.mib) {
-            // A traced figure places a job better than the classifiers do (grouped CV: 0.867
-            // against 0.834 for 8 GB classes): its class leads, the classifiers keep 40 % of
-            // the probability so that the answer still shows their doubt.
-            let index = classes.classify(mib.estimate_mib).index;
-            let probabilities = self
-                .mean
-                .iter()
-                .enumerate()
-                .map(|(i, p)| TRACED_CLASS_WEIGHT * f32::from(u8::from(i == index)) + (1.0 - TRACED_CLASS_WEIGHT) * p)
-                .collect();
-            ClassAnswer { class: classes.class(index), probabilities }
-        } else if n_classifiers > 0 {
-            class_answer(classes, self.mean)
-        } else {
-            // No classifier: the class of the learned figure, with all probability on it.
-            let index = classes.classify(self.mib.map_or(0.0, |m| m.estimate_mib)).index;
-            let probabilities = (0..classes.len()).map(|i| f32::from(u8::from(i == index))).collect();
-            ClassAnswer { class: classes.class(index), probabilities }
-        };
-        Estimate {
+        let started = Instant::now();
+        let physics = Physics::of(job, simulated.map(|s| s.cuda_context_mib), query.capacity_mib);
+        if let (Some(peaks), Some(model)) = (physics.simulated, simulated) {
+            let figure = peaks.figure_mib();
+            self.mib_estimators.insert(SIMULATED.to_string(), figure);
+            if self.mib.is_none() || self.mib_precedence < SIMULATED_PRECEDENCE {
+                let log_ratio = model.quantiles.log_ratio_at(query.confidence).ok_or_else(|| {
+                    let (low, high) = model.quantiles.range();
+                    EstimateError::ConfidenceOutOfRange { confidence: query.confidence, low, high }
+                })?;
+                let mut upper_bound_mib = figure * log_ratio.exp();
+                if peaks.runs_on_card() {
+                    // Where the step runs, the allocator cannot hold more than the card has: a
+                    // peak above the capacity cannot be read, whatever the residuals say.
+                    upper_bound_mib = upper_bound_mib.min(query.capacity_mib as f64).max(figure);
+                }
+                self.mib_precedence = SIMULATED_PRECEDENCE;
+                self.mib = Some(MibAnswer {
+                    estimate_mib: figure,
+                    upper_bound_mib,
+                    confidence: query.confidence,
+                    reference_capacity_mib: Some(query.capacity_mib),
+                    floored: false,
+                });
+            }
+            self.runs.push(EstimatorRun { name: SIMULATED.into(), version: model.version.clone(), latency: started.elapsed() });
+        }
+        // Whatever leads, physics holds it: never below the floor, the bound never below it.
+        if let Some(mib) = self.mib.as_mut() {
+            let settled = physics.settle(mib.estimate_mib, mib.upper_bound_mib);
+            mib.estimate_mib = settled.estimate_mib;
+            mib.upper_bound_mib = settled.upper_bound_mib;
+            mib.floored = settled.floored;
+        }
+        let mut estimate = Estimate {
             family,
-            class,
+            class: ClassAnswer { class: classes.class(0), probabilities: Vec::new() },
             classifiers: self.classifiers,
             mib: self.mib,
             mib_estimators: self.mib_estimators,
             utilization: self.utilization,
             runs: self.runs,
-        }
+            physics,
+            classes: classes.clone(),
+            classifier_mean: (n_classifiers > 0).then_some(self.mean),
+        };
+        estimate.class = estimate.class_for(estimate.mib.map(|m| m.estimate_mib));
+        Ok(estimate)
     }
 }
 

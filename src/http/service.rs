@@ -9,7 +9,7 @@ use axum::Json;
 
 use crate::error::ApiError;
 use crate::http::types::{
-    CombinedInfo, EstimatorInfo, EstimatorsResponse, HealthResponse, Problem, ReadyResponse, ResidualQuantileInfo,
+    CombinedInfo, EstimatorInfo, EstimatorsResponse, HealthResponse, Problem, ReadyResponse, ResidualQuantileInfo, SimulatedInfo,
 };
 use crate::http::AppState;
 use crate::estimators::manifest::{CombinedEntry, InputSpec};
@@ -79,6 +79,15 @@ pub async fn estimators(State(state): State<AppState>) -> Json<EstimatorsRespons
         estimators,
         combined: manifest.combined.as_ref().map(combined_info),
         combined_by_family: manifest.combined_by_family.iter().map(|(f, c)| (f.clone(), combined_info(c))).collect(),
+        simulated: manifest.simulated.as_ref().map(|s| SimulatedInfo {
+            version: s.version.clone(),
+            cuda_context_mib: s.cuda_context_mib,
+            residual_quantiles: s
+                .residual_quantiles
+                .iter()
+                .map(|l| ResidualQuantileInfo { confidence: l.confidence, log_ratio: l.log_ratio })
+                .collect(),
+        }),
     })
 }
 

@@ -62,6 +62,17 @@ pub struct EstimateRequest {
     /// when present, the MiB figure comes from the regressors that use it (more accurate).
     #[serde(default)]
     pub saved_tensors: Option<SavedTensorsRequest>,
+    /// `gpucast_describe`'s simulation of a whole training step at this batch size: when
+    /// present, the MiB figure comes from it (the `simulated` estimator, or a regressor that
+    /// requires it), and `fit` from its minimum capacity and reserved peak.
+    #[serde(default)]
+    pub simulation: Option<SimulationRequest>,
+    /// The share of the card's memory the job caps its caching allocator at
+    /// (`torch.cuda.set_per_process_memory_fraction`), greater than 0 and at most 1: the job
+    /// must run within the cap, and each copy then occupies the cap plus the CUDA context.
+    #[serde(default)]
+    #[schema(exclusive_minimum = 0.0, maximum = 1.0)]
+    pub memory_fraction: Option<f64>,
     /// Where the description came from, e.g. `timm:resnet50` (informational).
     #[serde(default)]
     pub model: Option<String>,
@@ -165,6 +176,84 @@ pub struct SavedTensorsRequest {
     pub fixed_bytes: u64,
 }
 
+/// The allocator's figures for one training step as `gpucast_describe` simulates it (fake
+/// tensors replayed through a model of PyTorch's CUDA caching allocator), bytes. Consistent:
+/// allocated <= min capacity <= reserved, and the categories sum to the allocated peak.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({
+    "batch_size": 64,
+    "optimizer": "adam",
+    "precision": "fp32",
+    "allocated_peak_bytes": 9000000000_u64,
+    "reserved_peak_bytes": 9400000000_u64,
+    "min_capacity_bytes": 9100000000_u64,
+    "breakdown_at_peak": {
+        "parameters": 102228128, "gradients": 102228128, "optimizer_state": 204456256,
+        "activations": 8300000000_u64, "temporaries": 291087488
+    },
+    "attention": "efficient",
+    "interpolated": false
+}))]
+pub struct SimulationRequest {
+    /// The batch size simulated: must be the job's `batch_size`.
+    #[serde(deserialize_with = "whole_number::one")]
+    #[schema(minimum = 1, maximum = 1048576)]
+    pub batch_size: u64,
+    /// The optimizer simulated; when given, it must be the job's (`adamw` is not `adam`).
+    #[serde(default)]
+    pub optimizer: Option<String>,
+    /// The precision simulated; when given, it must be the job's (`bf16` is `mixed16`).
+    #[serde(default)]
+    pub precision: Option<String>,
+    /// The allocator's allocated peak in the second (steady-state) training step.
+    #[serde(deserialize_with = "whole_number::one")]
+    #[schema(maximum = 17_592_186_044_416_u64)]
+    pub allocated_peak_bytes: u64,
+    /// Its reserved (segment) peak with unlimited memory; at least `allocated_peak_bytes`.
+    #[serde(deserialize_with = "whole_number::one")]
+    #[schema(maximum = 17_592_186_044_416_u64)]
+    pub reserved_peak_bytes: u64,
+    /// The smallest allocator capacity on which the step runs (the allocator frees its cache
+    /// before it fails): from `allocated_peak_bytes` to `reserved_peak_bytes`.
+    #[serde(deserialize_with = "whole_number::one")]
+    #[schema(maximum = 17_592_186_044_416_u64)]
+    pub min_capacity_bytes: u64,
+    /// Allocated bytes by category at the allocated peak; they sum to `allocated_peak_bytes`.
+    pub breakdown_at_peak: SimulatedBreakdownRequest,
+    /// The attention kernel simulated (informational): `eager`, `math`, `efficient`, `flash`
+    /// or `none`.
+    #[serde(default)]
+    pub attention: Option<String>,
+    /// True when the figures were interpolated from two other batch sizes (default false).
+    #[serde(default)]
+    pub interpolated: Option<bool>,
+}
+
+/// Allocated bytes by category at the simulated allocated peak.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SimulatedBreakdownRequest {
+    /// Weights (both copies in mixed precision).
+    #[serde(deserialize_with = "whole_number::one")]
+    #[schema(maximum = 17_592_186_044_416_u64)]
+    pub parameters: u64,
+    #[serde(deserialize_with = "whole_number::one")]
+    #[schema(maximum = 17_592_186_044_416_u64)]
+    pub gradients: u64,
+    #[serde(deserialize_with = "whole_number::one")]
+    #[schema(maximum = 17_592_186_044_416_u64)]
+    pub optimizer_state: u64,
+    /// Tensors kept for backward.
+    #[serde(deserialize_with = "whole_number::one")]
+    #[schema(maximum = 17_592_186_044_416_u64)]
+    pub activations: u64,
+    /// Everything else live at the peak (workspaces, intermediates).
+    #[serde(deserialize_with = "whole_number::one")]
+    #[schema(maximum = 17_592_186_044_416_u64)]
+    pub temporaries: u64,
+}
+
 /// One layer of the model.
 #[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -212,17 +301,64 @@ pub struct EstimatorAnswer {
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct MemoryResponse {
     /// Expected peak GPU memory, MiB (as nvidia-smi reports it: CUDA context included); null
-    /// for a family without a memory regressor.
+    /// for a job without a simulation of a family without a memory regressor. Never below the
+    /// physics floor: parameters + gradients + optimizer state (+ the simulated activations at
+    /// the peak) + CUDA context.
     pub estimate_mib: Option<f64>,
     /// A peak the job stays at or below with probability `confidence` (calibrated on models
-    /// held out from training); null with `estimate_mib`.
+    /// held out from training), at least `estimate_mib`; null with `estimate_mib`.
     pub upper_bound_mib: Option<f64>,
     /// Confidence of `upper_bound_mib`.
     pub confidence: f64,
-    /// The combined class answer (mean of the classifiers' probabilities).
+    /// True when an estimator answered less than the physics floor and the figure was raised
+    /// to it.
+    #[serde(default)]
+    pub floored: bool,
+    /// The class containing `estimate_mib` (its probabilities: 60 % on that class, 40 % the
+    /// classifiers' mean); without a figure, the classifiers' combined answer.
     pub class: MemoryClassResponse,
+    /// `estimate_mib` by category, MiB; null without a figure.
+    pub breakdown: Option<BreakdownResponse>,
+    /// Where the breakdown comes from; null without a figure.
+    pub breakdown_source: Option<BreakdownSourceName>,
+    /// The simulation's allocated peak, MiB; null without a simulation.
+    pub allocated_peak_mib: Option<f64>,
+    /// The simulation's reserved peak with unlimited memory, MiB; null without a simulation.
+    pub reserved_peak_mib: Option<f64>,
+    /// The smallest allocator capacity the step runs on, MiB; null without a simulation.
+    pub min_capacity_mib: Option<f64>,
     /// Each memory estimator's own answer, by estimator name.
     pub estimators: BTreeMap<String, EstimatorAnswer>,
+}
+
+/// A MiB figure by category, each rounded to 0.1 MiB; they sum to the figure (rounded the
+/// same way).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct BreakdownResponse {
+    /// Weights (both copies in mixed precision).
+    pub parameters: f64,
+    pub gradients: f64,
+    pub optimizer_state: f64,
+    /// Tensors kept for backward: the simulation's at the peak, the traced saved tensors, or
+    /// every layer output.
+    pub activations: f64,
+    /// Workspaces and intermediates live at the peak, and whatever part of the figure the
+    /// categories of physics do not explain (a learned correction).
+    pub temporaries: f64,
+    /// Segments the caching allocator holds beyond the allocated bytes (a simulated job's
+    /// reserved peak on the card minus its allocated peak; 0 for an analytic breakdown).
+    pub allocator_cache: f64,
+    /// CUDA context and cuBLAS/cuDNN handles, outside the allocator.
+    pub cuda_context: f64,
+}
+
+/// `simulation`: the job's whole-step simulation; `analytic`: per-parameter bytes of the
+/// optimizer and precision, activations from the traced saved tensors or the layer outputs.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum BreakdownSourceName {
+    Simulation,
+    Analytic,
 }
 
 /// Mean utilization while the job trains alone on the GPU, as fractions 0..1 (DCGM profiling
@@ -271,10 +407,29 @@ pub struct FitResponse {
     /// The GPU checked: the requested one, or the reference `a100-40gb`.
     pub gpu: String,
     pub capacity_mib: u64,
-    /// True when `memory.upper_bound_mib` is at most `capacity_mib`.
+    /// Without a simulation: true when `memory.upper_bound_mib` is at most `capacity_mib`.
+    /// With one: true when `memory.min_capacity_mib` plus the CUDA context is (the allocator
+    /// frees its cache before it fails). With `memory_fraction` f the job must also run within
+    /// f x capacity.
     pub fits: bool,
-    /// floor(capacity / upper bound): copies of the job that fit on one such GPU.
+    /// Copies of the job that fit on one such GPU: floor(capacity / what a copy occupies),
+    /// which is the upper bound, or with a simulation its reserved peak plus the CUDA context,
+    /// or with `memory_fraction` f the cap f x capacity plus the context; 1 for a job that fits
+    /// only alone, 0 for one that does not fit.
     pub max_colocated: u64,
+    /// What `fits` and `max_colocated` rest on.
+    #[serde(default)]
+    pub basis: FitBasisName,
+}
+
+/// `upper_bound`: the upper bound; `simulation`: the simulation's minimum capacity and
+/// reserved peak.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum FitBasisName {
+    #[default]
+    UpperBound,
+    Simulation,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
@@ -495,6 +650,19 @@ pub struct EstimatorsResponse {
     pub combined: Option<CombinedInfo>,
     /// The same for the other families, by family.
     pub combined_by_family: BTreeMap<String, CombinedInfo>,
+    /// The `simulated` estimator (every family's jobs that carry a simulation); null when the
+    /// manifest has none.
+    pub simulated: Option<SimulatedInfo>,
+}
+
+/// The `simulated` estimator's constants.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct SimulatedInfo {
+    pub version: String,
+    /// CUDA context and cuBLAS/cuDNN handles every process pays outside the allocator, MiB.
+    pub cuda_context_mib: f64,
+    /// Quantiles of log(measured / simulated figure), by confidence.
+    pub residual_quantiles: Vec<ResidualQuantileInfo>,
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]

@@ -97,3 +97,25 @@ pub fn held_out_mlp_jobs() -> Vec<(Value, f64)> {
         })
         .collect()
 }
+
+/// The descriptions `describe` wrote for the timm training models, read once per test binary
+/// (unoptimised, parsing them takes a good part of a second).
+fn descriptions() -> &'static [Value] {
+    static DESCRIPTIONS: std::sync::OnceLock<Vec<Value>> = std::sync::OnceLock::new();
+    DESCRIPTIONS.get_or_init(|| {
+        use std::io::BufRead;
+        let file = std::fs::File::open(repo_root().join("data/timm/descriptions.jsonl.gz")).unwrap();
+        std::io::BufReader::new(flate2::read::GzDecoder::new(file))
+            .lines()
+            .map(|line| serde_json::from_str(&line.unwrap()).unwrap())
+            .collect()
+    })
+}
+
+pub fn training_descriptions() -> Vec<Value> {
+    descriptions().to_vec()
+}
+
+pub fn training_description(model: &str) -> Value {
+    descriptions().iter().find(|d| d["model"] == model).expect("the model is described").clone()
+}

@@ -9,5 +9,6 @@ mod estimate;
 mod helpers;
 mod operations;
 mod real_models;
+mod simulation;
 mod startup;
 mod summary;

@@ -1,11 +1,9 @@
 //! Real models: `describe` output and printed summaries of CNNs and Hugging Face transformers
 //! get a MiB figure, a bound and a fit answer.
 
-use std::io::BufRead;
-
 use serde_json::{json, Value};
 
-use crate::helpers::{repo_root, spawn_app};
+use crate::helpers::{repo_root, spawn_app, training_description, training_descriptions};
 
 fn summary(name: &str) -> String {
     std::fs::read_to_string(repo_root().join("tests/fixtures/summaries").join(name)).unwrap()
@@ -38,18 +36,6 @@ async fn describe_output_is_accepted_unchanged() {
         families.insert(family.to_string());
     }
     assert_eq!(families.len(), 2, "both cnn and transformer descriptions were tried");
-}
-
-fn training_descriptions() -> Vec<Value> {
-    let file = std::fs::File::open(repo_root().join("data/timm/descriptions.jsonl.gz")).unwrap();
-    std::io::BufReader::new(flate2::read::GzDecoder::new(file))
-        .lines()
-        .map(|line| serde_json::from_str(&line.unwrap()).unwrap())
-        .collect()
-}
-
-fn training_description(model: &str) -> Value {
-    training_descriptions().into_iter().find(|d| d["model"] == model).expect("the model is described")
 }
 
 #[tokio::test]

@@ -1,0 +1,378 @@
+//! Physics of a job's GPU memory, before any learning: the figure `gpucast_describe`'s
+//! whole-step simulation gives on a card, the floor no answered figure may go below, and the
+//! breakdown of an answered figure by category. "Physics first, learning second": a learned
+//! figure may correct these, never contradict them.
+
+use super::analytic::{self, FRAMEWORK_OVERHEAD_MIB};
+use super::job::{Job, Simulation};
+
+const MIB: f64 = 1024.0 * 1024.0;
+
+/// Capacity of the card the training data was measured on (the A100 40 GB): figures are for it
+/// unless a request names another GPU.
+pub const REFERENCE_CAPACITY_MIB: u64 = 40_960;
+
+/// An answered figure by category, MiB. The categories sum to the figure.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Breakdown {
+    pub parameters: f64,
+    pub gradients: f64,
+    pub optimizer_state: f64,
+    pub activations: f64,
+    /// Workspaces and intermediates live at the peak (and, for a simulated job, whatever a
+    /// learned correction adds: what the simulation cannot see).
+    pub temporaries: f64,
+    /// Segments the caching allocator holds beyond the allocated bytes.
+    pub allocator_cache: f64,
+    /// CUDA context and cuBLAS/cuDNN handles: what every process pays outside the allocator.
+    pub cuda_context: f64,
+}
+
+impl Breakdown {
+    fn values(self) -> [f64; 7] {
+        [
+            self.parameters,
+            self.gradients,
+            self.optimizer_state,
+            self.activations,
+            self.temporaries,
+            self.allocator_cache,
+            self.cuda_context,
+        ]
+    }
+
+    fn from_values(v: [f64; 7]) -> Breakdown {
+        Breakdown {
+            parameters: v[0],
+            gradients: v[1],
+            optimizer_state: v[2],
+            activations: v[3],
+            temporaries: v[4],
+            allocator_cache: v[5],
+            cuda_context: v[6],
+        }
+    }
+
+    pub fn total(self) -> f64 {
+        self.values().iter().sum()
+    }
+
+    /// Rounded to 0.1 MiB so that the rounded categories sum exactly to `total_mib` rounded
+    /// to 0.1: each category is rounded down, and the tenths still missing go to the
+    /// categories that lost the most in rounding (the largest-remainder method), so no
+    /// category moves by more than 0.1.
+    pub fn rounded(self, total_mib: f64) -> Breakdown {
+        let exact = self.values().map(|v| v.max(0.0) * 10.0);
+        let mut tenths = exact.map(f64::floor);
+        let mut missing = (total_mib * 10.0).round() - tenths.iter().sum::<f64>();
+        let mut by_remainder: Vec<usize> = (0..tenths.len()).collect();
+        by_remainder.sort_by(|&a, &b| (exact[b] - tenths[b]).total_cmp(&(exact[a] - tenths[a])));
+        for &i in by_remainder.iter().cycle().take(4 * tenths.len()) {
+            if missing < 0.5 {
+                break;
+            }
+            tenths[i] += 1.0;
+            missing -= 1.0;
+        }
+        // Only when `total_mib` is below the categories' sum (a caller's mistake): take the
+        // excess from the largest categories rather than answer a sum that is off.
+        while missing <= -0.5 {
+            let largest = (0..tenths.len()).max_by(|&a, &b| tenths[a].total_cmp(&tenths[b])).expect("seven categories");
+            if tenths[largest] < 1.0 {
+                break;
+            }
+            tenths[largest] -= 1.0;
+            missing += 1.0;
+        }
+        Breakdown::from_values(tenths.map(|t| t / 10.0))
+    }
+}
+
+/// Where a breakdown's categories come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BreakdownSource {
+    /// The job's whole-step simulation.
+    Simulation,
+    /// The analytic per-parameter bytes and the activations (traced or layer outputs).
+    Analytic,
+}
+
+impl BreakdownSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BreakdownSource::Simulation => "simulation",
+            BreakdownSource::Analytic => "analytic",
+        }
+    }
+}
+
+/// A simulation's peaks placed on one card, MiB.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SimulatedPeaks {
+    pub allocated_mib: f64,
+    /// The reserved peak with unlimited memory.
+    pub reserved_mib: f64,
+    pub min_capacity_mib: f64,
+    /// The reserved peak as the card holds it: capped at the card's usable memory when the
+    /// step runs there (the allocator frees its cache and retries before it fails), else the
+    /// uncapped peak (the job does not run there; the figure says how far it is from fitting).
+    pub reserved_on_card_mib: f64,
+    pub cuda_context_mib: f64,
+    pub capacity_mib: u64,
+}
+
+impl SimulatedPeaks {
+    pub fn on_card(simulation: &Simulation, cuda_context_mib: f64, capacity_mib: u64) -> SimulatedPeaks {
+        let allocated_mib = simulation.allocated_peak_bytes as f64 / MIB;
+        let reserved_mib = simulation.reserved_peak_bytes as f64 / MIB;
+        let min_capacity_mib = simulation.min_capacity_bytes as f64 / MIB;
+        let usable_mib = capacity_mib as f64 - cuda_context_mib;
+        let runs = min_capacity_mib <= usable_mib;
+        let reserved_on_card_mib = if runs { reserved_mib.min(usable_mib) } else { reserved_mib };
+        SimulatedPeaks { allocated_mib, reserved_mib, min_capacity_mib, reserved_on_card_mib, cuda_context_mib, capacity_mib }
+    }
+
+    /// Whether the training step runs on the card: `min_capacity + context <= capacity`.
+    pub fn runs_on_card(&self) -> bool {
+        self.min_capacity_mib + self.cuda_context_mib <= self.capacity_mib as f64
+    }
+
+    /// The `simulated` estimator's figure: what nvidia-smi shows at the peak.
+    pub fn figure_mib(&self) -> f64 {
+        self.reserved_on_card_mib + self.cuda_context_mib
+    }
+}
+
+/// An estimate held to physics: at least the floor, with a bound at least the estimate.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Settled {
+    pub estimate_mib: f64,
+    pub upper_bound_mib: f64,
+    /// True when the figure was raised to the floor.
+    pub floored: bool,
+}
+
+/// What physics says of one job on one card.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Physics {
+    pub source: BreakdownSource,
+    /// The categories as physics sees them; their sum is the physical figure (the simulated
+    /// figure, or the first-principles formula, traced when the job has saved tensors).
+    pub parts: Breakdown,
+    /// The simulation's peaks on the card; `None` for an analytic breakdown.
+    pub simulated: Option<SimulatedPeaks>,
+}
+
+impl Physics {
+    /// From the job's simulation when it has one and the context cost is known (the manifest's
+    /// `simulated` block), else from the analytic formulas.
+    pub fn of(job: &Job, cuda_context_mib: Option<f64>, capacity_mib: u64) -> Physics {
+        match (job.simulation(), cuda_context_mib) {
+            (Some(simulation), Some(context)) => Physics::simulated(simulation, context, capacity_mib),
+            _ => Physics::analytic(job),
+        }
+    }
+
+    pub fn simulated(simulation: &Simulation, cuda_context_mib: f64, capacity_mib: u64) -> Physics {
+        let peaks = SimulatedPeaks::on_card(simulation, cuda_context_mib, capacity_mib);
+        let at_peak = simulation.breakdown_at_peak;
+        let parts = Breakdown {
+            parameters: at_peak.parameters as f64 / MIB,
+            gradients: at_peak.gradients as f64 / MIB,
+            optimizer_state: at_peak.optimizer_state as f64 / MIB,
+            activations: at_peak.activations as f64 / MIB,
+            temporaries: at_peak.temporaries as f64 / MIB,
+            // Capping only ever removes cache: reserved on the card >= min capacity >= allocated.
+            allocator_cache: (peaks.reserved_on_card_mib - peaks.allocated_mib).max(0.0),
+            cuda_context: cuda_context_mib,
+        };
+        Physics { source: BreakdownSource::Simulation, parts, simulated: Some(peaks) }
+    }
+
+    pub fn analytic(job: &Job) -> Physics {
+        let state = analytic::model_state(job);
+        let parts = Breakdown {
+            parameters: state.parameters / MIB,
+            gradients: state.gradients / MIB,
+            optimizer_state: state.optimizer_state / MIB,
+            activations: analytic::activation_bytes(job) / MIB,
+            temporaries: 0.0,
+            allocator_cache: 0.0,
+            cuda_context: FRAMEWORK_OVERHEAD_MIB,
+        };
+        Physics { source: BreakdownSource::Analytic, parts, simulated: None }
+    }
+
+    /// No job needs less than its model state and the CUDA context; a simulated one also
+    /// keeps its activations at the peak (the simulation counted them byte by byte).
+    pub fn floor_mib(&self) -> f64 {
+        let p = &self.parts;
+        let activations = if self.source == BreakdownSource::Simulation { p.activations } else { 0.0 };
+        p.parameters + p.gradients + p.optimizer_state + activations + p.cuda_context
+    }
+
+    /// Holds a figure and its bound to physics: the figure at least the floor, the bound at
+    /// least the figure.
+    pub fn settle(&self, estimate_mib: f64, upper_bound_mib: f64) -> Settled {
+        let floor = self.floor_mib();
+        let floored = estimate_mib < floor;
+        let estimate_mib = estimate_mib.max(floor);
+        Settled { estimate_mib, upper_bound_mib: upper_bound_mib.max(estimate_mib), floored }
+    }
+
+    /// The categories of an answered figure (at least the floor). Simulated: the simulation's
+    /// categories, what a learned correction adds going to temporaries (workspaces the
+    /// simulation cannot see), what it takes coming out of the allocator cache, then the
+    /// temporaries. Analytic: what the formula does not explain goes to temporaries; a figure
+    /// below the formula shrinks the activations, never the model state.
+    pub fn breakdown(&self, figure_mib: f64) -> Breakdown {
+        let mut parts = self.parts;
+        let difference = figure_mib - parts.total();
+        if difference >= 0.0 {
+            parts.temporaries += difference;
+            return parts;
+        }
+        let mut deficit = -difference;
+        let shrinkable: [&mut f64; 3] = match self.source {
+            BreakdownSource::Simulation => [&mut parts.allocator_cache, &mut parts.temporaries, &mut parts.activations],
+            BreakdownSource::Analytic => [&mut parts.temporaries, &mut parts.activations, &mut parts.allocator_cache],
+        };
+        for category in shrinkable {
+            let taken = deficit.min(*category);
+            *category -= taken;
+            deficit -= taken;
+        }
+        parts
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::job::{SimulatedCategories, UncheckedLayer, UncheckedSimulation};
+
+    const GIB: u64 = 1 << 30;
+
+    fn job() -> Job {
+        let layers = vec![
+            UncheckedLayer { kind: "linear", output_size: 1024, params: 1 << 20 },
+            UncheckedLayer { kind: "relu", output_size: 1024, params: 0 },
+        ];
+        Job::parse(None, 256, layers.into_iter()).unwrap()
+    }
+
+    /// 1 + 1 + 2 + 3 + 1 GiB allocated at the peak; reserved 10 GiB; runs on 9 GiB.
+    fn simulated_job() -> Job {
+        let raw = UncheckedSimulation {
+            batch_size: 256,
+            optimizer: None,
+            precision: None,
+            allocated_peak_bytes: 8 * GIB,
+            reserved_peak_bytes: 10 * GIB,
+            min_capacity_bytes: 9 * GIB,
+            breakdown_at_peak: SimulatedCategories {
+                parameters: GIB,
+                gradients: GIB,
+                optimizer_state: 2 * GIB,
+                activations: 3 * GIB,
+                temporaries: GIB,
+            },
+            attention: None,
+            interpolated: false,
+        };
+        job().with_simulation(Some(raw)).unwrap()
+    }
+
+    fn simulation() -> Simulation {
+        simulated_job().simulation().unwrap().clone()
+    }
+
+    #[test]
+    fn the_simulated_figure_is_the_reserved_peak_plus_the_context_capped_at_the_card_where_the_step_runs() {
+        // Roomy card: the whole reserved peak, 10,240 MiB, plus the context.
+        let roomy = SimulatedPeaks::on_card(&simulation(), 1300.0, 40_960);
+        assert!(roomy.runs_on_card());
+        assert_eq!(roomy.figure_mib(), 10_240.0 + 1300.0);
+        // 9 GiB + context fits exactly; the allocator frees its cache there: capped at usable.
+        let tight = SimulatedPeaks::on_card(&simulation(), 1300.0, 9216 + 1300);
+        assert!(tight.runs_on_card());
+        assert_eq!(tight.reserved_on_card_mib, 9216.0);
+        assert_eq!(tight.figure_mib(), (9216 + 1300) as f64);
+        // Too small a card: the step fails, the figure is the uncapped need.
+        let small = SimulatedPeaks::on_card(&simulation(), 1300.0, 9216 + 1299);
+        assert!(!small.runs_on_card());
+        assert_eq!(small.figure_mib(), 10_240.0 + 1300.0);
+    }
+
+    #[test]
+    fn the_floor_is_the_model_state_and_context_plus_simulated_activations() {
+        let simulated = Physics::simulated(&simulation(), 1300.0, 40_960);
+        assert_eq!(simulated.floor_mib(), (1024 + 1024 + 2048 + 3072) as f64 + 1300.0);
+        assert_eq!(simulated.parts.total(), 10_240.0 + 1300.0);
+        let analytic = Physics::analytic(&job());
+        // 2^20 params: 4 + 4 + 8 MiB (Adam, fp32); the activations are no part of it.
+        assert!((analytic.floor_mib() - (16.0 + FRAMEWORK_OVERHEAD_MIB)).abs() < 1e-9);
+        assert!((analytic.parts.total() - analytic::first_principles_mib(&job())).abs() < 1e-9);
+        // Without the manifest's context cost a simulation cannot be placed: analytic.
+        assert_eq!(Physics::of(&simulated_job(), None, 40_960).source, BreakdownSource::Analytic);
+        assert_eq!(Physics::of(&simulated_job(), Some(1300.0), 40_960), simulated);
+    }
+
+    #[test]
+    fn settling_raises_a_figure_to_the_floor_and_the_bound_to_the_figure() {
+        let physics = Physics::analytic(&job());
+        let floor = physics.floor_mib();
+        assert_eq!(physics.settle(900.0, 950.0), Settled { estimate_mib: floor, upper_bound_mib: floor, floored: true });
+        assert_eq!(physics.settle(2000.0, 1900.0), Settled { estimate_mib: 2000.0, upper_bound_mib: 2000.0, floored: false });
+        assert_eq!(physics.settle(2000.0, 2500.0).upper_bound_mib, 2500.0);
+    }
+
+    #[test]
+    fn a_simulated_breakdown_puts_a_learned_addition_in_temporaries_and_takes_a_cut_from_the_cache() {
+        let physics = Physics::simulated(&simulation(), 1300.0, 40_960);
+        let figure = physics.parts.total();
+        let raised = physics.breakdown(figure + 500.0);
+        assert_eq!(raised.temporaries, 1024.0 + 500.0);
+        assert_eq!(raised.allocator_cache, 2048.0);
+        let cut = physics.breakdown(figure - 2500.0);
+        assert_eq!((cut.allocator_cache, cut.temporaries), (0.0, 1024.0 - 452.0));
+        assert_eq!(cut.activations, 3072.0);
+        for figure in [figure + 500.0, figure, figure - 2500.0, physics.floor_mib()] {
+            assert!((physics.breakdown(figure).total() - figure).abs() < 1e-9, "{figure}");
+        }
+        assert_eq!(physics.breakdown(physics.floor_mib()).temporaries, 0.0);
+    }
+
+    #[test]
+    fn an_analytic_breakdown_shrinks_activations_never_the_model_state() {
+        let physics = Physics::analytic(&job());
+        let floor = physics.floor_mib();
+        let above = physics.breakdown(floor + 100.0);
+        assert_eq!((above.activations, above.temporaries), (2.0, 98.0));
+        let below = physics.breakdown(floor + 1.0);
+        assert_eq!((below.activations, below.temporaries), (1.0, 0.0));
+        assert_eq!((below.parameters, below.gradients, below.optimizer_state), (4.0, 4.0, 8.0));
+        assert_eq!(below.cuda_context, FRAMEWORK_OVERHEAD_MIB);
+    }
+
+    #[test]
+    fn rounded_categories_sum_exactly_to_the_rounded_figure() {
+        let parts = Breakdown {
+            parameters: 97.46,
+            gradients: 97.46,
+            optimizer_state: 194.93,
+            activations: 1234.56,
+            temporaries: 0.04,
+            allocator_cache: 12.34,
+            cuda_context: 1300.0,
+        };
+        let total = parts.total();
+        let rounded = parts.rounded(total);
+        let tenths = |v: f64| (v * 10.0).round() as i64;
+        assert_eq!(rounded.values().iter().map(|&v| tenths(v)).sum::<i64>(), tenths(total));
+        for (r, e) in rounded.values().iter().zip(parts.values()) {
+            assert!((r - e).abs() <= 0.1 + 1e-9, "{r} from {e}");
+            assert_eq!(*r, tenths(*r) as f64 / 10.0);
+        }
+    }
+}
