@@ -97,8 +97,14 @@ REAL_COUNT_FEATURES = ["n_conv", "n_attention", "n_norm", "n_embedding", "input_
                        "conv_outputs_x_batch", "norm_outputs_x_batch", "activation_outputs_x_batch",
                        "linear_outputs_x_batch", "attention_outputs_x_batch", "other_outputs_x_batch",
                        "first_principles_mib", "traced_first_principles_mib", "horus_mib"]
+# The whole-step simulation's figures (bytes / 2^20; 0 without a simulation): allocated,
+# reserved and minimum capacity, then the allocated bytes at the peak by category.
+SIMULATION_CATEGORIES = ["parameters", "gradients", "optimizer_state", "activations", "temporaries"]
+SIMULATION_FEATURES = ["sim_allocated_mib", "sim_reserved_mib", "sim_min_capacity_mib"] + [
+    "sim_%s_mib" % category for category in SIMULATION_CATEGORIES]
 AGGREGATE_FEATURES = COUNT_FEATURES + ["act_" + name for name in HIDDEN_ACTIVATIONS]
-ALL_AGGREGATE_FEATURES = COUNT_FEATURES + REAL_COUNT_FEATURES + ["act_" + name for name in HIDDEN_ACTIVATIONS]
+ALL_AGGREGATE_FEATURES = (COUNT_FEATURES + REAL_COUNT_FEATURES + SIMULATION_FEATURES
+                          + ["act_" + name for name in HIDDEN_ACTIVATIONS])
 
 # Analytic memory models (Rust src/domain/analytic.rs).
 MIB = 1024.0 * 1024.0
@@ -114,7 +120,7 @@ MAX_INPUT_DIMENSION = 1000000
 TOKEN_FEATURES = ["output_size", "params", "batch_size", "output_x_batch", "position"]
 
 # Default transform per raw feature when building a manifest (one-hots and position stay linear).
-DEFAULT_TRANSFORMS = {name: "log1p" for name in COUNT_FEATURES + REAL_COUNT_FEATURES}
+DEFAULT_TRANSFORMS = {name: "log1p" for name in COUNT_FEATURES + REAL_COUNT_FEATURES + SIMULATION_FEATURES}
 DEFAULT_TRANSFORMS.update({"act_" + name: "identity" for name in HIDDEN_ACTIVATIONS})
 DEFAULT_TOKEN_TRANSFORMS = {
     "output_size": "log1p", "params": "log1p", "batch_size": "log1p",
@@ -177,10 +183,60 @@ def normalise_job(job):
         saved = {"per_sample_bytes": int(saved["per_sample_bytes"]), "fixed_bytes": int(saved["fixed_bytes"])}
         if not all(0 <= v <= MAX_SAVED_BYTES for v in saved.values()):
             raise ValueError("saved_tensors counts must be between 0 and 2^44")
+    simulation = job.get("simulation")
+    if simulation is not None:
+        simulation = normalise_simulation(simulation, batch_size, optimizer, precision)
     family = job.get("family") or infer_family([layer["kind"] for layer in normalised])
     return {"family": family, "batch_size": batch_size, "layers": normalised,
             "optimizer": optimizer, "precision": precision, "input_shape": input_shape,
-            "saved_tensors": saved}
+            "saved_tensors": saved, "simulation": simulation}
+
+
+def _whole_bytes(value, field):
+    """A byte count: a whole number (also written as 29440.0) from 0 to 2^44 (Rust `whole_number`)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
+        raise ValueError("simulation.%s: must be a whole number, got %r" % (field, value))
+    value = int(value)
+    if not 0 <= value <= MAX_SAVED_BYTES:
+        raise ValueError("simulation.%s: must be between 0 and 2^44, got %d" % (field, value))
+    return value
+
+
+def normalise_simulation(simulation, batch_size, optimizer, precision):
+    """The job's `simulation`, checked as the service checks it (Rust `Job::with_simulation`):
+    of the job's batch size, optimizer and precision; allocated <= min capacity <= reserved;
+    the categories at the peak summing exactly to the allocated peak."""
+    peaks = {field: _whole_bytes(simulation[field], field)
+             for field in ("allocated_peak_bytes", "reserved_peak_bytes", "min_capacity_bytes")}
+    breakdown = {category: _whole_bytes(simulation["breakdown_at_peak"][category], "breakdown_at_peak." + category)
+                 for category in SIMULATION_CATEGORIES}
+    if simulation["batch_size"] != batch_size:
+        raise ValueError("simulation.batch_size: %r is not the job's batch_size %r" % (simulation["batch_size"], batch_size))
+    for field, aliases, expected in (("optimizer", OPTIMIZER_ALIASES, optimizer), ("precision", PRECISION_ALIASES, precision)):
+        given = simulation.get(field)
+        if given is not None and aliases.get(str(given).lower()) != expected:
+            raise ValueError("simulation.%s: %r is not the job's %s (%s)" % (field, given, field, expected))
+    allocated, reserved, min_capacity = (peaks["allocated_peak_bytes"], peaks["reserved_peak_bytes"],
+                                         peaks["min_capacity_bytes"])
+    if allocated > reserved:
+        raise ValueError("simulation.reserved_peak_bytes: below allocated_peak_bytes")
+    if not allocated <= min_capacity <= reserved:
+        raise ValueError("simulation.min_capacity_bytes: outside allocated_peak_bytes to reserved_peak_bytes")
+    if sum(breakdown.values()) != allocated:
+        raise ValueError("simulation.breakdown_at_peak: sums to %d bytes, allocated_peak_bytes is %d"
+                         % (sum(breakdown.values()), allocated))
+    return dict(peaks, batch_size=batch_size, optimizer=optimizer, precision=precision, breakdown_at_peak=breakdown,
+                attention=simulation.get("attention"), interpolated=bool(simulation.get("interpolated", False)))
+
+
+def simulation_features(job):
+    """The SIMULATION_FEATURES of a normalised job, in order; all 0 without a simulation."""
+    simulation = job["simulation"]
+    if simulation is None:
+        return [0.0] * len(SIMULATION_FEATURES)
+    counts = [simulation["allocated_peak_bytes"], simulation["reserved_peak_bytes"], simulation["min_capacity_bytes"]]
+    counts += [simulation["breakdown_at_peak"][category] for category in SIMULATION_CATEGORIES]
+    return [count / MIB for count in counts]
 
 
 def _totals(job):
@@ -275,6 +331,8 @@ def raw_aggregate_features(job):
         "traced_first_principles_mib": traced_first_principles_mib(job) or 0.0,
         "horus_mib": horus_mib(job),
     }
+    # 0 without a simulation: only the regressors that require one read them.
+    features.update(zip(SIMULATION_FEATURES, simulation_features(job)))
     hidden = hidden_activation(kinds)
     for name in HIDDEN_ACTIVATIONS:
         features["act_" + name] = 1.0 if name == hidden else 0.0

@@ -23,6 +23,9 @@ fi
 # 2. Real-model (timm cnn / transformer) estimators and the MLP memory regressor; merges their
 #    entries into models/manifest.json and their cases into the golden fixture.
 "$PYTHON" training/real_pipeline.py
+# 2b. Golden cases with describe's simulation, and the simulation features of every case
+#     (stdlib only; run after every step that writes the golden fixture).
+"$PYTHON" training/golden_simulated.py
 # 3. Grouped-CV comparison with FakeTensor, Horus, first principles and GPUMemNet.
 "$PYTHON" training/evaluate_real.py > /dev/null
 # The feature tests are stdlib-only; run them with the pipeline's interpreter as a final check.

@@ -76,7 +76,40 @@ pub struct AggregateFeatures {
     /// 0 without a trace: only the traced regressors read it, and only traced jobs reach them.
     traced_first_principles_mib: f64,
     horus_mib: f64,
+    /// The whole-step simulation's figures, MiB; all 0 without a simulation (only the
+    /// regressors that require one read them, and only simulated jobs reach those).
+    simulated: [f64; SIMULATION_FEATURES.len()],
     hidden_activation: LayerKind,
+}
+
+/// The simulation's figures as features, in this order: allocated, reserved and minimum
+/// capacity, then the allocated bytes at the peak by category (bytes / 2^20).
+pub const SIMULATION_FEATURES: [&str; 8] = [
+    "sim_allocated_mib",
+    "sim_reserved_mib",
+    "sim_min_capacity_mib",
+    "sim_parameters_mib",
+    "sim_gradients_mib",
+    "sim_optimizer_state_mib",
+    "sim_activations_mib",
+    "sim_temporaries_mib",
+];
+
+fn simulation_features(job: &Job) -> [f64; SIMULATION_FEATURES.len()] {
+    const MIB: f64 = 1024.0 * 1024.0;
+    let Some(s) = job.simulation() else { return [0.0; SIMULATION_FEATURES.len()] };
+    let c = s.breakdown_at_peak;
+    [
+        s.allocated_peak_bytes,
+        s.reserved_peak_bytes,
+        s.min_capacity_bytes,
+        c.parameters,
+        c.gradients,
+        c.optimizer_state,
+        c.activations,
+        c.temporaries,
+    ]
+    .map(|bytes| bytes as f64 / MIB)
 }
 
 impl AggregateFeatures {
@@ -110,6 +143,7 @@ impl AggregateFeatures {
             first_principles_mib: analytic::first_principles_mib(job),
             traced_first_principles_mib: analytic::traced_first_principles_mib(job).unwrap_or(0.0),
             horus_mib: analytic::horus_mib(job),
+            simulated: simulation_features(job),
             hidden_activation: hidden_activation(job),
         }
     }
@@ -142,6 +176,10 @@ impl AggregateFeatures {
             "first_principles_mib" => self.first_principles_mib,
             "traced_first_principles_mib" => self.traced_first_principles_mib,
             "horus_mib" => self.horus_mib,
+            _ if name.starts_with("sim_") => {
+                let index = SIMULATION_FEATURES.iter().position(|&n| n == name)?;
+                self.simulated[index]
+            }
             _ => {
                 let activation = name.strip_prefix("act_")?;
                 let kind = ONE_HOT_ACTIVATIONS.into_iter().find(|k| k.as_str() == activation)?;
@@ -280,6 +318,38 @@ mod tests {
         assert_eq!(f.get("attention_outputs_x_batch"), Some(20.0));
         assert_eq!(f.get("other_outputs_x_batch"), Some(28.0));
         assert_eq!(f.get("linear_outputs_x_batch"), Some(12.0));
+    }
+
+    #[test]
+    fn simulation_features_are_its_byte_counts_in_mib_and_zero_without_one() {
+        use crate::domain::{SimulatedCategories, UncheckedSimulation};
+        let plain = job(4, &[("linear", 10, 110)]);
+        let f = AggregateFeatures::of(&plain);
+        for name in SIMULATION_FEATURES {
+            assert_eq!(f.get(name), Some(0.0), "{name}");
+        }
+        assert_eq!(f.get("sim_nothing"), None);
+        let mib = 1 << 20;
+        let simulation = UncheckedSimulation {
+            batch_size: 4,
+            optimizer: None,
+            precision: None,
+            allocated_peak_bytes: 15 * mib + 512 * 1024,
+            reserved_peak_bytes: 20 * mib,
+            min_capacity_bytes: 16 * mib,
+            breakdown_at_peak: SimulatedCategories {
+                parameters: mib,
+                gradients: 2 * mib,
+                optimizer_state: 3 * mib,
+                activations: 4 * mib,
+                temporaries: 5 * mib + 512 * 1024,
+            },
+            attention: None,
+            interpolated: true,
+        };
+        let f = AggregateFeatures::of(&plain.with_simulation(Some(simulation)).unwrap());
+        let values: Vec<f64> = SIMULATION_FEATURES.iter().map(|name| f.get(name).unwrap()).collect();
+        assert_eq!(values, [15.5, 20.0, 16.0, 1.0, 2.0, 3.0, 4.0, 5.5]);
     }
 
     #[test]

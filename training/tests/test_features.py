@@ -211,6 +211,38 @@ class HandCheckedTest(unittest.TestCase):
                    {"name": "position", "transform": "identity", "mean": 0.0, "std": 1.0}]
         self.assertEqual(gf.token_vectors(job, entries)[1], [(math.log1p(32.0) - 1.0) / 2.0, 0.5])
 
+    def test_simulation_features_by_hand(self):
+        mib = 1 << 20
+        job = {"batch_size": 4, "optimizer": "adam", "precision": "fp32",
+               "layers": [{"kind": "linear", "output_size": 10, "params": 110}]}
+        raw = gf.raw_aggregate_features(job)
+        self.assertEqual([raw[name] for name in gf.SIMULATION_FEATURES], [0.0] * 8)
+        job["simulation"] = {
+            "batch_size": 4, "optimizer": "Adam", "precision": "float32", "attention": "flash",
+            "allocated_peak_bytes": 15 * mib + mib // 2, "reserved_peak_bytes": 20 * mib,
+            "min_capacity_bytes": 16.0 * mib,
+            "breakdown_at_peak": {"parameters": mib, "gradients": 2 * mib, "optimizer_state": 3 * mib,
+                                  "activations": 4 * mib, "temporaries": 5 * mib + mib // 2}}
+        raw = gf.raw_aggregate_features(job)
+        self.assertEqual(list(raw), gf.ALL_AGGREGATE_FEATURES)
+        self.assertEqual([raw[name] for name in gf.SIMULATION_FEATURES], [15.5, 20.0, 16.0, 1.0, 2.0, 3.0, 4.0, 5.5])
+        self.assertEqual(gf.normalise_job(gf.normalise_job(job)), gf.normalise_job(job))
+
+    def test_inconsistent_simulations_are_refused_as_the_service_refuses_them(self):
+        base = {"batch_size": 8, "layers": [{"kind": "linear", "output_size": 10, "params": 110}]}
+        good = {"batch_size": 8, "allocated_peak_bytes": 15, "reserved_peak_bytes": 40, "min_capacity_bytes": 20,
+                "breakdown_at_peak": {"parameters": 1, "gradients": 2, "optimizer_state": 3, "activations": 4,
+                                      "temporaries": 5}}
+        gf.normalise_job(dict(base, simulation=good))
+        bad = [dict(good, batch_size=16), dict(good, optimizer="adamw"), dict(good, precision="bf16"),
+               dict(good, allocated_peak_bytes=41), dict(good, min_capacity_bytes=14),
+               dict(good, min_capacity_bytes=41), dict(good, reserved_peak_bytes=1 << 45),
+               dict(good, allocated_peak_bytes=15.5),
+               dict(good, breakdown_at_peak=dict(good["breakdown_at_peak"], temporaries=6))]
+        for simulation in bad:
+            with self.assertRaises(ValueError, msg=str(simulation)):
+                gf.normalise_job(dict(base, simulation=simulation))
+
     def test_memory_class(self):
         self.assertEqual([gf.memory_class(v) for v in (1, 1000, 1001, 2000, 4925, 5000, 5001)],
                          [0, 0, 1, 1, 4, 4, 5])
