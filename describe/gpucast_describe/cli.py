@@ -16,8 +16,8 @@ import json
 import sys
 from typing import List, Optional
 
-from .specs import SpecError, describe_spec
-from .walker import with_batch_size
+from .simulate import ATTENTIONS, LOSSES, OPTIMIZERS, PRECISIONS
+from .specs import SpecError, describe_spec_batches
 
 
 def _shape(text: str) -> List[int]:
@@ -56,6 +56,20 @@ def build_parser() -> argparse.ArgumentParser:
                         help="token model: the input is int64 ids of shape [1, L]")
     parser.add_argument("--family", choices=["mlp", "cnn", "transformer"],
                         help="override the inferred family")
+    step = parser.add_argument_group(
+        "training-step simulation (two steps on meta tensors, replayed through a model of "
+        "the CUDA caching allocator; emitted as `simulation`, one per batch size)")
+    step.add_argument("--optimizer", choices=OPTIMIZERS, default="adam",
+                      help="the job's optimizer, run as its foreach implementation (default adam)")
+    step.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                      help="fp32, or mixed16 (CUDA autocast to fp16, fp32 weights)")
+    step.add_argument("--loss", choices=LOSSES, default="auto",
+                      help="auto: cross-entropy on class or token logits, else the outputs' sum")
+    step.add_argument("--attention", choices=ATTENTIONS, default="efficient",
+                      help="kernel of F.scaled_dot_product_attention: the GPU's memory-"
+                           "efficient one (default) or the math path (keeps N x N)")
+    step.add_argument("--no-simulation", dest="simulation", action="store_false",
+                      help="skip the simulation (layers and saved tensors only)")
     return parser
 
 
@@ -67,8 +81,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     failures = 0
     for spec in args.specs:
         try:
-            description = describe_spec(spec, input_shape=args.input_shape,
-                                        seq_len=args.seq_len, family=args.family)
+            descriptions = describe_spec_batches(
+                spec, args.batch_size, input_shape=args.input_shape, seq_len=args.seq_len,
+                family=args.family, simulation=args.simulation, optimizer=args.optimizer,
+                precision=args.precision, loss=args.loss, attention=args.attention)
         except SpecError as exc:
             print(f"error: {exc}", file=sys.stderr)
             failures += 1
@@ -77,9 +93,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"error: {spec}: {type(exc).__name__}: {exc}", file=sys.stderr)
             failures += 1
             continue
-        for batch_size in args.batch_size:
-            sys.stdout.write(json.dumps(with_batch_size(description, batch_size),
-                                        separators=(",", ":")) + "\n")
+        for description in descriptions:
+            sys.stdout.write(json.dumps(description, separators=(",", ":")) + "\n")
         sys.stdout.flush()
     return 1 if failures else 0
 

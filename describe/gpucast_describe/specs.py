@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import torch
 import torch.nn as nn
 
-from .walker import describe_module
+from .walker import describe_module, with_batch_size
 
 SPEC_PREFIXES = ("timm", "torchvision", "module")
 TORCHVISION_DEFAULT_INPUT = (3, 224, 224)
@@ -103,13 +103,34 @@ def describe_spec(
     input_shape: Optional[Sequence[int]] = None,
     seq_len: Optional[int] = None,
     family: Optional[str] = None,
+    **training: Any,
 ) -> Dict[str, Any]:
-    """Describe the model named by ``spec``.
+    """Describe the model named by ``spec`` (with a simulated training step at
+    ``batch_size`` unless ``simulation=False``; ``training`` takes describe_module's
+    keyword arguments).
 
     The input is ``input_shape`` if given, int64 token ids ``[seq_len]`` if ``seq_len`` is given,
     else the spec's default (timm: the model's pretrained_cfg ``input_size``; torchvision:
     3x224x224; module: none, so one of the two is required).
     """
+    return describe_spec_batches(spec, [batch_size], input_shape, seq_len, family,
+                                 **training)[0]
+
+
+def describe_spec_batches(
+    spec: str,
+    batch_sizes: Sequence[int],
+    input_shape: Optional[Sequence[int]] = None,
+    seq_len: Optional[int] = None,
+    family: Optional[str] = None,
+    *,
+    simulation: bool = True,
+    loss: str = "auto",
+    attention: str = "efficient",
+    **training: Any,
+) -> List[Dict[str, Any]]:
+    """One description per batch size: the model is built and walked once, its training step
+    simulated at each batch size (see :func:`describe_spec`)."""
     if input_shape is not None and seq_len is not None:
         raise SpecError("give either an input shape or a sequence length, not both")
     resolved = resolve_spec(spec)
@@ -122,5 +143,10 @@ def describe_spec(
         shape = resolved.default_input_shape
     else:
         raise SpecError(f"{spec}: no default input shape, give --input-shape or --seq-len")
-    return describe_module(resolved.module, shape, batch_size, family=family,
-                           name=resolved.spec, input_dtype=dtype)
+    description = describe_module(resolved.module, shape, batch_sizes[0], family=family,
+                                  name=resolved.spec, input_dtype=dtype, simulation=False,
+                                  **training)
+    model = resolved.module if simulation else None
+    return [with_batch_size(description, batch, model=model, input_dtype=dtype, loss=loss,
+                            attention=attention)
+            for batch in batch_sizes]

@@ -331,6 +331,12 @@ def describe_module(
     family: Optional[str] = None,
     name: Optional[str] = None,
     input_dtype: torch.dtype = torch.float32,
+    *,
+    simulation: bool = True,
+    optimizer: str = "adam",
+    precision: str = "fp32",
+    loss: str = "auto",
+    attention: str = "efficient",
 ) -> Dict[str, Any]:
     """Describe ``module`` as a gpucast job description (the body of ``POST /v1/estimate``).
 
@@ -343,6 +349,12 @@ def describe_module(
     the field is left out (with a warning on stderr) and the rest of the description stands.
     A module that is not on the meta device is copied there first; the caller's module is
     left as it was (training flags included).
+
+    With ``simulation`` (the default), two whole training steps at ``batch_size`` are
+    simulated (``optimizer``, ``precision``, ``loss``, ``attention``: see
+    :func:`gpucast_describe.simulate.simulate_step`) and their allocator peaks emitted as
+    ``simulation``, with the job's ``optimizer`` and ``precision``; when the steps cannot run
+    on meta tensors the field is left out, with a warning on stderr.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
@@ -373,15 +385,48 @@ def describe_module(
                                         name=description["model"])
     if saved_tensors is not None:
         description["saved_tensors"] = saved_tensors
+    description["optimizer"] = optimizer
+    description["precision"] = precision
+    if simulation:
+        return with_batch_size(description, batch_size, model=model, input_dtype=input_dtype,
+                               loss=loss, attention=attention)
     return description
 
 
-def with_batch_size(description: Dict[str, Any], batch_size: int) -> Dict[str, Any]:
+def with_batch_size(
+    description: Dict[str, Any],
+    batch_size: int,
+    *,
+    model: Optional[nn.Module] = None,
+    input_dtype: torch.dtype = torch.float32,
+    loss: str = "auto",
+    attention: str = "efficient",
+) -> Dict[str, Any]:
     """The same description for another batch size (the walk is batch-independent, and
-    ``saved_tensors`` is given per sample plus a fixed part)."""
+    ``saved_tensors`` is given per sample plus a fixed part).
+
+    A ``simulation`` holds for one batch size only: with ``model`` the training step is
+    simulated again at ``batch_size`` (the description's optimizer and precision); without,
+    a simulation of another batch size is dropped rather than carried over.
+    """
     if batch_size < 1:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
-    return {**description, "batch_size": int(batch_size)}
+    result = {**description, "batch_size": int(batch_size)}
+    if model is None:
+        if result.get("simulation", {}).get("batch_size") != int(batch_size):
+            result.pop("simulation", None)
+        return result
+    from .simulate import SimulationError, simulate_step
+    try:
+        result["simulation"] = simulate_step(
+            model, description["input_shape"], batch_size, input_dtype,
+            optimizer=description.get("optimizer", "adam"),
+            precision=description.get("precision", "fp32"), loss=loss, attention=attention)
+    except SimulationError as exc:
+        result.pop("simulation", None)
+        print(f"warning: {description.get('model')}: simulation not run at batch "
+              f"{batch_size}: {exc}"[:500], file=sys.stderr, flush=True)
+    return result
 
 
 def total_params(module: nn.Module) -> int:

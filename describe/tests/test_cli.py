@@ -61,8 +61,28 @@ class CliTest(unittest.TestCase):
         [body] = lines(result.stdout)
         self.assertNotIn("saved_tensors", body)
         self.assertEqual([l["kind"] for l in body["layers"]], ["linear"])
-        [warning] = result.stderr.splitlines()
-        self.assertTrue(warning.startswith("warning: module:toy_models:grad_refusing: "), warning)
+        self.assertNotIn("simulation", body)
+        # one warning for the saved-tensor trace, one for the simulated step
+        traced, simulated = result.stderr.splitlines()
+        self.assertTrue(traced.startswith("warning: module:toy_models:grad_refusing: "), traced)
+        self.assertIn("simulation not run at batch 4", simulated)
+
+    def test_each_body_carries_the_simulation_of_its_batch(self):
+        result = run_cli("module:toy_models:small_mlp", "--batch-size", "2", "32",
+                         "--input-shape", "10", "--optimizer", "sgd")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        bodies = lines(result.stdout)
+        self.assertEqual([b["simulation"]["batch_size"] for b in bodies], [2, 32])
+        self.assertEqual({b["optimizer"] for b in bodies}, {"sgd"})
+        self.assertEqual({b["simulation"]["optimizer"] for b in bodies}, {"sgd"})
+
+    def test_no_simulation_flag(self):
+        result = run_cli("module:toy_models:small_mlp", "--batch-size", "2",
+                         "--input-shape", "10", "--no-simulation")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        [body] = lines(result.stdout)
+        self.assertNotIn("simulation", body)
+        self.assertIn("saved_tensors", body)
 
     @unittest.skipIf(torchvision is None, "torchvision not installed")
     def test_several_specs_and_batch_sizes(self):

@@ -41,7 +41,7 @@ class MlpTest(unittest.TestCase):
     def test_top_level_fields(self):
         self.assertEqual(list(self.desc),
                          ["model", "family", "batch_size", "input_shape", "layers",
-                          "saved_tensors"])
+                          "saved_tensors", "optimizer", "precision", "simulation"])
         self.assertEqual(self.desc["model"], "toy:mlp")
         self.assertEqual(self.desc["family"], "mlp")
         self.assertEqual(self.desc["batch_size"], 64)
@@ -210,10 +210,12 @@ class SavedTensorsTest(unittest.TestCase):
             desc = describe_module(model, [4], batch_size=3, name="toy:refusing")
         self.assertNotIn("saved_tensors", desc)
         self.assertEqual([l["kind"] for l in desc["layers"]], ["linear"])
+        self.assertNotIn("simulation", desc)
         lines = stderr.getvalue().splitlines()
-        self.assertEqual(len(lines), 1)
+        self.assertEqual(len(lines), 2)  # the saved-tensor trace, then the simulated step
         self.assertIn("toy:refusing", lines[0])
         self.assertIn("NotImplementedError", lines[0])
+        self.assertIn("simulation not run", lines[1])
         self.assertTrue(model.training)
 
     @unittest.skipIf(torchvision is None, "torchvision not installed")

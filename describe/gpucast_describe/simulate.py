@@ -1,0 +1,380 @@
+"""Simulate whole training steps on the meta device and replay their memory through a model of
+PyTorch's CUDA caching allocator.
+
+Two steps of forward -> loss -> backward -> optimizer step -> zero_grad run on meta tensors
+(nothing is allocated or computed). A dispatch mode sees every tensor an op creates and a weak
+reference on its storage sees it die, so the steps become one ordered stream of allocations and
+frees, each storage counted once (views share it), each labelled with what it is: parameters,
+gradients, optimizer state, activations (kept from the forward pass for backward, the outputs
+and the loss included) or temporaries (everything freed within the phase that made it). The
+stream is replayed through :mod:`.allocator` for the allocated and reserved peaks a GPU would
+show. The second step is the steady state (optimizer state exists from the first); the peaks
+are taken over both, as ``torch.cuda.max_memory_*`` would report them.
+
+Where the meta device would run other kernels than a GPU, the GPU's choice is emulated:
+``F.scaled_dot_product_attention`` runs as the memory-efficient kernel (no N x N probabilities
+saved; ``attention="math"`` keeps the math path), dropout as the fused ``native_dropout``
+(a one-byte mask, not a float one), and ``precision="mixed16"`` as CUDA autocast does it
+(matmuls and convolutions in fp16 with the weights' casts cached for the step, softmax, norms
+and losses in fp32). Optimizers run their ``foreach`` implementations, PyTorch's default on
+a GPU, with the temporaries those allocate.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from . import allocator
+from .walker import _efficient_attention, _on_meta
+
+OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
+PRECISIONS = ("fp32", "mixed16")
+LOSSES = ("auto", "cross_entropy", "sum")
+ATTENTIONS = ("efficient", "math")
+CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries")
+STEPS = 2
+
+_FORWARD, _BACKWARD, _OPTIMIZER, _IDLE = "forward", "backward", "optimizer", "idle"
+
+
+class SimulationError(RuntimeError):
+    """The model could not run a training step on the meta device."""
+
+
+class _StepRecorder(TorchDispatchMode):
+    """Records the birth and death of every meta storage while active.
+
+    A storage is born with the first op output that lives in it; it dies when its last tensor
+    does (a finalizer on the storage's Python object, which PyTorch keeps alive as long as the
+    storage itself). Each birth gets a fresh id, so a storage address reused later is a new
+    allocation. Categories are settled when the phase that made a storage ends.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: List[tuple] = []  # (ALLOC, id, nbytes) / (FREE, id), in order
+        self.category: Dict[int, str] = {}
+        self.phase = _IDLE
+        self._born_in: Dict[int, str] = {}
+        self._live: Dict[int, int] = {}  # storage _cdata -> id
+        self._next_id = 0
+
+    def track(self, tensor: torch.Tensor, category: Optional[str] = None) -> None:
+        if not isinstance(tensor, torch.Tensor) or tensor.device.type != "meta":
+            return
+        storage = tensor.untyped_storage()
+        key = storage._cdata
+        if key in self._live or storage.nbytes() == 0:  # CUDA hands out no block for 0 bytes
+            return
+        self._next_id += 1
+        ident = self._next_id
+        self._live[key] = ident
+        self.events.append((allocator.ALLOC, ident, int(storage.nbytes())))
+        self._born_in[ident] = self.phase
+        self.category[ident] = category or {
+            _FORWARD: "activations", _BACKWARD: "temporaries", _OPTIMIZER: "optimizer_state",
+        }.get(self.phase, "temporaries")
+        weakref.finalize(storage, self._free, key)
+
+    def _free(self, key: int) -> None:
+        ident = self._live.pop(key, None)
+        if ident is None:
+            return
+        self.events.append((allocator.FREE, ident))
+        # Freed within the phase that made it: a temporary, whatever it was provisionally.
+        if self._born_in.get(ident) == self.phase and self.category[ident] in (
+                "activations", "optimizer_state"):
+            self.category[ident] = "temporaries"
+
+    def relabel(self, tensor: Optional[torch.Tensor], category: str) -> None:
+        """Gives the live storage of ``tensor`` another category (e.g. a gradient)."""
+        if tensor is None or tensor.device.type != "meta":
+            return
+        ident = self._live.get(tensor.untyped_storage()._cdata)
+        if ident is not None:
+            self.category[ident] = category
+
+    def labelled_events(self) -> List[tuple]:
+        return [(e[0], e[1], e[2], self.category[e[1]]) if e[0] == allocator.ALLOC else e
+                for e in self.events]
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for value in tree_flatten(out)[0]:
+            if isinstance(value, torch.Tensor):
+                self.track(value)
+        return out
+
+
+def _native_dropout(input, p=0.5, training=True, inplace=False):
+    """Dropout as CUDA runs it: ``native_dropout`` saves a bool mask (1 byte an element); the
+    meta/CPU path saves a float noise tensor instead."""
+    if not training or p <= 0.0 or p >= 1.0 or input.numel() == 0:
+        return None
+    return torch.ops.aten.native_dropout(input, p, True)[0]
+
+
+# Autocast's lists (aten/src/ATen/autocast_mode.cpp), for the functions models call.
+_LOWER_PRECISION = {
+    F.linear, F.conv1d, F.conv2d, F.conv3d, F.conv_transpose1d, F.conv_transpose2d,
+    F.conv_transpose3d, F.scaled_dot_product_attention, torch.matmul, torch.mm, torch.bmm,
+    torch.addmm, torch.baddbmm, torch.addbmm, torch.einsum, torch.Tensor.matmul,
+    torch.Tensor.__matmul__, torch.Tensor.mm, torch.Tensor.bmm, F.prelu,
+}
+_FULL_PRECISION = {
+    F.softmax, F.log_softmax, F.cross_entropy, F.nll_loss, F.layer_norm, F.group_norm,
+    F.mse_loss, F.binary_cross_entropy_with_logits, torch.softmax, torch.log_softmax,
+    torch.Tensor.softmax, torch.Tensor.log_softmax, F.normalize, torch.cumsum, torch.exp,
+    torch.log, torch.pow, torch.Tensor.pow, torch.sum, torch.Tensor.sum, torch.norm,
+}
+
+
+class _GpuKernelMode(TorchFunctionMode):
+    """Routes the calls whose GPU kernels keep other tensors than the meta ones would: SDPA to
+    the memory-efficient kernel, dropout to ``native_dropout``, and (``autocast``) casts as CUDA
+    autocast makes them, weight casts cached until :meth:`clear_cast_cache`."""
+
+    def __init__(self, efficient_attention: bool, autocast: bool):
+        super().__init__()
+        self.efficient_attention = efficient_attention
+        self.autocast = autocast
+        self._cast_cache: Dict[int, torch.Tensor] = {}
+
+    def clear_cast_cache(self) -> None:
+        self._cast_cache.clear()
+
+    def _cast(self, value: Any, dtype: torch.dtype) -> Any:
+        if not isinstance(value, torch.Tensor) or not value.is_floating_point() or \
+                value.dtype == dtype or value.dtype == torch.float64:
+            return value
+        cacheable = value.is_leaf and value.requires_grad
+        if cacheable and id(value) in self._cast_cache:
+            return self._cast_cache[id(value)]
+        cast = value.to(dtype)
+        if cacheable:
+            self._cast_cache[id(value)] = cast
+        return cast
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if self.autocast:
+            if func in _LOWER_PRECISION:
+                args = tuple(self._cast(a, torch.float16) for a in args)
+                kwargs = {k: self._cast(v, torch.float16) for k, v in kwargs.items()}
+            elif func in _FULL_PRECISION:
+                args = tuple(self._cast(a, torch.float32) for a in args)
+                kwargs = {k: self._cast(v, torch.float32) for k, v in kwargs.items()}
+        if func is F.dropout:
+            output = _native_dropout(*args, **kwargs)
+            if output is not None:
+                return output
+        if self.efficient_attention and func is F.scaled_dot_product_attention:
+            try:
+                output = _efficient_attention(*args, **kwargs)
+            except (TypeError, RuntimeError, NotImplementedError):
+                output = None
+            if output is not None:
+                return output
+        return func(*args, **kwargs)
+
+
+def _logits(output: Any) -> Any:
+    """The tensor a loss is computed from: a tensor, HF ``ModelOutput.logits``, or the first
+    tensor of a tuple/list/dict."""
+    if isinstance(output, torch.Tensor):
+        return output
+    logits = getattr(output, "logits", None)
+    if isinstance(logits, torch.Tensor):
+        return logits
+    if isinstance(output, dict):
+        output = list(output.values())
+    if isinstance(output, (list, tuple)):
+        for value in output:
+            found = _logits(value)
+            if found is not None:
+                return found
+    return None
+
+
+def _all_outputs_sum(output: Any) -> torch.Tensor:
+    tensors = [t for t in tree_flatten(output)[0]
+               if isinstance(t, torch.Tensor) and t.is_floating_point() and t.requires_grad]
+    if not tensors:
+        raise SimulationError("the model's output has no tensor that needs a gradient")
+    total = tensors[0].sum()
+    for tensor in tensors[1:]:
+        total = total + tensor.sum()
+    return total
+
+
+def default_loss(output: Any, loss: str = "auto") -> torch.Tensor:
+    """The loss of one step: cross-entropy with integer targets for class logits ``[B, C]`` and
+    token logits ``[B, L, V]`` (every position), else the sum of the outputs."""
+    if loss not in LOSSES:
+        raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
+    logits = _logits(output)
+    if loss in ("auto", "cross_entropy") and logits is not None and logits.is_floating_point() \
+            and logits.dim() in (2, 3) and logits.shape[-1] > 1:
+        classes = logits.shape[-1]
+        flat = logits.reshape(-1, classes)
+        targets = torch.zeros(flat.shape[0], dtype=torch.int64, device=logits.device)
+        return F.cross_entropy(flat, targets)
+    if loss == "cross_entropy":
+        raise SimulationError("--loss cross_entropy needs logits [B, C] or [B, L, V]")
+    return _all_outputs_sum(output)
+
+
+def make_optimizer(name: str, params: List[nn.Parameter]) -> torch.optim.Optimizer:
+    """The optimizer as PyTorch runs it on a GPU by default: the foreach implementation."""
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=0.01, foreach=True)
+    if name == "momentum":
+        return torch.optim.SGD(params, lr=0.01, momentum=0.9, foreach=True)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=1e-3, foreach=True)
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=1e-3, foreach=True)
+    raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {name!r}")
+
+
+def _batch_norms_trainable_at(model: nn.Module, batch_size: int) -> Dict[nn.Module, bool]:
+    """Training mode for the whole model; at batch 1 batch norms run in eval mode (PyTorch
+    refuses one value per channel in training mode; the tensors kept are alike)."""
+    modes = {m: m.training for m in model.modules()}
+    model.train()
+    if batch_size == 1:
+        for module in model.modules():
+            if isinstance(module, nn.modules.batchnorm._NormBase):
+                module.eval()
+    return modes
+
+
+def simulate_step(
+    module: nn.Module,
+    input_shape: Sequence[int],
+    batch_size: int,
+    input_dtype: torch.dtype = torch.float32,
+    *,
+    optimizer: str = "adam",
+    precision: str = "fp32",
+    loss: str = "auto",
+    attention: str = "efficient",
+    make_input: Optional[Callable[[int], Any]] = None,
+) -> Dict[str, Any]:
+    """Two training steps of ``module`` at ``batch_size`` on meta tensors, replayed through the
+    caching-allocator model. Returns the ``simulation`` field of a job description::
+
+        {"batch_size", "optimizer", "precision", "attention", "allocated_peak_bytes",
+         "reserved_peak_bytes", "min_capacity_bytes", "breakdown_at_peak": {category: bytes},
+         "interpolated": false}
+
+    ``reserved_peak_bytes`` is the reserved peak with unlimited memory (a large card);
+    ``min_capacity_bytes`` the smallest allocator capacity on which the steps run (the cache
+    is released before an allocation fails, so a smaller card can still run the job).
+    ``breakdown_at_peak`` sums to ``allocated_peak_bytes``. Raises :class:`SimulationError`
+    when the model cannot train on meta tensors.
+    """
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if attention not in ATTENTIONS:
+        raise ValueError(f"attention must be one of {ATTENTIONS}, got {attention!r}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    model = _on_meta(module)
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise SimulationError("the model has no trainable parameters")
+    shape = [int(batch_size), *[int(d) for d in input_shape]]
+
+    def new_input():
+        if make_input is not None:
+            return make_input(batch_size)
+        return torch.zeros(shape, dtype=input_dtype, device="meta")
+
+    recorder = _StepRecorder()
+    kernels = _GpuKernelMode(attention == "efficient", precision == "mixed16")
+    state = {id(s): s for s in [*model.parameters(), *model.buffers()]}
+    for tensor in state.values():
+        recorder.track(tensor, "parameters")
+    opt = make_optimizer(optimizer, params)
+    modes = _batch_norms_trainable_at(model, batch_size)
+    try:
+        with torch.inference_mode(False), torch.enable_grad(), recorder, kernels:
+            for _ in range(STEPS):
+                recorder.phase = _FORWARD
+                batch = new_input()
+                output = model(batch)
+                step_loss = default_loss(output, loss)
+                kernels.clear_cast_cache()
+                recorder.phase = _BACKWARD
+                step_loss.backward()
+                del output, step_loss, batch
+                for param in params:
+                    recorder.relabel(param.grad, "gradients")
+                recorder.phase = _OPTIMIZER
+                opt.step()
+                recorder.phase = _IDLE
+                opt.zero_grad(set_to_none=True)
+    except SimulationError:
+        raise
+    except Exception as exc:
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise SimulationError(f"{type(exc).__name__}: {message}"[:500]) from exc
+    finally:
+        for submodule, training in modes.items():
+            submodule.training = training
+        del opt
+    events = recorder.labelled_events()
+    result = allocator.replay(events)
+    breakdown = {category: int(result.breakdown_at_peak.get(category, 0))
+                 for category in CATEGORIES}
+    return {
+        "batch_size": int(batch_size),
+        "optimizer": optimizer,
+        "precision": precision,
+        "attention": attention,
+        "allocated_peak_bytes": int(result.allocated_peak_bytes),
+        "reserved_peak_bytes": int(result.reserved_peak_bytes),
+        "min_capacity_bytes": int(allocator.min_capacity_bytes(events)),
+        "breakdown_at_peak": breakdown,
+        "interpolated": False,
+    }
+
+
+def interpolate_simulation(low: Dict[str, Any], high: Dict[str, Any],
+                           batch_size: int) -> Dict[str, Any]:
+    """The ``simulation`` at ``batch_size`` interpolated linearly between two simulations of
+    the same job at batch sizes around it (``interpolated: true``). Peaks grow about linearly
+    with the batch (activations do, the model state does not), so between two simulated batch
+    sizes the error is small; the allocator's rounding is not reproduced. The breakdown still
+    sums to the allocated peak, and allocated <= min capacity <= reserved still hold."""
+    b0, b1 = low["batch_size"], high["batch_size"]
+    if not b0 < b1 or not b0 <= batch_size <= b1:
+        raise ValueError(f"batch {batch_size} is not between {b0} and {b1}")
+    weight = (batch_size - b0) / (b1 - b0)
+
+    def at(a: float, b: float) -> int:
+        return int(round(a + (b - a) * weight))
+
+    breakdown = {c: at(low["breakdown_at_peak"][c], high["breakdown_at_peak"][c])
+                 for c in CATEGORIES}
+    allocated = at(low["allocated_peak_bytes"], high["allocated_peak_bytes"])
+    breakdown["temporaries"] += allocated - sum(breakdown.values())
+    if breakdown["temporaries"] < 0:  # cannot happen with consistent inputs; keep the sum
+        breakdown["activations"] += breakdown["temporaries"]
+        breakdown["temporaries"] = 0
+    min_capacity = max(allocated, at(low["min_capacity_bytes"], high["min_capacity_bytes"]))
+    reserved = max(min_capacity, at(low["reserved_peak_bytes"], high["reserved_peak_bytes"]))
+    return {**low, "batch_size": int(batch_size), "allocated_peak_bytes": allocated,
+            "reserved_peak_bytes": reserved, "min_capacity_bytes": min_capacity,
+            "breakdown_at_peak": breakdown, "interpolated": True}

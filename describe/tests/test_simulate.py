@@ -1,0 +1,266 @@
+import unittest
+
+import _paths  # noqa: F401
+import torch
+import torch.nn as nn
+
+import toy_models
+from gpucast_describe import SimulationError, describe_module, simulate_step, with_batch_size
+from gpucast_describe.simulate import CATEGORIES, interpolate_simulation
+
+MIB = 1 << 20
+
+try:
+    import transformers
+except ImportError:
+    transformers = None
+
+
+def on_meta(factory):
+    with torch.device("meta"):
+        return factory()
+
+
+def rounded(nbytes):
+    """The caching allocator's block size for a request (512-byte multiples)."""
+    return max(512, -(-nbytes // 512) * 512)
+
+
+class WideLinear(nn.Module):
+    """One 2048 x 2048 linear (16 MiB of weights): at batch 2 the model state dominates and
+    the peak is in Adam's step."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(2048, 2048, bias=False)
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+class DropoutNet(nn.Module):
+    def __init__(self, p):
+        super().__init__()
+        self.fc = nn.Linear(256, 4096)
+        self.drop = nn.Dropout(p)
+        self.head = nn.Linear(4096, 10)
+
+    def forward(self, x):
+        return self.head(self.drop(self.fc(x)))
+
+
+class AttentionNet(nn.Module):
+    """Token embeddings through one SDPA call: its kernel decides what backward keeps."""
+
+    def __init__(self, dim=64, heads=4, vocab=50):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.attn = toy_models.SelfAttention(dim, heads)
+        self.head = nn.Linear(dim, vocab)
+
+    def forward(self, ids):
+        return self.head(self.attn(self.embed(ids)))
+
+
+class SimulationFieldsTest(unittest.TestCase):
+    def setUp(self):
+        self.model = on_meta(toy_models.mlp)
+        self.sim = simulate_step(self.model, [20], 64)
+
+    def test_fields(self):
+        self.assertEqual(set(self.sim), {
+            "batch_size", "optimizer", "precision", "attention", "allocated_peak_bytes",
+            "reserved_peak_bytes", "min_capacity_bytes", "breakdown_at_peak", "interpolated"})
+        self.assertEqual(self.sim["batch_size"], 64)
+        self.assertEqual((self.sim["optimizer"], self.sim["precision"]), ("adam", "fp32"))
+        self.assertFalse(self.sim["interpolated"])
+
+    def test_breakdown_sums_to_the_allocated_peak(self):
+        self.assertEqual(set(self.sim["breakdown_at_peak"]), set(CATEGORIES))
+        self.assertEqual(sum(self.sim["breakdown_at_peak"].values()),
+                         self.sim["allocated_peak_bytes"])
+
+    def test_allocated_min_capacity_reserved_are_ordered(self):
+        self.assertLessEqual(self.sim["allocated_peak_bytes"], self.sim["min_capacity_bytes"])
+        self.assertLessEqual(self.sim["min_capacity_bytes"], self.sim["reserved_peak_bytes"])
+
+    def test_small_tensors_are_carved_from_two_mib_segments(self):
+        # Every tensor of this toy is far below 1 MiB: one or two small-pool segments hold all.
+        self.assertEqual(self.sim["reserved_peak_bytes"] % (2 * MIB), 0)
+        self.assertLessEqual(self.sim["reserved_peak_bytes"], 4 * MIB)
+
+    def test_parameters_counted_once_as_blocks(self):
+        expected = sum(rounded(p.numel() * 4) for p in self.model.parameters()) + \
+            sum(rounded(b.numel() * b.element_size()) for b in self.model.buffers())
+        self.assertEqual(self.sim["breakdown_at_peak"]["parameters"], expected)
+
+    def test_the_callers_module_keeps_its_flags(self):
+        self.model.eval()
+        simulate_step(self.model, [20], 8)
+        self.assertFalse(any(m.training for m in self.model.modules()))
+
+
+class OptimizerStateTest(unittest.TestCase):
+    """Model state by the optimizer as PyTorch runs it (foreach), at the step's peak."""
+
+    def setUp(self):
+        self.model = on_meta(WideLinear)
+        self.weight = 2048 * 2048 * 4  # 16 MiB
+
+    def breakdown(self, optimizer):
+        sim = simulate_step(self.model, [2048], 2, optimizer=optimizer)
+        return sim, sim["breakdown_at_peak"]
+
+    def test_adam_peak_is_in_the_step_with_its_sqrt_temporary(self):
+        sim, b = self.breakdown("adam")
+        self.assertEqual(b["parameters"], self.weight)
+        self.assertEqual(b["gradients"], self.weight)
+        self.assertEqual(b["optimizer_state"], 2 * self.weight)  # exp_avg, exp_avg_sq
+        # _foreach_sqrt(exp_avg_sq) allocates one more copy of the weights
+        self.assertGreaterEqual(b["temporaries"], self.weight)
+        self.assertGreaterEqual(sim["allocated_peak_bytes"], 5 * self.weight)
+
+    def test_sgd_keeps_no_state_and_momentum_one_buffer(self):
+        _, sgd = self.breakdown("sgd")
+        self.assertEqual(sgd["optimizer_state"], 0)
+        _, momentum = self.breakdown("momentum")
+        self.assertEqual(momentum["optimizer_state"], self.weight)
+
+    def test_adam_state_exists_during_the_second_steps_forward(self):
+        # A wide activation makes the peak fall in forward/backward, where Adam's state from
+        # step one is already resident: the steady state is the second step.
+        sim = simulate_step(self.model, [2048], 4096, optimizer="adam")
+        self.assertEqual(sim["breakdown_at_peak"]["optimizer_state"], 2 * self.weight)
+        self.assertGreater(sim["breakdown_at_peak"]["activations"], 0)
+
+    def test_physical_floor(self):
+        for optimizer in ("sgd", "momentum", "adam", "adamw"):
+            sim, b = self.breakdown(optimizer)
+            state = {"sgd": 0, "momentum": 1, "adam": 2, "adamw": 2}[optimizer]
+            self.assertGreaterEqual(sim["allocated_peak_bytes"], (2 + state) * self.weight,
+                                    optimizer)
+
+    def test_unknown_optimizer_is_refused(self):
+        with self.assertRaises(ValueError):
+            simulate_step(self.model, [2048], 2, optimizer="lion")
+
+
+class GpuKernelChoiceTest(unittest.TestCase):
+    def test_dropout_saves_a_one_byte_mask(self):
+        # With dropout, backward keeps the dropout output (4 B an element) and its mask: 1 B
+        # an element as CUDA's native_dropout saves it (a float mask would be 4 B).
+        batch, width = 256, 4096
+        with_dropout = simulate_step(on_meta(lambda: DropoutNet(0.5)), [256], batch)
+        without = simulate_step(on_meta(lambda: DropoutNet(0.0)), [256], batch)
+        extra = with_dropout["breakdown_at_peak"]["activations"] - \
+            without["breakdown_at_peak"]["activations"]
+        elements = batch * width
+        self.assertGreaterEqual(extra, 5 * elements - 4096)
+        self.assertLessEqual(extra, 5 * elements + 4096)
+
+    def test_efficient_attention_keeps_no_n_by_n_probabilities(self):
+        model = on_meta(AttentionNet)
+        seq, batch, heads = 512, 8, 4
+        efficient = simulate_step(model, [seq], batch, torch.int64, attention="efficient")
+        math_path = simulate_step(model, [seq], batch, torch.int64, attention="math")
+        n_by_n = batch * heads * seq * seq * 4
+        gap = math_path["breakdown_at_peak"]["activations"] - \
+            efficient["breakdown_at_peak"]["activations"]
+        # the softmax output (N x N, fp32) less what the efficient kernel keeps instead
+        self.assertGreaterEqual(gap, 0.75 * n_by_n)
+        self.assertEqual(efficient["attention"], "efficient")
+
+    def test_mixed16_saves_half_precision_inputs(self):
+        # Four linears: autocast keeps the hidden activations (and the matmuls' saved inputs)
+        # in fp16, so what backward keeps shrinks although the fp32 batch and loss stay.
+        model = on_meta(lambda: nn.Sequential(*[nn.Linear(1024, 1024) for _ in range(4)]))
+        fp32 = simulate_step(model, [1024], 4096, optimizer="sgd")
+        mixed = simulate_step(model, [1024], 4096, optimizer="sgd", precision="mixed16")
+        self.assertEqual(mixed["precision"], "mixed16")
+        self.assertLess(mixed["breakdown_at_peak"]["activations"],
+                        fp32["breakdown_at_peak"]["activations"])
+        # fp32 master weights stay: parameters unchanged
+        self.assertEqual(mixed["breakdown_at_peak"]["parameters"],
+                         fp32["breakdown_at_peak"]["parameters"])
+
+
+class LossTest(unittest.TestCase):
+    def test_sum_loss_for_outputs_without_logits(self):
+        model = on_meta(WideLinear)
+        auto = simulate_step(model, [2048], 8)
+        summed = simulate_step(model, [2048], 8, loss="sum")
+        self.assertGreater(auto["allocated_peak_bytes"], 0)
+        self.assertGreater(summed["allocated_peak_bytes"], 0)
+
+    @unittest.skipIf(transformers is None, "transformers is not installed")
+    def test_token_logits_get_cross_entropy_at_every_position(self):
+        config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=1000,
+                                         n_positions=128)
+        model = on_meta(lambda: transformers.GPT2LMHeadModel(config))
+        sim = simulate_step(model, [128], 4, torch.int64)
+        logits = 4 * 128 * 1000 * 4
+        # The logits and their log-softmax are kept for backward.
+        self.assertGreaterEqual(sim["breakdown_at_peak"]["activations"], 2 * logits)
+
+    def test_a_model_that_cannot_train_raises_simulation_error(self):
+        frozen = on_meta(WideLinear)
+        for p in frozen.parameters():
+            p.requires_grad_(False)
+        with self.assertRaises(SimulationError):
+            simulate_step(frozen, [2048], 2)
+
+
+class DescriptionTest(unittest.TestCase):
+    def test_description_carries_the_simulation_of_its_batch(self):
+        model = on_meta(toy_models.mlp)
+        description = describe_module(model, [20], 32, optimizer="sgd")
+        self.assertEqual(description["simulation"]["batch_size"], 32)
+        self.assertEqual(description["optimizer"], "sgd")
+        self.assertEqual(description["simulation"]["optimizer"], "sgd")
+
+    def test_another_batch_size_is_simulated_again_or_dropped(self):
+        model = on_meta(toy_models.mlp)
+        description = describe_module(model, [20], 32)
+        again = with_batch_size(description, 64, model=model)
+        self.assertEqual(again["simulation"]["batch_size"], 64)
+        dropped = with_batch_size(description, 64)
+        self.assertNotIn("simulation", dropped)
+        kept = with_batch_size(description, 32)
+        self.assertEqual(kept["simulation"], description["simulation"])
+
+    def test_simulation_can_be_skipped(self):
+        model = on_meta(toy_models.mlp)
+        self.assertNotIn("simulation", describe_module(model, [20], 32, simulation=False))
+
+    def test_peaks_grow_with_the_batch(self):
+        model = on_meta(lambda: DropoutNet(0.1))
+        peaks = [simulate_step(model, [256], b)["allocated_peak_bytes"] for b in (8, 64, 512)]
+        self.assertEqual(peaks, sorted(peaks))
+        self.assertLess(peaks[0], peaks[-1])
+
+
+class InterpolationTest(unittest.TestCase):
+    def test_interpolated_between_two_batches(self):
+        model = on_meta(lambda: DropoutNet(0.1))
+        low, high = simulate_step(model, [256], 256), simulate_step(model, [256], 4096)
+        middle = interpolate_simulation(low, high, 1024)
+        self.assertTrue(middle["interpolated"])
+        self.assertEqual(middle["batch_size"], 1024)
+        self.assertEqual(sum(middle["breakdown_at_peak"].values()), middle["allocated_peak_bytes"])
+        self.assertLessEqual(middle["allocated_peak_bytes"], middle["min_capacity_bytes"])
+        self.assertLessEqual(middle["min_capacity_bytes"], middle["reserved_peak_bytes"])
+        self.assertLessEqual(low["allocated_peak_bytes"], middle["allocated_peak_bytes"])
+        self.assertLessEqual(middle["allocated_peak_bytes"], high["allocated_peak_bytes"])
+        self.assertLess(low["allocated_peak_bytes"], high["allocated_peak_bytes"])
+        exact = simulate_step(model, [256], 1024)
+        self.assertLess(abs(middle["allocated_peak_bytes"] / exact["allocated_peak_bytes"] - 1), 0.1)
+
+    def test_outside_the_two_batches_is_refused(self):
+        model = on_meta(toy_models.mlp)
+        low, high = simulate_step(model, [20], 8), simulate_step(model, [20], 16)
+        with self.assertRaises(ValueError):
+            interpolate_simulation(low, high, 32)
+
+
+if __name__ == "__main__":
+    unittest.main()
