@@ -71,6 +71,37 @@ fn in_process(c: &mut Criterion) {
     c.bench_function("estimate_many/256_mlp_jobs", |b| b.iter(|| estimators.estimate_many(&batch)));
 }
 
+/// Placing a simulated job against a training domain of the size the pipeline writes (~3,000
+/// jobs x 11 features; pseudo-random points here): the nearest distance alone, and with the
+/// job's normalised vector.
+fn extrapolation(c: &mut Criterion) {
+    use gpucast::estimators::extrapolation::TrainingDomain;
+    const ORDER: [&str; 11] = [
+        "sim_reserved_mib", "sim_activations_mib", "total_params", "activations_x_batch", "batch_size", "n_layers",
+        "n_conv", "n_attention", "n_norm", "n_embedding", "max_output_size",
+    ];
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state % 6_000) as f64 / 1000.0 - 3.0
+    };
+    let points: Vec<Vec<f64>> = (0..3000).map(|_| (0..ORDER.len()).map(|_| next()).collect()).collect();
+    let features: Vec<serde_json::Value> =
+        ORDER.iter().map(|name| serde_json::json!({"name": name, "transform": "log1p", "mean": 5.0, "std": 3.0})).collect();
+    let file = serde_json::json!({
+        "features": features, "order": ORDER, "optimizers": ["adam"], "precisions": ["fp32"],
+        "typical_distance": 1.7, "near": 1.0, "far": 2.0, "max_widen": 2.0, "points": points,
+    });
+    let domain = TrainingDomain::parse(file.to_string().as_bytes(), |_| true).expect("a valid domain");
+    let (_, job) = jobs_by_family().into_iter().find(|(family, _)| *family == Family::Cnn).expect("resnet50");
+    let aggregate = AggregateFeatures::of(&job);
+    let vector = domain.vector(&aggregate);
+    c.bench_function("extrapolation/nearest_of_3000x11", |b| b.iter(|| domain.nearest_distance(std::hint::black_box(&vector))));
+    c.bench_function("extrapolation/locate_resnet50", |b| b.iter(|| domain.locate(&job, std::hint::black_box(&aggregate))));
+}
+
 fn held_out_mlp_jobs() -> Vec<Job> {
     let file = std::fs::File::open(root().join("data/mlp/test.jsonl.gz")).unwrap();
     std::io::BufReader::new(flate2::read::GzDecoder::new(file))
@@ -109,5 +140,5 @@ fn http_round_trip(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, in_process, http_round_trip);
+criterion_group!(benches, extrapolation, in_process, http_round_trip);
 criterion_main!(benches);

@@ -42,6 +42,17 @@ pub struct SimulatedEntry {
     /// Conformal quantiles of log(measured / simulated figure).
     pub residual_quantiles: Vec<ResidualQuantile>,
     pub version: String,
+    /// Where the regressors that correct the simulated figure were trained (their training
+    /// jobs' normalised feature vectors); absent: no domain, the correction applies everywhere.
+    #[serde(default)]
+    pub domain: Option<FileRef>,
+}
+
+/// A file of the models directory and its checksum.
+#[derive(Debug, Clone, Deserialize)]
+pub struct FileRef {
+    pub file: String,
+    pub sha256: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]

@@ -1,6 +1,8 @@
 //! The estimators: loaded once from `models/` as the manifest describes them, checked, then
 //! run for every job of their family.
 
+pub mod combine;
+pub mod extrapolation;
 pub mod manifest;
 pub mod onnx;
 
@@ -13,8 +15,11 @@ use sha2::{Digest, Sha256};
 use crate::domain::features::{raw_token_feature, AggregateFeatures, FeatureSpec, TokenFeatures, TOKEN_FEATURES};
 use crate::domain::physics::{Physics, REFERENCE_CAPACITY_MIB};
 use crate::domain::{analytic, Family, Job, LayerKind, MemoryClass, MemoryClasses, ResidualQuantiles};
+use combine::{precedence, SIMULATED_PRECEDENCE};
+use extrapolation::{DomainSummary, Extrapolation, TrainingDomain};
 use manifest::{
-    EstimatorEntry, EstimatorKind, InputSpec, Manifest, Requirement, SimulatedEntry, MANIFEST_FILE, SUPPORTED_SCHEMA_VERSION,
+    EstimatorEntry, EstimatorKind, FileRef, InputSpec, Manifest, Requirement, SimulatedEntry, MANIFEST_FILE,
+    SUPPORTED_SCHEMA_VERSION,
 };
 use onnx::{InferenceError, Model, ModelInput, OnnxModel};
 
@@ -29,6 +34,8 @@ pub enum LoadError {
     Checksum { path: PathBuf, expected: String, actual: String },
     #[error("{path}: {reason}")]
     Model { path: PathBuf, reason: String },
+    #[error("{path}: invalid training domain: {reason}")]
+    Domain { path: PathBuf, reason: String },
     #[error("ONNX Runtime: {0}")]
     Runtime(String),
 }
@@ -180,6 +187,17 @@ pub struct Query<'a> {
     pub capacity_mib: u64,
 }
 
+/// Where a simulated job stands against the training domain, and what [`combine`]'s rule made
+/// of it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ExtrapolationAnswer {
+    pub reach: Extrapolation,
+    /// A regressor that requires the simulation ran and its figure leads.
+    pub correction_applied: bool,
+    /// The factor the bound's log ratio was multiplied by (1: not widened).
+    pub bound_widened_by: f64,
+}
+
 /// Everything the estimators said about one job.
 #[derive(Debug, Clone)]
 pub struct Estimate {
@@ -199,6 +217,9 @@ pub struct Estimate {
     /// What physics says of the job on the queried card: the floor under the figure, the
     /// categories of its breakdown, the simulated peaks.
     pub physics: Physics,
+    /// How far a simulated job is from the data the simulation regressors were trained on, and
+    /// what followed from it; `None` without a simulation or without a training domain.
+    pub extrapolation: Option<ExtrapolationAnswer>,
     classes: MemoryClasses,
     /// The mean of the classifiers' probabilities; `None` for a family without classifiers.
     classifier_mean: Option<Vec<f32>>,
@@ -244,35 +265,14 @@ pub const TRACED_FIRST_PRINCIPLES: &str = "traced_first_principles";
 pub const HORUS: &str = "horus";
 pub const ANALYTIC_VERSION: &str = "1.0.0";
 
-/// Which MiB figure leads, in one place. Higher wins; between equals, the later in the
-/// manifest. Physics first, learning second:
-/// - 3, a regressor that requires the job's simulation: it starts from the simulated figure
-///   and learns only what the simulation cannot see (workspaces, the allocator's real
-///   behaviour), so it is the most accurate figure there can be; the physics floor still
-///   holds it.
-/// - 2, the `simulated` estimator: a replay of the whole training step through a model of
-///   the caching allocator, which no regressor trained on layer lists or traces can match
-///   where no simulation regressor is loaded.
-/// - 1, a regressor that requires the traced saved tensors: they are the best single
-///   predictor of activation memory (grouped CV median 3.0 % against 7.0 % without).
-/// - 0, the family's plain regressor: any job, from its layers alone.
-fn precedence(requires: &[Requirement]) -> u8 {
-    if requires.contains(&Requirement::Simulation) {
-        3
-    } else if requires.contains(&Requirement::SavedTensors) {
-        1
-    } else {
-        0
-    }
-}
-/// The `simulated` estimator's place in [`precedence`].
-const SIMULATED_PRECEDENCE: u8 = 2;
-
 /// The `simulated` estimator as loaded from the manifest.
 struct SimulatedModel {
     cuda_context_mib: f64,
     quantiles: ResidualQuantiles,
     version: String,
+    /// Where the regressors that correct the simulated figure were trained; `None`: no domain
+    /// was given, and the correction applies to every simulated job.
+    domain: Option<TrainingDomain>,
 }
 
 impl SimulatedModel {
@@ -283,8 +283,20 @@ impl SimulatedModel {
         }
         let levels = entry.residual_quantiles.iter().map(|l| (l.confidence, l.log_ratio)).collect();
         let quantiles = ResidualQuantiles::new(levels).map_err(|e| format!("simulated: {e}"))?;
-        Ok(SimulatedModel { cuda_context_mib: entry.cuda_context_mib, quantiles, version: entry.version.clone() })
+        Ok(SimulatedModel { cuda_context_mib: entry.cuda_context_mib, quantiles, version: entry.version.clone(), domain: None })
     }
+}
+
+/// Reads, checks and loads the training domain the manifest names.
+fn load_domain(dir: &Path, reference: &FileRef) -> Result<TrainingDomain, LoadError> {
+    let path = dir.join(&reference.file);
+    let bytes = std::fs::read(&path).map_err(|source| LoadError::Read { path: path.clone(), source })?;
+    let actual = hex::encode(Sha256::digest(&bytes));
+    if !actual.eq_ignore_ascii_case(&reference.sha256) {
+        return Err(LoadError::Checksum { path, expected: reference.sha256.clone(), actual });
+    }
+    let aggregate = AggregateFeatures::of(&probe_job());
+    TrainingDomain::parse(&bytes, |name| aggregate.get(name).is_some()).map_err(|reason| LoadError::Domain { path, reason })
 }
 
 /// All loaded estimators, grouped by family.
@@ -312,7 +324,10 @@ impl Estimators {
         if manifest.estimators.is_empty() {
             return Err(invalid("no estimators listed".into()));
         }
-        let simulated = manifest.simulated.as_ref().map(SimulatedModel::load).transpose().map_err(invalid)?;
+        let mut simulated = manifest.simulated.as_ref().map(SimulatedModel::load).transpose().map_err(invalid)?;
+        if let (Some(model), Some(domain)) = (simulated.as_mut(), manifest.simulated.as_ref().and_then(|s| s.domain.as_ref())) {
+            model.domain = Some(load_domain(dir, domain)?);
+        }
         let environment = onnx::environment(ort_dylib).map_err(LoadError::Runtime)?;
         let mut estimators = Vec::with_capacity(manifest.estimators.len());
         for entry in &manifest.estimators {
@@ -346,6 +361,11 @@ impl Estimators {
 
     pub fn all(&self) -> &[Estimator] {
         &self.estimators
+    }
+
+    /// The loaded training domain of the simulation regressors, if the manifest names one.
+    pub fn simulated_domain(&self) -> Option<DomainSummary> {
+        self.simulated.as_ref()?.domain.as_ref().map(TrainingDomain::summary)
     }
 
     /// Runs every estimator of the job's family for the reference card (the A100 40 GB of the
@@ -391,10 +411,28 @@ impl Estimators {
         };
         let job_refs: Vec<&Job> = jobs.iter().map(|query| query.job).collect();
         let aggregates: Vec<AggregateFeatures> = job_refs.iter().map(|job| AggregateFeatures::of(job)).collect();
+        // Only simulated jobs are placed against the training domain: nothing for the others.
+        let domain = self.simulated.as_ref().and_then(|s| s.domain.as_ref());
+        let reaches: Vec<Option<(Extrapolation, Duration)>> = job_refs
+            .iter()
+            .zip(&aggregates)
+            .map(|(job, aggregate)| {
+                let domain = domain.filter(|_| job.simulation().is_some())?;
+                let started = Instant::now();
+                Some((domain.locate(job, aggregate), started.elapsed()))
+            })
+            .collect();
         let mut partials: Vec<Result<Partial, EstimateError>> =
             jobs.iter().map(|_| Ok(Partial::new(classes.len(), members.len()))).collect();
         for estimator in &members {
-            let applicable: Vec<usize> = (0..jobs.len()).filter(|&i| estimator.applies_to(job_refs[i])).collect();
+            let applicable: Vec<usize> = (0..jobs.len())
+                .filter(|&i| estimator.applies_to(job_refs[i]))
+                // Far from the training data a simulation regressor is not applied at all.
+                .filter(|&i| {
+                    !estimator.entry.requires.contains(&Requirement::Simulation)
+                        || reaches[i].as_ref().is_none_or(|(reach, _)| combine::correction_applies(reach))
+                })
+                .collect();
             if applicable.is_empty() {
                 continue;
             }
@@ -424,8 +462,9 @@ impl Estimators {
         partials
             .into_iter()
             .zip(jobs)
-            .map(|(partial, query)| {
-                partial.and_then(|state| state.finish(family, query, classes, n_classifiers, self.simulated.as_ref()))
+            .zip(reaches)
+            .map(|((partial, query), reach)| {
+                partial.and_then(|state| state.finish(family, query, classes, n_classifiers, self.simulated.as_ref(), reach))
             })
             .collect()
     }
@@ -438,6 +477,9 @@ struct Partial {
     mib: Option<MibAnswer>,
     /// The [`precedence`] of the estimator `mib` came from.
     mib_precedence: u8,
+    /// The log ratio of `mib`'s bound over its figure (at the job's confidence), before any
+    /// widening.
+    mib_log_ratio: f64,
     mib_estimators: BTreeMap<String, f64>,
     utilization: BTreeMap<String, f32>,
     runs: Vec<EstimatorRun>,
@@ -450,6 +492,7 @@ impl Partial {
             mean: vec![0.0; n_classes],
             mib: None,
             mib_precedence: 0,
+            mib_log_ratio: 0.0,
             mib_estimators: BTreeMap::new(),
             utilization: BTreeMap::new(),
             runs: Vec::with_capacity(n_estimators + 2),
@@ -492,6 +535,7 @@ impl Partial {
                     return Ok(());
                 }
                 self.mib_precedence = precedence;
+                self.mib_log_ratio = log_ratio;
                 self.mib = Some(MibAnswer {
                     estimate_mib,
                     upper_bound_mib: estimate_mib * log_ratio.exp(),
@@ -515,6 +559,7 @@ impl Partial {
         classes: &MemoryClasses,
         n_classifiers: usize,
         simulated: Option<&SimulatedModel>,
+        reach: Option<(Extrapolation, Duration)>,
     ) -> Result<Estimate, EstimateError> {
         let job = query.job;
         let formulas = [
@@ -529,6 +574,9 @@ impl Partial {
             self.runs.push(EstimatorRun { name: name.into(), version: ANALYTIC_VERSION.into(), latency: started.elapsed() });
         }
         let started = Instant::now();
+        // The rule of `combine`: how far the bound widens with the distance from the training
+        // data (the correction was not run beyond `far`).
+        let widen = reach.as_ref().map_or(1.0, |(reach, _)| combine::bound_widening(reach));
         let physics = Physics::of(job, simulated.map(|s| s.cuda_context_mib), query.capacity_mib);
         if let (Some(peaks), Some(model)) = (physics.simulated, simulated) {
             let figure = peaks.figure_mib();
@@ -538,13 +586,14 @@ impl Partial {
                     let (low, high) = model.quantiles.range();
                     EstimateError::ConfidenceOutOfRange { confidence: query.confidence, low, high }
                 })?;
-                let mut upper_bound_mib = figure * log_ratio.exp();
+                let mut upper_bound_mib = figure * (log_ratio * widen).exp();
                 if peaks.runs_on_card() {
                     // Where the step runs, the allocator cannot hold more than the card has: a
                     // peak above the capacity cannot be read, whatever the residuals say.
                     upper_bound_mib = upper_bound_mib.min(query.capacity_mib as f64).max(figure);
                 }
                 self.mib_precedence = SIMULATED_PRECEDENCE;
+                self.mib_log_ratio = log_ratio;
                 self.mib = Some(MibAnswer {
                     estimate_mib: figure,
                     upper_bound_mib,
@@ -552,9 +601,19 @@ impl Partial {
                     reference_capacity_mib: Some(query.capacity_mib),
                     floored: false,
                 });
+            } else if let Some(mib) = self.mib.as_mut().filter(|_| widen != 1.0) {
+                // A correction near its data, but beyond `near`: its own bound, widened.
+                mib.upper_bound_mib = mib.estimate_mib * (self.mib_log_ratio * widen).exp();
             }
-            self.runs.push(EstimatorRun { name: SIMULATED.into(), version: model.version.clone(), latency: started.elapsed() });
+            // The simulated estimator's time includes placing the job against the domain.
+            let latency = started.elapsed() + reach.as_ref().map_or(Duration::ZERO, |(_, took)| *took);
+            self.runs.push(EstimatorRun { name: SIMULATED.into(), version: model.version.clone(), latency });
         }
+        let extrapolation = reach.map(|(reach, _)| ExtrapolationAnswer {
+            reach,
+            correction_applied: self.mib.is_some() && self.mib_precedence > SIMULATED_PRECEDENCE,
+            bound_widened_by: widen,
+        });
         // Whatever leads, physics holds it: never below the floor, the bound never below it.
         if let Some(mib) = self.mib.as_mut() {
             let settled = physics.settle(mib.estimate_mib, mib.upper_bound_mib);
@@ -571,6 +630,7 @@ impl Partial {
             utilization: self.utilization,
             runs: self.runs,
             physics,
+            extrapolation,
             classes: classes.clone(),
             classifier_mean: (n_classifiers > 0).then_some(self.mean),
         };
@@ -596,11 +656,16 @@ struct Checked {
     quantiles: Option<ResidualQuantiles>,
 }
 
+/// A valid job to ask the feature extractors which names they know.
+fn probe_job() -> Job {
+    Job::parse(None, 1, std::iter::once(crate::domain::UncheckedLayer { kind: "linear", output_size: 1, params: 1 }))
+        .expect("a one-layer job is valid")
+}
+
 /// Checks a manifest entry against what this build can compute.
 fn check_entry(entry: &EstimatorEntry) -> Result<Checked, String> {
     let family = Family::parse(&entry.family).ok_or_else(|| format!("unknown family '{}'", entry.family))?;
-    let probe_job = Job::parse(None, 1, std::iter::once(crate::domain::UncheckedLayer { kind: "linear", output_size: 1, params: 1 }))
-        .expect("a one-layer job is valid");
+    let probe_job = probe_job();
     let input = match &entry.input {
         InputSpec::Aggregate { features } => {
             let aggregate = AggregateFeatures::of(&probe_job);

@@ -17,7 +17,7 @@ use crate::http::calibration::resolve;
 use crate::http::extract::{parse_json, JsonBody};
 use crate::http::types::{
     BatchItemResponse, BatchRequest, BatchResponse, BreakdownResponse, BreakdownSourceName, CalibrationResponse, EstimateRequest,
-    EstimateResponse, EstimatorAnswer, FitBasisName, FitResponse, LatencyResponse, MemoryClassResponse, MemoryResponse, Problem,
+    EstimateResponse, EstimatorAnswer, ExtrapolationResponse, FitBasisName, FitResponse, LatencyResponse, MemoryClassResponse, MemoryResponse, Problem,
     SummaryFormatRequest, UtilizationResponse,
 };
 use crate::http::AppState;
@@ -50,10 +50,7 @@ pub async fn estimate(
     JsonBody(request): JsonBody<EstimateRequest>,
 ) -> Result<Json<EstimateResponse>, ApiError> {
     let started = Instant::now();
-    let job = to_job(&request)?;
-    let confidence = Confidence::parse(request.confidence).map_err(|e| ApiError::InvalidInput(e.to_string()))?;
-    let fraction = memory_fraction(&request)?;
-    let target = resolve(&state, request.gpu.as_deref())?;
+    let Item { job, confidence, fraction, target } = Item::of(&state, &request)?;
     tracing::Span::current().record("family", job.family().as_str()).record("layers", job.layers().len());
     let answer = tokio::task::spawn_blocking(move || estimate_job(&state, &job, confidence, fraction, target, started))
         .await
@@ -61,8 +58,39 @@ pub async fn estimate(
     Ok(Json(answer))
 }
 
-/// A valid batch item: its job, and what the answer is asked for.
-type Item = (Job, Confidence, Option<MemoryFraction>, Target);
+/// A valid request: its job, and what the answer is asked for.
+pub struct Item {
+    pub job: Job,
+    pub confidence: Confidence,
+    pub fraction: Option<MemoryFraction>,
+    pub target: Target,
+}
+
+impl Item {
+    /// Validates a request as both estimate routes do.
+    pub fn of(state: &AppState, request: &EstimateRequest) -> Result<Item, ApiError> {
+        let job = to_job(request)?;
+        let confidence = Confidence::parse(request.confidence).map_err(|e| ApiError::InvalidInput(e.to_string()))?;
+        let fraction = memory_fraction(request)?;
+        let target = resolve(state, request.gpu.as_deref())?;
+        Ok(Item { job, confidence, fraction, target })
+    }
+}
+
+/// Answers valid requests as `POST /v1/estimate/batch` does, running each model once over all
+/// of them: CPU work, to be called off the async workers. In process it answers thousands of
+/// jobs without the JSON of a round trip (the physical-floor sweep of the tests does so).
+pub fn answer_items(state: &AppState, items: &[Item], started: Instant) -> Vec<Result<EstimateResponse, ApiError>> {
+    let queries: Vec<Query> =
+        items.iter().map(|item| Query { job: &item.job, confidence: item.confidence.get(), capacity_mib: item.target.capacity_mib }).collect();
+    state
+        .estimators
+        .estimate_queries(&queries)
+        .into_iter()
+        .zip(items)
+        .map(|(estimate, item)| respond(state, estimate, item.confidence, item.fraction, item.target.clone(), started))
+        .collect()
+}
 
 /// Estimate many jobs; each item succeeds or fails on its own.
 #[utoipa::path(
@@ -94,35 +122,27 @@ pub async fn estimate_batch(
     let items = tokio::task::spawn_blocking(move || {
         let started = Instant::now();
         // Validate every item first, then run the estimators once over all the valid ones.
-        let parsed: Vec<Result<Item, ApiError>> = request
-            .items
+        let (mut valid, mut errors) = (Vec::with_capacity(request.items.len()), Vec::with_capacity(request.items.len()));
+        for (index, item) in request.items.into_iter().enumerate() {
+            let checked = parse_json::<EstimateRequest>(item.get().as_bytes(), &format!("items[{index}]"))
+                .and_then(|request| Item::of(&state, &request).map_err(|e| e.within(&format!("items[{index}]."))));
+            match checked {
+                Ok(item) => {
+                    valid.push(item);
+                    errors.push(None);
+                }
+                Err(error) => errors.push(Some(error)),
+            }
+        }
+        let mut answers = answer_items(&state, &valid, started).into_iter();
+        errors
             .into_iter()
             .enumerate()
-            .map(|(index, item)| {
-                let location = format!("items[{index}].");
-                let located = |e: ApiError| e.within(&location);
-                let request = parse_json::<EstimateRequest>(item.get().as_bytes(), &format!("items[{index}]"))?;
-                let job = to_job(&request).map_err(located)?;
-                let confidence = Confidence::parse(request.confidence).map_err(|e| located(ApiError::InvalidInput(e.to_string())))?;
-                let fraction = memory_fraction(&request).map_err(located)?;
-                let target = resolve(&state, request.gpu.as_deref()).map_err(located)?;
-                Ok((job, confidence, fraction, target))
-            })
-            .collect();
-        let valid: Vec<Query> = parsed
-            .iter()
-            .filter_map(|p| p.as_ref().ok())
-            .map(|(job, c, _, target)| Query { job, confidence: c.get(), capacity_mib: target.capacity_mib })
-            .collect();
-        let mut estimates = state.estimators.estimate_queries(&valid).into_iter();
-        parsed
-            .into_iter()
-            .enumerate()
-            .map(|(index, item)| {
-                let outcome = item.and_then(|(_, confidence, fraction, target)| {
-                    let estimate = estimates.next().expect("one estimate per valid item");
-                    respond(&state, estimate, confidence, fraction, target, started)
-                });
+            .map(|(index, error)| {
+                let outcome = match error {
+                    Some(error) => Err(error),
+                    None => answers.next().expect("one answer per valid item"),
+                };
                 match outcome {
                     Ok(estimate) => BatchItemResponse { index, status: 200, estimate: Some(estimate), error: None },
                     Err(error) => {
@@ -253,6 +273,14 @@ fn to_response(estimate: Estimate, placement: Option<Placement>, confidence: Con
         BreakdownSource::Analytic => BreakdownSourceName::Analytic,
     });
     let peaks = estimate.physics.simulated;
+    let extrapolation = estimate.extrapolation.map(|e| ExtrapolationResponse {
+        distance: e.reach.distance.map(round_3),
+        typical_distance: round_3(e.reach.typical_distance),
+        ratio: Some(e.reach.ratio).filter(|r| r.is_finite()).map(round_3),
+        outside_setup: e.reach.outside_setup,
+        correction_applied: e.correction_applied,
+        bound_widened_by: round_3(e.bound_widened_by),
+    });
     let Estimate { family, class, classifiers, mib, mib_estimators, mut utilization, runs, .. } = estimate;
     let versions: BTreeMap<String, String> = runs.iter().map(|r| (r.name.clone(), r.version.clone())).collect();
     let version_of = |name: &str| versions.get(name).cloned().unwrap_or_default();
@@ -288,6 +316,7 @@ fn to_response(estimate: Estimate, placement: Option<Placement>, confidence: Con
             reserved_peak_mib: peaks.map(|p| round_mib(p.reserved_mib)),
             min_capacity_mib: peaks.map(|p| round_mib(p.min_capacity_mib)),
             estimators,
+            extrapolation,
         },
         utilization: UtilizationResponse {
             smact: utilization.remove("smact"),
@@ -320,4 +349,8 @@ fn to_response(estimate: Estimate, placement: Option<Placement>, confidence: Con
 
 fn round_mib(mib: f64) -> f64 {
     (mib * 10.0).round() / 10.0
+}
+
+fn round_3(value: f64) -> f64 {
+    (value * 1000.0).round() / 1000.0
 }

@@ -9,7 +9,7 @@ use axum::Json;
 
 use crate::error::ApiError;
 use crate::http::types::{
-    CombinedInfo, EstimatorInfo, EstimatorsResponse, HealthResponse, Problem, ReadyResponse, ResidualQuantileInfo, SimulatedInfo,
+    CombinedInfo, DomainInfo, EstimatorInfo, EstimatorsResponse, HealthResponse, Problem, ReadyResponse, ResidualQuantileInfo, SimulatedInfo,
 };
 use crate::http::AppState;
 use crate::estimators::manifest::{CombinedEntry, InputSpec};
@@ -87,6 +87,18 @@ pub async fn estimators(State(state): State<AppState>) -> Json<EstimatorsRespons
                 .iter()
                 .map(|l| ResidualQuantileInfo { confidence: l.confidence, log_ratio: l.log_ratio })
                 .collect(),
+            domain: s.domain.as_ref().zip(state.estimators.simulated_domain()).map(|(file, loaded)| DomainInfo {
+                file: file.file.clone(),
+                sha256: file.sha256.clone(),
+                points: loaded.points,
+                features: loaded.features,
+                optimizers: loaded.optimizers,
+                precisions: loaded.precisions,
+                typical_distance: loaded.typical_distance,
+                near: loaded.near,
+                far: loaded.far,
+                max_widen: loaded.max_widen,
+            }),
         }),
     })
 }

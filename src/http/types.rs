@@ -329,6 +329,35 @@ pub struct MemoryResponse {
     pub min_capacity_mib: Option<f64>,
     /// Each memory estimator's own answer, by estimator name.
     pub estimators: BTreeMap<String, EstimatorAnswer>,
+    /// How far a simulated job is from the jobs the simulation regressors were trained on, and
+    /// what that changed; null for a job without a simulation, or when no training domain is
+    /// loaded (`GET /v1/estimators`, `simulated.domain`).
+    #[serde(default)]
+    pub extrapolation: Option<ExtrapolationResponse>,
+}
+
+/// A simulated job against the training domain of the regressors that correct the simulated
+/// figure. Up to `far` x the typical distance the correction leads; beyond it, or for an
+/// optimizer or precision the regressors were not trained on, the `simulated` figure leads.
+/// The bound's log ratio is multiplied by `bound_widened_by` = clamp(ratio / near, 1,
+/// max_widen) either way. Figures rounded to 0.001.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[schema(example = json!({"distance": 0.412, "typical_distance": 1.7, "ratio": 0.242, "outside_setup": false,
+    "correction_applied": true, "bound_widened_by": 1.0}))]
+pub struct ExtrapolationResponse {
+    /// Euclidean distance from the job's normalised feature vector to the nearest training
+    /// job's; null when the job is outside the trained setups.
+    pub distance: Option<f64>,
+    /// The distance typical of a model family the regressors had not seen.
+    pub typical_distance: f64,
+    /// `distance / typical_distance`; null when outside the trained setups (infinitely far).
+    pub ratio: Option<f64>,
+    /// The job's optimizer or precision is not one the regressors were trained on.
+    pub outside_setup: bool,
+    /// A simulation regressor's figure leads (`memory.estimate_mib`, before the floor).
+    pub correction_applied: bool,
+    /// Factor on the log ratio of `upper_bound_mib` over `estimate_mib` (1: not widened).
+    pub bound_widened_by: f64,
 }
 
 /// A MiB figure by category, each rounded to 0.1 MiB; they sum to the figure (rounded the
@@ -663,6 +692,31 @@ pub struct SimulatedInfo {
     pub cuda_context_mib: f64,
     /// Quantiles of log(measured / simulated figure), by confidence.
     pub residual_quantiles: Vec<ResidualQuantileInfo>,
+    /// The training domain of the regressors that correct the simulated figure; null when the
+    /// manifest names none (the correction then applies to every simulated job).
+    #[serde(default)]
+    pub domain: Option<DomainInfo>,
+}
+
+/// What is loaded of a training domain (`simulated_domain.json`).
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct DomainInfo {
+    pub file: String,
+    pub sha256: String,
+    /// Training jobs (points) a distance is measured to.
+    pub points: usize,
+    /// The normalised features of a point, in order.
+    pub features: Vec<String>,
+    /// The setups the regressors were trained on; other jobs are outside.
+    pub optimizers: Vec<String>,
+    pub precisions: Vec<String>,
+    pub typical_distance: f64,
+    /// The bound widens beyond `near` x the typical distance ...
+    pub near: f64,
+    /// ... and the correction is not applied beyond `far` x it ...
+    pub far: f64,
+    /// ... and the bound's log ratio is multiplied by at most this.
+    pub max_widen: f64,
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]

@@ -6,6 +6,7 @@ mod batch;
 mod calibration;
 mod docs;
 mod estimate;
+mod extrapolation;
 mod helpers;
 mod operations;
 mod real_models;

@@ -7,11 +7,11 @@ use crate::helpers::{example_job, models_dir, spawn_app, spawn_app_with, test_co
 
 const MIB: u64 = 1 << 20;
 /// The manifest's `simulated.cuda_context_mib`.
-const CONTEXT_MIB: f64 = 1300.0;
+pub const CONTEXT_MIB: f64 = 1300.0;
 
 /// A simulation of resnet50 (25,557,032 params, Adam, fp32) that grows with the batch: 60 MiB
 /// of activations and 1 MiB of temporaries per sample, a cache of 1/16 of the allocated peak.
-fn simulation(batch: u64) -> Value {
+pub fn simulation(batch: u64) -> Value {
     let params = 25_557_032u64;
     let (parameters, gradients, optimizer_state) = (4 * params, 4 * params, 8 * params);
     let activations = 60 * MIB * batch + 10 * MIB + 12_345;
@@ -40,19 +40,19 @@ fn mib(bytes: &Value) -> f64 {
 }
 
 /// resnet50 as `describe` writes it (with its saved tensors), at `batch`, with its simulation.
-fn simulated_job(batch: u64) -> Value {
+pub fn simulated_job(batch: u64) -> Value {
     let mut job = training_description("timm:resnet50");
     job["batch_size"] = batch.into();
     job["simulation"] = simulation(batch);
     job
 }
 
-fn figure(body: &Value, field: &str) -> f64 {
+pub fn figure(body: &Value, field: &str) -> f64 {
     body["memory"][field].as_f64().unwrap_or_else(|| panic!("memory.{field} in {body}"))
 }
 
 /// The class holds the answered figure (figures are rounded to 0.1 MiB).
-fn assert_class_contains_the_estimate(body: &Value) {
+pub fn assert_class_contains_the_estimate(body: &Value) {
     let estimate = figure(body, "estimate_mib");
     let class = &body["memory"]["class"];
     let lower = class["lower_mib"].as_f64().unwrap();
@@ -67,7 +67,7 @@ fn assert_class_contains_the_estimate(body: &Value) {
 }
 
 /// The breakdown sums to the figure, and the figure is at least the floor.
-fn assert_breakdown_and_floor(body: &Value) -> Value {
+pub fn assert_breakdown_and_floor(body: &Value) -> Value {
     let estimate = figure(body, "estimate_mib");
     let bound = figure(body, "upper_bound_mib");
     assert!(bound >= estimate, "{body}");
@@ -308,17 +308,15 @@ async fn invalid_simulations_are_refused_naming_the_field() {
     assert!(detail.starts_with("items[1].simulation.reserved_peak_bytes"), "{detail}");
 }
 
-/// A regressor that requires the simulation leads over the simulated figure and over the
-/// traced regressor; what it adds to physics shows in the temporaries, and the floor holds it.
-#[tokio::test]
-async fn a_regressor_that_requires_the_simulation_leads_and_the_floor_holds_it() {
+/// A copy of the committed models with the plain CNN regressor's graph and features under a
+/// name that requires a simulation: a stand-in for the simulation regressor a later training
+/// run will add.
+pub fn models_with_a_simulation_regressor() -> tempfile::TempDir {
     let models = tempfile::tempdir().unwrap();
     for entry in std::fs::read_dir(models_dir()).unwrap() {
         let entry = entry.unwrap();
         std::fs::copy(entry.path(), models.path().join(entry.file_name())).unwrap();
     }
-    // The plain CNN regressor's graph and features under a name that requires a simulation:
-    // a stand-in for the simulation regressor a later training run will add.
     let manifest_path = models.path().join("manifest.json");
     let mut manifest: Value = serde_json::from_str(&std::fs::read_to_string(&manifest_path).unwrap()).unwrap();
     let estimators = manifest["estimators"].as_array_mut().unwrap();
@@ -327,6 +325,14 @@ async fn a_regressor_that_requires_the_simulation_leads_and_the_floor_holds_it()
     entry["requires"] = json!(["simulation", "saved_tensors"]);
     estimators.insert(0, entry);
     std::fs::write(&manifest_path, manifest.to_string()).unwrap();
+    models
+}
+
+/// A regressor that requires the simulation leads over the simulated figure and over the
+/// traced regressor; what it adds to physics shows in the temporaries, and the floor holds it.
+#[tokio::test]
+async fn a_regressor_that_requires_the_simulation_leads_and_the_floor_holds_it() {
+    let models = models_with_a_simulation_regressor();
     let app = spawn_app_with(test_config(models.path())).await;
 
     let job = simulated_job(64);
