@@ -7,6 +7,7 @@ mod calibration;
 mod docs;
 mod estimate;
 mod extrapolation;
+mod floor_sweep;
 mod helpers;
 mod operations;
 mod real_models;
