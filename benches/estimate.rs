@@ -102,6 +102,74 @@ fn extrapolation(c: &mut Criterion) {
     c.bench_function("extrapolation/locate_resnet50", |b| b.iter(|| domain.locate(&job, std::hint::black_box(&aggregate))));
 }
 
+/// timm resnet50 at batch 64 and ViT-B/16 at batch 32 as `gpucast_describe` writes them, each
+/// with a whole-step `simulation`, parsed and validated by the service's own path
+/// (`EstimateRequest` then `to_job`: the simulation's batch size, optimizer and precision match
+/// the job's, allocated <= min_capacity <= reserved, the breakdown sums to the allocated peak).
+fn simulated_jobs() -> Vec<(Family, Job)> {
+    // resnet50, Adam, fp32, batch 64; the categories sum exactly to allocated_peak_bytes.
+    let resnet50 = serde_json::json!({
+        "batch_size": 64, "optimizer": "adam", "precision": "fp32", "attention": "efficient",
+        "allocated_peak_bytes": 5_868_437_504u64, "reserved_peak_bytes": 6_312_427_520u64,
+        "min_capacity_bytes": 5_893_849_088u64,
+        "breakdown_at_peak": {
+            "parameters": 102_475_264u64, "gradients": 8_589_312u64, "optimizer_state": 207_872_000u64,
+            "activations": 5_445_000_000u64, "temporaries": 104_500_928u64
+        },
+        "interpolated": false
+    });
+    // ViT-B/16 at batch 32, scaled from resnet50's: parameters, gradients and optimizer state by
+    // the parameter ratio (86.6 M / 25.6 M), activations and temporaries by saved bytes x batch
+    // (0.688), reserved and min_capacity by resnet50's ratios to its allocated peak (reserved
+    // rounded up to 2 MiB). allocated 4,670.3 MiB <= min_capacity 4,690.5 <= reserved 5,024.
+    let vit_b16 = serde_json::json!({
+        "batch_size": 32, "optimizer": "adam", "precision": "fp32", "attention": "efficient",
+        "allocated_peak_bytes": 4_897_187_904u64, "reserved_peak_bytes": 5_268_045_824u64,
+        "min_capacity_bytes": 4_918_393_856u64,
+        "breakdown_at_peak": {
+            "parameters": 347_107_840u64, "gradients": 29_093_888u64, "optimizer_state": 704_111_104u64,
+            "activations": 3_745_000_000u64, "temporaries": 71_875_072u64
+        },
+        "interpolated": false
+    });
+    let wanted = [("timm:resnet50", Family::Cnn, resnet50), ("timm:vit_base_patch16_224", Family::Transformer, vit_b16)];
+    let file = std::fs::File::open(root().join("data/timm/descriptions.jsonl.gz")).unwrap();
+    let mut jobs = Vec::new();
+    for line in std::io::BufReader::new(flate2::read::GzDecoder::new(file)).lines() {
+        let line = line.unwrap();
+        for (model, family, simulation) in &wanted {
+            if line.contains(&format!("\"{model}\"")) {
+                let mut request: serde_json::Value = serde_json::from_str(&line).unwrap();
+                request["batch_size"] = simulation["batch_size"].clone();
+                request["simulation"] = simulation.clone();
+                let request: EstimateRequest = serde_json::from_value(request).unwrap();
+                let job = to_job(&request).unwrap_or_else(|e| panic!("{model}: the service refuses its simulation: {e}"));
+                assert!(job.simulation().is_some(), "{model}: simulation kept");
+                assert_eq!(job.family(), *family, "{model}");
+                jobs.push((*family, job));
+            }
+        }
+    }
+    assert_eq!(jobs.len(), wanted.len(), "both descriptions in data/timm/descriptions.jsonl.gz");
+    jobs
+}
+
+/// Every estimator for a simulated job: the `simulated` figure, and whatever regressor that
+/// requires the simulation (and training domain) models/ holds, beside the family's others.
+fn simulated(c: &mut Criterion) {
+    let estimators = Estimators::load(&root().join("models"), &dylib(), 1).expect("models load");
+    for (family, job) in simulated_jobs() {
+        let layers = job.layers().len();
+        let batch = job.batch_size();
+        let answer = estimators.estimate(&job, 0.95).expect("a simulated job is estimated");
+        let ran: Vec<&str> = answer.runs.iter().map(|run| run.name.as_str()).collect();
+        eprintln!("simulated {family} ({layers} layers, batch {batch}): ran {ran:?}");
+        c.bench_function(&format!("estimate_all_estimators/simulated_{family}_{layers}_layers_batch{batch}"), |b| {
+            b.iter(|| estimators.estimate(std::hint::black_box(&job), 0.95).unwrap())
+        });
+    }
+}
+
 fn held_out_mlp_jobs() -> Vec<Job> {
     let file = std::fs::File::open(root().join("data/mlp/test.jsonl.gz")).unwrap();
     std::io::BufReader::new(flate2::read::GzDecoder::new(file))
@@ -140,5 +208,5 @@ fn http_round_trip(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, extrapolation, in_process, http_round_trip);
+criterion_group!(benches, extrapolation, simulated, in_process, http_round_trip);
 criterion_main!(benches);
