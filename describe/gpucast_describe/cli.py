@@ -67,7 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="auto: cross-entropy on class or token logits, else the outputs' sum")
     step.add_argument("--attention", choices=ATTENTIONS, default="efficient",
                       help="kernel of F.scaled_dot_product_attention: the GPU's memory-"
-                           "efficient one (default) or the math path (keeps N x N)")
+                           "efficient one (default), the math path (keeps N x N), or eager "
+                           "(math, and Hugging Face models on their eager attention)")
     step.add_argument("--no-simulation", dest="simulation", action="store_false",
                       help="skip the simulation (layers and saved tensors only)")
     return parser

@@ -38,7 +38,10 @@ from .walker import _efficient_attention, _on_meta
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
 PRECISIONS = ("fp32", "mixed16")
 LOSSES = ("auto", "cross_entropy", "sum")
-ATTENTIONS = ("efficient", "math")
+# efficient: F.scaled_dot_product_attention as the GPU's memory-efficient kernel; math: its
+# math path (N x N probabilities kept); eager: also Hugging Face models switched to their eager
+# attention (config._attn_implementation = "eager", as transformers ran before SDPA).
+ATTENTIONS = ("efficient", "math", "eager")
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries")
 STEPS = 2
 
@@ -245,6 +248,22 @@ def make_optimizer(name: str, params: List[nn.Parameter]) -> torch.optim.Optimiz
     raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {name!r}")
 
 
+def _hf_attention(model: nn.Module, implementation: Optional[str]) -> List[tuple]:
+    """Sets Hugging Face configs' attention implementation; returns what to restore."""
+    changed = []
+    if implementation is None:
+        return changed
+    seen = set()
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if config is None or id(config) in seen or not hasattr(config, "_attn_implementation"):
+            continue
+        seen.add(id(config))
+        changed.append((config, config._attn_implementation))
+        config._attn_implementation = implementation
+    return changed
+
+
 def _batch_norms_trainable_at(model: nn.Module, batch_size: int) -> Dict[nn.Module, bool]:
     """Training mode for the whole model; at batch 1 batch norms run in eval mode (PyTorch
     refuses one value per channel in training mode; the tensors kept are alike)."""
@@ -308,6 +327,7 @@ def simulate_step(
         recorder.track(tensor, "parameters")
     opt = make_optimizer(optimizer, params)
     modes = _batch_norms_trainable_at(model, batch_size)
+    attention_configs = _hf_attention(model, "eager" if attention == "eager" else None)
     try:
         with torch.inference_mode(False), torch.enable_grad(), recorder, kernels:
             for _ in range(STEPS):
@@ -333,6 +353,8 @@ def simulate_step(
     finally:
         for submodule, training in modes.items():
             submodule.training = training
+        for config, implementation in attention_configs:
+            config._attn_implementation = implementation
         del opt
     events = recorder.labelled_events()
     result = allocator.replay(events)

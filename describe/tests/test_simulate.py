@@ -202,6 +202,20 @@ class LossTest(unittest.TestCase):
         # The logits and their log-softmax are kept for backward.
         self.assertGreaterEqual(sim["breakdown_at_peak"]["activations"], 2 * logits)
 
+    @unittest.skipIf(transformers is None, "transformers is not installed")
+    def test_eager_attention_switches_hugging_face_models_and_restores_them(self):
+        config = transformers.BertConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
+                                         intermediate_size=128, vocab_size=500)
+        model = on_meta(lambda: transformers.BertForMaskedLM(config))
+        before = model.config._attn_implementation
+        sdpa = simulate_step(model, [256], 8, torch.int64)
+        eager = simulate_step(model, [256], 8, torch.int64, attention="eager")
+        self.assertEqual(model.config._attn_implementation, before)
+        # eager keeps each layer's N x N probabilities (and their dropout mask and output)
+        n_by_n = 8 * 4 * 256 * 256 * 4
+        gap = eager["breakdown_at_peak"]["activations"] - sdpa["breakdown_at_peak"]["activations"]
+        self.assertGreaterEqual(gap, 2 * n_by_n)
+
     def test_a_model_that_cannot_train_raises_simulation_error(self):
         frozen = on_meta(WideLinear)
         for p in frozen.parameters():

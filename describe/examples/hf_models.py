@@ -1,0 +1,30 @@
+"""Hugging Face transformers models built from their published configurations (no download),
+for `python -m gpucast_describe module:hf_models:<factory>` run from this folder:
+
+    cd describe/examples
+    python -m gpucast_describe module:hf_models:gpt2_small --seq-len 1024 --batch-size 32
+"""
+
+import transformers
+
+
+def gpt2_small():
+    """GPT-2 (124 M) with its LM head: token logits [B, L, 50257]."""
+    return transformers.GPT2LMHeadModel(transformers.GPT2Config())
+
+
+def gpt2_xl():
+    """GPT-2 XL (1.56 B): 48 layers, width 1600, 25 heads."""
+    return transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=48, n_embd=1600, n_head=25))
+
+
+def bert_base_mlm():
+    """BERT-base (110 M) with its masked-LM head."""
+    return transformers.BertForMaskedLM(transformers.BertConfig())
+
+
+def bert_large_classifier():
+    """BERT-large (336 M) with a 2-label sequence-classification head."""
+    return transformers.BertForSequenceClassification(transformers.BertConfig(
+        hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096,
+        num_labels=2))
