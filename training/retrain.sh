@@ -23,6 +23,12 @@ fi
 # 2. Real-model (timm cnn / transformer) estimators and the MLP memory regressor; merges their
 #    entries into models/manifest.json and their cases into the golden fixture.
 "$PYTHON" training/real_pipeline.py
+# 2a. The simulated-step regressor (physics first: simulated reserved peak + context, a capped
+#     learned correction near the timm data), its extrapolation domain, the `simulated` block,
+#     and the evaluation on CV, held-out families and the public rows (training/report_simulated.md).
+#     Needs the committed simulations: describe/scripts/simulate_timm_training_set.py and
+#     training/public_rows.py make them again (~40 min and ~5 min on two cores).
+"$PYTHON" training/simulated_pipeline.py
 # 2b. Golden cases with describe's simulation, and the simulation features of every case
 #     (stdlib only; run after every step that writes the golden fixture).
 "$PYTHON" training/golden_simulated.py

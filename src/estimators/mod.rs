@@ -403,6 +403,17 @@ impl Estimators {
         answers.into_iter().map(|a| a.expect("every job has a family")).collect()
     }
 
+    /// Whether a simulated job's step runs on the card a simulation regressor's labels were
+    /// measured on ([`combine::within_measured_range`]).
+    fn within_measured_range(&self, job: &Job, entry: &EstimatorEntry) -> bool {
+        match (job.simulation(), self.simulated.as_ref(), entry.capacity_mib) {
+            (Some(simulation), Some(model), Some(capacity_mib)) => {
+                combine::within_measured_range(simulation.min_capacity_bytes, model.cuda_context_mib, capacity_mib)
+            }
+            _ => true,
+        }
+    }
+
     fn estimate_family(&self, family: Family, jobs: &[Query]) -> Vec<Result<Estimate, EstimateError>> {
         let members: Vec<&Estimator> = self.estimators.iter().filter(|e| e.family == family).collect();
         let n_classifiers = members.iter().filter(|e| e.entry.kind == EstimatorKind::MemoryClassifier).count();
@@ -427,10 +438,12 @@ impl Estimators {
         for estimator in &members {
             let applicable: Vec<usize> = (0..jobs.len())
                 .filter(|&i| estimator.applies_to(job_refs[i]))
-                // Far from the training data a simulation regressor is not applied at all.
+                // Far from the training data a simulation regressor is not applied at all, nor
+                // beyond the card its labels were measured on.
                 .filter(|&i| {
                     !estimator.entry.requires.contains(&Requirement::Simulation)
-                        || reaches[i].as_ref().is_none_or(|(reach, _)| combine::correction_applies(reach))
+                        || (reaches[i].as_ref().is_none_or(|(reach, _)| combine::correction_applies(reach))
+                            && self.within_measured_range(job_refs[i], &estimator.entry))
                 })
                 .collect();
             if applicable.is_empty() {

@@ -103,6 +103,13 @@ fn committed_models_reproduce_the_manifest_held_out_figures() {
                     assert_close(name, below, &entry.validation, "test_below_rate");
                 }
                 EstimatorKind::MemoryRegressor => {
+                    // A simulation regressor runs only near its data and where the step runs on
+                    // its card (estimators::combine); its figures are over the rows it answered.
+                    let answered_rows = family_rows.iter().filter(|(_, e)| e.mib_estimators.contains_key(name)).count();
+                    assert!(answered_rows * 5 >= family_rows.len() * 4, "{name} answered {answered_rows} of {} rows", family_rows.len());
+                    let family_rows: Vec<(&HeldOutJob, &Estimate)> =
+                        family_rows.iter().copied().filter(|(_, e)| e.mib_estimators.contains_key(name)).collect();
+                    let ok_rows: Vec<&(&HeldOutJob, &Estimate)> = family_rows.iter().filter(|(row, _)| row.ok()).collect();
                     let errors = ok_rows.iter().map(|(row, e)| (e.mib_estimators[name] / row.measured_peak_mib - 1.0).abs()).collect();
                     assert_close(name, median(errors), &entry.validation, "test_median_abs_rel_error");
                     // This regressor's own bound (a job's answer may come from the traced one).
