@@ -119,3 +119,77 @@ pub fn training_descriptions() -> Vec<Value> {
 pub fn training_description(model: &str) -> Value {
     descriptions().iter().find(|d| d["model"] == model).expect("the model is described").clone()
 }
+
+/// The committed models' manifest, as the service loads it.
+pub fn committed_manifest() -> Value {
+    serde_json::from_str(&std::fs::read_to_string(models_dir().join("manifest.json")).unwrap()).unwrap()
+}
+
+/// The log ratio at `confidence` of a list of residual quantiles (a manifest's
+/// `residual_quantiles`).
+pub fn log_ratio_at(residual_quantiles: &Value, confidence: f64) -> f64 {
+    residual_quantiles
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|level| level["confidence"] == confidence)
+        .unwrap_or_else(|| panic!("no quantile at {confidence}: {residual_quantiles}"))["log_ratio"]
+        .as_f64()
+        .unwrap()
+}
+
+/// The committed `simulated` block's `cuda_context_mib`: what every simulated figure adds to the
+/// reserved peak.
+pub fn simulated_context_mib() -> f64 {
+    committed_manifest()["simulated"]["cuda_context_mib"].as_f64().expect("simulated.cuda_context_mib")
+}
+
+/// The committed `simulated` block's log ratio at `confidence`.
+pub fn simulated_log_ratio(confidence: f64) -> f64 {
+    log_ratio_at(&committed_manifest()["simulated"]["residual_quantiles"], confidence)
+}
+
+/// Whether a manifest entry is a regressor that corrects the simulated figure.
+pub fn requires_simulation(entry: &Value) -> bool {
+    entry["requires"].as_array().is_some_and(|r| r.iter().any(|x| x == "simulation"))
+}
+
+/// A copy of the committed models without what corrects the simulated figure: the entries that
+/// require a simulation, their graphs (unless another entry uses them), and the training domain
+/// (`simulated.domain` and its file). Simulated jobs are answered by physics alone there,
+/// whatever the committed models learned.
+pub fn models_without_simulation_regressors() -> tempfile::TempDir {
+    let models = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(models_dir()).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), models.path().join(entry.file_name())).unwrap();
+    }
+    let manifest_path = models.path().join("manifest.json");
+    let mut manifest = committed_manifest();
+    let estimators = manifest["estimators"].as_array_mut().unwrap();
+    let mut removed: Vec<String> =
+        estimators.iter().filter(|e| requires_simulation(e)).map(|e| e["file"].as_str().unwrap().to_string()).collect();
+    removed.sort_unstable();
+    removed.dedup();
+    estimators.retain(|e| !requires_simulation(e));
+    for file in removed.iter().filter(|f| !estimators.iter().any(|e| e["file"] == f.as_str())) {
+        std::fs::remove_file(models.path().join(file)).unwrap();
+    }
+    if let Some(domain) = manifest["simulated"].as_object_mut().and_then(|s| s.remove("domain")) {
+        std::fs::remove_file(models.path().join(domain["file"].as_str().unwrap())).unwrap();
+    }
+    std::fs::write(&manifest_path, manifest.to_string()).unwrap();
+    models
+}
+
+/// The simulation `gpucast_describe` wrote for `model` at `batch` (data/timm/simulations.jsonl.gz).
+pub fn committed_simulation(model: &str, batch: u64) -> Value {
+    use std::io::BufRead;
+    let file = std::fs::File::open(repo_root().join("data/timm/simulations.jsonl.gz")).unwrap();
+    std::io::BufReader::new(flate2::read::GzDecoder::new(file))
+        .lines()
+        .map(|line| serde_json::from_str::<Value>(&line.unwrap()).unwrap())
+        .find(|entry| entry["model"] == model)
+        .unwrap_or_else(|| panic!("{model} is not simulated"))["simulations"][batch.to_string()]
+        .clone()
+}

@@ -3,11 +3,12 @@
 
 use serde_json::{json, Value};
 
-use crate::helpers::{example_job, models_dir, spawn_app, spawn_app_with, test_config, training_description};
+use crate::helpers::{
+    committed_manifest, example_job, models_without_simulation_regressors, requires_simulation, simulated_context_mib,
+    simulated_log_ratio, spawn_app, spawn_app_with, test_config, training_description,
+};
 
 const MIB: u64 = 1 << 20;
-/// The manifest's `simulated.cuda_context_mib`.
-pub const CONTEXT_MIB: f64 = 1300.0;
 
 /// A simulation of resnet50 (25,557,032 params, Adam, fp32) that grows with the batch: 60 MiB
 /// of activations and 1 MiB of temporaries per sample, a cache of 1/16 of the allocated peak.
@@ -82,9 +83,13 @@ pub fn assert_breakdown_and_floor(body: &Value) -> Value {
     breakdown
 }
 
+/// Without a regressor that corrects it (the committed models less those regressors and their
+/// domain), the simulated figure leads.
 #[tokio::test]
 async fn a_simulated_job_is_answered_by_physics_with_a_breakdown_that_sums_to_the_figure() {
-    let app = spawn_app().await;
+    let models = models_without_simulation_regressors();
+    let app = spawn_app_with(test_config(models.path())).await;
+    let context = simulated_context_mib();
     let job = simulated_job(64);
     let response = app.post_json("/v1/estimate", &job).await;
     assert_eq!(response.status(), 200);
@@ -92,7 +97,7 @@ async fn a_simulated_job_is_answered_by_physics_with_a_breakdown_that_sums_to_th
     let simulation = &job["simulation"];
 
     // The figure is the simulated one: the reserved peak (it fits the 40 GB card) + the context.
-    let expected = mib(&simulation["reserved_peak_bytes"]) + CONTEXT_MIB;
+    let expected = mib(&simulation["reserved_peak_bytes"]) + context;
     let simulated = body["memory"]["estimators"]["simulated"]["estimate_mib"].as_f64().unwrap();
     assert!((simulated - expected).abs() < 0.05, "{simulated} vs {expected}");
     assert_eq!(body["memory"]["estimate_mib"], body["memory"]["estimators"]["simulated"]["estimate_mib"], "{body}");
@@ -102,8 +107,12 @@ async fn a_simulated_job_is_answered_by_physics_with_a_breakdown_that_sums_to_th
     }
     assert_eq!(body["estimator_versions"]["simulated"], "1.0.0");
     assert!(body["latency_us"]["simulated"].as_f64().unwrap() > 0.0);
-    // The bound at 0.95 is exp(0.15) over the figure.
-    assert!((figure(&body, "upper_bound_mib") - (expected * 0.15f64.exp()).ceil()).abs() <= 1.0, "{body}");
+    // No domain: the job is not placed against one, and the bound is not widened.
+    assert!(body["memory"]["extrapolation"].is_null(), "{body}");
+    assert_no_simulation_regressor_answered(&body);
+    // The bound at 0.95 is the `simulated` block's log ratio at 0.95 over the figure.
+    let bound = (expected * simulated_log_ratio(0.95).exp()).ceil();
+    assert!((figure(&body, "upper_bound_mib") - bound).abs() <= 1.0, "{bound}: {body}");
     assert_eq!(body["memory"]["floored"], false);
 
     assert_eq!(body["memory"]["breakdown_source"], "simulation");
@@ -114,7 +123,7 @@ async fn a_simulated_job_is_answered_by_physics_with_a_breakdown_that_sums_to_th
     }
     let cache = mib(&simulation["reserved_peak_bytes"]) - mib(&simulation["allocated_peak_bytes"]);
     assert!((breakdown["allocator_cache"].as_f64().unwrap() - cache).abs() <= 0.1, "{breakdown}");
-    assert_eq!(breakdown["cuda_context"], CONTEXT_MIB);
+    assert_eq!(breakdown["cuda_context"], context);
     for (field, bytes) in [("allocated_peak_mib", "allocated_peak_bytes"), ("reserved_peak_mib", "reserved_peak_bytes"), ("min_capacity_mib", "min_capacity_bytes")] {
         assert!((figure(&body, field) - mib(&simulation[bytes])).abs() <= 0.05, "{field}");
     }
@@ -193,9 +202,14 @@ async fn simulated_figures_never_shrink_as_the_batch_grows() {
     }
     let fits: Vec<bool> = answers.iter().map(|a| a["fit"]["fits"].as_bool().unwrap()).collect();
     assert!(fits[0] && !fits[fits.len() - 1] && fits.windows(2).all(|w| w[0] || !w[1]), "{fits:?}");
-    // Some batch runs on the card without room for its whole reserved peak: capped at the card.
+    // Some batch runs on the card without room for its whole reserved peak: its simulated figure
+    // is capped at the card, and so is the figure answered, whichever estimator leads.
+    let context = simulated_context_mib();
     let capped = answers.iter().any(|a| {
-        a["fit"]["fits"] == true && figure(a, "reserved_peak_mib") + CONTEXT_MIB > 40_960.0 && figure(a, "estimate_mib") <= 40_960.05
+        a["fit"]["fits"] == true
+            && figure(a, "reserved_peak_mib") + context > 40_960.0
+            && (estimators_figure(a, "simulated") - 40_960.0).abs() < 0.05
+            && figure(a, "estimate_mib") <= 40_960.05
     });
     assert!(capped, "no batch size exercised the cap");
     for answer in &answers {
@@ -218,10 +232,13 @@ async fn fit_follows_the_simulation_and_a_memory_fraction_caps_what_each_copy_oc
         }
         job
     };
+    let context = simulated_context_mib();
     let body: Value = app.post_json("/v1/estimate", &fit_with(None)).await.json().await.unwrap();
     assert_eq!(body["fit"]["fits"], true);
-    assert_eq!(body["fit"]["max_colocated"], (40_960.0 / (reserved + CONTEXT_MIB)).floor() as u64, "{body}");
-    // A quarter of the card: 10,240 MiB holds the step; each copy occupies 10,240 + 1,300 MiB.
+    assert_eq!(body["fit"]["max_colocated"], (40_960.0 / (reserved + context)).floor() as u64, "{body}");
+    // A quarter of the card: 10,240 MiB holds the step; each copy occupies 10,240 MiB + the
+    // context (3 copies while the context is under 3,413 MiB).
+    assert!(context < 40_960.0 / 3.0 - 10_240.0, "the case below assumes it: {context}");
     let body: Value = app.post_json("/v1/estimate", &fit_with(Some(0.25))).await.json().await.unwrap();
     assert_eq!((body["fit"]["fits"].clone(), body["fit"]["max_colocated"].clone()), (json!(true), json!(3)), "{body}");
     // A tenth: 4,096 MiB is less than the step needs.
@@ -241,13 +258,21 @@ async fn fit_follows_the_simulation_and_a_memory_fraction_caps_what_each_copy_oc
     assert_eq!(body["fit"]["max_colocated"], (40_960.0 / occupied).floor() as u64, "{body}");
 }
 
+/// On the committed models: a step that does not run on the 40 GB card the simulation
+/// regressors' labels were measured on is not corrected by them, whatever its distance from
+/// their data; the simulated figure leads.
 #[tokio::test]
 async fn a_simulation_that_does_not_fit_the_card_is_answered_uncapped_and_does_not_fit() {
     let app = spawn_app().await;
     let job = simulated_job(1024);
     let body: Value = app.post_json("/v1/estimate", &job).await.json().await.unwrap();
-    let expected = mib(&job["simulation"]["reserved_peak_bytes"]) + CONTEXT_MIB;
+    let context = simulated_context_mib();
+    assert!(mib(&job["simulation"]["min_capacity_bytes"]) + context > 40_960.0, "the step does not run on the card");
+    let expected = mib(&job["simulation"]["reserved_peak_bytes"]) + context;
     assert!((figure(&body, "estimate_mib") - expected).abs() < 0.05, "{body}");
+    assert_eq!(body["memory"]["estimate_mib"], body["memory"]["estimators"]["simulated"]["estimate_mib"], "{body}");
+    assert_eq!(body["memory"]["floored"], false, "{body}");
+    assert_no_simulation_regressor_answered(&body);
     assert_eq!((body["fit"]["fits"].clone(), body["fit"]["max_colocated"].clone()), (json!(false), json!(0)));
     assert_eq!(body["memory"]["class"]["upper_mib"], Value::Null, "the top class: does not fit the 40 GB card");
     // On an H200 it runs, and its whole reserved peak fits.
@@ -256,6 +281,23 @@ async fn a_simulation_that_does_not_fit_the_card_is_answered_uncapped_and_does_n
     let body: Value = app.post_json("/v1/estimate", &h200).await.json().await.unwrap();
     assert_eq!(body["fit"]["fits"], true);
     assert!((figure(&body, "estimate_mib") - expected).abs() < 0.05, "{body}");
+    // Runs on the H200, not on the card the correction was measured on: still not corrected.
+    assert_eq!(body["memory"]["estimate_mib"], body["memory"]["estimators"]["simulated"]["estimate_mib"], "{body}");
+    assert_no_simulation_regressor_answered(&body);
+}
+
+/// No regressor that requires the simulation ran (none named among the estimators or their
+/// versions), and the answer says the correction was not applied.
+pub fn assert_no_simulation_regressor_answered(body: &Value) {
+    let manifest = committed_manifest();
+    let correcting = manifest["estimators"].as_array().unwrap().iter().filter(|e| requires_simulation(e));
+    for name in correcting.map(|e| e["name"].as_str().unwrap()) {
+        assert!(body["memory"]["estimators"].get(name).is_none(), "{name}: {body}");
+        assert!(body["estimator_versions"].get(name).is_none(), "{name}: {body}");
+    }
+    if !body["memory"]["extrapolation"].is_null() {
+        assert_eq!(body["memory"]["extrapolation"]["correction_applied"], false, "{body}");
+    }
 }
 
 /// Every invalid simulation, and an invalid memory fraction, gets a 422 naming the field.
@@ -308,15 +350,12 @@ async fn invalid_simulations_are_refused_naming_the_field() {
     assert!(detail.starts_with("items[1].simulation.reserved_peak_bytes"), "{detail}");
 }
 
-/// A copy of the committed models with the plain CNN regressor's graph and features under a
-/// name that requires a simulation: a stand-in for the simulation regressor a later training
-/// run will add.
+/// A copy of the committed models, less their own simulation regressors and domain
+/// ([`models_without_simulation_regressors`]), with the plain CNN regressor's graph and features
+/// under a name that requires a simulation: a stand-in simulation regressor whose figures the
+/// tests can predict, and no domain (every simulated job is corrected).
 pub fn models_with_a_simulation_regressor() -> tempfile::TempDir {
-    let models = tempfile::tempdir().unwrap();
-    for entry in std::fs::read_dir(models_dir()).unwrap() {
-        let entry = entry.unwrap();
-        std::fs::copy(entry.path(), models.path().join(entry.file_name())).unwrap();
-    }
+    let models = models_without_simulation_regressors();
     let manifest_path = models.path().join("manifest.json");
     let mut manifest: Value = serde_json::from_str(&std::fs::read_to_string(&manifest_path).unwrap()).unwrap();
     let estimators = manifest["estimators"].as_array_mut().unwrap();
@@ -362,7 +401,8 @@ async fn a_regressor_that_requires_the_simulation_leads_and_the_floor_holds_it()
     let breakdown = assert_breakdown_and_floor(&body);
     assert_eq!((breakdown["temporaries"].as_f64(), breakdown["allocator_cache"].as_f64()), (Some(0.0), Some(0.0)), "{breakdown}");
     let at_peak = &heavy["simulation"]["breakdown_at_peak"];
-    let floor: f64 = ["parameters", "gradients", "optimizer_state", "activations"].iter().map(|n| mib(&at_peak[n])).sum::<f64>() + CONTEXT_MIB;
+    let model_and_activations: f64 = ["parameters", "gradients", "optimizer_state", "activations"].iter().map(|n| mib(&at_peak[n])).sum();
+    let floor = model_and_activations + simulated_context_mib();
     assert!((figure(&body, "estimate_mib") - floor).abs() < 0.05, "{body}");
     assert!(estimators_figure(&body, "cnn_simulated_memory_regressor") < floor);
 }
