@@ -184,6 +184,69 @@ class GpuKernelChoiceTest(unittest.TestCase):
                          fp32["breakdown_at_peak"]["parameters"])
 
 
+class FastMetaTest(unittest.TestCase):
+    """The directly-made outputs of the norm ops equal the real meta kernels' in shape, dtype,
+    strides and bytes, so the allocation stream is the same, only faster."""
+
+    def compare(self, model, example, precision="fp32"):
+        from torch.utils._python_dispatch import TorchDispatchMode
+        from gpucast_describe import simulate
+
+        seen, mismatches = [], []
+
+        def key(t):
+            if not isinstance(t, torch.Tensor):
+                return t
+            # strides of size-1 dimensions never matter (to contiguity or to bytes)
+            strides = tuple(st for size, st in zip(t.shape, t.stride()) if size > 1)
+            return (tuple(t.shape), t.dtype, strides, t.untyped_storage().nbytes())
+
+        class Compare(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                fast = simulate._FAST_META.get(func)
+                if fast is not None:
+                    seen.append(func)
+                    direct = fast(*args, **(kwargs or {}))
+                    if [key(t) for t in out] != [key(t) for t in direct]:
+                        mismatches.append((str(func), [key(t) for t in out], [key(t) for t in direct]))
+                return out
+
+        kernels = simulate._GpuKernelMode(True, precision == "mixed16")
+        model.train()
+        with Compare(), kernels:
+            simulate.default_loss(model(example)).backward()
+        model.eval()
+        with Compare(), kernels:
+            model(example[:1])
+        self.assertTrue(seen)
+        self.assertEqual(mismatches, [])
+
+    def test_batch_norm_cnn(self):
+        model = on_meta(toy_models.tiny_cnn)
+        self.compare(model, torch.zeros(4, 3, 32, 32, device="meta"))
+        self.compare(model, torch.zeros(4, 3, 32, 32, device="meta"), "mixed16")
+
+    def test_layer_norm_on_permuted_and_transposed_inputs(self):
+        class Norms(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.conv = nn.Conv2d(3, 16, 3)
+                self.channels_last_norm = nn.LayerNorm(16)
+                self.token_norm = nn.LayerNorm(16)
+                self.head = nn.Linear(16, 10)
+
+            def forward(self, x):
+                x = self.conv(x)
+                x = self.channels_last_norm(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)  # convnext
+                tokens = self.token_norm(x.flatten(2).transpose(1, 2))  # pvt
+                return self.head(tokens.mean(1))
+
+        model = on_meta(Norms)
+        self.compare(model, torch.zeros(4, 3, 16, 16, device="meta"))
+        self.compare(model, torch.zeros(4, 3, 16, 16, device="meta"), "mixed16")
+
+
 class LossTest(unittest.TestCase):
     def test_sum_loss_for_outputs_without_logits(self):
         model = on_meta(WideLinear)
