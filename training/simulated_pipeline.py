@@ -241,7 +241,6 @@ def run(args):
     fam = {f: np.array([r["family"] == f for r in train]) for f in rp.FAMILIES}
     context = fit_context([train[i] for i in np.flatnonzero(usable)])
     sim_cv = np.array([simulated_figure(r["job"], c) for r, c in zip(train, oof_context)])
-    floors = np.array([floor_figure(r["job"], c) for r, c in zip(train, oof_context)])
     quantiles = {f: rp.conformal_quantiles((np.log(peaks) - oof)[ok & fam[f]]) for f in rp.FAMILIES}
     sim_quantiles = rp.conformal_quantiles((np.log(peaks) - np.log(sim_cv))[ok])
 

@@ -56,16 +56,9 @@ JOBS = [
 ]
 
 
-def build(spec):
-    import torch
-    from gpucast_describe import resolve_spec
-    return resolve_spec(spec).module, torch
-
-
 def measure(index, device, dry_run):
     """One job trained for real (in this process); returns the readings."""
     import torch
-    from gpucast_describe import resolve_spec
     from gpucast_describe.simulate import default_loss, make_optimizer
     name, spec, shape, batch, optimizer, precision, attention = JOBS[index]
     if dry_run:

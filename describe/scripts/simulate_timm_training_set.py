@@ -128,7 +128,6 @@ def main() -> int:
     import timm
     import torch
     sha = hashlib.sha256(args.csv.read_bytes()).hexdigest()
-    times = sorted(timings.values())
     per_batch = [t / len(todo[n]) for n, t in timings.items() if n in results]
     lines = [
         "# data/timm/simulations.jsonl.gz: provenance", "",
