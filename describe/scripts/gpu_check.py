@@ -53,6 +53,8 @@ JOBS = [
     ("HF BERT-large classifier 512 tokens", "module:hf_models:bert_large_classifier", [512], 4, "adamw", "fp32", "efficient"),
     ("HF GPT-2 small 512 tokens", "module:hf_models:gpt2_small", [512], 8, "adamw", "fp32", "efficient"),
     ("HF GPT-2 XL 512 tokens", "module:hf_models:gpt2_xl", [512], 2, "adam", "fp32", "efficient"),
+    ("HF TinyLlama 1.1B 1024 tokens mixed16", "module:hf_models:tinyllama", [1024], 4, "adamw", "mixed16", "efficient"),
+    ("HF T5-small 512 tokens", "module:hf_models:t5_small", [512], 16, "adamw", "fp32", "efficient"),
 ]
 
 
@@ -102,6 +104,27 @@ def measure(index, device, dry_run):
     return result
 
 
+def baseline(device):
+    """The environment and what a bare CUDA context costs (one 1-byte tensor, read by nvidia-smi)."""
+    import torch
+    versions = {"python": sys.version.split()[0], "torch": torch.__version__, "cuda": torch.version.cuda,
+                "cudnn": torch.backends.cudnn.version()}
+    for name in ("timm", "torchvision", "transformers"):
+        try:
+            versions[name] = __import__(name).__version__
+        except Exception as error:  # a missing package is a reading too
+            versions[name] = "missing: %s" % error
+    result = {"versions": versions}
+    if device == "cuda":
+        torch.zeros(1, device="cuda")
+        torch.cuda.synchronize()
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,memory.used,driver_version",
+                              "--format=csv,noheader,nounits"], capture_output=True, text=True)
+        result["nvidia_smi"] = smi.stdout.strip()
+        result["gpu"] = torch.cuda.get_device_name(0)
+    return result
+
+
 def _build_real(spec):
     prefix, _, rest = spec.partition(":")
     if prefix == "timm":
@@ -136,7 +159,7 @@ def main():
     args = parser.parse_args()
     device = "cpu" if args.dry_run else "cuda"
     if args.job is not None:  # child: train one job and print its readings
-        print(json.dumps(measure(args.job, device, args.dry_run)))
+        print(json.dumps(measure(args.job, device, args.dry_run) if args.job >= 0 else baseline(device)))
         return 0
     context = args.context_mib
     if context is None:
@@ -145,6 +168,12 @@ def main():
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     lines = []
+    child = subprocess.run([sys.executable, __file__, "--job", "-1"] + (["--dry-run"] if args.dry_run else []),
+                           capture_output=True, text=True, timeout=300)
+    environment = (json.loads(child.stdout.strip().splitlines()[-1]) if child.returncode == 0
+                   else {"error": (child.stderr.strip().splitlines() or ["?"])[-1][:300]})
+    print(json.dumps({"environment": environment}), flush=True)
+    (out / "gpu_environment.json").write_text(json.dumps(environment, indent=1) + "\n")
     jobs = range(len(JOBS) if args.only is None else min(args.only, len(JOBS)))
     for index in jobs:
         name = JOBS[index][0]
@@ -154,22 +183,25 @@ def main():
             measured = {"error": (child.stderr.strip().splitlines() or ["?"])[-1][:300]}
         else:
             measured = json.loads(child.stdout.strip().splitlines()[-1])
-        simulated = simulate(index)
+        try:  # the device's torch may differ from the pinned one: the readings still count
+            simulated = simulate(index)
+        except Exception as error:
+            simulated = {"error": repr(error)[:300]}
         line = {"job": name, "spec": JOBS[index][1], "batch": JOBS[index][3], "optimizer": JOBS[index][4],
                 "precision": JOBS[index][5], "attention": JOBS[index][6], "measured": measured,
                 "simulation": simulated}
         lines.append(line)
         print(json.dumps(line), flush=True)
-    with open(out / "gpu_check.jsonl", "w") as handle:
-        for line in lines:
+        with open(out / "gpu_check.jsonl", "a" if index else "w") as handle:  # kept if a later job hangs
             handle.write(json.dumps(line) + "\n")
     mib = 2 ** 20
     table = ["| job | batch | allocated: simulated / measured | reserved: simulated / measured | "
              "device: reserved + %.0f context / nvidia-smi |" % context, "| --- | --- | --- | --- | --- |"]
     for line in lines:
         m, s = line["measured"], line["simulation"]
-        if "max_allocated_bytes" not in m:
-            table.append("| %s | %d | %s | | |" % (line["job"], line["batch"], m.get("error", "dry run")))
+        if "max_allocated_bytes" not in m or "allocated_peak_bytes" not in s:
+            table.append("| %s | %d | %s | | |" % (line["job"], line["batch"],
+                                                   m.get("error") or s.get("error") or "dry run"))
             continue
         table.append("| %s | %d | %.0f / %.0f (%+.1f %%) | %.0f / %.0f (%+.1f %%) | %.0f / %s |" % (
             line["job"], line["batch"], s["allocated_peak_bytes"] / mib, m["max_allocated_bytes"] / mib,
