@@ -20,7 +20,10 @@ fn root() -> PathBuf {
 }
 
 fn dylib() -> PathBuf {
-    std::env::var_os("ORT_DYLIB_PATH").map_or_else(|| root().join(".cache/onnxruntime/libonnxruntime.so"), PathBuf::from)
+    std::env::var_os("ORT_DYLIB_PATH").map_or_else(
+        || root().join(".cache/onnxruntime/libonnxruntime.so"),
+        PathBuf::from,
+    )
 }
 
 fn example() -> serde_json::Value {
@@ -35,7 +38,10 @@ fn jobs_by_family() -> Vec<(Family, Job)> {
     let file = std::fs::File::open(root().join("data/timm/descriptions.jsonl.gz")).unwrap();
     for line in std::io::BufReader::new(flate2::read::GzDecoder::new(file)).lines() {
         let line = line.unwrap();
-        for (model, family, batch) in [("timm:resnet50", Family::Cnn, 64), ("timm:vit_base_patch16_224", Family::Transformer, 32)] {
+        for (model, family, batch) in [
+            ("timm:resnet50", Family::Cnn, 64),
+            ("timm:vit_base_patch16_224", Family::Transformer, 32),
+        ] {
             if line.contains(&format!("\"{model}\"")) {
                 let mut request: EstimateRequest = serde_json::from_str(&line).unwrap();
                 request.batch_size = batch;
@@ -56,19 +62,31 @@ fn in_process(c: &mut Criterion) {
     });
     for (family, job) in &jobs {
         let layers = job.layers().len();
-        c.bench_function(&format!("aggregate_features/{family}_{layers}_layers"), |b| b.iter(|| AggregateFeatures::of(job)));
+        c.bench_function(
+            &format!("aggregate_features/{family}_{layers}_layers"),
+            |b| b.iter(|| AggregateFeatures::of(job)),
+        );
         for estimator in estimators.all().iter().filter(|e| e.family == *family) {
             c.bench_function(&format!("estimator/{}", estimator.name()), |b| {
                 b.iter(|| estimator.run(job, &AggregateFeatures::of(job)).unwrap())
             });
         }
-        c.bench_function(&format!("estimate_all_estimators/{family}"), |b| b.iter(|| estimators.estimate(job, 0.95).unwrap()));
+        c.bench_function(&format!("estimate_all_estimators/{family}"), |b| {
+            b.iter(|| estimators.estimate(job, 0.95).unwrap())
+        });
     }
 
     // 256 held-out MLP jobs through one estimate_many call (what the batch route does).
     let held_out = held_out_mlp_jobs();
-    let batch: Vec<_> = held_out.iter().cycle().take(256).map(|job| (job, 0.95)).collect();
-    c.bench_function("estimate_many/256_mlp_jobs", |b| b.iter(|| estimators.estimate_many(&batch)));
+    let batch: Vec<_> = held_out
+        .iter()
+        .cycle()
+        .take(256)
+        .map(|job| (job, 0.95))
+        .collect();
+    c.bench_function("estimate_many/256_mlp_jobs", |b| {
+        b.iter(|| estimators.estimate_many(&batch))
+    });
 }
 
 /// Placing a simulated job against a training domain of the size the pipeline writes (~3,000
@@ -77,8 +95,17 @@ fn in_process(c: &mut Criterion) {
 fn extrapolation(c: &mut Criterion) {
     use gpucast::estimators::extrapolation::TrainingDomain;
     const ORDER: [&str; 11] = [
-        "sim_reserved_mib", "sim_activations_mib", "total_params", "activations_x_batch", "batch_size", "n_layers",
-        "n_conv", "n_attention", "n_norm", "n_embedding", "max_output_size",
+        "sim_reserved_mib",
+        "sim_activations_mib",
+        "total_params",
+        "activations_x_batch",
+        "batch_size",
+        "n_layers",
+        "n_conv",
+        "n_attention",
+        "n_norm",
+        "n_embedding",
+        "max_output_size",
     ];
     let mut state = 0x9e37_79b9_7f4a_7c15u64;
     let mut next = move || {
@@ -87,19 +114,33 @@ fn extrapolation(c: &mut Criterion) {
         state ^= state << 17;
         (state % 6_000) as f64 / 1000.0 - 3.0
     };
-    let points: Vec<Vec<f64>> = (0..3000).map(|_| (0..ORDER.len()).map(|_| next()).collect()).collect();
-    let features: Vec<serde_json::Value> =
-        ORDER.iter().map(|name| serde_json::json!({"name": name, "transform": "log1p", "mean": 5.0, "std": 3.0})).collect();
+    let points: Vec<Vec<f64>> = (0..3000)
+        .map(|_| (0..ORDER.len()).map(|_| next()).collect())
+        .collect();
+    let features: Vec<serde_json::Value> = ORDER
+        .iter()
+        .map(
+            |name| serde_json::json!({"name": name, "transform": "log1p", "mean": 5.0, "std": 3.0}),
+        )
+        .collect();
     let file = serde_json::json!({
         "features": features, "order": ORDER, "optimizers": ["adam"], "precisions": ["fp32"],
         "typical_distance": 1.7, "near": 1.0, "far": 2.0, "max_widen": 2.0, "points": points,
     });
-    let domain = TrainingDomain::parse(file.to_string().as_bytes(), |_| true).expect("a valid domain");
-    let (_, job) = jobs_by_family().into_iter().find(|(family, _)| *family == Family::Cnn).expect("resnet50");
+    let domain =
+        TrainingDomain::parse(file.to_string().as_bytes(), |_| true).expect("a valid domain");
+    let (_, job) = jobs_by_family()
+        .into_iter()
+        .find(|(family, _)| *family == Family::Cnn)
+        .expect("resnet50");
     let aggregate = AggregateFeatures::of(&job);
     let vector = domain.vector(&aggregate);
-    c.bench_function("extrapolation/nearest_of_3000x11", |b| b.iter(|| domain.nearest_distance(std::hint::black_box(&vector))));
-    c.bench_function("extrapolation/locate_resnet50", |b| b.iter(|| domain.locate(&job, std::hint::black_box(&aggregate))));
+    c.bench_function("extrapolation/nearest_of_3000x11", |b| {
+        b.iter(|| domain.nearest_distance(std::hint::black_box(&vector)))
+    });
+    c.bench_function("extrapolation/locate_resnet50", |b| {
+        b.iter(|| domain.locate(&job, std::hint::black_box(&aggregate)))
+    });
 }
 
 /// timm resnet50 at batch 64 and ViT-B/16 at batch 32 as `gpucast_describe` writes them, each
@@ -132,7 +173,10 @@ fn simulated_jobs() -> Vec<(Family, Job)> {
         },
         "interpolated": false
     });
-    let wanted = [("timm:resnet50", Family::Cnn, resnet50), ("timm:vit_base_patch16_224", Family::Transformer, vit_b16)];
+    let wanted = [
+        ("timm:resnet50", Family::Cnn, resnet50),
+        ("timm:vit_base_patch16_224", Family::Transformer, vit_b16),
+    ];
     let file = std::fs::File::open(root().join("data/timm/descriptions.jsonl.gz")).unwrap();
     let mut jobs = Vec::new();
     for line in std::io::BufReader::new(flate2::read::GzDecoder::new(file)).lines() {
@@ -143,14 +187,19 @@ fn simulated_jobs() -> Vec<(Family, Job)> {
                 request["batch_size"] = simulation["batch_size"].clone();
                 request["simulation"] = simulation.clone();
                 let request: EstimateRequest = serde_json::from_value(request).unwrap();
-                let job = to_job(&request).unwrap_or_else(|e| panic!("{model}: the service refuses its simulation: {e}"));
+                let job = to_job(&request)
+                    .unwrap_or_else(|e| panic!("{model}: the service refuses its simulation: {e}"));
                 assert!(job.simulation().is_some(), "{model}: simulation kept");
                 assert_eq!(job.family(), *family, "{model}");
                 jobs.push((*family, job));
             }
         }
     }
-    assert_eq!(jobs.len(), wanted.len(), "both descriptions in data/timm/descriptions.jsonl.gz");
+    assert_eq!(
+        jobs.len(),
+        wanted.len(),
+        "both descriptions in data/timm/descriptions.jsonl.gz"
+    );
     jobs
 }
 
@@ -161,12 +210,21 @@ fn simulated(c: &mut Criterion) {
     for (family, job) in simulated_jobs() {
         let layers = job.layers().len();
         let batch = job.batch_size();
-        let answer = estimators.estimate(&job, 0.95).expect("a simulated job is estimated");
+        let answer = estimators
+            .estimate(&job, 0.95)
+            .expect("a simulated job is estimated");
         let ran: Vec<&str> = answer.runs.iter().map(|run| run.name.as_str()).collect();
         eprintln!("simulated {family} ({layers} layers, batch {batch}): ran {ran:?}");
-        c.bench_function(&format!("estimate_all_estimators/simulated_{family}_{layers}_layers_batch{batch}"), |b| {
-            b.iter(|| estimators.estimate(std::hint::black_box(&job), 0.95).unwrap())
-        });
+        c.bench_function(
+            &format!("estimate_all_estimators/simulated_{family}_{layers}_layers_batch{batch}"),
+            |b| {
+                b.iter(|| {
+                    estimators
+                        .estimate(std::hint::black_box(&job), 0.95)
+                        .unwrap()
+                })
+            },
+        );
     }
 }
 
@@ -182,10 +240,15 @@ fn held_out_mlp_jobs() -> Vec<Job> {
 }
 
 fn http_round_trip(c: &mut Criterion) {
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     let config = ServeConfig::for_tests(root().join("models"), dylib());
     let (address, client) = runtime.block_on(async {
-        let app = Application::build(&config).await.expect("application starts");
+        let app = Application::build(&config)
+            .await
+            .expect("application starts");
         let address = format!("http://127.0.0.1:{}/v1/estimate", app.port());
         tokio::spawn(app.run_until(std::future::pending()));
         (address, reqwest::Client::new())
@@ -208,5 +271,11 @@ fn http_round_trip(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, extrapolation, simulated, in_process, http_round_trip);
+criterion_group!(
+    benches,
+    extrapolation,
+    simulated,
+    in_process,
+    http_round_trip
+);
 criterion_main!(benches);

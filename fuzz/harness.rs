@@ -18,9 +18,17 @@ pub fn estimate_request(data: &[u8]) {
 /// or module print), whether `seq_len` is given (bit 1) and its value (bits 2-7, times 8, plus 1);
 /// the rest is the text, which must be UTF-8 as it is in a JSON string.
 pub fn summary(data: &[u8]) {
-    let Some((&selector, rest)) = data.split_first() else { return };
-    let Ok(text) = std::str::from_utf8(rest) else { return };
-    let format = if selector & 1 == 0 { SummaryFormat::Torchsummary } else { SummaryFormat::ModulePrint };
+    let Some((&selector, rest)) = data.split_first() else {
+        return;
+    };
+    let Ok(text) = std::str::from_utf8(rest) else {
+        return;
+    };
+    let format = if selector & 1 == 0 {
+        SummaryFormat::Torchsummary
+    } else {
+        SummaryFormat::ModulePrint
+    };
     let seq_len = (selector & 2 != 0).then(|| u64::from(selector >> 2) * 8 + 1);
     let _ = parse_summary(format, text, 32, seq_len);
 }

@@ -6,7 +6,11 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 #[derive(Debug, Parser)]
-#[command(name = "gpucast", version, about = "Estimates GPU memory and utilization of training jobs before they run")]
+#[command(
+    name = "gpucast",
+    version,
+    about = "Estimates GPU memory and utilization of training jobs before they run"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -38,7 +42,11 @@ pub struct ServeConfig {
 
     /// ONNX Runtime shared library (libonnxruntime.so from the PyPI onnxruntime wheel;
     /// scripts/fetch-onnxruntime.sh puts it in .cache/onnxruntime/).
-    #[arg(long, env = "ORT_DYLIB_PATH", default_value = ".cache/onnxruntime/libonnxruntime.so")]
+    #[arg(
+        long,
+        env = "ORT_DYLIB_PATH",
+        default_value = ".cache/onnxruntime/libonnxruntime.so"
+    )]
     pub ort_dylib: PathBuf,
 
     /// Log format.
@@ -141,7 +149,11 @@ impl ServeConfig {
             sessions_per_model: 2,
             max_concurrent_requests: 512,
             request_timeout_secs: 10,
-            profiles: std::env::temp_dir().join(format!("gpucast-profiles-{}-{}", std::process::id(), unique())),
+            profiles: std::env::temp_dir().join(format!(
+                "gpucast-profiles-{}-{}",
+                std::process::id(),
+                unique()
+            )),
             token: None,
             no_nvml: true,
         }

@@ -46,7 +46,9 @@ impl ApiError {
             ApiError::InvalidInput(_) => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            ApiError::Overloaded | ApiError::Timeout | ApiError::NotReady => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Overloaded | ApiError::Timeout | ApiError::NotReady => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::NoDevice(_) => StatusCode::CONFLICT,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -86,7 +88,11 @@ impl ApiError {
             }
             other => other.to_string(),
         };
-        Problem { title: self.title().into(), status: self.status().as_u16(), detail }
+        Problem {
+            title: self.title().into(),
+            status: self.status().as_u16(),
+            detail,
+        }
     }
 }
 
@@ -110,12 +116,18 @@ impl IntoResponse for ApiError {
         let status = self.status();
         let mut response = (status, axum::Json(self.problem())).into_response();
         let headers = response.headers_mut();
-        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
         if status == StatusCode::UNAUTHORIZED {
             headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
         if status == StatusCode::SERVICE_UNAVAILABLE {
-            headers.insert(header::RETRY_AFTER, HeaderValue::from_static(RETRY_AFTER_SECS));
+            headers.insert(
+                header::RETRY_AFTER,
+                HeaderValue::from_static(RETRY_AFTER_SECS),
+            );
         }
         response
     }

@@ -12,14 +12,20 @@
 //! | `gpucast_calibration_scale` | gauge | gpu |
 //! | `gpucast_calibration_offset_mib` | gauge | gpu |
 
-use prometheus::{Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder};
+use prometheus::{
+    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry,
+    TextEncoder,
+};
 
 /// HTTP latency buckets, seconds: estimates take tens of microseconds, batches milliseconds.
-const HTTP_BUCKETS: [f64; 14] =
-    [0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0];
+const HTTP_BUCKETS: [f64; 14] = [
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+];
 /// Inference latency buckets, seconds: from a few microseconds (MLP) to a millisecond or so.
-const INFERENCE_BUCKETS: [f64; 12] =
-    [0.000002, 0.000005, 0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01];
+const INFERENCE_BUCKETS: [f64; 12] = [
+    0.000002, 0.000005, 0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
+    0.01,
+];
 
 pub struct Metrics {
     registry: Registry,
@@ -42,13 +48,17 @@ impl Metrics {
         )
         .expect("valid metric");
         let http_request_duration_seconds = HistogramVec::new(
-            HistogramOpts::new("http_request_duration_seconds", "HTTP request latency").buckets(HTTP_BUCKETS.to_vec()),
+            HistogramOpts::new("http_request_duration_seconds", "HTTP request latency")
+                .buckets(HTTP_BUCKETS.to_vec()),
             &["method", "route", "status"],
         )
         .expect("valid metric");
         let inference_duration_seconds = HistogramVec::new(
-            HistogramOpts::new("inference_duration_seconds", "Time one estimator takes for one job")
-                .buckets(INFERENCE_BUCKETS.to_vec()),
+            HistogramOpts::new(
+                "inference_duration_seconds",
+                "Time one estimator takes for one job",
+            )
+            .buckets(INFERENCE_BUCKETS.to_vec()),
             &["estimator"],
         )
         .expect("valid metric");
@@ -63,14 +73,26 @@ impl Metrics {
         )
         .expect("valid metric");
         let calibration_observations = IntGaugeVec::new(
-            Opts::new("calibration_observations", "Observations behind each GPU's calibration profile"),
+            Opts::new(
+                "calibration_observations",
+                "Observations behind each GPU's calibration profile",
+            ),
             &["gpu"],
         )
         .expect("valid metric");
-        let calibration_scale =
-            GaugeVec::new(Opts::new("calibration_scale", "Scale of each GPU's calibration profile"), &["gpu"]).expect("valid metric");
+        let calibration_scale = GaugeVec::new(
+            Opts::new(
+                "calibration_scale",
+                "Scale of each GPU's calibration profile",
+            ),
+            &["gpu"],
+        )
+        .expect("valid metric");
         let calibration_offset_mib = GaugeVec::new(
-            Opts::new("calibration_offset_mib", "Offset (MiB) of each GPU's calibration profile"),
+            Opts::new(
+                "calibration_offset_mib",
+                "Offset (MiB) of each GPU's calibration profile",
+            ),
             &["gpu"],
         )
         .expect("valid metric");
@@ -84,7 +106,9 @@ impl Metrics {
             Box::new(calibration_scale.clone()),
             Box::new(calibration_offset_mib.clone()),
         ] {
-            registry.register(collector).expect("each metric is registered once");
+            registry
+                .register(collector)
+                .expect("each metric is registered once");
         }
         Metrics {
             registry,
@@ -101,15 +125,21 @@ impl Metrics {
 
     /// Publishes the state of one GPU's calibration profile.
     pub fn record_calibration(&self, gpu: &str, observations: u64, scale: f64, offset_mib: f64) {
-        self.calibration_observations.with_label_values(&[gpu]).set(observations as i64);
+        self.calibration_observations
+            .with_label_values(&[gpu])
+            .set(observations as i64);
         self.calibration_scale.with_label_values(&[gpu]).set(scale);
-        self.calibration_offset_mib.with_label_values(&[gpu]).set(offset_mib);
+        self.calibration_offset_mib
+            .with_label_values(&[gpu])
+            .set(offset_mib);
     }
 
     /// The text exposition format.
     pub fn render(&self) -> String {
         let mut buffer = Vec::new();
-        TextEncoder::new().encode(&self.registry.gather(), &mut buffer).expect("encoding to memory succeeds");
+        TextEncoder::new()
+            .encode(&self.registry.gather(), &mut buffer)
+            .expect("encoding to memory succeeds");
         String::from_utf8(buffer).expect("the text format is UTF-8")
     }
 }

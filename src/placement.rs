@@ -29,18 +29,27 @@ pub enum PlacementError {
 
 impl Target {
     /// Resolves a request's `gpu` field; `None` means the reference card.
-    pub fn resolve(selector: Option<&str>, devices: &dyn GpuDevices) -> Result<Target, PlacementError> {
+    pub fn resolve(
+        selector: Option<&str>,
+        devices: &dyn GpuDevices,
+    ) -> Result<Target, PlacementError> {
         let sku = match selector {
             None => Sku::by_id(REFERENCE_SKU).expect("the reference SKU is in the catalogue"),
             Some(raw) => match GpuSelector::parse(raw)? {
                 GpuSelector::Sku(sku) => sku,
                 GpuSelector::Attached => {
                     let device = devices.attached().map_err(PlacementError::NoDevice)?;
-                    return Ok(Target { gpu: device.profile_key(), capacity_mib: device.memory_total_mib });
+                    return Ok(Target {
+                        gpu: device.profile_key(),
+                        capacity_mib: device.memory_total_mib,
+                    });
                 }
             },
         };
-        Ok(Target { gpu: sku.id.to_string(), capacity_mib: sku.capacity_mib })
+        Ok(Target {
+            gpu: sku.id.to_string(),
+            capacity_mib: sku.capacity_mib,
+        })
     }
 }
 
@@ -76,13 +85,22 @@ pub fn place(
     physics: &Physics,
     fraction: Option<MemoryFraction>,
 ) -> Placement {
-    let calibrated = profiles.calibrate(&target.gpu, answer.estimate_mib, Some(answer.upper_bound_mib));
+    let calibrated = profiles.calibrate(
+        &target.gpu,
+        answer.estimate_mib,
+        Some(answer.upper_bound_mib),
+    );
     let (estimate_mib, upper_bound_mib, profile_observations) = match &calibrated {
         Some(c) => (c.estimate_mib, c.upper_bound_mib, Some(c.observations)),
         None => (answer.estimate_mib, answer.upper_bound_mib, None),
     };
     let settled = physics.settle(estimate_mib, upper_bound_mib);
-    let (fit, fit_basis) = fit(target.capacity_mib, settled.upper_bound_mib, physics, fraction);
+    let (fit, fit_basis) = fit(
+        target.capacity_mib,
+        settled.upper_bound_mib,
+        physics,
+        fraction,
+    );
     Placement {
         target,
         estimate_mib: settled.estimate_mib,
@@ -103,22 +121,56 @@ pub fn place(
 /// that cap, and a copy then occupies the cap plus the context, whatever it would reserve
 /// uncapped, since nothing lets it grow beyond (a cap of the whole card leaves room for no
 /// other copy).
-pub fn fit(capacity_mib: u64, upper_bound_mib: f64, physics: &Physics, fraction: Option<MemoryFraction>) -> (sku::Fit, FitBasis) {
+pub fn fit(
+    capacity_mib: u64,
+    upper_bound_mib: f64,
+    physics: &Physics,
+    fraction: Option<MemoryFraction>,
+) -> (sku::Fit, FitBasis) {
     let capacity = capacity_mib as f64;
     let context = physics.parts.cuda_context;
     // The most the allocator can hold: what the card leaves beside the context, at most the cap.
     let cap = |f: MemoryFraction| (f.get() * capacity).min(capacity - context);
     let (fits, occupied, basis) = match (physics.simulated, fraction) {
-        (Some(peaks), None) => (peaks.runs_on_card(), peaks.reserved_mib + context, FitBasis::Simulation),
-        (Some(peaks), Some(f)) => (peaks.min_capacity_mib <= cap(f), cap(f) + context, FitBasis::Simulation),
-        (None, None) => return (sku::fit(capacity_mib, upper_bound_mib), FitBasis::UpperBound),
-        (None, Some(f)) => (upper_bound_mib <= cap(f) + context, cap(f) + context, FitBasis::UpperBound),
+        (Some(peaks), None) => (
+            peaks.runs_on_card(),
+            peaks.reserved_mib + context,
+            FitBasis::Simulation,
+        ),
+        (Some(peaks), Some(f)) => (
+            peaks.min_capacity_mib <= cap(f),
+            cap(f) + context,
+            FitBasis::Simulation,
+        ),
+        (None, None) => {
+            return (
+                sku::fit(capacity_mib, upper_bound_mib),
+                FitBasis::UpperBound,
+            )
+        }
+        (None, Some(f)) => (
+            upper_bound_mib <= cap(f) + context,
+            cap(f) + context,
+            FitBasis::UpperBound,
+        ),
     };
     if !fits {
-        return (sku::Fit { fits: false, max_colocated: 0 }, basis);
+        return (
+            sku::Fit {
+                fits: false,
+                max_colocated: 0,
+            },
+            basis,
+        );
     }
     // A job that runs alone fits once, even where its uncapped reservation exceeds the card.
-    (sku::Fit { fits: true, max_colocated: sku::fit(capacity_mib, occupied).max_colocated.max(1) }, basis)
+    (
+        sku::Fit {
+            fits: true,
+            max_colocated: sku::fit(capacity_mib, occupied).max_colocated.max(1),
+        },
+        basis,
+    )
 }
 
 #[cfg(test)]
@@ -127,12 +179,22 @@ mod tests {
     use crate::devices::{FakeDevices, NoDevices};
 
     fn answer(estimate_mib: f64, upper_bound_mib: f64) -> MibAnswer {
-        MibAnswer { estimate_mib, upper_bound_mib, confidence: 0.95, reference_capacity_mib: Some(40_960), floored: false }
+        MibAnswer {
+            estimate_mib,
+            upper_bound_mib,
+            confidence: 0.95,
+            reference_capacity_mib: Some(40_960),
+            floored: false,
+        }
     }
 
     /// A job whose analytic floor (model state + context) is 1,316 MiB.
     fn physics() -> Physics {
-        let layers = vec![crate::domain::UncheckedLayer { kind: "linear", output_size: 1024, params: 1 << 20 }];
+        let layers = vec![crate::domain::UncheckedLayer {
+            kind: "linear",
+            output_size: 1024,
+            params: 1 << 20,
+        }];
         Physics::analytic(&crate::domain::Job::parse(None, 256, layers.into_iter()).unwrap())
     }
 
@@ -140,7 +202,11 @@ mod tests {
     fn simulated(capacity_mib: u64) -> Physics {
         use crate::domain::{SimulatedCategories, UncheckedSimulation};
         let gib = 1u64 << 30;
-        let layers = vec![crate::domain::UncheckedLayer { kind: "linear", output_size: 1024, params: 1 << 20 }];
+        let layers = vec![crate::domain::UncheckedLayer {
+            kind: "linear",
+            output_size: 1024,
+            params: 1 << 20,
+        }];
         let raw = UncheckedSimulation {
             batch_size: 256,
             optimizer: None,
@@ -148,11 +214,17 @@ mod tests {
             allocated_peak_bytes: 2 * gib,
             reserved_peak_bytes: 10 * gib,
             min_capacity_bytes: 9 * gib,
-            breakdown_at_peak: SimulatedCategories { activations: 2 * gib, ..Default::default() },
+            breakdown_at_peak: SimulatedCategories {
+                activations: 2 * gib,
+                ..Default::default()
+            },
             attention: None,
             interpolated: false,
         };
-        let job = crate::domain::Job::parse(None, 256, layers.into_iter()).unwrap().with_simulation(Some(raw)).unwrap();
+        let job = crate::domain::Job::parse(None, 256, layers.into_iter())
+            .unwrap()
+            .with_simulation(Some(raw))
+            .unwrap();
         Physics::simulated(job.simulation().unwrap(), 1000.0, capacity_mib)
     }
 
@@ -163,17 +235,41 @@ mod tests {
     #[test]
     fn the_reference_card_is_the_physics_reference() {
         let reference = Target::resolve(None, &NoDevices::new("none")).unwrap();
-        assert_eq!(reference.capacity_mib, crate::domain::physics::REFERENCE_CAPACITY_MIB);
+        assert_eq!(
+            reference.capacity_mib,
+            crate::domain::physics::REFERENCE_CAPACITY_MIB
+        );
     }
 
     #[test]
     fn a_simulated_job_fits_by_its_minimum_capacity_and_colocates_by_its_reserved_peak() {
         // 9,216 + 1,000 MiB needed to run; 10,240 + 1,000 MiB occupied per copy.
         let (fit, basis) = fit(40_960, 99_999.0, &simulated(40_960), None);
-        assert_eq!((fit, basis), (sku::Fit { fits: true, max_colocated: 3 }, FitBasis::Simulation));
+        assert_eq!(
+            (fit, basis),
+            (
+                sku::Fit {
+                    fits: true,
+                    max_colocated: 3
+                },
+                FitBasis::Simulation
+            )
+        );
         // Enough to run but not to reserve the whole peak: one copy, the allocator frees its cache.
-        assert_eq!(fit_of(10_216, None), sku::Fit { fits: true, max_colocated: 1 });
-        assert_eq!(fit_of(10_215, None), sku::Fit { fits: false, max_colocated: 0 });
+        assert_eq!(
+            fit_of(10_216, None),
+            sku::Fit {
+                fits: true,
+                max_colocated: 1
+            }
+        );
+        assert_eq!(
+            fit_of(10_215, None),
+            sku::Fit {
+                fits: false,
+                max_colocated: 0
+            }
+        );
     }
 
     fn fit_of(capacity_mib: u64, fraction: Option<MemoryFraction>) -> sku::Fit {
@@ -183,16 +279,55 @@ mod tests {
     #[test]
     fn a_memory_fraction_caps_the_allocator_and_sets_what_a_copy_occupies() {
         // 0.25 x 40,960 = 10,240 MiB cap >= 9,216 needed: each copy occupies 11,240 MiB.
-        assert_eq!(fit_of(40_960, fraction(0.25)), sku::Fit { fits: true, max_colocated: 3 });
+        assert_eq!(
+            fit_of(40_960, fraction(0.25)),
+            sku::Fit {
+                fits: true,
+                max_colocated: 3
+            }
+        );
         // 0.2 x 40,960 = 8,192 MiB: the step does not run within the cap.
-        assert_eq!(fit_of(40_960, fraction(0.2)), sku::Fit { fits: false, max_colocated: 0 });
+        assert_eq!(
+            fit_of(40_960, fraction(0.2)),
+            sku::Fit {
+                fits: false,
+                max_colocated: 0
+            }
+        );
         // The whole card: one copy.
-        assert_eq!(fit_of(40_960, fraction(1.0)), sku::Fit { fits: true, max_colocated: 1 });
+        assert_eq!(
+            fit_of(40_960, fraction(1.0)),
+            sku::Fit {
+                fits: true,
+                max_colocated: 1
+            }
+        );
         // Without a simulation the bound must fit within the cap plus the context.
         let plain = physics();
-        assert_eq!(fit(40_960, 11_540.0, &plain, fraction(0.25)).0, sku::Fit { fits: true, max_colocated: 3 });
-        assert_eq!(fit(40_960, 11_541.0, &plain, fraction(0.25)).0, sku::Fit { fits: false, max_colocated: 0 });
-        assert_eq!(fit(40_960, 11_541.0, &plain, None), (sku::Fit { fits: true, max_colocated: 3 }, FitBasis::UpperBound));
+        assert_eq!(
+            fit(40_960, 11_540.0, &plain, fraction(0.25)).0,
+            sku::Fit {
+                fits: true,
+                max_colocated: 3
+            }
+        );
+        assert_eq!(
+            fit(40_960, 11_541.0, &plain, fraction(0.25)).0,
+            sku::Fit {
+                fits: false,
+                max_colocated: 0
+            }
+        );
+        assert_eq!(
+            fit(40_960, 11_541.0, &plain, None),
+            (
+                sku::Fit {
+                    fits: true,
+                    max_colocated: 3
+                },
+                FitBasis::UpperBound
+            )
+        );
     }
 
     #[test]
@@ -203,7 +338,13 @@ mod tests {
             profiles.observe("h100-80gb", 10_000.0, 1_000.0).unwrap();
         }
         let target = Target::resolve(Some("h100-80gb"), &NoDevices::new("none")).unwrap();
-        let placement = place(&answer(10_000.0, 11_000.0), target, &profiles, &physics(), None);
+        let placement = place(
+            &answer(10_000.0, 11_000.0),
+            target,
+            &profiles,
+            &physics(),
+            None,
+        );
         assert!(placement.floored, "{placement:?}");
         assert!((placement.estimate_mib - physics().floor_mib()).abs() < 1e-9);
         assert!(placement.upper_bound_mib >= placement.estimate_mib);
@@ -212,7 +353,13 @@ mod tests {
     #[test]
     fn without_a_gpu_the_reference_card_is_the_target() {
         let target = Target::resolve(None, &NoDevices::new("none")).unwrap();
-        assert_eq!(target, Target { gpu: "a100-40gb".into(), capacity_mib: 40_960 });
+        assert_eq!(
+            target,
+            Target {
+                gpu: "a100-40gb".into(),
+                capacity_mib: 40_960
+            }
+        );
     }
 
     #[test]
@@ -221,7 +368,13 @@ mod tests {
         assert!(error.to_string().contains("no driver"), "{error}");
         let devices = FakeDevices::single("NVIDIA H100 80GB HBM3", 81_559);
         let target = Target::resolve(Some("attached"), &devices).unwrap();
-        assert_eq!(target, Target { gpu: "h100-80gb".into(), capacity_mib: 81_559 });
+        assert_eq!(
+            target,
+            Target {
+                gpu: "h100-80gb".into(),
+                capacity_mib: 81_559
+            }
+        );
     }
 
     #[test]
@@ -229,11 +382,35 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (profiles, _) = ProfileStore::load(dir.path()).unwrap();
         let target = Target::resolve(Some("a100-80gb"), &NoDevices::new("none")).unwrap();
-        let placement = place(&answer(9_000.0, 20_000.0), target.clone(), &profiles, &physics(), None);
-        assert_eq!(placement.fit, sku::Fit { fits: true, max_colocated: 4 });
+        let placement = place(
+            &answer(9_000.0, 20_000.0),
+            target.clone(),
+            &profiles,
+            &physics(),
+            None,
+        );
+        assert_eq!(
+            placement.fit,
+            sku::Fit {
+                fits: true,
+                max_colocated: 4
+            }
+        );
         assert_eq!(placement.profile_observations, None);
-        let placement = place(&answer(39_000.0, 90_000.0), target, &profiles, &physics(), None);
-        assert_eq!(placement.fit, sku::Fit { fits: false, max_colocated: 0 });
+        let placement = place(
+            &answer(39_000.0, 90_000.0),
+            target,
+            &profiles,
+            &physics(),
+            None,
+        );
+        assert_eq!(
+            placement.fit,
+            sku::Fit {
+                fits: false,
+                max_colocated: 0
+            }
+        );
     }
 
     #[test]
@@ -244,9 +421,18 @@ mod tests {
             profiles.observe("h100-80gb", 10_000.0, 10_500.0).unwrap();
         }
         let target = Target::resolve(Some("H100 80GB"), &NoDevices::new("none")).unwrap();
-        let placement = place(&answer(10_000.0, 11_000.0), target, &profiles, &physics(), None);
+        let placement = place(
+            &answer(10_000.0, 11_000.0),
+            target,
+            &profiles,
+            &physics(),
+            None,
+        );
         assert_eq!(placement.profile_observations, Some(3));
-        assert!((placement.estimate_mib - 10_500.0).abs() < 1.0, "{placement:?}");
+        assert!(
+            (placement.estimate_mib - 10_500.0).abs() < 1.0,
+            "{placement:?}"
+        );
         assert!(placement.upper_bound_mib >= placement.estimate_mib);
     }
 }

@@ -30,7 +30,10 @@ pub enum StartupError {
     #[error("calibration profiles: {0}")]
     Profiles(#[from] ProfileError),
     #[error("cannot listen on {address}: {source}")]
-    Bind { address: std::net::SocketAddr, source: std::io::Error },
+    Bind {
+        address: std::net::SocketAddr,
+        source: std::io::Error,
+    },
 }
 
 impl Application {
@@ -40,17 +43,29 @@ impl Application {
         let devices: Arc<dyn GpuDevices> = if config.no_nvml {
             Arc::new(NoDevices::new("NVML disabled by --no-nvml"))
         } else {
-            Arc::from(tokio::task::spawn_blocking(NvmlDevices::detect).await.expect("NVML detection does not panic"))
+            Arc::from(
+                tokio::task::spawn_blocking(NvmlDevices::detect)
+                    .await
+                    .expect("NVML detection does not panic"),
+            )
         };
         Application::build_with_devices(config, devices).await
     }
 
     /// As [`Application::build`], with the given devices (tests use a fake one).
-    pub async fn build_with_devices(config: &ServeConfig, devices: Arc<dyn GpuDevices>) -> Result<Application, StartupError> {
+    pub async fn build_with_devices(
+        config: &ServeConfig,
+        devices: Arc<dyn GpuDevices>,
+    ) -> Result<Application, StartupError> {
         config.validate().map_err(StartupError::Config)?;
         match devices.unavailable_reason() {
-            Some(reason) => tracing::info!(%reason, "no NVML device; estimates are served without one"),
-            None => tracing::info!(devices = devices.list().map(|d| d.len()).unwrap_or(0), "NVML devices found"),
+            Some(reason) => {
+                tracing::info!(%reason, "no NVML device; estimates are served without one")
+            }
+            None => tracing::info!(
+                devices = devices.list().map(|d| d.len()).unwrap_or(0),
+                "NVML devices found"
+            ),
         }
         let (profiles, warnings) = ProfileStore::load(&config.profiles)?;
         for warning in &warnings {
@@ -59,7 +74,11 @@ impl Application {
         tracing::info!(dir = %config.profiles.display(), profiles = profiles.list().len(), "calibration profiles loaded");
         let started = Instant::now();
         let estimators = {
-            let (models, dylib, sessions) = (config.models.clone(), config.ort_dylib.clone(), config.sessions_per_model);
+            let (models, dylib, sessions) = (
+                config.models.clone(),
+                config.ort_dylib.clone(),
+                config.sessions_per_model,
+            );
             tokio::task::spawn_blocking(move || Estimators::load(&models, &dylib, sessions))
                 .await
                 .expect("model loading does not panic")?
@@ -73,15 +92,37 @@ impl Application {
         let metrics = Metrics::new();
         metrics
             .build_info
-            .with_label_values(&[env!("CARGO_PKG_VERSION"), estimators.manifest().generated_at.as_deref().unwrap_or("unknown")])
+            .with_label_values(&[
+                env!("CARGO_PKG_VERSION"),
+                estimators
+                    .manifest()
+                    .generated_at
+                    .as_deref()
+                    .unwrap_or("unknown"),
+            ])
             .set(1);
         for profile in profiles.list() {
-            metrics.record_calibration(&profile.sku, profile.observations, profile.scale, profile.offset_mib);
+            metrics.record_calibration(
+                &profile.sku,
+                profile.observations,
+                profile.scale,
+                profile.offset_mib,
+            );
         }
-        let listener = TcpListener::bind(config.listen)
-            .await
-            .map_err(|source| StartupError::Bind { address: config.listen, source })?;
-        let port = listener.local_addr().map_err(|source| StartupError::Bind { address: config.listen, source })?.port();
+        let listener =
+            TcpListener::bind(config.listen)
+                .await
+                .map_err(|source| StartupError::Bind {
+                    address: config.listen,
+                    source,
+                })?;
+        let port = listener
+            .local_addr()
+            .map_err(|source| StartupError::Bind {
+                address: config.listen,
+                source,
+            })?
+            .port();
         let state = AppState {
             estimators: Arc::new(estimators),
             metrics: Arc::new(metrics),
@@ -97,7 +138,11 @@ impl Application {
             token: config.token.clone(),
             stop_watches: Arc::new(AtomicBool::new(false)),
         };
-        Ok(Application { listener, port, state })
+        Ok(Application {
+            listener,
+            port,
+            state,
+        })
     }
 
     pub fn port(&self) -> u16 {
@@ -110,7 +155,10 @@ impl Application {
 
     /// Serves until `shutdown` resolves, then stops accepting, marks itself not ready and
     /// finishes the requests in flight.
-    pub async fn run_until(self, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
+    pub async fn run_until(
+        self,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<()> {
         let ready = self.state.ready.clone();
         let stop_watches = self.state.stop_watches.clone();
         let router = http::router(self.state);

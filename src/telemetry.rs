@@ -6,8 +6,11 @@ use crate::config::LogFormat;
 
 /// Installs the global subscriber. `RUST_LOG` overrides the default `info` level.
 pub fn init(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,ort=warn"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,ort=warn"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     // `try_init`: a second call (tests start many apps in one process) is harmless.
     let _ = match format {
         LogFormat::Text => builder.try_init(),

@@ -8,14 +8,26 @@ use std::path::PathBuf;
 mod harness;
 
 fn inputs(target: &str) -> Vec<(PathBuf, Vec<u8>)> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fuzz/regressions").join(target);
-    let Ok(entries) = std::fs::read_dir(&dir) else { return Vec::new() };
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("fuzz/regressions")
+        .join(target);
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        return Vec::new();
+    };
     let mut files: Vec<PathBuf> = entries
         .map(|e| e.expect("a readable directory entry").path())
-        .filter(|p| p.is_file() && !p.file_name().is_some_and(|n| n.to_string_lossy().starts_with('.')))
+        .filter(|p| {
+            p.is_file()
+                && !p
+                    .file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with('.'))
+        })
         .collect();
     files.sort();
-    files.into_iter().map(|p| (p.clone(), std::fs::read(&p).expect("a readable input"))).collect()
+    files
+        .into_iter()
+        .map(|p| (p.clone(), std::fs::read(&p).expect("a readable input")))
+        .collect()
 }
 
 fn replay(target: &str, run: fn(&[u8])) {
@@ -40,6 +52,8 @@ fn saved_parse_summary_inputs_no_longer_crash() {
 #[test]
 fn the_harness_accepts_the_seed_shapes() {
     // The harness itself works: a valid request and a summary pass through without panicking.
-    harness::estimate_request(br#"{"batch_size": 8, "layers": [{"kind": "linear", "output_size": 10, "params": 110}]}"#);
+    harness::estimate_request(
+        br#"{"batch_size": 8, "layers": [{"kind": "linear", "output_size": 10, "params": 110}]}"#,
+    );
     harness::summary(b"\x00Conv2d-1 [-1, 64, 112, 112] 9,408");
 }

@@ -36,7 +36,11 @@ fn test_config() -> ServeConfig {
     let dylib = std::env::var_os("ORT_DYLIB_PATH")
         .map(PathBuf::from)
         .unwrap_or_else(|| repo_root().join(".cache/onnxruntime/libonnxruntime.so"));
-    assert!(dylib.exists(), "{} is missing: run scripts/fetch-onnxruntime.sh", dylib.display());
+    assert!(
+        dylib.exists(),
+        "{} is missing: run scripts/fetch-onnxruntime.sh",
+        dylib.display()
+    );
     ServeConfig::for_tests(repo_root().join("models"), dylib)
 }
 
@@ -61,14 +65,22 @@ struct TestApp {
 }
 
 async fn spawn_app_with(config: ServeConfig) -> TestApp {
-    let app = Application::build(&config).await.expect("the application starts");
+    let app = Application::build(&config)
+        .await
+        .expect("the application starts");
     let port = app.port();
     let state = app.state().clone();
     let (shutdown, stop) = oneshot::channel::<()>();
     let server = tokio::spawn(app.run_until(async move {
         let _ = stop.await;
     }));
-    TestApp { address: format!("http://127.0.0.1:{port}"), port, state, shutdown: Some(shutdown), server }
+    TestApp {
+        address: format!("http://127.0.0.1:{port}"),
+        port,
+        state,
+        shutdown: Some(shutdown),
+        server,
+    }
 }
 
 // --- a raw HTTP/1.1 request whose body arrives when the test says so --------------------------
@@ -80,8 +92,11 @@ struct PartialRequest {
 }
 
 fn start_request(port: u16, path: &str, body: &[u8], first: usize) -> PartialRequest {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("the server accepts a connection");
-    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut stream =
+        TcpStream::connect(("127.0.0.1", port)).expect("the server accepts a connection");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
     let head = format!(
         "POST {path} HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\ncontent-type: application/json\r\n\
          content-length: {}\r\nconnection: close\r\n\r\n",
@@ -90,7 +105,10 @@ fn start_request(port: u16, path: &str, body: &[u8], first: usize) -> PartialReq
     stream.write_all(head.as_bytes()).unwrap();
     stream.write_all(&body[..first]).unwrap();
     stream.flush().unwrap();
-    PartialRequest { stream, rest: body[first..].to_vec() }
+    PartialRequest {
+        stream,
+        rest: body[first..].to_vec(),
+    }
 }
 
 struct RawResponse {
@@ -107,14 +125,28 @@ fn read_response(stream: &mut TcpStream) -> io::Result<RawResponse> {
     let split = raw
         .windows(4)
         .position(|w| w == b"\r\n\r\n")
-        .ok_or_else(|| io::Error::new(io::ErrorKind::UnexpectedEof, format!("no response head in {} bytes", raw.len())))?;
+        .ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!("no response head in {} bytes", raw.len()),
+            )
+        })?;
     let headers = String::from_utf8_lossy(&raw[..split]).to_ascii_lowercase();
     let status = headers
         .split_whitespace()
         .nth(1)
         .and_then(|s| s.parse().ok())
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, format!("bad status line: {headers}")))?;
-    Ok(RawResponse { status, headers, body: raw[split + 4..].to_vec() })
+        .ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("bad status line: {headers}"),
+            )
+        })?;
+    Ok(RawResponse {
+        status,
+        headers,
+        body: raw[split + 4..].to_vec(),
+    })
 }
 
 impl PartialRequest {
@@ -130,14 +162,19 @@ impl PartialRequest {
 
     /// Reads the response without sending the rest of the body.
     async fn response(mut self) -> io::Result<RawResponse> {
-        tokio::task::spawn_blocking(move || read_response(&mut self.stream)).await.expect("the reader does not panic")
+        tokio::task::spawn_blocking(move || read_response(&mut self.stream))
+            .await
+            .expect("the reader does not panic")
     }
 }
 
 async fn wait_until(what: &str, limit: Duration, mut condition: impl FnMut() -> bool) {
     let deadline = Instant::now() + limit;
     while !condition() {
-        assert!(Instant::now() < deadline, "timed out after {limit:?} waiting until {what}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {limit:?} waiting until {what}"
+        );
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
 }
@@ -183,8 +220,14 @@ async fn burst_against_two_permits() -> Burst {
                 .await
                 .map_err(|e| format!("request failed without a response: {e:?}"))?;
             let status = response.status().as_u16();
-            let retry_after = response.headers().get("retry-after").map(|v| v.to_str().unwrap().to_owned());
-            let answer: Value = response.json().await.map_err(|e| format!("unreadable body: {e:?}"))?;
+            let retry_after = response
+                .headers()
+                .get("retry-after")
+                .map(|v| v.to_str().unwrap().to_owned());
+            let answer: Value = response
+                .json()
+                .await
+                .map_err(|e| format!("unreadable body: {e:?}"))?;
             Ok::<_, String>((status, retry_after, answer, started.elapsed()))
         }));
     }
@@ -201,35 +244,79 @@ async fn burst_against_two_permits() -> Burst {
             200 => {
                 let items = answer["items"].as_array().expect("a batch answer");
                 assert_eq!(items.len(), 256);
-                assert!(items.iter().all(|i| i["status"] == 200), "every item of an accepted batch succeeds");
+                assert!(
+                    items.iter().all(|i| i["status"] == 200),
+                    "every item of an accepted batch succeeds"
+                );
                 accepted.push(elapsed);
             }
             503 => {
-                assert_eq!(retry_after.as_deref(), Some("1"), "a refusal says when to retry");
+                assert_eq!(
+                    retry_after.as_deref(),
+                    Some("1"),
+                    "a refusal says when to retry"
+                );
                 assert_eq!(answer["title"], "Overloaded", "{answer}");
                 refused.push(elapsed);
             }
             other => panic!("unexpected status {other}: {answer}"),
         }
     }
-    eprintln!("{} accepted, {} refused, {} dropped: {:?}", accepted.len(), refused.len(), dropped.len(), dropped.first());
-    Burst { app, client, url, body, accepted, refused, dropped }
+    eprintln!(
+        "{} accepted, {} refused, {} dropped: {:?}",
+        accepted.len(),
+        refused.len(),
+        dropped.len(),
+        dropped.first()
+    );
+    Burst {
+        app,
+        client,
+        url,
+        body,
+        accepted,
+        refused,
+        dropped,
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn requests_beyond_the_concurrency_limit_are_refused_at_once_with_503_and_retry_after() {
-    let Burst { app, client, url, body, accepted, refused, .. } = burst_against_two_permits().await;
+    let Burst {
+        app,
+        client,
+        url,
+        body,
+        accepted,
+        refused,
+        ..
+    } = burst_against_two_permits().await;
     assert!(!accepted.is_empty(), "some requests are accepted");
-    assert!(!refused.is_empty(), "with 2 permits and 64 concurrent requests some are refused");
+    assert!(
+        !refused.is_empty(),
+        "with 2 permits and 64 concurrent requests some are refused"
+    );
     let (accepted_median, refused_median) = (median(accepted), median(refused));
     eprintln!("median time: accepted {accepted_median:?}, refused {refused_median:?}");
     // A refusal does no work: it answers well before an accepted batch of 256 does (4-20 times
     // sooner on a 2-core machine, most of it the 64 clients' own uploads).
-    assert!(refused_median < accepted_median, "refused median {refused_median:?} vs accepted {accepted_median:?}");
+    assert!(
+        refused_median < accepted_median,
+        "refused median {refused_median:?} vs accepted {accepted_median:?}"
+    );
 
     // Every permit came back: the service serves normally once the burst is over.
-    wait_until("every permit is released", Duration::from_secs(5), || app.state.permits.available_permits() == 2).await;
-    let response = client.post(&url).header("content-type", "application/json").body(body.to_vec()).send().await.unwrap();
+    wait_until("every permit is released", Duration::from_secs(5), || {
+        app.state.permits.available_permits() == 2
+    })
+    .await;
+    let response = client
+        .post(&url)
+        .header("content-type", "application/json")
+        .body(body.to_vec())
+        .send()
+        .await
+        .unwrap();
     assert_eq!(response.status(), 200);
 }
 
@@ -255,41 +342,73 @@ async fn a_graceful_shutdown_finishes_every_accepted_request_and_reports_not_rea
     let config = test_config();
     let permits = config.max_concurrent_requests;
     let mut app = spawn_app_with(config).await;
-    let ready: Value = reqwest::get(format!("{}/readyz", app.address)).await.unwrap().json().await.unwrap();
+    let ready: Value = reqwest::get(format!("{}/readyz", app.address))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(ready["ready"], true);
 
     // IN_FLIGHT batch requests, each admitted and waiting for the rest of its body.
     let body = batch_body(256);
     let mut requests = Vec::new();
     for _ in 0..IN_FLIGHT {
-        requests.push(start_request(app.port, "/v1/estimate/batch", &body, body.len() / 2));
+        requests.push(start_request(
+            app.port,
+            "/v1/estimate/batch",
+            &body,
+            body.len() / 2,
+        ));
     }
     let state = app.state.clone();
-    wait_until("every request holds a permit", Duration::from_secs(10), || {
-        state.permits.available_permits() == permits - IN_FLIGHT
-    })
+    wait_until(
+        "every request holds a permit",
+        Duration::from_secs(10),
+        || state.permits.available_permits() == permits - IN_FLIGHT,
+    )
     .await;
 
     app.shutdown.take().unwrap().send(()).unwrap();
-    wait_until("the service reports not ready", Duration::from_secs(5), || !state.ready.load(Ordering::Acquire)).await;
+    wait_until(
+        "the service reports not ready",
+        Duration::from_secs(5),
+        || !state.ready.load(Ordering::Acquire),
+    )
+    .await;
     // No new connection is taken once the shutdown has begun.
     let deadline = Instant::now() + Duration::from_secs(5);
     while TcpStream::connect(("127.0.0.1", app.port)).is_ok() {
-        assert!(Instant::now() < deadline, "the listener still accepts connections during shutdown");
+        assert!(
+            Instant::now() < deadline,
+            "the listener still accepts connections during shutdown"
+        );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    assert!(!app.server.is_finished(), "the server waits for the requests in flight");
+    assert!(
+        !app.server.is_finished(),
+        "the server waits for the requests in flight"
+    );
 
     // The accepted requests now send the rest of their bodies and are all answered in full.
     let answers: Vec<_> = join_all(requests.into_iter().map(|r| tokio::spawn(r.finish()))).await;
     for (i, answer) in answers.into_iter().enumerate() {
-        let response = answer.unwrap_or_else(|e| panic!("request {i} was dropped during shutdown: {e}"));
-        assert_eq!(response.status, 200, "request {i}: {}", String::from_utf8_lossy(&response.body));
+        let response =
+            answer.unwrap_or_else(|e| panic!("request {i} was dropped during shutdown: {e}"));
+        assert_eq!(
+            response.status,
+            200,
+            "request {i}: {}",
+            String::from_utf8_lossy(&response.body)
+        );
         let batch: Value = serde_json::from_slice(&response.body).expect("a complete JSON body");
         assert_eq!(batch["items"].as_array().unwrap().len(), 256);
     }
     let finished = tokio::time::timeout(Duration::from_secs(10), app.server).await;
-    finished.expect("the server stops once the requests in flight are answered").unwrap().unwrap();
+    finished
+        .expect("the server stops once the requests in flight are answered")
+        .unwrap()
+        .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -307,15 +426,30 @@ async fn a_request_that_outlives_the_request_timeout_is_answered_with_503() {
         .expect("answered within 10 s")
         .expect("a response, not a reset");
     let elapsed = started.elapsed();
-    assert_eq!(response.status, 503, "{}", String::from_utf8_lossy(&response.body));
-    assert!(response.headers.contains("retry-after: 1"), "{}", response.headers);
+    assert_eq!(
+        response.status,
+        503,
+        "{}",
+        String::from_utf8_lossy(&response.body)
+    );
+    assert!(
+        response.headers.contains("retry-after: 1"),
+        "{}",
+        response.headers
+    );
     let problem: Value = serde_json::from_slice(&response.body).unwrap();
     assert_eq!(problem["title"], "Timeout");
-    assert!(elapsed >= Duration::from_millis(500), "the timeout is 1 s, answered after {elapsed:?}");
+    assert!(
+        elapsed >= Duration::from_millis(500),
+        "the timeout is 1 s, answered after {elapsed:?}"
+    );
 
     // The permit of the timed-out request is released.
     let state = app.state.clone();
-    wait_until("the permit is released", Duration::from_secs(5), || state.permits.available_permits() == 512).await;
+    wait_until("the permit is released", Duration::from_secs(5), || {
+        state.permits.available_permits() == 512
+    })
+    .await;
 }
 
 /// Awaits spawned tasks in order (the crate has no `futures` dependency).

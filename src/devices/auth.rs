@@ -23,7 +23,9 @@ pub fn authorized(header: Option<&str>, token: Option<&str>) -> bool {
 /// The credentials of a `Bearer` authorization header.
 fn bearer_credentials(header: &str) -> Option<&str> {
     let (scheme, credentials) = header.trim().split_once(' ')?;
-    scheme.eq_ignore_ascii_case("bearer").then(|| credentials.trim_start())
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| credentials.trim_start())
 }
 
 /// Compares every byte of the longer input whatever the content, so the time taken depends
@@ -77,8 +79,19 @@ mod tests {
 
     #[test]
     fn constant_time_eq_agrees_with_eq() {
-        for (a, b) in [("", ""), ("a", ""), ("abc", "abc"), ("abc", "abd"), ("abc", "abcd"), ("\0", "")] {
-            assert_eq!(constant_time_eq(a.as_bytes(), b.as_bytes()), a == b, "{a:?} vs {b:?}");
+        for (a, b) in [
+            ("", ""),
+            ("a", ""),
+            ("abc", "abc"),
+            ("abc", "abd"),
+            ("abc", "abcd"),
+            ("\0", ""),
+        ] {
+            assert_eq!(
+                constant_time_eq(a.as_bytes(), b.as_bytes()),
+                a == b,
+                "{a:?} vs {b:?}"
+            );
         }
     }
 }

@@ -28,13 +28,28 @@ impl FakeDevices {
     /// These devices, driver `550.54.15` unless [`FakeDevices::with_driver`] says otherwise.
     pub fn new(devices: Vec<GpuDevice>) -> FakeDevices {
         let driver = "550.54.15".to_string();
-        let devices = devices.into_iter().map(|d| GpuDevice { driver_version: driver.clone(), ..d }).collect();
-        FakeDevices { devices, driver, processes: Mutex::new(HashMap::new()) }
+        let devices = devices
+            .into_iter()
+            .map(|d| GpuDevice {
+                driver_version: driver.clone(),
+                ..d
+            })
+            .collect();
+        FakeDevices {
+            devices,
+            driver,
+            processes: Mutex::new(HashMap::new()),
+        }
     }
 
     /// One GPU with this driver name and capacity at index 0.
     pub fn single(name: &str, memory_total_mib: u64) -> FakeDevices {
-        FakeDevices::new(vec![GpuDevice::new(0, "GPU-00000000-fake", name, memory_total_mib)])
+        FakeDevices::new(vec![GpuDevice::new(
+            0,
+            "GPU-00000000-fake",
+            name,
+            memory_total_mib,
+        )])
     }
 
     pub fn with_driver(mut self, driver: &str) -> FakeDevices {
@@ -47,7 +62,10 @@ impl FakeDevices {
 
     /// Plays back these readings (MiB) for `pid`, one per call, then reports it gone.
     pub fn script_process(&self, pid: u32, readings: impl IntoIterator<Item = Option<u64>>) {
-        let script = ProcessScript { readings: readings.into_iter().collect(), steady: None };
+        let script = ProcessScript {
+            readings: readings.into_iter().collect(),
+            steady: None,
+        };
         self.lock().insert(pid, script);
     }
 
@@ -58,7 +76,9 @@ impl FakeDevices {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u32, ProcessScript>> {
         // A test that panicked while holding the lock leaves consistent data: keep going.
-        self.processes.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.processes
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
@@ -88,7 +108,9 @@ mod tests {
     fn a_scripted_process_plays_back_then_exits() {
         let fake = FakeDevices::single("NVIDIA L4", 23034);
         fake.script_process(42, [None, Some(500), Some(900)]);
-        let readings: Vec<_> = (0..5).map(|_| fake.process_memory_mib(42).unwrap()).collect();
+        let readings: Vec<_> = (0..5)
+            .map(|_| fake.process_memory_mib(42).unwrap())
+            .collect();
         assert_eq!(readings, vec![None, Some(500), Some(900), None, None]);
         assert_eq!(fake.process_memory_mib(7).unwrap(), None);
     }

@@ -41,7 +41,12 @@ pub struct GpuDevice {
 
 impl GpuDevice {
     /// Builds a device record, filling [`GpuDevice::sku`] from the name.
-    pub fn new(index: u32, uuid: impl Into<String>, name: impl Into<String>, memory_total_mib: u64) -> GpuDevice {
+    pub fn new(
+        index: u32,
+        uuid: impl Into<String>,
+        name: impl Into<String>,
+        memory_total_mib: u64,
+    ) -> GpuDevice {
         let name = name.into();
         GpuDevice {
             index,
@@ -97,7 +102,10 @@ pub trait GpuDevices: Send + Sync + std::fmt::Debug {
 
     /// The device `gpu: "attached"` refers to: the first GPU (NVML index 0).
     fn attached(&self) -> Result<GpuDevice, DeviceError> {
-        self.list()?.into_iter().next().ok_or_else(|| DeviceError::Unavailable("the driver lists no GPU".into()))
+        self.list()?
+            .into_iter()
+            .next()
+            .ok_or_else(|| DeviceError::Unavailable("the driver lists no GPU".into()))
     }
 }
 
@@ -109,7 +117,9 @@ pub struct NoDevices {
 
 impl NoDevices {
     pub fn new(reason: impl Into<String>) -> NoDevices {
-        NoDevices { reason: reason.into() }
+        NoDevices {
+            reason: reason.into(),
+        }
     }
 }
 
@@ -138,12 +148,25 @@ mod tests {
     #[test]
     fn no_devices_reports_its_reason_on_every_call() {
         let none = NoDevices::new("libnvidia-ml.so.1: cannot open shared object file");
-        assert_eq!(none.unavailable_reason(), Some("libnvidia-ml.so.1: cannot open shared object file"));
+        assert_eq!(
+            none.unavailable_reason(),
+            Some("libnvidia-ml.so.1: cannot open shared object file")
+        );
         assert!(matches!(none.list(), Err(DeviceError::Unavailable(_))));
-        assert!(matches!(none.process_memory_mib(1), Err(DeviceError::Unavailable(_))));
-        assert!(matches!(none.driver_version(), Err(DeviceError::Unavailable(_))));
+        assert!(matches!(
+            none.process_memory_mib(1),
+            Err(DeviceError::Unavailable(_))
+        ));
+        assert!(matches!(
+            none.driver_version(),
+            Err(DeviceError::Unavailable(_))
+        ));
         assert!(matches!(none.attached(), Err(DeviceError::Unavailable(_))));
-        assert!(none.list().unwrap_err().to_string().starts_with("no NVML device is present"));
+        assert!(none
+            .list()
+            .unwrap_err()
+            .to_string()
+            .starts_with("no NVML device is present"));
     }
 
     #[test]
@@ -163,6 +186,9 @@ mod tests {
             GpuDevice::new(1, "GPU-b", "NVIDIA L4", 23034),
         ]);
         assert_eq!(fake.attached().unwrap().uuid, "GPU-a");
-        assert!(matches!(FakeDevices::new(vec![]).attached(), Err(DeviceError::Unavailable(_))));
+        assert!(matches!(
+            FakeDevices::new(vec![]).attached(),
+            Err(DeviceError::Unavailable(_))
+        ));
     }
 }

@@ -51,8 +51,10 @@ impl NvmlDevices {
         record.memory_used_mib = memory.used.div_ceil(MIB);
         record.memory_free_mib = memory.free / MIB;
         // Optional facts: a driver that cannot tell them still lists the device.
-        record.compute_capability =
-            device.cuda_compute_capability().ok().map(|cc| format!("{}.{}", cc.major, cc.minor));
+        record.compute_capability = device
+            .cuda_compute_capability()
+            .ok()
+            .map(|cc| format!("{}.{}", cc.major, cc.minor));
         record.driver_version = self.nvml.sys_driver_version().unwrap_or_default();
         Ok(record)
     }
@@ -61,7 +63,9 @@ impl NvmlDevices {
 /// A sentence for the log and for `GET /v1/devices` on a host without a usable driver.
 fn init_failure_reason(error: &NvmlError) -> String {
     match error {
-        NvmlError::LibloadingError(e) => format!("the NVML library could not be loaded (no NVIDIA driver?): {e}"),
+        NvmlError::LibloadingError(e) => {
+            format!("the NVML library could not be loaded (no NVIDIA driver?): {e}")
+        }
         NvmlError::DriverNotLoaded => "the NVIDIA driver is not loaded".to_string(),
         NvmlError::LibraryNotFound => "the NVML library was not found".to_string(),
         other => format!("NVML failed to initialise: {other}"),
@@ -75,7 +79,9 @@ fn nvml_error(e: NvmlError) -> DeviceError {
 impl GpuDevices for NvmlDevices {
     fn list(&self) -> Result<Vec<GpuDevice>, DeviceError> {
         let count = self.nvml.device_count().map_err(nvml_error)?;
-        (0..count).map(|i| self.device(i).map_err(nvml_error)).collect()
+        (0..count)
+            .map(|i| self.device(i).map_err(nvml_error))
+            .collect()
     }
 
     /// Sums the process's `used_gpu_memory` over every GPU's running compute processes
@@ -99,9 +105,9 @@ impl GpuDevices for NvmlDevices {
             (true, Some(bytes)) => Ok(Some(bytes.div_ceil(MIB))),
             // Seen but never measurable (WDDM, some MIG or container setups): a peak of 0 would
             // be a lie, so say it cannot be done.
-            (true, None) => {
-                Err(DeviceError::Unsupported(format!("the driver does not report GPU memory of process {pid}")))
-            }
+            (true, None) => Err(DeviceError::Unsupported(format!(
+                "the driver does not report GPU memory of process {pid}"
+            ))),
         }
     }
 
@@ -127,9 +133,14 @@ mod tests {
             None => {
                 let listed = devices.list().expect("NVML lists devices");
                 assert!(!listed.is_empty());
-                assert!(listed.iter().all(|d| d.memory_total_mib > 0 && !d.uuid.is_empty()));
+                assert!(listed
+                    .iter()
+                    .all(|d| d.memory_total_mib > 0 && !d.uuid.is_empty()));
                 assert!(!devices.driver_version().unwrap().is_empty());
-                assert_eq!(devices.process_memory_mib(std::process::id()).unwrap(), None);
+                assert_eq!(
+                    devices.process_memory_mib(std::process::id()).unwrap(),
+                    None
+                );
             }
         }
     }

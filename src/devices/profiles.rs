@@ -22,7 +22,8 @@ pub const SCHEMA_VERSION: u32 = 1;
 /// Observations kept per SKU for refits (the most recent ones); `observations` counts all.
 pub const MAX_SAMPLES: usize = 1000;
 /// Residual quantiles stored in every profile, as (key, probability).
-pub const QUANTILES: [(&str, f64); 4] = [("0.5", 0.5), ("0.9", 0.9), ("0.95", 0.95), ("0.99", 0.99)];
+pub const QUANTILES: [(&str, f64); 4] =
+    [("0.5", 0.5), ("0.9", 0.9), ("0.95", 0.95), ("0.99", 0.99)];
 /// The residual quantile that widens a calibrated estimate into its upper bound.
 pub const UPPER_QUANTILE: &str = "0.95";
 /// Below this many observations the residual quantiles are too rough to widen a bound with.
@@ -138,7 +139,9 @@ impl std::fmt::Display for ProfileWarning {
 /// Whether `key` is safe as a file stem and an id: 1 to 64 of `[a-z0-9-]`, starting alphanumeric.
 pub fn valid_key(key: &str) -> bool {
     (1..=64).contains(&key.len())
-        && key.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         && key.as_bytes()[0] != b'-'
 }
 
@@ -154,10 +157,19 @@ fn check_mib(what: &str, value: f64) -> Result<(), ProfileError> {
 
 impl CalibrationProfile {
     /// A profile fitted to these samples (the last [`MAX_SAMPLES`] of them are kept).
-    pub fn fitted(sku: &str, observations: u64, samples: Vec<Sample>, now_unix: u64) -> CalibrationProfile {
+    pub fn fitted(
+        sku: &str,
+        observations: u64,
+        samples: Vec<Sample>,
+        now_unix: u64,
+    ) -> CalibrationProfile {
         let skip = samples.len().saturating_sub(MAX_SAMPLES);
         let samples: Vec<Sample> = samples.into_iter().skip(skip).collect();
-        let Fitted { offset_mib, scale, residual_quantiles } = fit_profile(&samples);
+        let Fitted {
+            offset_mib,
+            scale,
+            residual_quantiles,
+        } = fit_profile(&samples);
         CalibrationProfile {
             schema_version: SCHEMA_VERSION,
             sku: sku.to_string(),
@@ -175,33 +187,51 @@ impl CalibrationProfile {
     pub fn validate(&self) -> Result<(), ProfileError> {
         let invalid = |m: String| Err(ProfileError::Invalid(m));
         if self.schema_version != SCHEMA_VERSION {
-            return invalid(format!("schema_version {} (this build reads {SCHEMA_VERSION})", self.schema_version));
+            return invalid(format!(
+                "schema_version {} (this build reads {SCHEMA_VERSION})",
+                self.schema_version
+            ));
         }
         if !valid_key(&self.sku) {
             return Err(ProfileError::InvalidSku(self.sku.clone()));
         }
         if !self.offset_mib.is_finite() || self.offset_mib.abs() > MAX_MIB {
-            return invalid(format!("offset_mib {} is not a sane number of MiB", self.offset_mib));
+            return invalid(format!(
+                "offset_mib {} is not a sane number of MiB",
+                self.offset_mib
+            ));
         }
         if !(self.scale.is_finite() && SCALE_RANGE.0 <= self.scale && self.scale <= SCALE_RANGE.1) {
             return invalid(format!("scale {} is outside {SCALE_RANGE:?}", self.scale));
         }
         for (key, value) in &self.residual_quantiles {
-            let p: f64 =
-                key.parse().map_err(|_| ProfileError::Invalid(format!("quantile key `{key}` is not a number")))?;
+            let p: f64 = key.parse().map_err(|_| {
+                ProfileError::Invalid(format!("quantile key `{key}` is not a number"))
+            })?;
             if !(0.0 < p && p < 1.0 && value.is_finite() && *value > -1.0) {
-                return invalid(format!("quantile {key} = {value} is not a valid relative residual"));
+                return invalid(format!(
+                    "quantile {key} = {value} is not a valid relative residual"
+                ));
             }
         }
         if self.samples.len() > MAX_SAMPLES {
-            return invalid(format!("{} samples (at most {MAX_SAMPLES})", self.samples.len()));
+            return invalid(format!(
+                "{} samples (at most {MAX_SAMPLES})",
+                self.samples.len()
+            ));
         }
         if self.observations < self.samples.len() as u64 {
-            return invalid(format!("observations {} < {} samples", self.observations, self.samples.len()));
+            return invalid(format!(
+                "observations {} < {} samples",
+                self.observations,
+                self.samples.len()
+            ));
         }
         for sample in &self.samples {
-            check_mib("predicted_mib", sample.predicted_mib).map_err(|e| ProfileError::Invalid(e.to_string()))?;
-            check_mib("observed_mib", sample.observed_mib).map_err(|e| ProfileError::Invalid(e.to_string()))?;
+            check_mib("predicted_mib", sample.predicted_mib)
+                .map_err(|e| ProfileError::Invalid(e.to_string()))?;
+            check_mib("observed_mib", sample.observed_mib)
+                .map_err(|e| ProfileError::Invalid(e.to_string()))?;
         }
         Ok(())
     }
@@ -248,22 +278,40 @@ impl CalibrationProfile {
 /// predictions are too alike to show a slope; the scale is clamped to [`SCALE_RANGE`].
 pub fn fit_profile(samples: &[Sample]) -> Fitted {
     if samples.is_empty() {
-        return Fitted { offset_mib: 0.0, scale: 1.0, residual_quantiles: BTreeMap::new() };
+        return Fitted {
+            offset_mib: 0.0,
+            scale: 1.0,
+            residual_quantiles: BTreeMap::new(),
+        };
     }
     let predicted: Vec<f64> = samples.iter().map(|s| s.predicted_mib).collect();
-    let scale = if samples.len() < MIN_SAMPLES_FOR_SCALE || relative_spread(&predicted) < MIN_RELATIVE_SPREAD {
+    let scale = if samples.len() < MIN_SAMPLES_FOR_SCALE
+        || relative_spread(&predicted) < MIN_RELATIVE_SPREAD
+    {
         1.0
     } else {
         theil_sen_slope(samples).map_or(1.0, |s| s.clamp(SCALE_RANGE.0, SCALE_RANGE.1))
     };
-    let mut intercepts: Vec<f64> = samples.iter().map(|s| s.observed_mib - scale * s.predicted_mib).collect();
+    let mut intercepts: Vec<f64> = samples
+        .iter()
+        .map(|s| s.observed_mib - scale * s.predicted_mib)
+        .collect();
     let offset_mib = quantile(&mut intercepts, 0.5);
     let mut residuals: Vec<f64> = samples
         .iter()
-        .map(|s| s.observed_mib / (offset_mib + scale * s.predicted_mib).max(MIN_ESTIMATE_MIB) - 1.0)
+        .map(|s| {
+            s.observed_mib / (offset_mib + scale * s.predicted_mib).max(MIN_ESTIMATE_MIB) - 1.0
+        })
         .collect();
-    let residual_quantiles = QUANTILES.iter().map(|(key, p)| (key.to_string(), quantile(&mut residuals, *p))).collect();
-    Fitted { offset_mib, scale, residual_quantiles }
+    let residual_quantiles = QUANTILES
+        .iter()
+        .map(|(key, p)| (key.to_string(), quantile(&mut residuals, *p)))
+        .collect();
+    Fitted {
+        offset_mib,
+        scale,
+        residual_quantiles,
+    }
 }
 
 /// Interquartile range over the median.
@@ -321,15 +369,23 @@ impl ProfileStore {
     /// so are temporary files left by an interrupted write. Fails only when the directory
     /// itself cannot be created or listed.
     pub fn load(dir: &Path) -> Result<(ProfileStore, Vec<ProfileWarning>), ProfileError> {
-        let io_error = |source| ProfileError::Io { path: dir.to_path_buf(), source };
+        let io_error = |source| ProfileError::Io {
+            path: dir.to_path_buf(),
+            source,
+        };
         fs::create_dir_all(dir).map_err(io_error)?;
-        let mut entries: Vec<PathBuf> =
-            fs::read_dir(dir).map_err(io_error)?.filter_map(|entry| entry.ok().map(|e| e.path())).collect();
+        let mut entries: Vec<PathBuf> = fs::read_dir(dir)
+            .map_err(io_error)?
+            .filter_map(|entry| entry.ok().map(|e| e.path()))
+            .collect();
         entries.sort();
         let mut profiles = HashMap::new();
         let mut warnings = Vec::new();
         for path in entries {
-            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+            let name = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or_default();
             if name.ends_with(".tmp") {
                 let reason = "temporary file left by an interrupted write; ignored".to_string();
                 warnings.push(ProfileWarning { path, reason });
@@ -345,7 +401,11 @@ impl ProfileStore {
                 Err(reason) => warnings.push(ProfileWarning { path, reason }),
             }
         }
-        let store = ProfileStore { dir: dir.to_path_buf(), profiles: RwLock::new(profiles), writer: Mutex::new(()) };
+        let store = ProfileStore {
+            dir: dir.to_path_buf(),
+            profiles: RwLock::new(profiles),
+            writer: Mutex::new(()),
+        };
         Ok((store, warnings))
     }
 
@@ -366,11 +426,18 @@ impl ProfileStore {
 
     /// `predicted_mib` (and the model's `upper_mib`) moved onto `sku`; `None` when nothing has
     /// been learned about that SKU yet (or the prediction is not a positive finite number).
-    pub fn calibrate(&self, sku: &str, predicted_mib: f64, upper_mib: Option<f64>) -> Option<Calibrated> {
+    pub fn calibrate(
+        &self,
+        sku: &str,
+        predicted_mib: f64,
+        upper_mib: Option<f64>,
+    ) -> Option<Calibrated> {
         if !(predicted_mib.is_finite() && predicted_mib > 0.0) {
             return None;
         }
-        self.read().get(sku).map(|p| p.calibrate(predicted_mib, upper_mib))
+        self.read()
+            .get(sku)
+            .map(|p| p.calibrate(predicted_mib, upper_mib))
     }
 
     /// Records that a job predicted at `predicted_mib` peaked at `observed_mib` on `sku`,
@@ -387,35 +454,54 @@ impl ProfileStore {
         }
         check_mib("predicted_mib", predicted_mib)?;
         check_mib("observed_mib", observed_mib)?;
-        let _writer = self.writer.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let _writer = self
+            .writer
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         let (observations, mut samples) = match self.read().get(sku) {
             Some(p) => (p.observations, p.samples.clone()),
             None => (0, Vec::new()),
         };
-        samples.push(Sample { predicted_mib, observed_mib });
+        samples.push(Sample {
+            predicted_mib,
+            observed_mib,
+        });
         let profile = CalibrationProfile::fitted(sku, observations + 1, samples, unix_now());
         profile.validate()?;
-        let mut json = serde_json::to_vec_pretty(&profile).map_err(|e| ProfileError::Invalid(e.to_string()))?;
+        let mut json = serde_json::to_vec_pretty(&profile)
+            .map_err(|e| ProfileError::Invalid(e.to_string()))?;
         json.push(b'\n');
         let path = self.dir.join(format!("{sku}.json"));
         write_atomically(&path, &json).map_err(|source| ProfileError::Io { path, source })?;
-        self.profiles.write().unwrap_or_else(|p| p.into_inner()).insert(sku.to_string(), profile.clone());
+        self.profiles
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(sku.to_string(), profile.clone());
         Ok(profile)
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<String, CalibrationProfile>> {
         // Writers replace whole profiles, so a poisoned map is still consistent.
-        self.profiles.read().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.profiles
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
 fn read_profile(path: &Path) -> Result<CalibrationProfile, String> {
     let bytes = fs::read(path).map_err(|e| format!("cannot read: {e}"))?;
-    let profile: CalibrationProfile = serde_json::from_slice(&bytes).map_err(|e| format!("not a profile: {e}"))?;
+    let profile: CalibrationProfile =
+        serde_json::from_slice(&bytes).map_err(|e| format!("not a profile: {e}"))?;
     profile.validate().map_err(|e| e.to_string())?;
-    let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or_default();
+    let stem = path
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap_or_default();
     if stem != profile.sku {
-        return Err(format!("file name says `{stem}` but the profile is for `{}`", profile.sku));
+        return Err(format!(
+            "file name says `{stem}` but the profile is for `{}`",
+            profile.sku
+        ));
     }
     Ok(profile)
 }
@@ -424,8 +510,14 @@ fn read_profile(path: &Path) -> Result<CalibrationProfile, String> {
 /// the new one: write a temporary file in the same directory, fsync it, rename it over the
 /// target (atomic on POSIX), then fsync the directory so the rename itself is durable.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("profile");
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("profile");
     let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
     let result = (|| {
         let mut file = File::create(&tmp)?;
@@ -453,7 +545,9 @@ fn sync_dir(_dir: &Path) -> io::Result<()> {
 }
 
 fn unix_now() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 /// `YYYY-MM-DDTHH:MM:SSZ` for seconds since the Unix epoch (UTC; Howard Hinnant's
@@ -470,7 +564,12 @@ pub fn rfc3339(unix_seconds: u64) -> String {
     let day = doy - (153 * mp + 2) / 5 + 1;
     let month = if mp < 10 { mp + 3 } else { mp - 9 };
     let year = yoe + era * 400 + i64::from(month <= 2);
-    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z", secs / 3600, secs % 3600 / 60, secs % 60)
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        secs / 3600,
+        secs % 3600 / 60,
+        secs % 60
+    )
 }
 
 #[cfg(test)]
@@ -532,9 +631,12 @@ mod tests {
         let (_dir, store) = store();
         for _ in 0..30 {
             let (truth, predicted) = job(&mut rng);
-            store.observe("l40s", predicted, SCALE * truth + OFFSET).unwrap();
+            store
+                .observe("l40s", predicted, SCALE * truth + OFFSET)
+                .unwrap();
         }
-        let (mut unshifted, mut uncalibrated, mut calibrated, mut covered) = (vec![], vec![], vec![], 0);
+        let (mut unshifted, mut uncalibrated, mut calibrated, mut covered) =
+            (vec![], vec![], vec![], 0);
         for _ in 0..200 {
             let (truth, predicted) = job(&mut rng);
             let observed = SCALE * truth + OFFSET;
@@ -545,18 +647,32 @@ mod tests {
             calibrated.push((answer.estimate_mib - observed).abs() / observed);
             covered += usize::from(answer.upper_bound_mib >= observed);
         }
-        let (unshifted, uncalibrated, calibrated) = (median(unshifted), median(uncalibrated), median(calibrated));
-        assert!(uncalibrated > 0.15, "the shift matters: uncalibrated median error {uncalibrated}");
+        let (unshifted, uncalibrated, calibrated) =
+            (median(unshifted), median(uncalibrated), median(calibrated));
+        assert!(
+            uncalibrated > 0.15,
+            "the shift matters: uncalibrated median error {uncalibrated}"
+        );
         assert!(
             calibrated <= unshifted + 0.02,
             "calibrated median error {calibrated} vs unshifted model's {unshifted}"
         );
         // The stricter reading of "within 2 %" (relative) holds as well.
-        assert!(calibrated <= unshifted * 1.02, "calibrated {calibrated} vs unshifted {unshifted}");
-        assert!(covered >= 170, "the 0.95 bound covers {covered} of 200 jobs");
+        assert!(
+            calibrated <= unshifted * 1.02,
+            "calibrated {calibrated} vs unshifted {unshifted}"
+        );
+        assert!(
+            covered >= 170,
+            "the 0.95 bound covers {covered} of 200 jobs"
+        );
         eprintln!("seed {seed}: median errors: unshifted {unshifted:.4}, uncalibrated {uncalibrated:.4}, calibrated {calibrated:.4}, covered {covered}/200");
         let profile = store.get("l40s").unwrap();
-        assert!((profile.scale - SCALE).abs() < 0.1, "scale {}", profile.scale);
+        assert!(
+            (profile.scale - SCALE).abs() < 0.1,
+            "scale {}",
+            profile.scale
+        );
     }
 
     #[test]
@@ -564,28 +680,47 @@ mod tests {
         let mut samples: Vec<Sample> = (1..=40)
             .map(|i| {
                 let predicted = 500.0 * i as f64;
-                Sample { predicted_mib: predicted, observed_mib: 1.3 * predicted + 450.0 }
+                Sample {
+                    predicted_mib: predicted,
+                    observed_mib: 1.3 * predicted + 450.0,
+                }
             })
             .collect();
         samples[7].observed_mib = 80_000.0;
         let fitted = fit_profile(&samples);
         assert!((fitted.scale - 1.3).abs() < 1e-9, "scale {}", fitted.scale);
-        assert!((fitted.offset_mib - 450.0).abs() < 1e-6, "offset {}", fitted.offset_mib);
+        assert!(
+            (fitted.offset_mib - 450.0).abs() < 1e-6,
+            "offset {}",
+            fitted.offset_mib
+        );
         assert!(fitted.residual_quantiles["0.5"].abs() < 1e-9);
-        assert!(fitted.residual_quantiles["0.99"] > 0.5, "the outlier shows in the tail");
+        assert!(
+            fitted.residual_quantiles["0.99"] > 0.5,
+            "the outlier shows in the tail"
+        );
     }
 
     #[test]
     fn few_or_alike_observations_fit_an_offset_only() {
         let few = [
-            Sample { predicted_mib: 1000.0, observed_mib: 1500.0 },
-            Sample { predicted_mib: 4000.0, observed_mib: 4700.0 },
+            Sample {
+                predicted_mib: 1000.0,
+                observed_mib: 1500.0,
+            },
+            Sample {
+                predicted_mib: 4000.0,
+                observed_mib: 4700.0,
+            },
         ];
         let fitted = fit_profile(&few);
         assert_eq!(fitted.scale, 1.0);
         assert_eq!(fitted.offset_mib, 600.0);
         let alike: Vec<Sample> = (0..20)
-            .map(|i| Sample { predicted_mib: 2000.0 + i as f64, observed_mib: 2600.0 + (i % 3) as f64 * 50.0 })
+            .map(|i| Sample {
+                predicted_mib: 2000.0 + i as f64,
+                observed_mib: 2600.0 + (i % 3) as f64 * 50.0,
+            })
             .collect();
         assert_eq!(fit_profile(&alike).scale, 1.0);
         assert_eq!(fit_profile(&[]).scale, 1.0);
@@ -594,7 +729,10 @@ mod tests {
     #[test]
     fn the_scale_is_clamped_to_a_sane_range() {
         let steep: Vec<Sample> = (1..=10)
-            .map(|i| Sample { predicted_mib: 1000.0 * i as f64, observed_mib: 100.0 + 10_000.0 * i as f64 })
+            .map(|i| Sample {
+                predicted_mib: 1000.0 * i as f64,
+                observed_mib: 100.0 + 10_000.0 * i as f64,
+            })
             .collect();
         assert_eq!(fit_profile(&steep).scale, SCALE_RANGE.1);
     }
@@ -603,25 +741,40 @@ mod tests {
     fn observations_are_persisted_and_reloaded() {
         let (dir, store) = store();
         for i in 1..=12 {
-            store.observe("h100-80gb", 1000.0 * i as f64, 1100.0 * i as f64 + 500.0).unwrap();
+            store
+                .observe("h100-80gb", 1000.0 * i as f64, 1100.0 * i as f64 + 500.0)
+                .unwrap();
         }
         let written = store.get("h100-80gb").unwrap();
         assert_eq!(written.observations, 12);
         assert_eq!(ProfileSummary::from(&written).observations, 12);
         assert_eq!(written.samples.len(), 12);
         assert!(written.updated_at.ends_with('Z'));
-        let files: Vec<_> = fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
-        assert_eq!(files, vec![std::ffi::OsString::from("h100-80gb.json")], "no temporary file is left");
+        let files: Vec<_> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(
+            files,
+            vec![std::ffi::OsString::from("h100-80gb.json")],
+            "no temporary file is left"
+        );
 
         let (reloaded, warnings) = ProfileStore::load(dir.path()).unwrap();
         assert!(warnings.is_empty(), "{warnings:?}");
         assert_eq!(reloaded.get("h100-80gb").unwrap(), written);
         let a = store.calibrate("h100-80gb", 3000.0, Some(3500.0)).unwrap();
-        let b = reloaded.calibrate("h100-80gb", 3000.0, Some(3500.0)).unwrap();
+        let b = reloaded
+            .calibrate("h100-80gb", 3000.0, Some(3500.0))
+            .unwrap();
         assert_eq!(a, b);
         assert!((a.estimate_mib - 3800.0).abs() < 1e-6);
         assert!((a.upper_bound_mib - (500.0 + 1.1 * 3500.0)).abs() < 1e-6);
-        assert_eq!(store.calibrate("t4", 3000.0, None), None, "no profile, no calibration");
+        assert_eq!(
+            store.calibrate("t4", 3000.0, None),
+            None,
+            "no profile, no calibration"
+        );
         assert_eq!(store.calibrate("h100-80gb", f64::NAN, None), None);
     }
 
@@ -629,35 +782,62 @@ mod tests {
     fn only_the_last_samples_are_kept_but_all_are_counted() {
         let sample = |i: usize| {
             let p = 1000.0 + (i % 50) as f64 * 100.0;
-            Sample { predicted_mib: p, observed_mib: p + 300.0 }
+            Sample {
+                predicted_mib: p,
+                observed_mib: p + 300.0,
+            }
         };
         // Start from a full profile on disk (one fit), then observe past the cap.
         let dir = tempfile::tempdir().unwrap();
-        let full = CalibrationProfile::fitted("t4", 2_000, (0..MAX_SAMPLES).map(sample).collect(), 0);
-        fs::write(dir.path().join("t4.json"), serde_json::to_vec(&full).unwrap()).unwrap();
+        let full =
+            CalibrationProfile::fitted("t4", 2_000, (0..MAX_SAMPLES).map(sample).collect(), 0);
+        fs::write(
+            dir.path().join("t4.json"),
+            serde_json::to_vec(&full).unwrap(),
+        )
+        .unwrap();
         let (store, warnings) = ProfileStore::load(dir.path()).unwrap();
         assert!(warnings.is_empty(), "{warnings:?}");
         for i in 0..5 {
-            store.observe("t4", sample(i).predicted_mib, sample(i).observed_mib).unwrap();
+            store
+                .observe("t4", sample(i).predicted_mib, sample(i).observed_mib)
+                .unwrap();
         }
         let profile = store.get("t4").unwrap();
         assert_eq!(profile.samples.len(), MAX_SAMPLES);
         assert_eq!(profile.observations, 2_005);
-        assert_eq!(profile.samples[0], sample(5), "the oldest samples went first");
+        assert_eq!(
+            profile.samples[0],
+            sample(5),
+            "the oldest samples went first"
+        );
         assert!((profile.offset_mib - 300.0).abs() < 1e-6);
     }
 
     #[test]
     fn bad_observations_and_keys_are_refused() {
         let (dir, store) = store();
-        for (predicted, observed) in
-            [(1000.0, 0.0), (1000.0, -5.0), (f64::NAN, 1000.0), (1000.0, f64::INFINITY), (0.0, 1000.0)]
-        {
+        for (predicted, observed) in [
+            (1000.0, 0.0),
+            (1000.0, -5.0),
+            (f64::NAN, 1000.0),
+            (1000.0, f64::INFINITY),
+            (0.0, 1000.0),
+        ] {
             let error = store.observe("t4", predicted, observed).unwrap_err();
-            assert!(matches!(error, ProfileError::InvalidObservation(_)), "{predicted} {observed}: {error}");
+            assert!(
+                matches!(error, ProfileError::InvalidObservation(_)),
+                "{predicted} {observed}: {error}"
+            );
         }
         for key in ["", "../etc", "A100", "a100/40", "-x", &"a".repeat(65)] {
-            assert!(matches!(store.observe(key, 1.0, 1.0), Err(ProfileError::InvalidSku(_))), "{key:?}");
+            assert!(
+                matches!(
+                    store.observe(key, 1.0, 1.0),
+                    Err(ProfileError::InvalidSku(_))
+                ),
+                "{key:?}"
+            );
         }
         assert!(store.list().is_empty());
         assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 0);
@@ -670,7 +850,11 @@ mod tests {
         let good = fs::read_to_string(dir.path().join("a100-80gb.json")).unwrap();
         fs::write(dir.path().join("l4.json"), &good[..good.len() / 2]).unwrap(); // torn
         fs::write(dir.path().join("t4.json"), "not json at all").unwrap();
-        fs::write(dir.path().join("v100-16gb.json"), good.replace("a100-80gb", "v100-32gb")).unwrap();
+        fs::write(
+            dir.path().join("v100-16gb.json"),
+            good.replace("a100-80gb", "v100-32gb"),
+        )
+        .unwrap();
         let bad_scale = serde_json::to_string(&CalibrationProfile {
             sku: "l40s".into(),
             scale: f64::MAX,
@@ -684,12 +868,28 @@ mod tests {
         fs::write(dir.path().join("README.txt"), "not a profile").unwrap();
 
         let (reloaded, warnings) = ProfileStore::load(dir.path()).unwrap();
-        assert_eq!(reloaded.list().iter().map(|p| p.sku.as_str()).collect::<Vec<_>>(), vec!["a100-80gb"]);
-        let warned: Vec<String> =
-            warnings.iter().map(|w| w.path.file_name().unwrap().to_string_lossy().into_owned()).collect();
+        assert_eq!(
+            reloaded
+                .list()
+                .iter()
+                .map(|p| p.sku.as_str())
+                .collect::<Vec<_>>(),
+            vec!["a100-80gb"]
+        );
+        let warned: Vec<String> = warnings
+            .iter()
+            .map(|w| w.path.file_name().unwrap().to_string_lossy().into_owned())
+            .collect();
         assert_eq!(
             warned,
-            vec![".a100-80gb.json.123.tmp", "h200-141gb.json", "l4.json", "l40s.json", "t4.json", "v100-16gb.json"]
+            vec![
+                ".a100-80gb.json.123.tmp",
+                "h200-141gb.json",
+                "l4.json",
+                "l40s.json",
+                "t4.json",
+                "v100-16gb.json"
+            ]
         );
         assert!(warnings.iter().all(|w| !w.reason.is_empty()));
         assert!(warnings[1].to_string().contains("schema_version 99"));
@@ -705,23 +905,37 @@ mod tests {
         fs::write(dir.path().join("l4.json").join("x"), "").unwrap();
         let error = store.observe("l4", 2000.0, 2400.0).unwrap_err();
         assert!(matches!(error, ProfileError::Io { .. }), "{error}");
-        assert_eq!(store.get("l4").unwrap(), first, "memory keeps the last persisted profile");
-        let leftovers = fs::read_dir(dir.path())
-            .unwrap()
-            .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().ends_with(".tmp"));
+        assert_eq!(
+            store.get("l4").unwrap(),
+            first,
+            "memory keeps the last persisted profile"
+        );
+        let leftovers = fs::read_dir(dir.path()).unwrap().filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .ends_with(".tmp")
+        });
         assert_eq!(leftovers.count(), 0, "the temporary file is removed");
     }
 
     #[test]
     fn the_quantile_bound_applies_only_with_enough_observations() {
         let mut profile = CalibrationProfile::fitted("l4", 3, vec![], 0);
-        profile.residual_quantiles.insert(UPPER_QUANTILE.into(), 0.2);
+        profile
+            .residual_quantiles
+            .insert(UPPER_QUANTILE.into(), 0.2);
         assert_eq!(profile.calibrate(1000.0, None).upper_bound_mib, 1000.0);
         profile.observations = MIN_OBSERVATIONS_FOR_QUANTILE_BOUND;
         assert!((profile.calibrate(1000.0, None).upper_bound_mib - 1200.0).abs() < 1e-9);
         assert!((profile.calibrate(1000.0, Some(1500.0)).upper_bound_mib - 1500.0).abs() < 1e-9);
         profile.offset_mib = -5000.0;
-        assert_eq!(profile.calibrate(1000.0, None).estimate_mib, 1.0, "never below 1 MiB");
+        assert_eq!(
+            profile.calibrate(1000.0, None).estimate_mib,
+            1.0,
+            "never below 1 MiB"
+        );
     }
 
     #[test]

@@ -17,15 +17,51 @@ pub struct Sku {
 /// than the marketing size: ECC and driver reservations); for V100 the nominal GiB x 1024,
 /// because the reported figure varies with board and driver.
 pub const CATALOGUE: &[Sku] = &[
-    Sku { id: "a100-40gb", name: "NVIDIA A100 40GB", capacity_mib: 40_960 },
-    Sku { id: "a100-80gb", name: "NVIDIA A100 80GB", capacity_mib: 81_920 },
-    Sku { id: "h100-80gb", name: "NVIDIA H100 80GB", capacity_mib: 81_559 },
-    Sku { id: "h200-141gb", name: "NVIDIA H200 141GB", capacity_mib: 143_771 },
-    Sku { id: "l4", name: "NVIDIA L4", capacity_mib: 23_034 },
-    Sku { id: "l40s", name: "NVIDIA L40S", capacity_mib: 46_068 },
-    Sku { id: "t4", name: "NVIDIA T4", capacity_mib: 15_360 },
-    Sku { id: "v100-16gb", name: "NVIDIA V100 16GB", capacity_mib: 16_384 },
-    Sku { id: "v100-32gb", name: "NVIDIA V100 32GB", capacity_mib: 32_768 },
+    Sku {
+        id: "a100-40gb",
+        name: "NVIDIA A100 40GB",
+        capacity_mib: 40_960,
+    },
+    Sku {
+        id: "a100-80gb",
+        name: "NVIDIA A100 80GB",
+        capacity_mib: 81_920,
+    },
+    Sku {
+        id: "h100-80gb",
+        name: "NVIDIA H100 80GB",
+        capacity_mib: 81_559,
+    },
+    Sku {
+        id: "h200-141gb",
+        name: "NVIDIA H200 141GB",
+        capacity_mib: 143_771,
+    },
+    Sku {
+        id: "l4",
+        name: "NVIDIA L4",
+        capacity_mib: 23_034,
+    },
+    Sku {
+        id: "l40s",
+        name: "NVIDIA L40S",
+        capacity_mib: 46_068,
+    },
+    Sku {
+        id: "t4",
+        name: "NVIDIA T4",
+        capacity_mib: 15_360,
+    },
+    Sku {
+        id: "v100-16gb",
+        name: "NVIDIA V100 16GB",
+        capacity_mib: 16_384,
+    },
+    Sku {
+        id: "v100-32gb",
+        name: "NVIDIA V100 32GB",
+        capacity_mib: 32_768,
+    },
 ];
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -37,7 +73,11 @@ pub enum SkuError {
 }
 
 fn known_ids() -> String {
-    CATALOGUE.iter().map(|s| s.id).collect::<Vec<_>>().join(", ")
+    CATALOGUE
+        .iter()
+        .map(|s| s.id)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 impl Sku {
@@ -52,7 +92,10 @@ impl Sku {
         let tokens = tokens(input);
         let unknown = || SkuError::Unknown(input.trim().to_string());
         // The first token that names a family decides; vendor words and form factors are noise.
-        let family = tokens.iter().find_map(|t| family_of(t)).ok_or_else(unknown)?;
+        let family = tokens
+            .iter()
+            .find_map(|t| family_of(t))
+            .ok_or_else(unknown)?;
         let gb = memory_gb(&tokens);
         // The H100 NVL (94 GB) names no size in its driver name; it is not in the catalogue.
         if family == "h100" && tokens.iter().any(|t| t == "nvl") {
@@ -61,7 +104,12 @@ impl Sku {
         let id = match (family, gb) {
             ("a100", Some(40)) => "a100-40gb",
             ("a100", Some(80)) => "a100-80gb",
-            ("a100", None) => return Err(SkuError::Ambiguous(input.trim().into(), "a100-40gb or a100-80gb")),
+            ("a100", None) => {
+                return Err(SkuError::Ambiguous(
+                    input.trim().into(),
+                    "a100-40gb or a100-80gb",
+                ))
+            }
             ("h100", Some(80) | None) => "h100-80gb",
             ("h200", Some(141) | None) => "h200-141gb",
             ("l4", Some(24) | None) => "l4",
@@ -69,7 +117,12 @@ impl Sku {
             ("t4", Some(16) | None) => "t4",
             ("v100", Some(16)) => "v100-16gb",
             ("v100", Some(32)) | ("v100s", Some(32) | None) => "v100-32gb",
-            ("v100", None) => return Err(SkuError::Ambiguous(input.trim().into(), "v100-16gb or v100-32gb")),
+            ("v100", None) => {
+                return Err(SkuError::Ambiguous(
+                    input.trim().into(),
+                    "v100-16gb or v100-32gb",
+                ))
+            }
             _ => return Err(unknown()),
         };
         Ok(Sku::by_id(id).expect("every id above is in the catalogue"))
@@ -116,7 +169,9 @@ fn tokens(input: &str) -> Vec<String> {
 }
 
 fn family_of(token: &str) -> Option<&'static str> {
-    ["a100", "h100", "h200", "l4", "l40s", "t4", "v100", "v100s"].into_iter().find(|f| *f == token)
+    ["a100", "h100", "h200", "l4", "l40s", "t4", "v100", "v100s"]
+        .into_iter()
+        .find(|f| *f == token)
 }
 
 /// The memory size named in the tokens: `40gb`, or `40` followed by `gb`.
@@ -159,12 +214,22 @@ pub struct Fit {
 /// so the answer is "does not fit" rather than a division by zero or an infinite count.
 pub fn fit(capacity_mib: u64, upper_bound_mib: f64) -> Fit {
     if !upper_bound_mib.is_finite() || upper_bound_mib <= 0.0 {
-        return Fit { fits: false, max_colocated: 0 };
+        return Fit {
+            fits: false,
+            max_colocated: 0,
+        };
     }
     // f64 holds every capacity exactly (< 2^53); the quotient is finite and non-negative.
     let copies = (capacity_mib as f64 / upper_bound_mib).floor();
-    let max_colocated = if copies >= u64::MAX as f64 { u64::MAX } else { copies as u64 };
-    Fit { fits: max_colocated >= 1, max_colocated }
+    let max_colocated = if copies >= u64::MAX as f64 {
+        u64::MAX
+    } else {
+        copies as u64
+    };
+    Fit {
+        fits: max_colocated >= 1,
+        max_colocated,
+    }
 }
 
 #[cfg(test)]
@@ -172,7 +237,9 @@ mod tests {
     use super::*;
 
     fn id(input: &str) -> &'static str {
-        Sku::parse(input).unwrap_or_else(|e| panic!("{input}: {e}")).id
+        Sku::parse(input)
+            .unwrap_or_else(|e| panic!("{input}: {e}"))
+            .id
     }
 
     #[test]
@@ -210,21 +277,45 @@ mod tests {
     fn unknown_and_ambiguous_names_are_refused() {
         assert!(matches!(Sku::parse("A100"), Err(SkuError::Ambiguous(..))));
         assert!(matches!(Sku::parse("v100"), Err(SkuError::Ambiguous(..))));
-        assert!(matches!(Sku::parse("NVIDIA L40"), Err(SkuError::Unknown(_))));
-        assert!(matches!(Sku::parse("NVIDIA H100 NVL 94GB"), Err(SkuError::Unknown(_))));
-        assert!(matches!(Sku::parse("NVIDIA H100 NVL"), Err(SkuError::Unknown(_))));
+        assert!(matches!(
+            Sku::parse("NVIDIA L40"),
+            Err(SkuError::Unknown(_))
+        ));
+        assert!(matches!(
+            Sku::parse("NVIDIA H100 NVL 94GB"),
+            Err(SkuError::Unknown(_))
+        ));
+        assert!(matches!(
+            Sku::parse("NVIDIA H100 NVL"),
+            Err(SkuError::Unknown(_))
+        ));
         assert_eq!(id("NVIDIA H200 NVL"), "h200-141gb");
-        assert!(matches!(Sku::parse("NVIDIA GeForce RTX 4090"), Err(SkuError::Unknown(_))));
+        assert!(matches!(
+            Sku::parse("NVIDIA GeForce RTX 4090"),
+            Err(SkuError::Unknown(_))
+        ));
         assert!(matches!(Sku::parse(""), Err(SkuError::Unknown(_))));
-        assert!(Sku::parse("rtx").unwrap_err().to_string().contains("a100-40gb"));
+        assert!(Sku::parse("rtx")
+            .unwrap_err()
+            .to_string()
+            .contains("a100-40gb"));
         assert_eq!(Sku::from_device_name("NVIDIA GeForce RTX 4090"), None);
     }
 
     #[test]
     fn the_selector_knows_attached() {
-        assert_eq!(GpuSelector::parse("attached").unwrap(), GpuSelector::Attached);
-        assert_eq!(GpuSelector::parse("Attached").unwrap(), GpuSelector::Attached);
-        assert_eq!(GpuSelector::parse("t4").unwrap(), GpuSelector::Sku(Sku::by_id("t4").unwrap()));
+        assert_eq!(
+            GpuSelector::parse("attached").unwrap(),
+            GpuSelector::Attached
+        );
+        assert_eq!(
+            GpuSelector::parse("Attached").unwrap(),
+            GpuSelector::Attached
+        );
+        assert_eq!(
+            GpuSelector::parse("t4").unwrap(),
+            GpuSelector::Sku(Sku::by_id("t4").unwrap())
+        );
         assert!(GpuSelector::parse("attachedx").is_err());
     }
 
@@ -237,19 +328,68 @@ mod tests {
 
     #[test]
     fn max_colocated_is_the_floor_of_capacity_over_the_bound() {
-        assert_eq!(fit(40_960, 10_000.0), Fit { fits: true, max_colocated: 4 });
-        assert_eq!(fit(40_960, 10_240.0), Fit { fits: true, max_colocated: 4 });
-        assert_eq!(fit(40_960, 10_240.5), Fit { fits: true, max_colocated: 3 });
-        assert_eq!(fit(40_960, 40_960.0), Fit { fits: true, max_colocated: 1 });
-        assert_eq!(fit(40_960, 40_960.1), Fit { fits: false, max_colocated: 0 });
-        assert_eq!(fit(143_771, 1.0), Fit { fits: true, max_colocated: 143_771 });
-        assert_eq!(fit(0, 100.0), Fit { fits: false, max_colocated: 0 });
+        assert_eq!(
+            fit(40_960, 10_000.0),
+            Fit {
+                fits: true,
+                max_colocated: 4
+            }
+        );
+        assert_eq!(
+            fit(40_960, 10_240.0),
+            Fit {
+                fits: true,
+                max_colocated: 4
+            }
+        );
+        assert_eq!(
+            fit(40_960, 10_240.5),
+            Fit {
+                fits: true,
+                max_colocated: 3
+            }
+        );
+        assert_eq!(
+            fit(40_960, 40_960.0),
+            Fit {
+                fits: true,
+                max_colocated: 1
+            }
+        );
+        assert_eq!(
+            fit(40_960, 40_960.1),
+            Fit {
+                fits: false,
+                max_colocated: 0
+            }
+        );
+        assert_eq!(
+            fit(143_771, 1.0),
+            Fit {
+                fits: true,
+                max_colocated: 143_771
+            }
+        );
+        assert_eq!(
+            fit(0, 100.0),
+            Fit {
+                fits: false,
+                max_colocated: 0
+            }
+        );
     }
 
     #[test]
     fn a_meaningless_bound_never_fits() {
         for bound in [0.0, -1.0, f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
-            assert_eq!(fit(40_960, bound), Fit { fits: false, max_colocated: 0 }, "bound {bound}");
+            assert_eq!(
+                fit(40_960, bound),
+                Fit {
+                    fits: false,
+                    max_colocated: 0
+                },
+                "bound {bound}"
+            );
         }
         assert_eq!(fit(40_960, f64::MIN_POSITIVE).max_colocated, u64::MAX);
     }

@@ -73,11 +73,21 @@ pub enum WatchError {
 ///
 /// The process may not be on the GPU yet when the watch starts; readings of "absent" before
 /// the first sighting are waiting, not an exit. A device error ends the watch with that error.
-pub fn watch_process(devices: Arc<dyn GpuDevices>, pid: u32, config: &WatchConfig) -> Result<WatchReport, WatchError> {
+pub fn watch_process(
+    devices: Arc<dyn GpuDevices>,
+    pid: u32,
+    config: &WatchConfig,
+) -> Result<WatchReport, WatchError> {
     let started = Instant::now();
     let mut peak_mib = 0;
     let mut samples = 0;
-    let report = |peak_mib, samples, ended| WatchReport { pid, peak_mib, samples, ended, duration: started.elapsed() };
+    let report = |peak_mib, samples, ended| WatchReport {
+        pid,
+        peak_mib,
+        samples,
+        ended,
+        duration: started.elapsed(),
+    };
     loop {
         if config.stop.load(Ordering::Relaxed) {
             return Ok(report(peak_mib, samples, WatchEnd::Stopped));
@@ -89,13 +99,19 @@ pub fn watch_process(devices: Arc<dyn GpuDevices>, pid: u32, config: &WatchConfi
             }
             None if samples > 0 => return Ok(report(peak_mib, samples, WatchEnd::Exited)),
             None if started.elapsed() >= config.appear_timeout => {
-                return Err(WatchError::NeverSeen { pid, waited: started.elapsed() });
+                return Err(WatchError::NeverSeen {
+                    pid,
+                    waited: started.elapsed(),
+                });
             }
             None => {}
         }
         if started.elapsed() >= config.max_duration {
             return match samples {
-                0 => Err(WatchError::NeverSeen { pid, waited: started.elapsed() }),
+                0 => Err(WatchError::NeverSeen {
+                    pid,
+                    waited: started.elapsed(),
+                }),
                 _ => Ok(report(peak_mib, samples, WatchEnd::TimedOut)),
             };
         }
@@ -115,7 +131,18 @@ mod tests {
     #[test]
     fn the_peak_is_the_largest_reading_before_exit() {
         let fake = Arc::new(FakeDevices::single("NVIDIA A100-SXM4-40GB", 40960));
-        fake.script_process(4242, [None, None, Some(400), Some(2100), Some(3900), Some(3100), None]);
+        fake.script_process(
+            4242,
+            [
+                None,
+                None,
+                Some(400),
+                Some(2100),
+                Some(3900),
+                Some(3100),
+                None,
+            ],
+        );
         let report = watch_process(fake, 4242, &quick(5_000)).unwrap();
         assert_eq!(report.peak_mib, 3900);
         assert_eq!(report.samples, 4);
@@ -162,6 +189,9 @@ mod tests {
     fn without_a_driver_the_watch_fails_with_the_reason() {
         let none: Arc<dyn GpuDevices> = Arc::new(NoDevices::new("no driver"));
         let error = watch_process(none, 1, &quick(100)).unwrap_err();
-        assert_eq!(error, WatchError::Device(DeviceError::Unavailable("no driver".into())));
+        assert_eq!(
+            error,
+            WatchError::Device(DeviceError::Unavailable("no driver".into()))
+        );
     }
 }

@@ -67,7 +67,10 @@ fn model_state_and_activation_bytes(job: &Job, params: f64) -> (f64, f64) {
     let (weight_bytes, activation_bytes) = weight_and_activation_bytes(job.precision());
     let gradient_bytes = 4.0;
     let state_bytes = job.optimizer().state_bytes_per_param();
-    (params * (weight_bytes + gradient_bytes + state_bytes), activation_bytes)
+    (
+        params * (weight_bytes + gradient_bytes + state_bytes),
+        activation_bytes,
+    )
 }
 
 /// Weights + gradients + optimizer state + activations kept for backward + framework overhead.
@@ -101,17 +104,31 @@ mod tests {
 
     fn job(optimizer: &str, precision: &str) -> Job {
         let layers = vec![
-            UncheckedLayer { kind: "linear", output_size: 1024, params: 1 << 20 },
-            UncheckedLayer { kind: "relu", output_size: 1024, params: 0 },
+            UncheckedLayer {
+                kind: "linear",
+                output_size: 1024,
+                params: 1 << 20,
+            },
+            UncheckedLayer {
+                kind: "relu",
+                output_size: 1024,
+                params: 0,
+            },
         ];
-        Job::parse(None, 256, layers.into_iter()).unwrap().with_training(Some(optimizer), Some(precision)).unwrap()
+        Job::parse(None, 256, layers.into_iter())
+            .unwrap()
+            .with_training(Some(optimizer), Some(precision))
+            .unwrap()
     }
 
     #[test]
     fn adam_fp32_costs_sixteen_bytes_per_parameter_plus_activations() {
         // 2^20 params x 16 B = 16 MiB; 2,048 outputs x 256 samples x 4 B = 2 MiB.
         let mib = first_principles_mib(&job("adam", "fp32"));
-        assert!((mib - (FRAMEWORK_OVERHEAD_MIB + 16.0 + 2.0)).abs() < 1e-9, "{mib}");
+        assert!(
+            (mib - (FRAMEWORK_OVERHEAD_MIB + 16.0 + 2.0)).abs() < 1e-9,
+            "{mib}"
+        );
     }
 
     #[test]
@@ -129,11 +146,24 @@ mod tests {
         use crate::domain::SavedTensors;
         assert_eq!(traced_first_principles_mib(&job("adam", "fp32")), None);
         // 2^20 params x 16 B = 16 MiB; 256 x 8 KiB + 2 MiB saved = 4 MiB (2 MiB in mixed16).
-        let saved = Some(SavedTensors { per_sample_bytes: 8192, fixed_bytes: 2 << 20 });
-        let fp32 = traced_first_principles_mib(&job("adam", "fp32").with_saved_tensors(saved).unwrap()).unwrap();
-        assert!((fp32 - (FRAMEWORK_OVERHEAD_MIB + 16.0 + 4.0)).abs() < 1e-9, "{fp32}");
-        let mixed = traced_first_principles_mib(&job("adam", "mixed16").with_saved_tensors(saved).unwrap()).unwrap();
-        assert!((mixed - (FRAMEWORK_OVERHEAD_MIB + 18.0 + 2.0)).abs() < 1e-9, "{mixed}");
+        let saved = Some(SavedTensors {
+            per_sample_bytes: 8192,
+            fixed_bytes: 2 << 20,
+        });
+        let fp32 =
+            traced_first_principles_mib(&job("adam", "fp32").with_saved_tensors(saved).unwrap())
+                .unwrap();
+        assert!(
+            (fp32 - (FRAMEWORK_OVERHEAD_MIB + 16.0 + 4.0)).abs() < 1e-9,
+            "{fp32}"
+        );
+        let mixed =
+            traced_first_principles_mib(&job("adam", "mixed16").with_saved_tensors(saved).unwrap())
+                .unwrap();
+        assert!(
+            (mixed - (FRAMEWORK_OVERHEAD_MIB + 18.0 + 2.0)).abs() < 1e-9,
+            "{mixed}"
+        );
     }
 
     #[test]
@@ -142,11 +172,20 @@ mod tests {
             let job = job(optimizer, precision);
             let state = model_state(&job);
             let total = FRAMEWORK_OVERHEAD_MIB + (state.total() + activation_bytes(&job)) / MIB;
-            assert!((total - first_principles_mib(&job)).abs() < 1e-9, "{optimizer} {precision}");
+            assert!(
+                (total - first_principles_mib(&job)).abs() < 1e-9,
+                "{optimizer} {precision}"
+            );
         }
         let mixed = model_state(&job("adam", "mixed16"));
-        assert_eq!((mixed.parameters, mixed.gradients, mixed.optimizer_state), (6.0 * MIB, 4.0 * MIB, 8.0 * MIB));
-        let saved = Some(crate::domain::SavedTensors { per_sample_bytes: 8192, fixed_bytes: 2 << 20 });
+        assert_eq!(
+            (mixed.parameters, mixed.gradients, mixed.optimizer_state),
+            (6.0 * MIB, 4.0 * MIB, 8.0 * MIB)
+        );
+        let saved = Some(crate::domain::SavedTensors {
+            per_sample_bytes: 8192,
+            fixed_bytes: 2 << 20,
+        });
         let traced = job("adam", "mixed16").with_saved_tensors(saved).unwrap();
         assert_eq!(activation_bytes(&traced), 2.0 * MIB);
     }

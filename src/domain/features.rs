@@ -97,7 +97,9 @@ pub const SIMULATION_FEATURES: [&str; 8] = [
 
 fn simulation_features(job: &Job) -> [f64; SIMULATION_FEATURES.len()] {
     const MIB: f64 = 1024.0 * 1024.0;
-    let Some(s) = job.simulation() else { return [0.0; SIMULATION_FEATURES.len()] };
+    let Some(s) = job.simulation() else {
+        return [0.0; SIMULATION_FEATURES.len()];
+    };
     let c = s.breakdown_at_peak;
     [
         s.allocated_peak_bytes,
@@ -117,7 +119,11 @@ impl AggregateFeatures {
         let layers = job.layers();
         let count = |kind: LayerKind| layers.iter().filter(|l| l.kind == kind).count() as f64;
         let outputs = |of_kind: fn(LayerKind) -> bool| {
-            layers.iter().filter(|l| of_kind(l.kind)).map(|l| l.output_size as f64).sum::<f64>()
+            layers
+                .iter()
+                .filter(|l| of_kind(l.kind))
+                .map(|l| l.output_size as f64)
+                .sum::<f64>()
         };
         AggregateFeatures {
             depth: count(LayerKind::Linear),
@@ -133,7 +139,9 @@ impl AggregateFeatures {
             n_attention: count(LayerKind::Attention),
             n_norm: layers.iter().filter(|l| l.kind.is_normalisation()).count() as f64,
             n_embedding: count(LayerKind::Embedding),
-            input_pixels: job.input_shape().map_or(0.0, |shape| shape.iter().map(|&d| d as f64).product()),
+            input_pixels: job
+                .input_shape()
+                .map_or(0.0, |shape| shape.iter().map(|&d| d as f64).product()),
             conv_outputs: outputs(LayerKind::is_convolution),
             norm_outputs: outputs(LayerKind::is_normalisation),
             activation_outputs: outputs(|kind| kind.is_activation() && kind != LayerKind::Identity),
@@ -182,7 +190,9 @@ impl AggregateFeatures {
             }
             _ => {
                 let activation = name.strip_prefix("act_")?;
-                let kind = ONE_HOT_ACTIVATIONS.into_iter().find(|k| k.as_str() == activation)?;
+                let kind = ONE_HOT_ACTIVATIONS
+                    .into_iter()
+                    .find(|k| k.as_str() == activation)?;
                 f64::from(u8::from(kind == self.hidden_activation))
             }
         };
@@ -202,7 +212,13 @@ impl AggregateFeatures {
 }
 
 /// Names of the per-layer token features.
-pub const TOKEN_FEATURES: [&str; 5] = ["output_size", "params", "batch_size", "output_x_batch", "position"];
+pub const TOKEN_FEATURES: [&str; 5] = [
+    "output_size",
+    "params",
+    "batch_size",
+    "output_x_batch",
+    "position",
+];
 
 /// Per-layer token inputs of a sequence model: kind ids (0 = padding) and a row-major
 /// `[n_tokens, specs.len()]` matrix of normalised features.
@@ -248,7 +264,12 @@ impl TokenFeatures {
                 features.push(spec.normalise(raw) as f32);
             }
         }
-        Ok(TokenFeatures { kind_ids, features, n_tokens, n_features: specs.len() })
+        Ok(TokenFeatures {
+            kind_ids,
+            features,
+            n_tokens,
+            n_features: specs.len(),
+        })
     }
 }
 
@@ -267,7 +288,11 @@ fn hidden_activation(job: &Job) -> LayerKind {
         }
     }
     // `max_by_key` keeps the last maximum, so scan in reverse to keep the first one seen.
-    counts.iter().rev().max_by_key(|(_, n)| *n).map_or(LayerKind::Identity, |(k, _)| *k)
+    counts
+        .iter()
+        .rev()
+        .max_by_key(|(_, n)| *n)
+        .map_or(LayerKind::Identity, |(k, _)| *k)
 }
 
 #[cfg(test)]
@@ -278,7 +303,11 @@ mod tests {
     fn job(batch: u64, layers: &[(&str, u64, u64)]) -> Job {
         let layers: Vec<_> = layers
             .iter()
-            .map(|&(kind, output_size, params)| UncheckedLayer { kind, output_size, params })
+            .map(|&(kind, output_size, params)| UncheckedLayer {
+                kind,
+                output_size,
+                params,
+            })
             .collect();
         Job::parse(None, batch, layers.into_iter()).unwrap()
     }
@@ -287,7 +316,14 @@ mod tests {
     fn aggregate_features_follow_the_contract() {
         let job = job(
             4,
-            &[("linear", 10, 110), ("batch_norm", 10, 20), ("relu", 10, 0), ("dropout", 10, 0), ("linear", 3, 33), ("softmax", 3, 0)],
+            &[
+                ("linear", 10, 110),
+                ("batch_norm", 10, 20),
+                ("relu", 10, 0),
+                ("dropout", 10, 0),
+                ("linear", 3, 33),
+                ("softmax", 3, 0),
+            ],
         );
         let f = AggregateFeatures::of(&job);
         assert_eq!(f.get("depth"), Some(2.0));
@@ -309,12 +345,24 @@ mod tests {
     fn outputs_by_layer_kind_are_summed_per_kind_and_scaled_by_the_batch() {
         let job = job(
             4,
-            &[("conv2d", 8, 1), ("batch_norm", 8, 2), ("relu", 8, 0), ("identity", 8, 0), ("attention", 5, 0), ("other", 7, 3), ("linear", 3, 4)],
+            &[
+                ("conv2d", 8, 1),
+                ("batch_norm", 8, 2),
+                ("relu", 8, 0),
+                ("identity", 8, 0),
+                ("attention", 5, 0),
+                ("other", 7, 3),
+                ("linear", 3, 4),
+            ],
         );
         let f = AggregateFeatures::of(&job);
         assert_eq!(f.get("conv_outputs_x_batch"), Some(32.0));
         assert_eq!(f.get("norm_outputs_x_batch"), Some(32.0));
-        assert_eq!(f.get("activation_outputs_x_batch"), Some(32.0), "identity is no activation here");
+        assert_eq!(
+            f.get("activation_outputs_x_batch"),
+            Some(32.0),
+            "identity is no activation here"
+        );
         assert_eq!(f.get("attention_outputs_x_batch"), Some(20.0));
         assert_eq!(f.get("other_outputs_x_batch"), Some(28.0));
         assert_eq!(f.get("linear_outputs_x_batch"), Some(12.0));
@@ -348,13 +396,25 @@ mod tests {
             interpolated: true,
         };
         let f = AggregateFeatures::of(&plain.with_simulation(Some(simulation)).unwrap());
-        let values: Vec<f64> = SIMULATION_FEATURES.iter().map(|name| f.get(name).unwrap()).collect();
+        let values: Vec<f64> = SIMULATION_FEATURES
+            .iter()
+            .map(|name| f.get(name).unwrap())
+            .collect();
         assert_eq!(values, [15.5, 20.0, 16.0, 1.0, 2.0, 3.0, 4.0, 5.5]);
     }
 
     #[test]
     fn hidden_activation_ties_go_to_the_first_seen_and_none_is_identity() {
-        let tie = job(1, &[("linear", 1, 1), ("tanh", 1, 0), ("gelu", 1, 0), ("gelu", 1, 0), ("tanh", 1, 0)]);
+        let tie = job(
+            1,
+            &[
+                ("linear", 1, 1),
+                ("tanh", 1, 0),
+                ("gelu", 1, 0),
+                ("gelu", 1, 0),
+                ("tanh", 1, 0),
+            ],
+        );
         assert_eq!(hidden_activation(&tie), LayerKind::Tanh);
         let none = job(1, &[("linear", 1, 1), ("softmax", 1, 0), ("sigmoid", 1, 0)]);
         assert_eq!(hidden_activation(&none), LayerKind::Identity);
@@ -362,9 +422,19 @@ mod tests {
 
     #[test]
     fn normalisation_applies_the_transform_then_standardises() {
-        let spec = FeatureSpec { name: "x".into(), transform: Transform::Log1p, mean: 1.0, std: 2.0 };
+        let spec = FeatureSpec {
+            name: "x".into(),
+            transform: Transform::Log1p,
+            mean: 1.0,
+            std: 2.0,
+        };
         assert!((spec.normalise(std::f64::consts::E - 1.0) - 0.0).abs() < 1e-12);
-        let spec = FeatureSpec { name: "x".into(), transform: Transform::Identity, mean: 1.0, std: 2.0 };
+        let spec = FeatureSpec {
+            name: "x".into(),
+            transform: Transform::Identity,
+            mean: 1.0,
+            std: 2.0,
+        };
         assert_eq!(spec.normalise(5.0), 2.0);
     }
 
@@ -373,14 +443,21 @@ mod tests {
         let job = job(2, &[("linear", 4, 8), ("relu", 4, 0), ("linear", 2, 10)]);
         let specs: Vec<_> = TOKEN_FEATURES
             .iter()
-            .map(|n| FeatureSpec { name: (*n).into(), transform: Transform::Identity, mean: 0.0, std: 1.0 })
+            .map(|n| FeatureSpec {
+                name: (*n).into(),
+                transform: Transform::Identity,
+                mean: 0.0,
+                std: 1.0,
+            })
             .collect();
         let vocab = [LayerKind::Linear, LayerKind::Relu];
-        let tokens = TokenFeatures::of(&job, |k| vocab.iter().position(|v| *v == k), &specs).unwrap();
+        let tokens =
+            TokenFeatures::of(&job, |k| vocab.iter().position(|v| *v == k), &specs).unwrap();
         assert_eq!(tokens.kind_ids, vec![1, 2, 1]);
         assert_eq!(&tokens.features[0..5], &[4.0, 8.0, 2.0, 8.0, 0.0]);
         assert_eq!(&tokens.features[10..15], &[2.0, 10.0, 2.0, 4.0, 1.0]);
-        let err = TokenFeatures::of(&job, |k| (k == LayerKind::Linear).then_some(0), &specs).unwrap_err();
+        let err =
+            TokenFeatures::of(&job, |k| (k == LayerKind::Linear).then_some(0), &specs).unwrap_err();
         assert_eq!(err, (1, LayerKind::Relu));
     }
 }

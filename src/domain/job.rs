@@ -219,7 +219,11 @@ impl LayerKind {
     pub fn is_normalisation(self) -> bool {
         matches!(
             self,
-            LayerKind::BatchNorm | LayerKind::LayerNorm | LayerKind::GroupNorm | LayerKind::InstanceNorm | LayerKind::RmsNorm
+            LayerKind::BatchNorm
+                | LayerKind::LayerNorm
+                | LayerKind::GroupNorm
+                | LayerKind::InstanceNorm
+                | LayerKind::RmsNorm
         )
     }
 
@@ -351,7 +355,9 @@ impl Precision {
     pub fn parse(raw: &str) -> Option<Precision> {
         match raw.to_ascii_lowercase().as_str() {
             "fp32" | "float32" => Some(Precision::Fp32),
-            "mixed16" | "fp16" | "bf16" | "float16" | "bfloat16" | "amp" => Some(Precision::Mixed16),
+            "mixed16" | "fp16" | "bf16" | "float16" | "bfloat16" | "amp" => {
+                Some(Precision::Mixed16)
+            }
             _ => None,
         }
     }
@@ -406,7 +412,10 @@ impl SimulatedCategories {
 
     /// Their sum; u128 so that five counts of up to 2^44 cannot overflow.
     fn total(self) -> u128 {
-        self.named().iter().map(|&(_, bytes)| u128::from(bytes)).sum()
+        self.named()
+            .iter()
+            .map(|&(_, bytes)| u128::from(bytes))
+            .sum()
     }
 }
 
@@ -466,9 +475,17 @@ pub enum JobError {
     #[error("layers: at most {MAX_LAYERS} layers are accepted, got {0}")]
     TooManyLayers(usize),
     #[error("layers[{index}].kind: unknown layer kind '{kind}' (known kinds: {known})")]
-    UnknownKind { index: usize, kind: String, known: String },
+    UnknownKind {
+        index: usize,
+        kind: String,
+        known: String,
+    },
     #[error("layers[{index}].{field}: must be at most {MAX_LAYER_QUANTITY}, got {value}")]
-    QuantityTooLarge { index: usize, field: &'static str, value: u64 },
+    QuantityTooLarge {
+        index: usize,
+        field: &'static str,
+        value: u64,
+    },
     #[error("family: unknown family '{0}' (known: mlp, cnn, transformer)")]
     UnknownFamily(String),
     #[error("optimizer: unknown optimizer '{0}' (known: sgd, momentum, adam, adamw)")]
@@ -492,7 +509,11 @@ pub enum JobError {
     #[error(
         "simulation.min_capacity_bytes: must lie between allocated_peak_bytes ({allocated}) and reserved_peak_bytes ({reserved}), got {min_capacity}"
     )]
-    SimulatedMinCapacity { allocated: u64, reserved: u64, min_capacity: u64 },
+    SimulatedMinCapacity {
+        allocated: u64,
+        reserved: u64,
+        min_capacity: u64,
+    },
     #[error("simulation.breakdown_at_peak: the categories sum to {sum} bytes, allocated_peak_bytes is {allocated}")]
     SimulatedBreakdownSum { sum: u128, allocated: u64 },
 }
@@ -518,7 +539,9 @@ impl Job {
             .map(|(index, raw)| parse_layer(index, raw))
             .collect::<Result<Vec<_>, _>>()?;
         let family = match family {
-            Some(name) => Family::parse(name).ok_or_else(|| JobError::UnknownFamily(name.into()))?,
+            Some(name) => {
+                Family::parse(name).ok_or_else(|| JobError::UnknownFamily(name.into()))?
+            }
             None => Family::infer(&layers),
         };
         Ok(Job {
@@ -534,12 +557,18 @@ impl Job {
     }
 
     /// Sets how the job trains; `None` keeps the defaults (Adam, fp32).
-    pub fn with_training(mut self, optimizer: Option<&str>, precision: Option<&str>) -> Result<Job, JobError> {
+    pub fn with_training(
+        mut self,
+        optimizer: Option<&str>,
+        precision: Option<&str>,
+    ) -> Result<Job, JobError> {
         if let Some(raw) = optimizer {
-            self.optimizer = Optimizer::parse(raw).ok_or_else(|| JobError::UnknownOptimizer(raw.chars().take(64).collect()))?;
+            self.optimizer = Optimizer::parse(raw)
+                .ok_or_else(|| JobError::UnknownOptimizer(raw.chars().take(64).collect()))?;
         }
         if let Some(raw) = precision {
-            self.precision = Precision::parse(raw).ok_or_else(|| JobError::UnknownPrecision(raw.chars().take(64).collect()))?;
+            self.precision = Precision::parse(raw)
+                .ok_or_else(|| JobError::UnknownPrecision(raw.chars().take(64).collect()))?;
         }
         Ok(self)
     }
@@ -547,7 +576,8 @@ impl Job {
     /// Sets the per-sample input shape (e.g. `[3, 224, 224]`).
     pub fn with_input_shape(mut self, shape: Option<&[u64]>) -> Result<Job, JobError> {
         if let Some(shape) = shape {
-            if shape.is_empty() || shape.len() > 5 || shape.iter().any(|&d| d == 0 || d > 1_000_000) {
+            if shape.is_empty() || shape.len() > 5 || shape.iter().any(|&d| d == 0 || d > 1_000_000)
+            {
                 return Err(JobError::InputShape);
             }
             self.input_shape = Some(shape.to_vec());
@@ -558,7 +588,10 @@ impl Job {
     /// Sets the traced saved tensors; each count at most `MAX_SAVED_BYTES` (16 TiB).
     pub fn with_saved_tensors(mut self, saved: Option<SavedTensors>) -> Result<Job, JobError> {
         if let Some(saved) = saved {
-            for (field, value) in [("per_sample_bytes", saved.per_sample_bytes), ("fixed_bytes", saved.fixed_bytes)] {
+            for (field, value) in [
+                ("per_sample_bytes", saved.per_sample_bytes),
+                ("fixed_bytes", saved.fixed_bytes),
+            ] {
                 if value > MAX_SAVED_BYTES {
                     return Err(JobError::SavedBytesTooLarge { field, value });
                 }
@@ -570,8 +603,13 @@ impl Job {
 
     /// Sets the whole-step simulation. Call it after [`Job::with_training`]: a simulation of
     /// another batch size, optimizer or precision describes another job and is refused.
-    pub fn with_simulation(mut self, simulation: Option<UncheckedSimulation<'_>>) -> Result<Job, JobError> {
-        let Some(raw) = simulation else { return Ok(self) };
+    pub fn with_simulation(
+        mut self,
+        simulation: Option<UncheckedSimulation<'_>>,
+    ) -> Result<Job, JobError> {
+        let Some(raw) = simulation else {
+            return Ok(self);
+        };
         let counts = [
             ("allocated_peak_bytes", raw.allocated_peak_bytes),
             ("reserved_peak_bytes", raw.reserved_peak_bytes),
@@ -579,35 +617,61 @@ impl Job {
         ];
         for (field, value) in counts {
             if value > MAX_SAVED_BYTES {
-                return Err(JobError::SimulatedBytesTooLarge { field: field.into(), value });
+                return Err(JobError::SimulatedBytesTooLarge {
+                    field: field.into(),
+                    value,
+                });
             }
         }
         for (category, value) in raw.breakdown_at_peak.named() {
             if value > MAX_SAVED_BYTES {
-                return Err(JobError::SimulatedBytesTooLarge { field: format!("breakdown_at_peak.{category}"), value });
+                return Err(JobError::SimulatedBytesTooLarge {
+                    field: format!("breakdown_at_peak.{category}"),
+                    value,
+                });
             }
         }
         if raw.batch_size != self.batch_size {
-            return Err(JobError::SimulatedBatchSize { simulated: raw.batch_size, job: self.batch_size });
+            return Err(JobError::SimulatedBatchSize {
+                simulated: raw.batch_size,
+                job: self.batch_size,
+            });
         }
         // Echo at most a short prefix of untrusted names.
         let echo = |raw: &str| raw.chars().take(64).collect::<String>();
         if let Some(name) = raw.optimizer {
             if Optimizer::parse(name) != Some(self.optimizer) {
-                return Err(JobError::SimulatedOptimizer { simulated: echo(name), job: self.optimizer.as_str().into() });
+                return Err(JobError::SimulatedOptimizer {
+                    simulated: echo(name),
+                    job: self.optimizer.as_str().into(),
+                });
             }
         }
         if let Some(name) = raw.precision {
             if Precision::parse(name) != Some(self.precision) {
-                return Err(JobError::SimulatedPrecision { simulated: echo(name), job: self.precision.as_str().into() });
+                return Err(JobError::SimulatedPrecision {
+                    simulated: echo(name),
+                    job: self.precision.as_str().into(),
+                });
             }
         }
-        let (allocated, reserved, min_capacity) = (raw.allocated_peak_bytes, raw.reserved_peak_bytes, raw.min_capacity_bytes);
+        let (allocated, reserved, min_capacity) = (
+            raw.allocated_peak_bytes,
+            raw.reserved_peak_bytes,
+            raw.min_capacity_bytes,
+        );
         if allocated > reserved {
-            return Err(JobError::SimulatedReservedBelowAllocated { allocated, reserved });
+            return Err(JobError::SimulatedReservedBelowAllocated {
+                allocated,
+                reserved,
+            });
         }
         if min_capacity < allocated || min_capacity > reserved {
-            return Err(JobError::SimulatedMinCapacity { allocated, reserved, min_capacity });
+            return Err(JobError::SimulatedMinCapacity {
+                allocated,
+                reserved,
+                min_capacity,
+            });
         }
         let sum = raw.breakdown_at_peak.total();
         if sum != u128::from(allocated) {
@@ -666,10 +730,18 @@ fn parse_layer(index: usize, raw: UncheckedLayer<'_>) -> Result<Layer, JobError>
     })?;
     for (field, value) in [("output_size", raw.output_size), ("params", raw.params)] {
         if value > MAX_LAYER_QUANTITY {
-            return Err(JobError::QuantityTooLarge { index, field, value });
+            return Err(JobError::QuantityTooLarge {
+                index,
+                field,
+                value,
+            });
         }
     }
-    Ok(Layer { kind, output_size: raw.output_size, params: raw.params })
+    Ok(Layer {
+        kind,
+        output_size: raw.output_size,
+        params: raw.params,
+    })
 }
 
 #[cfg(test)]
@@ -677,16 +749,26 @@ mod tests {
     use super::*;
 
     fn unchecked(kind: &str) -> UncheckedLayer<'_> {
-        UncheckedLayer { kind, output_size: 10, params: 5 }
+        UncheckedLayer {
+            kind,
+            output_size: 10,
+            params: 5,
+        }
     }
 
     #[test]
     fn kinds_parse_from_gpumemnet_and_pytorch_spellings() {
-        assert_eq!(LayerKind::parse("batch_normalization"), Some(LayerKind::BatchNorm));
+        assert_eq!(
+            LayerKind::parse("batch_normalization"),
+            Some(LayerKind::BatchNorm)
+        );
         assert_eq!(LayerKind::parse("BatchNorm1d"), Some(LayerKind::BatchNorm));
         assert_eq!(LayerKind::parse("LeakyReLU"), Some(LayerKind::LeakyRelu));
         assert_eq!(LayerKind::parse("Softmax"), Some(LayerKind::Softmax));
-        assert_eq!(LayerKind::parse("conv_transpose2d"), Some(LayerKind::ConvTranspose2d));
+        assert_eq!(
+            LayerKind::parse("conv_transpose2d"),
+            Some(LayerKind::ConvTranspose2d)
+        );
         assert_eq!(LayerKind::parse("lienar"), None);
     }
 
@@ -700,9 +782,17 @@ mod tests {
     #[test]
     fn family_is_inferred_from_attention_then_convolution() {
         let job = |kinds: &[&str]| {
-            Job::parse(None, 8, kinds.iter().map(|k| unchecked(k)).collect::<Vec<_>>().into_iter())
-                .unwrap()
-                .family()
+            Job::parse(
+                None,
+                8,
+                kinds
+                    .iter()
+                    .map(|k| unchecked(k))
+                    .collect::<Vec<_>>()
+                    .into_iter(),
+            )
+            .unwrap()
+            .family()
         };
         assert_eq!(job(&["linear", "relu"]), Family::Mlp);
         assert_eq!(job(&["conv2d", "linear"]), Family::Cnn);
@@ -726,10 +816,22 @@ mod tests {
             Job::parse(None, 8, too_many.into_iter()).unwrap_err(),
             JobError::TooManyLayers(MAX_LAYERS + 1)
         );
-        let err = Job::parse(None, 8, vec![unchecked("linear"), unchecked("warp")].into_iter())
-            .unwrap_err();
-        assert!(err.to_string().starts_with("layers[1].kind: unknown layer kind 'warp'"), "{err}");
-        let huge = UncheckedLayer { kind: "linear", output_size: 1, params: u64::MAX };
+        let err = Job::parse(
+            None,
+            8,
+            vec![unchecked("linear"), unchecked("warp")].into_iter(),
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("layers[1].kind: unknown layer kind 'warp'"),
+            "{err}"
+        );
+        let huge = UncheckedLayer {
+            kind: "linear",
+            output_size: 1,
+            params: u64::MAX,
+        };
         let err = Job::parse(None, 8, vec![huge].into_iter()).unwrap_err();
         assert!(err.to_string().starts_with("layers[0].params"), "{err}");
         let err = Job::parse(Some("rnn"), 8, vec![unchecked("linear")].into_iter()).unwrap_err();
@@ -739,13 +841,35 @@ mod tests {
     #[test]
     fn training_settings_default_to_adam_fp32_and_reject_unknown_names() {
         let job = Job::parse(None, 8, vec![unchecked("linear")].into_iter()).unwrap();
-        assert_eq!((job.optimizer(), job.precision()), (Optimizer::Adam, Precision::Fp32));
+        assert_eq!(
+            (job.optimizer(), job.precision()),
+            (Optimizer::Adam, Precision::Fp32)
+        );
         let job = job.with_training(Some("SGD"), Some("bf16")).unwrap();
-        assert_eq!((job.optimizer(), job.precision()), (Optimizer::Sgd, Precision::Mixed16));
-        assert_eq!(job.clone().with_training(Some("lion"), None).unwrap_err(), JobError::UnknownOptimizer("lion".into()));
-        assert_eq!(job.clone().with_training(None, Some("int4")).unwrap_err(), JobError::UnknownPrecision("int4".into()));
-        assert_eq!(job.clone().with_input_shape(Some(&[3, 0, 224])).unwrap_err(), JobError::InputShape);
-        assert_eq!(job.with_input_shape(Some(&[3, 224, 224])).unwrap().input_shape(), Some(&[3, 224, 224][..]));
+        assert_eq!(
+            (job.optimizer(), job.precision()),
+            (Optimizer::Sgd, Precision::Mixed16)
+        );
+        assert_eq!(
+            job.clone().with_training(Some("lion"), None).unwrap_err(),
+            JobError::UnknownOptimizer("lion".into())
+        );
+        assert_eq!(
+            job.clone().with_training(None, Some("int4")).unwrap_err(),
+            JobError::UnknownPrecision("int4".into())
+        );
+        assert_eq!(
+            job.clone()
+                .with_input_shape(Some(&[3, 0, 224]))
+                .unwrap_err(),
+            JobError::InputShape
+        );
+        assert_eq!(
+            job.with_input_shape(Some(&[3, 224, 224]))
+                .unwrap()
+                .input_shape(),
+            Some(&[3, 224, 224][..])
+        );
     }
 
     fn simulation(batch_size: u64) -> UncheckedSimulation<'static> {
@@ -756,28 +880,51 @@ mod tests {
             allocated_peak_bytes: 15,
             reserved_peak_bytes: 40,
             min_capacity_bytes: 20,
-            breakdown_at_peak: SimulatedCategories { parameters: 1, gradients: 2, optimizer_state: 3, activations: 4, temporaries: 5 },
+            breakdown_at_peak: SimulatedCategories {
+                parameters: 1,
+                gradients: 2,
+                optimizer_state: 3,
+                activations: 4,
+                temporaries: 5,
+            },
             attention: Some("efficient"),
             interpolated: false,
         }
     }
 
     fn simulated(raw: UncheckedSimulation<'_>) -> Result<Job, JobError> {
-        Job::parse(None, 8, vec![unchecked("linear")].into_iter()).unwrap().with_simulation(Some(raw))
+        Job::parse(None, 8, vec![unchecked("linear")].into_iter())
+            .unwrap()
+            .with_simulation(Some(raw))
     }
 
     #[test]
     fn a_consistent_simulation_is_kept_with_its_job() {
         let job = simulated(simulation(8)).unwrap();
         let kept = job.simulation().unwrap();
-        assert_eq!((kept.allocated_peak_bytes, kept.reserved_peak_bytes, kept.min_capacity_bytes), (15, 40, 20));
+        assert_eq!(
+            (
+                kept.allocated_peak_bytes,
+                kept.reserved_peak_bytes,
+                kept.min_capacity_bytes
+            ),
+            (15, 40, 20)
+        );
         assert_eq!(kept.breakdown_at_peak.activations, 4);
         assert_eq!(kept.attention.as_deref(), Some("efficient"));
         // Optimizer and precision may be left out, and are matched by meaning, not spelling.
-        let loose = UncheckedSimulation { optimizer: None, precision: Some("FP32"), ..simulation(8) };
+        let loose = UncheckedSimulation {
+            optimizer: None,
+            precision: Some("FP32"),
+            ..simulation(8)
+        };
         assert!(simulated(loose).is_ok());
         // The bounds are inclusive: min_capacity may equal either peak.
-        let tight = UncheckedSimulation { min_capacity_bytes: 15, reserved_peak_bytes: 15, ..simulation(8) };
+        let tight = UncheckedSimulation {
+            min_capacity_bytes: 15,
+            reserved_peak_bytes: 15,
+            ..simulation(8)
+        };
         assert!(simulated(tight).is_ok());
         let job = Job::parse(None, 8, vec![unchecked("linear")].into_iter()).unwrap();
         assert_eq!(job.with_simulation(None).unwrap().simulation(), None);
@@ -787,35 +934,67 @@ mod tests {
     fn a_simulation_of_another_job_or_an_inconsistent_one_is_refused_naming_the_field() {
         let field = |raw: UncheckedSimulation<'_>| simulated(raw).unwrap_err().to_string();
         assert!(field(simulation(16)).starts_with("simulation.batch_size:"));
-        let adamw = UncheckedSimulation { optimizer: Some("adamw"), ..simulation(8) };
+        let adamw = UncheckedSimulation {
+            optimizer: Some("adamw"),
+            ..simulation(8)
+        };
         assert!(field(adamw).starts_with("simulation.optimizer: 'adamw'"));
-        let unknown = UncheckedSimulation { optimizer: Some("lion"), ..simulation(8) };
+        let unknown = UncheckedSimulation {
+            optimizer: Some("lion"),
+            ..simulation(8)
+        };
         assert!(field(unknown).starts_with("simulation.optimizer:"));
-        let bf16 = UncheckedSimulation { precision: Some("bf16"), ..simulation(8) };
+        let bf16 = UncheckedSimulation {
+            precision: Some("bf16"),
+            ..simulation(8)
+        };
         assert!(field(bf16).starts_with("simulation.precision:"));
-        let above = UncheckedSimulation { allocated_peak_bytes: 41, ..simulation(8) };
+        let above = UncheckedSimulation {
+            allocated_peak_bytes: 41,
+            ..simulation(8)
+        };
         assert!(field(above).starts_with("simulation.reserved_peak_bytes:"));
-        let low = UncheckedSimulation { min_capacity_bytes: 14, ..simulation(8) };
+        let low = UncheckedSimulation {
+            min_capacity_bytes: 14,
+            ..simulation(8)
+        };
         assert!(field(low).starts_with("simulation.min_capacity_bytes:"));
-        let high = UncheckedSimulation { min_capacity_bytes: 41, ..simulation(8) };
+        let high = UncheckedSimulation {
+            min_capacity_bytes: 41,
+            ..simulation(8)
+        };
         assert!(field(high).starts_with("simulation.min_capacity_bytes:"));
         let mut off_by_one = simulation(8);
         off_by_one.breakdown_at_peak.temporaries = 6;
         assert!(field(off_by_one).starts_with("simulation.breakdown_at_peak:"));
-        let huge = UncheckedSimulation { reserved_peak_bytes: MAX_SAVED_BYTES + 1, ..simulation(8) };
+        let huge = UncheckedSimulation {
+            reserved_peak_bytes: MAX_SAVED_BYTES + 1,
+            ..simulation(8)
+        };
         assert!(field(huge).starts_with("simulation.reserved_peak_bytes: must be at most"));
         let mut huge_category = simulation(8);
         huge_category.breakdown_at_peak.gradients = u64::MAX;
-        assert!(field(huge_category).starts_with("simulation.breakdown_at_peak.gradients: must be at most"));
+        assert!(field(huge_category)
+            .starts_with("simulation.breakdown_at_peak.gradients: must be at most"));
     }
 
     #[test]
     fn the_simulation_is_checked_against_the_jobs_training_settings() {
         let job = Job::parse(None, 8, vec![unchecked("linear")].into_iter()).unwrap();
-        let sgd = job.clone().with_training(Some("sgd"), Some("bf16")).unwrap();
-        let raw = UncheckedSimulation { optimizer: Some("SGD"), precision: Some("fp16"), ..simulation(8) };
+        let sgd = job
+            .clone()
+            .with_training(Some("sgd"), Some("bf16"))
+            .unwrap();
+        let raw = UncheckedSimulation {
+            optimizer: Some("SGD"),
+            precision: Some("fp16"),
+            ..simulation(8)
+        };
         assert!(sgd.with_simulation(Some(raw.clone())).is_ok());
         // The job's default (adam, fp32) is what a simulation of sgd contradicts.
-        assert!(matches!(job.with_simulation(Some(raw)), Err(JobError::SimulatedOptimizer { .. })));
+        assert!(matches!(
+            job.with_simulation(Some(raw)),
+            Err(JobError::SimulatedOptimizer { .. })
+        ));
     }
 }

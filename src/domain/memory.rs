@@ -39,7 +39,11 @@ impl MemoryClasses {
 
     /// The class holding a peak of `mib`.
     pub fn classify(&self, mib: f64) -> MemoryClass {
-        let index = self.upper_bounds_mib.iter().take_while(|&&upper| mib > upper as f64).count();
+        let index = self
+            .upper_bounds_mib
+            .iter()
+            .take_while(|&&upper| mib > upper as f64)
+            .count();
         self.class(index)
     }
 
@@ -48,7 +52,11 @@ impl MemoryClasses {
         let index = index.min(self.upper_bounds_mib.len());
         MemoryClass {
             index,
-            lower_mib: if index == 0 { 0 } else { self.upper_bounds_mib[index - 1] },
+            lower_mib: if index == 0 {
+                0
+            } else {
+                self.upper_bounds_mib[index - 1]
+            },
             upper_mib: self.upper_bounds_mib.get(index).copied(),
         }
     }
@@ -69,14 +77,28 @@ mod tests {
         assert_eq!(classes.classify(1.0).index, 0);
         assert_eq!(classes.classify(1000.0).index, 0);
         assert_eq!(classes.classify(1000.5).index, 1);
-        assert_eq!(classes.classify(1545.0), MemoryClass { index: 1, lower_mib: 1000, upper_mib: Some(2000) });
+        assert_eq!(
+            classes.classify(1545.0),
+            MemoryClass {
+                index: 1,
+                lower_mib: 1000,
+                upper_mib: Some(2000)
+            }
+        );
         assert_eq!(classes.classify(5000.0).index, 4);
     }
 
     #[test]
     fn the_top_class_is_open() {
         let classes = gpumemnet_mlp_bins();
-        assert_eq!(classes.classify(1e9), MemoryClass { index: 5, lower_mib: 5000, upper_mib: None });
+        assert_eq!(
+            classes.classify(1e9),
+            MemoryClass {
+                index: 5,
+                lower_mib: 5000,
+                upper_mib: None
+            }
+        );
         assert_eq!(classes.class(99).index, 5);
     }
 
@@ -97,14 +119,18 @@ pub struct ResidualQuantiles {
 }
 
 #[derive(Debug, thiserror::Error, PartialEq)]
-#[error("residual quantiles must be finite, non-decreasing and at confidences strictly between 0 and 1")]
+#[error(
+    "residual quantiles must be finite, non-decreasing and at confidences strictly between 0 and 1"
+)]
 pub struct InvalidQuantiles;
 
 impl ResidualQuantiles {
     pub fn new(mut levels: Vec<(f64, f64)>) -> Result<ResidualQuantiles, InvalidQuantiles> {
         levels.sort_by(|a, b| a.0.total_cmp(&b.0));
         let valid_level = |&(c, q): &(f64, f64)| c > 0.0 && c < 1.0 && q.is_finite();
-        let increasing = levels.windows(2).all(|w| w[0].0 < w[1].0 && w[0].1 <= w[1].1);
+        let increasing = levels
+            .windows(2)
+            .all(|w| w[0].0 < w[1].0 && w[0].1 <= w[1].1);
         if levels.is_empty() || !levels.iter().all(valid_level) || !increasing {
             return Err(InvalidQuantiles);
         }
@@ -222,8 +248,14 @@ mod memory_fraction_tests {
     #[test]
     fn a_memory_fraction_is_optional_and_lies_in_zero_exclusive_to_one() {
         assert_eq!(MemoryFraction::parse(None), Ok(None));
-        assert_eq!(MemoryFraction::parse(Some(1.0)).unwrap().unwrap().get(), 1.0);
-        assert_eq!(MemoryFraction::parse(Some(0.25)).unwrap().unwrap().get(), 0.25);
+        assert_eq!(
+            MemoryFraction::parse(Some(1.0)).unwrap().unwrap().get(),
+            1.0
+        );
+        assert_eq!(
+            MemoryFraction::parse(Some(0.25)).unwrap().unwrap().get(),
+            0.25
+        );
         for bad in [0.0, -0.5, 1.01, f64::NAN] {
             assert!(MemoryFraction::parse(Some(bad)).is_err(), "{bad}");
         }

@@ -8,7 +8,7 @@ pub mod physics;
 pub mod summary;
 
 pub use job::{
-    Family, Job, JobError, Layer, LayerKind, Optimizer, Precision, SavedTensors, SimulatedCategories, Simulation, UncheckedLayer,
-    UncheckedSimulation,
+    Family, Job, JobError, Layer, LayerKind, Optimizer, Precision, SavedTensors,
+    SimulatedCategories, Simulation, UncheckedLayer, UncheckedSimulation,
 };
 pub use memory::{Confidence, MemoryClass, MemoryClasses, MemoryFraction, ResidualQuantiles};

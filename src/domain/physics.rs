@@ -77,7 +77,9 @@ impl Breakdown {
         // Only when `total_mib` is below the categories' sum (a caller's mistake): take the
         // excess from the largest categories rather than answer a sum that is off.
         while missing <= -0.5 {
-            let largest = (0..tenths.len()).max_by(|&a, &b| tenths[a].total_cmp(&tenths[b])).expect("seven categories");
+            let largest = (0..tenths.len())
+                .max_by(|&a, &b| tenths[a].total_cmp(&tenths[b]))
+                .expect("seven categories");
             if tenths[largest] < 1.0 {
                 break;
             }
@@ -122,14 +124,29 @@ pub struct SimulatedPeaks {
 }
 
 impl SimulatedPeaks {
-    pub fn on_card(simulation: &Simulation, cuda_context_mib: f64, capacity_mib: u64) -> SimulatedPeaks {
+    pub fn on_card(
+        simulation: &Simulation,
+        cuda_context_mib: f64,
+        capacity_mib: u64,
+    ) -> SimulatedPeaks {
         let allocated_mib = simulation.allocated_peak_bytes as f64 / MIB;
         let reserved_mib = simulation.reserved_peak_bytes as f64 / MIB;
         let min_capacity_mib = simulation.min_capacity_bytes as f64 / MIB;
         let usable_mib = capacity_mib as f64 - cuda_context_mib;
         let runs = min_capacity_mib <= usable_mib;
-        let reserved_on_card_mib = if runs { reserved_mib.min(usable_mib) } else { reserved_mib };
-        SimulatedPeaks { allocated_mib, reserved_mib, min_capacity_mib, reserved_on_card_mib, cuda_context_mib, capacity_mib }
+        let reserved_on_card_mib = if runs {
+            reserved_mib.min(usable_mib)
+        } else {
+            reserved_mib
+        };
+        SimulatedPeaks {
+            allocated_mib,
+            reserved_mib,
+            min_capacity_mib,
+            reserved_on_card_mib,
+            cuda_context_mib,
+            capacity_mib,
+        }
     }
 
     /// Whether the training step runs on the card: `min_capacity + context <= capacity`.
@@ -168,7 +185,9 @@ impl Physics {
     /// `simulated` block), else from the analytic formulas.
     pub fn of(job: &Job, cuda_context_mib: Option<f64>, capacity_mib: u64) -> Physics {
         match (job.simulation(), cuda_context_mib) {
-            (Some(simulation), Some(context)) => Physics::simulated(simulation, context, capacity_mib),
+            (Some(simulation), Some(context)) => {
+                Physics::simulated(simulation, context, capacity_mib)
+            }
             _ => Physics::analytic(job),
         }
     }
@@ -186,7 +205,11 @@ impl Physics {
             allocator_cache: (peaks.reserved_on_card_mib - peaks.allocated_mib).max(0.0),
             cuda_context: cuda_context_mib,
         };
-        Physics { source: BreakdownSource::Simulation, parts, simulated: Some(peaks) }
+        Physics {
+            source: BreakdownSource::Simulation,
+            parts,
+            simulated: Some(peaks),
+        }
     }
 
     pub fn analytic(job: &Job) -> Physics {
@@ -200,14 +223,22 @@ impl Physics {
             allocator_cache: 0.0,
             cuda_context: FRAMEWORK_OVERHEAD_MIB,
         };
-        Physics { source: BreakdownSource::Analytic, parts, simulated: None }
+        Physics {
+            source: BreakdownSource::Analytic,
+            parts,
+            simulated: None,
+        }
     }
 
     /// No job needs less than its model state and the CUDA context; a simulated one also
     /// keeps its activations at the peak (the simulation counted them byte by byte).
     pub fn floor_mib(&self) -> f64 {
         let p = &self.parts;
-        let activations = if self.source == BreakdownSource::Simulation { p.activations } else { 0.0 };
+        let activations = if self.source == BreakdownSource::Simulation {
+            p.activations
+        } else {
+            0.0
+        };
         p.parameters + p.gradients + p.optimizer_state + activations + p.cuda_context
     }
 
@@ -217,7 +248,11 @@ impl Physics {
         let floor = self.floor_mib();
         let floored = estimate_mib < floor;
         let estimate_mib = estimate_mib.max(floor);
-        Settled { estimate_mib, upper_bound_mib: upper_bound_mib.max(estimate_mib), floored }
+        Settled {
+            estimate_mib,
+            upper_bound_mib: upper_bound_mib.max(estimate_mib),
+            floored,
+        }
     }
 
     /// The categories of an answered figure (at least the floor). Simulated: the simulation's
@@ -234,8 +269,16 @@ impl Physics {
         }
         let mut deficit = -difference;
         let shrinkable: [&mut f64; 3] = match self.source {
-            BreakdownSource::Simulation => [&mut parts.allocator_cache, &mut parts.temporaries, &mut parts.activations],
-            BreakdownSource::Analytic => [&mut parts.temporaries, &mut parts.activations, &mut parts.allocator_cache],
+            BreakdownSource::Simulation => [
+                &mut parts.allocator_cache,
+                &mut parts.temporaries,
+                &mut parts.activations,
+            ],
+            BreakdownSource::Analytic => [
+                &mut parts.temporaries,
+                &mut parts.activations,
+                &mut parts.allocator_cache,
+            ],
         };
         for category in shrinkable {
             let taken = deficit.min(*category);
@@ -255,8 +298,16 @@ mod tests {
 
     fn job() -> Job {
         let layers = vec![
-            UncheckedLayer { kind: "linear", output_size: 1024, params: 1 << 20 },
-            UncheckedLayer { kind: "relu", output_size: 1024, params: 0 },
+            UncheckedLayer {
+                kind: "linear",
+                output_size: 1024,
+                params: 1 << 20,
+            },
+            UncheckedLayer {
+                kind: "relu",
+                output_size: 1024,
+                params: 0,
+            },
         ];
         Job::parse(None, 256, layers.into_iter()).unwrap()
     }
@@ -288,7 +339,8 @@ mod tests {
     }
 
     #[test]
-    fn the_simulated_figure_is_the_reserved_peak_plus_the_context_capped_at_the_card_where_the_step_runs() {
+    fn the_simulated_figure_is_the_reserved_peak_plus_the_context_capped_at_the_card_where_the_step_runs(
+    ) {
         // Roomy card: the whole reserved peak, 10,240 MiB, plus the context.
         let roomy = SimulatedPeaks::on_card(&simulation(), 1300.0, 40_960);
         assert!(roomy.runs_on_card());
@@ -307,38 +359,68 @@ mod tests {
     #[test]
     fn the_floor_is_the_model_state_and_context_plus_simulated_activations() {
         let simulated = Physics::simulated(&simulation(), 1300.0, 40_960);
-        assert_eq!(simulated.floor_mib(), (1024 + 1024 + 2048 + 3072) as f64 + 1300.0);
+        assert_eq!(
+            simulated.floor_mib(),
+            (1024 + 1024 + 2048 + 3072) as f64 + 1300.0
+        );
         assert_eq!(simulated.parts.total(), 10_240.0 + 1300.0);
         let analytic = Physics::analytic(&job());
         // 2^20 params: 4 + 4 + 8 MiB (Adam, fp32); the activations are no part of it.
         assert!((analytic.floor_mib() - (16.0 + FRAMEWORK_OVERHEAD_MIB)).abs() < 1e-9);
         assert!((analytic.parts.total() - analytic::first_principles_mib(&job())).abs() < 1e-9);
         // Without the manifest's context cost a simulation cannot be placed: analytic.
-        assert_eq!(Physics::of(&simulated_job(), None, 40_960).source, BreakdownSource::Analytic);
-        assert_eq!(Physics::of(&simulated_job(), Some(1300.0), 40_960), simulated);
+        assert_eq!(
+            Physics::of(&simulated_job(), None, 40_960).source,
+            BreakdownSource::Analytic
+        );
+        assert_eq!(
+            Physics::of(&simulated_job(), Some(1300.0), 40_960),
+            simulated
+        );
     }
 
     #[test]
     fn settling_raises_a_figure_to_the_floor_and_the_bound_to_the_figure() {
         let physics = Physics::analytic(&job());
         let floor = physics.floor_mib();
-        assert_eq!(physics.settle(900.0, 950.0), Settled { estimate_mib: floor, upper_bound_mib: floor, floored: true });
-        assert_eq!(physics.settle(2000.0, 1900.0), Settled { estimate_mib: 2000.0, upper_bound_mib: 2000.0, floored: false });
+        assert_eq!(
+            physics.settle(900.0, 950.0),
+            Settled {
+                estimate_mib: floor,
+                upper_bound_mib: floor,
+                floored: true
+            }
+        );
+        assert_eq!(
+            physics.settle(2000.0, 1900.0),
+            Settled {
+                estimate_mib: 2000.0,
+                upper_bound_mib: 2000.0,
+                floored: false
+            }
+        );
         assert_eq!(physics.settle(2000.0, 2500.0).upper_bound_mib, 2500.0);
     }
 
     #[test]
-    fn a_simulated_breakdown_puts_a_learned_addition_in_temporaries_and_takes_a_cut_from_the_cache() {
+    fn a_simulated_breakdown_puts_a_learned_addition_in_temporaries_and_takes_a_cut_from_the_cache()
+    {
         let physics = Physics::simulated(&simulation(), 1300.0, 40_960);
         let figure = physics.parts.total();
         let raised = physics.breakdown(figure + 500.0);
         assert_eq!(raised.temporaries, 1024.0 + 500.0);
         assert_eq!(raised.allocator_cache, 2048.0);
         let cut = physics.breakdown(figure - 2500.0);
-        assert_eq!((cut.allocator_cache, cut.temporaries), (0.0, 1024.0 - 452.0));
+        assert_eq!(
+            (cut.allocator_cache, cut.temporaries),
+            (0.0, 1024.0 - 452.0)
+        );
         assert_eq!(cut.activations, 3072.0);
         for figure in [figure + 500.0, figure, figure - 2500.0, physics.floor_mib()] {
-            assert!((physics.breakdown(figure).total() - figure).abs() < 1e-9, "{figure}");
+            assert!(
+                (physics.breakdown(figure).total() - figure).abs() < 1e-9,
+                "{figure}"
+            );
         }
         assert_eq!(physics.breakdown(physics.floor_mib()).temporaries, 0.0);
     }
@@ -351,7 +433,10 @@ mod tests {
         assert_eq!((above.activations, above.temporaries), (2.0, 98.0));
         let below = physics.breakdown(floor + 1.0);
         assert_eq!((below.activations, below.temporaries), (1.0, 0.0));
-        assert_eq!((below.parameters, below.gradients, below.optimizer_state), (4.0, 4.0, 8.0));
+        assert_eq!(
+            (below.parameters, below.gradients, below.optimizer_state),
+            (4.0, 4.0, 8.0)
+        );
         assert_eq!(below.cuda_context, FRAMEWORK_OVERHEAD_MIB);
     }
 
@@ -369,7 +454,10 @@ mod tests {
         let total = parts.total();
         let rounded = parts.rounded(total);
         let tenths = |v: f64| (v * 10.0).round() as i64;
-        assert_eq!(rounded.values().iter().map(|&v| tenths(v)).sum::<i64>(), tenths(total));
+        assert_eq!(
+            rounded.values().iter().map(|&v| tenths(v)).sum::<i64>(),
+            tenths(total)
+        );
         for (r, e) in rounded.values().iter().zip(parts.values()) {
             assert!((r - e).abs() <= 0.1 + 1e-9, "{r} from {e}");
             assert_eq!(*r, tenths(*r) as f64 / 10.0);

@@ -47,7 +47,10 @@ pub struct SummaryError {
 
 impl SummaryError {
     fn new(line: usize, reason: impl Into<String>) -> SummaryError {
-        SummaryError { line, reason: reason.into() }
+        SummaryError {
+            line,
+            reason: reason.into(),
+        }
     }
 }
 
@@ -87,7 +90,10 @@ pub fn parse_summary(
         SummaryFormat::Torchsummary => table::parse(text),
         SummaryFormat::ModulePrint => {
             let seq_len = seq_len.ok_or_else(|| {
-                SummaryError::new(1, "seq_len is required to size the layers of a module print")
+                SummaryError::new(
+                    1,
+                    "seq_len is required to size the layers of a module print",
+                )
             })?;
             if seq_len == 0 {
                 return Err(SummaryError::new(1, "seq_len must be at least 1"));
@@ -104,7 +110,10 @@ struct Layers(Vec<ParsedLayer>);
 impl Layers {
     fn push(&mut self, layer: ParsedLayer, line: usize) -> Result<(), SummaryError> {
         if self.0.len() >= MAX_LAYERS {
-            return Err(SummaryError::new(line, format!("more than {MAX_LAYERS} layers")));
+            return Err(SummaryError::new(
+                line,
+                format!("more than {MAX_LAYERS} layers"),
+            ));
         }
         self.0.push(layer);
         Ok(())
@@ -119,7 +128,9 @@ impl Layers {
     }
 
     fn total_params(&self) -> Option<u64> {
-        self.0.iter().try_fold(0u64, |sum, l| sum.checked_add(l.params))
+        self.0
+            .iter()
+            .try_fold(0u64, |sum, l| sum.checked_add(l.params))
     }
 }
 
@@ -138,7 +149,10 @@ fn excerpt(raw: &str) -> String {
 
 /// `====` and `----` separators (also the box-drawing ones some tools emit).
 fn is_rule(trimmed: &str) -> bool {
-    !trimmed.is_empty() && trimmed.chars().all(|c| matches!(c, '=' | '-' | '_' | '─' | '━' | ' '))
+    !trimmed.is_empty()
+        && trimmed
+            .chars()
+            .all(|c| matches!(c, '=' | '-' | '_' | '─' | '━' | ' '))
 }
 
 /// The totals both tools print after the layers; they describe the model, not a layer.
@@ -164,7 +178,9 @@ fn parse_count(raw: &str) -> Result<u64, String> {
         return Err(format!("'{}' is not a count", excerpt(raw)));
     }
     let digits: String = raw.chars().filter(char::is_ascii_digit).collect();
-    digits.parse().map_err(|_| format!("{} does not fit in 64 bits", excerpt(raw)))
+    digits
+        .parse()
+        .map_err(|_| format!("{} does not fit in 64 bits", excerpt(raw)))
 }
 
 /// A plain non-negative integer (a dimension or a module argument).
@@ -172,7 +188,8 @@ fn parse_dim(raw: &str) -> Result<u64, String> {
     if raw.is_empty() || !raw.chars().all(|c| c.is_ascii_digit()) {
         return Err(format!("'{}' is not a non-negative integer", excerpt(raw)));
     }
-    raw.parse().map_err(|_| format!("{} does not fit in 64 bits", excerpt(raw)))
+    raw.parse()
+        .map_err(|_| format!("{} does not fit in 64 bits", excerpt(raw)))
 }
 
 /// Python class names: what both tools print as the layer type.
@@ -184,7 +201,9 @@ fn is_identifier(raw: &str) -> bool {
 /// Attention classes, whatever the model family: `MultiheadAttention`, `BertSelfAttention`,
 /// `GPT2Attention`, `LlamaFlashAttention2`.
 fn is_attention_class(class: &str) -> bool {
-    class.trim_end_matches(|c: char| c.is_ascii_digit()).ends_with("Attention")
+    class
+        .trim_end_matches(|c: char| c.is_ascii_digit())
+        .ends_with("Attention")
 }
 
 /// Maps a PyTorch / Hugging Face class name to a layer kind. `LayerKind::parse` knows the
@@ -202,12 +221,20 @@ fn kind_for_class(class: &str) -> LayerKind {
     if is_attention_class(class) {
         return LayerKind::Attention;
     }
-    let normalised: String =
-        class.chars().filter(char::is_ascii_alphanumeric).map(|c| c.to_ascii_lowercase()).collect();
-    let key =
-        normalised.strip_suffix("activation").filter(|k| !k.is_empty()).unwrap_or(&normalised);
+    let normalised: String = class
+        .chars()
+        .filter(char::is_ascii_alphanumeric)
+        .map(|c| c.to_ascii_lowercase())
+        .collect();
+    let key = normalised
+        .strip_suffix("activation")
+        .filter(|k| !k.is_empty())
+        .unwrap_or(&normalised);
     let key = key.strip_prefix("lazy").unwrap_or(key);
-    let base = ["1d", "2d", "3d"].iter().find_map(|dims| key.strip_suffix(dims)).unwrap_or(key);
+    let base = ["1d", "2d", "3d"]
+        .iter()
+        .find_map(|dims| key.strip_suffix(dims))
+        .unwrap_or(key);
     if let Some(kind) = LayerKind::parse(key).or_else(|| LayerKind::parse(base)) {
         return kind;
     }
@@ -328,7 +355,7 @@ mod table {
         for needed in DEFAULT_COLUMNS {
             if columns.iter().filter(|&&c| c == needed).count() != 1 {
                 return Err(
-                    "the header must have one 'Output Shape' and one 'Param #' column".into()
+                    "the header must have one 'Output Shape' and one 'Param #' column".into(),
                 );
             }
         }
@@ -347,7 +374,13 @@ mod table {
             .ok_or_else(|| format!("expected a layer name and {} columns", columns.len()))?;
         let (name, values) = tokens.split_at(name_len);
         let (class, depth) = parse_name(name)?;
-        let mut row = Row { line, class, depth, output_size: 0, params: 0 };
+        let mut row = Row {
+            line,
+            class,
+            depth,
+            output_size: 0,
+            params: 0,
+        };
         for (column, value) in columns.iter().zip(values) {
             match column {
                 Column::OutputShape => row.output_size = parse_shape(value)?,
@@ -390,11 +423,14 @@ mod table {
     /// torchinfo model row `ResNet`; returns the class and the torchinfo depth.
     fn parse_name<'a>(tokens: &[&'a str]) -> Result<(&'a str, Option<u64>), String> {
         let (&first, rest) = tokens.split_first().ok_or("no layer name")?;
-        let depth_idx = rest.last().and_then(|last| last.split_once('-')).filter(|(d, i)| {
-            !d.is_empty()
-                && !i.is_empty()
-                && (d.chars().chain(i.chars())).all(|c| c.is_ascii_digit())
-        });
+        let depth_idx = rest
+            .last()
+            .and_then(|last| last.split_once('-'))
+            .filter(|(d, i)| {
+                !d.is_empty()
+                    && !i.is_empty()
+                    && (d.chars().chain(i.chars())).all(|c| c.is_ascii_digit())
+            });
         let (class, depth, var_names) = match (depth_idx, rest.split_last()) {
             (Some((depth, _)), Some((_, var_names))) => {
                 let depth = parse_dim(depth)?;
@@ -412,10 +448,14 @@ mod table {
             },
         };
         // torchinfo's `row_settings=("var_names",)` adds `(conv1)` after the class.
-        let var_names_ok =
-            var_names.iter().all(|v| v.starts_with('(') && v.trim_end_matches(':').ends_with(')'));
+        let var_names_ok = var_names
+            .iter()
+            .all(|v| v.starts_with('(') && v.trim_end_matches(':').ends_with(')'));
         if !is_identifier(class) || !var_names_ok {
-            return Err(format!("'{}' is not a layer name", excerpt(&tokens.join(" "))));
+            return Err(format!(
+                "'{}' is not a layer name",
+                excerpt(&tokens.join(" "))
+            ));
         }
         Ok((class, depth))
     }
@@ -436,14 +476,16 @@ mod table {
         if !inner.starts_with('[') {
             return flat_shape_size(inner);
         }
-        split_top_level(inner).into_iter().try_fold(0u64, |sum, part| {
-            let part = part
-                .strip_prefix('[')
-                .and_then(|p| p.strip_suffix(']'))
-                .ok_or("malformed list of shapes")?;
-            sum.checked_add(flat_shape_size(part)?)
-                .ok_or_else(|| "output size does not fit in 64 bits".to_string())
-        })
+        split_top_level(inner)
+            .into_iter()
+            .try_fold(0u64, |sum, part| {
+                let part = part
+                    .strip_prefix('[')
+                    .and_then(|p| p.strip_suffix(']'))
+                    .ok_or("malformed list of shapes")?;
+                sum.checked_add(flat_shape_size(part)?)
+                    .ok_or_else(|| "output size does not fit in 64 bits".to_string())
+            })
     }
 
     fn flat_shape_size(dims: &str) -> Result<u64, String> {
@@ -471,7 +513,10 @@ mod table {
         match token {
             "--" | "(recursive)" => Ok(0),
             _ => parse_count(
-                token.strip_prefix('(').and_then(|t| t.strip_suffix(')')).unwrap_or(token),
+                token
+                    .strip_prefix('(')
+                    .and_then(|t| t.strip_suffix(')'))
+                    .unwrap_or(token),
             ),
         }
     }
@@ -498,7 +543,11 @@ mod table {
                     layers.push(layer, row.line)?;
                 } else if row.params > 0 {
                     layers.push(
-                        ParsedLayer { kind: LayerKind::Other, output_size: 0, params: row.params },
+                        ParsedLayer {
+                            kind: LayerKind::Other,
+                            output_size: 0,
+                            params: row.params,
+                        },
                         row.line,
                     )?;
                 }
@@ -584,7 +633,11 @@ mod module_print {
 
     pub(super) fn parse(text: &str, seq_len: u64) -> Result<Vec<ParsedLayer>, SummaryError> {
         let tree = Tree::parse(text)?;
-        let mut emitter = Emitter { nodes: &tree.nodes, seq_len, layers: Layers::default() };
+        let mut emitter = Emitter {
+            nodes: &tree.nodes,
+            seq_len,
+            layers: Layers::default(),
+        };
         emitter.emit(tree.root)?;
         let mut layers = emitter.layers;
         reconcile_total(&tree, &mut layers)?;
@@ -631,8 +684,9 @@ mod module_print {
                 let (body, params) = split_params(trimmed).map_err(at_line)?;
                 annotated |= params.is_some();
                 if body == ")" {
-                    let closed =
-                        open.pop().ok_or_else(|| at_line("')' closes no module".into()))?;
+                    let closed = open
+                        .pop()
+                        .ok_or_else(|| at_line("')' closes no module".into()))?;
                     if let Some(node) = nodes.get_mut(closed) {
                         node.closing = Some((line, params));
                     }
@@ -685,10 +739,12 @@ mod module_print {
             }
             // Children come after their parent, so a reverse pass sees them first.
             for index in (0..nodes.len()).rev() {
-                let Some(node) = nodes.get(index) else { continue };
+                let Some(node) = nodes.get(index) else {
+                    continue;
+                };
                 let children = || node.children.iter().filter_map(|&child| nodes.get(child));
-                let inside =
-                    children().any(|child| is_attention_class(child.class) || child.attention_inside);
+                let inside = children()
+                    .any(|child| is_attention_class(child.class) || child.attention_inside);
                 let emits = node.repeat > 0
                     && (node.args.is_some()
                         || children().any(|child| child.emits)
@@ -705,13 +761,19 @@ mod module_print {
                     node.children = emitting;
                 }
             }
-            Ok(Tree { nodes, root: 0, footer_total })
+            Ok(Tree {
+                nodes,
+                root: 0,
+                footer_total,
+            })
         }
     }
 
     /// Splits `body, 12,608 params` into the body and the count.
     fn split_params(trimmed: &str) -> Result<(&str, Option<u64>), String> {
-        let Some(head) = trimmed.strip_suffix("params").or_else(|| trimmed.strip_suffix("param"))
+        let Some(head) = trimmed
+            .strip_suffix("params")
+            .or_else(|| trimmed.strip_suffix("param"))
         else {
             return Ok((trimmed, None));
         };
@@ -728,7 +790,9 @@ mod module_print {
     fn parse_module_line(body: &str) -> Result<(u64, &str, Option<&str>), String> {
         let mut rest = body;
         if let Some(named) = rest.strip_prefix('(') {
-            let (_name, after) = named.split_once("): ").ok_or("expected '(name): Class(...)'")?;
+            let (_name, after) = named
+                .split_once("): ")
+                .ok_or("expected '(name): Class(...)'")?;
             rest = after.trim_start();
         }
         let mut repeat = 1;
@@ -778,7 +842,9 @@ mod module_print {
         /// and the work by MAX_LAYERS: only modules that add a layer are visited.
         fn emit(&mut self, index: usize) -> Result<(), SummaryError> {
             let nodes = self.nodes;
-            let Some(node) = nodes.get(index) else { return Ok(()) };
+            let Some(node) = nodes.get(index) else {
+                return Ok(());
+            };
             for _ in 0..node.repeat {
                 let before = self.layers.len();
                 match node.args {
@@ -806,7 +872,11 @@ mod module_print {
         /// `seq_len * hidden`, hidden being what the last projection produces.
         fn attention(&mut self, node: &Node<'_>) -> Result<(), SummaryError> {
             let mut hidden = None;
-            for child in node.children.iter().filter_map(|&child| self.nodes.get(child)) {
+            for child in node
+                .children
+                .iter()
+                .filter_map(|&child| self.nodes.get(child))
+            {
                 if let Some(args) = child.args {
                     if let (_, Some(width)) = self.leaf(child, args)? {
                         hidden = Some(width);
@@ -817,8 +887,14 @@ mod module_print {
                 Some(width) => self.tokens_times(width, node.line)?,
                 None => self.layers.last_output_size(),
             };
-            self.layers
-                .push(ParsedLayer { kind: LayerKind::Attention, output_size, params: 0 }, node.line)
+            self.layers.push(
+                ParsedLayer {
+                    kind: LayerKind::Attention,
+                    output_size,
+                    params: 0,
+                },
+                node.line,
+            )
         }
 
         /// A leaf's layer, plus its output width when it is a linear projection. Outputs are
@@ -850,38 +926,56 @@ mod module_print {
                 Some(width) => self.tokens_times(width, node.line)?,
                 None => self.layers.last_output_size(),
             };
-            let layer = ParsedLayer { kind, output_size, params: node.params.unwrap_or(0) };
+            let layer = ParsedLayer {
+                kind,
+                output_size,
+                params: node.params.unwrap_or(0),
+            };
             Ok((layer, width.filter(|_| kind == LayerKind::Linear)))
         }
 
         fn tokens_times(&self, width: u64, line: usize) -> Result<u64, SummaryError> {
             self.seq_len.checked_mul(width).ok_or_else(|| {
-                SummaryError::new(line, "output size (seq_len x width) does not fit in 64 bits")
+                SummaryError::new(
+                    line,
+                    "output size (seq_len x width) does not fit in 64 bits",
+                )
             })
         }
     }
 
     /// Module arguments split at top-level commas: `(64,), eps=1e-05` -> [`(64,)`, `eps=1e-05`].
     fn split_args(args: &str) -> Vec<&str> {
-        split_top_level(args).into_iter().filter(|a| !a.is_empty()).collect()
+        split_top_level(args)
+            .into_iter()
+            .filter(|a| !a.is_empty())
+            .collect()
     }
 
     fn keyword(args: &str, key: &str) -> Result<Option<u64>, String> {
         split_args(args)
             .into_iter()
-            .find_map(|arg| arg.strip_prefix(key).and_then(|rest| rest.strip_prefix('=')))
+            .find_map(|arg| {
+                arg.strip_prefix(key)
+                    .and_then(|rest| rest.strip_prefix('='))
+            })
             .map(|value| parse_dim(value.trim()))
             .transpose()
     }
 
     fn positional(args: &str, position: usize) -> Option<&str> {
-        split_args(args).into_iter().filter(|arg| !arg.contains('=')).nth(position)
+        split_args(args)
+            .into_iter()
+            .filter(|arg| !arg.contains('='))
+            .nth(position)
     }
 
     /// `LayerNorm((768,), ...)`: the product of the normalised shape. `None` when the
     /// arguments do not start with one (e.g. `T5LayerNorm()`).
     fn normalized_size(args: &str) -> Result<Option<u64>, String> {
-        let Some(shape) = positional(args, 0) else { return Ok(None) };
+        let Some(shape) = positional(args, 0) else {
+            return Ok(None);
+        };
         let dims: Vec<&str> = shape
             .trim_start_matches('(')
             .trim_end_matches(')')
@@ -928,11 +1022,18 @@ mod module_print {
             return Ok(());
         };
         let sum = layers.total_params().ok_or_else(|| {
-            SummaryError::new(root_line, "the parameter counts add up to more than 64 bits")
+            SummaryError::new(
+                root_line,
+                "the parameter counts add up to more than 64 bits",
+            )
         })?;
         if let Some(missing) = total.checked_sub(sum).filter(|&m| m > 0) {
             layers.push(
-                ParsedLayer { kind: LayerKind::Other, output_size: 0, params: missing },
+                ParsedLayer {
+                    kind: LayerKind::Other,
+                    output_size: 0,
+                    params: missing,
+                },
                 root_line,
             )?;
         } else if let Some(excess) = sum.checked_sub(total).filter(|&e| e > 0) {
@@ -981,7 +1082,11 @@ mod tests {
     }
 
     fn layer(kind: LayerKind, output_size: u64, params: u64) -> ParsedLayer {
-        ParsedLayer { kind, output_size, params }
+        ParsedLayer {
+            kind,
+            output_size,
+            params,
+        }
     }
 
     fn error_line(format: SummaryFormat, text: &str, seq_len: Option<u64>) -> usize {
@@ -995,14 +1100,17 @@ mod tests {
 
     // resnet18 as `torchsummary.summary(model, (3, 224, 224))` prints it, abridged after the
     // first block (rows 12-66 removed).
-    const RESNET18_TORCHSUMMARY: &str = include_str!("../../tests/fixtures/summaries/resnet18_torchsummary.txt");
+    const RESNET18_TORCHSUMMARY: &str =
+        include_str!("../../tests/fixtures/summaries/resnet18_torchsummary.txt");
 
     // resnet18 as `torchinfo.summary(model, (1, 3, 224, 224))` prints it, abridged.
-    const RESNET18_TORCHINFO: &str = include_str!("../../tests/fixtures/summaries/resnet18_torchinfo.txt");
+    const RESNET18_TORCHINFO: &str =
+        include_str!("../../tests/fixtures/summaries/resnet18_torchinfo.txt");
 
     // bert-base-uncased, printed with `, N params` per module (embeddings and encoder intact,
     // the classifier-free pooler at the end). 12 x BertLayer of 7,087,872 parameters each.
-    const BERT_BASE: &str = include_str!("../../tests/fixtures/summaries/bert_base_module_print.txt");
+    const BERT_BASE: &str =
+        include_str!("../../tests/fixtures/summaries/bert_base_module_print.txt");
 
     // gpt2 (GPT2LMHeadModel): lm_head shares wte's weight, so the total counts it once.
     const GPT2: &str = include_str!("../../tests/fixtures/summaries/gpt2_module_print.txt");
@@ -1047,7 +1155,10 @@ mod tests {
         assert_eq!(layers[3], layer(LayerKind::MaxPool, 64 * 56 * 56, 0));
         assert_eq!(layers[10], layer(LayerKind::AdaptiveAvgPool, 512, 0));
         assert_eq!(layers[11], layer(LayerKind::Linear, 1000, 513_000));
-        assert_eq!(total_params(&layers), 9_408 + 128 + 2 * (36_864 + 128) + 513_000);
+        assert_eq!(
+            total_params(&layers),
+            9_408 + 128 + 2 * (36_864 + 128) + 513_000
+        );
     }
 
     #[test]
@@ -1125,9 +1236,18 @@ MultiheadAttention-2  [[-1, 10, 64], [-1, 10, 10]]               0
         // 5 embedding leaves, 12 x (12 leaves + 1 attention), 2 pooler leaves.
         assert_eq!(layers.len(), 5 + 12 * 13 + 2);
         assert_eq!(total_params(&layers), 109_482_240);
-        let attention: Vec<_> = layers.iter().filter(|l| l.kind == LayerKind::Attention).collect();
-        assert_eq!(attention.len(), 12, "BertAttention wraps BertSelfAttention: counted once");
-        assert!(attention.iter().all(|l| l.output_size == 128 * 768 && l.params == 0));
+        let attention: Vec<_> = layers
+            .iter()
+            .filter(|l| l.kind == LayerKind::Attention)
+            .collect();
+        assert_eq!(
+            attention.len(),
+            12,
+            "BertAttention wraps BertSelfAttention: counted once"
+        );
+        assert!(attention
+            .iter()
+            .all(|l| l.output_size == 128 * 768 && l.params == 0));
         assert_eq!(
             kinds(&layers[5..18]),
             [
@@ -1151,11 +1271,18 @@ MultiheadAttention-2  [[-1, 10, 64], [-1, 10, 10]]               0
             kinds(&layers[148..161]),
             "the last block repeats the first"
         );
-        assert_eq!(layers[8].output_size, 128 * 768, "dropout keeps the value projection's size");
+        assert_eq!(
+            layers[8].output_size,
+            128 * 768,
+            "dropout keeps the value projection's size"
+        );
         assert_eq!(layers[13].output_size, 128 * 3072);
         assert_eq!(layers[14].kind, LayerKind::Gelu);
         assert_eq!(layers[14].output_size, 128 * 3072);
-        assert_eq!(layers[0], layer(LayerKind::Embedding, 128 * 768, 23_440_896));
+        assert_eq!(
+            layers[0],
+            layer(LayerKind::Embedding, 128 * 768, 23_440_896)
+        );
         assert_eq!(layers.last(), Some(&layer(LayerKind::Tanh, 128 * 768, 0)));
     }
 
@@ -1221,12 +1348,22 @@ Encoder(
     fn a_garbage_line_is_reported_on_its_own_line() {
         let mut table: Vec<&str> = RESNET18_TORCHSUMMARY.lines().collect();
         table.insert(6, "this is not a layer row");
-        assert_eq!(error_line(SummaryFormat::Torchsummary, &table.join("\n"), None), 7);
+        assert_eq!(
+            error_line(SummaryFormat::Torchsummary, &table.join("\n"), None),
+            7
+        );
         let mut print: Vec<&str> = TINY_LM.lines().collect();
         print.insert(3, "    what is this?");
-        assert_eq!(error_line(SummaryFormat::ModulePrint, &print.join("\n"), Some(128)), 4);
+        assert_eq!(
+            error_line(SummaryFormat::ModulePrint, &print.join("\n"), Some(128)),
+            4
+        );
         let err = parse_summary(SummaryFormat::Torchsummary, "hello", 8, None).unwrap_err();
-        assert!(err.to_string().starts_with("summary.text line 1: not a layer row"), "{err}");
+        assert!(
+            err.to_string()
+                .starts_with("summary.text line 1: not a layer row"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -1241,20 +1378,28 @@ Encoder(
         assert_eq!(error_line(SummaryFormat::Torchsummary, "", None), 1);
         assert_eq!(error_line(SummaryFormat::ModulePrint, " \n\n", Some(1)), 1);
         let huge = "x\n".repeat(MAX_SUMMARY_BYTES / 2 + 1);
-        assert_eq!(error_line(SummaryFormat::Torchsummary, &huge, None), MAX_SUMMARY_BYTES / 2 + 1);
+        assert_eq!(
+            error_line(SummaryFormat::Torchsummary, &huge, None),
+            MAX_SUMMARY_BYTES / 2 + 1
+        );
     }
 
     #[test]
     fn the_layer_after_the_limit_is_reported() {
         let rows = "Linear-1  [-1, 10]  110\n".repeat(MAX_LAYERS + 1);
-        assert_eq!(error_line(SummaryFormat::Torchsummary, &rows, None), MAX_LAYERS + 1);
+        assert_eq!(
+            error_line(SummaryFormat::Torchsummary, &rows, None),
+            MAX_LAYERS + 1
+        );
         let repeated =
             "M(\n  (0-99999999999): 99999999999 x B(\n    (a): ReLU(), 0 params\n  )\n), 0 params\n";
         assert_eq!(error_line(SummaryFormat::ModulePrint, repeated, Some(4)), 3);
         let empty_blocks =
             "M(\n  (0-99999999999): 99999999999 x B(\n  )\n  (a): ReLU(), 0 params\n), 0 params\n";
         assert_eq!(
-            parse_summary(SummaryFormat::ModulePrint, empty_blocks, 8, Some(4)).unwrap().len(),
+            parse_summary(SummaryFormat::ModulePrint, empty_blocks, 8, Some(4))
+                .unwrap()
+                .len(),
             1
         );
     }
@@ -1262,17 +1407,30 @@ Encoder(
     #[test]
     fn deep_or_unbalanced_nesting_is_rejected() {
         let deep = "(m): M(\n".repeat(MAX_NESTING + 1);
-        assert_eq!(error_line(SummaryFormat::ModulePrint, &deep, Some(4)), MAX_NESTING + 1);
+        assert_eq!(
+            error_line(SummaryFormat::ModulePrint, &deep, Some(4)),
+            MAX_NESTING + 1
+        );
         let unclosed = "M(\n  (a): N(\n    (b): ReLU(), 0 params\n";
         assert_eq!(error_line(SummaryFormat::ModulePrint, unclosed, Some(4)), 2);
         let extra_close = "M(\n  (b): ReLU(), 0 params\n), 0 params\n), 0 params\n";
-        assert_eq!(error_line(SummaryFormat::ModulePrint, extra_close, Some(4)), 4);
+        assert_eq!(
+            error_line(SummaryFormat::ModulePrint, extra_close, Some(4)),
+            4
+        );
         let bad_args = "M(\n  (b): Linear((((((out_features=3), 0 params\n), 0 params\n";
         assert_eq!(error_line(SummaryFormat::ModulePrint, bad_args, Some(4)), 2);
         let bad_shape = "Conv2d-1  [[[[-1, 3]]]  9\n";
         assert_eq!(error_line(SummaryFormat::Torchsummary, bad_shape, None), 1);
-        let nested_shape = format!("Conv2d-1  {}-1{}  9\n", "[".repeat(10_000), "]".repeat(10_000));
-        assert_eq!(error_line(SummaryFormat::Torchsummary, &nested_shape, None), 1);
+        let nested_shape = format!(
+            "Conv2d-1  {}-1{}  9\n",
+            "[".repeat(10_000),
+            "]".repeat(10_000)
+        );
+        assert_eq!(
+            error_line(SummaryFormat::Torchsummary, &nested_shape, None),
+            1
+        );
     }
 
     #[test]
@@ -1283,7 +1441,8 @@ Encoder(
         assert_eq!(error_line(SummaryFormat::Torchsummary, shape, None), 1);
         let dim = "Linear-1  [-1, 18446744073709551616]  1\n";
         assert_eq!(error_line(SummaryFormat::Torchsummary, dim, None), 1);
-        let width = "M(\n  (a): Linear(in_features=1, out_features=18446744073709551615), 2 params\n\
+        let width =
+            "M(\n  (a): Linear(in_features=1, out_features=18446744073709551615), 2 params\n\
                      ), 2 params\n";
         assert_eq!(error_line(SummaryFormat::ModulePrint, width, Some(2)), 2);
         let sum =
@@ -1332,19 +1491,28 @@ Encoder(
     #[test]
     fn random_bytes_and_shuffled_lines_never_panic() {
         let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
-        let alphabet: Vec<char> =
-            "([{}])-,:x =│├└─0123456789 params\nLinearConv2dReLU9,4-1é".chars().collect();
+        let alphabet: Vec<char> = "([{}])-,:x =│├└─0123456789 params\nLinearConv2dReLU9,4-1é"
+            .chars()
+            .collect();
         for _ in 0..3_000 {
             let len = rng.below(120);
             let text: String = if rng.below(2) == 0 {
                 let bytes: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
                 String::from_utf8_lossy(&bytes).into_owned()
             } else {
-                (0..len).map(|_| alphabet[rng.below(alphabet.len())]).collect()
+                (0..len)
+                    .map(|_| alphabet[rng.below(alphabet.len())])
+                    .collect()
             };
             parse_all_ways(&text);
         }
-        let fixtures = [TINY_LM, RESNET18_TORCHSUMMARY, RESNET18_TORCHINFO, BERT_BASE, GPT2];
+        let fixtures = [
+            TINY_LM,
+            RESNET18_TORCHSUMMARY,
+            RESNET18_TORCHINFO,
+            BERT_BASE,
+            GPT2,
+        ];
         for _ in 0..600 {
             let fixture = fixtures[rng.below(fixtures.len())];
             let mut lines: Vec<&str> = fixture.lines().collect();
@@ -1365,7 +1533,10 @@ Encoder(
             }
             let mut text = lines.join("\n");
             // Cut at a random character boundary too.
-            let cut = text.char_indices().map(|(i, _)| i).nth(rng.below(text.len() + 1));
+            let cut = text
+                .char_indices()
+                .map(|(i, _)| i)
+                .nth(rng.below(text.len() + 1));
             if let Some(cut) = cut.filter(|_| rng.below(3) == 0) {
                 text.truncate(cut);
             }

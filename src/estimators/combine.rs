@@ -60,7 +60,11 @@ pub fn correction_applies(reach: &Extrapolation) -> bool {
 /// such figures down (a 67 GB step, in-domain by its features, came out at 47 GB). It applies
 /// only where the step runs on that card (`min capacity + context <= capacity`); beyond, the
 /// simulated figure leads.
-pub fn within_measured_range(min_capacity_bytes: u64, cuda_context_mib: f64, capacity_mib: u64) -> bool {
+pub fn within_measured_range(
+    min_capacity_bytes: u64,
+    cuda_context_mib: f64,
+    capacity_mib: u64,
+) -> bool {
     min_capacity_bytes as f64 / (1024.0 * 1024.0) + cuda_context_mib <= capacity_mib as f64
 }
 
@@ -128,7 +132,10 @@ mod tests {
         assert_eq!(widen(f64::INFINITY), 3.0);
         assert_eq!(widen(f64::NAN), 3.0);
         // With near 2, the bound starts widening at twice the typical distance.
-        let late = Extrapolation { near: 2.0, ..reach(3.0) };
+        let late = Extrapolation {
+            near: 2.0,
+            ..reach(3.0)
+        };
         assert_eq!(bound_widening(&late), 1.5);
     }
 
@@ -137,6 +144,8 @@ mod tests {
         let simulation = precedence(&[Requirement::Simulation, Requirement::SavedTensors]);
         let traced = precedence(&[Requirement::SavedTensors]);
         let plain = precedence(&[]);
-        assert!(simulation > SIMULATED_PRECEDENCE && SIMULATED_PRECEDENCE > traced && traced > plain);
+        assert!(
+            simulation > SIMULATED_PRECEDENCE && SIMULATED_PRECEDENCE > traced && traced > plain
+        );
     }
 }

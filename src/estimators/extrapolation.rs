@@ -84,43 +84,79 @@ impl TrainingDomain {
         let file: DomainFile = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
         super::check_specs(&file.features, known)?;
         let mut names = HashSet::new();
-        if let Some(duplicate) = file.features.iter().find(|spec| !names.insert(spec.name.as_str())) {
+        if let Some(duplicate) = file
+            .features
+            .iter()
+            .find(|spec| !names.insert(spec.name.as_str()))
+        {
             return Err(format!("feature '{}' is listed twice", duplicate.name));
         }
         if file.order.is_empty() {
             return Err("order is empty".into());
         }
         let mut ordered = HashSet::new();
-        if let Some(duplicate) = file.order.iter().find(|name| !ordered.insert(name.as_str())) {
+        if let Some(duplicate) = file
+            .order
+            .iter()
+            .find(|name| !ordered.insert(name.as_str()))
+        {
             return Err(format!("order lists '{duplicate}' twice"));
         }
         let specs = file
             .order
             .iter()
             .map(|name| {
-                file.features.iter().find(|spec| &spec.name == name).cloned().ok_or_else(|| format!("order names '{name}', which features do not describe"))
+                file.features
+                    .iter()
+                    .find(|spec| &spec.name == name)
+                    .cloned()
+                    .ok_or_else(|| format!("order names '{name}', which features do not describe"))
             })
             .collect::<Result<Vec<_>, _>>()?;
-        if let Some(extra) = file.features.iter().find(|spec| !ordered.contains(spec.name.as_str())) {
-            return Err(format!("feature '{}' is described but not in order", extra.name));
+        if let Some(extra) = file
+            .features
+            .iter()
+            .find(|spec| !ordered.contains(spec.name.as_str()))
+        {
+            return Err(format!(
+                "feature '{}' is described but not in order",
+                extra.name
+            ));
         }
         let optimizers = parse_all(&file.optimizers, "optimizers", Optimizer::parse)?;
         let precisions = parse_all(&file.precisions, "precisions", Precision::parse)?;
         if !(file.typical_distance.is_finite() && file.typical_distance > 0.0) {
-            return Err(format!("typical_distance must be a positive number, got {}", file.typical_distance));
+            return Err(format!(
+                "typical_distance must be a positive number, got {}",
+                file.typical_distance
+            ));
         }
-        if !(file.near.is_finite() && file.far.is_finite() && 0.0 < file.near && file.near <= file.far) {
-            return Err(format!("near and far must be numbers with 0 < near <= far, got near {} and far {}", file.near, file.far));
+        if !(file.near.is_finite()
+            && file.far.is_finite()
+            && 0.0 < file.near
+            && file.near <= file.far)
+        {
+            return Err(format!(
+                "near and far must be numbers with 0 < near <= far, got near {} and far {}",
+                file.near, file.far
+            ));
         }
         if !(file.max_widen.is_finite() && file.max_widen >= 1.0) {
-            return Err(format!("max_widen must be a number of at least 1, got {}", file.max_widen));
+            return Err(format!(
+                "max_widen must be a number of at least 1, got {}",
+                file.max_widen
+            ));
         }
         if file.points.is_empty() {
             return Err("points is empty".into());
         }
         for (i, point) in file.points.iter().enumerate() {
             if point.len() != specs.len() {
-                return Err(format!("points[{i}] has {} coordinates, order has {}", point.len(), specs.len()));
+                return Err(format!(
+                    "points[{i}] has {} coordinates, order has {}",
+                    point.len(),
+                    specs.len()
+                ));
             }
             if let Some(d) = point.iter().position(|v| !v.is_finite()) {
                 return Err(format!("points[{i}][{d}] is not a finite number"));
@@ -142,7 +178,8 @@ impl TrainingDomain {
     /// precision is not the domain's (a distance in features cannot tell how another optimizer
     /// changes memory), else its distance to the nearest training job.
     pub fn locate(&self, job: &Job, aggregate: &AggregateFeatures) -> Extrapolation {
-        let outside_setup = !(self.optimizers.contains(&job.optimizer()) && self.precisions.contains(&job.precision()));
+        let outside_setup = !(self.optimizers.contains(&job.optimizer())
+            && self.precisions.contains(&job.precision()));
         let distance = if outside_setup {
             None
         } else {
@@ -163,7 +200,10 @@ impl TrainingDomain {
     /// The job's normalised vector, coordinates in the points' order.
     pub fn vector(&self, aggregate: &AggregateFeatures) -> Vec<f64> {
         // Names were checked against `AggregateFeatures::get` at load.
-        self.specs.iter().map(|spec| spec.normalise(aggregate.get(&spec.name).unwrap_or(0.0))).collect()
+        self.specs
+            .iter()
+            .map(|spec| spec.normalise(aggregate.get(&spec.name).unwrap_or(0.0)))
+            .collect()
     }
 
     /// Euclidean distance from `vector` to the nearest training point.
@@ -175,8 +215,16 @@ impl TrainingDomain {
         DomainSummary {
             points: self.points.len,
             features: self.specs.iter().map(|s| s.name.clone()).collect(),
-            optimizers: self.optimizers.iter().map(|o| o.as_str().to_string()).collect(),
-            precisions: self.precisions.iter().map(|p| p.as_str().to_string()).collect(),
+            optimizers: self
+                .optimizers
+                .iter()
+                .map(|o| o.as_str().to_string())
+                .collect(),
+            precisions: self
+                .precisions
+                .iter()
+                .map(|p| p.as_str().to_string())
+                .collect(),
             typical_distance: self.typical_distance,
             near: self.near,
             far: self.far,
@@ -185,11 +233,20 @@ impl TrainingDomain {
     }
 }
 
-fn parse_all<T>(names: &[String], field: &str, parse: fn(&str) -> Option<T>) -> Result<Vec<T>, String> {
+fn parse_all<T>(
+    names: &[String],
+    field: &str,
+    parse: fn(&str) -> Option<T>,
+) -> Result<Vec<T>, String> {
     if names.is_empty() {
-        return Err(format!("{field} is empty: no job would be inside the domain"));
+        return Err(format!(
+            "{field} is empty: no job would be inside the domain"
+        ));
     }
-    names.iter().map(|name| parse(name).ok_or_else(|| format!("{field}: unknown '{name}'"))).collect()
+    names
+        .iter()
+        .map(|name| parse(name).ok_or_else(|| format!("{field}: unknown '{name}'")))
+        .collect()
 }
 
 /// Points per block: a block's running sums stay in registers.
@@ -219,7 +276,11 @@ impl Points {
                 blocks[(i / LANES) * dims + d][i % LANES] = value;
             }
         }
-        Points { dims, len: rows.len(), blocks }
+        Points {
+            dims,
+            len: rows.len(),
+            blocks,
+        }
     }
 
     /// The smallest squared distance from `query` (`dims` coordinates) to a point.
@@ -265,17 +326,27 @@ mod tests {
     }
 
     fn parse(file: &Value) -> Result<TrainingDomain, String> {
-        TrainingDomain::parse(file.to_string().as_bytes(), |name| AggregateFeatures::of(&job(1)).get(name).is_some())
+        TrainingDomain::parse(file.to_string().as_bytes(), |name| {
+            AggregateFeatures::of(&job(1)).get(name).is_some()
+        })
     }
 
     fn job(batch: u64) -> Job {
-        let layers = [crate::domain::UncheckedLayer { kind: "linear", output_size: 10, params: 1000 }];
+        let layers = [crate::domain::UncheckedLayer {
+            kind: "linear",
+            output_size: 10,
+            params: 1000,
+        }];
         Job::parse(None, batch, layers.into_iter()).unwrap()
     }
 
     /// A plain scan, the definition the blocked layout must reproduce.
     fn naive(points: &[Vec<f64>], q: &[f64]) -> f64 {
-        points.iter().map(|p| p.iter().zip(q).map(|(a, b)| (a - b) * (a - b)).sum::<f64>()).fold(f64::INFINITY, f64::min).sqrt()
+        points
+            .iter()
+            .map(|p| p.iter().zip(q).map(|(a, b)| (a - b) * (a - b)).sum::<f64>())
+            .fold(f64::INFINITY, f64::min)
+            .sqrt()
     }
 
     #[test]
@@ -289,12 +360,17 @@ mod tests {
             (state % 20_000) as f64 / 1000.0 - 10.0
         };
         for (n, dims) in [(1, 1), (15, 3), (16, 11), (17, 11), (100, 11), (3000, 11)] {
-            let rows: Vec<Vec<f64>> = (0..n).map(|_| (0..dims).map(|_| next()).collect()).collect();
+            let rows: Vec<Vec<f64>> = (0..n)
+                .map(|_| (0..dims).map(|_| next()).collect())
+                .collect();
             let points = Points::new(&rows, dims);
             for _ in 0..20 {
                 let q: Vec<f64> = (0..dims).map(|_| next()).collect();
                 let expected = naive(&rows, &q);
-                assert!((points.nearest_squared(&q).sqrt() - expected).abs() < 1e-12, "{n} x {dims}");
+                assert!(
+                    (points.nearest_squared(&q).sqrt() - expected).abs() < 1e-12,
+                    "{n} x {dims}"
+                );
             }
             // At a training point: exactly 0.
             assert_eq!(points.nearest_squared(&rows[n - 1]), 0.0);
@@ -320,9 +396,15 @@ mod tests {
     fn another_optimizer_or_precision_is_outside_the_domain() {
         let domain = parse(&file()).unwrap();
         for (optimizer, precision) in [("sgd", "fp32"), ("adamw", "fp32"), ("adam", "bf16")] {
-            let job = job(10).with_training(Some(optimizer), Some(precision)).unwrap();
+            let job = job(10)
+                .with_training(Some(optimizer), Some(precision))
+                .unwrap();
             let placed = domain.locate(&job, &AggregateFeatures::of(&job));
-            assert_eq!((placed.distance, placed.ratio, placed.outside_setup), (None, f64::INFINITY, true), "{optimizer} {precision}");
+            assert_eq!(
+                (placed.distance, placed.ratio, placed.outside_setup),
+                (None, f64::INFINITY, true),
+                "{optimizer} {precision}"
+            );
         }
     }
 
@@ -330,22 +412,88 @@ mod tests {
     fn a_domain_file_that_does_not_hold_is_refused_saying_why() {
         type Edit = Box<dyn Fn(&mut Value)>;
         let cases: Vec<(&str, Edit, &str)> = vec![
-            ("short point", Box::new(|f| f["points"][1] = json!([1.0])), "points[1] has 1 coordinates, order has 2"),
-            ("long point", Box::new(|f| f["points"][2] = json!([1.0, 2.0, 3.0])), "points[2] has 3 coordinates"),
-            ("no points", Box::new(|f| f["points"] = json!([])), "points is empty"),
-            ("unknown feature", Box::new(|f| f["features"][0]["name"] = "params_squared".into()), "unknown feature 'params_squared'"),
-            ("order without features", Box::new(|f| f["order"] = json!(["batch_size", "n_layers"])), "order names 'n_layers'"),
-            ("feature not in order", Box::new(|f| f["order"] = json!(["batch_size"])), "feature 'total_params' is described but not in order"),
-            ("order twice", Box::new(|f| f["order"] = json!(["batch_size", "batch_size"])), "order lists 'batch_size' twice"),
-            ("zero std", Box::new(|f| f["features"][1]["std"] = 0.0.into()), "invalid mean/std"),
-            ("zero typical distance", Box::new(|f| f["typical_distance"] = 0.0.into()), "typical_distance"),
-            ("near above far", Box::new(|f| f["near"] = 3.0.into()), "0 < near <= far"),
-            ("zero near", Box::new(|f| f["near"] = 0.0.into()), "0 < near <= far"),
-            ("max_widen below 1", Box::new(|f| f["max_widen"] = 0.5.into()), "max_widen"),
-            ("max_widen missing", Box::new(|f| { f.as_object_mut().unwrap().remove("max_widen"); }), "missing field `max_widen`"),
-            ("unknown optimizer", Box::new(|f| f["optimizers"] = json!(["lion"])), "optimizers: unknown 'lion'"),
-            ("no precision", Box::new(|f| f["precisions"] = json!([])), "precisions is empty"),
-            ("not a number", Box::new(|f| f["points"][0][0] = "x".into()), "invalid type"),
+            (
+                "short point",
+                Box::new(|f| f["points"][1] = json!([1.0])),
+                "points[1] has 1 coordinates, order has 2",
+            ),
+            (
+                "long point",
+                Box::new(|f| f["points"][2] = json!([1.0, 2.0, 3.0])),
+                "points[2] has 3 coordinates",
+            ),
+            (
+                "no points",
+                Box::new(|f| f["points"] = json!([])),
+                "points is empty",
+            ),
+            (
+                "unknown feature",
+                Box::new(|f| f["features"][0]["name"] = "params_squared".into()),
+                "unknown feature 'params_squared'",
+            ),
+            (
+                "order without features",
+                Box::new(|f| f["order"] = json!(["batch_size", "n_layers"])),
+                "order names 'n_layers'",
+            ),
+            (
+                "feature not in order",
+                Box::new(|f| f["order"] = json!(["batch_size"])),
+                "feature 'total_params' is described but not in order",
+            ),
+            (
+                "order twice",
+                Box::new(|f| f["order"] = json!(["batch_size", "batch_size"])),
+                "order lists 'batch_size' twice",
+            ),
+            (
+                "zero std",
+                Box::new(|f| f["features"][1]["std"] = 0.0.into()),
+                "invalid mean/std",
+            ),
+            (
+                "zero typical distance",
+                Box::new(|f| f["typical_distance"] = 0.0.into()),
+                "typical_distance",
+            ),
+            (
+                "near above far",
+                Box::new(|f| f["near"] = 3.0.into()),
+                "0 < near <= far",
+            ),
+            (
+                "zero near",
+                Box::new(|f| f["near"] = 0.0.into()),
+                "0 < near <= far",
+            ),
+            (
+                "max_widen below 1",
+                Box::new(|f| f["max_widen"] = 0.5.into()),
+                "max_widen",
+            ),
+            (
+                "max_widen missing",
+                Box::new(|f| {
+                    f.as_object_mut().unwrap().remove("max_widen");
+                }),
+                "missing field `max_widen`",
+            ),
+            (
+                "unknown optimizer",
+                Box::new(|f| f["optimizers"] = json!(["lion"])),
+                "optimizers: unknown 'lion'",
+            ),
+            (
+                "no precision",
+                Box::new(|f| f["precisions"] = json!([])),
+                "precisions is empty",
+            ),
+            (
+                "not a number",
+                Box::new(|f| f["points"][0][0] = "x".into()),
+                "invalid type",
+            ),
         ];
         for (name, edit, needle) in cases {
             let mut broken = file();

@@ -133,8 +133,14 @@ pub struct ResidualQuantile {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum InputSpec {
-    Aggregate { features: Vec<FeatureSpec> },
-    Sequence { kind_vocab: Vec<String>, token_features: Vec<FeatureSpec>, max_tokens: usize },
+    Aggregate {
+        features: Vec<FeatureSpec>,
+    },
+    Sequence {
+        kind_vocab: Vec<String>,
+        token_features: Vec<FeatureSpec>,
+        max_tokens: usize,
+    },
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -12,14 +12,18 @@ use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 
-use crate::domain::features::{raw_token_feature, AggregateFeatures, FeatureSpec, TokenFeatures, TOKEN_FEATURES};
+use crate::domain::features::{
+    raw_token_feature, AggregateFeatures, FeatureSpec, TokenFeatures, TOKEN_FEATURES,
+};
 use crate::domain::physics::{Physics, REFERENCE_CAPACITY_MIB};
-use crate::domain::{analytic, Family, Job, LayerKind, MemoryClass, MemoryClasses, ResidualQuantiles};
+use crate::domain::{
+    analytic, Family, Job, LayerKind, MemoryClass, MemoryClasses, ResidualQuantiles,
+};
 use combine::{precedence, SIMULATED_PRECEDENCE};
 use extrapolation::{DomainSummary, Extrapolation, TrainingDomain};
 use manifest::{
-    EstimatorEntry, EstimatorKind, FileRef, InputSpec, Manifest, Requirement, SimulatedEntry, MANIFEST_FILE,
-    SUPPORTED_SCHEMA_VERSION,
+    EstimatorEntry, EstimatorKind, FileRef, InputSpec, Manifest, Requirement, SimulatedEntry,
+    MANIFEST_FILE, SUPPORTED_SCHEMA_VERSION,
 };
 use onnx::{InferenceError, Model, ModelInput, OnnxModel};
 
@@ -27,11 +31,18 @@ use onnx::{InferenceError, Model, ModelInput, OnnxModel};
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
     #[error("{path}: cannot read: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("{path}: invalid manifest: {reason}")]
     Manifest { path: PathBuf, reason: String },
     #[error("{path}: sha256 is {actual}, the manifest says {expected}")]
-    Checksum { path: PathBuf, expected: String, actual: String },
+    Checksum {
+        path: PathBuf,
+        expected: String,
+        actual: String,
+    },
     #[error("{path}: {reason}")]
     Model { path: PathBuf, reason: String },
     #[error("{path}: invalid training domain: {reason}")]
@@ -46,18 +57,34 @@ pub enum EstimateError {
     #[error("family: no memory estimator is loaded for family '{0}'")]
     UnsupportedFamily(Family),
     #[error("layers[{index}].kind: '{kind}' is not in the vocabulary of estimator '{estimator}'")]
-    KindNotInVocabulary { index: usize, kind: LayerKind, estimator: String },
+    KindNotInVocabulary {
+        index: usize,
+        kind: LayerKind,
+        estimator: String,
+    },
     #[error("layers: estimator '{estimator}' accepts at most {max} layers, got {got}")]
-    TooManyTokens { estimator: String, max: usize, got: usize },
+    TooManyTokens {
+        estimator: String,
+        max: usize,
+        got: usize,
+    },
     #[error("confidence: {confidence} is outside the calibrated range {low} to {high}")]
-    ConfidenceOutOfRange { confidence: f64, low: f64, high: f64 },
+    ConfidenceOutOfRange {
+        confidence: f64,
+        low: f64,
+        high: f64,
+    },
     #[error(transparent)]
     Inference(#[from] InferenceError),
 }
 
 enum Input {
     Aggregate(Vec<FeatureSpec>),
-    Sequence { vocab: Vec<LayerKind>, token_features: Vec<FeatureSpec>, max_tokens: usize },
+    Sequence {
+        vocab: Vec<LayerKind>,
+        token_features: Vec<FeatureSpec>,
+        max_tokens: usize,
+    },
 }
 
 /// One loaded estimator.
@@ -77,37 +104,70 @@ impl Estimator {
 
     /// Whether the job carries what this estimator needs.
     pub fn applies_to(&self, job: &Job) -> bool {
-        self.entry.requires.iter().all(|requirement| match requirement {
-            Requirement::SavedTensors => job.saved_tensors().is_some(),
-            Requirement::Simulation => job.simulation().is_some(),
-        })
+        self.entry
+            .requires
+            .iter()
+            .all(|requirement| match requirement {
+                Requirement::SavedTensors => job.saved_tensors().is_some(),
+                Requirement::Simulation => job.simulation().is_some(),
+            })
     }
 
     /// Runs this estimator alone on one job: class probabilities, or a one-element regression
     /// output.
     pub fn run(&self, job: &Job, aggregate: &AggregateFeatures) -> Result<Vec<f32>, EstimateError> {
-        self.run_many(&[job], std::slice::from_ref(aggregate)).pop().expect("one job in, one answer out")
+        self.run_many(&[job], std::slice::from_ref(aggregate))
+            .pop()
+            .expect("one job in, one answer out")
     }
 
     /// Runs this estimator on many jobs with as few model calls as possible: one for aggregate
     /// inputs, one per distinct layer count for sequences (so no padding changes an answer).
-    pub fn run_many(&self, jobs: &[&Job], aggregates: &[AggregateFeatures]) -> Vec<Result<Vec<f32>, EstimateError>> {
+    pub fn run_many(
+        &self,
+        jobs: &[&Job],
+        aggregates: &[AggregateFeatures],
+    ) -> Vec<Result<Vec<f32>, EstimateError>> {
         match &self.input {
             Input::Aggregate(specs) => {
-                let rows: Vec<f32> = aggregates.iter().flat_map(|a| a.normalised(specs)).collect();
-                let input = ModelInput::Aggregate { rows: &rows, n_rows: jobs.len() };
+                let rows: Vec<f32> = aggregates
+                    .iter()
+                    .flat_map(|a| a.normalised(specs))
+                    .collect();
+                let input = ModelInput::Aggregate {
+                    rows: &rows,
+                    n_rows: jobs.len(),
+                };
                 split_rows(self.model.infer(input), jobs.len())
             }
-            Input::Sequence { vocab, token_features, max_tokens } => {
-                let mut answers: Vec<Result<Vec<f32>, EstimateError>> = Vec::with_capacity(jobs.len());
+            Input::Sequence {
+                vocab,
+                token_features,
+                max_tokens,
+            } => {
+                let mut answers: Vec<Result<Vec<f32>, EstimateError>> =
+                    Vec::with_capacity(jobs.len());
                 let mut by_length: BTreeMap<usize, Vec<(usize, TokenFeatures)>> = BTreeMap::new();
                 for (i, job) in jobs.iter().enumerate() {
                     let n_layers = job.layers().len();
                     let tokens = if n_layers > *max_tokens {
-                        Err(EstimateError::TooManyTokens { estimator: self.entry.name.clone(), max: *max_tokens, got: n_layers })
+                        Err(EstimateError::TooManyTokens {
+                            estimator: self.entry.name.clone(),
+                            max: *max_tokens,
+                            got: n_layers,
+                        })
                     } else {
-                        TokenFeatures::of(job, |k| vocab.iter().position(|v| *v == k), token_features).map_err(|(index, kind)| {
-                            EstimateError::KindNotInVocabulary { index, kind, estimator: self.entry.name.clone() }
+                        TokenFeatures::of(
+                            job,
+                            |k| vocab.iter().position(|v| *v == k),
+                            token_features,
+                        )
+                        .map_err(|(index, kind)| {
+                            EstimateError::KindNotInVocabulary {
+                                index,
+                                kind,
+                                estimator: self.entry.name.clone(),
+                            }
                         })
                     };
                     match tokens {
@@ -119,8 +179,14 @@ impl Estimator {
                     }
                 }
                 for (n_tokens, group) in by_length {
-                    let kind_ids: Vec<i64> = group.iter().flat_map(|(_, t)| t.kind_ids.iter().copied()).collect();
-                    let features: Vec<f32> = group.iter().flat_map(|(_, t)| t.features.iter().copied()).collect();
+                    let kind_ids: Vec<i64> = group
+                        .iter()
+                        .flat_map(|(_, t)| t.kind_ids.iter().copied())
+                        .collect();
+                    let features: Vec<f32> = group
+                        .iter()
+                        .flat_map(|(_, t)| t.features.iter().copied())
+                        .collect();
                     let input = ModelInput::Sequence {
                         kind_ids: &kind_ids,
                         features: &features,
@@ -128,7 +194,10 @@ impl Estimator {
                         n_tokens,
                         n_features: token_features.len(),
                     };
-                    for ((i, _), answer) in group.iter().zip(split_rows(self.model.infer(input), group.len())) {
+                    for ((i, _), answer) in group
+                        .iter()
+                        .zip(split_rows(self.model.infer(input), group.len()))
+                    {
                         answers[*i] = answer;
                     }
                 }
@@ -139,13 +208,20 @@ impl Estimator {
 }
 
 /// Splits a row-major model output into one row per job.
-fn split_rows(output: Result<Vec<f32>, InferenceError>, n_rows: usize) -> Vec<Result<Vec<f32>, EstimateError>> {
+fn split_rows(
+    output: Result<Vec<f32>, InferenceError>,
+    n_rows: usize,
+) -> Vec<Result<Vec<f32>, EstimateError>> {
     match output {
-        Ok(values) if n_rows > 0 && values.len() % n_rows == 0 && !values.is_empty() => {
-            values.chunks(values.len() / n_rows).map(|row| Ok(row.to_vec())).collect()
-        }
+        Ok(values) if n_rows > 0 && values.len() % n_rows == 0 && !values.is_empty() => values
+            .chunks(values.len() / n_rows)
+            .map(|row| Ok(row.to_vec()))
+            .collect(),
         Ok(values) => {
-            let error = InferenceError(format!("{} outputs cannot be split into {n_rows} rows", values.len()));
+            let error = InferenceError(format!(
+                "{} outputs cannot be split into {n_rows} rows",
+                values.len()
+            ));
             (0..n_rows).map(|_| Err(error.clone().into())).collect()
         }
         Err(e) => (0..n_rows).map(|_| Err(e.clone().into())).collect(),
@@ -239,16 +315,27 @@ impl Estimate {
                 let probabilities = mean
                     .iter()
                     .enumerate()
-                    .map(|(i, p)| FIGURE_CLASS_WEIGHT * f32::from(u8::from(i == index)) + (1.0 - FIGURE_CLASS_WEIGHT) * p)
+                    .map(|(i, p)| {
+                        FIGURE_CLASS_WEIGHT * f32::from(u8::from(i == index))
+                            + (1.0 - FIGURE_CLASS_WEIGHT) * p
+                    })
                     .collect();
-                ClassAnswer { class: classes.class(index), probabilities }
+                ClassAnswer {
+                    class: classes.class(index),
+                    probabilities,
+                }
             }
             (None, Some(mean)) => class_answer(classes, mean.clone()),
             (figure, None) => {
                 // No classifier: the class of the figure, with all probability on it.
                 let index = classes.classify(figure.unwrap_or(0.0)).index;
-                let probabilities = (0..classes.len()).map(|i| f32::from(u8::from(i == index))).collect();
-                ClassAnswer { class: classes.class(index), probabilities }
+                let probabilities = (0..classes.len())
+                    .map(|i| f32::from(u8::from(i == index)))
+                    .collect();
+                ClassAnswer {
+                    class: classes.class(index),
+                    probabilities,
+                }
             }
         }
     }
@@ -278,25 +365,47 @@ struct SimulatedModel {
 impl SimulatedModel {
     fn load(entry: &SimulatedEntry) -> Result<SimulatedModel, String> {
         // The context of any CUDA process is hundreds of MiB, never more than a few GiB.
-        if !(entry.cuda_context_mib.is_finite() && (0.0..=65_536.0).contains(&entry.cuda_context_mib)) {
-            return Err(format!("simulated: cuda_context_mib must be a number from 0 to 65,536, got {}", entry.cuda_context_mib));
+        if !(entry.cuda_context_mib.is_finite()
+            && (0.0..=65_536.0).contains(&entry.cuda_context_mib))
+        {
+            return Err(format!(
+                "simulated: cuda_context_mib must be a number from 0 to 65,536, got {}",
+                entry.cuda_context_mib
+            ));
         }
-        let levels = entry.residual_quantiles.iter().map(|l| (l.confidence, l.log_ratio)).collect();
+        let levels = entry
+            .residual_quantiles
+            .iter()
+            .map(|l| (l.confidence, l.log_ratio))
+            .collect();
         let quantiles = ResidualQuantiles::new(levels).map_err(|e| format!("simulated: {e}"))?;
-        Ok(SimulatedModel { cuda_context_mib: entry.cuda_context_mib, quantiles, version: entry.version.clone(), domain: None })
+        Ok(SimulatedModel {
+            cuda_context_mib: entry.cuda_context_mib,
+            quantiles,
+            version: entry.version.clone(),
+            domain: None,
+        })
     }
 }
 
 /// Reads, checks and loads the training domain the manifest names.
 fn load_domain(dir: &Path, reference: &FileRef) -> Result<TrainingDomain, LoadError> {
     let path = dir.join(&reference.file);
-    let bytes = std::fs::read(&path).map_err(|source| LoadError::Read { path: path.clone(), source })?;
+    let bytes = std::fs::read(&path).map_err(|source| LoadError::Read {
+        path: path.clone(),
+        source,
+    })?;
     let actual = hex::encode(Sha256::digest(&bytes));
     if !actual.eq_ignore_ascii_case(&reference.sha256) {
-        return Err(LoadError::Checksum { path, expected: reference.sha256.clone(), actual });
+        return Err(LoadError::Checksum {
+            path,
+            expected: reference.sha256.clone(),
+            actual,
+        });
     }
     let aggregate = AggregateFeatures::of(&probe_job());
-    TrainingDomain::parse(&bytes, |name| aggregate.get(name).is_some()).map_err(|reason| LoadError::Domain { path, reason })
+    TrainingDomain::parse(&bytes, |name| aggregate.get(name).is_some())
+        .map_err(|reason| LoadError::Domain { path, reason })
 }
 
 /// All loaded estimators, grouped by family.
@@ -308,13 +417,25 @@ pub struct Estimators {
 impl Estimators {
     /// Loads and checks every estimator of `dir/manifest.json`: file present, checksum equal,
     /// features known, graph inputs and outputs as the contract says.
-    pub fn load(dir: &Path, ort_dylib: &Path, sessions_per_model: usize) -> Result<Estimators, LoadError> {
+    pub fn load(
+        dir: &Path,
+        ort_dylib: &Path,
+        sessions_per_model: usize,
+    ) -> Result<Estimators, LoadError> {
         let manifest_path = dir.join(MANIFEST_FILE);
-        let manifest_bytes = std::fs::read(&manifest_path)
-            .map_err(|source| LoadError::Read { path: manifest_path.clone(), source })?;
-        let manifest: Manifest = serde_json::from_slice(&manifest_bytes)
-            .map_err(|e| LoadError::Manifest { path: manifest_path.clone(), reason: e.to_string() })?;
-        let invalid = |reason: String| LoadError::Manifest { path: manifest_path.clone(), reason };
+        let manifest_bytes = std::fs::read(&manifest_path).map_err(|source| LoadError::Read {
+            path: manifest_path.clone(),
+            source,
+        })?;
+        let manifest: Manifest =
+            serde_json::from_slice(&manifest_bytes).map_err(|e| LoadError::Manifest {
+                path: manifest_path.clone(),
+                reason: e.to_string(),
+            })?;
+        let invalid = |reason: String| LoadError::Manifest {
+            path: manifest_path.clone(),
+            reason,
+        };
         if manifest.schema_version != SUPPORTED_SCHEMA_VERSION {
             return Err(invalid(format!(
                 "schema_version {} is not supported (expected {SUPPORTED_SCHEMA_VERSION})",
@@ -324,35 +445,85 @@ impl Estimators {
         if manifest.estimators.is_empty() {
             return Err(invalid("no estimators listed".into()));
         }
-        let mut simulated = manifest.simulated.as_ref().map(SimulatedModel::load).transpose().map_err(invalid)?;
-        if let (Some(model), Some(domain)) = (simulated.as_mut(), manifest.simulated.as_ref().and_then(|s| s.domain.as_ref())) {
+        let mut simulated = manifest
+            .simulated
+            .as_ref()
+            .map(SimulatedModel::load)
+            .transpose()
+            .map_err(invalid)?;
+        if let (Some(model), Some(domain)) = (
+            simulated.as_mut(),
+            manifest.simulated.as_ref().and_then(|s| s.domain.as_ref()),
+        ) {
             model.domain = Some(load_domain(dir, domain)?);
         }
         let environment = onnx::environment(ort_dylib).map_err(LoadError::Runtime)?;
         let mut estimators = Vec::with_capacity(manifest.estimators.len());
         for entry in &manifest.estimators {
             let path = dir.join(&entry.file);
-            let Checked { family, input, classes, quantiles } = check_entry(entry).map_err(|reason| invalid(format!("estimator '{}': {reason}", entry.name)))?;
-            let bytes = std::fs::read(&path).map_err(|source| LoadError::Read { path: path.clone(), source })?;
+            let Checked {
+                family,
+                input,
+                classes,
+                quantiles,
+            } = check_entry(entry)
+                .map_err(|reason| invalid(format!("estimator '{}': {reason}", entry.name)))?;
+            let bytes = std::fs::read(&path).map_err(|source| LoadError::Read {
+                path: path.clone(),
+                source,
+            })?;
             let actual = hex::encode(Sha256::digest(&bytes));
             if !actual.eq_ignore_ascii_case(&entry.sha256) {
-                return Err(LoadError::Checksum { path, expected: entry.sha256.clone(), actual });
+                return Err(LoadError::Checksum {
+                    path,
+                    expected: entry.sha256.clone(),
+                    actual,
+                });
             }
             let input_names: &[&str] = match input {
                 Input::Aggregate(_) => &["features"],
                 Input::Sequence { .. } => &["kind_ids", "token_features", "mask"],
             };
-            let model = OnnxModel::load(environment, &bytes, input_names, &entry.output, sessions_per_model)
-                .map_err(|reason| LoadError::Model { path: path.clone(), reason })?;
-            estimators.push(Estimator { entry: entry.clone(), family, input, model: Box::new(model), classes, quantiles });
+            let model = OnnxModel::load(
+                environment,
+                &bytes,
+                input_names,
+                &entry.output,
+                sessions_per_model,
+            )
+            .map_err(|reason| LoadError::Model {
+                path: path.clone(),
+                reason,
+            })?;
+            estimators.push(Estimator {
+                entry: entry.clone(),
+                family,
+                input,
+                model: Box::new(model),
+                classes,
+                quantiles,
+            });
         }
         for pair in estimators.windows(2) {
             let (a, b) = (&pair[0], &pair[1]);
-            if a.family == b.family && a.classes.is_some() && b.classes.is_some() && a.classes != b.classes {
-                return Err(invalid(format!("estimators '{}' and '{}' classify family {} into different bins", a.name(), b.name(), a.family)));
+            if a.family == b.family
+                && a.classes.is_some()
+                && b.classes.is_some()
+                && a.classes != b.classes
+            {
+                return Err(invalid(format!(
+                    "estimators '{}' and '{}' classify family {} into different bins",
+                    a.name(),
+                    b.name(),
+                    a.family
+                )));
             }
         }
-        Ok(Estimators { manifest, estimators, simulated })
+        Ok(Estimators {
+            manifest,
+            estimators,
+            simulated,
+        })
     }
 
     pub fn manifest(&self) -> &Manifest {
@@ -365,7 +536,11 @@ impl Estimators {
 
     /// The loaded training domain of the simulation regressors, if the manifest names one.
     pub fn simulated_domain(&self) -> Option<DomainSummary> {
-        self.simulated.as_ref()?.domain.as_ref().map(TrainingDomain::summary)
+        self.simulated
+            .as_ref()?
+            .domain
+            .as_ref()
+            .map(TrainingDomain::summary)
     }
 
     /// Runs every estimator of the job's family for the reference card (the A100 40 GB of the
@@ -375,53 +550,102 @@ impl Estimators {
     }
 
     /// [`Estimators::estimate`] for a card of `capacity_mib`.
-    pub fn estimate_on(&self, job: &Job, confidence: f64, capacity_mib: u64) -> Result<Estimate, EstimateError> {
-        self.estimate_queries(&[Query { job, confidence, capacity_mib }]).pop().expect("one job in, one answer out")
+    pub fn estimate_on(
+        &self,
+        job: &Job,
+        confidence: f64,
+        capacity_mib: u64,
+    ) -> Result<Estimate, EstimateError> {
+        self.estimate_queries(&[Query {
+            job,
+            confidence,
+            capacity_mib,
+        }])
+        .pop()
+        .expect("one job in, one answer out")
     }
 
     /// Estimates many jobs (each with its confidence) for the reference card.
     pub fn estimate_many(&self, jobs: &[(&Job, f64)]) -> Vec<Result<Estimate, EstimateError>> {
-        let queries: Vec<Query> =
-            jobs.iter().map(|&(job, confidence)| Query { job, confidence, capacity_mib: REFERENCE_CAPACITY_MIB }).collect();
+        let queries: Vec<Query> = jobs
+            .iter()
+            .map(|&(job, confidence)| Query {
+                job,
+                confidence,
+                capacity_mib: REFERENCE_CAPACITY_MIB,
+            })
+            .collect();
         self.estimate_queries(&queries)
     }
 
     /// Estimates many jobs, calling each model once per family rather than once per job.
     /// Per-estimator latencies are the call's time per job.
     pub fn estimate_queries(&self, queries: &[Query]) -> Vec<Result<Estimate, EstimateError>> {
-        let mut answers: Vec<Option<Result<Estimate, EstimateError>>> = (0..queries.len()).map(|_| None).collect();
+        let mut answers: Vec<Option<Result<Estimate, EstimateError>>> =
+            (0..queries.len()).map(|_| None).collect();
         for family in [Family::Mlp, Family::Cnn, Family::Transformer] {
-            let indices: Vec<usize> = (0..queries.len()).filter(|&i| queries[i].job.family() == family).collect();
+            let indices: Vec<usize> = (0..queries.len())
+                .filter(|&i| queries[i].job.family() == family)
+                .collect();
             if indices.is_empty() {
                 continue;
             }
             let group: Vec<Query> = indices.iter().map(|&i| queries[i]).collect();
-            for (i, answer) in indices.into_iter().zip(self.estimate_family(family, &group)) {
+            for (i, answer) in indices
+                .into_iter()
+                .zip(self.estimate_family(family, &group))
+            {
                 answers[i] = Some(answer);
             }
         }
-        answers.into_iter().map(|a| a.expect("every job has a family")).collect()
+        answers
+            .into_iter()
+            .map(|a| a.expect("every job has a family"))
+            .collect()
     }
 
     /// Whether a simulated job's step runs on the card a simulation regressor's labels were
     /// measured on ([`combine::within_measured_range`]).
     fn within_measured_range(&self, job: &Job, entry: &EstimatorEntry) -> bool {
-        match (job.simulation(), self.simulated.as_ref(), entry.capacity_mib) {
-            (Some(simulation), Some(model), Some(capacity_mib)) => {
-                combine::within_measured_range(simulation.min_capacity_bytes, model.cuda_context_mib, capacity_mib)
-            }
+        match (
+            job.simulation(),
+            self.simulated.as_ref(),
+            entry.capacity_mib,
+        ) {
+            (Some(simulation), Some(model), Some(capacity_mib)) => combine::within_measured_range(
+                simulation.min_capacity_bytes,
+                model.cuda_context_mib,
+                capacity_mib,
+            ),
             _ => true,
         }
     }
 
-    fn estimate_family(&self, family: Family, jobs: &[Query]) -> Vec<Result<Estimate, EstimateError>> {
-        let members: Vec<&Estimator> = self.estimators.iter().filter(|e| e.family == family).collect();
-        let n_classifiers = members.iter().filter(|e| e.entry.kind == EstimatorKind::MemoryClassifier).count();
+    fn estimate_family(
+        &self,
+        family: Family,
+        jobs: &[Query],
+    ) -> Vec<Result<Estimate, EstimateError>> {
+        let members: Vec<&Estimator> = self
+            .estimators
+            .iter()
+            .filter(|e| e.family == family)
+            .collect();
+        let n_classifiers = members
+            .iter()
+            .filter(|e| e.entry.kind == EstimatorKind::MemoryClassifier)
+            .count();
         let Some(classes) = members.iter().find_map(|e| e.classes.as_ref()) else {
-            return jobs.iter().map(|_| Err(EstimateError::UnsupportedFamily(family))).collect();
+            return jobs
+                .iter()
+                .map(|_| Err(EstimateError::UnsupportedFamily(family)))
+                .collect();
         };
         let job_refs: Vec<&Job> = jobs.iter().map(|query| query.job).collect();
-        let aggregates: Vec<AggregateFeatures> = job_refs.iter().map(|job| AggregateFeatures::of(job)).collect();
+        let aggregates: Vec<AggregateFeatures> = job_refs
+            .iter()
+            .map(|job| AggregateFeatures::of(job))
+            .collect();
         // Only simulated jobs are placed against the training domain: nothing for the others.
         let domain = self.simulated.as_ref().and_then(|s| s.domain.as_ref());
         let reaches: Vec<Option<(Extrapolation, Duration)>> = job_refs
@@ -433,8 +657,10 @@ impl Estimators {
                 Some((domain.locate(job, aggregate), started.elapsed()))
             })
             .collect();
-        let mut partials: Vec<Result<Partial, EstimateError>> =
-            jobs.iter().map(|_| Ok(Partial::new(classes.len(), members.len()))).collect();
+        let mut partials: Vec<Result<Partial, EstimateError>> = jobs
+            .iter()
+            .map(|_| Ok(Partial::new(classes.len(), members.len())))
+            .collect();
         for estimator in &members {
             let applicable: Vec<usize> = (0..jobs.len())
                 .filter(|&i| estimator.applies_to(job_refs[i]))
@@ -442,7 +668,9 @@ impl Estimators {
                 // beyond the card its labels were measured on.
                 .filter(|&i| {
                     !estimator.entry.requires.contains(&Requirement::Simulation)
-                        || (reaches[i].as_ref().is_none_or(|(reach, _)| combine::correction_applies(reach))
+                        || (reaches[i]
+                            .as_ref()
+                            .is_none_or(|(reach, _)| combine::correction_applies(reach))
                             && self.within_measured_range(job_refs[i], &estimator.entry))
                 })
                 .collect();
@@ -454,14 +682,17 @@ impl Estimators {
                 estimator.run_many(&job_refs, &aggregates)
             } else {
                 let some_jobs: Vec<&Job> = applicable.iter().map(|&i| job_refs[i]).collect();
-                let some_aggregates: Vec<AggregateFeatures> = applicable.iter().map(|&i| aggregates[i].clone()).collect();
+                let some_aggregates: Vec<AggregateFeatures> =
+                    applicable.iter().map(|&i| aggregates[i].clone()).collect();
                 estimator.run_many(&some_jobs, &some_aggregates)
             };
             let latency = started.elapsed() / applicable.len() as u32;
             for (&i, output) in applicable.iter().zip(outputs) {
                 let (partial, confidence) = (&mut partials[i], jobs[i].confidence);
                 let Ok(state) = partial else { continue };
-                let applied = output.and_then(|output| state.apply(estimator, classes, n_classifiers, output, confidence));
+                let applied = output.and_then(|output| {
+                    state.apply(estimator, classes, n_classifiers, output, confidence)
+                });
                 match applied {
                     Ok(()) => state.runs.push(EstimatorRun {
                         name: estimator.entry.name.clone(),
@@ -477,7 +708,16 @@ impl Estimators {
             .zip(jobs)
             .zip(reaches)
             .map(|((partial, query), reach)| {
-                partial.and_then(|state| state.finish(family, query, classes, n_classifiers, self.simulated.as_ref(), reach))
+                partial.and_then(|state| {
+                    state.finish(
+                        family,
+                        query,
+                        classes,
+                        n_classifiers,
+                        self.simulated.as_ref(),
+                        reach,
+                    )
+                })
             })
             .collect()
     }
@@ -526,12 +766,17 @@ impl Partial {
                 for (m, p) in self.mean.iter_mut().zip(&output) {
                     *m += p / n_classifiers as f32;
                 }
-                self.classifiers.insert(estimator.entry.name.clone(), class_answer(classes, output));
+                self.classifiers
+                    .insert(estimator.entry.name.clone(), class_answer(classes, output));
             }
             EstimatorKind::MemoryRegressor => {
                 let learned_mib = f64::from(first).exp();
                 if !learned_mib.is_finite() {
-                    return Err(InferenceError(format!("{} returned a non-finite figure", estimator.name())).into());
+                    return Err(InferenceError(format!(
+                        "{} returned a non-finite figure",
+                        estimator.name()
+                    ))
+                    .into());
                 }
                 // Every job pays the CUDA context and library workspaces (no training job of the
                 // data peaked below ~1,440 MiB); a learned figure below them is an
@@ -540,9 +785,14 @@ impl Partial {
                 let quantiles = estimator.quantiles.as_ref().expect("checked at load");
                 let log_ratio = quantiles.log_ratio_at(confidence).ok_or_else(|| {
                     let (low, high) = quantiles.range();
-                    EstimateError::ConfidenceOutOfRange { confidence, low, high }
+                    EstimateError::ConfidenceOutOfRange {
+                        confidence,
+                        low,
+                        high,
+                    }
                 })?;
-                self.mib_estimators.insert(estimator.entry.name.clone(), estimate_mib);
+                self.mib_estimators
+                    .insert(estimator.entry.name.clone(), estimate_mib);
                 let precedence = precedence(&estimator.entry.requires);
                 if self.mib.is_some() && precedence < self.mib_precedence {
                     return Ok(());
@@ -576,29 +826,53 @@ impl Partial {
     ) -> Result<Estimate, EstimateError> {
         let job = query.job;
         let formulas = [
-            (FIRST_PRINCIPLES, (|job| Some(analytic::first_principles_mib(job))) as fn(&Job) -> Option<f64>),
-            (TRACED_FIRST_PRINCIPLES, analytic::traced_first_principles_mib),
+            (
+                FIRST_PRINCIPLES,
+                (|job| Some(analytic::first_principles_mib(job))) as fn(&Job) -> Option<f64>,
+            ),
+            (
+                TRACED_FIRST_PRINCIPLES,
+                analytic::traced_first_principles_mib,
+            ),
             (HORUS, |job| Some(analytic::horus_mib(job))),
         ];
         for (name, formula) in formulas {
             let started = Instant::now();
             let Some(mib) = formula(job) else { continue };
             self.mib_estimators.insert(name.to_string(), mib);
-            self.runs.push(EstimatorRun { name: name.into(), version: ANALYTIC_VERSION.into(), latency: started.elapsed() });
+            self.runs.push(EstimatorRun {
+                name: name.into(),
+                version: ANALYTIC_VERSION.into(),
+                latency: started.elapsed(),
+            });
         }
         let started = Instant::now();
         // The rule of `combine`: how far the bound widens with the distance from the training
         // data (the correction was not run beyond `far`).
-        let widen = reach.as_ref().map_or(1.0, |(reach, _)| combine::bound_widening(reach));
-        let physics = Physics::of(job, simulated.map(|s| s.cuda_context_mib), query.capacity_mib);
+        let widen = reach
+            .as_ref()
+            .map_or(1.0, |(reach, _)| combine::bound_widening(reach));
+        let physics = Physics::of(
+            job,
+            simulated.map(|s| s.cuda_context_mib),
+            query.capacity_mib,
+        );
         if let (Some(peaks), Some(model)) = (physics.simulated, simulated) {
             let figure = peaks.figure_mib();
             self.mib_estimators.insert(SIMULATED.to_string(), figure);
             if self.mib.is_none() || self.mib_precedence < SIMULATED_PRECEDENCE {
-                let log_ratio = model.quantiles.log_ratio_at(query.confidence).ok_or_else(|| {
-                    let (low, high) = model.quantiles.range();
-                    EstimateError::ConfidenceOutOfRange { confidence: query.confidence, low, high }
-                })?;
+                let log_ratio =
+                    model
+                        .quantiles
+                        .log_ratio_at(query.confidence)
+                        .ok_or_else(|| {
+                            let (low, high) = model.quantiles.range();
+                            EstimateError::ConfidenceOutOfRange {
+                                confidence: query.confidence,
+                                low,
+                                high,
+                            }
+                        })?;
                 let mut upper_bound_mib = figure * (log_ratio * widen).exp();
                 if peaks.runs_on_card() {
                     // Where the step runs, the allocator cannot hold more than the card has: a
@@ -619,8 +893,13 @@ impl Partial {
                 mib.upper_bound_mib = mib.estimate_mib * (self.mib_log_ratio * widen).exp();
             }
             // The simulated estimator's time includes placing the job against the domain.
-            let latency = started.elapsed() + reach.as_ref().map_or(Duration::ZERO, |(_, took)| *took);
-            self.runs.push(EstimatorRun { name: SIMULATED.into(), version: model.version.clone(), latency });
+            let latency =
+                started.elapsed() + reach.as_ref().map_or(Duration::ZERO, |(_, took)| *took);
+            self.runs.push(EstimatorRun {
+                name: SIMULATED.into(),
+                version: model.version.clone(),
+                latency,
+            });
         }
         let extrapolation = reach.map(|(reach, _)| ExtrapolationAnswer {
             reach,
@@ -636,7 +915,10 @@ impl Partial {
         }
         let mut estimate = Estimate {
             family,
-            class: ClassAnswer { class: classes.class(0), probabilities: Vec::new() },
+            class: ClassAnswer {
+                class: classes.class(0),
+                probabilities: Vec::new(),
+            },
             classifiers: self.classifiers,
             mib: self.mib,
             mib_estimators: self.mib_estimators,
@@ -657,9 +939,15 @@ fn class_answer(classes: &MemoryClasses, probabilities: Vec<f32>) -> ClassAnswer
     let index = probabilities
         .iter()
         .enumerate()
-        .fold((0, f32::MIN), |best, (i, &p)| if p > best.1 { (i, p) } else { best })
+        .fold(
+            (0, f32::MIN),
+            |best, (i, &p)| if p > best.1 { (i, p) } else { best },
+        )
         .0;
-    ClassAnswer { class: classes.class(index), probabilities }
+    ClassAnswer {
+        class: classes.class(index),
+        probabilities,
+    }
 }
 
 struct Checked {
@@ -671,13 +959,22 @@ struct Checked {
 
 /// A valid job to ask the feature extractors which names they know.
 fn probe_job() -> Job {
-    Job::parse(None, 1, std::iter::once(crate::domain::UncheckedLayer { kind: "linear", output_size: 1, params: 1 }))
-        .expect("a one-layer job is valid")
+    Job::parse(
+        None,
+        1,
+        std::iter::once(crate::domain::UncheckedLayer {
+            kind: "linear",
+            output_size: 1,
+            params: 1,
+        }),
+    )
+    .expect("a one-layer job is valid")
 }
 
 /// Checks a manifest entry against what this build can compute.
 fn check_entry(entry: &EstimatorEntry) -> Result<Checked, String> {
-    let family = Family::parse(&entry.family).ok_or_else(|| format!("unknown family '{}'", entry.family))?;
+    let family =
+        Family::parse(&entry.family).ok_or_else(|| format!("unknown family '{}'", entry.family))?;
     let probe_job = probe_job();
     let input = match &entry.input {
         InputSpec::Aggregate { features } => {
@@ -685,10 +982,17 @@ fn check_entry(entry: &EstimatorEntry) -> Result<Checked, String> {
             check_specs(features, |name| aggregate.get(name).is_some())?;
             Input::Aggregate(features.clone())
         }
-        InputSpec::Sequence { kind_vocab, token_features, max_tokens } => {
+        InputSpec::Sequence {
+            kind_vocab,
+            token_features,
+            max_tokens,
+        } => {
             let vocab = kind_vocab
                 .iter()
-                .map(|k| LayerKind::parse(k).ok_or_else(|| format!("unknown layer kind '{k}' in kind_vocab")))
+                .map(|k| {
+                    LayerKind::parse(k)
+                        .ok_or_else(|| format!("unknown layer kind '{k}' in kind_vocab"))
+                })
                 .collect::<Result<Vec<_>, _>>()?;
             check_specs(token_features, |name| {
                 TOKEN_FEATURES.contains(&name) && raw_token_feature(&probe_job, 0, name).is_some()
@@ -696,7 +1000,11 @@ fn check_entry(entry: &EstimatorEntry) -> Result<Checked, String> {
             if *max_tokens == 0 {
                 return Err("max_tokens must be positive".into());
             }
-            Input::Sequence { vocab, token_features: token_features.clone(), max_tokens: *max_tokens }
+            Input::Sequence {
+                vocab,
+                token_features: token_features.clone(),
+                max_tokens: *max_tokens,
+            }
         }
     };
     let classes = match &entry.class_bins_mib {
@@ -709,18 +1017,31 @@ fn check_entry(entry: &EstimatorEntry) -> Result<Checked, String> {
     let mut quantiles = None;
     match entry.kind {
         EstimatorKind::MemoryClassifier => {
-            classes.as_ref().ok_or("a memory classifier needs class_bins_mib")?;
+            classes
+                .as_ref()
+                .ok_or("a memory classifier needs class_bins_mib")?;
         }
         EstimatorKind::MemoryRegressor => {
-            let levels = entry.residual_quantiles.as_ref().ok_or("a memory regressor needs residual_quantiles")?;
+            let levels = entry
+                .residual_quantiles
+                .as_ref()
+                .ok_or("a memory regressor needs residual_quantiles")?;
             let levels = levels.iter().map(|l| (l.confidence, l.log_ratio)).collect();
             quantiles = Some(ResidualQuantiles::new(levels).map_err(|e| e.to_string())?);
         }
         EstimatorKind::UtilizationRegressor => {
-            entry.target.as_ref().ok_or("a utilization regressor needs a target")?;
+            entry
+                .target
+                .as_ref()
+                .ok_or("a utilization regressor needs a target")?;
         }
     }
-    Ok(Checked { family, input, classes, quantiles })
+    Ok(Checked {
+        family,
+        input,
+        classes,
+        quantiles,
+    })
 }
 
 fn check_specs(specs: &[FeatureSpec], known: impl Fn(&str) -> bool) -> Result<(), String> {

@@ -3,14 +3,13 @@
 //! (`Session::run` needs `&mut`, so concurrent requests each take a session).
 
 use std::path::Path;
-use std::sync::{Mutex, OnceLock};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, OnceLock};
 
 use ort::environment::Environment;
 use ort::session::builder::GraphOptimizationLevel;
 use ort::session::Session;
 use ort::value::TensorRef;
-
 
 /// What a model is fed: `n_rows` jobs at once, row-major.
 #[derive(Debug, Clone, Copy)]
@@ -18,7 +17,13 @@ pub enum ModelInput<'a> {
     /// Aggregate features, `[n_rows, rows.len() / n_rows]`.
     Aggregate { rows: &'a [f32], n_rows: usize },
     /// Layer tokens of jobs that all have `n_tokens` layers (no padding needed).
-    Sequence { kind_ids: &'a [i64], features: &'a [f32], n_rows: usize, n_tokens: usize, n_features: usize },
+    Sequence {
+        kind_ids: &'a [i64],
+        features: &'a [f32],
+        n_rows: usize,
+        n_tokens: usize,
+        n_features: usize,
+    },
 }
 
 #[derive(Debug, Clone, thiserror::Error)]
@@ -68,11 +73,16 @@ impl OnnxModel {
         let mut sessions = Vec::with_capacity(pool_size.max(1));
         for _ in 0..pool_size.max(1) {
             let session = Session::builder(environment)
-                .and_then(|b| b.with_optimization_level(GraphOptimizationLevel::Level3).map_err(Into::into))
+                .and_then(|b| {
+                    b.with_optimization_level(GraphOptimizationLevel::Level3)
+                        .map_err(Into::into)
+                })
                 // No arena: it keeps the largest batch's buffers for good, per session; the
                 // models are small, so plain allocations cost little and memory stays flat.
                 .and_then(|b| {
-                    b.with_execution_providers([ort::ep::CPU::default().with_arena_allocator(false).build()])
+                    b.with_execution_providers([ort::ep::CPU::default()
+                        .with_arena_allocator(false)
+                        .build()])
                         .map_err(Into::into)
                 })
                 .and_then(|b| b.with_memory_pattern(false).map_err(Into::into))
@@ -83,27 +93,42 @@ impl OnnxModel {
                 .map_err(|e| format!("not a loadable ONNX model: {e}"))?;
             sessions.push(Mutex::new(session));
         }
-        let session = sessions[0].lock().map_err(|_| "session lock poisoned".to_string())?;
+        let session = sessions[0]
+            .lock()
+            .map_err(|_| "session lock poisoned".to_string())?;
         let mut inputs: Vec<&str> = session.inputs().iter().map(|i| i.name()).collect();
         inputs.sort_unstable();
         let mut expected: Vec<&str> = expected_inputs.to_vec();
         expected.sort_unstable();
         if inputs != expected {
-            return Err(format!("graph inputs are {inputs:?}, expected {expected:?}"));
+            return Err(format!(
+                "graph inputs are {inputs:?}, expected {expected:?}"
+            ));
         }
         if !session.outputs().iter().any(|o| o.name() == output) {
             return Err(format!("graph has no output named '{output}'"));
         }
         drop(session);
-        Ok(OnnxModel { sessions, next: AtomicUsize::new(0), output: output.to_string() })
+        Ok(OnnxModel {
+            sessions,
+            next: AtomicUsize::new(0),
+            output: output.to_string(),
+        })
     }
 
-    fn run_on<R>(&self, f: impl FnOnce(&mut Session) -> Result<R, ort::Error>) -> Result<R, InferenceError> {
+    fn run_on<R>(
+        &self,
+        f: impl FnOnce(&mut Session) -> Result<R, ort::Error>,
+    ) -> Result<R, InferenceError> {
         // Take any idle session; if all are busy, wait on one chosen round-robin.
         let mut guard = self.sessions.iter().find_map(|s| s.try_lock().ok());
         if guard.is_none() {
             let index = self.next.fetch_add(1, Ordering::Relaxed) % self.sessions.len();
-            guard = Some(self.sessions[index].lock().unwrap_or_else(|p| p.into_inner()));
+            guard = Some(
+                self.sessions[index]
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner()),
+            );
         }
         let mut session = guard.expect("a session was taken above");
         f(&mut session).map_err(|e| InferenceError(e.to_string()))
@@ -116,13 +141,21 @@ impl Model for OnnxModel {
         self.run_on(|session| {
             let outputs = match input {
                 ModelInput::Aggregate { rows, n_rows } => {
-                    let features = TensorRef::from_array_view(([n_rows, rows.len() / n_rows.max(1)], rows))?;
+                    let features =
+                        TensorRef::from_array_view(([n_rows, rows.len() / n_rows.max(1)], rows))?;
                     session.run(ort::inputs!["features" => features])?
                 }
-                ModelInput::Sequence { kind_ids, features, n_rows, n_tokens, n_features } => {
+                ModelInput::Sequence {
+                    kind_ids,
+                    features,
+                    n_rows,
+                    n_tokens,
+                    n_features,
+                } => {
                     let mask = vec![1.0f32; n_rows * n_tokens];
                     let kind_ids = TensorRef::from_array_view(([n_rows, n_tokens], kind_ids))?;
-                    let token_features = TensorRef::from_array_view(([n_rows, n_tokens, n_features], features))?;
+                    let token_features =
+                        TensorRef::from_array_view(([n_rows, n_tokens, n_features], features))?;
                     let mask = TensorRef::from_array_view(([n_rows, n_tokens], mask.as_slice()))?;
                     session.run(ort::inputs![
                         "kind_ids" => kind_ids,

@@ -56,9 +56,11 @@ pub async fn devices(State(state): State<AppState>) -> Result<Json<DevicesRespon
                 .collect(),
         },
         // No driver is a fact about the host, not a failure: say so plainly.
-        Err(DeviceError::Unavailable(reason)) => {
-            DevicesResponse { nvml: false, reason: Some(format!("no NVML device is present: {reason}")), devices: vec![] }
-        }
+        Err(DeviceError::Unavailable(reason)) => DevicesResponse {
+            nvml: false,
+            reason: Some(format!("no NVML device is present: {reason}")),
+            devices: vec![],
+        },
         Err(other) => return Err(ApiError::Internal(other.to_string())),
     };
     Ok(Json(response))
@@ -67,7 +69,9 @@ pub async fn devices(State(state): State<AppState>) -> Result<Json<DevicesRespon
 /// Calibration profiles learned so far.
 #[utoipa::path(get, path = "/v1/calibration/profiles", tag = "devices", responses((status = 200, body = ProfilesResponse)))]
 pub async fn profiles(State(state): State<AppState>) -> Json<ProfilesResponse> {
-    Json(ProfilesResponse { profiles: state.profiles.list().iter().map(profile_response).collect() })
+    Json(ProfilesResponse {
+        profiles: state.profiles.list().iter().map(profile_response).collect(),
+    })
 }
 
 /// Record measured peaks of jobs on a GPU; the GPU's profile is refitted and saved.
@@ -115,22 +119,34 @@ pub async fn observe(
 }
 
 /// Validates every observation first, so that a bad one records nothing.
-fn record(state: &AppState, observations: Vec<ObservationRequest>) -> Result<ObservationsResponse, ApiError> {
+fn record(
+    state: &AppState,
+    observations: Vec<ObservationRequest>,
+) -> Result<ObservationsResponse, ApiError> {
     let mut prepared = Vec::with_capacity(observations.len());
     for (index, observation) in observations.iter().enumerate() {
         // A lone observation's fields are named as they are; a list's with their index.
-        let location = if observations.len() > 1 { format!("[{index}].") } else { String::new() };
+        let location = if observations.len() > 1 {
+            format!("[{index}].")
+        } else {
+            String::new()
+        };
         let at = |e: ApiError| e.within(&location);
         // No GPU job peaks below 1 MiB (the CUDA context alone is hundreds) or above 10 TiB.
         if !(1.0..=MAX_OBSERVED_PEAK_MIB).contains(&observation.observed_peak_mib) {
-            return Err(at(ApiError::InvalidInput("observed_peak_mib: must be a number from 1 to 10,000,000".into())));
+            return Err(at(ApiError::InvalidInput(
+                "observed_peak_mib: must be a number from 1 to 10,000,000".into(),
+            )));
         }
         let target = resolve(state, Some(&observation.gpu)).map_err(at)?;
         // The GPU is named once, at the top: a different one inside the job is a contradiction.
         if let Some(inner) = observation.job.gpu.as_deref() {
             let inner = resolve(state, Some(inner)).map_err(|e| at(e.within("job.")))?;
             if inner != target {
-                return Err(at(ApiError::InvalidInput(format!("job.gpu: names {}, the observation {}", inner.gpu, target.gpu))));
+                return Err(at(ApiError::InvalidInput(format!(
+                    "job.gpu: names {}, the observation {}",
+                    inner.gpu, target.gpu
+                ))));
             }
         }
         let predicted = reference_figure(state, &observation.job).map_err(at)?;
@@ -138,12 +154,23 @@ fn record(state: &AppState, observations: Vec<ObservationRequest>) -> Result<Obs
     }
     let mut touched: Vec<CalibrationProfile> = Vec::new();
     for (gpu, predicted, observed) in &prepared {
-        let profile = state.profiles.observe(gpu, *predicted, *observed).map_err(profile_error)?;
-        state.metrics.record_calibration(&profile.sku, profile.observations, profile.scale, profile.offset_mib);
+        let profile = state
+            .profiles
+            .observe(gpu, *predicted, *observed)
+            .map_err(profile_error)?;
+        state.metrics.record_calibration(
+            &profile.sku,
+            profile.observations,
+            profile.scale,
+            profile.offset_mib,
+        );
         touched.retain(|p| p.sku != profile.sku);
         touched.push(profile);
     }
-    Ok(ObservationsResponse { recorded: prepared.len(), profiles: touched.iter().map(profile_response).collect() })
+    Ok(ObservationsResponse {
+        recorded: prepared.len(),
+        profiles: touched.iter().map(profile_response).collect(),
+    })
 }
 
 /// Watch a process on this host's GPU; its peak becomes an observation when it exits.
@@ -168,15 +195,21 @@ pub async fn watch(
     JsonBody(request): JsonBody<WatchRequest>,
 ) -> Result<(StatusCode, Json<WatchResponse>), ApiError> {
     require_token(&state, &headers)?;
-    let pid = u32::try_from(request.pid).map_err(|_| ApiError::InvalidInput(format!("pid: {} is not a process id", request.pid)))?;
+    let pid = u32::try_from(request.pid)
+        .map_err(|_| ApiError::InvalidInput(format!("pid: {} is not a process id", request.pid)))?;
     let target = resolve(&state, Some("attached"))?;
     let predicted = reference_figure(&state, &request.job)?;
     let interval = Duration::from_millis(request.interval_ms.unwrap_or(200).clamp(10, 60_000));
-    let max_duration = Duration::from_secs(request.max_seconds.unwrap_or(86_400).clamp(1, 2_592_000));
+    let max_duration =
+        Duration::from_secs(request.max_seconds.unwrap_or(86_400).clamp(1, 2_592_000));
     let mut config = WatchConfig::new(interval, max_duration);
     config.stop = state.stop_watches.clone();
     let gpu = target.gpu.clone();
-    let (devices, profiles, metrics) = (state.devices.clone(), Arc::clone(&state.profiles), Arc::clone(&state.metrics));
+    let (devices, profiles, metrics) = (
+        state.devices.clone(),
+        Arc::clone(&state.profiles),
+        Arc::clone(&state.metrics),
+    );
     tracing::info!(pid, gpu = %gpu, "watching a training process");
     // A thread of its own: a watch lasts as long as the training job, and must not hold one of
     // the blocking pool's threads, which serve estimates.
@@ -193,11 +226,20 @@ pub async fn watch(
         Err(e) => tracing::warn!(pid, error = %e, "watch failed"),
     });
     spawned.map_err(|e| ApiError::Internal(format!("cannot start a watch thread: {e}")))?;
-    Ok((StatusCode::ACCEPTED, Json(WatchResponse { pid, gpu: target.gpu, status: "watching".into() })))
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(WatchResponse {
+            pid,
+            gpu: target.gpu,
+            status: "watching".into(),
+        }),
+    ))
 }
 
 fn require_token(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
-    let header = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+    let header = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
     if authorized(header, state.token.as_ref().map(|t| t.expose())) {
         Ok(())
     } else {
@@ -216,16 +258,21 @@ pub fn resolve(state: &AppState, gpu: Option<&str>) -> Result<Target, ApiError> 
 /// first-principles one for a family without a memory regressor.
 fn reference_figure(state: &AppState, request: &EstimateRequest) -> Result<f64, ApiError> {
     let job = to_job(request).map_err(|e| e.within("job."))?;
-    let estimate = state.estimators.estimate(&job, crate::domain::Confidence::DEFAULT.get())?;
-    Ok(estimate.mib.map(|m| m.estimate_mib).unwrap_or_else(|| estimate.mib_estimators[FIRST_PRINCIPLES]))
+    let estimate = state
+        .estimators
+        .estimate(&job, crate::domain::Confidence::DEFAULT.get())?;
+    Ok(estimate
+        .mib
+        .map(|m| m.estimate_mib)
+        .unwrap_or_else(|| estimate.mib_estimators[FIRST_PRINCIPLES]))
 }
 
 fn profile_error(e: ProfileError) -> ApiError {
     match e {
         // A profile that fails validation after a refit was made so by the observations sent.
-        ProfileError::InvalidSku(_) | ProfileError::InvalidObservation(_) | ProfileError::Invalid(_) => {
-            ApiError::InvalidInput(e.to_string())
-        }
+        ProfileError::InvalidSku(_)
+        | ProfileError::InvalidObservation(_)
+        | ProfileError::Invalid(_) => ApiError::InvalidInput(e.to_string()),
         other => ApiError::Internal(other.to_string()),
     }
 }

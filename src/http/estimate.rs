@@ -6,18 +6,20 @@ use std::time::Instant;
 use axum::extract::State;
 use axum::Json;
 
-use crate::domain::summary::{parse_summary, SummaryFormat};
 use crate::domain::physics::BreakdownSource;
+use crate::domain::summary::{parse_summary, SummaryFormat};
 use crate::domain::{
-    Confidence, Job, MemoryClass, MemoryFraction, SavedTensors, SimulatedCategories, UncheckedLayer, UncheckedSimulation,
+    Confidence, Job, MemoryClass, MemoryFraction, SavedTensors, SimulatedCategories,
+    UncheckedLayer, UncheckedSimulation,
 };
 use crate::error::ApiError;
 use crate::estimators::{ClassAnswer, Estimate, EstimateError, Query};
 use crate::http::calibration::resolve;
 use crate::http::extract::{parse_json, JsonBody};
 use crate::http::types::{
-    BatchItemResponse, BatchRequest, BatchResponse, BreakdownResponse, BreakdownSourceName, CalibrationResponse, EstimateRequest,
-    EstimateResponse, EstimatorAnswer, ExtrapolationResponse, FitBasisName, FitResponse, LatencyResponse, MemoryClassResponse, MemoryResponse, Problem,
+    BatchItemResponse, BatchRequest, BatchResponse, BreakdownResponse, BreakdownSourceName,
+    CalibrationResponse, EstimateRequest, EstimateResponse, EstimatorAnswer, ExtrapolationResponse,
+    FitBasisName, FitResponse, LatencyResponse, MemoryClassResponse, MemoryResponse, Problem,
     SummaryFormatRequest, UtilizationResponse,
 };
 use crate::http::AppState;
@@ -26,7 +28,8 @@ use crate::placement::{place, FitBasis, Placement, Target};
 /// Longest sequence accepted (tokens per sample).
 const MAX_SEQ_LEN: u64 = 1_000_000;
 
-const DRAMA_REASON: &str = "no measured DRAM-activity data exists yet for any family, so no DRAMA model is trained";
+const DRAMA_REASON: &str =
+    "no measured DRAM-activity data exists yet for any family, so no DRAMA model is trained";
 
 /// Estimate one job.
 #[utoipa::path(
@@ -50,11 +53,20 @@ pub async fn estimate(
     JsonBody(request): JsonBody<EstimateRequest>,
 ) -> Result<Json<EstimateResponse>, ApiError> {
     let started = Instant::now();
-    let Item { job, confidence, fraction, target } = Item::of(&state, &request)?;
-    tracing::Span::current().record("family", job.family().as_str()).record("layers", job.layers().len());
-    let answer = tokio::task::spawn_blocking(move || estimate_job(&state, &job, confidence, fraction, target, started))
-        .await
-        .map_err(|e| ApiError::Internal(format!("estimate task failed: {e}")))??;
+    let Item {
+        job,
+        confidence,
+        fraction,
+        target,
+    } = Item::of(&state, &request)?;
+    tracing::Span::current()
+        .record("family", job.family().as_str())
+        .record("layers", job.layers().len());
+    let answer = tokio::task::spawn_blocking(move || {
+        estimate_job(&state, &job, confidence, fraction, target, started)
+    })
+    .await
+    .map_err(|e| ApiError::Internal(format!("estimate task failed: {e}")))??;
     Ok(Json(answer))
 }
 
@@ -70,25 +82,50 @@ impl Item {
     /// Validates a request as both estimate routes do.
     pub fn of(state: &AppState, request: &EstimateRequest) -> Result<Item, ApiError> {
         let job = to_job(request)?;
-        let confidence = Confidence::parse(request.confidence).map_err(|e| ApiError::InvalidInput(e.to_string()))?;
+        let confidence = Confidence::parse(request.confidence)
+            .map_err(|e| ApiError::InvalidInput(e.to_string()))?;
         let fraction = memory_fraction(request)?;
         let target = resolve(state, request.gpu.as_deref())?;
-        Ok(Item { job, confidence, fraction, target })
+        Ok(Item {
+            job,
+            confidence,
+            fraction,
+            target,
+        })
     }
 }
 
 /// Answers valid requests as `POST /v1/estimate/batch` does, running each model once over all
 /// of them: CPU work, to be called off the async workers. In process it answers thousands of
 /// jobs without the JSON of a round trip (the physical-floor sweep of the tests does so).
-pub fn answer_items(state: &AppState, items: &[Item], started: Instant) -> Vec<Result<EstimateResponse, ApiError>> {
-    let queries: Vec<Query> =
-        items.iter().map(|item| Query { job: &item.job, confidence: item.confidence.get(), capacity_mib: item.target.capacity_mib }).collect();
+pub fn answer_items(
+    state: &AppState,
+    items: &[Item],
+    started: Instant,
+) -> Vec<Result<EstimateResponse, ApiError>> {
+    let queries: Vec<Query> = items
+        .iter()
+        .map(|item| Query {
+            job: &item.job,
+            confidence: item.confidence.get(),
+            capacity_mib: item.target.capacity_mib,
+        })
+        .collect();
     state
         .estimators
         .estimate_queries(&queries)
         .into_iter()
         .zip(items)
-        .map(|(estimate, item)| respond(state, estimate, item.confidence, item.fraction, item.target.clone(), started))
+        .map(|(estimate, item)| {
+            respond(
+                state,
+                estimate,
+                item.confidence,
+                item.fraction,
+                item.target.clone(),
+                started,
+            )
+        })
         .collect()
 }
 
@@ -122,10 +159,17 @@ pub async fn estimate_batch(
     let items = tokio::task::spawn_blocking(move || {
         let started = Instant::now();
         // Validate every item first, then run the estimators once over all the valid ones.
-        let (mut valid, mut errors) = (Vec::with_capacity(request.items.len()), Vec::with_capacity(request.items.len()));
+        let (mut valid, mut errors) = (
+            Vec::with_capacity(request.items.len()),
+            Vec::with_capacity(request.items.len()),
+        );
         for (index, item) in request.items.into_iter().enumerate() {
-            let checked = parse_json::<EstimateRequest>(item.get().as_bytes(), &format!("items[{index}]"))
-                .and_then(|request| Item::of(&state, &request).map_err(|e| e.within(&format!("items[{index}]."))));
+            let checked =
+                parse_json::<EstimateRequest>(item.get().as_bytes(), &format!("items[{index}]"))
+                    .and_then(|request| {
+                        Item::of(&state, &request)
+                            .map_err(|e| e.within(&format!("items[{index}].")))
+                    });
             match checked {
                 Ok(item) => {
                     valid.push(item);
@@ -144,10 +188,18 @@ pub async fn estimate_batch(
                     None => answers.next().expect("one answer per valid item"),
                 };
                 match outcome {
-                    Ok(estimate) => BatchItemResponse { index, status: 200, estimate: Some(estimate), error: None },
-                    Err(error) => {
-                        BatchItemResponse { index, status: error.status().as_u16(), estimate: None, error: Some(error.problem()) }
-                    }
+                    Ok(estimate) => BatchItemResponse {
+                        index,
+                        status: 200,
+                        estimate: Some(estimate),
+                        error: None,
+                    },
+                    Err(error) => BatchItemResponse {
+                        index,
+                        status: error.status().as_u16(),
+                        estimate: None,
+                        error: Some(error.problem()),
+                    },
                 }
             })
             .collect()
@@ -160,11 +212,17 @@ pub async fn estimate_batch(
 /// Turns a request into a validated job: from its layer list, or by parsing its summary text.
 pub fn to_job(request: &EstimateRequest) -> Result<Job, ApiError> {
     if let Some(seq_len) = request.seq_len.filter(|&l| l == 0 || l > MAX_SEQ_LEN) {
-        return Err(ApiError::InvalidInput(format!("seq_len: must be between 1 and {MAX_SEQ_LEN}, got {seq_len}")));
+        return Err(ApiError::InvalidInput(format!(
+            "seq_len: must be between 1 and {MAX_SEQ_LEN}, got {seq_len}"
+        )));
     }
     let job = match (&request.layers, &request.summary) {
         (Some(layers), None) => {
-            let layers = layers.iter().map(|l| UncheckedLayer { kind: &l.kind, output_size: l.output_size, params: l.params });
+            let layers = layers.iter().map(|l| UncheckedLayer {
+                kind: &l.kind,
+                output_size: l.output_size,
+                params: l.params,
+            });
             Job::parse(request.family.as_deref(), request.batch_size, layers)?
         }
         (None, Some(summary)) => {
@@ -174,11 +232,23 @@ pub fn to_job(request: &EstimateRequest) -> Result<Job, ApiError> {
             };
             let parsed = parse_summary(format, &summary.text, request.batch_size, request.seq_len)
                 .map_err(|e| ApiError::InvalidInput(e.to_string()))?;
-            let layers = parsed.iter().map(|l| UncheckedLayer { kind: l.kind.as_str(), output_size: l.output_size, params: l.params });
+            let layers = parsed.iter().map(|l| UncheckedLayer {
+                kind: l.kind.as_str(),
+                output_size: l.output_size,
+                params: l.params,
+            });
             Job::parse(request.family.as_deref(), request.batch_size, layers)?
         }
-        (Some(_), Some(_)) => return Err(ApiError::InvalidInput("layers: give either layers or summary, not both".into())),
-        (None, None) => return Err(ApiError::InvalidInput("layers: missing; give layers or summary".into())),
+        (Some(_), Some(_)) => {
+            return Err(ApiError::InvalidInput(
+                "layers: give either layers or summary, not both".into(),
+            ))
+        }
+        (None, None) => {
+            return Err(ApiError::InvalidInput(
+                "layers: missing; give layers or summary".into(),
+            ))
+        }
     };
     let simulation = request.simulation.as_ref().map(|s| UncheckedSimulation {
         batch_size: s.batch_size,
@@ -209,7 +279,8 @@ pub fn to_job(request: &EstimateRequest) -> Result<Job, ApiError> {
 }
 
 fn memory_fraction(request: &EstimateRequest) -> Result<Option<MemoryFraction>, ApiError> {
-    MemoryFraction::parse(request.memory_fraction).map_err(|e| ApiError::InvalidInput(e.to_string()))
+    MemoryFraction::parse(request.memory_fraction)
+        .map_err(|e| ApiError::InvalidInput(e.to_string()))
 }
 
 /// Runs the estimators (CPU work: call it off the async workers) and records metrics.
@@ -221,7 +292,9 @@ fn estimate_job(
     target: Target,
     started: Instant,
 ) -> Result<EstimateResponse, ApiError> {
-    let estimate = state.estimators.estimate_on(job, confidence.get(), target.capacity_mib);
+    let estimate = state
+        .estimators
+        .estimate_on(job, confidence.get(), target.capacity_mib);
     respond(state, estimate, confidence, fraction, target, started)
 }
 
@@ -235,29 +308,52 @@ fn respond(
     started: Instant,
 ) -> Result<EstimateResponse, ApiError> {
     let mut estimate = estimate?;
-    let placement = estimate.mib.as_ref().map(|answer| place(answer, target, &state.profiles, &estimate.physics, fraction));
+    let placement = estimate
+        .mib
+        .as_ref()
+        .map(|answer| place(answer, target, &state.profiles, &estimate.physics, fraction));
     // The class contains the figure answered, which a calibration profile may have moved.
     if let Some(placement) = &placement {
         estimate.class = estimate.class_for(Some(placement.estimate_mib));
     }
     for run in &estimate.runs {
-        state.metrics.inference_duration_seconds.with_label_values(&[run.name.as_str()]).observe(run.latency.as_secs_f64());
+        state
+            .metrics
+            .inference_duration_seconds
+            .with_label_values(&[run.name.as_str()])
+            .observe(run.latency.as_secs_f64());
     }
     state
         .metrics
         .predicted_class_total
-        .with_label_values(&[estimate.family.as_str(), &estimate.class.class.index.to_string()])
+        .with_label_values(&[
+            estimate.family.as_str(),
+            &estimate.class.class.index.to_string(),
+        ])
         .inc();
     Ok(to_response(estimate, placement, confidence, started))
 }
 
 fn class_response(class: MemoryClass, probabilities: Vec<f32>) -> MemoryClassResponse {
-    MemoryClassResponse { index: class.index, lower_mib: class.lower_mib, upper_mib: class.upper_mib, probabilities }
+    MemoryClassResponse {
+        index: class.index,
+        lower_mib: class.lower_mib,
+        upper_mib: class.upper_mib,
+        probabilities,
+    }
 }
 
-fn to_response(estimate: Estimate, placement: Option<Placement>, confidence: Confidence, started: Instant) -> EstimateResponse {
+fn to_response(
+    estimate: Estimate,
+    placement: Option<Placement>,
+    confidence: Confidence,
+    started: Instant,
+) -> EstimateResponse {
     let breakdown = placement.as_ref().map(|p| {
-        let parts = estimate.physics.breakdown(p.estimate_mib).rounded(p.estimate_mib);
+        let parts = estimate
+            .physics
+            .breakdown(p.estimate_mib)
+            .rounded(p.estimate_mib);
         BreakdownResponse {
             parameters: parts.parameters,
             gradients: parts.gradients,
@@ -281,22 +377,46 @@ fn to_response(estimate: Estimate, placement: Option<Placement>, confidence: Con
         correction_applied: e.correction_applied,
         bound_widened_by: round_3(e.bound_widened_by),
     });
-    let Estimate { family, class, classifiers, mib, mib_estimators, mut utilization, runs, .. } = estimate;
-    let versions: BTreeMap<String, String> = runs.iter().map(|r| (r.name.clone(), r.version.clone())).collect();
+    let Estimate {
+        family,
+        class,
+        classifiers,
+        mib,
+        mib_estimators,
+        mut utilization,
+        runs,
+        ..
+    } = estimate;
+    let versions: BTreeMap<String, String> = runs
+        .iter()
+        .map(|r| (r.name.clone(), r.version.clone()))
+        .collect();
     let version_of = |name: &str| versions.get(name).cloned().unwrap_or_default();
     let mut estimators: BTreeMap<String, EstimatorAnswer> = classifiers
         .into_iter()
-        .map(|(name, ClassAnswer { class, probabilities })| {
-            let answer = EstimatorAnswer {
-                version: version_of(&name),
-                class: Some(class_response(class, probabilities)),
-                estimate_mib: None,
-            };
-            (name, answer)
-        })
+        .map(
+            |(
+                name,
+                ClassAnswer {
+                    class,
+                    probabilities,
+                },
+            )| {
+                let answer = EstimatorAnswer {
+                    version: version_of(&name),
+                    class: Some(class_response(class, probabilities)),
+                    estimate_mib: None,
+                };
+                (name, answer)
+            },
+        )
         .collect();
     for (name, figure) in mib_estimators {
-        let answer = EstimatorAnswer { version: version_of(&name), class: None, estimate_mib: Some(round_mib(figure)) };
+        let answer = EstimatorAnswer {
+            version: version_of(&name),
+            class: None,
+            estimate_mib: Some(round_mib(figure)),
+        };
         estimators.insert(name, answer);
     }
     let drama = utilization.remove("drama");
@@ -304,9 +424,15 @@ fn to_response(estimate: Estimate, placement: Option<Placement>, confidence: Con
         family: family.as_str().to_string(),
         memory: MemoryResponse {
             // The figures for the target GPU (calibrated when it has a profile).
-            estimate_mib: placement.as_ref().map(|p| round_mib(p.estimate_mib)).or(mib.map(|m| round_mib(m.estimate_mib))),
+            estimate_mib: placement
+                .as_ref()
+                .map(|p| round_mib(p.estimate_mib))
+                .or(mib.map(|m| round_mib(m.estimate_mib))),
             // Rounded up: a bound must not shrink in rounding.
-            upper_bound_mib: placement.as_ref().map(|p| p.upper_bound_mib.ceil()).or(mib.map(|m| m.upper_bound_mib.ceil())),
+            upper_bound_mib: placement
+                .as_ref()
+                .map(|p| p.upper_bound_mib.ceil())
+                .or(mib.map(|m| m.upper_bound_mib.ceil())),
             confidence: confidence.get(),
             floored: placement.as_ref().is_some_and(|p| p.floored),
             class: class_response(class.class, class.probabilities),
@@ -326,7 +452,10 @@ fn to_response(estimate: Estimate, placement: Option<Placement>, confidence: Con
         },
         latency_us: LatencyResponse {
             total: started.elapsed().as_secs_f64() * 1e6,
-            estimators: runs.iter().map(|r| (r.name.clone(), r.latency.as_secs_f64() * 1e6)).collect(),
+            estimators: runs
+                .iter()
+                .map(|r| (r.name.clone(), r.latency.as_secs_f64() * 1e6))
+                .collect(),
         },
         estimator_versions: versions,
         fit: placement.as_ref().map(|p| FitResponse {

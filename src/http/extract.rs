@@ -35,16 +35,24 @@ impl<T: DeserializeOwned> FromRequest<AppState> for JsonObjectOrArray<T> {
 
 async fn body_bytes(request: Request, state: &AppState) -> Result<Bytes, ApiError> {
     // A missing content type is accepted (curl without -H); a different one is not.
-        if let Some(content_type) = request.headers().get(header::CONTENT_TYPE) {
-            let is_json = content_type
-                .to_str()
-                .map(|v| v.split(';').next().unwrap_or("").trim().eq_ignore_ascii_case("application/json"))
-                .unwrap_or(false);
-            if !is_json {
-                return Err(ApiError::UnsupportedMediaType);
-            }
+    if let Some(content_type) = request.headers().get(header::CONTENT_TYPE) {
+        let is_json = content_type
+            .to_str()
+            .map(|v| {
+                v.split(';')
+                    .next()
+                    .unwrap_or("")
+                    .trim()
+                    .eq_ignore_ascii_case("application/json")
+            })
+            .unwrap_or(false);
+        if !is_json {
+            return Err(ApiError::UnsupportedMediaType);
         }
-        Bytes::from_request(request, state).await.map_err(|rejection| {
+    }
+    Bytes::from_request(request, state)
+        .await
+        .map_err(|rejection| {
             if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
                 ApiError::PayloadTooLarge(state.limits.max_body_bytes)
             } else {
@@ -59,7 +67,10 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8], prefix: &str) -> Result<T, 
     // serde also reads structs from JSON arrays (by position); requests must be objects.
     if let Some(&first) = bytes.iter().find(|b| !b.is_ascii_whitespace()) {
         if first != b'{' && serde_json::from_slice::<serde::de::IgnoredAny>(bytes).is_ok() {
-            return Err(ApiError::InvalidInput(format!("{}: expected a JSON object", field_name(prefix))));
+            return Err(ApiError::InvalidInput(format!(
+                "{}: expected a JSON object",
+                field_name(prefix)
+            )));
         }
     }
     deserialize(bytes, prefix)
@@ -67,21 +78,34 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8], prefix: &str) -> Result<T, 
 
 fn deserialize<T: DeserializeOwned>(bytes: &[u8], prefix: &str) -> Result<T, ApiError> {
     let mut deserializer = serde_json::Deserializer::from_slice(bytes);
-    let value: T = serde_path_to_error::deserialize(&mut deserializer).map_err(|e| classify(&e, prefix))?;
-    deserializer.end().map_err(|e| ApiError::MalformedJson(format!("{e}")))?;
+    let value: T =
+        serde_path_to_error::deserialize(&mut deserializer).map_err(|e| classify(&e, prefix))?;
+    deserializer
+        .end()
+        .map_err(|e| ApiError::MalformedJson(format!("{e}")))?;
     Ok(value)
 }
 
 /// Deserializes an already parsed JSON value (a batch item).
-pub fn from_value<T: DeserializeOwned>(value: serde_json::Value, prefix: &str) -> Result<T, ApiError> {
+pub fn from_value<T: DeserializeOwned>(
+    value: serde_json::Value,
+    prefix: &str,
+) -> Result<T, ApiError> {
     if !value.is_object() {
-        return Err(ApiError::InvalidInput(format!("{}: expected a JSON object", field_name(prefix))));
+        return Err(ApiError::InvalidInput(format!(
+            "{}: expected a JSON object",
+            field_name(prefix)
+        )));
     }
     serde_path_to_error::deserialize(value).map_err(|e| classify(&e, prefix))
 }
 
 fn field_name(prefix: &str) -> &str {
-    if prefix.is_empty() { "body" } else { prefix }
+    if prefix.is_empty() {
+        "body"
+    } else {
+        prefix
+    }
 }
 
 fn classify(error: &serde_path_to_error::Error<serde_json::Error>, prefix: &str) -> ApiError {
@@ -95,7 +119,11 @@ fn classify(error: &serde_path_to_error::Error<serde_json::Error>, prefix: &str)
     let inner = error.inner();
     // serde_json appends " at line L column C"; the path says more.
     let message = inner.to_string();
-    let message = message.split(" at line ").next().unwrap_or(&message).to_string();
+    let message = message
+        .split(" at line ")
+        .next()
+        .unwrap_or(&message)
+        .to_string();
     match inner.classify() {
         serde_json::error::Category::Data => ApiError::InvalidInput(format!("{field}: {message}")),
         _ => ApiError::MalformedJson(format!("malformed JSON: {inner}")),

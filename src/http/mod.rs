@@ -86,19 +86,41 @@ struct LayersOrSummary;
 
 impl utoipa::Modify for LayersOrSummary {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
-        use utoipa::openapi::schema::{AllOfBuilder, ArrayBuilder, ObjectBuilder, OneOfBuilder, Schema, Type};
+        use utoipa::openapi::schema::{
+            AllOfBuilder, ArrayBuilder, ObjectBuilder, OneOfBuilder, Schema, Type,
+        };
         use utoipa::openapi::RefOr;
-        let Some(components) = openapi.components.as_mut() else { return };
-        let Some(RefOr::T(Schema::Object(request))) = components.schemas.remove("EstimateRequest") else { return };
+        let Some(components) = openapi.components.as_mut() else {
+            return;
+        };
+        let Some(RefOr::T(Schema::Object(request))) = components.schemas.remove("EstimateRequest")
+        else {
+            return;
+        };
         let example = request.example.clone();
         let exactly_one = OneOfBuilder::new()
-            .item(ObjectBuilder::new().required("layers").property("layers", ArrayBuilder::new()))
-            .item(ObjectBuilder::new().required("summary").property("summary", ObjectBuilder::new().schema_type(Type::Object)));
+            .item(
+                ObjectBuilder::new()
+                    .required("layers")
+                    .property("layers", ArrayBuilder::new()),
+            )
+            .item(
+                ObjectBuilder::new()
+                    .required("summary")
+                    .property("summary", ObjectBuilder::new().schema_type(Type::Object)),
+            );
         let description = request.description.clone();
         // `example`, not 3.1's `examples`: it is what Swagger UI's "Try it out" fills in.
         #[allow(deprecated)]
-        let schema = AllOfBuilder::new().item(request).item(exactly_one).description(description).example(example).build();
-        components.schemas.insert("EstimateRequest".into(), RefOr::T(Schema::AllOf(schema)));
+        let schema = AllOfBuilder::new()
+            .item(request)
+            .item(exactly_one)
+            .description(description)
+            .example(example)
+            .build();
+        components
+            .schemas
+            .insert("EstimateRequest".into(), RefOr::T(Schema::AllOf(schema)));
     }
 }
 
@@ -109,7 +131,10 @@ impl utoipa::Modify for BearerSecurity {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
         use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
         let components = openapi.components.get_or_insert_with(Default::default);
-        components.add_security_scheme("bearer", SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()));
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
     }
 }
 
@@ -154,17 +179,26 @@ async fn guard(State(state): State<AppState>, request: Request, next: Next) -> R
             ApiError::Overloaded.into_response()
         }
         Ok(permit) => {
-            let response = match tokio::time::timeout(state.limits.request_timeout, next.run(request)).await {
-                Ok(response) => response,
-                Err(_) => ApiError::Timeout.into_response(),
-            };
+            let response =
+                match tokio::time::timeout(state.limits.request_timeout, next.run(request)).await {
+                    Ok(response) => response,
+                    Err(_) => ApiError::Timeout.into_response(),
+                };
             drop(permit);
             response
         }
     };
     let status = response.status().as_u16().to_string();
     let labels = [method.as_str(), route.as_str(), status.as_str()];
-    state.metrics.http_requests_total.with_label_values(&labels).inc();
-    state.metrics.http_request_duration_seconds.with_label_values(&labels).observe(started.elapsed().as_secs_f64());
+    state
+        .metrics
+        .http_requests_total
+        .with_label_values(&labels)
+        .inc();
+    state
+        .metrics
+        .http_request_duration_seconds
+        .with_label_values(&labels)
+        .observe(started.elapsed().as_secs_f64());
     response
 }

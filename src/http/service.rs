@@ -8,16 +8,19 @@ use axum::response::IntoResponse;
 use axum::Json;
 
 use crate::error::ApiError;
+use crate::estimators::manifest::{CombinedEntry, InputSpec};
 use crate::http::types::{
-    CombinedInfo, DomainInfo, EstimatorInfo, EstimatorsResponse, HealthResponse, Problem, ReadyResponse, ResidualQuantileInfo, SimulatedInfo,
+    CombinedInfo, DomainInfo, EstimatorInfo, EstimatorsResponse, HealthResponse, Problem,
+    ReadyResponse, ResidualQuantileInfo, SimulatedInfo,
 };
 use crate::http::AppState;
-use crate::estimators::manifest::{CombinedEntry, InputSpec};
 
 /// Liveness: the process serves HTTP.
 #[utoipa::path(get, path = "/healthz", tag = "operations", responses((status = 200, body = HealthResponse)))]
 pub async fn healthz() -> Json<HealthResponse> {
-    Json(HealthResponse { status: "ok".into() })
+    Json(HealthResponse {
+        status: "ok".into(),
+    })
 }
 
 /// Readiness: models loaded and not shutting down.
@@ -41,7 +44,11 @@ pub async fn readyz(State(state): State<AppState>) -> Result<Json<ReadyResponse>
 /// Prometheus metrics, text exposition format.
 #[utoipa::path(get, path = "/metrics", tag = "operations", responses((status = 200, description = "Prometheus text format", body = String, content_type = "text/plain")))]
 pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
-    (StatusCode::OK, [(header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.metrics.render())
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        state.metrics.render(),
+    )
 }
 
 /// The loaded estimators, their provenance and validation figures.
@@ -66,9 +73,20 @@ pub async fn estimators(State(state): State<AppState>) -> Json<EstimatorsRespons
             target: e.entry.target.clone(),
             class_bins_mib: e.entry.class_bins_mib.clone(),
             residual_quantiles: e.entry.residual_quantiles.as_ref().map(|levels| {
-                levels.iter().map(|l| ResidualQuantileInfo { confidence: l.confidence, log_ratio: l.log_ratio }).collect()
+                levels
+                    .iter()
+                    .map(|l| ResidualQuantileInfo {
+                        confidence: l.confidence,
+                        log_ratio: l.log_ratio,
+                    })
+                    .collect()
             }),
-            requires: e.entry.requires.iter().map(|r| r.as_str().to_string()).collect(),
+            requires: e
+                .entry
+                .requires
+                .iter()
+                .map(|r| r.as_str().to_string())
+                .collect(),
             validation: e.entry.validation.clone(),
         })
         .collect();
@@ -78,31 +96,46 @@ pub async fn estimators(State(state): State<AppState>) -> Json<EstimatorsRespons
         split: manifest.split.clone(),
         estimators,
         combined: manifest.combined.as_ref().map(combined_info),
-        combined_by_family: manifest.combined_by_family.iter().map(|(f, c)| (f.clone(), combined_info(c))).collect(),
+        combined_by_family: manifest
+            .combined_by_family
+            .iter()
+            .map(|(f, c)| (f.clone(), combined_info(c)))
+            .collect(),
         simulated: manifest.simulated.as_ref().map(|s| SimulatedInfo {
             version: s.version.clone(),
             cuda_context_mib: s.cuda_context_mib,
             residual_quantiles: s
                 .residual_quantiles
                 .iter()
-                .map(|l| ResidualQuantileInfo { confidence: l.confidence, log_ratio: l.log_ratio })
+                .map(|l| ResidualQuantileInfo {
+                    confidence: l.confidence,
+                    log_ratio: l.log_ratio,
+                })
                 .collect(),
-            domain: s.domain.as_ref().zip(state.estimators.simulated_domain()).map(|(file, loaded)| DomainInfo {
-                file: file.file.clone(),
-                sha256: file.sha256.clone(),
-                points: loaded.points,
-                features: loaded.features,
-                optimizers: loaded.optimizers,
-                precisions: loaded.precisions,
-                typical_distance: loaded.typical_distance,
-                near: loaded.near,
-                far: loaded.far,
-                max_widen: loaded.max_widen,
-            }),
+            domain: s
+                .domain
+                .as_ref()
+                .zip(state.estimators.simulated_domain())
+                .map(|(file, loaded)| DomainInfo {
+                    file: file.file.clone(),
+                    sha256: file.sha256.clone(),
+                    points: loaded.points,
+                    features: loaded.features,
+                    optimizers: loaded.optimizers,
+                    precisions: loaded.precisions,
+                    typical_distance: loaded.typical_distance,
+                    near: loaded.near,
+                    far: loaded.far,
+                    max_widen: loaded.max_widen,
+                }),
         }),
     })
 }
 
 fn combined_info(c: &CombinedEntry) -> CombinedInfo {
-    CombinedInfo { members: c.members.clone(), rule: c.rule.clone(), validation: c.validation.clone() }
+    CombinedInfo {
+        members: c.members.clone(),
+        rule: c.rule.clone(),
+        validation: c.validation.clone(),
+    }
 }

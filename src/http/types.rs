@@ -93,8 +93,12 @@ pub struct GpuName;
 
 impl utoipa::PartialSchema for GpuName {
     fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
-        let names = std::iter::once("attached").chain(crate::devices::sku::CATALOGUE.iter().map(|sku| sku.id));
-        string_enum(names, "A catalogue GPU id, or `attached` for this host's first GPU.")
+        let names = std::iter::once("attached")
+            .chain(crate::devices::sku::CATALOGUE.iter().map(|sku| sku.id));
+        string_enum(
+            names,
+            "A catalogue GPU id, or `attached` for this host's first GPU.",
+        )
     }
 }
 
@@ -106,7 +110,10 @@ pub struct FamilyName;
 impl utoipa::PartialSchema for FamilyName {
     fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
         let names = [Family::Mlp, Family::Cnn, Family::Transformer].map(Family::as_str);
-        string_enum(names.into_iter(), "A model family: it selects the estimators.")
+        string_enum(
+            names.into_iter(),
+            "A model family: it selects the estimators.",
+        )
     }
 }
 
@@ -118,8 +125,13 @@ pub struct LayerKindName;
 
 impl utoipa::PartialSchema for LayerKindName {
     fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
-        let names = crate::domain::LayerKind::ALL.into_iter().map(crate::domain::LayerKind::as_str);
-        string_enum(names, "A layer kind; matched case-insensitively ignoring `_`, `-` and spaces.")
+        let names = crate::domain::LayerKind::ALL
+            .into_iter()
+            .map(crate::domain::LayerKind::as_str);
+        string_enum(
+            names,
+            "A layer kind; matched case-insensitively ignoring `_`, `-` and spaces.",
+        )
     }
 }
 
@@ -131,15 +143,26 @@ pub struct Dimension;
 impl utoipa::PartialSchema for Dimension {
     fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
         use utoipa::openapi::schema::{ObjectBuilder, Type};
-        ObjectBuilder::new().schema_type(Type::Integer).minimum(Some(1)).maximum(Some(1_000_000)).into()
+        ObjectBuilder::new()
+            .schema_type(Type::Integer)
+            .minimum(Some(1))
+            .maximum(Some(1_000_000))
+            .into()
     }
 }
 
 impl ToSchema for Dimension {}
 
-fn string_enum<'a>(values: impl Iterator<Item = &'a str>, description: &str) -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+fn string_enum<'a>(
+    values: impl Iterator<Item = &'a str>,
+    description: &str,
+) -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
     use utoipa::openapi::schema::{ObjectBuilder, Type};
-    ObjectBuilder::new().schema_type(Type::String).enum_values(Some(values)).description(Some(description)).into()
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .enum_values(Some(values))
+        .description(Some(description))
+        .into()
 }
 
 /// A model summary as printed by a tool.
@@ -792,7 +815,9 @@ mod whole_number {
         }
 
         fn parse(json: &str) -> Result<u64, String> {
-            serde_json::from_str::<Probe>(json).map(|p| p.n).map_err(|e| e.to_string())
+            serde_json::from_str::<Probe>(json)
+                .map(|p| p.n)
+                .map_err(|e| e.to_string())
         }
 
         #[test]
@@ -802,7 +827,9 @@ mod whole_number {
             assert!(parse(r#"{"n": 8.5}"#).is_err());
             assert!(parse(r#"{"n": -8}"#).is_err());
             assert!(parse(r#"{"n": 1e300}"#).is_err());
-            assert!(parse(r#"{"n": "8"}"#).unwrap_err().contains("non-negative whole number"));
+            assert!(parse(r#"{"n": "8"}"#)
+                .unwrap_err()
+                .contains("non-negative whole number"));
         }
     }
 }

@@ -40,23 +40,38 @@ impl HeldOutJob {
 }
 
 fn held_out_jobs(file: &str) -> Vec<HeldOutJob> {
-    let reader = BufReader::new(flate2::read::GzDecoder::new(std::fs::File::open(repo_root().join(file)).unwrap()));
-    reader.lines().map(|line| serde_json::from_str(&line.unwrap()).unwrap()).collect()
+    let reader = BufReader::new(flate2::read::GzDecoder::new(
+        std::fs::File::open(repo_root().join(file)).unwrap(),
+    ));
+    reader
+        .lines()
+        .map(|line| serde_json::from_str(&line.unwrap()).unwrap())
+        .collect()
 }
 
 fn figure(validation: &BTreeMap<String, Value>, name: &str) -> f64 {
-    validation.get(name).and_then(Value::as_f64).unwrap_or_else(|| panic!("validation figure {name} missing"))
+    validation
+        .get(name)
+        .and_then(Value::as_f64)
+        .unwrap_or_else(|| panic!("validation figure {name} missing"))
 }
 
 fn assert_close(what: &str, actual: f64, validation: &BTreeMap<String, Value>, name: &str) {
     let expected = figure(validation, name);
-    assert!((actual - expected).abs() <= TOLERANCE, "{what}: {name} is {actual:.4} in Rust, {expected:.4} in the manifest");
+    assert!(
+        (actual - expected).abs() <= TOLERANCE,
+        "{what}: {name} is {actual:.4} in Rust, {expected:.4} in the manifest"
+    );
 }
 
 fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
     let n = values.len();
-    if n % 2 == 1 { values[n / 2] } else { (values[n / 2 - 1] + values[n / 2]) / 2.0 }
+    if n % 2 == 1 {
+        values[n / 2]
+    } else {
+        (values[n / 2 - 1] + values[n / 2]) / 2.0
+    }
 }
 
 fn mean(values: impl Iterator<Item = f64>) -> f64 {
@@ -65,10 +80,26 @@ fn mean(values: impl Iterator<Item = f64>) -> f64 {
 }
 
 /// Class accuracy and below-rate; an `oom` job's true class is the top one (does not fit).
-fn class_figures(rows: &[(&HeldOutJob, &Estimate)], classes: &MemoryClasses, predicted: impl Fn(&Estimate) -> usize) -> (f64, f64) {
-    let truth = |row: &HeldOutJob| if row.ok() { classes.classify(row.measured_peak_mib).index } else { classes.len() - 1 };
-    let accuracy = mean(rows.iter().map(|(row, e)| f64::from(u8::from(predicted(e) == truth(row)))));
-    let below = mean(rows.iter().map(|(row, e)| f64::from(u8::from(predicted(e) < truth(row)))));
+fn class_figures(
+    rows: &[(&HeldOutJob, &Estimate)],
+    classes: &MemoryClasses,
+    predicted: impl Fn(&Estimate) -> usize,
+) -> (f64, f64) {
+    let truth = |row: &HeldOutJob| {
+        if row.ok() {
+            classes.classify(row.measured_peak_mib).index
+        } else {
+            classes.len() - 1
+        }
+    };
+    let accuracy = mean(
+        rows.iter()
+            .map(|(row, e)| f64::from(u8::from(predicted(e) == truth(row)))),
+    );
+    let below = mean(
+        rows.iter()
+            .map(|(row, e)| f64::from(u8::from(predicted(e) < truth(row)))),
+    );
     (accuracy, below)
 }
 
@@ -76,62 +107,145 @@ fn class_figures(rows: &[(&HeldOutJob, &Estimate)], classes: &MemoryClasses, pre
 fn committed_models_reproduce_the_manifest_held_out_figures() {
     let estimators = Estimators::load(&models_dir(), &ort_dylib(), 1).expect("models load");
     let manifest = estimators.manifest();
-    let default_file = manifest.split["test_file"].as_str().expect("the manifest names its test file").to_string();
-    let file_of = |e: &gpucast::estimators::manifest::EstimatorEntry| e.test_file.clone().unwrap_or_else(|| default_file.clone());
+    let default_file = manifest.split["test_file"]
+        .as_str()
+        .expect("the manifest names its test file")
+        .to_string();
+    let file_of = |e: &gpucast::estimators::manifest::EstimatorEntry| {
+        e.test_file.clone().unwrap_or_else(|| default_file.clone())
+    };
     let mut files: Vec<String> = manifest.estimators.iter().map(file_of).collect();
     files.sort();
     files.dedup();
     let mut checked = 0;
     for file in files {
         let rows = held_out_jobs(&file);
-        assert!(rows.len() >= 100, "{file}: only {} held-out jobs", rows.len());
-        let jobs: Vec<Job> = rows.iter().map(|r| to_job(&r.job).expect("held-out jobs are valid")).collect();
+        assert!(
+            rows.len() >= 100,
+            "{file}: only {} held-out jobs",
+            rows.len()
+        );
+        let jobs: Vec<Job> = rows
+            .iter()
+            .map(|r| to_job(&r.job).expect("held-out jobs are valid"))
+            .collect();
         let items: Vec<(&Job, f64)> = jobs.iter().map(|job| (job, 0.95)).collect();
-        let estimates: Vec<Estimate> =
-            estimators.estimate_many(&items).into_iter().map(|e| e.expect("held-out jobs are estimated")).collect();
-        for estimator in estimators.all().iter().filter(|e| file_of(&e.entry) == file) {
+        let estimates: Vec<Estimate> = estimators
+            .estimate_many(&items)
+            .into_iter()
+            .map(|e| e.expect("held-out jobs are estimated"))
+            .collect();
+        for estimator in estimators
+            .all()
+            .iter()
+            .filter(|e| file_of(&e.entry) == file)
+        {
             let entry = &estimator.entry;
             let name = entry.name.as_str();
-            let family_rows: Vec<(&HeldOutJob, &Estimate)> =
-                rows.iter().zip(&estimates).filter(|(_, e)| e.family == estimator.family).collect();
-            let ok_rows: Vec<&(&HeldOutJob, &Estimate)> = family_rows.iter().filter(|(row, _)| row.ok()).collect();
+            let family_rows: Vec<(&HeldOutJob, &Estimate)> = rows
+                .iter()
+                .zip(&estimates)
+                .filter(|(_, e)| e.family == estimator.family)
+                .collect();
+            let ok_rows: Vec<&(&HeldOutJob, &Estimate)> =
+                family_rows.iter().filter(|(row, _)| row.ok()).collect();
             match entry.kind {
                 EstimatorKind::MemoryClassifier => {
-                    let classes = MemoryClasses::new(entry.class_bins_mib.clone().unwrap()).unwrap();
-                    let (accuracy, below) = class_figures(&family_rows, &classes, |e| e.classifiers[name].class.index);
+                    let classes =
+                        MemoryClasses::new(entry.class_bins_mib.clone().unwrap()).unwrap();
+                    let (accuracy, below) =
+                        class_figures(&family_rows, &classes, |e| e.classifiers[name].class.index);
                     assert_close(name, accuracy, &entry.validation, "test_accuracy");
                     assert_close(name, below, &entry.validation, "test_below_rate");
                 }
                 EstimatorKind::MemoryRegressor => {
                     // A simulation regressor runs only near its data and where the step runs on
                     // its card (estimators::combine); its figures are over the rows it answered.
-                    let answered_rows = family_rows.iter().filter(|(_, e)| e.mib_estimators.contains_key(name)).count();
-                    assert!(answered_rows * 5 >= family_rows.len() * 4, "{name} answered {answered_rows} of {} rows", family_rows.len());
-                    let family_rows: Vec<(&HeldOutJob, &Estimate)> =
-                        family_rows.iter().copied().filter(|(_, e)| e.mib_estimators.contains_key(name)).collect();
-                    let ok_rows: Vec<&(&HeldOutJob, &Estimate)> = family_rows.iter().filter(|(row, _)| row.ok()).collect();
-                    let errors = ok_rows.iter().map(|(row, e)| (e.mib_estimators[name] / row.measured_peak_mib - 1.0).abs()).collect();
-                    assert_close(name, median(errors), &entry.validation, "test_median_abs_rel_error");
+                    let answered_rows = family_rows
+                        .iter()
+                        .filter(|(_, e)| e.mib_estimators.contains_key(name))
+                        .count();
+                    assert!(
+                        answered_rows * 5 >= family_rows.len() * 4,
+                        "{name} answered {answered_rows} of {} rows",
+                        family_rows.len()
+                    );
+                    let family_rows: Vec<(&HeldOutJob, &Estimate)> = family_rows
+                        .iter()
+                        .copied()
+                        .filter(|(_, e)| e.mib_estimators.contains_key(name))
+                        .collect();
+                    let ok_rows: Vec<&(&HeldOutJob, &Estimate)> =
+                        family_rows.iter().filter(|(row, _)| row.ok()).collect();
+                    let errors = ok_rows
+                        .iter()
+                        .map(|(row, e)| {
+                            (e.mib_estimators[name] / row.measured_peak_mib - 1.0).abs()
+                        })
+                        .collect();
+                    assert_close(
+                        name,
+                        median(errors),
+                        &entry.validation,
+                        "test_median_abs_rel_error",
+                    );
                     // This regressor's own bound (a job's answer may come from the traced one).
-                    let levels = entry.residual_quantiles.as_ref().unwrap().iter().map(|l| (l.confidence, l.log_ratio)).collect();
-                    let factor = ResidualQuantiles::new(levels).unwrap().log_ratio_at(0.95).unwrap().exp();
-                    let exceeded = mean(ok_rows.iter().map(|(row, e)| f64::from(u8::from(e.mib_estimators[name] * factor < row.measured_peak_mib))));
-                    assert_close(name, exceeded, &entry.validation, "test_bound_exceeded_rate");
+                    let levels = entry
+                        .residual_quantiles
+                        .as_ref()
+                        .unwrap()
+                        .iter()
+                        .map(|l| (l.confidence, l.log_ratio))
+                        .collect();
+                    let factor = ResidualQuantiles::new(levels)
+                        .unwrap()
+                        .log_ratio_at(0.95)
+                        .unwrap()
+                        .exp();
+                    let exceeded = mean(ok_rows.iter().map(|(row, e)| {
+                        f64::from(u8::from(
+                            e.mib_estimators[name] * factor < row.measured_peak_mib,
+                        ))
+                    }));
+                    assert_close(
+                        name,
+                        exceeded,
+                        &entry.validation,
+                        "test_bound_exceeded_rate",
+                    );
                     if !entry.requires.is_empty() {
                         // Traced jobs: the answer is this regressor's, held to the physics floor
                         // (model state + context), and so is the class.
-                        let answered = |e: &Estimate| e.mib_estimators[name].max(e.physics.floor_mib());
-                        assert!(family_rows.iter().all(|(_, e)| e.mib.unwrap().estimate_mib == answered(e)));
-                        let (accuracy, _) = class_figures(&family_rows, &MemoryClasses::new(vec![8000, 16000, 24000, 32000, 40960]).unwrap(), |e| e.class.class.index);
+                        let answered =
+                            |e: &Estimate| e.mib_estimators[name].max(e.physics.floor_mib());
+                        assert!(family_rows
+                            .iter()
+                            .all(|(_, e)| e.mib.unwrap().estimate_mib == answered(e)));
+                        let (accuracy, _) = class_figures(
+                            &family_rows,
+                            &MemoryClasses::new(vec![8000, 16000, 24000, 32000, 40960]).unwrap(),
+                            |e| e.class.class.index,
+                        );
                         assert_close(name, accuracy, &entry.validation, "test_class_accuracy");
                     }
                 }
                 EstimatorKind::UtilizationRegressor => {
                     let target = entry.target.as_deref().unwrap();
-                    let truth = |row: &HeldOutJob| if target == "smact" { row.smact } else { row.smocc };
-                    let mae = mean(ok_rows.iter().map(|(row, e)| (f64::from(e.utilization[target]) - truth(row).unwrap()).abs()));
+                    let truth = |row: &HeldOutJob| {
+                        if target == "smact" {
+                            row.smact
+                        } else {
+                            row.smocc
+                        }
+                    };
+                    let mae = mean(ok_rows.iter().map(|(row, e)| {
+                        (f64::from(e.utilization[target]) - truth(row).unwrap()).abs()
+                    }));
                     assert_close(name, mae, &entry.validation, "test_mae");
-                    assert!(mae < figure(&entry.validation, "test_baseline_mae"), "{name} does not beat the mean baseline");
+                    assert!(
+                        mae < figure(&entry.validation, "test_baseline_mae"),
+                        "{name} does not beat the mean baseline"
+                    );
                 }
             }
             checked += 1;
@@ -143,22 +257,53 @@ fn committed_models_reproduce_the_manifest_held_out_figures() {
                 other => manifest.combined_by_family.get(other.as_str()),
             };
             let Some(combined) = combined else { continue };
-            let member = estimators.all().iter().find(|e| e.name() == combined.members[0]).unwrap();
+            let member = estimators
+                .all()
+                .iter()
+                .find(|e| e.name() == combined.members[0])
+                .unwrap();
             if file_of(&member.entry) != file {
                 continue;
             }
-            let family_rows: Vec<(&HeldOutJob, &Estimate)> = rows.iter().zip(&estimates).filter(|(_, e)| e.family == family).collect();
+            let family_rows: Vec<(&HeldOutJob, &Estimate)> = rows
+                .iter()
+                .zip(&estimates)
+                .filter(|(_, e)| e.family == family)
+                .collect();
             let classes = MemoryClasses::new(member.entry.class_bins_mib.clone().unwrap()).unwrap();
             // The classifiers' mean, first maximum (the answer's class may follow a traced figure).
             let mean_class = |e: &Estimate| {
                 let probabilities: Vec<f32> = (0..classes.len())
-                    .map(|i| combined.members.iter().map(|m| e.classifiers[m.as_str()].probabilities[i]).sum::<f32>())
+                    .map(|i| {
+                        combined
+                            .members
+                            .iter()
+                            .map(|m| e.classifiers[m.as_str()].probabilities[i])
+                            .sum::<f32>()
+                    })
                     .collect();
-                probabilities.iter().enumerate().fold((0, f32::MIN), |best, (i, &p)| if p > best.1 { (i, p) } else { best }).0
+                probabilities
+                    .iter()
+                    .enumerate()
+                    .fold(
+                        (0, f32::MIN),
+                        |best, (i, &p)| if p > best.1 { (i, p) } else { best },
+                    )
+                    .0
             };
             let (accuracy, below) = class_figures(&family_rows, &classes, mean_class);
-            assert_close(&format!("combined {family}"), accuracy, &combined.validation, "test_accuracy");
-            assert_close(&format!("combined {family}"), below, &combined.validation, "test_below_rate");
+            assert_close(
+                &format!("combined {family}"),
+                accuracy,
+                &combined.validation,
+                "test_accuracy",
+            );
+            assert_close(
+                &format!("combined {family}"),
+                below,
+                &combined.validation,
+                "test_below_rate",
+            );
         }
     }
     assert_eq!(checked, manifest.estimators.len());
@@ -200,37 +345,82 @@ fn close(a: f64, b: f64, relative: f64) -> bool {
 fn assert_vector(case: &str, what: &str, actual: &[f32], golden: &[f64]) {
     assert_eq!(actual.len(), golden.len(), "{case}: {what} length");
     for (i, (a, e)) in actual.iter().zip(golden).enumerate() {
-        assert!(close(f64::from(*a), *e, 1e-6), "{case}: {what}[{i}] = {a}, golden {e}");
+        assert!(
+            close(f64::from(*a), *e, 1e-6),
+            "{case}: {what}[{i}] = {a}, golden {e}"
+        );
     }
 }
 
 /// Checks every case against the named estimators' inputs as the manifest defines them.
-fn check_golden(manifest: &gpucast::estimators::manifest::Manifest, estimators: &GoldenEstimators, cases: &[GoldenCase]) {
-    let input = |name: &str| manifest.estimators.iter().find(|e| e.name == name).unwrap_or_else(|| panic!("{name}")).input.clone();
+fn check_golden(
+    manifest: &gpucast::estimators::manifest::Manifest,
+    estimators: &GoldenEstimators,
+    cases: &[GoldenCase],
+) {
+    let input = |name: &str| {
+        manifest
+            .estimators
+            .iter()
+            .find(|e| e.name == name)
+            .unwrap_or_else(|| panic!("{name}"))
+            .input
+            .clone()
+    };
     let aggregate_specs = |name: &str| match input(name) {
         InputSpec::Aggregate { features } => features,
         InputSpec::Sequence { .. } => panic!("{name} is not an aggregate estimator"),
     };
-    let InputSpec::Sequence { kind_vocab, token_features, .. } = input(&estimators.sequence) else {
+    let InputSpec::Sequence {
+        kind_vocab,
+        token_features,
+        ..
+    } = input(&estimators.sequence)
+    else {
         panic!("{} is not a sequence estimator", estimators.sequence)
     };
-    let vocab: Vec<LayerKind> = kind_vocab.iter().map(|k| LayerKind::parse(k).unwrap()).collect();
+    let vocab: Vec<LayerKind> = kind_vocab
+        .iter()
+        .map(|k| LayerKind::parse(k).unwrap())
+        .collect();
     assert!(cases.len() >= 5);
     for case in cases {
         let name = case.name.as_str();
         let job = to_job(&case.job).unwrap_or_else(|e| panic!("{name}: {e}"));
         let raw = AggregateFeatures::of(&job);
         for (feature, expected) in &case.raw_aggregate {
-            let actual = raw.get(feature).unwrap_or_else(|| panic!("{name}: unknown feature {feature}"));
-            assert!(close(actual, *expected, 1e-9), "{name}: {feature} = {actual}, golden {expected}");
+            let actual = raw
+                .get(feature)
+                .unwrap_or_else(|| panic!("{name}: unknown feature {feature}"));
+            assert!(
+                close(actual, *expected, 1e-9),
+                "{name}: {feature} = {actual}, golden {expected}"
+            );
         }
-        assert_vector(name, &estimators.aggregate, &raw.normalised(&aggregate_specs(&estimators.aggregate)), &case.aggregate);
+        assert_vector(
+            name,
+            &estimators.aggregate,
+            &raw.normalised(&aggregate_specs(&estimators.aggregate)),
+            &case.aggregate,
+        );
         for extra in &estimators.extra_aggregate {
-            let golden = case.extra_aggregate.get(extra).unwrap_or_else(|| panic!("{name}: no golden input for {extra}"));
-            assert_vector(name, extra, &raw.normalised(&aggregate_specs(extra)), golden);
+            let golden = case
+                .extra_aggregate
+                .get(extra)
+                .unwrap_or_else(|| panic!("{name}: no golden input for {extra}"));
+            assert_vector(
+                name,
+                extra,
+                &raw.normalised(&aggregate_specs(extra)),
+                golden,
+            );
         }
-        let tokens = TokenFeatures::of(&job, |k| vocab.iter().position(|v| *v == k), &token_features)
-            .unwrap_or_else(|e| panic!("{name}: {e:?}"));
+        let tokens = TokenFeatures::of(
+            &job,
+            |k| vocab.iter().position(|v| *v == k),
+            &token_features,
+        )
+        .unwrap_or_else(|e| panic!("{name}: {e:?}"));
         assert_eq!(tokens.kind_ids, case.kind_ids, "{name}");
         let golden_tokens: Vec<f64> = case.token_features.iter().flatten().copied().collect();
         assert_vector(name, &estimators.sequence, &tokens.features, &golden_tokens);
@@ -239,10 +429,13 @@ fn check_golden(manifest: &gpucast::estimators::manifest::Manifest, estimators: 
 
 #[test]
 fn rust_features_equal_the_golden_vectors_written_by_python() {
-    let golden: Golden =
-        serde_json::from_str(&std::fs::read_to_string(repo_root().join("tests/fixtures/golden_features.json")).unwrap()).unwrap();
+    let golden: Golden = serde_json::from_str(
+        &std::fs::read_to_string(repo_root().join("tests/fixtures/golden_features.json")).unwrap(),
+    )
+    .unwrap();
     let manifest: gpucast::estimators::manifest::Manifest =
-        serde_json::from_str(&std::fs::read_to_string(models_dir().join("manifest.json")).unwrap()).unwrap();
+        serde_json::from_str(&std::fs::read_to_string(models_dir().join("manifest.json")).unwrap())
+            .unwrap();
     check_golden(&manifest, &golden.estimators, &golden.cases);
     check_golden(&manifest, &golden.real_estimators, &golden.real_cases);
 }

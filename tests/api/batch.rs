@@ -5,7 +5,8 @@ use crate::helpers::{example_job, spawn_app};
 #[tokio::test]
 async fn a_batch_answers_in_order_with_per_item_errors() {
     let app = spawn_app().await;
-    let bad_kind = json!({"batch_size": 8, "layers": [{"kind": "nope", "output_size": 1, "params": 0}]});
+    let bad_kind =
+        json!({"batch_size": 8, "layers": [{"kind": "nope", "output_size": 1, "params": 0}]});
     let wrong_type = json!({"batch_size": "many", "layers": []});
     let body = json!({"items": [example_job(), bad_kind, example_job(), wrong_type]});
     let response = app.post_json("/v1/estimate/batch", &body).await;
@@ -19,22 +20,38 @@ async fn a_batch_answers_in_order_with_per_item_errors() {
     assert_eq!(items[0]["status"], 200);
     assert_eq!(items[0]["estimate"]["memory"]["class"]["index"], 1);
     assert_eq!(items[1]["status"], 422);
-    assert!(items[1]["error"]["detail"].as_str().unwrap().contains("layers[0].kind"));
+    assert!(items[1]["error"]["detail"]
+        .as_str()
+        .unwrap()
+        .contains("layers[0].kind"));
     assert_eq!(items[2]["status"], 200);
     assert_eq!(items[3]["status"], 422);
-    assert!(items[3]["error"]["detail"].as_str().unwrap().contains("items[3].batch_size"), "{}", items[3]);
+    assert!(
+        items[3]["error"]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("items[3].batch_size"),
+        "{}",
+        items[3]
+    );
 }
 
 #[tokio::test]
 async fn a_batch_must_hold_between_one_and_the_limit_of_items() {
     let app = spawn_app().await;
-    let response = app.post_json("/v1/estimate/batch", &json!({"items": []})).await;
+    let response = app
+        .post_json("/v1/estimate/batch", &json!({"items": []}))
+        .await;
     assert_eq!(response.status(), 422);
     let items: Vec<Value> = (0..257).map(|_| example_job()).collect();
-    let response = app.post_json("/v1/estimate/batch", &json!({ "items": items })).await;
+    let response = app
+        .post_json("/v1/estimate/batch", &json!({ "items": items }))
+        .await;
     assert_eq!(response.status(), 422);
     let problem: Value = response.json().await.unwrap();
     assert!(problem["detail"].as_str().unwrap().starts_with("items:"));
-    let response = app.post_json("/v1/estimate/batch", &json!({"jobs": []})).await;
+    let response = app
+        .post_json("/v1/estimate/batch", &json!({"jobs": []}))
+        .await;
     assert_eq!(response.status(), 422);
 }

@@ -7,7 +7,9 @@ use gpucast::config::ApiToken;
 use gpucast::devices::{FakeDevices, GpuDevices, NoDevices};
 use serde_json::{json, Value};
 
-use crate::helpers::{example_job, held_out_mlp_jobs, models_dir, spawn_app, spawn_app_with_devices, test_config};
+use crate::helpers::{
+    example_job, held_out_mlp_jobs, models_dir, spawn_app, spawn_app_with_devices, test_config,
+};
 
 fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
@@ -16,14 +18,27 @@ fn median(mut values: Vec<f64>) -> f64 {
 
 #[tokio::test]
 async fn without_a_driver_devices_says_so_plainly_and_estimates_still_work() {
-    let app = spawn_app_with_devices(test_config(&models_dir()), Arc::new(NoDevices::new("libnvidia-ml.so not found"))).await;
+    let app = spawn_app_with_devices(
+        test_config(&models_dir()),
+        Arc::new(NoDevices::new("libnvidia-ml.so not found")),
+    )
+    .await;
     let response = app.get("/v1/devices").await;
     assert_eq!(response.status(), 200);
     let body: Value = response.json().await.unwrap();
     assert_eq!(body["nvml"], false);
-    assert!(body["reason"].as_str().unwrap().contains("no NVML device is present"), "{body}");
+    assert!(
+        body["reason"]
+            .as_str()
+            .unwrap()
+            .contains("no NVML device is present"),
+        "{body}"
+    );
     assert_eq!(body["devices"], json!([]));
-    assert_eq!(app.post_json("/v1/estimate", &example_job()).await.status(), 200);
+    assert_eq!(
+        app.post_json("/v1/estimate", &example_job()).await.status(),
+        200
+    );
 
     let mut job = example_job();
     job["gpu"] = "attached".into();
@@ -33,7 +48,8 @@ async fn without_a_driver_devices_says_so_plainly_and_estimates_still_work() {
 
 #[tokio::test]
 async fn the_attached_fake_gpu_is_listed_and_used_for_fit() {
-    let devices: Arc<dyn GpuDevices> = Arc::new(FakeDevices::single("NVIDIA L4", 23_034).with_driver("550.54.15"));
+    let devices: Arc<dyn GpuDevices> =
+        Arc::new(FakeDevices::single("NVIDIA L4", 23_034).with_driver("550.54.15"));
     let app = spawn_app_with_devices(test_config(&models_dir()), devices).await;
     let body: Value = app.get("/v1/devices").await.json().await.unwrap();
     assert_eq!(body["nvml"], true);
@@ -42,12 +58,21 @@ async fn the_attached_fake_gpu_is_listed_and_used_for_fit() {
 
     let mut job = example_job();
     job["gpu"] = "attached".into();
-    let body: Value = app.post_json("/v1/estimate", &job).await.json().await.unwrap();
+    let body: Value = app
+        .post_json("/v1/estimate", &job)
+        .await
+        .json()
+        .await
+        .unwrap();
     let fit = &body["fit"];
     assert_eq!(fit["gpu"], "l4");
     assert_eq!(fit["capacity_mib"], 23_034);
     let bound = body["memory"]["upper_bound_mib"].as_f64().unwrap();
-    assert_eq!(fit["max_colocated"].as_u64().unwrap(), (23_034.0 / bound).floor() as u64, "{body}");
+    assert_eq!(
+        fit["max_colocated"].as_u64().unwrap(),
+        (23_034.0 / bound).floor() as u64,
+        "{body}"
+    );
     assert_eq!(fit["fits"], true);
     assert_eq!(body["calibration"]["profile_used"], false);
 }
@@ -60,7 +85,10 @@ async fn unknown_gpus_are_refused() {
     let response = app.post_json("/v1/estimate", &job).await;
     assert_eq!(response.status(), 422);
     let problem: Value = response.json().await.unwrap();
-    assert!(problem["detail"].as_str().unwrap().starts_with("gpu:"), "{problem}");
+    assert!(
+        problem["detail"].as_str().unwrap().starts_with("gpu:"),
+        "{problem}"
+    );
 }
 
 #[tokio::test]
@@ -73,9 +101,23 @@ async fn observations_need_the_bearer_token_when_one_is_configured() {
     let response = app.client.post(&url).json(&body).send().await.unwrap();
     assert_eq!(response.status(), 401);
     assert_eq!(response.headers()["www-authenticate"], "Bearer");
-    let response = app.client.post(&url).bearer_auth("wrong").json(&body).send().await.unwrap();
+    let response = app
+        .client
+        .post(&url)
+        .bearer_auth("wrong")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(response.status(), 401);
-    let response = app.client.post(&url).bearer_auth("let-me-in").json(&body).send().await.unwrap();
+    let response = app
+        .client
+        .post(&url)
+        .bearer_auth("let-me-in")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(response.status(), 200);
     let recorded: Value = response.json().await.unwrap();
     assert_eq!(recorded["recorded"], 1);
@@ -87,23 +129,41 @@ async fn bad_observations_record_nothing() {
     let app = spawn_app().await;
     let good = json!({"gpu": "t4", "job": example_job(), "observed_peak_mib": 2000});
     let bad = json!({"gpu": "t4", "job": example_job(), "observed_peak_mib": -5});
-    let response = app.post_json("/v1/calibration/observations", &json!([good, bad])).await;
+    let response = app
+        .post_json("/v1/calibration/observations", &json!([good, bad]))
+        .await;
     assert_eq!(response.status(), 422);
     let problem: Value = response.json().await.unwrap();
-    assert!(problem["detail"].as_str().unwrap().starts_with("[1].observed_peak_mib"), "{problem}");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with("[1].observed_peak_mib"),
+        "{problem}"
+    );
     // The GPU named inside the job must not contradict the observation's.
     let mut job = example_job();
     job["gpu"] = "h100-80gb".into();
     let contradiction = json!({"gpu": "t4", "job": job, "observed_peak_mib": 2000});
-    let response = app.post_json("/v1/calibration/observations", &contradiction).await;
+    let response = app
+        .post_json("/v1/calibration/observations", &contradiction)
+        .await;
     assert_eq!(response.status(), 422);
     let problem: Value = response.json().await.unwrap();
-    assert!(problem["detail"].as_str().unwrap().starts_with("job.gpu"), "{problem}");
+    assert!(
+        problem["detail"].as_str().unwrap().starts_with("job.gpu"),
+        "{problem}"
+    );
     // A peak no GPU job has (found by schemathesis: it once made the refit fail with a 500).
     let tiny = json!({"gpu": "t4", "job": example_job(), "observed_peak_mib": 5e-324});
     let response = app.post_json("/v1/calibration/observations", &tiny).await;
     assert_eq!(response.status(), 422);
-    let profiles: Value = app.get("/v1/calibration/profiles").await.json().await.unwrap();
+    let profiles: Value = app
+        .get("/v1/calibration/profiles")
+        .await
+        .json()
+        .await
+        .unwrap();
     assert_eq!(profiles["profiles"], json!([]));
 }
 
@@ -119,7 +179,9 @@ async fn a_constant_offset_and_scale_is_learned_from_30_observations() {
         .iter()
         .map(|(job, measured)| json!({"gpu": "h100-80gb", "job": job, "observed_peak_mib": shifted(*measured)}))
         .collect();
-    let response = app.post_json("/v1/calibration/observations", &json!(observations)).await;
+    let response = app
+        .post_json("/v1/calibration/observations", &json!(observations))
+        .await;
     assert_eq!(response.status(), 200);
 
     let further = &jobs[30..230];
@@ -136,24 +198,58 @@ async fn a_constant_offset_and_scale_is_learned_from_30_observations() {
             .collect();
         let app = &app;
         async move {
-            let body: Value = app.post_json("/v1/estimate/batch", &json!({ "items": items })).await.json().await.unwrap();
-            body["items"].as_array().unwrap().iter().map(|i| i["estimate"]["memory"]["estimate_mib"].as_f64().unwrap()).collect::<Vec<_>>()
+            let body: Value = app
+                .post_json("/v1/estimate/batch", &json!({ "items": items }))
+                .await
+                .json()
+                .await
+                .unwrap();
+            body["items"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|i| i["estimate"]["memory"]["estimate_mib"].as_f64().unwrap())
+                .collect::<Vec<_>>()
         }
     };
     let reference = estimate(None).await;
     let calibrated = estimate(Some("h100-80gb")).await;
-    let reference_error = median(further.iter().zip(&reference).map(|((_, m), e)| (e - m).abs() / m).collect());
-    let uncalibrated_error =
-        median(further.iter().zip(&reference).map(|((_, m), e)| (e - shifted(*m)).abs() / shifted(*m)).collect());
-    let calibrated_error =
-        median(further.iter().zip(&calibrated).map(|((_, m), e)| (e - shifted(*m)).abs() / shifted(*m)).collect());
+    let reference_error = median(
+        further
+            .iter()
+            .zip(&reference)
+            .map(|((_, m), e)| (e - m).abs() / m)
+            .collect(),
+    );
+    let uncalibrated_error = median(
+        further
+            .iter()
+            .zip(&reference)
+            .map(|((_, m), e)| (e - shifted(*m)).abs() / shifted(*m))
+            .collect(),
+    );
+    let calibrated_error = median(
+        further
+            .iter()
+            .zip(&calibrated)
+            .map(|((_, m), e)| (e - shifted(*m)).abs() / shifted(*m))
+            .collect(),
+    );
     eprintln!("median |relative error|: reference model on the A100 {reference_error:.4}, uncalibrated on the shifted GPU {uncalibrated_error:.4}, calibrated {calibrated_error:.4}");
     assert!(
         calibrated_error <= reference_error + 0.02,
         "calibrated {calibrated_error:.4}, reference {reference_error:.4}, uncalibrated {uncalibrated_error:.4}"
     );
-    assert!(uncalibrated_error > calibrated_error + 0.05, "the shift was not there to learn");
-    let profiles: Value = app.get("/v1/calibration/profiles").await.json().await.unwrap();
+    assert!(
+        uncalibrated_error > calibrated_error + 0.05,
+        "the shift was not there to learn"
+    );
+    let profiles: Value = app
+        .get("/v1/calibration/profiles")
+        .await
+        .json()
+        .await
+        .unwrap();
     assert_eq!(profiles["profiles"][0]["observations"], 30);
 }
 
@@ -168,7 +264,12 @@ async fn a_watched_process_peak_becomes_an_observation() {
     let accepted: Value = response.json().await.unwrap();
     assert_eq!(accepted["gpu"], "a100-80gb");
     for _ in 0..200 {
-        let profiles: Value = app.get("/v1/calibration/profiles").await.json().await.unwrap();
+        let profiles: Value = app
+            .get("/v1/calibration/profiles")
+            .await
+            .json()
+            .await
+            .unwrap();
         if let Some(profile) = profiles["profiles"].as_array().unwrap().first() {
             assert_eq!(profile["gpu"], "a100-80gb");
             assert_eq!(profile["observations"], 1);
@@ -184,11 +285,26 @@ async fn profiles_survive_a_restart_and_a_corrupt_file_is_skipped() {
     let config = test_config(&models_dir());
     let app = spawn_app_with_devices(config.clone(), Arc::new(NoDevices::new("none"))).await;
     let body = json!({"gpu": "l40s", "job": example_job(), "observed_peak_mib": 2100});
-    assert_eq!(app.post_json("/v1/calibration/observations", &body).await.status(), 200);
+    assert_eq!(
+        app.post_json("/v1/calibration/observations", &body)
+            .await
+            .status(),
+        200
+    );
     std::fs::write(config.profiles.join("t4.json"), "{ torn").unwrap();
 
     let restarted = spawn_app_with_devices(config, Arc::new(NoDevices::new("none"))).await;
-    let profiles: Value = restarted.get("/v1/calibration/profiles").await.json().await.unwrap();
-    let gpus: Vec<&str> = profiles["profiles"].as_array().unwrap().iter().map(|p| p["gpu"].as_str().unwrap()).collect();
+    let profiles: Value = restarted
+        .get("/v1/calibration/profiles")
+        .await
+        .json()
+        .await
+        .unwrap();
+    let gpus: Vec<&str> = profiles["profiles"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["gpu"].as_str().unwrap())
+        .collect();
     assert_eq!(gpus, vec!["l40s"]);
 }

@@ -21,13 +21,21 @@ async fn estimating_the_example_job_returns_every_documented_field() {
     assert_eq!(class["upper_mib"], json!(2000));
 
     let estimators = body["memory"]["estimators"].as_object().unwrap();
-    assert!(estimators.contains_key("mlp_ensemble") && estimators.contains_key("sequence_transformer"), "{body}");
+    assert!(
+        estimators.contains_key("mlp_ensemble") && estimators.contains_key("sequence_transformer"),
+        "{body}"
+    );
     for name in ["mlp_ensemble", "sequence_transformer"] {
-        assert!(estimators[name]["class"]["index"].is_u64() && estimators[name]["version"].is_string());
+        assert!(
+            estimators[name]["class"]["index"].is_u64() && estimators[name]["version"].is_string()
+        );
     }
     // The analytic formulas answer for every family, in MiB.
     for name in ["first_principles", "horus"] {
-        assert!(estimators[name]["estimate_mib"].as_f64().unwrap() > 0.0, "{name}");
+        assert!(
+            estimators[name]["estimate_mib"].as_f64().unwrap() > 0.0,
+            "{name}"
+        );
     }
     assert_eq!(body["memory"]["confidence"], 0.95);
 
@@ -36,13 +44,26 @@ async fn estimating_the_example_job_returns_every_documented_field() {
         assert!((0.0..=1.0).contains(&value), "{metric} = {value}");
     }
     assert!(body["utilization"]["drama"].is_null());
-    assert!(body["utilization"]["drama_reason"].as_str().unwrap().contains("DRAM"));
+    assert!(body["utilization"]["drama_reason"]
+        .as_str()
+        .unwrap()
+        .contains("DRAM"));
 
     let latency = body["latency_us"].as_object().unwrap();
     assert!(latency["total"].as_f64().unwrap() > 0.0);
-    for name in ["mlp_ensemble", "sequence_transformer", "smact", "smocc", "first_principles", "horus"] {
+    for name in [
+        "mlp_ensemble",
+        "sequence_transformer",
+        "smact",
+        "smocc",
+        "first_principles",
+        "horus",
+    ] {
         assert!(latency[name].as_f64().unwrap() > 0.0, "latency of {name}");
-        assert!(body["estimator_versions"][name].is_string(), "version of {name}");
+        assert!(
+            body["estimator_versions"][name].is_string(),
+            "version of {name}"
+        );
     }
     assert_eq!(body["family"], "mlp");
 }
@@ -80,9 +101,24 @@ async fn a_bigger_job_never_gets_a_smaller_class() {
         ]})
     };
     let class = |body: Value| body["memory"]["class"]["index"].as_u64().unwrap();
-    let small = class(app.post_json("/v1/estimate", &job(32, 256)).await.json().await.unwrap());
-    let large = class(app.post_json("/v1/estimate", &job(2048, 8192)).await.json().await.unwrap());
-    assert!(large > small, "small job class {small}, large job class {large}");
+    let small = class(
+        app.post_json("/v1/estimate", &job(32, 256))
+            .await
+            .json()
+            .await
+            .unwrap(),
+    );
+    let large = class(
+        app.post_json("/v1/estimate", &job(2048, 8192))
+            .await
+            .json()
+            .await
+            .unwrap(),
+    );
+    assert!(
+        large > small,
+        "small job class {small}, large job class {large}"
+    );
 }
 
 /// Every bad input of the brief gets a problem-details 4xx naming what is wrong, never a 5xx.
@@ -123,18 +159,28 @@ async fn bad_inputs_get_a_client_error_naming_the_field() {
     for (name, body, status, needle) in cases {
         let response = app.post_raw("/v1/estimate", "application/json", body).await;
         assert_eq!(response.status().as_u16(), status, "{name}");
-        assert_eq!(response.headers()["content-type"], "application/problem+json", "{name}");
+        assert_eq!(
+            response.headers()["content-type"],
+            "application/problem+json",
+            "{name}"
+        );
         let problem: Value = response.json().await.unwrap();
         assert_eq!(problem["status"], status, "{name}");
         let detail = problem["detail"].as_str().unwrap().to_lowercase();
-        assert!(detail.contains(&needle.to_lowercase()), "{name}: detail {detail:?} should mention {needle:?}");
+        assert!(
+            detail.contains(&needle.to_lowercase()),
+            "{name}: detail {detail:?} should mention {needle:?}"
+        );
     }
 }
 
 #[tokio::test]
 async fn an_oversized_body_is_refused_with_413() {
     let app = spawn_app().await;
-    let body = format!("{{\"batch_size\": 8, \"layers\": [], \"pad\": \"{}\"}}", "x".repeat(3 * 1024 * 1024));
+    let body = format!(
+        "{{\"batch_size\": 8, \"layers\": [], \"pad\": \"{}\"}}",
+        "x".repeat(3 * 1024 * 1024)
+    );
     let response = app.post_raw("/v1/estimate", "application/json", body).await;
     assert_eq!(response.status(), 413);
     let problem: Value = response.json().await.unwrap();
@@ -144,6 +190,8 @@ async fn an_oversized_body_is_refused_with_413() {
 #[tokio::test]
 async fn a_body_that_is_not_json_by_content_type_is_refused_with_415() {
     let app = spawn_app().await;
-    let response = app.post_raw("/v1/estimate", "text/plain", example_job().to_string()).await;
+    let response = app
+        .post_raw("/v1/estimate", "text/plain", example_job().to_string())
+        .await;
     assert_eq!(response.status(), 415);
 }

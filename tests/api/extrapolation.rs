@@ -13,12 +13,13 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
 use crate::helpers::{
-    committed_manifest, committed_simulation, log_ratio_at, models_dir, models_without_simulation_regressors,
-    simulated_context_mib, simulated_log_ratio, spawn_app, spawn_app_with, test_config, training_description, TestApp,
+    committed_manifest, committed_simulation, log_ratio_at, models_dir,
+    models_without_simulation_regressors, simulated_context_mib, simulated_log_ratio, spawn_app,
+    spawn_app_with, test_config, training_description, TestApp,
 };
 use crate::simulation::{
-    assert_breakdown_and_floor, assert_no_simulation_regressor_answered, figure, models_with_a_simulation_regressor,
-    simulated_job,
+    assert_breakdown_and_floor, assert_no_simulation_regressor_answered, figure,
+    models_with_a_simulation_regressor, simulated_job,
 };
 
 const DOMAIN_FILE: &str = "simulated_domain.json";
@@ -68,7 +69,11 @@ fn vector(job: &Value) -> Vec<f64> {
 }
 
 fn distance(a: &[f64], b: &[f64]) -> f64 {
-    a.iter().zip(b).map(|(x, y)| (x - y) * (x - y)).sum::<f64>().sqrt()
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y) * (x - y))
+        .sum::<f64>()
+        .sqrt()
 }
 
 /// A domain of the given points; its features are listed in reverse order (the points follow
@@ -93,7 +98,8 @@ fn domain(points: &[Vec<f64>], typical_distance: f64) -> Value {
 fn install_domain(dir: &Path, bytes: &[u8], sha256: &str) {
     std::fs::write(dir.join(DOMAIN_FILE), bytes).unwrap();
     let path = dir.join("manifest.json");
-    let mut manifest: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let mut manifest: Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     manifest["simulated"]["domain"] = json!({"file": DOMAIN_FILE, "sha256": sha256});
     std::fs::write(&path, manifest.to_string()).unwrap();
 }
@@ -144,7 +150,11 @@ async fn a_job_at_a_training_point_gets_the_correction_and_no_widening() {
                "correction_applied": true, "bound_widened_by": 1.0}),
         "{body}"
     );
-    assert_eq!(own(&body, REGRESSOR), Some(figure(&body, "estimate_mib")), "the correction leads: {body}");
+    assert_eq!(
+        own(&body, REGRESSOR),
+        Some(figure(&body, "estimate_mib")),
+        "the correction leads: {body}"
+    );
     assert!(body["latency_us"]["simulated"].as_f64().unwrap() > 0.0);
 
     // Figure and bound as without a domain.
@@ -167,16 +177,31 @@ async fn a_job_between_near_and_far_keeps_the_correction_with_a_proportionally_w
     let body = answer(&app, &job).await;
     let extrapolation = &body["memory"]["extrapolation"];
     assert_eq!(extrapolation["ratio"], 1.5, "{body}");
-    assert_eq!((extrapolation["correction_applied"].clone(), extrapolation["bound_widened_by"].clone()), (json!(true), json!(1.5)));
+    assert_eq!(
+        (
+            extrapolation["correction_applied"].clone(),
+            extrapolation["bound_widened_by"].clone()
+        ),
+        (json!(true), json!(1.5))
+    );
     let estimate = figure(&body, "estimate_mib");
     assert_eq!(own(&body, REGRESSOR), Some(estimate));
     // The regressor's own log ratio at 0.95 (the stand-in's quantiles are the plain CNN
     // regressor's), times 1.5.
     let manifest = committed_manifest();
-    let plain = manifest["estimators"].as_array().unwrap().iter().find(|e| e["name"] == "cnn_memory_regressor").unwrap();
+    let plain = manifest["estimators"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "cnn_memory_regressor")
+        .unwrap();
     let q95 = log_ratio_at(&plain["residual_quantiles"], 0.95);
     let expected = estimate * (1.5 * q95).exp();
-    assert!((figure(&body, "upper_bound_mib") - expected).abs() <= 1.0, "{} vs {expected}: {body}", figure(&body, "upper_bound_mib"));
+    assert!(
+        (figure(&body, "upper_bound_mib") - expected).abs() <= 1.0,
+        "{} vs {expected}: {body}",
+        figure(&body, "upper_bound_mib")
+    );
 }
 
 #[tokio::test]
@@ -186,9 +211,18 @@ async fn a_job_far_from_the_training_data_gets_the_simulated_figure_and_a_wider_
     let body = answer(&app, &job).await;
     let extrapolation = &body["memory"]["extrapolation"];
     let expected_distance = distance(&vector(&job), &vector(&simulated_job(64)));
-    assert!((extrapolation["distance"].as_f64().unwrap() - expected_distance).abs() < 1e-3, "{body}");
+    assert!(
+        (extrapolation["distance"].as_f64().unwrap() - expected_distance).abs() < 1e-3,
+        "{body}"
+    );
     assert!(extrapolation["ratio"].as_f64().unwrap() > 2.0);
-    assert_eq!((extrapolation["correction_applied"].clone(), extrapolation["outside_setup"].clone()), (json!(false), json!(false)));
+    assert_eq!(
+        (
+            extrapolation["correction_applied"].clone(),
+            extrapolation["outside_setup"].clone()
+        ),
+        (json!(false), json!(false))
+    );
     assert_eq!(extrapolation["bound_widened_by"], MAX_WIDEN);
     // The simulated figure leads; the correction did not run.
     let simulated = own(&body, "simulated").unwrap();
@@ -198,7 +232,10 @@ async fn a_job_far_from_the_training_data_gets_the_simulated_figure_and_a_wider_
     // Its own quantile (the `simulated` block's), times max_widen (the card's capacity is far
     // above).
     let expected = simulated * (MAX_WIDEN * simulated_log_ratio(0.95)).exp();
-    assert!((figure(&body, "upper_bound_mib") - expected).abs() <= 1.0, "{body}");
+    assert!(
+        (figure(&body, "upper_bound_mib") - expected).abs() <= 1.0,
+        "{body}"
+    );
     assert_breakdown_and_floor(&body);
 }
 
@@ -216,7 +253,10 @@ async fn an_sgd_job_is_outside_the_trained_setups_whatever_its_distance() {
                "correction_applied": false, "bound_widened_by": MAX_WIDEN}),
         "{body}"
     );
-    assert_eq!(figure(&body, "estimate_mib"), own(&body, "simulated").unwrap());
+    assert_eq!(
+        figure(&body, "estimate_mib"),
+        own(&body, "simulated").unwrap()
+    );
     assert!(own(&body, REGRESSOR).is_none());
 }
 
@@ -226,11 +266,23 @@ async fn jobs_without_a_simulation_or_models_without_a_domain_have_no_extrapolat
     let mut traced = training_description("timm:resnet50");
     traced["batch_size"] = 64.into();
     let body = answer(&app, &traced).await;
-    assert!(body["memory"].get("extrapolation").is_some_and(Value::is_null), "{body}");
+    assert!(
+        body["memory"]
+            .get("extrapolation")
+            .is_some_and(Value::is_null),
+        "{body}"
+    );
     // What is loaded shows in GET /v1/estimators.
     let loaded: Value = app.get("/v1/estimators").await.json().await.unwrap();
     let domain = &loaded["simulated"]["domain"];
-    assert_eq!((domain["file"].clone(), domain["points"].clone(), domain["max_widen"].clone()), (json!(DOMAIN_FILE), json!(3), json!(MAX_WIDEN)));
+    assert_eq!(
+        (
+            domain["file"].clone(),
+            domain["points"].clone(),
+            domain["max_widen"].clone()
+        ),
+        (json!(DOMAIN_FILE), json!(3), json!(MAX_WIDEN))
+    );
     assert_eq!(domain["features"], json!(ORDER));
 
     // Models that name no domain (the committed ones less their domain and the regressors that
@@ -239,11 +291,22 @@ async fn jobs_without_a_simulation_or_models_without_a_domain_have_no_extrapolat
     let without = spawn_app_with(test_config(models.path())).await;
     let job = simulated_job(64);
     let body = answer(&without, &job).await;
-    assert!(body["memory"].get("extrapolation").is_some_and(Value::is_null), "{body}");
+    assert!(
+        body["memory"]
+            .get("extrapolation")
+            .is_some_and(Value::is_null),
+        "{body}"
+    );
     let expected = mib(&job["simulation"]["reserved_peak_bytes"]) + simulated_context_mib();
-    assert!((figure(&body, "estimate_mib") - expected).abs() < 0.05, "{expected}: {body}");
+    assert!(
+        (figure(&body, "estimate_mib") - expected).abs() < 0.05,
+        "{expected}: {body}"
+    );
     let loaded: Value = without.get("/v1/estimators").await.json().await.unwrap();
-    assert!(loaded["simulated"].is_object() && loaded["simulated"]["domain"].is_null(), "{loaded}");
+    assert!(
+        loaded["simulated"].is_object() && loaded["simulated"]["domain"].is_null(),
+        "{loaded}"
+    );
 }
 
 async fn start_error(models: &Path) -> String {
@@ -254,12 +317,16 @@ async fn start_error(models: &Path) -> String {
 }
 
 #[tokio::test]
-async fn a_domain_file_that_does_not_match_its_checksum_or_its_order_refuses_to_start_naming_the_file() {
+async fn a_domain_file_that_does_not_match_its_checksum_or_its_order_refuses_to_start_naming_the_file(
+) {
     let bytes = domain(&training_points(), 0.05).to_string().into_bytes();
     let models = models_with_a_simulation_regressor();
     install_domain(models.path(), &bytes, &"0".repeat(64));
     let error = start_error(models.path()).await;
-    assert!(error.contains(DOMAIN_FILE) && error.contains("sha256"), "{error}");
+    assert!(
+        error.contains(DOMAIN_FILE) && error.contains("sha256"),
+        "{error}"
+    );
     assert_eq!(error.lines().count(), 1);
 
     // A point one coordinate short, with a checksum that matches.
@@ -268,11 +335,17 @@ async fn a_domain_file_that_does_not_match_its_checksum_or_its_order_refuses_to_
     let bytes = short.to_string().into_bytes();
     install_domain(models.path(), &bytes, &hex::encode(Sha256::digest(&bytes)));
     let error = start_error(models.path()).await;
-    assert!(error.contains(DOMAIN_FILE) && error.contains("points[1] has 10 coordinates, order has 11"), "{error}");
+    assert!(
+        error.contains(DOMAIN_FILE) && error.contains("points[1] has 10 coordinates, order has 11"),
+        "{error}"
+    );
 
     std::fs::remove_file(models.path().join(DOMAIN_FILE)).unwrap();
     let error = start_error(models.path()).await;
-    assert!(error.contains(DOMAIN_FILE) && error.contains("cannot read"), "{error}");
+    assert!(
+        error.contains(DOMAIN_FILE) && error.contains("cannot read"),
+        "{error}"
+    );
 }
 
 /// resnet50's measured peak at batch 64 on the A100 40 GB: timm_a100_train.csv, row
@@ -290,10 +363,17 @@ async fn the_committed_correction_leads_for_a_simulated_resnet50_near_its_data_b
     let manifest = committed_manifest();
     let loaded: Value = app.get("/v1/estimators").await.json().await.unwrap();
     let domain = &loaded["simulated"]["domain"];
-    let file = manifest["simulated"]["domain"]["file"].as_str().expect("the committed models name a domain");
+    let file = manifest["simulated"]["domain"]["file"]
+        .as_str()
+        .expect("the committed models name a domain");
     assert_eq!(domain["file"], file, "{loaded}");
-    let committed: Value = serde_json::from_slice(&std::fs::read(models_dir().join(file)).unwrap()).unwrap();
-    assert_eq!(domain["points"], committed["points"].as_array().unwrap().len(), "{loaded}");
+    let committed: Value =
+        serde_json::from_slice(&std::fs::read(models_dir().join(file)).unwrap()).unwrap();
+    assert_eq!(
+        domain["points"],
+        committed["points"].as_array().unwrap().len(),
+        "{loaded}"
+    );
     let max_widen = domain["max_widen"].as_f64().unwrap();
 
     let simulation = committed_simulation("timm:resnet50", 64);
@@ -307,7 +387,10 @@ async fn the_committed_correction_leads_for_a_simulated_resnet50_near_its_data_b
     let extrapolation = &body["memory"]["extrapolation"];
     assert_eq!(extrapolation["outside_setup"], false, "{body}");
     assert_eq!(extrapolation["correction_applied"], true, "{body}");
-    assert!(extrapolation["ratio"].as_f64().unwrap() <= domain["far"].as_f64().unwrap(), "{body}");
+    assert!(
+        extrapolation["ratio"].as_f64().unwrap() <= domain["far"].as_f64().unwrap(),
+        "{body}"
+    );
     let estimate = figure(&body, "estimate_mib");
     assert!(
         (estimate / RESNET50_AT_64_MEASURED_MIB - 1.0).abs() < 0.15,
@@ -316,7 +399,11 @@ async fn the_committed_correction_leads_for_a_simulated_resnet50_near_its_data_b
     assert_eq!(body["memory"]["breakdown_source"], "simulation");
     assert_breakdown_and_floor(&body); // the estimate is at least the floor
     assert_eq!(body["memory"]["floored"], false, "{body}");
-    assert_eq!(own(&body, REGRESSOR), Some(estimate), "the correction leads: {body}");
+    assert_eq!(
+        own(&body, REGRESSOR),
+        Some(estimate),
+        "the correction leads: {body}"
+    );
     let simulated = own(&body, "simulated").unwrap();
     let expected = mib(&job["simulation"]["reserved_peak_bytes"]) + simulated_context_mib();
     assert!((simulated - expected).abs() < 0.05, "{expected}: {body}");
@@ -330,17 +417,27 @@ async fn the_committed_correction_leads_for_a_simulated_resnet50_near_its_data_b
     let body = answer(&app, &sgd).await;
     let mut extrapolation = body["memory"]["extrapolation"].clone();
     let typical = extrapolation["typical_distance"].take().as_f64().unwrap();
-    assert!((typical - domain["typical_distance"].as_f64().unwrap()).abs() < 1e-3, "{body}");
+    assert!(
+        (typical - domain["typical_distance"].as_f64().unwrap()).abs() < 1e-3,
+        "{body}"
+    );
     assert_eq!(
         extrapolation,
         json!({"distance": null, "typical_distance": null, "ratio": null, "outside_setup": true,
                "correction_applied": false, "bound_widened_by": max_widen}),
         "{body}"
     );
-    assert_eq!(figure(&body, "estimate_mib"), simulated, "the simulated figure leads: {body}");
+    assert_eq!(
+        figure(&body, "estimate_mib"),
+        simulated,
+        "the simulated figure leads: {body}"
+    );
     assert_eq!(own(&body, "simulated"), Some(simulated));
     assert_no_simulation_regressor_answered(&body);
     let bound = (simulated * (max_widen * simulated_log_ratio(0.95)).exp()).min(40_960.0);
-    assert!((figure(&body, "upper_bound_mib") - bound).abs() <= 1.0, "{bound}: {body}");
+    assert!(
+        (figure(&body, "upper_bound_mib") - bound).abs() <= 1.0,
+        "{bound}: {body}"
+    );
     assert_breakdown_and_floor(&body);
 }

@@ -14,13 +14,17 @@ use std::io::BufRead;
 use std::time::Instant;
 
 use gpucast::http::estimate::{answer_items, Item};
-use gpucast::http::types::{BreakdownSourceName, EstimateRequest, EstimateResponse, SimulationRequest};
+use gpucast::http::types::{
+    BreakdownSourceName, EstimateRequest, EstimateResponse, SimulationRequest,
+};
 use gpucast::startup::Application;
 use serde_json::Value;
 
 use crate::helpers::{models_dir, repo_root, test_config, training_descriptions};
 
-const BATCH_SIZES: [u64; 18] = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512];
+const BATCH_SIZES: [u64; 18] = [
+    1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512,
+];
 const MIB: f64 = 1024.0 * 1024.0;
 /// Figures and categories are rounded to 0.1 MiB: half a step either way.
 const ROUNDING_MIB: f64 = 0.05;
@@ -37,7 +41,13 @@ struct Case {
 }
 
 fn analytic_model_state(request: &EstimateRequest) -> [f64; 3] {
-    let params: f64 = request.layers.as_ref().unwrap().iter().map(|l| l.params as f64).sum();
+    let params: f64 = request
+        .layers
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|l| l.params as f64)
+        .sum();
     let weights = match request.precision.as_deref().unwrap_or("fp32") {
         "fp32" => 4.0,
         other => panic!("no description of the sweep is trained in {other}"),
@@ -46,15 +56,24 @@ fn analytic_model_state(request: &EstimateRequest) -> [f64; 3] {
         "adam" | "adamw" => 8.0,
         other => panic!("no description of the sweep is trained with {other}"),
     };
-    [params * weights / MIB, params * 4.0 / MIB, params * state / MIB]
+    [
+        params * weights / MIB,
+        params * 4.0 / MIB,
+        params * state / MIB,
+    ]
 }
 
 fn assert_holds(case: &Case, answer: &EstimateResponse) {
     let label = &case.label;
     let memory = &answer.memory;
-    let estimate = memory.estimate_mib.unwrap_or_else(|| panic!("{label}: no figure"));
+    let estimate = memory
+        .estimate_mib
+        .unwrap_or_else(|| panic!("{label}: no figure"));
     let bound = memory.upper_bound_mib.unwrap();
-    let breakdown = memory.breakdown.as_ref().unwrap_or_else(|| panic!("{label}: no breakdown"));
+    let breakdown = memory
+        .breakdown
+        .as_ref()
+        .unwrap_or_else(|| panic!("{label}: no breakdown"));
     let parts = [
         breakdown.parameters,
         breakdown.gradients,
@@ -65,22 +84,42 @@ fn assert_holds(case: &Case, answer: &EstimateResponse) {
         breakdown.cuda_context,
     ];
     assert!(parts.iter().all(|&p| p >= 0.0), "{label}: {breakdown:?}");
-    assert!((parts.iter().sum::<f64>() - estimate).abs() < ROUNDING_MIB, "{label}: {breakdown:?} does not sum to {estimate}");
+    assert!(
+        (parts.iter().sum::<f64>() - estimate).abs() < ROUNDING_MIB,
+        "{label}: {breakdown:?} does not sum to {estimate}"
+    );
     // The floor's categories are the job's own (not shrunk to make room for a low figure).
     for (part, expected) in parts.iter().zip(case.model_state_mib) {
-        assert!((part - expected).abs() <= 0.1 + 1e-9, "{label}: model state {breakdown:?}, expected {:?}", case.model_state_mib);
+        assert!(
+            (part - expected).abs() <= 0.1 + 1e-9,
+            "{label}: model state {breakdown:?}, expected {:?}",
+            case.model_state_mib
+        );
     }
     let simulated = memory.breakdown_source == Some(BreakdownSourceName::Simulation);
     assert_eq!(simulated, case.request.simulation.is_some(), "{label}");
     let floor = breakdown.parameters
         + breakdown.gradients
         + breakdown.optimizer_state
-        + if simulated { breakdown.activations } else { 0.0 }
+        + if simulated {
+            breakdown.activations
+        } else {
+            0.0
+        }
         + breakdown.cuda_context;
-    assert!(estimate >= floor - ROUNDING_MIB, "{label}: {estimate} below the floor {floor}");
-    assert!(bound >= estimate, "{label}: bound {bound} below the figure {estimate}");
+    assert!(
+        estimate >= floor - ROUNDING_MIB,
+        "{label}: {estimate} below the floor {floor}"
+    );
+    assert!(
+        bound >= estimate,
+        "{label}: bound {bound} below the figure {estimate}"
+    );
     let class = &memory.class;
-    let inside = estimate > class.lower_mib as f64 - ROUNDING_MIB && class.upper_mib.is_none_or(|upper| estimate <= upper as f64 + ROUNDING_MIB);
+    let inside = estimate > class.lower_mib as f64 - ROUNDING_MIB
+        && class
+            .upper_mib
+            .is_none_or(|upper| estimate <= upper as f64 + ROUNDING_MIB);
     assert!(inside, "{label}: {estimate} outside its class {class:?}");
 }
 
@@ -91,9 +130,15 @@ fn sweep(app: &Application, cases: &[Case]) -> (usize, usize) {
     for chunk in cases.chunks(CHUNK) {
         let items: Vec<Item> = chunk
             .iter()
-            .map(|case| Item::of(state, &case.request).unwrap_or_else(|e| panic!("{}: refused: {e}", case.label)))
+            .map(|case| {
+                Item::of(state, &case.request)
+                    .unwrap_or_else(|e| panic!("{}: refused: {e}", case.label))
+            })
             .collect();
-        for (case, answer) in chunk.iter().zip(answer_items(state, &items, Instant::now())) {
+        for (case, answer) in chunk
+            .iter()
+            .zip(answer_items(state, &items, Instant::now()))
+        {
             let answer = answer.unwrap_or_else(|e| panic!("{}: {e}", case.label));
             assert_holds(case, &answer);
             floored += usize::from(answer.memory.floored);
@@ -105,13 +150,20 @@ fn sweep(app: &Application, cases: &[Case]) -> (usize, usize) {
 fn described() -> Vec<(String, EstimateRequest)> {
     training_descriptions()
         .into_iter()
-        .map(|d| (d["model"].as_str().unwrap().to_string(), serde_json::from_value(d).unwrap()))
+        .map(|d| {
+            (
+                d["model"].as_str().unwrap().to_string(),
+                serde_json::from_value(d).unwrap(),
+            )
+        })
         .collect()
 }
 
 #[tokio::test]
 async fn every_timm_model_at_every_batch_size_is_answered_at_or_above_its_physical_floor() {
-    let app = Application::build(&test_config(&models_dir())).await.expect("the application starts");
+    let app = Application::build(&test_config(&models_dir()))
+        .await
+        .expect("the application starts");
     let started = Instant::now();
     let descriptions = described();
     let mut cases = Vec::with_capacity(descriptions.len() * BATCH_SIZES.len());
@@ -120,10 +172,18 @@ async fn every_timm_model_at_every_batch_size_is_answered_at_or_above_its_physic
             let mut request = request.clone();
             request.batch_size = batch;
             let model_state_mib = analytic_model_state(&request);
-            cases.push(Case { label: format!("{model} at batch {batch}"), request, model_state_mib });
+            cases.push(Case {
+                label: format!("{model} at batch {batch}"),
+                request,
+                model_state_mib,
+            });
         }
     }
-    assert!(descriptions.len() > 600, "the timm descriptions are read: {}", descriptions.len());
+    assert!(
+        descriptions.len() > 600,
+        "the timm descriptions are read: {}",
+        descriptions.len()
+    );
     let (described_checked, described_floored) = sweep(&app, &cases);
     println!(
         "physical-floor sweep: {described_checked} described jobs checked ({} models x {} batch sizes; {described_floored} raised to the floor) in {:.1} s",
@@ -133,32 +193,54 @@ async fn every_timm_model_at_every_batch_size_is_answered_at_or_above_its_physic
     );
 
     // GPUCAST_SWEEP_SIMULATIONS: another file of the same format (one to be committed, say).
-    let path = std::env::var_os("GPUCAST_SWEEP_SIMULATIONS")
-        .map_or_else(|| repo_root().join("data/timm/simulations.jsonl.gz"), std::path::PathBuf::from);
+    let path = std::env::var_os("GPUCAST_SWEEP_SIMULATIONS").map_or_else(
+        || repo_root().join("data/timm/simulations.jsonl.gz"),
+        std::path::PathBuf::from,
+    );
     if !path.exists() {
-        println!("physical-floor sweep: {} is absent; the simulated jobs are not swept", path.display());
+        println!(
+            "physical-floor sweep: {} is absent; the simulated jobs are not swept",
+            path.display()
+        );
         return;
     }
     let started = Instant::now();
-    let by_model: std::collections::HashMap<&str, &EstimateRequest> = descriptions.iter().map(|(m, r)| (m.as_str(), r)).collect();
+    let by_model: std::collections::HashMap<&str, &EstimateRequest> =
+        descriptions.iter().map(|(m, r)| (m.as_str(), r)).collect();
     let file = std::fs::File::open(&path).unwrap();
     let mut cases = Vec::new();
     for line in std::io::BufReader::new(flate2::read::GzDecoder::new(file)).lines() {
         let entry: Value = serde_json::from_str(&line.unwrap()).unwrap();
         let model = entry["model"].as_str().expect("a model name");
-        let description = by_model.get(model).unwrap_or_else(|| panic!("{model} is simulated but not described"));
-        for (batch, simulation) in entry["simulations"].as_object().expect("simulations by batch size") {
-            let simulation: SimulationRequest =
-                serde_json::from_value(simulation.clone()).unwrap_or_else(|e| panic!("{model} at batch {batch}: {e}"));
+        let description = by_model
+            .get(model)
+            .unwrap_or_else(|| panic!("{model} is simulated but not described"));
+        for (batch, simulation) in entry["simulations"]
+            .as_object()
+            .expect("simulations by batch size")
+        {
+            let simulation: SimulationRequest = serde_json::from_value(simulation.clone())
+                .unwrap_or_else(|e| panic!("{model} at batch {batch}: {e}"));
             let mut request = (*description).clone();
-            request.batch_size = batch.parse().unwrap_or_else(|_| panic!("{model}: batch size '{batch}'"));
+            request.batch_size = batch
+                .parse()
+                .unwrap_or_else(|_| panic!("{model}: batch size '{batch}'"));
             // The job is trained as simulated.
             request.optimizer = simulation.optimizer.clone();
             request.precision = simulation.precision.clone();
             let categories = &simulation.breakdown_at_peak;
-            let model_state_mib = [categories.parameters, categories.gradients, categories.optimizer_state].map(|b| b as f64 / MIB);
+            let model_state_mib = [
+                categories.parameters,
+                categories.gradients,
+                categories.optimizer_state,
+            ]
+            .map(|b| b as f64 / MIB);
             request.simulation = Some(simulation);
-            cases.push(Case { label: format!("{model} at batch {batch}, simulated"), request, model_state_mib });
+            cases.push(Case {
+                label: format!("{model} at batch {batch}, simulated"),
+                request,
+                model_state_mib,
+            });
         }
     }
     let (simulated_checked, simulated_floored) = sweep(&app, &cases);

@@ -21,7 +21,11 @@ pub fn ort_dylib() -> PathBuf {
 
 pub fn test_config(models: &Path) -> ServeConfig {
     let dylib = ort_dylib();
-    assert!(dylib.exists(), "{} is missing: run scripts/fetch-onnxruntime.sh", dylib.display());
+    assert!(
+        dylib.exists(),
+        "{} is missing: run scripts/fetch-onnxruntime.sh",
+        dylib.display()
+    );
     ServeConfig::for_tests(models.to_path_buf(), dylib)
 }
 
@@ -38,25 +42,46 @@ pub async fn spawn_app() -> TestApp {
 }
 
 pub async fn spawn_app_with(config: ServeConfig) -> TestApp {
-    let app = Application::build(&config).await.expect("the application starts");
+    let app = Application::build(&config)
+        .await
+        .expect("the application starts");
     let address = format!("http://127.0.0.1:{}", app.port());
     let (shutdown, stop) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(app.run_until(async move {
         let _ = stop.await;
     }));
-    TestApp { address, client: reqwest::Client::new(), shutdown: Some(shutdown), server }
+    TestApp {
+        address,
+        client: reqwest::Client::new(),
+        shutdown: Some(shutdown),
+        server,
+    }
 }
 
 impl TestApp {
     pub async fn get(&self, path: &str) -> reqwest::Response {
-        self.client.get(format!("{}{path}", self.address)).send().await.expect("request sent")
+        self.client
+            .get(format!("{}{path}", self.address))
+            .send()
+            .await
+            .expect("request sent")
     }
 
     pub async fn post_json(&self, path: &str, body: &Value) -> reqwest::Response {
-        self.client.post(format!("{}{path}", self.address)).json(body).send().await.expect("request sent")
+        self.client
+            .post(format!("{}{path}", self.address))
+            .json(body)
+            .send()
+            .await
+            .expect("request sent")
     }
 
-    pub async fn post_raw(&self, path: &str, content_type: &str, body: impl Into<reqwest::Body>) -> reqwest::Response {
+    pub async fn post_raw(
+        &self,
+        path: &str,
+        content_type: &str,
+        body: impl Into<reqwest::Body>,
+    ) -> reqwest::Response {
         self.client
             .post(format!("{}{path}", self.address))
             .header("content-type", content_type)
@@ -75,14 +100,24 @@ pub fn example_job() -> Value {
 }
 
 /// Starts the service with the given GPUs (a fake device in tests).
-pub async fn spawn_app_with_devices(config: ServeConfig, devices: std::sync::Arc<dyn gpucast::devices::GpuDevices>) -> TestApp {
-    let app = Application::build_with_devices(&config, devices).await.expect("the application starts");
+pub async fn spawn_app_with_devices(
+    config: ServeConfig,
+    devices: std::sync::Arc<dyn gpucast::devices::GpuDevices>,
+) -> TestApp {
+    let app = Application::build_with_devices(&config, devices)
+        .await
+        .expect("the application starts");
     let address = format!("http://127.0.0.1:{}", app.port());
     let (shutdown, stop) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(app.run_until(async move {
         let _ = stop.await;
     }));
-    TestApp { address, client: reqwest::Client::new(), shutdown: Some(shutdown), server }
+    TestApp {
+        address,
+        client: reqwest::Client::new(),
+        shutdown: Some(shutdown),
+        server,
+    }
 }
 
 /// Jobs of the committed MLP held-out split with their measured peaks.
@@ -93,7 +128,10 @@ pub fn held_out_mlp_jobs() -> Vec<(Value, f64)> {
         .lines()
         .map(|line| {
             let row: Value = serde_json::from_str(&line.unwrap()).unwrap();
-            (row["job"].clone(), row["measured_peak_mib"].as_f64().unwrap())
+            (
+                row["job"].clone(),
+                row["measured_peak_mib"].as_f64().unwrap(),
+            )
         })
         .collect()
 }
@@ -104,7 +142,8 @@ fn descriptions() -> &'static [Value] {
     static DESCRIPTIONS: std::sync::OnceLock<Vec<Value>> = std::sync::OnceLock::new();
     DESCRIPTIONS.get_or_init(|| {
         use std::io::BufRead;
-        let file = std::fs::File::open(repo_root().join("data/timm/descriptions.jsonl.gz")).unwrap();
+        let file =
+            std::fs::File::open(repo_root().join("data/timm/descriptions.jsonl.gz")).unwrap();
         std::io::BufReader::new(flate2::read::GzDecoder::new(file))
             .lines()
             .map(|line| serde_json::from_str(&line.unwrap()).unwrap())
@@ -117,12 +156,17 @@ pub fn training_descriptions() -> Vec<Value> {
 }
 
 pub fn training_description(model: &str) -> Value {
-    descriptions().iter().find(|d| d["model"] == model).expect("the model is described").clone()
+    descriptions()
+        .iter()
+        .find(|d| d["model"] == model)
+        .expect("the model is described")
+        .clone()
 }
 
 /// The committed models' manifest, as the service loads it.
 pub fn committed_manifest() -> Value {
-    serde_json::from_str(&std::fs::read_to_string(models_dir().join("manifest.json")).unwrap()).unwrap()
+    serde_json::from_str(&std::fs::read_to_string(models_dir().join("manifest.json")).unwrap())
+        .unwrap()
 }
 
 /// The log ratio at `confidence` of a list of residual quantiles (a manifest's
@@ -141,17 +185,24 @@ pub fn log_ratio_at(residual_quantiles: &Value, confidence: f64) -> f64 {
 /// The committed `simulated` block's `cuda_context_mib`: what every simulated figure adds to the
 /// reserved peak.
 pub fn simulated_context_mib() -> f64 {
-    committed_manifest()["simulated"]["cuda_context_mib"].as_f64().expect("simulated.cuda_context_mib")
+    committed_manifest()["simulated"]["cuda_context_mib"]
+        .as_f64()
+        .expect("simulated.cuda_context_mib")
 }
 
 /// The committed `simulated` block's log ratio at `confidence`.
 pub fn simulated_log_ratio(confidence: f64) -> f64 {
-    log_ratio_at(&committed_manifest()["simulated"]["residual_quantiles"], confidence)
+    log_ratio_at(
+        &committed_manifest()["simulated"]["residual_quantiles"],
+        confidence,
+    )
 }
 
 /// Whether a manifest entry is a regressor that corrects the simulated figure.
 pub fn requires_simulation(entry: &Value) -> bool {
-    entry["requires"].as_array().is_some_and(|r| r.iter().any(|x| x == "simulation"))
+    entry["requires"]
+        .as_array()
+        .is_some_and(|r| r.iter().any(|x| x == "simulation"))
 }
 
 /// A copy of the committed models without what corrects the simulated figure: the entries that
@@ -167,15 +218,24 @@ pub fn models_without_simulation_regressors() -> tempfile::TempDir {
     let manifest_path = models.path().join("manifest.json");
     let mut manifest = committed_manifest();
     let estimators = manifest["estimators"].as_array_mut().unwrap();
-    let mut removed: Vec<String> =
-        estimators.iter().filter(|e| requires_simulation(e)).map(|e| e["file"].as_str().unwrap().to_string()).collect();
+    let mut removed: Vec<String> = estimators
+        .iter()
+        .filter(|e| requires_simulation(e))
+        .map(|e| e["file"].as_str().unwrap().to_string())
+        .collect();
     removed.sort_unstable();
     removed.dedup();
     estimators.retain(|e| !requires_simulation(e));
-    for file in removed.iter().filter(|f| !estimators.iter().any(|e| e["file"] == f.as_str())) {
+    for file in removed
+        .iter()
+        .filter(|f| !estimators.iter().any(|e| e["file"] == f.as_str()))
+    {
         std::fs::remove_file(models.path().join(file)).unwrap();
     }
-    if let Some(domain) = manifest["simulated"].as_object_mut().and_then(|s| s.remove("domain")) {
+    if let Some(domain) = manifest["simulated"]
+        .as_object_mut()
+        .and_then(|s| s.remove("domain"))
+    {
         std::fs::remove_file(models.path().join(domain["file"].as_str().unwrap())).unwrap();
     }
     std::fs::write(&manifest_path, manifest.to_string()).unwrap();
@@ -191,5 +251,5 @@ pub fn committed_simulation(model: &str, batch: u64) -> Value {
         .map(|line| serde_json::from_str::<Value>(&line.unwrap()).unwrap())
         .find(|entry| entry["model"] == model)
         .unwrap_or_else(|| panic!("{model} is not simulated"))["simulations"][batch.to_string()]
-        .clone()
+    .clone()
 }

@@ -25,18 +25,30 @@ fn counter(metrics: &str, prefix: &str) -> f64 {
 async fn metrics_count_requests_by_route_template_and_inference_by_estimator() {
     let app = spawn_app().await;
     let before = app.get("/metrics").await.text().await.unwrap();
-    let route = "gpucast_http_requests_total{method=\"POST\",route=\"/v1/estimate\",status=\"200\"}";
+    let route =
+        "gpucast_http_requests_total{method=\"POST\",route=\"/v1/estimate\",status=\"200\"}";
     assert_eq!(counter(&before, route), 0.0);
     for _ in 0..3 {
-        assert_eq!(app.post_json("/v1/estimate", &example_job()).await.status(), 200);
+        assert_eq!(
+            app.post_json("/v1/estimate", &example_job()).await.status(),
+            200
+        );
     }
     let after = app.get("/metrics").await.text().await.unwrap();
     assert_eq!(counter(&after, route), 3.0, "{after}");
     for estimator in ["mlp_ensemble", "sequence_transformer", "smact", "smocc"] {
-        let count = format!("gpucast_inference_duration_seconds_count{{estimator=\"{estimator}\"}}");
+        let count =
+            format!("gpucast_inference_duration_seconds_count{{estimator=\"{estimator}\"}}");
         assert_eq!(counter(&after, &count), 3.0, "{estimator}");
     }
-    assert_eq!(counter(&after, "gpucast_predicted_class_total{class=\"1\",family=\"mlp\"}"), 3.0, "{after}");
+    assert_eq!(
+        counter(
+            &after,
+            "gpucast_predicted_class_total{class=\"1\",family=\"mlp\"}"
+        ),
+        3.0,
+        "{after}"
+    );
     assert!(after.contains("gpucast_http_request_duration_seconds_bucket"));
     assert!(after.contains("gpucast_build_info{"));
 }
@@ -46,7 +58,10 @@ async fn the_estimators_route_lists_what_is_loaded_with_validation_figures() {
     let app = spawn_app().await;
     let body: Value = app.get("/v1/estimators").await.json().await.unwrap();
     let estimators = body["estimators"].as_array().unwrap();
-    let names: Vec<&str> = estimators.iter().map(|e| e["name"].as_str().unwrap()).collect();
+    let names: Vec<&str> = estimators
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
     for name in ["mlp_ensemble", "sequence_transformer", "smact", "smocc"] {
         assert!(names.contains(&name), "{names:?}");
     }
@@ -56,7 +71,13 @@ async fn the_estimators_route_lists_what_is_loaded_with_validation_figures() {
     }
     // Provenance: every training file with its checksum.
     let files = body["training_data"].as_array().unwrap();
-    assert!(!files.is_empty() && files.iter().all(|f| f["sha256"].as_str().is_some_and(|h| h.len() == 64)), "{body}");
+    assert!(
+        !files.is_empty()
+            && files
+                .iter()
+                .all(|f| f["sha256"].as_str().is_some_and(|h| h.len() == 64)),
+        "{body}"
+    );
 }
 
 #[tokio::test]
@@ -65,5 +86,8 @@ async fn graceful_shutdown_stops_the_server() {
     assert_eq!(app.get("/healthz").await.status(), 200);
     app.shutdown.take().unwrap().send(()).unwrap();
     let result = tokio::time::timeout(std::time::Duration::from_secs(5), &mut app.server).await;
-    assert!(matches!(result, Ok(Ok(Ok(())))), "server did not stop cleanly: {result:?}");
+    assert!(
+        matches!(result, Ok(Ok(Ok(())))),
+        "server did not stop cleanly: {result:?}"
+    );
 }

@@ -17,7 +17,12 @@ fn assert_real_estimate(body: &Value, family: &str) {
     assert_eq!(body["fit"]["gpu"], "a100-40gb");
     assert_eq!(body["fit"]["fits"], bound <= 40_960.0);
     for name in ["first_principles", "horus"] {
-        assert!(body["memory"]["estimators"][name]["estimate_mib"].as_f64().unwrap() > 0.0);
+        assert!(
+            body["memory"]["estimators"][name]["estimate_mib"]
+                .as_f64()
+                .unwrap()
+                > 0.0
+        );
     }
 }
 
@@ -35,7 +40,11 @@ async fn describe_output_is_accepted_unchanged() {
         assert_real_estimate(&body, family);
         families.insert(family.to_string());
     }
-    assert_eq!(families.len(), 2, "both cnn and transformer descriptions were tried");
+    assert_eq!(
+        families.len(),
+        2,
+        "both cnn and transformer descriptions were tried"
+    );
 }
 
 #[tokio::test]
@@ -46,13 +55,25 @@ async fn a_bigger_batch_needs_more_memory_and_eventually_does_not_fit() {
     let mut fits = Vec::new();
     for batch in [8, 64, 512, 4096] {
         job["batch_size"] = batch.into();
-        let body: Value = app.post_json("/v1/estimate", &job).await.json().await.unwrap();
+        let body: Value = app
+            .post_json("/v1/estimate", &job)
+            .await
+            .json()
+            .await
+            .unwrap();
         let estimate = body["memory"]["estimate_mib"].as_f64().unwrap();
-        assert!(estimate > previous, "batch {batch}: {estimate} MiB after {previous} MiB");
+        assert!(
+            estimate > previous,
+            "batch {batch}: {estimate} MiB after {previous} MiB"
+        );
         previous = estimate;
         fits.push(body["fit"]["fits"].as_bool().unwrap());
     }
-    assert_eq!(fits.first(), Some(&true), "resnet50 at batch 8 fits a 40 GB card");
+    assert_eq!(
+        fits.first(),
+        Some(&true),
+        "resnet50 at batch 8 fits a 40 GB card"
+    );
     assert_eq!(fits.last(), Some(&false), "resnet50 at batch 4096 does not");
 }
 
@@ -60,10 +81,22 @@ async fn a_bigger_batch_needs_more_memory_and_eventually_does_not_fit() {
 async fn printed_summaries_of_cnns_and_hugging_face_transformers_get_estimates() {
     let app = spawn_app().await;
     let cases = [
-        (json!({"summary": {"format": "torchsummary", "text": summary("resnet18_torchsummary.txt")}, "batch_size": 64}), "cnn"),
-        (json!({"summary": {"format": "torchsummary", "text": summary("resnet18_torchinfo.txt")}, "batch_size": 64}), "cnn"),
-        (json!({"summary": {"format": "module_print", "text": summary("bert_base_module_print.txt")}, "batch_size": 16, "seq_len": 128}), "transformer"),
-        (json!({"summary": {"format": "module_print", "text": summary("gpt2_module_print.txt")}, "batch_size": 8, "seq_len": 512}), "transformer"),
+        (
+            json!({"summary": {"format": "torchsummary", "text": summary("resnet18_torchsummary.txt")}, "batch_size": 64}),
+            "cnn",
+        ),
+        (
+            json!({"summary": {"format": "torchsummary", "text": summary("resnet18_torchinfo.txt")}, "batch_size": 64}),
+            "cnn",
+        ),
+        (
+            json!({"summary": {"format": "module_print", "text": summary("bert_base_module_print.txt")}, "batch_size": 16, "seq_len": 128}),
+            "transformer",
+        ),
+        (
+            json!({"summary": {"format": "module_print", "text": summary("gpt2_module_print.txt")}, "batch_size": 8, "seq_len": 512}),
+            "transformer",
+        ),
     ];
     for (body, family) in cases {
         let response = app.post_json("/v1/estimate", &body).await;
@@ -78,11 +111,19 @@ async fn a_higher_confidence_gives_a_higher_bound() {
     let mut bounds = Vec::new();
     for confidence in [0.5, 0.9, 0.99] {
         let body = json!({"summary": {"format": "torchsummary", "text": summary("resnet18_torchsummary.txt")}, "batch_size": 64, "confidence": confidence});
-        let answer: Value = app.post_json("/v1/estimate", &body).await.json().await.unwrap();
+        let answer: Value = app
+            .post_json("/v1/estimate", &body)
+            .await
+            .json()
+            .await
+            .unwrap();
         assert_eq!(answer["memory"]["confidence"], confidence);
         bounds.push(answer["memory"]["upper_bound_mib"].as_f64().unwrap());
     }
-    assert!(bounds[0] <= bounds[1] && bounds[1] < bounds[2], "{bounds:?}");
+    assert!(
+        bounds[0] <= bounds[1] && bounds[1] < bounds[2],
+        "{bounds:?}"
+    );
 }
 
 /// A model far smaller than any training job still pays the CUDA context and workspaces.
@@ -94,10 +135,21 @@ async fn a_tiny_model_is_never_estimated_below_the_framework_overhead() {
         {"kind": "relu", "output_size": 16, "params": 0},
         {"kind": "linear", "output_size": 2, "params": 34}
     ]});
-    let body: Value = app.post_json("/v1/estimate", &tiny).await.json().await.unwrap();
+    let body: Value = app
+        .post_json("/v1/estimate", &tiny)
+        .await
+        .json()
+        .await
+        .unwrap();
     let overhead = gpucast::domain::analytic::FRAMEWORK_OVERHEAD_MIB;
-    assert!(body["memory"]["estimate_mib"].as_f64().unwrap() >= overhead, "{body}");
-    assert!(body["memory"]["upper_bound_mib"].as_f64().unwrap() >= overhead, "{body}");
+    assert!(
+        body["memory"]["estimate_mib"].as_f64().unwrap() >= overhead,
+        "{body}"
+    );
+    assert!(
+        body["memory"]["upper_bound_mib"].as_f64().unwrap() >= overhead,
+        "{body}"
+    );
 }
 
 /// Every training model, at batch sizes 1 to 512: the figure does not shrink as the batch grows
@@ -120,7 +172,9 @@ async fn the_figure_grows_with_the_batch_for_every_training_model() {
     let mut figures = Vec::new();
     // One model per request keeps each body under the default 2 MiB body limit.
     for chunk in jobs.chunks(batches.len()) {
-        let response = app.post_json("/v1/estimate/batch", &json!({ "items": chunk })).await;
+        let response = app
+            .post_json("/v1/estimate/batch", &json!({ "items": chunk }))
+            .await;
         assert_eq!(response.status(), 200);
         let body: Value = response.json().await.unwrap();
         for item in body["items"].as_array().unwrap() {
@@ -129,12 +183,20 @@ async fn the_figure_grows_with_the_batch_for_every_training_model() {
         }
     }
     let mut shrinking = Vec::new();
-    for (job, series) in jobs.iter().step_by(batches.len()).zip(figures.chunks(batches.len())) {
+    for (job, series) in jobs
+        .iter()
+        .step_by(batches.len())
+        .zip(figures.chunks(batches.len()))
+    {
         if series.windows(2).any(|pair| pair[1] < 0.99 * pair[0]) {
             shrinking.push(format!("{}: {series:?}", job["model"]));
         }
     }
-    assert!(shrinking.is_empty(), "{} models: {shrinking:#?}", shrinking.len());
+    assert!(
+        shrinking.is_empty(),
+        "{} models: {shrinking:#?}",
+        shrinking.len()
+    );
 }
 
 /// resnet50 measured 8,465 MiB at batch 64 and 15,169 MiB at 128 (timm_a100_train.csv). A
@@ -146,9 +208,17 @@ async fn the_most_common_cnn_is_estimated_near_its_measured_peak() {
     let mut job = training_description("timm:resnet50");
     for (batch, measured) in [(8, 2875.0), (64, 8465.0), (128, 15169.0)] {
         job["batch_size"] = batch.into();
-        let body: Value = app.post_json("/v1/estimate", &job).await.json().await.unwrap();
+        let body: Value = app
+            .post_json("/v1/estimate", &job)
+            .await
+            .json()
+            .await
+            .unwrap();
         let estimate = body["memory"]["estimate_mib"].as_f64().unwrap();
-        assert!((estimate / measured - 1.0).abs() < 0.15, "batch {batch}: {estimate} MiB, measured {measured}");
+        assert!(
+            (estimate / measured - 1.0).abs() < 0.15,
+            "batch {batch}: {estimate} MiB, measured {measured}"
+        );
         assert_eq!(body["fit"]["fits"], true, "batch {batch}");
     }
 }
@@ -160,29 +230,77 @@ async fn a_traced_description_is_answered_by_the_traced_regressor() {
     let app = spawn_app().await;
     let mut job = training_description("timm:resnet50");
     job["batch_size"] = 64.into();
-    assert!(job["saved_tensors"]["per_sample_bytes"].as_u64().unwrap() > 0, "describe traced resnet50");
-    let traced: Value = app.post_json("/v1/estimate", &job).await.json().await.unwrap();
+    assert!(
+        job["saved_tensors"]["per_sample_bytes"].as_u64().unwrap() > 0,
+        "describe traced resnet50"
+    );
+    let traced: Value = app
+        .post_json("/v1/estimate", &job)
+        .await
+        .json()
+        .await
+        .unwrap();
     let estimators = &traced["memory"]["estimators"];
-    assert_eq!(traced["memory"]["estimate_mib"], estimators["cnn_traced_memory_regressor"]["estimate_mib"], "{traced}");
-    assert!(estimators["cnn_memory_regressor"]["estimate_mib"].as_f64().is_some());
-    assert!(estimators["traced_first_principles"]["estimate_mib"].as_f64().is_some());
+    assert_eq!(
+        traced["memory"]["estimate_mib"], estimators["cnn_traced_memory_regressor"]["estimate_mib"],
+        "{traced}"
+    );
+    assert!(estimators["cnn_memory_regressor"]["estimate_mib"]
+        .as_f64()
+        .is_some());
+    assert!(estimators["traced_first_principles"]["estimate_mib"]
+        .as_f64()
+        .is_some());
     // The class follows the traced figure (8 GB classes).
     let figure = traced["memory"]["estimate_mib"].as_f64().unwrap();
-    let expected_class = [8000.0, 16000.0, 24000.0, 32000.0, 40960.0].iter().filter(|&&b| figure > b).count();
-    assert_eq!(traced["memory"]["class"]["index"], expected_class, "{traced}");
+    let expected_class = [8000.0, 16000.0, 24000.0, 32000.0, 40960.0]
+        .iter()
+        .filter(|&&b| figure > b)
+        .count();
+    assert_eq!(
+        traced["memory"]["class"]["index"], expected_class,
+        "{traced}"
+    );
 
     job.as_object_mut().unwrap().remove("saved_tensors");
-    let plain: Value = app.post_json("/v1/estimate", &job).await.json().await.unwrap();
+    let plain: Value = app
+        .post_json("/v1/estimate", &job)
+        .await
+        .json()
+        .await
+        .unwrap();
     let estimators = &plain["memory"]["estimators"];
-    assert_eq!(plain["memory"]["estimate_mib"], estimators["cnn_memory_regressor"]["estimate_mib"], "{plain}");
+    assert_eq!(
+        plain["memory"]["estimate_mib"], estimators["cnn_memory_regressor"]["estimate_mib"],
+        "{plain}"
+    );
     assert!(estimators.get("cnn_traced_memory_regressor").is_none());
     assert!(estimators.get("traced_first_principles").is_none());
 
     // In one batch, each job still gets its own regressor.
     let mut traced_job = training_description("timm:resnet50");
     traced_job["batch_size"] = 64.into();
-    let batch: Value =
-        app.post_json("/v1/estimate/batch", &json!({"items": [job, traced_job, job]})).await.json().await.unwrap();
-    let figures: Vec<&Value> = batch["items"].as_array().unwrap().iter().map(|i| &i["estimate"]["memory"]["estimate_mib"]).collect();
-    assert_eq!(figures, [&plain["memory"]["estimate_mib"], &traced["memory"]["estimate_mib"], &plain["memory"]["estimate_mib"]]);
+    let batch: Value = app
+        .post_json(
+            "/v1/estimate/batch",
+            &json!({"items": [job, traced_job, job]}),
+        )
+        .await
+        .json()
+        .await
+        .unwrap();
+    let figures: Vec<&Value> = batch["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| &i["estimate"]["memory"]["estimate_mib"])
+        .collect();
+    assert_eq!(
+        figures,
+        [
+            &plain["memory"]["estimate_mib"],
+            &traced["memory"]["estimate_mib"],
+            &plain["memory"]["estimate_mib"]
+        ]
+    );
 }

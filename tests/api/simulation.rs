@@ -4,8 +4,9 @@
 use serde_json::{json, Value};
 
 use crate::helpers::{
-    committed_manifest, example_job, models_without_simulation_regressors, requires_simulation, simulated_context_mib,
-    simulated_log_ratio, spawn_app, spawn_app_with, test_config, training_description,
+    committed_manifest, example_job, models_without_simulation_regressors, requires_simulation,
+    simulated_context_mib, simulated_log_ratio, spawn_app, spawn_app_with, test_config,
+    training_description,
 };
 
 const MIB: u64 = 1 << 20;
@@ -49,7 +50,9 @@ pub fn simulated_job(batch: u64) -> Value {
 }
 
 pub fn figure(body: &Value, field: &str) -> f64 {
-    body["memory"][field].as_f64().unwrap_or_else(|| panic!("memory.{field} in {body}"))
+    body["memory"][field]
+        .as_f64()
+        .unwrap_or_else(|| panic!("memory.{field} in {body}"))
 }
 
 /// The class holds the answered figure (figures are rounded to 0.1 MiB).
@@ -57,13 +60,33 @@ pub fn assert_class_contains_the_estimate(body: &Value) {
     let estimate = figure(body, "estimate_mib");
     let class = &body["memory"]["class"];
     let lower = class["lower_mib"].as_f64().unwrap();
-    assert!(estimate > lower - 0.05, "{estimate} below its class {class}");
+    assert!(
+        estimate > lower - 0.05,
+        "{estimate} below its class {class}"
+    );
     if let Some(upper) = class["upper_mib"].as_f64() {
-        assert!(estimate <= upper + 0.05, "{estimate} above its class {class}");
+        assert!(
+            estimate <= upper + 0.05,
+            "{estimate} above its class {class}"
+        );
     }
-    let probabilities: Vec<f64> = class["probabilities"].as_array().unwrap().iter().map(|p| p.as_f64().unwrap()).collect();
-    let argmax = (0..probabilities.len()).fold(0, |best, i| if probabilities[i] > probabilities[best] { i } else { best });
-    assert_eq!(class["index"], argmax, "the figure's class is also the most probable: {class}");
+    let probabilities: Vec<f64> = class["probabilities"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p.as_f64().unwrap())
+        .collect();
+    let argmax = (0..probabilities.len()).fold(0, |best, i| {
+        if probabilities[i] > probabilities[best] {
+            i
+        } else {
+            best
+        }
+    });
+    assert_eq!(
+        class["index"], argmax,
+        "the figure's class is also the most probable: {class}"
+    );
     assert!((probabilities.iter().sum::<f64>() - 1.0).abs() < 1e-3);
 }
 
@@ -73,13 +96,34 @@ pub fn assert_breakdown_and_floor(body: &Value) -> Value {
     let bound = figure(body, "upper_bound_mib");
     assert!(bound >= estimate, "{body}");
     let breakdown = body["memory"]["breakdown"].clone();
-    let names = ["parameters", "gradients", "optimizer_state", "activations", "temporaries", "allocator_cache", "cuda_context"];
-    let parts: Vec<f64> = names.iter().map(|n| breakdown[n].as_f64().unwrap_or_else(|| panic!("breakdown.{n}: {body}"))).collect();
+    let names = [
+        "parameters",
+        "gradients",
+        "optimizer_state",
+        "activations",
+        "temporaries",
+        "allocator_cache",
+        "cuda_context",
+    ];
+    let parts: Vec<f64> = names
+        .iter()
+        .map(|n| {
+            breakdown[n]
+                .as_f64()
+                .unwrap_or_else(|| panic!("breakdown.{n}: {body}"))
+        })
+        .collect();
     assert!(parts.iter().all(|&p| p >= 0.0), "{breakdown}");
-    assert!((parts.iter().sum::<f64>() - estimate).abs() < 0.05, "{breakdown} does not sum to {estimate}");
+    assert!(
+        (parts.iter().sum::<f64>() - estimate).abs() < 0.05,
+        "{breakdown} does not sum to {estimate}"
+    );
     let simulated = body["memory"]["breakdown_source"] == "simulation";
     let floor = parts[0] + parts[1] + parts[2] + if simulated { parts[3] } else { 0.0 } + parts[6];
-    assert!(estimate >= floor - 0.05, "{estimate} below the floor {floor}");
+    assert!(
+        estimate >= floor - 0.05,
+        "{estimate} below the floor {floor}"
+    );
     breakdown
 }
 
@@ -98,12 +142,30 @@ async fn a_simulated_job_is_answered_by_physics_with_a_breakdown_that_sums_to_th
 
     // The figure is the simulated one: the reserved peak (it fits the 40 GB card) + the context.
     let expected = mib(&simulation["reserved_peak_bytes"]) + context;
-    let simulated = body["memory"]["estimators"]["simulated"]["estimate_mib"].as_f64().unwrap();
-    assert!((simulated - expected).abs() < 0.05, "{simulated} vs {expected}");
-    assert_eq!(body["memory"]["estimate_mib"], body["memory"]["estimators"]["simulated"]["estimate_mib"], "{body}");
+    let simulated = body["memory"]["estimators"]["simulated"]["estimate_mib"]
+        .as_f64()
+        .unwrap();
+    assert!(
+        (simulated - expected).abs() < 0.05,
+        "{simulated} vs {expected}"
+    );
+    assert_eq!(
+        body["memory"]["estimate_mib"], body["memory"]["estimators"]["simulated"]["estimate_mib"],
+        "{body}"
+    );
     // The regressors still answer, under their own names, without leading.
-    for name in ["cnn_memory_regressor", "cnn_traced_memory_regressor", "first_principles", "traced_first_principles"] {
-        assert!(body["memory"]["estimators"][name]["estimate_mib"].as_f64().is_some(), "{name}");
+    for name in [
+        "cnn_memory_regressor",
+        "cnn_traced_memory_regressor",
+        "first_principles",
+        "traced_first_principles",
+    ] {
+        assert!(
+            body["memory"]["estimators"][name]["estimate_mib"]
+                .as_f64()
+                .is_some(),
+            "{name}"
+        );
     }
     assert_eq!(body["estimator_versions"]["simulated"], "1.0.0");
     assert!(body["latency_us"]["simulated"].as_f64().unwrap() > 0.0);
@@ -112,20 +174,42 @@ async fn a_simulated_job_is_answered_by_physics_with_a_breakdown_that_sums_to_th
     assert_no_simulation_regressor_answered(&body);
     // The bound at 0.95 is the `simulated` block's log ratio at 0.95 over the figure.
     let bound = (expected * simulated_log_ratio(0.95).exp()).ceil();
-    assert!((figure(&body, "upper_bound_mib") - bound).abs() <= 1.0, "{bound}: {body}");
+    assert!(
+        (figure(&body, "upper_bound_mib") - bound).abs() <= 1.0,
+        "{bound}: {body}"
+    );
     assert_eq!(body["memory"]["floored"], false);
 
     assert_eq!(body["memory"]["breakdown_source"], "simulation");
     let breakdown = assert_breakdown_and_floor(&body);
     let at_peak = &simulation["breakdown_at_peak"];
-    for name in ["parameters", "gradients", "optimizer_state", "activations", "temporaries"] {
-        assert!((breakdown[name].as_f64().unwrap() - mib(&at_peak[name])).abs() <= 0.1, "{name}: {breakdown}");
+    for name in [
+        "parameters",
+        "gradients",
+        "optimizer_state",
+        "activations",
+        "temporaries",
+    ] {
+        assert!(
+            (breakdown[name].as_f64().unwrap() - mib(&at_peak[name])).abs() <= 0.1,
+            "{name}: {breakdown}"
+        );
     }
     let cache = mib(&simulation["reserved_peak_bytes"]) - mib(&simulation["allocated_peak_bytes"]);
-    assert!((breakdown["allocator_cache"].as_f64().unwrap() - cache).abs() <= 0.1, "{breakdown}");
+    assert!(
+        (breakdown["allocator_cache"].as_f64().unwrap() - cache).abs() <= 0.1,
+        "{breakdown}"
+    );
     assert_eq!(breakdown["cuda_context"], context);
-    for (field, bytes) in [("allocated_peak_mib", "allocated_peak_bytes"), ("reserved_peak_mib", "reserved_peak_bytes"), ("min_capacity_mib", "min_capacity_bytes")] {
-        assert!((figure(&body, field) - mib(&simulation[bytes])).abs() <= 0.05, "{field}");
+    for (field, bytes) in [
+        ("allocated_peak_mib", "allocated_peak_bytes"),
+        ("reserved_peak_mib", "reserved_peak_bytes"),
+        ("min_capacity_mib", "min_capacity_bytes"),
+    ] {
+        assert!(
+            (figure(&body, field) - mib(&simulation[bytes])).abs() <= 0.05,
+            "{field}"
+        );
     }
     assert_class_contains_the_estimate(&body);
     assert_eq!(body["fit"]["basis"], "simulation");
@@ -139,12 +223,24 @@ async fn jobs_without_a_simulation_get_an_analytic_breakdown_and_no_simulated_fi
     let mut plain = traced.clone();
     plain.as_object_mut().unwrap().remove("saved_tensors");
     for job in [example_job(), traced, plain] {
-        let body: Value = app.post_json("/v1/estimate", &job).await.json().await.unwrap();
+        let body: Value = app
+            .post_json("/v1/estimate", &job)
+            .await
+            .json()
+            .await
+            .unwrap();
         assert_eq!(body["memory"]["breakdown_source"], "analytic", "{body}");
         let breakdown = assert_breakdown_and_floor(&body);
-        assert_eq!(breakdown["cuda_context"], gpucast::domain::analytic::FRAMEWORK_OVERHEAD_MIB);
+        assert_eq!(
+            breakdown["cuda_context"],
+            gpucast::domain::analytic::FRAMEWORK_OVERHEAD_MIB
+        );
         assert_eq!(breakdown["allocator_cache"], 0.0);
-        for field in ["allocated_peak_mib", "reserved_peak_mib", "min_capacity_mib"] {
+        for field in [
+            "allocated_peak_mib",
+            "reserved_peak_mib",
+            "min_capacity_mib",
+        ] {
             assert!(body["memory"][field].is_null(), "{field}: {body}");
         }
         assert!(body["memory"]["estimators"].get("simulated").is_none());
@@ -169,7 +265,12 @@ async fn the_class_contains_the_estimate_for_simulated_traced_and_plain_jobs() {
     let mut vit = training_description("timm:vit_base_patch16_224");
     vit["batch_size"] = 32.into();
     jobs.push(vit);
-    let body: Value = app.post_json("/v1/estimate/batch", &json!({ "items": jobs })).await.json().await.unwrap();
+    let body: Value = app
+        .post_json("/v1/estimate/batch", &json!({ "items": jobs }))
+        .await
+        .json()
+        .await
+        .unwrap();
     for item in body["items"].as_array().unwrap() {
         assert_eq!(item["status"], 200, "{item}");
         assert_class_contains_the_estimate(&item["estimate"]);
@@ -189,19 +290,38 @@ async fn simulated_figures_never_shrink_as_the_batch_grows() {
     let mut answers = Vec::new();
     for chunk in batches.chunks(8) {
         let items: Vec<Value> = chunk.iter().map(|&b| simulated_job(b)).collect();
-        let body: Value = app.post_json("/v1/estimate/batch", &json!({ "items": items })).await.json().await.unwrap();
+        let body: Value = app
+            .post_json("/v1/estimate/batch", &json!({ "items": items }))
+            .await
+            .json()
+            .await
+            .unwrap();
         for item in body["items"].as_array().unwrap() {
             assert_eq!(item["status"], 200, "{item}");
             answers.push(item["estimate"].clone());
         }
     }
     let series = |field: &str| answers.iter().map(|a| figure(a, field)).collect::<Vec<_>>();
-    for field in ["estimate_mib", "upper_bound_mib", "reserved_peak_mib", "min_capacity_mib"] {
+    for field in [
+        "estimate_mib",
+        "upper_bound_mib",
+        "reserved_peak_mib",
+        "min_capacity_mib",
+    ] {
         let values = series(field);
-        assert!(values.windows(2).all(|w| w[1] >= w[0]), "{field} shrinks: {values:?}");
+        assert!(
+            values.windows(2).all(|w| w[1] >= w[0]),
+            "{field} shrinks: {values:?}"
+        );
     }
-    let fits: Vec<bool> = answers.iter().map(|a| a["fit"]["fits"].as_bool().unwrap()).collect();
-    assert!(fits[0] && !fits[fits.len() - 1] && fits.windows(2).all(|w| w[0] || !w[1]), "{fits:?}");
+    let fits: Vec<bool> = answers
+        .iter()
+        .map(|a| a["fit"]["fits"].as_bool().unwrap())
+        .collect();
+    assert!(
+        fits[0] && !fits[fits.len() - 1] && fits.windows(2).all(|w| w[0] || !w[1]),
+        "{fits:?}"
+    );
     // Some batch runs on the card without room for its whole reserved peak: its simulated figure
     // is capped at the card, and so is the figure answered, whichever estimator leads.
     let context = simulated_context_mib();
@@ -224,7 +344,10 @@ async fn fit_follows_the_simulation_and_a_memory_fraction_caps_what_each_copy_oc
     let job = simulated_job(64);
     let reserved = mib(&job["simulation"]["reserved_peak_bytes"]);
     let min_capacity = mib(&job["simulation"]["min_capacity_bytes"]);
-    assert!(min_capacity > 4096.0 && min_capacity < 10_240.0, "the cases below assume it: {min_capacity}");
+    assert!(
+        min_capacity > 4096.0 && min_capacity < 10_240.0,
+        "the cases below assume it: {min_capacity}"
+    );
     let fit_with = |fraction: Option<f64>| {
         let mut job = job.clone();
         if let Some(f) = fraction {
@@ -233,29 +356,79 @@ async fn fit_follows_the_simulation_and_a_memory_fraction_caps_what_each_copy_oc
         job
     };
     let context = simulated_context_mib();
-    let body: Value = app.post_json("/v1/estimate", &fit_with(None)).await.json().await.unwrap();
+    let body: Value = app
+        .post_json("/v1/estimate", &fit_with(None))
+        .await
+        .json()
+        .await
+        .unwrap();
     assert_eq!(body["fit"]["fits"], true);
-    assert_eq!(body["fit"]["max_colocated"], (40_960.0 / (reserved + context)).floor() as u64, "{body}");
+    assert_eq!(
+        body["fit"]["max_colocated"],
+        (40_960.0 / (reserved + context)).floor() as u64,
+        "{body}"
+    );
     // A quarter of the card: 10,240 MiB holds the step; each copy occupies 10,240 MiB + the
     // context (3 copies while the context is under 3,413 MiB).
-    assert!(context < 40_960.0 / 3.0 - 10_240.0, "the case below assumes it: {context}");
-    let body: Value = app.post_json("/v1/estimate", &fit_with(Some(0.25))).await.json().await.unwrap();
-    assert_eq!((body["fit"]["fits"].clone(), body["fit"]["max_colocated"].clone()), (json!(true), json!(3)), "{body}");
+    assert!(
+        context < 40_960.0 / 3.0 - 10_240.0,
+        "the case below assumes it: {context}"
+    );
+    let body: Value = app
+        .post_json("/v1/estimate", &fit_with(Some(0.25)))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            body["fit"]["fits"].clone(),
+            body["fit"]["max_colocated"].clone()
+        ),
+        (json!(true), json!(3)),
+        "{body}"
+    );
     // A tenth: 4,096 MiB is less than the step needs.
-    let body: Value = app.post_json("/v1/estimate", &fit_with(Some(0.1))).await.json().await.unwrap();
-    assert_eq!((body["fit"]["fits"].clone(), body["fit"]["max_colocated"].clone()), (json!(false), json!(0)), "{body}");
+    let body: Value = app
+        .post_json("/v1/estimate", &fit_with(Some(0.1)))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            body["fit"]["fits"].clone(),
+            body["fit"]["max_colocated"].clone()
+        ),
+        (json!(false), json!(0)),
+        "{body}"
+    );
     // The whole card: one copy.
-    let body: Value = app.post_json("/v1/estimate", &fit_with(Some(1.0))).await.json().await.unwrap();
+    let body: Value = app
+        .post_json("/v1/estimate", &fit_with(Some(1.0)))
+        .await
+        .json()
+        .await
+        .unwrap();
     assert_eq!(body["fit"]["max_colocated"], 1);
 
     // Without a simulation the bound decides, within the cap plus the framework overhead.
     let mut plain = example_job();
     plain["memory_fraction"] = 0.25.into();
-    let body: Value = app.post_json("/v1/estimate", &plain).await.json().await.unwrap();
+    let body: Value = app
+        .post_json("/v1/estimate", &plain)
+        .await
+        .json()
+        .await
+        .unwrap();
     assert_eq!(body["fit"]["basis"], "upper_bound");
     assert_eq!(body["fit"]["fits"], true);
     let occupied = 10_240.0 + gpucast::domain::analytic::FRAMEWORK_OVERHEAD_MIB;
-    assert_eq!(body["fit"]["max_colocated"], (40_960.0 / occupied).floor() as u64, "{body}");
+    assert_eq!(
+        body["fit"]["max_colocated"],
+        (40_960.0 / occupied).floor() as u64,
+        "{body}"
+    );
 }
 
 /// On the committed models: a step that does not run on the 40 GB card the simulation
@@ -265,24 +438,59 @@ async fn fit_follows_the_simulation_and_a_memory_fraction_caps_what_each_copy_oc
 async fn a_simulation_that_does_not_fit_the_card_is_answered_uncapped_and_does_not_fit() {
     let app = spawn_app().await;
     let job = simulated_job(1024);
-    let body: Value = app.post_json("/v1/estimate", &job).await.json().await.unwrap();
+    let body: Value = app
+        .post_json("/v1/estimate", &job)
+        .await
+        .json()
+        .await
+        .unwrap();
     let context = simulated_context_mib();
-    assert!(mib(&job["simulation"]["min_capacity_bytes"]) + context > 40_960.0, "the step does not run on the card");
+    assert!(
+        mib(&job["simulation"]["min_capacity_bytes"]) + context > 40_960.0,
+        "the step does not run on the card"
+    );
     let expected = mib(&job["simulation"]["reserved_peak_bytes"]) + context;
-    assert!((figure(&body, "estimate_mib") - expected).abs() < 0.05, "{body}");
-    assert_eq!(body["memory"]["estimate_mib"], body["memory"]["estimators"]["simulated"]["estimate_mib"], "{body}");
+    assert!(
+        (figure(&body, "estimate_mib") - expected).abs() < 0.05,
+        "{body}"
+    );
+    assert_eq!(
+        body["memory"]["estimate_mib"], body["memory"]["estimators"]["simulated"]["estimate_mib"],
+        "{body}"
+    );
     assert_eq!(body["memory"]["floored"], false, "{body}");
     assert_no_simulation_regressor_answered(&body);
-    assert_eq!((body["fit"]["fits"].clone(), body["fit"]["max_colocated"].clone()), (json!(false), json!(0)));
-    assert_eq!(body["memory"]["class"]["upper_mib"], Value::Null, "the top class: does not fit the 40 GB card");
+    assert_eq!(
+        (
+            body["fit"]["fits"].clone(),
+            body["fit"]["max_colocated"].clone()
+        ),
+        (json!(false), json!(0))
+    );
+    assert_eq!(
+        body["memory"]["class"]["upper_mib"],
+        Value::Null,
+        "the top class: does not fit the 40 GB card"
+    );
     // On an H200 it runs, and its whole reserved peak fits.
     let mut h200 = job.clone();
     h200["gpu"] = "h200-141gb".into();
-    let body: Value = app.post_json("/v1/estimate", &h200).await.json().await.unwrap();
+    let body: Value = app
+        .post_json("/v1/estimate", &h200)
+        .await
+        .json()
+        .await
+        .unwrap();
     assert_eq!(body["fit"]["fits"], true);
-    assert!((figure(&body, "estimate_mib") - expected).abs() < 0.05, "{body}");
+    assert!(
+        (figure(&body, "estimate_mib") - expected).abs() < 0.05,
+        "{body}"
+    );
     // Runs on the H200, not on the card the correction was measured on: still not corrected.
-    assert_eq!(body["memory"]["estimate_mib"], body["memory"]["estimators"]["simulated"]["estimate_mib"], "{body}");
+    assert_eq!(
+        body["memory"]["estimate_mib"], body["memory"]["estimators"]["simulated"]["estimate_mib"],
+        "{body}"
+    );
     assert_no_simulation_regressor_answered(&body);
 }
 
@@ -290,13 +498,26 @@ async fn a_simulation_that_does_not_fit_the_card_is_answered_uncapped_and_does_n
 /// versions), and the answer says the correction was not applied.
 pub fn assert_no_simulation_regressor_answered(body: &Value) {
     let manifest = committed_manifest();
-    let correcting = manifest["estimators"].as_array().unwrap().iter().filter(|e| requires_simulation(e));
+    let correcting = manifest["estimators"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| requires_simulation(e));
     for name in correcting.map(|e| e["name"].as_str().unwrap()) {
-        assert!(body["memory"]["estimators"].get(name).is_none(), "{name}: {body}");
-        assert!(body["estimator_versions"].get(name).is_none(), "{name}: {body}");
+        assert!(
+            body["memory"]["estimators"].get(name).is_none(),
+            "{name}: {body}"
+        );
+        assert!(
+            body["estimator_versions"].get(name).is_none(),
+            "{name}: {body}"
+        );
     }
     if !body["memory"]["extrapolation"].is_null() {
-        assert_eq!(body["memory"]["extrapolation"]["correction_applied"], false, "{body}");
+        assert_eq!(
+            body["memory"]["extrapolation"]["correction_applied"], false,
+            "{body}"
+        );
     }
 }
 
@@ -311,43 +532,173 @@ async fn invalid_simulations_are_refused_naming_the_field() {
     };
     let huge = 1u64 << 45;
     let cases: Vec<(&str, Value, &str)> = vec![
-        ("reserved below allocated", with(&|j| j["simulation"]["reserved_peak_bytes"] = j["simulation"]["allocated_peak_bytes"].as_u64().map(|a| a - 1).into()), "simulation.reserved_peak_bytes"),
-        ("min capacity below allocated", with(&|j| j["simulation"]["min_capacity_bytes"] = j["simulation"]["allocated_peak_bytes"].as_u64().map(|a| a - 1).into()), "simulation.min_capacity_bytes"),
-        ("min capacity above reserved", with(&|j| j["simulation"]["min_capacity_bytes"] = j["simulation"]["reserved_peak_bytes"].as_u64().map(|r| r + 1).into()), "simulation.min_capacity_bytes"),
-        ("breakdown off by one byte", with(&|j| j["simulation"]["breakdown_at_peak"]["temporaries"] = j["simulation"]["breakdown_at_peak"]["temporaries"].as_u64().map(|t| t + 1).into()), "simulation.breakdown_at_peak"),
-        ("another batch size", with(&|j| j["simulation"]["batch_size"] = 32.into()), "simulation.batch_size"),
-        ("another optimizer", with(&|j| j["simulation"]["optimizer"] = "adamw".into()), "simulation.optimizer"),
-        ("another precision", with(&|j| j["simulation"]["precision"] = "bf16".into()), "simulation.precision"),
-        ("unknown optimizer", with(&|j| j["simulation"]["optimizer"] = "lion".into()), "simulation.optimizer"),
-        ("over 16 TiB", with(&|j| j["simulation"]["reserved_peak_bytes"] = huge.into()), "simulation.reserved_peak_bytes"),
-        ("category over 16 TiB", with(&|j| j["simulation"]["breakdown_at_peak"]["activations"] = huge.into()), "simulation.breakdown_at_peak.activations"),
-        ("fractional bytes", with(&|j| j["simulation"]["allocated_peak_bytes"] = 1.5.into()), "simulation.allocated_peak_bytes"),
-        ("negative bytes", with(&|j| j["simulation"]["min_capacity_bytes"] = (-1).into()), "simulation.min_capacity_bytes"),
-        ("bytes as a string", with(&|j| j["simulation"]["allocated_peak_bytes"] = "9e9".into()), "simulation.allocated_peak_bytes"),
-        ("missing breakdown", with(&|j| { j["simulation"].as_object_mut().unwrap().remove("breakdown_at_peak"); }), "simulation"),
-        ("missing category", with(&|j| { j["simulation"]["breakdown_at_peak"].as_object_mut().unwrap().remove("gradients"); }), "simulation.breakdown_at_peak"),
-        ("unknown field", with(&|j| j["simulation"]["peak_bytes"] = 1.into()), "simulation"),
-        ("unknown category", with(&|j| j["simulation"]["breakdown_at_peak"]["workspaces"] = 0.into()), "simulation.breakdown_at_peak"),
-        ("interpolated not a bool", with(&|j| j["simulation"]["interpolated"] = "yes".into()), "simulation.interpolated"),
-        ("zero memory fraction", with(&|j| j["memory_fraction"] = 0.into()), "memory_fraction"),
-        ("memory fraction above one", with(&|j| j["memory_fraction"] = 1.5.into()), "memory_fraction"),
-        ("negative memory fraction", with(&|j| j["memory_fraction"] = (-0.2).into()), "memory_fraction"),
+        (
+            "reserved below allocated",
+            with(&|j| {
+                j["simulation"]["reserved_peak_bytes"] = j["simulation"]["allocated_peak_bytes"]
+                    .as_u64()
+                    .map(|a| a - 1)
+                    .into()
+            }),
+            "simulation.reserved_peak_bytes",
+        ),
+        (
+            "min capacity below allocated",
+            with(&|j| {
+                j["simulation"]["min_capacity_bytes"] = j["simulation"]["allocated_peak_bytes"]
+                    .as_u64()
+                    .map(|a| a - 1)
+                    .into()
+            }),
+            "simulation.min_capacity_bytes",
+        ),
+        (
+            "min capacity above reserved",
+            with(&|j| {
+                j["simulation"]["min_capacity_bytes"] = j["simulation"]["reserved_peak_bytes"]
+                    .as_u64()
+                    .map(|r| r + 1)
+                    .into()
+            }),
+            "simulation.min_capacity_bytes",
+        ),
+        (
+            "breakdown off by one byte",
+            with(&|j| {
+                j["simulation"]["breakdown_at_peak"]["temporaries"] = j["simulation"]
+                    ["breakdown_at_peak"]["temporaries"]
+                    .as_u64()
+                    .map(|t| t + 1)
+                    .into()
+            }),
+            "simulation.breakdown_at_peak",
+        ),
+        (
+            "another batch size",
+            with(&|j| j["simulation"]["batch_size"] = 32.into()),
+            "simulation.batch_size",
+        ),
+        (
+            "another optimizer",
+            with(&|j| j["simulation"]["optimizer"] = "adamw".into()),
+            "simulation.optimizer",
+        ),
+        (
+            "another precision",
+            with(&|j| j["simulation"]["precision"] = "bf16".into()),
+            "simulation.precision",
+        ),
+        (
+            "unknown optimizer",
+            with(&|j| j["simulation"]["optimizer"] = "lion".into()),
+            "simulation.optimizer",
+        ),
+        (
+            "over 16 TiB",
+            with(&|j| j["simulation"]["reserved_peak_bytes"] = huge.into()),
+            "simulation.reserved_peak_bytes",
+        ),
+        (
+            "category over 16 TiB",
+            with(&|j| j["simulation"]["breakdown_at_peak"]["activations"] = huge.into()),
+            "simulation.breakdown_at_peak.activations",
+        ),
+        (
+            "fractional bytes",
+            with(&|j| j["simulation"]["allocated_peak_bytes"] = 1.5.into()),
+            "simulation.allocated_peak_bytes",
+        ),
+        (
+            "negative bytes",
+            with(&|j| j["simulation"]["min_capacity_bytes"] = (-1).into()),
+            "simulation.min_capacity_bytes",
+        ),
+        (
+            "bytes as a string",
+            with(&|j| j["simulation"]["allocated_peak_bytes"] = "9e9".into()),
+            "simulation.allocated_peak_bytes",
+        ),
+        (
+            "missing breakdown",
+            with(&|j| {
+                j["simulation"]
+                    .as_object_mut()
+                    .unwrap()
+                    .remove("breakdown_at_peak");
+            }),
+            "simulation",
+        ),
+        (
+            "missing category",
+            with(&|j| {
+                j["simulation"]["breakdown_at_peak"]
+                    .as_object_mut()
+                    .unwrap()
+                    .remove("gradients");
+            }),
+            "simulation.breakdown_at_peak",
+        ),
+        (
+            "unknown field",
+            with(&|j| j["simulation"]["peak_bytes"] = 1.into()),
+            "simulation",
+        ),
+        (
+            "unknown category",
+            with(&|j| j["simulation"]["breakdown_at_peak"]["workspaces"] = 0.into()),
+            "simulation.breakdown_at_peak",
+        ),
+        (
+            "interpolated not a bool",
+            with(&|j| j["simulation"]["interpolated"] = "yes".into()),
+            "simulation.interpolated",
+        ),
+        (
+            "zero memory fraction",
+            with(&|j| j["memory_fraction"] = 0.into()),
+            "memory_fraction",
+        ),
+        (
+            "memory fraction above one",
+            with(&|j| j["memory_fraction"] = 1.5.into()),
+            "memory_fraction",
+        ),
+        (
+            "negative memory fraction",
+            with(&|j| j["memory_fraction"] = (-0.2).into()),
+            "memory_fraction",
+        ),
     ];
     for (name, body, needle) in &cases {
         let response = app.post_json("/v1/estimate", body).await;
         assert_eq!(response.status(), 422, "{name}");
-        assert_eq!(response.headers()["content-type"], "application/problem+json", "{name}");
+        assert_eq!(
+            response.headers()["content-type"],
+            "application/problem+json",
+            "{name}"
+        );
         let problem: Value = response.json().await.unwrap();
         let detail = problem["detail"].as_str().unwrap();
-        assert!(detail.starts_with(needle), "{name}: detail {detail:?} should name {needle:?}");
+        assert!(
+            detail.starts_with(needle),
+            "{name}: detail {detail:?} should name {needle:?}"
+        );
     }
     // In a batch, the error is placed at its item; the other items are answered.
     let items = json!({"items": [simulated_job(64), cases[0].1.clone()]});
-    let body: Value = app.post_json("/v1/estimate/batch", &items).await.json().await.unwrap();
+    let body: Value = app
+        .post_json("/v1/estimate/batch", &items)
+        .await
+        .json()
+        .await
+        .unwrap();
     assert_eq!(body["items"][0]["status"], 200);
     assert_eq!(body["items"][1]["status"], 422);
     let detail = body["items"][1]["error"]["detail"].as_str().unwrap();
-    assert!(detail.starts_with("items[1].simulation.reserved_peak_bytes"), "{detail}");
+    assert!(
+        detail.starts_with("items[1].simulation.reserved_peak_bytes"),
+        "{detail}"
+    );
 }
 
 /// A copy of the committed models, less their own simulation regressors and domain
@@ -357,9 +708,14 @@ async fn invalid_simulations_are_refused_naming_the_field() {
 pub fn models_with_a_simulation_regressor() -> tempfile::TempDir {
     let models = models_without_simulation_regressors();
     let manifest_path = models.path().join("manifest.json");
-    let mut manifest: Value = serde_json::from_str(&std::fs::read_to_string(&manifest_path).unwrap()).unwrap();
+    let mut manifest: Value =
+        serde_json::from_str(&std::fs::read_to_string(&manifest_path).unwrap()).unwrap();
     let estimators = manifest["estimators"].as_array_mut().unwrap();
-    let mut entry = estimators.iter().find(|e| e["name"] == "cnn_memory_regressor").unwrap().clone();
+    let mut entry = estimators
+        .iter()
+        .find(|e| e["name"] == "cnn_memory_regressor")
+        .unwrap()
+        .clone();
     entry["name"] = "cnn_simulated_memory_regressor".into();
     entry["requires"] = json!(["simulation", "saved_tensors"]);
     estimators.insert(0, entry);
@@ -375,38 +731,79 @@ async fn a_regressor_that_requires_the_simulation_leads_and_the_floor_holds_it()
     let app = spawn_app_with(test_config(models.path())).await;
 
     let job = simulated_job(64);
-    let body: Value = app.post_json("/v1/estimate", &job).await.json().await.unwrap();
+    let body: Value = app
+        .post_json("/v1/estimate", &job)
+        .await
+        .json()
+        .await
+        .unwrap();
     let estimators = &body["memory"]["estimators"];
-    let learned = estimators["cnn_simulated_memory_regressor"]["estimate_mib"].as_f64().unwrap();
+    let learned = estimators["cnn_simulated_memory_regressor"]["estimate_mib"]
+        .as_f64()
+        .unwrap();
     let simulated = estimators["simulated"]["estimate_mib"].as_f64().unwrap();
     assert_eq!(figure(&body, "estimate_mib"), learned, "{body}");
-    assert!(learned > simulated && estimators["cnn_traced_memory_regressor"]["estimate_mib"].as_f64().unwrap() != learned);
+    assert!(
+        learned > simulated
+            && estimators["cnn_traced_memory_regressor"]["estimate_mib"]
+                .as_f64()
+                .unwrap()
+                != learned
+    );
     assert_eq!(body["memory"]["breakdown_source"], "simulation");
     let breakdown = assert_breakdown_and_floor(&body);
     let temporaries = mib(&job["simulation"]["breakdown_at_peak"]["temporaries"]);
-    assert!((breakdown["temporaries"].as_f64().unwrap() - (temporaries + learned - simulated)).abs() <= 0.2, "{breakdown}");
+    assert!(
+        (breakdown["temporaries"].as_f64().unwrap() - (temporaries + learned - simulated)).abs()
+            <= 0.2,
+        "{breakdown}"
+    );
     assert_eq!(body["memory"]["floored"], false);
     assert_class_contains_the_estimate(&body);
 
     // Activations the regressor cannot have seen (30 GiB at the peak): the floor raises it.
     let mut heavy = job.clone();
     let extra = 30 * 1024 * MIB;
-    for field in ["allocated_peak_bytes", "reserved_peak_bytes", "min_capacity_bytes"] {
+    for field in [
+        "allocated_peak_bytes",
+        "reserved_peak_bytes",
+        "min_capacity_bytes",
+    ] {
         heavy["simulation"][field] = (heavy["simulation"][field].as_u64().unwrap() + extra).into();
     }
     let activations = &mut heavy["simulation"]["breakdown_at_peak"]["activations"];
     *activations = (activations.as_u64().unwrap() + extra).into();
-    let body: Value = app.post_json("/v1/estimate", &heavy).await.json().await.unwrap();
+    let body: Value = app
+        .post_json("/v1/estimate", &heavy)
+        .await
+        .json()
+        .await
+        .unwrap();
     assert_eq!(body["memory"]["floored"], true, "{body}");
     let breakdown = assert_breakdown_and_floor(&body);
-    assert_eq!((breakdown["temporaries"].as_f64(), breakdown["allocator_cache"].as_f64()), (Some(0.0), Some(0.0)), "{breakdown}");
+    assert_eq!(
+        (
+            breakdown["temporaries"].as_f64(),
+            breakdown["allocator_cache"].as_f64()
+        ),
+        (Some(0.0), Some(0.0)),
+        "{breakdown}"
+    );
     let at_peak = &heavy["simulation"]["breakdown_at_peak"];
-    let model_and_activations: f64 = ["parameters", "gradients", "optimizer_state", "activations"].iter().map(|n| mib(&at_peak[n])).sum();
+    let model_and_activations: f64 = ["parameters", "gradients", "optimizer_state", "activations"]
+        .iter()
+        .map(|n| mib(&at_peak[n]))
+        .sum();
     let floor = model_and_activations + simulated_context_mib();
-    assert!((figure(&body, "estimate_mib") - floor).abs() < 0.05, "{body}");
+    assert!(
+        (figure(&body, "estimate_mib") - floor).abs() < 0.05,
+        "{body}"
+    );
     assert!(estimators_figure(&body, "cnn_simulated_memory_regressor") < floor);
 }
 
 fn estimators_figure(body: &Value, name: &str) -> f64 {
-    body["memory"]["estimators"][name]["estimate_mib"].as_f64().unwrap()
+    body["memory"]["estimators"][name]["estimate_mib"]
+        .as_f64()
+        .unwrap()
 }

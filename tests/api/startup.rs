@@ -26,7 +26,10 @@ async fn a_missing_model_fails_start_up_naming_the_file() {
     let models = copy_models();
     std::fs::remove_file(models.path().join("sequence_transformer.onnx")).unwrap();
     let error = start_error(models.path()).await;
-    assert!(error.contains("sequence_transformer.onnx") && error.contains("cannot read"), "{error}");
+    assert!(
+        error.contains("sequence_transformer.onnx") && error.contains("cannot read"),
+        "{error}"
+    );
     assert_eq!(error.lines().count(), 1);
 }
 
@@ -39,7 +42,10 @@ async fn a_model_whose_checksum_differs_fails_start_up_naming_the_file() {
     bytes[last] ^= 0xff;
     std::fs::write(&path, bytes).unwrap();
     let error = start_error(models.path()).await;
-    assert!(error.contains("mlp_ensemble.onnx") && error.contains("sha256"), "{error}");
+    assert!(
+        error.contains("mlp_ensemble.onnx") && error.contains("sha256"),
+        "{error}"
+    );
 }
 
 #[tokio::test]
@@ -58,7 +64,10 @@ async fn a_corrupt_model_with_a_matching_checksum_fails_start_up_naming_the_file
     }
     std::fs::write(&manifest_path, manifest.to_string()).unwrap();
     let error = start_error(models.path()).await;
-    assert!(error.contains("smact.onnx") && error.contains("not a loadable ONNX model"), "{error}");
+    assert!(
+        error.contains("smact.onnx") && error.contains("not a loadable ONNX model"),
+        "{error}"
+    );
 }
 
 #[tokio::test]
@@ -66,5 +75,8 @@ async fn a_corrupt_manifest_fails_start_up_naming_the_file() {
     let models = copy_models();
     std::fs::write(models.path().join("manifest.json"), "{ not json").unwrap();
     let error = start_error(models.path()).await;
-    assert!(error.contains("manifest.json") && error.contains("invalid manifest"), "{error}");
+    assert!(
+        error.contains("manifest.json") && error.contains("invalid manifest"),
+        "{error}"
+    );
 }

@@ -26,7 +26,8 @@ Non-trainable params: 0
 #[tokio::test]
 async fn a_torchsummary_table_is_estimated_like_a_layer_list() {
     let app = spawn_app().await;
-    let body = json!({"summary": {"format": "torchsummary", "text": MLP_TORCHSUMMARY}, "batch_size": 256});
+    let body =
+        json!({"summary": {"format": "torchsummary", "text": MLP_TORCHSUMMARY}, "batch_size": 256});
     let response = app.post_json("/v1/estimate", &body).await;
     assert_eq!(response.status(), 200);
     let from_summary: Value = response.json().await.unwrap();
@@ -42,22 +43,53 @@ async fn a_torchsummary_table_is_estimated_like_a_layer_list() {
         {"kind": "linear", "output_size": 10, "params": 5130},
         {"kind": "softmax", "output_size": 10, "params": 0}
     ]);
-    let from_layers: Value =
-        app.post_json("/v1/estimate", &json!({"layers": layers, "batch_size": 256})).await.json().await.unwrap();
-    assert_eq!(from_summary["memory"]["class"], from_layers["memory"]["class"]);
-    assert_eq!(from_summary["memory"]["estimators"]["first_principles"], from_layers["memory"]["estimators"]["first_principles"]);
+    let from_layers: Value = app
+        .post_json(
+            "/v1/estimate",
+            &json!({"layers": layers, "batch_size": 256}),
+        )
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        from_summary["memory"]["class"],
+        from_layers["memory"]["class"]
+    );
+    assert_eq!(
+        from_summary["memory"]["estimators"]["first_principles"],
+        from_layers["memory"]["estimators"]["first_principles"]
+    );
 }
 
 #[tokio::test]
 async fn unparseable_summaries_are_refused_naming_the_line() {
     let app = spawn_app().await;
-    let garbled = MLP_TORCHSUMMARY.replace("            Linear-5                  [-1, 512]         524,800", "            Linear-5    [[-1, 512 oops");
+    let garbled = MLP_TORCHSUMMARY.replace(
+        "            Linear-5                  [-1, 512]         524,800",
+        "            Linear-5    [[-1, 512 oops",
+    );
     let cases = [
-        (json!({"summary": {"format": "torchsummary", "text": garbled}, "batch_size": 8}), "summary.text line 8"),
-        (json!({"summary": {"format": "module_print", "text": "Net(\n  (fc): Linear(in_features=4, out_features=2, bias=True), 10 params\n), 10 params"}, "batch_size": 8}), "line 1"),
-        (json!({"summary": {"format": "torchsummary", "text": ""}, "batch_size": 8}), "summary.text line 1"),
-        (json!({"summary": {"format": "yaml", "text": "x"}, "batch_size": 8}), "summary.format"),
-        (json!({"summary": {"format": "torchsummary", "text": MLP_TORCHSUMMARY}, "layers": [], "batch_size": 8}), "either layers or summary"),
+        (
+            json!({"summary": {"format": "torchsummary", "text": garbled}, "batch_size": 8}),
+            "summary.text line 8",
+        ),
+        (
+            json!({"summary": {"format": "module_print", "text": "Net(\n  (fc): Linear(in_features=4, out_features=2, bias=True), 10 params\n), 10 params"}, "batch_size": 8}),
+            "line 1",
+        ),
+        (
+            json!({"summary": {"format": "torchsummary", "text": ""}, "batch_size": 8}),
+            "summary.text line 1",
+        ),
+        (
+            json!({"summary": {"format": "yaml", "text": "x"}, "batch_size": 8}),
+            "summary.format",
+        ),
+        (
+            json!({"summary": {"format": "torchsummary", "text": MLP_TORCHSUMMARY}, "layers": [], "batch_size": 8}),
+            "either layers or summary",
+        ),
         (json!({"batch_size": 8}), "layers"),
     ];
     for (body, needle) in cases {
@@ -65,6 +97,9 @@ async fn unparseable_summaries_are_refused_naming_the_line() {
         assert_eq!(response.status(), 422, "{body}");
         let problem: Value = response.json().await.unwrap();
         let detail = problem["detail"].as_str().unwrap();
-        assert!(detail.contains(needle), "{detail:?} should contain {needle:?}");
+        assert!(
+            detail.contains(needle),
+            "{detail:?} should contain {needle:?}"
+        );
     }
 }
