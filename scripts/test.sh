@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs every test: Rust unit and integration tests (real server on ephemeral ports, committed
+# Runs every test: the format and lint gates (cargo fmt --check, clippy with warnings as errors),
+# Rust unit and integration tests (real server on ephemeral ports, committed
 # models through ONNX Runtime), the Python feature-parity and probe tests (stdlib only), then
 # describe's tests (model walk, training-step simulation, allocator model) in a project venv
 # with pinned torch/timm/transformers (scripts/describe-venv.sh: created once, then reused).
@@ -8,6 +9,18 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
 scripts/fetch-onnxruntime.sh
 export ORT_DYLIB_PATH="${ORT_DYLIB_PATH:-$ROOT/.cache/onnxruntime/libonnxruntime.so}"
+# The gates need rustup's rustfmt and clippy components (in its default profile); a toolchain
+# without them and without a way to add them skips the gate and says so.
+if cargo fmt --version >/dev/null 2>&1 || rustup component add rustfmt >/dev/null 2>&1; then
+    cargo fmt --check
+else
+    echo "warning: rustfmt unavailable: format gate skipped" >&2
+fi
+if cargo clippy --version >/dev/null 2>&1 || rustup component add clippy >/dev/null 2>&1; then
+    cargo clippy --locked --all-targets -- -D warnings
+else
+    echo "warning: clippy unavailable: lint gate skipped" >&2
+fi
 cargo test --locked --all-targets
 python3 -m unittest discover -s training/tests -v
 python3 -m unittest discover -s probe/tests -t . -v
