@@ -19,20 +19,20 @@ if [[ -z "${PYTHON:-}" ]]; then
 fi
 
 # 1. MLP classifiers and utilization regressors; writes the base manifest and golden fixture.
-"$PYTHON" training/pipeline.py "$@"
+PYTHONPATH=training "$PYTHON" -m gpucast_training mlp "$@"
 # 2. Real-model (timm cnn / transformer) estimators and the MLP memory regressor; merges their
 #    entries into models/manifest.json and their cases into the golden fixture.
-"$PYTHON" training/real_pipeline.py
+PYTHONPATH=training "$PYTHON" -m gpucast_training timm
 # 2a. The simulated-step regressor (physics first: simulated reserved peak + context, a capped
 #     learned correction near the timm data), its extrapolation domain, the `simulated` block,
 #     and the evaluation on CV, held-out families and the public rows (training/report_simulated.md).
 #     Needs the committed simulations: describe/scripts/simulate_timm_training_set.py and
-#     training/public_rows.py make them again (~40 min and ~5 min on two cores).
-"$PYTHON" training/simulated_pipeline.py
+#     python -m gpucast_training public-rows make them again (~40 min and ~5 min on two cores).
+PYTHONPATH=training "$PYTHON" -m gpucast_training simulated
 # 2b. Golden cases with describe's simulation, and the simulation features of every case
 #     (stdlib only; run after every step that writes the golden fixture).
-"$PYTHON" training/golden_simulated.py
+PYTHONPATH=training "$PYTHON" -m gpucast_training golden
 # 3. Grouped-CV comparison with FakeTensor, Horus, first principles and GPUMemNet.
-"$PYTHON" training/evaluate_real.py > /dev/null
+PYTHONPATH=training "$PYTHON" -m gpucast_training evaluate > /dev/null
 # The feature tests are stdlib-only; run them with the pipeline's interpreter as a final check.
 "$PYTHON" -m unittest discover -s training/tests

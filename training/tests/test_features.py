@@ -12,7 +12,7 @@ import unittest
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(REPO, "training"))
 
-import gpucast_features as gf  # noqa: E402
+from gpucast_training import features as gf  # noqa: E402
 
 GOLDEN = os.path.join(REPO, "tests", "fixtures", "golden_features.json")
 MANIFEST = os.path.join(REPO, "models", "manifest.json")

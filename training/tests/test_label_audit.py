@@ -9,7 +9,7 @@ import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-import label_audit as la  # noqa: E402
+from gpucast_training import label_audit as la  # noqa: E402
 
 
 def rows(model, readings):

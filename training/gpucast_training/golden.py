@@ -13,13 +13,10 @@ file.
 
 import json
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from . import features as gf
 
-import gpucast_features as gf  # noqa: E402
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GOLDEN = os.path.join(REPO, "tests", "fixtures", "golden_features.json")
 MANIFEST = os.path.join(REPO, "models", "manifest.json")
 PREFIX = "simulated_"

@@ -15,12 +15,10 @@ import json
 import math
 import os
 import statistics
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import label_audit  # noqa: E402
+from . import label_audit
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CAPACITY_MIB = 40960
 CLASS_BINS_MIB = [8000, 16000, 24000, 32000, 40960]
 TOP = len(CLASS_BINS_MIB)

@@ -31,7 +31,6 @@ import gzip
 import json
 import math
 import os
-import sys
 import time
 
 import numpy as np
@@ -39,11 +38,10 @@ import torch
 from sklearn.model_selection import GroupKFold
 from torch import nn
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import gpucast_features as gf  # noqa: E402
-import real_models as rm  # noqa: E402
-import real_pipeline as rp  # noqa: E402
-from pipeline import onnx_session, sha256_of  # noqa: E402
+from . import features as gf
+from . import timm as rp
+from . import timm_models as rm
+from .mlp import onnx_session, sha256_of
 
 REPO = rp.REPO
 VERSION = "1.0.0"

@@ -13,7 +13,6 @@ import io
 import json
 import math
 import os
-import sys
 import time
 
 import numpy as np
@@ -21,9 +20,8 @@ import onnxruntime as ort
 import torch
 from sklearn.model_selection import GroupKFold, GroupShuffleSplit
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import gpucast_features as gf  # noqa: E402
-import gpucast_models as gm  # noqa: E402
+from . import features as gf
+from . import mlp_models as gm
 
 SEED = 20260101
 TEST_FRACTION = 0.2
@@ -50,7 +48,7 @@ TRANSFORMER = dict(d_model=32, n_heads=4, n_layers=2, d_ff=64, epochs=40, batch=
 SEQUENCE_MEMBERS = 1
 REGRESSOR = dict(members=3, hidden=32, epochs=500, lr=1e-2, weight_decay=1e-3)
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEFAULT_CSV = "/work/shared/data/gpumemnet_mlp_a100.csv"
 
 

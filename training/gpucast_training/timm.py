@@ -15,22 +15,20 @@ import json
 import math
 import os
 import re
-import sys
 import time
 
 import numpy as np
 import torch
 from sklearn.model_selection import GroupKFold
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import gpucast_features as gf  # noqa: E402
-import label_audit  # noqa: E402
-import real_models as rm  # noqa: E402
-from pipeline import median_latency_us, onnx_session, sha256_of  # noqa: E402
+from . import features as gf
+from . import label_audit
+from . import timm_models as rm
+from .mlp import median_latency_us, onnx_session, sha256_of
 
 SEED = 20260101
 VERSION = "1.0.0"
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TIMM_CSV = "/work/shared/data/timm_a100_train.csv"
 MLP_CSV = "/work/shared/data/gpumemnet_mlp_a100.csv"
 CAPACITY_MIB = 40960

@@ -27,7 +27,7 @@ from datetime import datetime, timezone
 import torch
 from torch import nn
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(REPO, "describe"))
 from gpucast_describe import describe_module  # noqa: E402
 
