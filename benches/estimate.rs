@@ -11,8 +11,8 @@ use std::io::BufRead;
 use gpucast::domain::features::AggregateFeatures;
 use gpucast::domain::{Family, Job};
 use gpucast::estimators::Estimators;
-use gpucast::http::estimate::to_job;
 use gpucast::http::types::EstimateRequest;
+use gpucast::http::validate::to_job;
 use gpucast::startup::Application;
 
 fn root() -> PathBuf {

@@ -525,19 +525,25 @@ impl Job {
         batch_size: u64,
         layers: impl ExactSizeIterator<Item = UncheckedLayer<'a>>,
     ) -> Result<Job, JobError> {
-        if batch_size == 0 || batch_size > MAX_BATCH_SIZE {
-            return Err(JobError::BatchSize(batch_size));
-        }
-        if layers.len() == 0 {
-            return Err(JobError::NoLayers);
-        }
-        if layers.len() > MAX_LAYERS {
-            return Err(JobError::TooManyLayers(layers.len()));
-        }
+        check_shape(batch_size, layers.len())?;
         let layers = layers
             .enumerate()
             .map(|(index, raw)| parse_layer(index, raw))
             .collect::<Result<Vec<_>, _>>()?;
+        Job::from_layers(family, batch_size, layers)
+    }
+
+    /// A job from layers whose kinds are already known (a parsed summary's); their sizes and
+    /// count are still checked against the limits.
+    pub fn from_layers(
+        family: Option<&str>,
+        batch_size: u64,
+        layers: Vec<Layer>,
+    ) -> Result<Job, JobError> {
+        check_shape(batch_size, layers.len())?;
+        for (index, layer) in layers.iter().enumerate() {
+            check_quantities(index, layer.output_size, layer.params)?;
+        }
         let family = match family {
             Some(name) => {
                 Family::parse(name).ok_or_else(|| JobError::UnknownFamily(name.into()))?
@@ -721,14 +727,21 @@ impl Job {
     }
 }
 
-fn parse_layer(index: usize, raw: UncheckedLayer<'_>) -> Result<Layer, JobError> {
-    let kind = LayerKind::parse(raw.kind).ok_or_else(|| JobError::UnknownKind {
-        index,
-        // Echo at most a short prefix: the kind is untrusted and may be huge.
-        kind: raw.kind.chars().take(64).collect(),
-        known: LayerKind::ALL.map(LayerKind::as_str).join(", "),
-    })?;
-    for (field, value) in [("output_size", raw.output_size), ("params", raw.params)] {
+fn check_shape(batch_size: u64, layers: usize) -> Result<(), JobError> {
+    if batch_size == 0 || batch_size > MAX_BATCH_SIZE {
+        return Err(JobError::BatchSize(batch_size));
+    }
+    if layers == 0 {
+        return Err(JobError::NoLayers);
+    }
+    if layers > MAX_LAYERS {
+        return Err(JobError::TooManyLayers(layers));
+    }
+    Ok(())
+}
+
+fn check_quantities(index: usize, output_size: u64, params: u64) -> Result<(), JobError> {
+    for (field, value) in [("output_size", output_size), ("params", params)] {
         if value > MAX_LAYER_QUANTITY {
             return Err(JobError::QuantityTooLarge {
                 index,
@@ -737,6 +750,17 @@ fn parse_layer(index: usize, raw: UncheckedLayer<'_>) -> Result<Layer, JobError>
             });
         }
     }
+    Ok(())
+}
+
+fn parse_layer(index: usize, raw: UncheckedLayer<'_>) -> Result<Layer, JobError> {
+    let kind = LayerKind::parse(raw.kind).ok_or_else(|| JobError::UnknownKind {
+        index,
+        // Echo at most a short prefix: the kind is untrusted and may be huge.
+        kind: raw.kind.chars().take(64).collect(),
+        known: LayerKind::ALL.map(LayerKind::as_str).join(", "),
+    })?;
+    check_quantities(index, raw.output_size, raw.params)?;
     Ok(Layer {
         kind,
         output_size: raw.output_size,

@@ -10,7 +10,7 @@
 //! and combined with checked arithmetic, and nothing here indexes out of bounds, so any input
 //! yields layers or a [`SummaryError`] naming a line, never a panic.
 
-use super::job::{LayerKind, MAX_LAYERS};
+use super::job::{Layer, LayerKind, MAX_LAYERS};
 
 /// Largest summary text accepted. A 4,096-layer table is about 400 KiB.
 pub const MAX_SUMMARY_BYTES: usize = 1 << 20;
@@ -25,16 +25,6 @@ pub enum SummaryFormat {
     Torchsummary,
     /// A PyTorch module print annotated with `, N params` on each module line.
     ModulePrint,
-}
-
-/// A layer recovered from a summary; kinds are validated, quantities are per sample.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ParsedLayer {
-    pub kind: LayerKind,
-    /// Elements of the layer's output for one sample.
-    pub output_size: u64,
-    /// Parameters the layer owns.
-    pub params: u64,
 }
 
 /// Why a summary was rejected, with the 1-based line of the text at fault.
@@ -67,7 +57,7 @@ pub fn parse_summary(
     text: &str,
     batch_size: u64,
     seq_len: Option<u64>,
-) -> Result<Vec<ParsedLayer>, SummaryError> {
+) -> Result<Vec<Layer>, SummaryError> {
     let _ = batch_size;
     if text.len() > MAX_SUMMARY_BYTES {
         // Name the line where the limit was crossed, so the user sees how far off they are.
@@ -105,10 +95,10 @@ pub fn parse_summary(
 
 /// The layers found so far, refusing to grow past [`MAX_LAYERS`].
 #[derive(Default)]
-struct Layers(Vec<ParsedLayer>);
+struct Layers(Vec<Layer>);
 
 impl Layers {
-    fn push(&mut self, layer: ParsedLayer, line: usize) -> Result<(), SummaryError> {
+    fn push(&mut self, layer: Layer, line: usize) -> Result<(), SummaryError> {
         if self.0.len() >= MAX_LAYERS {
             return Err(SummaryError::new(
                 line,
@@ -311,7 +301,7 @@ mod table {
         "FusedMBConv",
     ];
 
-    pub(super) fn parse(text: &str) -> Result<Vec<ParsedLayer>, SummaryError> {
+    pub(super) fn parse(text: &str) -> Result<Vec<Layer>, SummaryError> {
         let mut columns: Vec<Column> = DEFAULT_COLUMNS.to_vec();
         let mut rows = Vec::new();
         for (index, raw) in text.lines().enumerate() {
@@ -521,7 +511,7 @@ mod table {
         }
     }
 
-    fn emit(rows: &[Row<'_>]) -> Result<Vec<ParsedLayer>, SummaryError> {
+    fn emit(rows: &[Row<'_>]) -> Result<Vec<Layer>, SummaryError> {
         let nested_attention = nested_attention(rows);
         let mut layers = Layers::default();
         let mut next_rows = rows.iter().skip(1);
@@ -535,7 +525,7 @@ mod table {
                 // position embedding). The innermost attention container stands for the
                 // attention computation, which no child row represents.
                 if is_attention_class(row.class) && !has_attention_inside {
-                    let layer = ParsedLayer {
+                    let layer = Layer {
                         kind: LayerKind::Attention,
                         output_size: row.output_size,
                         params: row.params,
@@ -543,7 +533,7 @@ mod table {
                     layers.push(layer, row.line)?;
                 } else if row.params > 0 {
                     layers.push(
-                        ParsedLayer {
+                        Layer {
                             kind: LayerKind::Other,
                             output_size: 0,
                             params: row.params,
@@ -556,7 +546,7 @@ mod table {
             if row.depth.is_none() && row.params == 0 && FLAT_CONTAINERS.contains(&row.class) {
                 continue;
             }
-            let layer = ParsedLayer {
+            let layer = Layer {
                 kind: kind_for_class(row.class),
                 output_size: row.output_size,
                 params: row.params,
@@ -631,7 +621,7 @@ mod module_print {
         emits: bool,
     }
 
-    pub(super) fn parse(text: &str, seq_len: u64) -> Result<Vec<ParsedLayer>, SummaryError> {
+    pub(super) fn parse(text: &str, seq_len: u64) -> Result<Vec<Layer>, SummaryError> {
         let tree = Tree::parse(text)?;
         let mut emitter = Emitter {
             nodes: &tree.nodes,
@@ -888,7 +878,7 @@ mod module_print {
                 None => self.layers.last_output_size(),
             };
             self.layers.push(
-                ParsedLayer {
+                Layer {
                     kind: LayerKind::Attention,
                     output_size,
                     params: 0,
@@ -900,11 +890,7 @@ mod module_print {
         /// A leaf's layer, plus its output width when it is a linear projection. Outputs are
         /// not printed, so they are derived from the arguments: `[seq_len, width]` for
         /// projections, embeddings and norms; the input's size for everything else.
-        fn leaf(
-            &self,
-            node: &Node<'_>,
-            args: &str,
-        ) -> Result<(ParsedLayer, Option<u64>), SummaryError> {
+        fn leaf(&self, node: &Node<'_>, args: &str) -> Result<(Layer, Option<u64>), SummaryError> {
             let at_line = |reason: String| SummaryError::new(node.line, reason);
             let kind = kind_for_class(node.class);
             let width = if node.class == "Conv1D" {
@@ -926,7 +912,7 @@ mod module_print {
                 Some(width) => self.tokens_times(width, node.line)?,
                 None => self.layers.last_output_size(),
             };
-            let layer = ParsedLayer {
+            let layer = Layer {
                 kind,
                 output_size,
                 params: node.params.unwrap_or(0),
@@ -1029,7 +1015,7 @@ mod module_print {
         })?;
         if let Some(missing) = total.checked_sub(sum).filter(|&m| m > 0) {
             layers.push(
-                ParsedLayer {
+                Layer {
                     kind: LayerKind::Other,
                     output_size: 0,
                     params: missing,
@@ -1073,16 +1059,16 @@ fn split_top_level(text: &str) -> Vec<&str> {
 mod tests {
     use super::*;
 
-    fn kinds(layers: &[ParsedLayer]) -> Vec<&'static str> {
+    fn kinds(layers: &[Layer]) -> Vec<&'static str> {
         layers.iter().map(|l| l.kind.as_str()).collect()
     }
 
-    fn total_params(layers: &[ParsedLayer]) -> u64 {
+    fn total_params(layers: &[Layer]) -> u64 {
         layers.iter().map(|l| l.params).sum()
     }
 
-    fn layer(kind: LayerKind, output_size: u64, params: u64) -> ParsedLayer {
-        ParsedLayer {
+    fn layer(kind: LayerKind, output_size: u64, params: u64) -> Layer {
+        Layer {
             kind,
             output_size,
             params,

@@ -15,14 +15,13 @@ use crate::devices::watch::{watch_process, WatchConfig};
 use crate::devices::DeviceError;
 use crate::error::ApiError;
 use crate::estimators::FIRST_PRINCIPLES;
-use crate::http::estimate::to_job;
 use crate::http::extract::{from_value, JsonBody, JsonObjectOrArray};
 use crate::http::types::{
     DeviceResponse, DevicesResponse, EstimateRequest, ObservationRequest, ObservationsResponse,
     Problem, ProfileResponse, ProfilesResponse, WatchRequest, WatchResponse,
 };
+use crate::http::validate::{resolve, to_job};
 use crate::http::AppState;
-use crate::placement::{PlacementError, Target};
 
 /// Observations accepted in one call.
 const MAX_OBSERVATIONS: usize = 1000;
@@ -138,10 +137,11 @@ fn record(
                 "observed_peak_mib: must be a number from 1 to 10,000,000".into(),
             )));
         }
-        let target = resolve(state, Some(&observation.gpu)).map_err(at)?;
+        let target = resolve(Some(&observation.gpu), state.devices.as_ref()).map_err(at)?;
         // The GPU is named once, at the top: a different one inside the job is a contradiction.
         if let Some(inner) = observation.job.gpu.as_deref() {
-            let inner = resolve(state, Some(inner)).map_err(|e| at(e.within("job.")))?;
+            let inner =
+                resolve(Some(inner), state.devices.as_ref()).map_err(|e| at(e.within("job.")))?;
             if inner != target {
                 return Err(at(ApiError::InvalidInput(format!(
                     "job.gpu: names {}, the observation {}",
@@ -197,7 +197,7 @@ pub async fn watch(
     require_token(&state, &headers)?;
     let pid = u32::try_from(request.pid)
         .map_err(|_| ApiError::InvalidInput(format!("pid: {} is not a process id", request.pid)))?;
-    let target = resolve(&state, Some("attached"))?;
+    let target = resolve(Some("attached"), state.devices.as_ref())?;
     let predicted = reference_figure(&state, &request.job)?;
     let interval = Duration::from_millis(request.interval_ms.unwrap_or(200).clamp(10, 60_000));
     let max_duration =
@@ -245,13 +245,6 @@ fn require_token(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> 
     } else {
         Err(ApiError::Unauthorized)
     }
-}
-
-pub fn resolve(state: &AppState, gpu: Option<&str>) -> Result<Target, ApiError> {
-    Target::resolve(gpu, state.devices.as_ref()).map_err(|e| match e {
-        PlacementError::NoDevice(_) => ApiError::NoDevice(e.to_string()),
-        PlacementError::Sku(_) => ApiError::InvalidInput(e.to_string()),
-    })
 }
 
 /// What the reference (uncalibrated) model says of a job: the learned MiB figure, or the

@@ -1,11 +1,13 @@
 //! The HTTP API: router, shared state, the OpenAPI document and the middleware that guards
 //! every route (metrics, concurrency limit, timeout).
 
+pub mod answer;
 pub mod calibration;
 pub mod estimate;
 pub mod extract;
 pub mod service;
 pub mod types;
+pub mod validate;
 
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;

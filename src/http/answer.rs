@@ -1,0 +1,259 @@
+//! Turns estimates into wire answers for their target GPU: placement and calibration, the
+//! class of the figure answered, metrics, rounding.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use crate::domain::physics::BreakdownSource;
+use crate::domain::{Confidence, MemoryClass, MemoryFraction};
+use crate::error::ApiError;
+use crate::estimators::{ClassAnswer, Estimate, EstimateError, Query};
+use crate::http::types::{
+    BreakdownResponse, BreakdownSourceName, CalibrationResponse, EstimateResponse, EstimatorAnswer,
+    ExtrapolationResponse, FitBasisName, FitResponse, LatencyResponse, MemoryClassResponse,
+    MemoryResponse, UtilizationResponse,
+};
+use crate::http::validate::ValidEstimateRequest;
+use crate::http::AppState;
+use crate::placement::{place, FitBasis, Placement, Target};
+
+const DRAMA_REASON: &str =
+    "no measured DRAM-activity data exists yet for any family, so no DRAMA model is trained";
+
+/// Runs the estimators (CPU work: call it off the async workers) and records metrics.
+pub fn answer(
+    state: &AppState,
+    request: ValidEstimateRequest,
+    started: Instant,
+) -> Result<EstimateResponse, ApiError> {
+    let ValidEstimateRequest {
+        job,
+        confidence,
+        fraction,
+        target,
+    } = request;
+    let estimate = state
+        .estimators
+        .estimate_on(&job, confidence.get(), target.capacity_mib);
+    respond(state, estimate, confidence, fraction, target, started)
+}
+
+/// Answers valid requests as `POST /v1/estimate/batch` does, running each model once over all
+/// of them: CPU work, to be called off the async workers. In process it answers thousands of
+/// jobs without the JSON of a round trip (the physical-floor sweep of the tests does so).
+pub fn answer_items(
+    state: &AppState,
+    items: &[ValidEstimateRequest],
+    started: Instant,
+) -> Vec<Result<EstimateResponse, ApiError>> {
+    let queries: Vec<Query> = items
+        .iter()
+        .map(|item| Query {
+            job: &item.job,
+            confidence: item.confidence.get(),
+            capacity_mib: item.target.capacity_mib,
+        })
+        .collect();
+    state
+        .estimators
+        .estimate_queries(&queries)
+        .into_iter()
+        .zip(items)
+        .map(|(estimate, item)| {
+            respond(
+                state,
+                estimate,
+                item.confidence,
+                item.fraction,
+                item.target.clone(),
+                started,
+            )
+        })
+        .collect()
+}
+
+/// Records an estimate's metrics and turns it into the wire answer for its target GPU.
+fn respond(
+    state: &AppState,
+    estimate: Result<Estimate, EstimateError>,
+    confidence: Confidence,
+    fraction: Option<MemoryFraction>,
+    target: Target,
+    started: Instant,
+) -> Result<EstimateResponse, ApiError> {
+    let mut estimate = estimate?;
+    let placement = estimate
+        .mib
+        .as_ref()
+        .map(|answer| place(answer, target, &state.profiles, &estimate.physics, fraction));
+    // The class contains the figure answered, which a calibration profile may have moved.
+    if let Some(placement) = &placement {
+        estimate.class = estimate.class_for(Some(placement.estimate_mib));
+    }
+    for run in &estimate.runs {
+        state
+            .metrics
+            .inference_duration_seconds
+            .with_label_values(&[run.name.as_str()])
+            .observe(run.latency.as_secs_f64());
+    }
+    state
+        .metrics
+        .predicted_class_total
+        .with_label_values(&[
+            estimate.family.as_str(),
+            &estimate.class.class.index.to_string(),
+        ])
+        .inc();
+    Ok(to_response(estimate, placement, confidence, started))
+}
+
+fn class_response(class: MemoryClass, probabilities: Vec<f32>) -> MemoryClassResponse {
+    MemoryClassResponse {
+        index: class.index,
+        lower_mib: class.lower_mib,
+        upper_mib: class.upper_mib,
+        probabilities,
+    }
+}
+
+fn to_response(
+    estimate: Estimate,
+    placement: Option<Placement>,
+    confidence: Confidence,
+    started: Instant,
+) -> EstimateResponse {
+    let breakdown = placement.as_ref().map(|p| {
+        let parts = estimate
+            .physics
+            .breakdown(p.estimate_mib)
+            .rounded(p.estimate_mib);
+        BreakdownResponse {
+            parameters: parts.parameters,
+            gradients: parts.gradients,
+            optimizer_state: parts.optimizer_state,
+            activations: parts.activations,
+            temporaries: parts.temporaries,
+            allocator_cache: parts.allocator_cache,
+            cuda_context: parts.cuda_context,
+        }
+    });
+    let breakdown_source = placement.as_ref().map(|_| match estimate.physics.source {
+        BreakdownSource::Simulation => BreakdownSourceName::Simulation,
+        BreakdownSource::Analytic => BreakdownSourceName::Analytic,
+    });
+    let peaks = estimate.physics.simulated;
+    let extrapolation = estimate.extrapolation.map(|e| ExtrapolationResponse {
+        distance: e.reach.distance.map(round_3),
+        typical_distance: round_3(e.reach.typical_distance),
+        ratio: Some(e.reach.ratio).filter(|r| r.is_finite()).map(round_3),
+        outside_setup: e.reach.outside_setup,
+        correction_applied: e.correction_applied,
+        bound_widened_by: round_3(e.bound_widened_by),
+    });
+    let Estimate {
+        family,
+        class,
+        classifiers,
+        mib,
+        mib_estimators,
+        mut utilization,
+        runs,
+        ..
+    } = estimate;
+    let versions: BTreeMap<String, String> = runs
+        .iter()
+        .map(|r| (r.name.clone(), r.version.clone()))
+        .collect();
+    let version_of = |name: &str| versions.get(name).cloned().unwrap_or_default();
+    let mut estimators: BTreeMap<String, EstimatorAnswer> = classifiers
+        .into_iter()
+        .map(
+            |(
+                name,
+                ClassAnswer {
+                    class,
+                    probabilities,
+                },
+            )| {
+                let answer = EstimatorAnswer {
+                    version: version_of(&name),
+                    class: Some(class_response(class, probabilities)),
+                    estimate_mib: None,
+                };
+                (name, answer)
+            },
+        )
+        .collect();
+    for (name, figure) in mib_estimators {
+        let answer = EstimatorAnswer {
+            version: version_of(&name),
+            class: None,
+            estimate_mib: Some(round_mib(figure)),
+        };
+        estimators.insert(name, answer);
+    }
+    let drama = utilization.remove("drama");
+    EstimateResponse {
+        family: family.as_str().to_string(),
+        memory: MemoryResponse {
+            // The figures for the target GPU (calibrated when it has a profile).
+            estimate_mib: placement
+                .as_ref()
+                .map(|p| round_mib(p.estimate_mib))
+                .or(mib.map(|m| round_mib(m.estimate_mib))),
+            // Rounded up: a bound must not shrink in rounding.
+            upper_bound_mib: placement
+                .as_ref()
+                .map(|p| p.upper_bound_mib.ceil())
+                .or(mib.map(|m| m.upper_bound_mib.ceil())),
+            confidence: confidence.get(),
+            floored: placement.as_ref().is_some_and(|p| p.floored),
+            class: class_response(class.class, class.probabilities),
+            breakdown,
+            breakdown_source,
+            allocated_peak_mib: peaks.map(|p| round_mib(p.allocated_mib)),
+            reserved_peak_mib: peaks.map(|p| round_mib(p.reserved_mib)),
+            min_capacity_mib: peaks.map(|p| round_mib(p.min_capacity_mib)),
+            estimators,
+            extrapolation,
+        },
+        utilization: UtilizationResponse {
+            smact: utilization.remove("smact"),
+            smocc: utilization.remove("smocc"),
+            drama,
+            drama_reason: drama.is_none().then(|| DRAMA_REASON.to_string()),
+        },
+        latency_us: LatencyResponse {
+            total: started.elapsed().as_secs_f64() * 1e6,
+            estimators: runs
+                .iter()
+                .map(|r| (r.name.clone(), r.latency.as_secs_f64() * 1e6))
+                .collect(),
+        },
+        estimator_versions: versions,
+        fit: placement.as_ref().map(|p| FitResponse {
+            gpu: p.target.gpu.clone(),
+            capacity_mib: p.target.capacity_mib,
+            fits: p.fit.fits,
+            max_colocated: p.fit.max_colocated,
+            basis: match p.fit_basis {
+                FitBasis::UpperBound => FitBasisName::UpperBound,
+                FitBasis::Simulation => FitBasisName::Simulation,
+            },
+        }),
+        calibration: placement.as_ref().map(|p| CalibrationResponse {
+            gpu: p.target.gpu.clone(),
+            profile_used: p.profile_observations.is_some(),
+            observations: p.profile_observations.unwrap_or(0),
+        }),
+    }
+}
+
+fn round_mib(mib: f64) -> f64 {
+    (mib * 10.0).round() / 10.0
+}
+
+fn round_3(value: f64) -> f64 {
+    (value * 1000.0).round() / 1000.0
+}

@@ -1,0 +1,116 @@
+//! The validation edge: an untrusted request becomes a [`ValidEstimateRequest`] (a checked
+//! job, the confidence asked for, the memory fraction, the GPU resolved) before any estimator
+//! runs. Both estimate routes and the calibration routes validate here, so the route modules
+//! need not import each other.
+
+use crate::devices::GpuDevices;
+use crate::domain::summary::{parse_summary, SummaryFormat};
+use crate::domain::{
+    Confidence, Job, MemoryFraction, SavedTensors, SimulatedCategories, UncheckedLayer,
+    UncheckedSimulation,
+};
+use crate::error::ApiError;
+use crate::http::types::{EstimateRequest, SummaryFormatRequest};
+use crate::placement::{PlacementError, Target};
+
+/// Longest sequence accepted (tokens per sample).
+const MAX_SEQ_LEN: u64 = 1_000_000;
+
+/// A valid request: its job, and what the answer is asked for.
+pub struct ValidEstimateRequest {
+    pub job: Job,
+    pub confidence: Confidence,
+    pub fraction: Option<MemoryFraction>,
+    pub target: Target,
+}
+
+/// Validates a request as both estimate routes do.
+pub fn validate(
+    request: &EstimateRequest,
+    devices: &dyn GpuDevices,
+) -> Result<ValidEstimateRequest, ApiError> {
+    let job = to_job(request)?;
+    let confidence =
+        Confidence::parse(request.confidence).map_err(|e| ApiError::InvalidInput(e.to_string()))?;
+    let fraction = MemoryFraction::parse(request.memory_fraction)
+        .map_err(|e| ApiError::InvalidInput(e.to_string()))?;
+    let target = resolve(request.gpu.as_deref(), devices)?;
+    Ok(ValidEstimateRequest {
+        job,
+        confidence,
+        fraction,
+        target,
+    })
+}
+
+/// Turns a request into a validated job: from its layer list, or by parsing its summary text.
+pub fn to_job(request: &EstimateRequest) -> Result<Job, ApiError> {
+    if let Some(seq_len) = request.seq_len.filter(|&l| l == 0 || l > MAX_SEQ_LEN) {
+        return Err(ApiError::InvalidInput(format!(
+            "seq_len: must be between 1 and {MAX_SEQ_LEN}, got {seq_len}"
+        )));
+    }
+    let job = match (&request.layers, &request.summary) {
+        (Some(layers), None) => {
+            let layers = layers.iter().map(|l| UncheckedLayer {
+                kind: &l.kind,
+                output_size: l.output_size,
+                params: l.params,
+            });
+            Job::parse(request.family.as_deref(), request.batch_size, layers)?
+        }
+        (None, Some(summary)) => {
+            let format = match summary.format {
+                SummaryFormatRequest::Torchsummary => SummaryFormat::Torchsummary,
+                SummaryFormatRequest::ModulePrint => SummaryFormat::ModulePrint,
+            };
+            let layers = parse_summary(format, &summary.text, request.batch_size, request.seq_len)
+                .map_err(|e| ApiError::InvalidInput(e.to_string()))?;
+            Job::from_layers(request.family.as_deref(), request.batch_size, layers)?
+        }
+        (Some(_), Some(_)) => {
+            return Err(ApiError::InvalidInput(
+                "layers: give either layers or summary, not both".into(),
+            ))
+        }
+        (None, None) => {
+            return Err(ApiError::InvalidInput(
+                "layers: missing; give layers or summary".into(),
+            ))
+        }
+    };
+    let simulation = request.simulation.as_ref().map(|s| UncheckedSimulation {
+        batch_size: s.batch_size,
+        optimizer: s.optimizer.as_deref(),
+        precision: s.precision.as_deref(),
+        allocated_peak_bytes: s.allocated_peak_bytes,
+        reserved_peak_bytes: s.reserved_peak_bytes,
+        min_capacity_bytes: s.min_capacity_bytes,
+        breakdown_at_peak: SimulatedCategories {
+            parameters: s.breakdown_at_peak.parameters,
+            gradients: s.breakdown_at_peak.gradients,
+            optimizer_state: s.breakdown_at_peak.optimizer_state,
+            activations: s.breakdown_at_peak.activations,
+            temporaries: s.breakdown_at_peak.temporaries,
+        },
+        attention: s.attention.as_deref(),
+        interpolated: s.interpolated.unwrap_or(false),
+    });
+    Ok(job
+        .with_training(request.optimizer.as_deref(), request.precision.as_deref())?
+        .with_input_shape(request.input_shape.as_deref())?
+        .with_saved_tensors(request.saved_tensors.as_ref().map(|saved| SavedTensors {
+            per_sample_bytes: saved.per_sample_bytes,
+            fixed_bytes: saved.fixed_bytes,
+        }))?
+        // After the training settings: the simulation must be of the same optimizer and precision.
+        .with_simulation(simulation)?)
+}
+
+/// Resolves a `gpu` field (`None`: the reference card) to the GPU an answer is placed on.
+pub fn resolve(gpu: Option<&str>, devices: &dyn GpuDevices) -> Result<Target, ApiError> {
+    Target::resolve(gpu, devices).map_err(|e| match e {
+        PlacementError::NoDevice(_) => ApiError::NoDevice(e.to_string()),
+        PlacementError::Sku(_) => ApiError::InvalidInput(e.to_string()),
+    })
+}
