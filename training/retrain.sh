@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
 # Retrain every estimator and rewrite models/, data/mlp/, data/timm/ (derived files),
-# tests/fixtures/golden_features.json, models/manifest.json, training/report.md and
-# training/report_real.md.
+# tests/fixtures/golden_features.json, models/manifest.json, training/report.md,
+# training/report_real.md and training/report_simulated.md: the stages of the training
+# package, `python -m gpucast_training STAGE` (training/gpucast_training/__main__.py).
 #
 #   training/retrain.sh                      # venv at .venv from training/requirements.txt
 #   PYTHON=/path/to/python training/retrain.sh   # use an existing interpreter instead
+#   GPUCAST_DATA_DIR=/path/to/data training/retrain.sh   # measured data (default ../shared/data)
 #   GPUCAST_MLP_CSV=/path/to/gpumemnet_mlp_a100.csv GPUCAST_TIMM_CSV=/path/to/timm_a100_train.csv training/retrain.sh
+#   training/retrain.sh --out-dir /tmp/retrained # write the outputs there (same layout) instead
+#
+# Options (--data-dir, --out-dir, --mlp-csv, --timm-csv, --threads, ...) go to every stage.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,22 +22,23 @@ if [[ -z "${PYTHON:-}" ]]; then
     fi
     PYTHON="$VENV/bin/python"
 fi
+export PYTHONPATH="training${PYTHONPATH:+:$PYTHONPATH}"
 
 # 1. MLP classifiers and utilization regressors; writes the base manifest and golden fixture.
-PYTHONPATH=training "$PYTHON" -m gpucast_training mlp "$@"
+"$PYTHON" -m gpucast_training mlp "$@"
 # 2. Real-model (timm cnn / transformer) estimators and the MLP memory regressor; merges their
 #    entries into models/manifest.json and their cases into the golden fixture.
-PYTHONPATH=training "$PYTHON" -m gpucast_training timm
+"$PYTHON" -m gpucast_training timm "$@"
 # 2a. The simulated-step regressor (physics first: simulated reserved peak + context, a capped
 #     learned correction near the timm data), its extrapolation domain, the `simulated` block,
 #     and the evaluation on CV, held-out families and the public rows (training/report_simulated.md).
 #     Needs the committed simulations: describe/scripts/simulate_timm_training_set.py and
-#     python -m gpucast_training public-rows make them again (~40 min and ~5 min on two cores).
-PYTHONPATH=training "$PYTHON" -m gpucast_training simulated
+#     `python -m gpucast_training public-rows` make them again (~40 min and ~5 min on two cores).
+"$PYTHON" -m gpucast_training simulated "$@"
 # 2b. Golden cases with describe's simulation, and the simulation features of every case
 #     (stdlib only; run after every step that writes the golden fixture).
-PYTHONPATH=training "$PYTHON" -m gpucast_training golden
+"$PYTHON" -m gpucast_training golden "$@"
 # 3. Grouped-CV comparison with FakeTensor, Horus, first principles and GPUMemNet.
-PYTHONPATH=training "$PYTHON" -m gpucast_training evaluate > /dev/null
+"$PYTHON" -m gpucast_training evaluate "$@" > /dev/null
 # The feature tests are stdlib-only; run them with the pipeline's interpreter as a final check.
 "$PYTHON" -m unittest discover -s training/tests

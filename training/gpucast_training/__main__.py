@@ -1,22 +1,52 @@
-"""python -m gpucast_training STAGE [stage options]"""
+"""python -m gpucast_training STAGE [options]   (from training/, or with PYTHONPATH=training)
 
+Stages, in the order `all` runs them (each after the ones before it):
+
+  mlp        MLP classifiers and utilization regressors; the base manifest and golden fixture
+  timm       timm (cnn / transformer) estimators and the MLP memory regressor
+  simulated  the simulated-step regressor, its domain and the `simulated` manifest block
+  golden     the golden fixture's simulated cases (stdlib only)
+  evaluate   training/report_real.md from the timm stage's predictions (stdlib only)
+
+and, outside `all` (slow, needs describe/ and transformers):
+
+  public-rows  data/public/jobs.jsonl.gz from public_training_memory.csv
+
+Data and output paths: see gpucast_training/data.py (--data-dir / $GPUCAST_DATA_DIR, default
+<repository root>/../shared/data; --out-dir / $GPUCAST_OUT_DIR, default the repository root).
+"""
+
+import argparse
 import importlib
-import sys
+
+from .data import Layout
 
 STAGES = {"mlp": "mlp", "timm": "timm", "simulated": "simulated", "golden": "golden",
           "evaluate": "evaluate", "public-rows": "public_rows"}
 ALL = ["mlp", "timm", "simulated", "golden", "evaluate"]
 
 
-def main(argv):
-    if not argv or argv[0] not in list(STAGES) + ["all"]:
-        sys.exit("usage: python -m gpucast_training {%s} [options]" % "|".join(list(STAGES) + ["all"]))
-    stages = ALL if argv[0] == "all" else [argv[0]]
-    for stage in stages:
-        module = importlib.import_module("." + STAGES[stage], __package__)
-        sys.argv = ["gpucast_training " + stage] + argv[1:]
-        module.main()
+def parser():
+    p = argparse.ArgumentParser(prog="python -m gpucast_training", description=__doc__.split("\n\n")[0],
+                                epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("stage", choices=list(STAGES) + ["all"])
+    p.add_argument("--data-dir", help="measured data (default $GPUCAST_DATA_DIR, else <repo>/../shared/data)")
+    p.add_argument("--out-dir", help="where outputs go, at the repository's paths (default $GPUCAST_OUT_DIR, else the repository)")
+    p.add_argument("--mlp-csv", help="default $GPUCAST_MLP_CSV, else <data dir>/gpumemnet_mlp_a100.csv")
+    p.add_argument("--timm-csv", help="default $GPUCAST_TIMM_CSV, else <data dir>/timm_a100_train.csv")
+    p.add_argument("--public-csv", help="default $GPUCAST_PUBLIC_CSV, else <data dir>/public_training_memory.csv")
+    p.add_argument("--simulations", help="default data/timm/simulations.jsonl.gz")
+    p.add_argument("--threads", type=int, help="torch threads (default: the stage's own, 1 or 2)")
+    return p
+
+
+def main(argv=None):
+    args = parser().parse_args(argv)
+    layout = Layout(data_dir=args.data_dir, out_dir=args.out_dir, mlp_csv=args.mlp_csv, timm_csv=args.timm_csv,
+                    public_csv=args.public_csv, simulations=args.simulations)
+    for stage in ALL if args.stage == "all" else [args.stage]:
+        importlib.import_module("." + STAGES[stage], __package__).run(layout, args.threads)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()

@@ -8,6 +8,8 @@ rounding).  The definitions follow docs/models.md; keep the two in step.
 import ast
 import math
 
+from .constants import MIB, MLP_CLASS_BINS_MIB
+
 # Canonical layer kinds, in the order used for the sequence model's `kind_vocab`.
 CANONICAL_KINDS = [
     "linear", "batch_norm", "dropout",
@@ -107,7 +109,6 @@ ALL_AGGREGATE_FEATURES = (COUNT_FEATURES + REAL_COUNT_FEATURES + SIMULATION_FEAT
                           + ["act_" + name for name in HIDDEN_ACTIVATIONS])
 
 # Analytic memory models (Rust src/domain/analytic.rs).
-MIB = 1024.0 * 1024.0
 FRAMEWORK_OVERHEAD_MIB = 1300.0
 MAX_SAVED_BYTES = 1 << 44
 OPTIMIZER_ALIASES = {"sgd": "sgd", "momentum": "momentum", "sgd_momentum": "momentum",
@@ -127,7 +128,8 @@ DEFAULT_TOKEN_TRANSFORMS = {
     "output_x_batch": "log1p", "position": "identity",
 }
 
-CLASS_BINS_MIB = [1000, 2000, 3000, 4000, 5000]
+# The MLP estimators' classes (constants.py); memory_class's default bins.
+CLASS_BINS_MIB = MLP_CLASS_BINS_MIB
 
 
 def normalise_kind(kind):

@@ -1,6 +1,6 @@
 """Golden cases for jobs that carry `simulation` (describe's whole-step simulation).
 
-    python3 training/golden_simulated.py     # after pipeline.py and real_pipeline.py
+    python3 -m gpucast_training golden     (from training/; after the mlp, timm and simulated stages)
 
 Stdlib only; touches tests/fixtures/golden_features.json alone. The pipelines write the
 fixture's cases; this recomputes every case's raw aggregate features (so that the simulation
@@ -11,14 +11,12 @@ requires a simulation joins the real cases' `extra_aggregate`. Rerunning it give
 file.
 """
 
-import json
 import os
 
 from . import features as gf
+from . import manifest as mf
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-GOLDEN = os.path.join(REPO, "tests", "fixtures", "golden_features.json")
-MANIFEST = os.path.join(REPO, "models", "manifest.json")
+GOLDEN = ("tests", "fixtures", "golden_features.json")
 PREFIX = "simulated_"
 
 # (new case, the real case whose job it extends, interpolated, bytes written as floats)
@@ -54,22 +52,10 @@ def simulation_of(job, interpolated, as_floats):
     return simulation
 
 
-def golden_case(name, job, estimators, by_name):
-    sequence = by_name[estimators["sequence"]]["input"]
-    return {"name": name, "job": job, "raw_aggregate": gf.raw_aggregate_features(job),
-            "aggregate": gf.aggregate_vector(job, by_name[estimators["aggregate"]]["input"]["features"]),
-            "kind_ids": gf.kind_ids(job, sequence["kind_vocab"]),
-            "token_features": gf.token_vectors(job, sequence["token_features"]),
-            "extra_aggregate": {extra: gf.aggregate_vector(job, by_name[extra]["input"]["features"])
-                                for extra in estimators.get("extra_aggregate", [])}}
-
-
-def main():
-    with open(GOLDEN) as handle:
-        golden = json.load(handle)
-    with open(MANIFEST) as handle:
-        manifest = json.load(handle)
-    by_name = {entry["name"]: entry for entry in manifest["estimators"]}
+def run(layout, threads=None):
+    golden = mf.read_json(layout.read(*GOLDEN))
+    manifest = mf.read_json(layout.read("models", "manifest.json"))
+    by_name = mf.estimators_by_name(manifest)
     estimators = golden["real_estimators"]
     for entry in manifest["estimators"]:
         if "simulation" in entry.get("requires", []) and entry["name"] not in estimators["extra_aggregate"]:
@@ -78,7 +64,7 @@ def main():
     jobs = {case["name"]: case["job"] for case in real}
     for name, source, interpolated, as_floats in CASES:
         job = dict(jobs[source], simulation=simulation_of(jobs[source], interpolated, as_floats))
-        real.append(golden_case(name, job, estimators, by_name))
+        real.append(mf.manifest_golden_case(name, job, estimators, by_name))
     for case in real:
         case["raw_aggregate"] = gf.raw_aggregate_features(case["job"])
         for extra in estimators["extra_aggregate"]:
@@ -87,12 +73,5 @@ def main():
     golden["real_cases"] = real
     for case in golden["cases"]:
         case["raw_aggregate"] = gf.raw_aggregate_features(case["job"])
-    with open(GOLDEN, "w") as handle:
-        json.dump(golden, handle, indent=1)
-        handle.write("\n")
-    print("%s: %d cases, %d with a simulation" % (os.path.relpath(GOLDEN, REPO), len(golden["cases"]) + len(real),
-                                                  len(CASES)))
-
-
-if __name__ == "__main__":
-    main()
+    mf.write_json(layout.out(*GOLDEN), golden)
+    print("%s: %d cases, %d with a simulation" % (os.path.join(*GOLDEN), len(golden["cases"]) + len(real), len(CASES)))

@@ -13,10 +13,11 @@ the physics of a training step, whose peak is a fixed part plus batch x a per-sa
   16, then 'oom' at 32 reading 1,969 MiB).
 
 Rows are (model, batch_size, status, peak_mib) tuples; every function returns one flag per row.
-Standard library only (training/real_pipeline.py learns with it, evaluate_real.py reports it).
+Standard library only (the timm stage learns with it, the evaluate stage reports it).
 """
 
-CAPACITY_MIB = 40960
+from .constants import CAPACITY_MIB
+
 CREDIBLE_SHARE = 0.9
 ROUNDING_SLACK = 1.1
 

@@ -1,15 +1,11 @@
-"""gpucast training pipeline: data -> split -> CV -> final models -> ONNX -> manifest/report.
+"""The mlp stage: data -> split -> CV -> final models -> ONNX -> manifest/report.
 
-Run from the repository root:  python training/pipeline.py
-Rewrites models/, data/mlp/, tests/fixtures/golden_features.json and training/report.md.
+    python -m gpucast_training mlp      (from training/; retrain.sh runs it first)
+
+Writes models/{mlp_ensemble,sequence_transformer,smact,smocc}.onnx, data/mlp/, the base
+models/manifest.json and tests/fixtures/golden_features.json, and training/report.md.
 """
 
-import argparse
-import csv
-import datetime
-import gzip
-import hashlib
-import io
 import json
 import math
 import os
@@ -21,14 +17,19 @@ import torch
 from sklearn.model_selection import GroupKFold, GroupShuffleSplit
 
 from . import features as gf
+from . import manifest as mf
 from . import mlp_models as gm
+from .constants import MLP_CLASS_BINS_MIB as CLASS_BINS_MIB
+from .constants import MLP_FOLDS as N_FOLDS
+from .constants import MLP_MAX_TOKENS as MAX_TOKENS
+from .constants import MLP_TEST_FRACTION as TEST_FRACTION
+from .constants import SEED, VERSION
+from .data import load_mlp_records, log, read_jsonl_gz, write_jsonl_gz
+from .onnx_export import export_onnx, median_latency_us, onnx_session
 
-SEED = 20260101
-TEST_FRACTION = 0.2
-N_FOLDS = 3
-VERSION = "1.0.0"
-N_CLASSES = len(gf.CLASS_BINS_MIB) + 1
-MAX_TOKENS = 512
+N_CLASSES = len(CLASS_BINS_MIB) + 1
+TEST_FILE = "data/mlp/test.jsonl.gz"
+THREADS = 1
 # Under-predicting memory makes a scheduler overcommit a GPU; that costs more than reserving
 # too much, so the classifiers' loss adds this weight x the probability mass below the true class.
 UNDER_WEIGHT = 1.0  # chosen by CV among 0, 0.5, 1, 2 (best combined CV accuracy)
@@ -48,35 +49,8 @@ TRANSFORMER = dict(d_model=32, n_heads=4, n_layers=2, d_ff=64, epochs=40, batch=
 SEQUENCE_MEMBERS = 1
 REGRESSOR = dict(members=3, hidden=32, epochs=500, lr=1e-2, weight_decay=1e-3)
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-DEFAULT_CSV = "/work/shared/data/gpumemnet_mlp_a100.csv"
-
-
-def log(message):
-    print("[%s] %s" % (time.strftime("%H:%M:%S"), message), flush=True)
-
 
 # ----------------------------------------------------------------------------- data
-
-def load_records(csv_path):
-    with open(csv_path, newline="") as handle:
-        rows = list(csv.DictReader(handle))
-    records = []
-    for index, row in enumerate(rows):
-        peak = int(row["Max GPU Memory (MiB)"])
-        records.append({
-            "index": index,
-            "id": row["Filename"][:-len(".out")] if row["Filename"].endswith(".out") else row["Filename"],
-            "group": gf.group_key(row["Filename"]),
-            "job": gf.csv_row_to_job(row),
-            "peak": peak,
-            "label": gf.memory_class(peak),
-            "smact": float(row["Avg SMACT"]),
-            "smocc": float(row["Avg SMOCC"]),
-            "raw_row": row,
-        })
-    return records
-
 
 def split_train_test(records):
     groups = [record["group"] for record in records]
@@ -195,7 +169,7 @@ def train_ensemble(x, records, entries, seed):
     for member in range(ENSEMBLE["members"]):
         torch.manual_seed(seed + member)
         model = gm.AggregateMemoryModel(x.shape[1], aggregate_linear_scale(entries, x), ENSEMBLE["hidden"],
-                                        gf.CLASS_BINS_MIB)
+                                        CLASS_BINS_MIB)
         members.append(train_full_batch(model, x_t, y_t, classifier_loss, ENSEMBLE["epochs"],
                                         ENSEMBLE["lr"], ENSEMBLE["weight_decay"]))
     return gm.ProbabilityEnsemble(members).eval()
@@ -249,7 +223,7 @@ def train_transformer_member(kind_ids, token_features, mask, records, token_entr
     torch.manual_seed(seed)
     scale, log_mean, log_std = token_linear_scale(token_entries, token_features, mask)
     model = gm.SequenceTransformer(len(gf.CANONICAL_KINDS), token_features.shape[-1], scale,
-                                   log_mean, log_std, gf.CLASS_BINS_MIB, d_model=TRANSFORMER["d_model"],
+                                   log_mean, log_std, CLASS_BINS_MIB, d_model=TRANSFORMER["d_model"],
                                    n_heads=TRANSFORMER["n_heads"], n_layers=TRANSFORMER["n_layers"],
                                    d_ff=TRANSFORMER["d_ff"])
     labels, peaks = classifier_targets(records)
@@ -314,62 +288,11 @@ def run_cross_validation(train_records):
     return figures
 
 
-# ----------------------------------------------------------------------------- export
-
-def export_onnx(model, example_inputs, input_names, output_name, dynamic_axes, path):
-    dims = {"N": torch.export.Dim("N"), "L": torch.export.Dim("L", max=MAX_TOKENS)}
-    dynamic_shapes = {name: {axis: dims[dim] for axis, dim in axes.items()}
-                      for name, axes in zip(input_names, dynamic_axes)}
-    torch.onnx.export(model, tuple(torch.as_tensor(a) for a in example_inputs), path, dynamo=True,
-                      external_data=False, input_names=list(input_names), output_names=[output_name],
-                      dynamic_shapes=dynamic_shapes, verbose=False)
-
-
-def onnx_session(path, threads=1):
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
-
-
-def median_latency_us(session, feeds, runs=2000):
-    for _ in range(100):
-        session.run(None, feeds)
-    timings = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        session.run(None, feeds)
-        timings.append(time.perf_counter() - start)
-    timings.sort()
-    return {"median_us": 1e6 * timings[len(timings) // 2], "p99_us": 1e6 * timings[int(len(timings) * 0.99)]}
-
-
-def sha256_of(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 # ----------------------------------------------------------------------------- outputs
 
 def write_test_file(test_records, path):
-    lines = [json.dumps({"id": r["id"], "job": r["job"], "measured_peak_mib": r["peak"],
-                         "smact": r["smact"], "smocc": r["smocc"]}, separators=(",", ":"))
-             for r in test_records]
-    buffer = io.BytesIO()
-    # mtime=0 keeps the gzip bytes identical across reruns.
-    with gzip.GzipFile(fileobj=buffer, mode="wb", mtime=0, filename="") as handle:
-        handle.write(("\n".join(lines) + "\n").encode())
-    with open(path, "wb") as handle:
-        handle.write(buffer.getvalue())
-
-
-def read_test_file(path):
-    with gzip.open(path, "rt") as handle:
-        return [json.loads(line) for line in handle if line.strip()]
+    write_jsonl_gz(path, ({"id": r["id"], "job": r["job"], "measured_peak_mib": r["peak"],
+                           "smact": r["smact"], "smocc": r["smocc"]} for r in test_records), one_write=True)
 
 
 def golden_jobs(records, test_idx):
@@ -440,44 +363,28 @@ def golden_jobs(records, test_idx):
 
 
 def write_golden(path, cases, agg_entries, tok_entries):
-    golden = {"estimators": {"aggregate": "mlp_ensemble", "sequence": "sequence_transformer"}, "cases": []}
-    for name, job in cases:
-        golden["cases"].append({
-            "name": name, "job": job,
-            "raw_aggregate": gf.raw_aggregate_features(job),
-            "aggregate": gf.aggregate_vector(job, agg_entries),
-            "kind_ids": gf.kind_ids(job, gf.CANONICAL_KINDS),
-            "token_features": gf.token_vectors(job, tok_entries),
-        })
-    with open(path, "w") as handle:
-        json.dump(golden, handle, indent=1)
-        handle.write("\n")
+    """The fixture's base: the MLP cases (the later stages add their estimators and cases)."""
+    golden = {"estimators": {"aggregate": "mlp_ensemble", "sequence": "sequence_transformer"},
+              "cases": [mf.golden_case(name, job, agg_entries, gf.CANONICAL_KINDS, tok_entries) for name, job in cases]}
+    mf.write_json(path, golden)
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--csv", default=os.environ.get("GPUCAST_MLP_CSV", DEFAULT_CSV))
-    parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+def run(layout, threads=None):
+    torch.set_num_threads(threads or THREADS)
     torch.manual_seed(SEED)
     np.random.seed(SEED)
     started = time.time()
+    csv_path = layout.mlp_csv
 
-    models_dir, data_dir = os.path.join(REPO, "models"), os.path.join(REPO, "data", "mlp")
-    fixtures_dir = os.path.join(REPO, "tests", "fixtures")
-    for directory in (models_dir, data_dir, fixtures_dir):
-        os.makedirs(directory, exist_ok=True)
-
-    records = load_records(args.csv)
+    records = load_mlp_records(csv_path)
     train_idx, test_idx = split_train_test(records)
     train, test = [records[i] for i in train_idx], [records[i] for i in test_idx]
     log("%d rows, %d groups; train %d rows, test %d rows" % (
         len(records), len({r["group"] for r in records}), len(train), len(test)))
-    test_path = os.path.join(data_dir, "test.jsonl.gz")
+    test_path = layout.out(TEST_FILE)
     write_test_file(test, test_path)
-    with open(os.path.join(data_dir, "splits.json"), "w") as handle:
-        json.dump({"seed": SEED, "protocol": split_protocol(), "csv": os.path.basename(args.csv),
+    with open(layout.out("data", "mlp", "splits.json"), "w") as handle:
+        json.dump({"seed": SEED, "protocol": split_protocol(), "csv": os.path.basename(csv_path),
                    "train_rows": train_idx, "test_rows": test_idx,
                    "train_groups": sorted({r["group"] for r in train}),
                    "test_groups": sorted({r["group"] for r in test})}, handle, indent=0)
@@ -498,21 +405,21 @@ def main():
                   for target in ("smact", "smocc")}
 
     # Export, then score everything through onnxruntime on the test file, as the service would.
-    test_rows = read_test_file(test_path)
+    test_rows = read_jsonl_gz(test_path)
     test_jobs = [row["job"] for row in test_rows]
     test_labels = np.array([gf.memory_class(row["measured_peak_mib"]) for row in test_rows])
     x_test = encode_aggregate(test_jobs, agg_entries)
     seq_test = encode_sequence(test_jobs, tok_entries, gf.CANONICAL_KINDS)
-    paths = {name: os.path.join(models_dir, name + ".onnx")
+    paths = {name: layout.out("models", name + ".onnx")
              for name in ("mlp_ensemble", "sequence_transformer", "smact", "smocc")}
-    export_onnx(ensemble, [x_train[:2]], ["features"], "probabilities", [{0: "N"}], paths["mlp_ensemble"])
+    export_onnx(ensemble, [x_train[:2]], ["features"], "probabilities", [{0: "N"}], paths["mlp_ensemble"], MAX_TOKENS)
     export_onnx(transformer, [a[:2] for a in encode_sequence(train_jobs[:2], tok_entries, gf.CANONICAL_KINDS)],
                 ["kind_ids", "token_features", "mask"], "probabilities",
-                [{0: "N", 1: "L"}] * 3, paths["sequence_transformer"])
+                [{0: "N", 1: "L"}] * 3, paths["sequence_transformer"], MAX_TOKENS)
     for target, model in regressors.items():
-        export_onnx(model, [x_train[:2]], ["features"], "value", [{0: "N"}], paths[target])
+        export_onnx(model, [x_train[:2]], ["features"], "value", [{0: "N"}], paths[target], MAX_TOKENS)
 
-    sessions = {name: onnx_session(path) for name, path in paths.items()}
+    sessions = {name: onnx_session(path) for name, path in paths.items()}   # one thread, as the service
     seq_feeds = dict(zip(["kind_ids", "token_features", "mask"], seq_test))
     onnx_out = {
         "mlp_ensemble": sessions["mlp_ensemble"].run(None, {"features": x_test})[0],
@@ -545,7 +452,7 @@ def main():
                                            test_labels),
     }
     peaks = np.array([row["measured_peak_mib"] for row in test_rows])
-    margins = np.abs(peaks[:, None] - np.array(gf.CLASS_BINS_MIB)[None, :]).min(axis=1)
+    margins = np.abs(peaks[:, None] - np.array(CLASS_BINS_MIB)[None, :]).min(axis=1)
     wrong = np.zeros(len(test_rows), dtype=bool)
     for name in ("mlp_ensemble", "sequence_transformer"):
         wrong |= onnx_out[name].argmax(axis=1) != test_labels
@@ -569,14 +476,12 @@ def main():
     latency["sequence_transformer"]["tokens"] = len(longest["layers"])
     log("latency: %s" % json.dumps(latency))
 
-    manifest = build_manifest(args.csv, len(records), len(train), len(test), paths, agg_entries,
+    manifest = build_manifest(csv_path, len(records), len(train), len(test), paths, agg_entries,
                               tok_entries, cv, test_figures)
-    with open(os.path.join(models_dir, "manifest.json"), "w") as handle:
-        json.dump(manifest, handle, indent=2)
-        handle.write("\n")
-    write_golden(os.path.join(fixtures_dir, "golden_features.json"), golden_jobs(records, test_idx),
+    mf.write_manifest(layout.out("models", "manifest.json"), manifest)
+    write_golden(layout.out("tests", "fixtures", "golden_features.json"), golden_jobs(records, test_idx),
                  agg_entries, tok_entries)
-    write_report(os.path.join(REPO, "training", "report.md"), len(records), len(train), len(test), cv,
+    write_report(layout.out("training", "report.md"), len(records), len(train), len(test), cv,
                  test_figures, max_diff, padding_diff, latency, time.time() - started)
     log("done in %.0f s" % (time.time() - started))
 
@@ -589,13 +494,13 @@ def split_protocol():
 
 def build_manifest(csv_path, n_rows, n_train, n_test, paths, agg_entries, tok_entries, cv, test):
     def file_entry(name):
-        return {"file": os.path.basename(paths[name]), "sha256": sha256_of(paths[name])}
+        return {"file": os.path.basename(paths[name]), "sha256": mf.sha256_of(paths[name])}
 
     aggregate_input = {"type": "aggregate", "features": agg_entries}
     estimators = [
         dict(name="mlp_ensemble", version=VERSION, family="mlp", kind="memory_classifier",
              **file_entry("mlp_ensemble"), input=aggregate_input, output="probabilities",
-             class_bins_mib=gf.CLASS_BINS_MIB,
+             class_bins_mib=CLASS_BINS_MIB,
              validation={"cv_accuracy": cv["ensemble"]["accuracy"], "cv_below_rate": cv["ensemble"]["below_rate"],
                          "test_accuracy": test["mlp_ensemble"]["accuracy"],
                          "test_below_rate": test["mlp_ensemble"]["below_rate"]}),
@@ -603,7 +508,7 @@ def build_manifest(csv_path, n_rows, n_train, n_test, paths, agg_entries, tok_en
              **file_entry("sequence_transformer"),
              input={"type": "sequence", "kind_vocab": gf.CANONICAL_KINDS, "max_tokens": MAX_TOKENS,
                     "token_features": tok_entries},
-             output="probabilities", class_bins_mib=gf.CLASS_BINS_MIB,
+             output="probabilities", class_bins_mib=CLASS_BINS_MIB,
              validation={"cv_accuracy": cv["transformer"]["accuracy"],
                          "cv_below_rate": cv["transformer"]["below_rate"],
                          "test_accuracy": test["sequence_transformer"]["accuracy"],
@@ -616,10 +521,9 @@ def build_manifest(csv_path, n_rows, n_train, n_test, paths, agg_entries, tok_en
                                            "test_baseline_mae": test[target]["baseline_mae"]}))
     return {
         "schema_version": 1,
-        "generated_at": datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
-                        .replace("+00:00", "Z"),
-        "training_data": {"file": os.path.basename(csv_path), "sha256": sha256_of(csv_path), "rows": n_rows},
-        "split": {"protocol": split_protocol(), "seed": SEED, "test_file": "data/mlp/test.jsonl.gz",
+        "generated_at": None,  # stamped by manifest.write_manifest
+        "training_data": {"file": os.path.basename(csv_path), "sha256": mf.sha256_of(csv_path), "rows": n_rows},
+        "split": {"protocol": split_protocol(), "seed": SEED, "test_file": TEST_FILE,
                   "train_rows": n_train, "test_rows": n_test, "folds": N_FOLDS},
         "estimators": estimators,
         "combined": {"members": ["mlp_ensemble", "sequence_transformer"], "rule": "mean_probabilities",
@@ -633,7 +537,7 @@ def write_report(path, n_rows, n_train, n_test, cv, test, max_diff, padding_diff
     lines = [
         "# gpucast estimators: training report",
         "",
-        "Generated by `training/retrain.sh` (pipeline `training/pipeline.py`, seed %d, %.0f s on CPU)." % (SEED, seconds),
+        "Generated by `training/retrain.sh` (stage `python -m gpucast_training mlp`, seed %d, %.0f s on CPU)." % (SEED, seconds),
         "",
         "## Protocol",
         "",
@@ -703,6 +607,3 @@ def write_report(path, n_rows, n_train, n_test, cv, test, max_diff, padding_diff
     with open(path, "w") as handle:
         handle.write("\n".join(lines))
 
-
-if __name__ == "__main__":
-    main()

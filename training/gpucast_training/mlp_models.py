@@ -1,4 +1,4 @@
-"""Torch modules of the gpucast estimators (exported to ONNX by pipeline.py).
+"""Torch modules of the gpucast estimators (the mlp stage, mlp.py, exports them to ONNX).
 
 All models take the *normalised* inputs of docs/models.md.  Peak memory is close to linear in
 parameter and activation counts (CUDA context + ~16 B/param for Adam fp32 + activations x batch),

@@ -4,7 +4,8 @@ momentum / Adam / AdamW, no adapters, no activation checkpointing, no gradient a
 and a model that can be built here without downloading anything (timm, torchvision, or a
 Hugging Face transformers class built from its published configuration).
 
-    python training/public_rows.py [--csv /work/shared/data/public_training_memory.csv]
+    python -m gpucast_training public-rows [--public-csv CSV]   (from training/; default
+        <data dir>/public_training_memory.csv, see data.py; needs describe/ and transformers)
 
 Writes data/public/jobs.jsonl.gz: one line per row, with the CSV row index, what was measured
 and how (`compare`: `allocated` = torch.cuda.max_memory_allocated, `allocated_minus_weights`
@@ -14,24 +15,21 @@ job description (the body of POST /v1/estimate) with its `simulation`. The rows 
 that are left out, and why, are counted in data/public/PROVENANCE.md.
 """
 
-import argparse
 import csv
-import gzip
-import hashlib
-import json
 import os
 import sys
 import time
-from datetime import datetime, timezone
 
 import torch
 from torch import nn
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from . import manifest as mf
+from .data import REPO, write_jsonl_gz
+
 sys.path.insert(0, os.path.join(REPO, "describe"))
 from gpucast_describe import describe_module  # noqa: E402
 
-DEFAULT_CSV = "/work/shared/data/public_training_memory.csv"
+THREADS = 1
 
 
 class LossOf(nn.Module):
@@ -202,13 +200,10 @@ def builder_of(row):
     return None
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--csv", default=DEFAULT_CSV)
-    parser.add_argument("--out", default=os.path.join(REPO, "data", "public"))
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    with open(args.csv, newline="") as handle:
+def run(layout, threads=None):
+    torch.set_num_threads(threads or THREADS)
+    csv_path = layout.public_csv
+    with open(csv_path, newline="") as handle:
         rows = list(csv.DictReader(handle))
     reasons, lines, timings = {}, [], []
     for index, row in enumerate(rows):
@@ -237,30 +232,22 @@ def main():
                       "ddp": setup["ddp"], "confidence": row["notes"].split(";")[0],
                       "note": note, "job": description})
         print(f"row {index}: {row['model'][:50]} {timings[-1]:.1f} s", flush=True)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "jobs.jsonl.gz"), "wb") as raw, \
-            gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as handle:
-        for line in lines:
-            handle.write((json.dumps(line, separators=(",", ":")) + "\n").encode())
-    sha = hashlib.sha256(open(args.csv, "rb").read()).hexdigest()
+    write_jsonl_gz(layout.out("data", "public", "jobs.jsonl.gz"), lines)
+    sha = mf.sha256_of(csv_path)
     import transformers
     text = [
         "# data/public/jobs.jsonl.gz: provenance", "",
         "The rows of `public_training_memory.csv` whose setup gpucast can express, described by",
-        "`gpucast_describe` with the simulated training step (see training/public_rows.py for the",
-        "rules and the model builders).", "",
-        "```", "python training/public_rows.py", "```", "",
-        f"- generated: {datetime.now(timezone.utc).replace(microsecond=0).isoformat()}",
-        f"- source: `{args.csv}`, sha256 `{sha}`, {len(rows)} rows",
+        "`gpucast_describe` with the simulated training step (see training/gpucast_training/public_rows.py",
+        "for the rules and the model builders).", "",
+        "```", "cd training && python -m gpucast_training public-rows", "```", "",
+        f"- generated: {mf.utc_now()}",
+        f"- source: `{csv_path}`, sha256 `{sha}`, {len(rows)} rows",
         f"- torch {torch.__version__}, transformers {transformers.__version__}",
         f"- rows described: {len(lines)} ({sum(l['ddp'] for l in lines)} of them DDP: one GPU's "
         "step simulated, DDP's gradient buckets not modelled)",
         "", "## Rows left out", "",
     ] + [f"- {count}: {reason}" for reason, count in sorted(reasons.items(), key=lambda kv: -kv[1])]
-    with open(os.path.join(args.out, "PROVENANCE.md"), "w") as handle:
+    with open(layout.out("data", "public", "PROVENANCE.md"), "w") as handle:
         handle.write("\n".join(text) + "\n")
     print(f"{len(lines)} rows described; left out: {reasons}")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,6 +1,6 @@
 """gpucast simulated-step estimators: physics first, learning second.
 
-    python training/simulated_pipeline.py      # after real_pipeline.py (same venv)
+    python -m gpucast_training simulated      (from training/; after the timm stage)
 
 The MiB figure of a job that carries `simulation` (describe's two simulated training steps,
 replayed through the caching-allocator model) starts from physics:
@@ -15,18 +15,16 @@ only to jobs near that data (`domain`: the training points in a normalised featu
 fp32 jobs only). In the service the answer never goes below the physical floor: parameters +
 gradients + optimizer state + activations at the simulated peak + context.
 
-Evaluation (same split as real_pipeline.py): grouped 5-fold CV by model family on the visible
+Evaluation (same split as the timm stage): grouped 5-fold CV by model family on the visible
 training part, the 25 held-out families, and the out-of-distribution rows of
 public_training_memory.csv that gpucast can express (data/public/jobs.jsonl.gz, made by
-training/public_rows.py). Then the served correction is refitted on every visible timm row;
+`python -m gpucast_training public-rows`). Then the served correction is refitted on every visible timm row;
 the CV and held-out figures stay in the manifest. Writes models/timm_simulated_regressor.onnx,
 models/simulated_domain.json, merges the entries and the `simulated` block into
 models/manifest.json, and writes data/timm/simulated_figures.json and
 training/report_simulated.md.
 """
 
-import argparse
-import datetime
 import gzip
 import json
 import math
@@ -39,13 +37,15 @@ from sklearn.model_selection import GroupKFold
 from torch import nn
 
 from . import features as gf
+from . import manifest as mf
 from . import timm as rp
 from . import timm_models as rm
-from .mlp import onnx_session, sha256_of
+from .constants import BOUND_CONFIDENCE, CAPACITY_MIB, FAMILIES, MIB, SEED, VERSION
+from .constants import REAL_FOLDS as N_FOLDS
+from .data import load_timm, log, read_jsonl_gz
+from .onnx_export import onnx_session
 
-REPO = rp.REPO
-VERSION = "1.0.0"
-MIB = float(1 << 20)
+THREADS = 1
 SIM_FEATURES = [
     "sim_allocated_mib", "sim_reserved_mib", "sim_min_capacity_mib", "sim_parameters_mib",
     "sim_gradients_mib", "sim_optimizer_state_mib", "sim_activations_mib", "sim_temporaries_mib",
@@ -62,11 +62,10 @@ REGRESSOR = dict(members=10, hidden=32, epochs=800, lr=1e-2, weight_decay=1e-3, 
 # MAX_WIDEN); beyond FAR x it, or for another optimizer or precision than the data's, the
 # correction is not applied at all (the simulated figure leads).
 NEAR, FAR, MAX_WIDEN = 1.0, 2.0, 2.0
-NAMES = {family: family + "_simulated_memory_regressor" for family in rp.FAMILIES}
+NAMES = {family: family + "_simulated_memory_regressor" for family in FAMILIES}
 ONNX_FILE = "timm_simulated_regressor.onnx"
 DOMAIN_FILE = "simulated_domain.json"
 TEST_FILE = "data/timm/test_simulated.jsonl.gz"
-log = rp.log
 
 
 class SimulatedBase(nn.Module):
@@ -85,12 +84,7 @@ class SimulatedBase(nn.Module):
 
 
 def load_simulations(path):
-    sims = {}
-    with gzip.open(path, "rt") as handle:
-        for line in handle:
-            entry = json.loads(line)
-            sims[entry["model"].split(":", 1)[1]] = entry["simulations"]
-    return sims
+    return {entry["model"].split(":", 1)[1]: entry["simulations"] for entry in read_jsonl_gz(path)}
 
 
 def attach(records, sims):
@@ -117,7 +111,7 @@ def fit_context(records):
     return float(np.clip(np.median(diffs), 300.0, 3000.0))
 
 
-def reserved_on_card(job, context, capacity=rp.CAPACITY_MIB):
+def reserved_on_card(job, context, capacity=CAPACITY_MIB):
     """The reserved peak the card shows: capped at the usable memory when the step fits (the
     allocator frees its cache before an allocation fails)."""
     reserved = sim_mib(job, "reserved_peak_bytes")
@@ -125,7 +119,7 @@ def reserved_on_card(job, context, capacity=rp.CAPACITY_MIB):
     return min(reserved, capacity - context) if fits else reserved
 
 
-def simulated_figure(job, context, capacity=rp.CAPACITY_MIB):
+def simulated_figure(job, context, capacity=CAPACITY_MIB):
     return reserved_on_card(job, context, capacity) + context
 
 
@@ -165,7 +159,7 @@ def nearest_distances(points, queries, exclude_groups=None, groups=None, query_g
 
 
 def combine(log_learned, sim_fig, floor, distance, typical, log_q95_learned, log_q95_sim, runs_on_card,
-            capacity=rp.CAPACITY_MIB, measured_range=True):
+            capacity=CAPACITY_MIB, measured_range=True):
     """The service's rule (src/estimators/combine.rs and mod.rs): the correction where the job
     is near the training data, the simulated figure far from it (or for another setup); the
     bound widens with the distance; a simulated bound is capped at the card where the step runs
@@ -186,7 +180,7 @@ def combine(log_learned, sim_fig, floor, distance, typical, log_q95_learned, log
     return figure, max(bound, figure), far
 
 
-def runs_on_card(job, context, capacity=rp.CAPACITY_MIB):
+def runs_on_card(job, context, capacity=CAPACITY_MIB):
     return sim_mib(job, "min_capacity_bytes") + context <= capacity
 
 
@@ -202,16 +196,16 @@ def figures(pred, bound, records):
            "ok_rows": int(ok.sum()), "oom_rows": int((~ok).sum())}
     if bound is not None and len(bound):
         out["bound_exceeded_rate"] = float(np.mean(bound[ok] < peak[ok]))
-        out["oom_not_fit_rate"] = float(np.mean(bound[~ok] > rp.CAPACITY_MIB)) if (~ok).any() else None
+        out["oom_not_fit_rate"] = float(np.mean(bound[~ok] > CAPACITY_MIB)) if (~ok).any() else None
     return out
 
 
-def run(args):
+def run_stage(layout):
     started = time.time()
-    records, dropped = rp.load_timm(args.timm_csv, os.path.join(REPO, "data", "timm", "descriptions.jsonl.gz"))
-    sims = load_simulations(args.simulations)
+    records, dropped = load_timm(layout.timm_csv, layout.read(rp.DESCRIPTIONS))
+    sims = load_simulations(layout.simulations)
     n_all = len(records)
-    test_groups = rp.split_groups(records)  # the same split as real_pipeline.py, on every row
+    test_groups = rp.split_groups(records)  # the same split as the timm stage, on every row
     records = attach(records, sims)
     train = [r for r in records if r["group"] not in test_groups]
     test = [r for r in records if r["group"] in test_groups]
@@ -220,7 +214,7 @@ def run(args):
     test_raws = [gf.raw_aggregate_features(r["job"]) for r in test]
     groups = np.array([r["group"] for r in train])
     usable = rp.training_rows(train)
-    folds = list(GroupKFold(n_splits=rp.N_FOLDS, shuffle=True, random_state=rp.SEED).split(
+    folds = list(GroupKFold(n_splits=N_FOLDS, shuffle=True, random_state=SEED).split(
         np.zeros(len(train)), groups=groups))
     oof = np.zeros(len(train))
     oof_context = np.zeros(len(train))
@@ -229,17 +223,17 @@ def run(args):
         fit_records = [train[i] for i in fit]
         context = fit_context(fit_records)
         entries = rp.fit_entries([raws[i] for i in fit], FEATURES)
-        model = train_regressor(rp.encode([raws[i] for i in fit], entries), fit_records, entries, context, rp.SEED + k)
+        model = train_regressor(rp.encode([raws[i] for i in fit], entries), fit_records, entries, context, SEED + k)
         with torch.no_grad():
             oof[val] = model(torch.as_tensor(rp.encode([raws[i] for i in val], entries))).numpy()[:, 0]
         oof_context[val] = context
         log("fold %d: context %.0f MiB" % (k, context))
     ok = np.array([r["status"] == "ok" for r in train])
     peaks = np.array([r["peak"] for r in train])
-    fam = {f: np.array([r["family"] == f for r in train]) for f in rp.FAMILIES}
+    fam = {f: np.array([r["family"] == f for r in train]) for f in FAMILIES}
     context = fit_context([train[i] for i in np.flatnonzero(usable)])
     sim_cv = np.array([simulated_figure(r["job"], c) for r, c in zip(train, oof_context)])
-    quantiles = {f: rp.conformal_quantiles((np.log(peaks) - oof)[ok & fam[f]]) for f in rp.FAMILIES}
+    quantiles = {f: rp.conformal_quantiles((np.log(peaks) - oof)[ok & fam[f]]) for f in FAMILIES}
     sim_quantiles = rp.conformal_quantiles((np.log(peaks) - np.log(sim_cv))[ok])
 
     # Distances: the typical distance of a new family = 95th percentile, over the training rows,
@@ -249,22 +243,22 @@ def run(args):
     cross = nearest_distances(points, points, True, groups, groups)
     typical = float(np.quantile(cross, 0.95))
 
-    def served(log_learned, job, ctx, distance, family, capacity=rp.CAPACITY_MIB):
-        q = rp.log_ratio_at(quantiles[family], rp.BOUND_CONFIDENCE)
-        qs = rp.log_ratio_at(sim_quantiles, rp.BOUND_CONFIDENCE)
+    def served(log_learned, job, ctx, distance, family, capacity=CAPACITY_MIB):
+        q = rp.log_ratio_at(quantiles[family], BOUND_CONFIDENCE)
+        qs = rp.log_ratio_at(sim_quantiles, BOUND_CONFIDENCE)
         return combine(log_learned, simulated_figure(job, ctx, capacity), floor_figure(job, ctx), distance, typical,
-                       q, qs, runs_on_card(job, ctx, capacity), capacity, runs_on_card(job, ctx, rp.CAPACITY_MIB))
+                       q, qs, runs_on_card(job, ctx, capacity), capacity, runs_on_card(job, ctx, CAPACITY_MIB))
 
     cv_final = [served(oof[i], train[i]["job"], oof_context[i], cross[i], train[i]["family"])
                 for i in range(len(train))]
-    baselines = served_baselines(args)
+    baselines = served_baselines(layout)
     cv = {
-        "simulated_alone": figures(sim_cv, sim_cv * math.exp(rp.log_ratio_at(sim_quantiles, rp.BOUND_CONFIDENCE)), train),
+        "simulated_alone": figures(sim_cv, sim_cv * math.exp(rp.log_ratio_at(sim_quantiles, BOUND_CONFIDENCE)), train),
         "simulated_corrected": figures([f for f, _, _ in cv_final], [b for _, b, _ in cv_final], train),
         "allocated_plus_context": figures([sim_mib(r["job"], "allocated_peak_bytes") + c
                                            for r, c in zip(train, oof_context)], None, train),
     }
-    cv.update(cv_baselines(train, baselines))
+    cv.update(cv_baselines(layout, train, baselines))
     cv["simulated_corrected"]["far_rows"] = int(sum(far for _, _, far in cv_final))
     log("CV: simulated alone %s" % cv["simulated_alone"])
     log("CV: corrected %s" % cv["simulated_corrected"])
@@ -272,16 +266,16 @@ def run(args):
     # Held-out families: a model fitted on the whole training part, scored through onnxruntime.
     learn = np.flatnonzero(usable)
     learn_records = [train[i] for i in learn]
-    model = train_regressor(rp.encode([raws[i] for i in learn], entries_all), learn_records, entries_all, context, rp.SEED)
-    path = os.path.join(args.models_dir, ONNX_FILE)
-    rp.export_onnx(model, [rp.encode(raws[:2], entries_all)], ["features"], "log_mib", [{0: "N"}], path)
+    model = train_regressor(rp.encode([raws[i] for i in learn], entries_all), learn_records, entries_all, context, SEED)
+    path = layout.out("models", ONNX_FILE)
+    rp.export(model, [rp.encode(raws[:2], entries_all)], ["features"], "log_mib", [{0: "N"}], path)
     session = onnx_session(path, 1)
     t_log = session.run(None, {"features": rp.encode(test_raws, entries_all)})[0][:, 0]
     t_dist = nearest_distances(points, domain_vectors(test_raws, entries_all))
     t_sim = np.array([simulated_figure(r["job"], context) for r in test])
     t_final = [served(t_log[i], test[i]["job"], context, t_dist[i], test[i]["family"]) for i in range(len(test))]
     held = {
-        "simulated_alone": figures(t_sim, t_sim * math.exp(rp.log_ratio_at(sim_quantiles, rp.BOUND_CONFIDENCE)), test),
+        "simulated_alone": figures(t_sim, t_sim * math.exp(rp.log_ratio_at(sim_quantiles, BOUND_CONFIDENCE)), test),
         "simulated_corrected": figures([f for f, _, _ in t_final], [b for _, b, _ in t_final], test),
         "allocated_plus_context": figures([sim_mib(r["job"], "allocated_peak_bytes") + context for r in test], None, test),
     }
@@ -290,7 +284,7 @@ def run(args):
     log("held out: simulated alone %s" % held["simulated_alone"])
     log("held out: corrected %s" % held["simulated_corrected"])
 
-    public = evaluate_public(args, session, entries_all, points, context, served)
+    public = evaluate_public(layout, session, entries_all, points, context, served)
 
     # Serve what was evaluated: refit on every visible row (training part + held-out families).
     everything = train + test
@@ -300,16 +294,16 @@ def run(args):
     final_context = fit_context([everything[i] for i in idx])
     final_entries = rp.fit_entries([all_raws[i] for i in idx], FEATURES)
     final = train_regressor(rp.encode([all_raws[i] for i in idx], final_entries),
-                            [everything[i] for i in idx], final_entries, final_context, rp.SEED)
-    rp.export_onnx(final, [rp.encode(all_raws[:2], final_entries)], ["features"], "log_mib", [{0: "N"}], path)
+                            [everything[i] for i in idx], final_entries, final_context, SEED)
+    rp.export(final, [rp.encode(all_raws[:2], final_entries)], ["features"], "log_mib", [{0: "N"}], path)
     final_points = domain_vectors(all_raws, final_entries)
     # The held-out rows with their simulations, for the service's reproduction test.
-    rp.write_test_file(test, os.path.join(REPO, TEST_FILE))
+    rp.write_test_file(test, layout.out(TEST_FILE))
     served_log = onnx_session(path, 1).run(None, {"features": rp.encode(test_raws, final_entries)})[0][:, 0]
     final_quantiles = quantiles
     served_test = {}
     served_context = round(final_context, 1)  # as the manifest holds it
-    for family in rp.FAMILIES:
+    for family in FAMILIES:
         # The rows the served regressor answers: the step runs on its card (near the data: the
         # test rows are among the domain's points).
         mask = np.array([r["family"] == family and runs_on_card(r["job"], served_context) for r in test])
@@ -323,41 +317,37 @@ def run(args):
               "order": DOMAIN_FEATURES, "optimizers": ["adam"], "precisions": ["fp32"],
               "typical_distance": typical, "near": NEAR, "far": FAR, "max_widen": MAX_WIDEN,
               "points": [[round(float(v), 4) for v in p] for p in final_points]}
-    domain_path = os.path.join(args.models_dir, DOMAIN_FILE)
-    with open(domain_path, "w") as handle:
-        json.dump(domain, handle, separators=(",", ":"))
+    domain_path = layout.out("models", DOMAIN_FILE)
+    mf.write_json(domain_path, domain, indent=None, newline=False, separators=(",", ":"))
     result = {"context_mib": context, "served_context_mib": final_context, "typical_distance": typical,
               "cv": cv, "test": held, "public": public, "served_test": served_test, "quantiles": quantiles, "sim_quantiles": sim_quantiles,
               "rows": {"train": len(train), "test": len(test), "learned": int(usable.sum()),
                        "served_learned": int(every_usable.sum())},
               "seconds": time.time() - started}
-    merge_manifest(args, result, final_entries, path, domain_path)
-    with open(os.path.join(REPO, "data", "timm", "simulated_figures.json"), "w") as handle:
-        json.dump(result, handle, indent=1)
+    merge_manifest(layout, result, final_entries, path, domain_path)
+    mf.write_json(layout.out("data", "timm", "simulated_figures.json"), result, newline=False)
     return result
 
 
-def served_baselines(args):
-    """What gpucast served before the simulation (the traced regressor, from the committed
+def served_baselines(layout):
+    """What gpucast served before the simulation (the traced regressor, from the timm stage's
     manifest and ONNX file) and its residual quantiles."""
-    with open(os.path.join(args.models_dir, "manifest.json")) as handle:
-        manifest = json.load(handle)
-    by_name = {e["name"]: e for e in manifest["estimators"]}
-    traced = {f: by_name[rp.REAL_NAMES[f]["traced_regressor"]] for f in rp.FAMILIES}
-    session = onnx_session(os.path.join(args.models_dir, traced["cnn"]["file"]), 1)
+    by_name = mf.estimators_by_name(mf.read_json(layout.read("models", "manifest.json")))
+    traced = {f: by_name[rp.REAL_NAMES[f]["traced_regressor"]] for f in FAMILIES}
+    session = onnx_session(layout.read("models", traced["cnn"]["file"]), 1)
     return {"traced": traced, "session": session}
 
 
 def traced_bounds(values, records, baselines):
-    return [v * math.exp(rp.log_ratio_at(baselines["traced"][r["family"]]["residual_quantiles"], rp.BOUND_CONFIDENCE))
+    return [v * math.exp(rp.log_ratio_at(baselines["traced"][r["family"]]["residual_quantiles"], BOUND_CONFIDENCE))
             for v, r in zip(values, records)]
 
 
-def cv_baselines(train, baselines):
+def cv_baselines(layout, train, baselines):
     """The baselines' out-of-fold figures on the same rows (data/timm/cv_predictions.csv.gz,
-    written by real_pipeline.py's grouped CV with the same folds)."""
+    written by the timm stage's grouped CV with the same folds)."""
     import csv
-    with gzip.open(os.path.join(REPO, "data", "timm", "cv_predictions.csv.gz"), "rt") as handle:
+    with gzip.open(layout.read("data", "timm", "cv_predictions.csv.gz"), "rt") as handle:
         by_id = {row["id"]: row for row in csv.DictReader(handle)}
     rows = [by_id[r["id"]] for r in train]
     traced = [float(row["traced_regressor_mib"]) for row in rows]
@@ -390,23 +380,22 @@ def card_capacity(name):
     for key, size, capacity in CARDS:
         if key in lowered and size.replace("gb", "") in lowered.replace(" ", ""):
             return capacity
-    return rp.CAPACITY_MIB
+    return CAPACITY_MIB
 
 
-def evaluate_public(args, session, entries, points, context, served):
-    path = os.path.join(REPO, "data", "public", "jobs.jsonl.gz")
+def evaluate_public(layout, session, entries, points, context, served):
+    path = layout.read("data", "public", "jobs.jsonl.gz")
     if not os.path.exists(path):
-        log("no %s: run training/public_rows.py" % path)
+        log("no %s: run python -m gpucast_training public-rows" % path)
         return None
-    with gzip.open(path, "rt") as handle:
-        rows = [json.loads(line) for line in handle]
+    rows = read_jsonl_gz(path)
     out = []
     raws = [gf.raw_aggregate_features(r["job"]) for r in rows]
     log_learned = session.run(None, {"features": rp.encode(raws, entries)})[0][:, 0]
     distances = nearest_distances(points, domain_vectors(raws, entries))
     for row, raw, learned, distance in zip(rows, raws, log_learned, distances):
         job = row["job"]
-        family = job["family"] if job["family"] in rp.FAMILIES else "transformer"
+        family = job["family"] if job["family"] in FAMILIES else "transformer"
         in_domain = job.get("optimizer") == "adam" and job.get("precision") == "fp32"
         dist = distance if in_domain else float("inf")
         capacity = card_capacity(row["gpu"])
@@ -440,39 +429,36 @@ def evaluate_public(args, session, entries, points, context, served):
     return summary
 
 
-def merge_manifest(args, result, entries, onnx_path, domain_path):
-    path = os.path.join(args.models_dir, "manifest.json")
-    with open(path) as handle:
-        manifest = json.load(handle)
-    manifest["estimators"] = [e for e in manifest["estimators"] if e["name"] not in NAMES.values()]
-    sha = sha256_of(onnx_path)
-    for family in rp.FAMILIES:
+def merge_manifest(layout, result, entries, onnx_path, domain_path):
+    """The timm stage's manifest with this stage's estimators and the `simulated` block."""
+    manifest = mf.read_json(layout.read("models", "manifest.json"))
+    sha = mf.sha256_of(onnx_path)
+    ours = []
+    for family in FAMILIES:
         # cv_ and heldout_: the served rule (correction near the data, floor, widened bound)
         # before the refit; test_: the served model's own figure on the test file after the
         # refit on every visible row (in-sample, what tests/api/accuracy.rs reproduces).
         validation = {**rp.prefixed("cv_", result["cv"]["simulated_corrected"]),
                       **rp.prefixed("heldout_", result["test"]["simulated_corrected"]),
                       **rp.prefixed("test_", result["served_test"][family]), "refit_on_every_visible_row": True}
-        manifest["estimators"].append({
+        ours.append({
             "name": NAMES[family], "version": VERSION, "family": family, "kind": "memory_regressor",
             "file": ONNX_FILE, "sha256": sha, "requires": ["simulation"],
             "input": {"type": "aggregate", "features": entries}, "output": "log_mib",
-            "residual_quantiles": result["quantiles"][family], "capacity_mib": rp.CAPACITY_MIB,
+            "residual_quantiles": result["quantiles"][family], "capacity_mib": CAPACITY_MIB,
             "test_file": TEST_FILE, "validation": validation})
+    mf.replace_estimators(manifest, NAMES.values(), ours)
     manifest["simulated"] = {
         "version": VERSION, "cuda_context_mib": round(result["served_context_mib"], 1),
         "residual_quantiles": result["sim_quantiles"],
         "correction_cap_log": REGRESSOR["cap"],
-        "domain": {"file": DOMAIN_FILE, "sha256": sha256_of(domain_path)},
+        "domain": {"file": DOMAIN_FILE, "sha256": mf.sha256_of(domain_path)},
         "simulations": "data/timm/simulations.jsonl.gz",
-        "simulations_sha256": sha256_of(args.simulations),
+        "simulations_sha256": mf.sha256_of(layout.simulations),
         "validation": {**rp.prefixed("cv_", result["cv"]["simulated_alone"]),
                        **rp.prefixed("test_", result["test"]["simulated_alone"])},
     }
-    manifest["generated_at"] = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
-    with open(path, "w") as handle:
-        json.dump(manifest, handle, indent=1)
-        handle.write("\n")
+    mf.write_manifest(layout.out("models", "manifest.json"), manifest)
 
 
 def pct(value):
@@ -502,8 +488,8 @@ def write_report(result, path):
     lines = [
         "# Simulated training step: evaluation",
         "",
-        "Command: `python training/simulated_pipeline.py` (after `training/real_pipeline.py`, "
-        "`describe/scripts/simulate_timm_training_set.py` and `training/public_rows.py`). "
+        "Command: `python -m gpucast_training simulated` (after the `timm` stage, "
+        "`describe/scripts/simulate_timm_training_set.py` and `python -m gpucast_training public-rows`). "
         "Figures below are that run's; data/timm/simulated_figures.json has them all.",
         "",
         "The simulation: describe runs two training steps on meta tensors and replays every allocation "
@@ -562,17 +548,8 @@ def write_report(result, path):
         handle.write("\n".join(lines) + "\n")
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--timm-csv", default=os.environ.get("GPUCAST_TIMM_CSV", rp.TIMM_CSV))
-    parser.add_argument("--models-dir", default=os.path.join(REPO, "models"))
-    parser.add_argument("--simulations", default=os.path.join(REPO, "data", "timm", "simulations.jsonl.gz"))
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    result = run(args)
-    write_report(result, os.path.join(REPO, "training", "report_simulated.md"))
+def run(layout, threads=None):
+    torch.set_num_threads(threads or THREADS)
+    result = run_stage(layout)
+    write_report(result, layout.out("training", "report_simulated.md"))
     print(json.dumps({k: result[k] for k in ("context_mib", "typical_distance", "cv", "test")}, indent=1))
-
-
-if __name__ == "__main__":
-    main()

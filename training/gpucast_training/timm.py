@@ -1,20 +1,17 @@
-"""gpucast real-model pipeline: timm (cnn / transformer) and MLP MiB estimators.
+"""The timm stage: real-model (timm cnn / transformer) and MLP MiB estimators.
 
-Run from the repository root after training/pipeline.py (which writes the MLP classifiers and
-the base manifest):   python training/real_pipeline.py
-Writes data/timm/test.jsonl.gz, data/timm/cv_predictions.csv.gz, models/timm_*.onnx,
-models/mlp_regressor.onnx, merges its entries into models/manifest.json, appends the real-model
-golden cases to tests/fixtures/golden_features.json and writes training/report_real.md.
+    python -m gpucast_training timm     (from training/; after the mlp stage, which writes the
+                                         MLP classifiers, data/mlp/splits.json and the base manifest)
+
+Writes data/timm/test.jsonl.gz, data/timm/cv_predictions.csv.gz, cv_quantiles.json and
+pipeline_figures.json, models/timm_*.onnx, models/mlp_regressor.onnx, merges its entries into
+models/manifest.json and adds the real-model golden cases to tests/fixtures/golden_features.json.
+(The evaluate stage writes training/report_real.md from these.)
 """
 
-import argparse
-import csv
-import datetime
-import gzip
 import json
 import math
 import os
-import re
 import time
 
 import numpy as np
@@ -23,25 +20,21 @@ from sklearn.model_selection import GroupKFold
 
 from . import features as gf
 from . import label_audit
+from . import manifest as mf
 from . import timm_models as rm
-from .mlp import median_latency_us, onnx_session, sha256_of
+from .constants import (BOUND_CONFIDENCE, CAPACITY_MIB, CONFIDENCES, FAMILIES, MLP_FOLDS, SEED,
+                        VERSION)
+from .constants import REAL_CLASS_BINS_MIB as CLASS_BINS_MIB
+from .constants import REAL_FOLDS as N_FOLDS
+from .constants import REAL_MAX_TOKENS as MAX_TOKENS
+from .constants import REAL_TEST_GROUP_FRACTION as TEST_GROUP_FRACTION
+from .data import load_mlp_records, load_timm, log, read_jsonl_gz, write_gz, write_jsonl_gz
+from .onnx_export import export_onnx, median_latency_us, onnx_session
 
-SEED = 20260101
-VERSION = "1.0.0"
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TIMM_CSV = "/work/shared/data/timm_a100_train.csv"
-MLP_CSV = "/work/shared/data/gpumemnet_mlp_a100.csv"
-CAPACITY_MIB = 40960
-CONFIDENCES = [0.5, 0.8, 0.9, 0.95, 0.975, 0.99]
-BOUND_CONFIDENCE = 0.95
-CLASS_BINS_MIB = [8000, 16000, 24000, 32000, 40960]
 N_CLASSES = len(CLASS_BINS_MIB) + 1
-N_FOLDS = 5
-TEST_GROUP_FRACTION = 0.15
-MAX_TOKENS = 4096
-FAMILIES = ["cnn", "transformer"]
-# Model-name prefixes that name a source or a port rather than an architecture family.
-SOURCE_PREFIXES = ("tf_", "legacy_", "gluon_", "timm_", "hf_")
+THREADS = 2             # torch's threads; onnxruntime runs on one
+TEST_FILE = "data/timm/test.jsonl.gz"
+DESCRIPTIONS = "data/timm/descriptions.jsonl.gz"
 
 # Features of the aggregate real-model estimators (all log1p + standardised; one-hots as-is).
 # Outputs by layer kind: grouped CV median 7.3 % -> 6.9 %, but plain conv stacks (vgg, held out)
@@ -77,66 +70,7 @@ SEQUENCE = dict(d_model=32, n_heads=4, n_layers=1, pool=16, epochs=6, batch=64, 
 LOG_CAPACITY = math.log(CAPACITY_MIB)
 
 
-def log(message):
-    print("[%s] %s" % (time.strftime("%H:%M:%S"), message), flush=True)
-
-
 # ----------------------------------------------------------------------------- data
-
-def family_group(model):
-    """Group of a timm model: its name without source prefixes (tf_, legacy_, gluon_, ...), up
-    to the first '_' or digit: resnet50d -> resnet, vit_base_patch16_224 -> vit,
-    tf_efficientnet_b0 -> efficientnet, convnext_tiny -> convnext, mobilenetv3_large_100 ->
-    mobilenetv."""
-    name = model.lower()
-    stripped = True
-    while stripped:
-        stripped = False
-        for prefix in SOURCE_PREFIXES:
-            if name.startswith(prefix):
-                name, stripped = name[len(prefix):], True
-    match = re.match(r"[a-z]+", name)
-    return match.group(0) if match else name
-
-
-def load_descriptions(path):
-    descriptions = {}
-    with gzip.open(path, "rt") as handle:
-        for line in handle:
-            description = json.loads(line)
-            descriptions[description["model"].split(":", 1)[1]] = description
-    return descriptions
-
-
-def timm_job(description, batch_size):
-    """The request body for one CSV row (layer names dropped: informational only)."""
-    job = {"model": description["model"], "family": description["family"], "batch_size": batch_size,
-           "input_shape": description["input_shape"],
-           "layers": [{"kind": l["kind"], "output_size": l["output_size"], "params": l["params"]}
-                      for l in description["layers"]]}
-    if "saved_tensors" in description:
-        job["saved_tensors"] = description["saved_tensors"]
-    return job
-
-
-def load_timm(csv_path, descriptions_path):
-    descriptions = load_descriptions(descriptions_path)
-    records, dropped = [], {"failed": 0, "anomalous": 0}
-    with open(csv_path, newline="") as handle:
-        for row in csv.DictReader(handle):
-            status = row["status"]
-            if status in dropped:
-                dropped[status] += 1
-                continue
-            model, batch = row["model"], int(row["batch_size"])
-            description = descriptions[model]
-            records.append({
-                "id": "%s@%d" % (model, batch), "model": model, "group": family_group(model),
-                "family": description["family"], "status": status, "batch_size": batch,
-                "peak": float(row["measured_peak_mib"]), "faketensor": float(row["faketensor_estimate_mib"]),
-                "job": timm_job(description, batch)})
-    return records, dropped
-
 
 def split_groups(records):
     """~15 % of the model-family groups (by model count) held out, chosen by a seeded shuffle;
@@ -159,20 +93,15 @@ def split_groups(records):
     return sorted(test)
 
 
+def test_line(record):
+    line = {"id": record["id"], "job": record["job"], "measured_peak_mib": record["peak"], "status": record["status"]}
+    if "faketensor" in record:
+        line["faketensor_estimate_mib"] = record["faketensor"]
+    return line
+
+
 def write_test_file(records, path):
-    with open(path, "wb") as raw:
-        with gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as handle:
-            for record in records:
-                line = {"id": record["id"], "job": record["job"], "measured_peak_mib": record["peak"],
-                        "status": record["status"]}
-                if "faketensor" in record:
-                    line["faketensor_estimate_mib"] = record["faketensor"]
-                handle.write((json.dumps(line, separators=(",", ":")) + "\n").encode())
-
-
-def read_test_file(path):
-    with gzip.open(path, "rt") as handle:
-        return [json.loads(line) for line in handle]
+    write_jsonl_gz(path, (test_line(record) for record in records))
 
 
 # ----------------------------------------------------------------------------- features
@@ -441,12 +370,9 @@ def prefixed(prefix, figures):
 
 # ----------------------------------------------------------------------------- export
 
-def export_onnx(model, example_inputs, input_names, output_name, dynamic_axes, path):
-    dims = {"N": torch.export.Dim("N"), "L": torch.export.Dim("L", min=2, max=MAX_TOKENS)}
-    dynamic_shapes = tuple({axis: dims[dim] for axis, dim in axes.items()} for axes in dynamic_axes)
-    torch.onnx.export(model, tuple(torch.as_tensor(a) for a in example_inputs), path, dynamo=True,
-                      external_data=False, input_names=list(input_names), output_names=[output_name],
-                      dynamic_shapes=dynamic_shapes, verbose=False, optimize=True)
+def export(model, example_inputs, input_names, output_name, dynamic_axes, path):
+    """export_onnx with this stage's token range (2..REAL_MAX_TOKENS)."""
+    export_onnx(model, example_inputs, input_names, output_name, dynamic_axes, path, MAX_TOKENS, min_tokens=2)
 
 
 def onnx_aggregate(session, jobs, entries):
@@ -466,21 +392,17 @@ def onnx_sequence(session, jobs, token_entries):
 # ----------------------------------------------------------------------------- MLP regressor
 
 def load_mlp(csv_path, splits_path):
-    with open(csv_path, newline="") as handle:
-        rows = list(csv.DictReader(handle))
-    with open(splits_path) as handle:
-        splits = json.load(handle)
-    records = [{"id": str(i), "group": gf.group_key(row["Filename"]), "status": "ok",
-                "peak": float(row["Max GPU Memory (MiB)"]), "job": gf.csv_row_to_job(row)}
-               for i, row in enumerate(rows)]
-    return records, splits
+    """The MLP rows as regression records, and the mlp stage's split."""
+    records = [{"id": str(r["index"]), "group": r["group"], "status": "ok", "peak": float(r["peak"]), "job": r["job"]}
+               for r in load_mlp_records(csv_path)]
+    return records, mf.read_json(splits_path)
 
 
-def run_mlp_regressor(csv_path, models_dir, threads):
-    records, splits = load_mlp(csv_path, os.path.join(REPO, "data", "mlp", "splits.json"))
+def run_mlp_regressor(layout, threads):
+    records, splits = load_mlp(layout.mlp_csv, layout.read("data", "mlp", "splits.json"))
     train = [records[i] for i in splits["train_rows"]]
     raws = [gf.raw_aggregate_features(r["job"]) for r in train]
-    folds = GroupKFold(n_splits=3, shuffle=True, random_state=SEED).split(
+    folds = GroupKFold(n_splits=MLP_FOLDS, shuffle=True, random_state=SEED).split(
         np.zeros(len(train)), groups=[r["group"] for r in train])
     oof = np.zeros(len(train))
     for k, (fit, val) in enumerate(folds):
@@ -493,12 +415,12 @@ def run_mlp_regressor(csv_path, models_dir, threads):
     cv = regression_figures(oof, train, {"mlp": quantiles})
     entries = fit_entries(raws, MLP_REG_FEATURES)
     model = train_regressor(encode(raws, entries), train, entries, SEED)
-    path = os.path.join(models_dir, "mlp_regressor.onnx")
-    export_onnx(model, [encode(raws[:2], entries)], ["features"], "log_mib", [{0: "N"}], path)
+    path = layout.out("models", "mlp_regressor.onnx")
+    export(model, [encode(raws[:2], entries)], ["features"], "log_mib", [{0: "N"}], path)
     session = onnx_session(path, threads)
     test_file = "data/mlp/test.jsonl.gz"
     test = [{"status": "ok", "peak": float(line["measured_peak_mib"]), "job": line["job"]}
-            for line in read_test_file(os.path.join(REPO, test_file))]
+            for line in read_jsonl_gz(layout.read(test_file))]
     test = [dict(r, id="%d@0" % i) for i, r in enumerate(test)]
     test_pred = onnx_aggregate(session, [r["job"] for r in test], entries)
     with torch.no_grad():
@@ -508,7 +430,7 @@ def run_mlp_regressor(csv_path, models_dir, threads):
                "latency": median_latency_us(session, {"features": encode(raws[:1], entries)})}
     entry = {
         "name": "mlp_memory_regressor", "version": VERSION, "family": "mlp", "kind": "memory_regressor",
-        "file": "mlp_regressor.onnx", "sha256": sha256_of(path),
+        "file": "mlp_regressor.onnx", "sha256": mf.sha256_of(path),
         "input": {"type": "aggregate", "features": entries}, "output": "log_mib",
         "residual_quantiles": quantiles, "capacity_mib": CAPACITY_MIB, "test_file": test_file,
         "validation": {**prefixed("cv_", cv), **prefixed("test_", figures["test"])}}
@@ -541,13 +463,13 @@ def subset(records, mask):
     return [r for r, m in zip(records, mask) if m]
 
 
-def run_timm(models_dir, threads, timm_csv):
-    records, dropped = load_timm(timm_csv, os.path.join(REPO, "data", "timm", "descriptions.jsonl.gz"))
+def run_timm(layout, threads):
+    records, dropped = load_timm(layout.timm_csv, layout.read(DESCRIPTIONS))
     test_groups = split_groups(records)
     train = [r for r in records if r["group"] not in test_groups]
     test = [r for r in records if r["group"] in test_groups]
-    test_file = "data/timm/test.jsonl.gz"
-    write_test_file(test, os.path.join(REPO, test_file))
+    test_file = TEST_FILE
+    write_test_file(test, layout.out(test_file))
     log("timm: %d rows (%s dropped), train %d rows / test %d rows (%d groups held out)"
         % (len(records), dropped, len(train), len(test), len(test_groups)))
     raws = [gf.raw_aggregate_features(r["job"]) for r in train]
@@ -591,7 +513,7 @@ def run_timm(models_dir, threads, timm_csv):
     cv = {family: figures_of(train, family_mask_or_all(train, family), oof_reg, oof_traced, oof_agg, oof_seq,
                              quantiles, traced_quantiles)
           for family in FAMILIES + ["all"]}
-    save_oof(train, oof_reg, oof_traced, oof_agg, oof_seq, raws, quantiles)
+    save_oof(layout, train, oof_reg, oof_traced, oof_agg, oof_seq, raws, quantiles)
 
     # Final models on the whole training part (its usable rows).
     learn = np.flatnonzero(usable)
@@ -606,17 +528,17 @@ def run_timm(models_dir, threads, timm_csv):
     token_entries = fit_token_entries([jobs[i] for i in learn])
     encoded = encode_tokens(jobs, token_entries)
     sequence = train_sequence([encoded[i] for i in learn], learn_records, token_entries, SEED)
-    paths = {name: os.path.join(models_dir, name + ".onnx")
+    paths = {name: layout.out("models", name + ".onnx")
              for name in ("timm_regressor", "timm_traced_regressor", "timm_mlp_ensemble", "timm_sequence_transformer")}
-    export_onnx(regressor, [x[:2]], ["features"], "log_mib", [{0: "N"}], paths["timm_regressor"])
-    export_onnx(traced, [x_traced[:2]], ["features"], "log_mib", [{0: "N"}], paths["timm_traced_regressor"])
-    export_onnx(classifier, [x[:2]], ["features"], "probabilities", [{0: "N"}], paths["timm_mlp_ensemble"])
+    export(regressor, [x[:2]], ["features"], "log_mib", [{0: "N"}], paths["timm_regressor"])
+    export(traced, [x_traced[:2]], ["features"], "log_mib", [{0: "N"}], paths["timm_traced_regressor"])
+    export(classifier, [x[:2]], ["features"], "probabilities", [{0: "N"}], paths["timm_mlp_ensemble"])
     example = pad_tokens(encoded[:2])
-    export_onnx(sequence, example, ["kind_ids", "token_features", "mask"], "probabilities",
+    export(sequence, example, ["kind_ids", "token_features", "mask"], "probabilities",
                 [{0: "N", 1: "L"}, {0: "N", 1: "L"}, {0: "N", 1: "L"}], paths["timm_sequence_transformer"])
 
     # Test figures through onnxruntime, from the test file's job JSON.
-    test_lines = read_test_file(os.path.join(REPO, test_file))
+    test_lines = read_jsonl_gz(layout.read(test_file))
     test_records = [{"id": l["id"], "family": l["job"]["family"], "status": l["status"], "peak": l["measured_peak_mib"],
                      "job": l["job"]} for l in test_lines]
     test_jobs = [r["job"] for r in test_records]
@@ -666,21 +588,17 @@ def run_timm(models_dir, threads, timm_csv):
                 paths=paths, diffs=diffs, latency=latency, test_records=test_records)
 
 
-def save_oof(train, oof_reg, oof_traced, oof_agg, oof_seq, raws, quantiles):
-    path = os.path.join(REPO, "data", "timm", "cv_predictions.csv.gz")
-    with open(path, "wb") as raw:
-        with gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as handle:
-            handle.write(b"id,group,family,status,batch_size,measured_peak_mib,faketensor_mib,first_principles_mib,"
-                         b"horus_mib,regressor_mib,traced_first_principles_mib,traced_regressor_mib,"
-                         b"p_mlp_ensemble,p_sequence_transformer\n")
-            for r, reg, traced, agg, seq, f in zip(train, oof_reg, oof_traced, oof_agg, oof_seq, raws):
-                handle.write(("%s,%s,%s,%s,%d,%.1f,%.1f,%.3f,%.3f,%.3f,%.3f,%.3f,%s,%s\n" % (
-                    r["id"], r["group"], r["family"], r["status"], r["batch_size"], r["peak"], r["faketensor"],
-                    f["first_principles_mib"], f["horus_mib"], math.exp(reg), f["traced_first_principles_mib"],
-                    math.exp(traced),
-                    " ".join("%.5f" % p for p in agg), " ".join("%.5f" % p for p in seq))).encode())
-    with open(os.path.join(REPO, "data", "timm", "cv_quantiles.json"), "w") as handle:
-        json.dump(quantiles, handle, indent=1)
+def save_oof(layout, train, oof_reg, oof_traced, oof_agg, oof_seq, raws, quantiles):
+    header = ("id,group,family,status,batch_size,measured_peak_mib,faketensor_mib,first_principles_mib,"
+              "horus_mib,regressor_mib,traced_first_principles_mib,traced_regressor_mib,"
+              "p_mlp_ensemble,p_sequence_transformer\n")
+    rows = ("%s,%s,%s,%s,%d,%.1f,%.1f,%.3f,%.3f,%.3f,%.3f,%.3f,%s,%s\n" % (
+        r["id"], r["group"], r["family"], r["status"], r["batch_size"], r["peak"], r["faketensor"],
+        f["first_principles_mib"], f["horus_mib"], math.exp(reg), f["traced_first_principles_mib"],
+        math.exp(traced), " ".join("%.5f" % p for p in agg), " ".join("%.5f" % p for p in seq))
+        for r, reg, traced, agg, seq, f in zip(train, oof_reg, oof_traced, oof_agg, oof_seq, raws))
+    write_gz(layout.out("data", "timm", "cv_predictions.csv.gz"), [header] + list(rows))
+    mf.write_json(layout.out("data", "timm", "cv_quantiles.json"), quantiles, newline=False)
 
 
 # ----------------------------------------------------------------------------- manifest/golden
@@ -693,7 +611,7 @@ OUR_NAMES = {"mlp_memory_regressor"} | {n for names in REAL_NAMES.values() for n
 
 def timm_entries(result):
     out = []
-    sha = {name: sha256_of(path) for name, path in result["paths"].items()}
+    sha = {name: mf.sha256_of(path) for name, path in result["paths"].items()}
     for family in FAMILIES:
         cv, test = result["cv"][family], result["test"][family]
         names = REAL_NAMES[family]
@@ -724,19 +642,17 @@ def timm_entries(result):
     return out
 
 
-def merge_manifest(path, entries, timm_result, timm_csv, mlp_csv):
-    with open(path) as handle:
-        manifest = json.load(handle)
-    manifest["estimators"] = [e for e in manifest["estimators"] if e["name"] not in OUR_NAMES] + entries
-    manifest["generated_at"] = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
+def merge_manifest(layout, entries, timm_result):
+    """The mlp stage's manifest with this stage's estimators, training data and split blocks."""
+    timm_csv, mlp_csv = layout.timm_csv, layout.mlp_csv
+    manifest = mf.replace_estimators(mf.read_json(layout.read("models", "manifest.json")), OUR_NAMES, entries)
     mlp_data = manifest["training_data"]
     if isinstance(mlp_data, list):
         mlp_data = next(d for d in mlp_data if d["file"] == os.path.basename(mlp_csv))
     info = timm_result["info"]
     manifest["training_data"] = [mlp_data, {
-        "file": os.path.basename(timm_csv), "sha256": sha256_of(timm_csv), "rows": info["rows"] + sum(info["dropped"].values()),
-        "families": FAMILIES, "descriptions": "data/timm/descriptions.jsonl.gz",
-        "descriptions_sha256": sha256_of(os.path.join(REPO, "data", "timm", "descriptions.jsonl.gz"))}]
+        "file": os.path.basename(timm_csv), "sha256": mf.sha256_of(timm_csv), "rows": info["rows"] + sum(info["dropped"].values()),
+        "families": FAMILIES, "descriptions": DESCRIPTIONS, "descriptions_sha256": mf.sha256_of(layout.read(DESCRIPTIONS))}]
     manifest["split_real"] = {
         "protocol": ("group = timm model name without source prefixes (tf_, legacy_, gluon_, timm_, hf_) up to the "
                      "first '_' or digit; %d of %d groups held out (seeded shuffle, ~15 %% of models) for the test "
@@ -754,9 +670,7 @@ def merge_manifest(path, entries, timm_result, timm_csv, mlp_csv):
             "members": [names["mlp_ensemble"], names["sequence_transformer"]], "rule": "mean_probabilities",
             "validation": {**prefixed("cv_", timm_result["cv"][family]["combined"]),
                            **prefixed("test_", timm_result["test"][family]["combined"])}}
-    with open(path, "w") as handle:
-        json.dump(manifest, handle, indent=1)
-        handle.write("\n")
+    mf.write_manifest(layout.out("models", "manifest.json"), manifest)
     return manifest
 
 
@@ -778,10 +692,11 @@ def golden_real_jobs(test_records):
     return cases
 
 
-def write_golden(path, manifest, test_records):
-    with open(path) as handle:
-        golden = json.load(handle)
-    by_name = {e["name"]: e for e in manifest["estimators"]}
+def write_golden(layout, manifest, test_records):
+    """The mlp stage's fixture with mlp_memory_regressor's vectors on its cases, and the real cases."""
+    path = ("tests", "fixtures", "golden_features.json")
+    golden = mf.read_json(layout.read(*path))
+    by_name = mf.estimators_by_name(manifest)
     golden["estimators"]["extra_aggregate"] = ["mlp_memory_regressor"]
     for case in golden["cases"]:
         case["raw_aggregate"] = gf.raw_aggregate_features(case["job"])
@@ -789,43 +704,22 @@ def write_golden(path, manifest, test_records):
     names = REAL_NAMES["cnn"]
     golden["real_estimators"] = {"aggregate": names["regressor"], "sequence": names["sequence_transformer"],
                                  "extra_aggregate": [names["mlp_ensemble"], names["traced_regressor"]]}
-    sequence = by_name[names["sequence_transformer"]]["input"]
-    golden["real_cases"] = []
-    for name, job in golden_real_jobs(test_records):
-        golden["real_cases"].append({
-            "name": name, "job": job, "raw_aggregate": gf.raw_aggregate_features(job),
-            "aggregate": gf.aggregate_vector(job, by_name[names["regressor"]]["input"]["features"]),
-            "kind_ids": gf.kind_ids(job, sequence["kind_vocab"]),
-            "token_features": gf.token_vectors(job, sequence["token_features"]),
-            "extra_aggregate": {extra: gf.aggregate_vector(job, by_name[extra]["input"]["features"])
-                                for extra in (names["mlp_ensemble"], names["traced_regressor"])}})
-    with open(path, "w") as handle:
-        json.dump(golden, handle, indent=1)
-        handle.write("\n")
+    golden["real_cases"] = [mf.manifest_golden_case(name, job, golden["real_estimators"], by_name)
+                            for name, job in golden_real_jobs(test_records)]
+    mf.write_json(layout.out(*path), golden)
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--timm-csv", default=os.environ.get("GPUCAST_TIMM_CSV", TIMM_CSV))
-    parser.add_argument("--mlp-csv", default=os.environ.get("GPUCAST_MLP_CSV", MLP_CSV))
-    parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+def run(layout, threads=None):
+    torch.set_num_threads(threads or THREADS)
     started = time.time()
-    models_dir = os.path.join(REPO, "models")
     log("MLP memory regressor")
-    mlp_entry, mlp_figures, _ = run_mlp_regressor(args.mlp_csv, models_dir, 1)
+    mlp_entry, mlp_figures, _ = run_mlp_regressor(layout, 1)
     log("MLP regressor: cv %s test %s" % (mlp_figures["cv"], mlp_figures["test"]))
-    timm = run_timm(models_dir, 1, args.timm_csv)
-    manifest = merge_manifest(os.path.join(models_dir, "manifest.json"), [mlp_entry] + timm_entries(timm),
-                              timm, args.timm_csv, args.mlp_csv)
-    write_golden(os.path.join(REPO, "tests", "fixtures", "golden_features.json"), manifest, timm["test_records"])
-    with open(os.path.join(REPO, "data", "timm", "pipeline_figures.json"), "w") as handle:
-        json.dump({"timm": {k: timm[k] for k in ("info", "cv", "test", "quantiles", "diffs", "latency")},
-                   "mlp_regressor": mlp_figures, "seconds": time.time() - started}, handle, indent=1)
+    timm = run_timm(layout, 1)
+    manifest = merge_manifest(layout, [mlp_entry] + timm_entries(timm), timm)
+    write_golden(layout, manifest, timm["test_records"])
+    mf.write_json(layout.out("data", "timm", "pipeline_figures.json"), {
+        "timm": {k: timm[k] for k in ("info", "cv", "test", "quantiles", "diffs", "latency")},
+        "mlp_regressor": mlp_figures, "seconds": time.time() - started}, newline=False)
     log("done in %.0f s" % (time.time() - started))
     print(json.dumps({k: timm[k] for k in ("cv", "test", "diffs", "latency")}, indent=1))
-
-
-if __name__ == "__main__":
-    main()
