@@ -1,6 +1,7 @@
 //! gpucast: estimates the GPU memory and utilization of a deep-learning training job from its
 //! description, before it runs.
 
+pub mod calibration;
 pub mod config;
 pub mod devices;
 pub mod domain;
@@ -8,7 +9,6 @@ pub mod error;
 pub mod estimators;
 pub mod http;
 pub mod metrics;
-pub mod placement;
 pub mod shutdown;
 pub mod startup;
 pub mod telemetry;

@@ -7,9 +7,10 @@ use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
+use crate::calibration::profile::ProfileError;
+use crate::calibration::store::ProfileStore;
 use crate::config::ServeConfig;
 use crate::devices::nvml::NvmlDevices;
-use crate::devices::profiles::{ProfileError, ProfileStore};
 use crate::devices::{GpuDevices, NoDevices};
 use crate::estimators::{Estimators, LoadError};
 use crate::http::{self, AppState, Limits};

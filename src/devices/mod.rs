@@ -4,15 +4,13 @@
 //! - [`GpuDevices`]: list the GPUs, read one process's GPU memory, the driver version.
 //!   [`nvml::NvmlDevices`] reads a real driver; [`NoDevices`] stands in where there is none (the
 //!   service still starts); [`FakeDevices`] is scripted by tests.
-//! - [`sku`]: the catalogue of known SKUs with their capacities, name parsing, fit arithmetic.
-//! - [`profiles`]: per-SKU calibration profiles learned from observed peaks, stored atomically.
+//! - [`sku`]: the catalogue of known SKUs with their capacities, and name parsing.
 //! - [`watch`]: sample one process's GPU memory until it exits and report its peak.
-//! - [`auth`]: the bearer-token check for the routes that change state.
+//!
+//! What is learned per GPU from the peaks lives in [`crate::calibration`].
 
-pub mod auth;
 pub mod fake;
 pub mod nvml;
-pub mod profiles;
 pub mod sku;
 pub mod watch;
 

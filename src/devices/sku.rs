@@ -1,5 +1,5 @@
-//! The catalogue of GPU models (SKUs) gpucast knows the capacity of, parsing of driver names
-//! and user input into them, and the fit arithmetic: does a job fit, and how many copies do.
+//! The catalogue of GPU models (SKUs) gpucast knows the capacity of, and parsing of driver names
+//! and user input into them.
 
 use std::fmt;
 
@@ -200,38 +200,6 @@ pub fn slug(name: &str) -> String {
     }
 }
 
-/// Whether a job fits on one GPU, and how many copies of it fit side by side.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Fit {
-    pub fits: bool,
-    /// floor(capacity / upper bound); 0 when one copy does not fit.
-    pub max_colocated: u64,
-}
-
-/// Fit of a job whose memory need is at most `upper_bound_mib` on a GPU of `capacity_mib`.
-///
-/// An upper bound that is not a finite positive number says nothing a scheduler could rely on,
-/// so the answer is "does not fit" rather than a division by zero or an infinite count.
-pub fn fit(capacity_mib: u64, upper_bound_mib: f64) -> Fit {
-    if !upper_bound_mib.is_finite() || upper_bound_mib <= 0.0 {
-        return Fit {
-            fits: false,
-            max_colocated: 0,
-        };
-    }
-    // f64 holds every capacity exactly (< 2^53); the quotient is finite and non-negative.
-    let copies = (capacity_mib as f64 / upper_bound_mib).floor();
-    let max_colocated = if copies >= u64::MAX as f64 {
-        u64::MAX
-    } else {
-        copies as u64
-    };
-    Fit {
-        fits: max_colocated >= 1,
-        max_colocated,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -324,73 +292,5 @@ mod tests {
         assert_eq!(slug("NVIDIA GeForce RTX 4090"), "geforce-rtx-4090");
         assert_eq!(slug("../../etc/passwd"), "etc-passwd");
         assert_eq!(slug("NVIDIA"), "unknown");
-    }
-
-    #[test]
-    fn max_colocated_is_the_floor_of_capacity_over_the_bound() {
-        assert_eq!(
-            fit(40_960, 10_000.0),
-            Fit {
-                fits: true,
-                max_colocated: 4
-            }
-        );
-        assert_eq!(
-            fit(40_960, 10_240.0),
-            Fit {
-                fits: true,
-                max_colocated: 4
-            }
-        );
-        assert_eq!(
-            fit(40_960, 10_240.5),
-            Fit {
-                fits: true,
-                max_colocated: 3
-            }
-        );
-        assert_eq!(
-            fit(40_960, 40_960.0),
-            Fit {
-                fits: true,
-                max_colocated: 1
-            }
-        );
-        assert_eq!(
-            fit(40_960, 40_960.1),
-            Fit {
-                fits: false,
-                max_colocated: 0
-            }
-        );
-        assert_eq!(
-            fit(143_771, 1.0),
-            Fit {
-                fits: true,
-                max_colocated: 143_771
-            }
-        );
-        assert_eq!(
-            fit(0, 100.0),
-            Fit {
-                fits: false,
-                max_colocated: 0
-            }
-        );
-    }
-
-    #[test]
-    fn a_meaningless_bound_never_fits() {
-        for bound in [0.0, -1.0, f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
-            assert_eq!(
-                fit(40_960, bound),
-                Fit {
-                    fits: false,
-                    max_colocated: 0
-                },
-                "bound {bound}"
-            );
-        }
-        assert_eq!(fit(40_960, f64::MIN_POSITIVE).max_colocated, u64::MAX);
     }
 }

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
+use crate::calibration::placement::{place, FitBasis, Placement, Target};
 use crate::domain::physics::BreakdownSource;
 use crate::domain::{Confidence, MemoryClass, MemoryFraction};
 use crate::error::ApiError;
@@ -15,7 +16,6 @@ use crate::http::types::{
 };
 use crate::http::validate::ValidEstimateRequest;
 use crate::http::AppState;
-use crate::placement::{place, FitBasis, Placement, Target};
 
 const DRAMA_REASON: &str =
     "no measured DRAM-activity data exists yet for any family, so no DRAMA model is trained";

@@ -1,24 +1,22 @@
-//! GPUs of this host and what the service learns per GPU: `GET /v1/devices`,
-//! `GET /v1/calibration/profiles`, `POST /v1/calibration/observations`,
+//! What the service learns per GPU: `GET /v1/calibration/profiles`, `POST /v1/calibration/observations`,
 //! `POST /v1/calibration/watch`.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::State;
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{HeaderMap, StatusCode};
 use axum::Json;
 
-use crate::devices::auth::authorized;
-use crate::devices::profiles::{CalibrationProfile, ProfileError};
+use crate::calibration::profile::{CalibrationProfile, ProfileError};
 use crate::devices::watch::{watch_process, WatchConfig};
-use crate::devices::DeviceError;
 use crate::error::ApiError;
 use crate::estimators::FIRST_PRINCIPLES;
+use crate::http::auth::require_token;
 use crate::http::extract::{from_value, JsonBody, JsonObjectOrArray};
 use crate::http::types::{
-    DeviceResponse, DevicesResponse, EstimateRequest, ObservationRequest, ObservationsResponse,
-    Problem, ProfileResponse, ProfilesResponse, WatchRequest, WatchResponse,
+    EstimateRequest, ObservationRequest, ObservationsResponse, Problem, ProfileResponse,
+    ProfilesResponse, WatchRequest, WatchResponse,
 };
 use crate::http::validate::{resolve, to_job};
 use crate::http::AppState;
@@ -27,43 +25,6 @@ use crate::http::AppState;
 const MAX_OBSERVATIONS: usize = 1000;
 /// Largest peak an observation may report, MiB.
 const MAX_OBSERVED_PEAK_MIB: f64 = 10_000_000.0;
-
-/// The GPUs of this host, as NVML reports them.
-#[utoipa::path(get, path = "/v1/devices", tag = "devices", responses((status = 200, body = DevicesResponse)))]
-pub async fn devices(State(state): State<AppState>) -> Result<Json<DevicesResponse>, ApiError> {
-    let devices = state.devices.clone();
-    let listed = tokio::task::spawn_blocking(move || devices.list())
-        .await
-        .map_err(|e| ApiError::Internal(format!("device task failed: {e}")))?;
-    let response = match listed {
-        Ok(devices) => DevicesResponse {
-            nvml: true,
-            reason: None,
-            devices: devices
-                .into_iter()
-                .map(|d| DeviceResponse {
-                    index: d.index,
-                    uuid: d.uuid,
-                    name: d.name,
-                    sku: d.sku,
-                    memory_total_mib: d.memory_total_mib,
-                    memory_used_mib: d.memory_used_mib,
-                    memory_free_mib: d.memory_free_mib,
-                    compute_capability: d.compute_capability,
-                    driver_version: d.driver_version,
-                })
-                .collect(),
-        },
-        // No driver is a fact about the host, not a failure: say so plainly.
-        Err(DeviceError::Unavailable(reason)) => DevicesResponse {
-            nvml: false,
-            reason: Some(format!("no NVML device is present: {reason}")),
-            devices: vec![],
-        },
-        Err(other) => return Err(ApiError::Internal(other.to_string())),
-    };
-    Ok(Json(response))
-}
 
 /// Calibration profiles learned so far.
 #[utoipa::path(get, path = "/v1/calibration/profiles", tag = "devices", responses((status = 200, body = ProfilesResponse)))]
@@ -234,17 +195,6 @@ pub async fn watch(
             status: "watching".into(),
         }),
     ))
-}
-
-fn require_token(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
-    let header = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok());
-    if authorized(header, state.token.as_ref().map(|t| t.expose())) {
-        Ok(())
-    } else {
-        Err(ApiError::Unauthorized)
-    }
 }
 
 /// What the reference (uncalibrated) model says of a job: the learned MiB figure, or the

@@ -2,7 +2,9 @@
 //! every route (metrics, concurrency limit, timeout).
 
 pub mod answer;
+pub mod auth;
 pub mod calibration;
+pub mod devices;
 pub mod estimate;
 pub mod extract;
 pub mod service;
@@ -23,8 +25,8 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use utoipa_swagger_ui::SwaggerUi;
 
+use crate::calibration::store::ProfileStore;
 use crate::config::ApiToken;
-use crate::devices::profiles::ProfileStore;
 use crate::devices::GpuDevices;
 use crate::error::ApiError;
 use crate::estimators::Estimators;
@@ -76,7 +78,7 @@ fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(service::healthz))
         .routes(routes!(service::readyz))
         .routes(routes!(service::metrics))
-        .routes(routes!(calibration::devices))
+        .routes(routes!(devices::devices))
         .routes(routes!(calibration::profiles))
         .routes(routes!(calibration::observe))
         .routes(routes!(calibration::watch))

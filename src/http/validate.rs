@@ -3,6 +3,7 @@
 //! runs. Both estimate routes and the calibration routes validate here, so the route modules
 //! need not import each other.
 
+use crate::calibration::placement::{PlacementError, Target};
 use crate::devices::GpuDevices;
 use crate::domain::summary::{parse_summary, SummaryFormat};
 use crate::domain::{
@@ -11,7 +12,6 @@ use crate::domain::{
 };
 use crate::error::ApiError;
 use crate::http::types::{EstimateRequest, SummaryFormatRequest};
-use crate::placement::{PlacementError, Target};
 
 /// Longest sequence accepted (tokens per sample).
 const MAX_SEQ_LEN: u64 = 1_000_000;

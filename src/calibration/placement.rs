@@ -1,8 +1,8 @@
 //! Where a job is to run: the GPU it is asked about, that GPU's calibration profile, and
 //! whether (and how many copies of) the job fits there.
 
-use crate::devices::profiles::ProfileStore;
-use crate::devices::sku::{self, GpuSelector, Sku, SkuError};
+use crate::calibration::store::ProfileStore;
+use crate::devices::sku::{GpuSelector, Sku, SkuError};
 use crate::devices::{DeviceError, GpuDevices};
 use crate::domain::physics::Physics;
 use crate::domain::MemoryFraction;
@@ -63,7 +63,7 @@ pub struct Placement {
     pub floored: bool,
     /// Observations behind the profile used; `None` when the GPU has no profile yet.
     pub profile_observations: Option<u64>,
-    pub fit: sku::Fit,
+    pub fit: Fit,
     pub fit_basis: FitBasis,
 }
 
@@ -126,7 +126,7 @@ pub fn fit(
     upper_bound_mib: f64,
     physics: &Physics,
     fraction: Option<MemoryFraction>,
-) -> (sku::Fit, FitBasis) {
+) -> (Fit, FitBasis) {
     let capacity = capacity_mib as f64;
     let context = physics.parts.cuda_context;
     // The most the allocator can hold: what the card leaves beside the context, at most the cap.
@@ -144,7 +144,7 @@ pub fn fit(
         ),
         (None, None) => {
             return (
-                sku::fit(capacity_mib, upper_bound_mib),
+                copies_within(capacity_mib, upper_bound_mib),
                 FitBasis::UpperBound,
             )
         }
@@ -156,7 +156,7 @@ pub fn fit(
     };
     if !fits {
         return (
-            sku::Fit {
+            Fit {
                 fits: false,
                 max_colocated: 0,
             },
@@ -165,12 +165,44 @@ pub fn fit(
     }
     // A job that runs alone fits once, even where its uncapped reservation exceeds the card.
     (
-        sku::Fit {
+        Fit {
             fits: true,
-            max_colocated: sku::fit(capacity_mib, occupied).max_colocated.max(1),
+            max_colocated: copies_within(capacity_mib, occupied).max_colocated.max(1),
         },
         basis,
     )
+}
+
+/// Whether a job fits on one GPU, and how many copies of it fit side by side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fit {
+    pub fits: bool,
+    /// floor(capacity / upper bound); 0 when one copy does not fit.
+    pub max_colocated: u64,
+}
+
+/// Fit of a job whose memory need is at most `upper_bound_mib` on a GPU of `capacity_mib`.
+///
+/// An upper bound that is not a finite positive number says nothing a scheduler could rely on,
+/// so the answer is "does not fit" rather than a division by zero or an infinite count.
+pub fn copies_within(capacity_mib: u64, upper_bound_mib: f64) -> Fit {
+    if !upper_bound_mib.is_finite() || upper_bound_mib <= 0.0 {
+        return Fit {
+            fits: false,
+            max_colocated: 0,
+        };
+    }
+    // f64 holds every capacity exactly (< 2^53); the quotient is finite and non-negative.
+    let copies = (capacity_mib as f64 / upper_bound_mib).floor();
+    let max_colocated = if copies >= u64::MAX as f64 {
+        u64::MAX
+    } else {
+        copies as u64
+    };
+    Fit {
+        fits: max_colocated >= 1,
+        max_colocated,
+    }
 }
 
 #[cfg(test)]
@@ -248,7 +280,7 @@ mod tests {
         assert_eq!(
             (fit, basis),
             (
-                sku::Fit {
+                Fit {
                     fits: true,
                     max_colocated: 3
                 },
@@ -258,21 +290,21 @@ mod tests {
         // Enough to run but not to reserve the whole peak: one copy, the allocator frees its cache.
         assert_eq!(
             fit_of(10_216, None),
-            sku::Fit {
+            Fit {
                 fits: true,
                 max_colocated: 1
             }
         );
         assert_eq!(
             fit_of(10_215, None),
-            sku::Fit {
+            Fit {
                 fits: false,
                 max_colocated: 0
             }
         );
     }
 
-    fn fit_of(capacity_mib: u64, fraction: Option<MemoryFraction>) -> sku::Fit {
+    fn fit_of(capacity_mib: u64, fraction: Option<MemoryFraction>) -> Fit {
         fit(capacity_mib, 0.0, &simulated(capacity_mib), fraction).0
     }
 
@@ -281,7 +313,7 @@ mod tests {
         // 0.25 x 40,960 = 10,240 MiB cap >= 9,216 needed: each copy occupies 11,240 MiB.
         assert_eq!(
             fit_of(40_960, fraction(0.25)),
-            sku::Fit {
+            Fit {
                 fits: true,
                 max_colocated: 3
             }
@@ -289,7 +321,7 @@ mod tests {
         // 0.2 x 40,960 = 8,192 MiB: the step does not run within the cap.
         assert_eq!(
             fit_of(40_960, fraction(0.2)),
-            sku::Fit {
+            Fit {
                 fits: false,
                 max_colocated: 0
             }
@@ -297,7 +329,7 @@ mod tests {
         // The whole card: one copy.
         assert_eq!(
             fit_of(40_960, fraction(1.0)),
-            sku::Fit {
+            Fit {
                 fits: true,
                 max_colocated: 1
             }
@@ -306,14 +338,14 @@ mod tests {
         let plain = physics();
         assert_eq!(
             fit(40_960, 11_540.0, &plain, fraction(0.25)).0,
-            sku::Fit {
+            Fit {
                 fits: true,
                 max_colocated: 3
             }
         );
         assert_eq!(
             fit(40_960, 11_541.0, &plain, fraction(0.25)).0,
-            sku::Fit {
+            Fit {
                 fits: false,
                 max_colocated: 0
             }
@@ -321,7 +353,7 @@ mod tests {
         assert_eq!(
             fit(40_960, 11_541.0, &plain, None),
             (
-                sku::Fit {
+                Fit {
                     fits: true,
                     max_colocated: 3
                 },
@@ -391,7 +423,7 @@ mod tests {
         );
         assert_eq!(
             placement.fit,
-            sku::Fit {
+            Fit {
                 fits: true,
                 max_colocated: 4
             }
@@ -406,7 +438,7 @@ mod tests {
         );
         assert_eq!(
             placement.fit,
-            sku::Fit {
+            Fit {
                 fits: false,
                 max_colocated: 0
             }
@@ -434,5 +466,76 @@ mod tests {
             "{placement:?}"
         );
         assert!(placement.upper_bound_mib >= placement.estimate_mib);
+    }
+
+    #[test]
+    fn max_colocated_is_the_floor_of_capacity_over_the_bound() {
+        assert_eq!(
+            copies_within(40_960, 10_000.0),
+            Fit {
+                fits: true,
+                max_colocated: 4
+            }
+        );
+        assert_eq!(
+            copies_within(40_960, 10_240.0),
+            Fit {
+                fits: true,
+                max_colocated: 4
+            }
+        );
+        assert_eq!(
+            copies_within(40_960, 10_240.5),
+            Fit {
+                fits: true,
+                max_colocated: 3
+            }
+        );
+        assert_eq!(
+            copies_within(40_960, 40_960.0),
+            Fit {
+                fits: true,
+                max_colocated: 1
+            }
+        );
+        assert_eq!(
+            copies_within(40_960, 40_960.1),
+            Fit {
+                fits: false,
+                max_colocated: 0
+            }
+        );
+        assert_eq!(
+            copies_within(143_771, 1.0),
+            Fit {
+                fits: true,
+                max_colocated: 143_771
+            }
+        );
+        assert_eq!(
+            copies_within(0, 100.0),
+            Fit {
+                fits: false,
+                max_colocated: 0
+            }
+        );
+    }
+
+    #[test]
+    fn a_meaningless_bound_never_fits() {
+        for bound in [0.0, -1.0, f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+            assert_eq!(
+                copies_within(40_960, bound),
+                Fit {
+                    fits: false,
+                    max_colocated: 0
+                },
+                "bound {bound}"
+            );
+        }
+        assert_eq!(
+            copies_within(40_960, f64::MIN_POSITIVE).max_colocated,
+            u64::MAX
+        );
     }
 }

@@ -1,5 +1,10 @@
 //! The bearer-token check for routes that change state (calibration observations, watches).
 
+use axum::http::{header, HeaderMap};
+
+use crate::error::ApiError;
+use crate::http::AppState;
+
 /// Whether a request may proceed, given its `Authorization` header and the configured token.
 ///
 /// - No token configured: every request is allowed (the service trusts its network).
@@ -38,6 +43,19 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
         difference |= u64::from(x ^ y);
     }
     std::hint::black_box(difference) == 0
+}
+
+/// Refuses (401) a request without the configured bearer token; without one, every request
+/// passes.
+pub fn require_token(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
+    let header = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    if authorized(header, state.token.as_ref().map(|t| t.expose())) {
+        Ok(())
+    } else {
+        Err(ApiError::Unauthorized)
+    }
 }
 
 #[cfg(test)]

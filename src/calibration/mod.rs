@@ -1,0 +1,14 @@
+//! What the service learns per GPU from the peaks of jobs that really ran there, and how an
+//! estimate is placed on a GPU.
+//!
+//! - [`profile`]: one GPU's calibration profile (offset, scale, residual quantiles) and how it
+//!   moves an estimate.
+//! - [`fit`]: the robust line (Theil–Sen) and the residual quantiles behind a profile.
+//! - [`store`]: profiles by GPU, loaded at start-up and persisted atomically.
+//! - [`placement`]: the GPU an answer is for, its profile applied, whether and how many copies
+//!   of the job fit there.
+
+pub mod fit;
+pub mod placement;
+pub mod profile;
+pub mod store;

@@ -1,0 +1,287 @@
+//! A calibration profile: what the service has learned about one GPU model (SKU) from the peaks
+//! of jobs that really ran on it, and how it moves an estimate onto that GPU.
+//!
+//! The estimators were trained on one GPU (an A100 40GB). On another SKU the same job needs a
+//! different amount: the CUDA context and library workspaces differ by architecture and driver
+//! (an offset) and allocator behaviour scales with the job (a scale). A profile holds
+//! `observed ≈ offset_mib + scale × predicted_mib`, fitted robustly to the observations, and
+//! the quantiles of the relative residual, from which the upper bound is widened.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use super::fit::{fit_profile, Fitted};
+
+/// The profile file format this code reads and writes.
+pub const SCHEMA_VERSION: u32 = 1;
+/// Observations kept per SKU for refits (the most recent ones); `observations` counts all.
+pub const MAX_SAMPLES: usize = 1000;
+/// Residual quantiles stored in every profile, as (key, probability).
+pub const QUANTILES: [(&str, f64); 4] =
+    [("0.5", 0.5), ("0.9", 0.9), ("0.95", 0.95), ("0.99", 0.99)];
+/// The residual quantile that widens a calibrated estimate into its upper bound.
+pub const UPPER_QUANTILE: &str = "0.95";
+/// Below this many observations the residual quantiles are too rough to widen a bound with.
+pub const MIN_OBSERVATIONS_FOR_QUANTILE_BOUND: u64 = 10;
+/// Below this many observations only an offset is fitted (scale 1): a slope from a handful of
+/// points is mostly noise.
+pub const MIN_SAMPLES_FOR_SCALE: usize = 5;
+/// The scale a fit may take. Outside it the data describe a different job mix or a broken
+/// measurement, not a GPU: clamp rather than extrapolate wildly.
+pub const SCALE_RANGE: (f64, f64) = (0.25, 4.0);
+/// Largest memory figure accepted, MiB (16 TiB: far beyond any single GPU).
+const MAX_MIB: f64 = 16.0 * 1024.0 * 1024.0;
+/// Smallest calibrated estimate, MiB: a negative offset must not produce a zero or negative need.
+pub(crate) const MIN_ESTIMATE_MIB: f64 = 1.0;
+
+/// One observed job: what the unshifted model predicted and what the GPU showed.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Sample {
+    pub predicted_mib: f64,
+    pub observed_mib: f64,
+}
+
+/// What the service has learned about one SKU. Stored as `<dir>/<sku>.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CalibrationProfile {
+    pub schema_version: u32,
+    /// The profile key: a catalogue id (`a100-40gb`) or a slug of an unknown GPU's name.
+    pub sku: String,
+    pub offset_mib: f64,
+    pub scale: f64,
+    /// Quantiles of `observed / (offset + scale × predicted) - 1`, keyed `"0.5"`, `"0.9"`, ...
+    pub residual_quantiles: BTreeMap<String, f64>,
+    /// Every observation ever made for this SKU (the samples keep only the last [`MAX_SAMPLES`]).
+    pub observations: u64,
+    /// RFC 3339, UTC.
+    pub updated_at: String,
+    pub updated_at_unix: u64,
+    pub samples: Vec<Sample>,
+}
+
+/// A prediction moved onto one SKU by its profile.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Calibrated {
+    pub sku: String,
+    pub estimate_mib: f64,
+    pub upper_bound_mib: f64,
+    /// How many observations the profile rests on.
+    pub observations: u64,
+    pub offset_mib: f64,
+    pub scale: f64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProfileError {
+    #[error("`{0}` is not a valid profile key (lower-case letters, digits and '-', at most 64)")]
+    InvalidSku(String),
+    #[error("invalid observation: {0}")]
+    InvalidObservation(String),
+    #[error("invalid profile: {0}")]
+    Invalid(String),
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+}
+
+/// A profile file that was not loaded, and why; the service starts without it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProfileWarning {
+    pub path: PathBuf,
+    pub reason: String,
+}
+
+impl std::fmt::Display for ProfileWarning {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.path.display(), self.reason)
+    }
+}
+
+/// Whether `key` is safe as a file stem and an id: 1 to 64 of `[a-z0-9-]`, starting alphanumeric.
+pub fn valid_key(key: &str) -> bool {
+    (1..=64).contains(&key.len())
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && key.as_bytes()[0] != b'-'
+}
+
+pub(crate) fn check_mib(what: &str, value: f64) -> Result<(), ProfileError> {
+    if value.is_finite() && value > 0.0 && value <= MAX_MIB {
+        Ok(())
+    } else {
+        Err(ProfileError::InvalidObservation(format!(
+            "{what} must be a positive number of MiB up to {MAX_MIB}, got {value}"
+        )))
+    }
+}
+
+impl CalibrationProfile {
+    /// A profile fitted to these samples (the last [`MAX_SAMPLES`] of them are kept).
+    pub fn fitted(
+        sku: &str,
+        observations: u64,
+        samples: Vec<Sample>,
+        now_unix: u64,
+    ) -> CalibrationProfile {
+        let skip = samples.len().saturating_sub(MAX_SAMPLES);
+        let samples: Vec<Sample> = samples.into_iter().skip(skip).collect();
+        let Fitted {
+            offset_mib,
+            scale,
+            residual_quantiles,
+        } = fit_profile(&samples);
+        CalibrationProfile {
+            schema_version: SCHEMA_VERSION,
+            sku: sku.to_string(),
+            offset_mib,
+            scale,
+            residual_quantiles,
+            observations: observations.max(samples.len() as u64),
+            updated_at: rfc3339(now_unix),
+            updated_at_unix: now_unix,
+            samples,
+        }
+    }
+
+    /// The checks a file must pass to be loaded.
+    pub fn validate(&self) -> Result<(), ProfileError> {
+        let invalid = |m: String| Err(ProfileError::Invalid(m));
+        if self.schema_version != SCHEMA_VERSION {
+            return invalid(format!(
+                "schema_version {} (this build reads {SCHEMA_VERSION})",
+                self.schema_version
+            ));
+        }
+        if !valid_key(&self.sku) {
+            return Err(ProfileError::InvalidSku(self.sku.clone()));
+        }
+        if !self.offset_mib.is_finite() || self.offset_mib.abs() > MAX_MIB {
+            return invalid(format!(
+                "offset_mib {} is not a sane number of MiB",
+                self.offset_mib
+            ));
+        }
+        if !(self.scale.is_finite() && SCALE_RANGE.0 <= self.scale && self.scale <= SCALE_RANGE.1) {
+            return invalid(format!("scale {} is outside {SCALE_RANGE:?}", self.scale));
+        }
+        for (key, value) in &self.residual_quantiles {
+            let p: f64 = key.parse().map_err(|_| {
+                ProfileError::Invalid(format!("quantile key `{key}` is not a number"))
+            })?;
+            if !(0.0 < p && p < 1.0 && value.is_finite() && *value > -1.0) {
+                return invalid(format!(
+                    "quantile {key} = {value} is not a valid relative residual"
+                ));
+            }
+        }
+        if self.samples.len() > MAX_SAMPLES {
+            return invalid(format!(
+                "{} samples (at most {MAX_SAMPLES})",
+                self.samples.len()
+            ));
+        }
+        if self.observations < self.samples.len() as u64 {
+            return invalid(format!(
+                "observations {} < {} samples",
+                self.observations,
+                self.samples.len()
+            ));
+        }
+        for sample in &self.samples {
+            check_mib("predicted_mib", sample.predicted_mib)
+                .map_err(|e| ProfileError::Invalid(e.to_string()))?;
+            check_mib("observed_mib", sample.observed_mib)
+                .map_err(|e| ProfileError::Invalid(e.to_string()))?;
+        }
+        Ok(())
+    }
+
+    /// `offset + scale × predicted`, never below 1 MiB.
+    pub fn apply(&self, predicted_mib: f64) -> f64 {
+        (self.offset_mib + self.scale * predicted_mib).max(MIN_ESTIMATE_MIB)
+    }
+
+    /// The calibrated estimate and upper bound for a job the unshifted model put at
+    /// `predicted_mib`, with an upper bound of `upper_mib` when it gave one.
+    ///
+    /// The upper bound is the larger of the model's own bound moved onto this SKU and, once
+    /// the profile rests on [`MIN_OBSERVATIONS_FOR_QUANTILE_BOUND`] observations, the estimate
+    /// widened by the [`UPPER_QUANTILE`] residual: for scheduling, erring high costs a little
+    /// packing, erring low costs an OOM.
+    pub fn calibrate(&self, predicted_mib: f64, upper_mib: Option<f64>) -> Calibrated {
+        let estimate_mib = self.apply(predicted_mib);
+        let mut upper_bound_mib = estimate_mib;
+        if let Some(upper) = upper_mib.filter(|u| u.is_finite()) {
+            upper_bound_mib = upper_bound_mib.max(self.apply(upper));
+        }
+        if self.observations >= MIN_OBSERVATIONS_FOR_QUANTILE_BOUND {
+            if let Some(q) = self.residual_quantiles.get(UPPER_QUANTILE) {
+                upper_bound_mib = upper_bound_mib.max(estimate_mib * (1.0 + q.max(0.0)));
+            }
+        }
+        Calibrated {
+            sku: self.sku.clone(),
+            estimate_mib,
+            upper_bound_mib,
+            observations: self.observations,
+            offset_mib: self.offset_mib,
+            scale: self.scale,
+        }
+    }
+}
+
+/// `YYYY-MM-DDTHH:MM:SSZ` for seconds since the Unix epoch (UTC; Howard Hinnant's
+/// days-to-civil algorithm), so no date crate is needed for one timestamp.
+pub fn rfc3339(unix_seconds: u64) -> String {
+    let days = (unix_seconds / 86_400) as i64;
+    let secs = unix_seconds % 86_400;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        secs / 3600,
+        secs % 3600 / 60,
+        secs % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_quantile_bound_applies_only_with_enough_observations() {
+        let mut profile = CalibrationProfile::fitted("l4", 3, vec![], 0);
+        profile
+            .residual_quantiles
+            .insert(UPPER_QUANTILE.into(), 0.2);
+        assert_eq!(profile.calibrate(1000.0, None).upper_bound_mib, 1000.0);
+        profile.observations = MIN_OBSERVATIONS_FOR_QUANTILE_BOUND;
+        assert!((profile.calibrate(1000.0, None).upper_bound_mib - 1200.0).abs() < 1e-9);
+        assert!((profile.calibrate(1000.0, Some(1500.0)).upper_bound_mib - 1500.0).abs() < 1e-9);
+        profile.offset_mib = -5000.0;
+        assert_eq!(
+            profile.calibrate(1000.0, None).estimate_mib,
+            1.0,
+            "never below 1 MiB"
+        );
+    }
+
+    #[test]
+    fn rfc3339_formats_known_instants() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(rfc3339(1_700_000_000), "2023-11-14T22:13:20Z");
+        assert_eq!(rfc3339(4_102_444_799), "2099-12-31T23:59:59Z");
+    }
+}

@@ -1,0 +1,46 @@
+//! `GET /v1/devices`: the GPUs of this host.
+
+use axum::extract::State;
+use axum::Json;
+
+use crate::devices::DeviceError;
+use crate::error::ApiError;
+use crate::http::types::{DeviceResponse, DevicesResponse};
+use crate::http::AppState;
+
+/// The GPUs of this host, as NVML reports them.
+#[utoipa::path(get, path = "/v1/devices", tag = "devices", responses((status = 200, body = DevicesResponse)))]
+pub async fn devices(State(state): State<AppState>) -> Result<Json<DevicesResponse>, ApiError> {
+    let devices = state.devices.clone();
+    let listed = tokio::task::spawn_blocking(move || devices.list())
+        .await
+        .map_err(|e| ApiError::Internal(format!("device task failed: {e}")))?;
+    let response = match listed {
+        Ok(devices) => DevicesResponse {
+            nvml: true,
+            reason: None,
+            devices: devices
+                .into_iter()
+                .map(|d| DeviceResponse {
+                    index: d.index,
+                    uuid: d.uuid,
+                    name: d.name,
+                    sku: d.sku,
+                    memory_total_mib: d.memory_total_mib,
+                    memory_used_mib: d.memory_used_mib,
+                    memory_free_mib: d.memory_free_mib,
+                    compute_capability: d.compute_capability,
+                    driver_version: d.driver_version,
+                })
+                .collect(),
+        },
+        // No driver is a fact about the host, not a failure: say so plainly.
+        Err(DeviceError::Unavailable(reason)) => DevicesResponse {
+            nvml: false,
+            reason: Some(format!("no NVML device is present: {reason}")),
+            devices: vec![],
+        },
+        Err(other) => return Err(ApiError::Internal(other.to_string())),
+    };
+    Ok(Json(response))
+}
