@@ -5,19 +5,25 @@ Two steps of forward -> loss -> backward -> optimizer step -> zero_grad run on m
 (nothing is allocated or computed). A dispatch mode sees every tensor an op creates and a weak
 reference on its storage sees it die, so the steps become one ordered stream of allocations and
 frees, each storage counted once (views share it), each labelled with what it is: parameters,
-gradients, optimizer state, activations (kept from the forward pass for backward, the outputs
-and the loss included) or temporaries (everything freed within the phase that made it). The
-stream is replayed through :mod:`.allocator` for the allocated and reserved peaks a GPU would
-show. The second step is the steady state (optimizer state exists from the first); the peaks
-are taken over both, as ``torch.cuda.max_memory_*`` would report them.
+gradients, optimizer state, activations (kept from the forward pass for backward, the loss
+included; the model's output is dropped once the loss is computed, as a loop that keeps only
+the loss does: Hugging Face's Trainer, the GPU check) or temporaries (everything freed within
+the phase that made it). The stream is replayed through :mod:`.allocator` for the allocated
+and reserved peaks a GPU would show. The second step is the steady state (optimizer state
+exists from the first); the peaks are taken over both, as ``torch.cuda.max_memory_*`` would
+report them.
 
 Where the meta device would run other kernels than a GPU, the GPU's choice is emulated:
-``F.scaled_dot_product_attention`` runs as the memory-efficient kernel (no N x N probabilities
-saved; ``attention="math"`` keeps the math path), dropout as the fused ``native_dropout``
-(a one-byte mask, not a float one), and ``precision="mixed16"`` as CUDA autocast does it
-(matmuls and convolutions in fp16 with the weights' casts cached for the step, softmax, norms
-and losses in fp32). Optimizers run their ``foreach`` implementations, PyTorch's default on
-a GPU, with the temporaries those allocate.
+``F.scaled_dot_product_attention`` runs with the kernel CUDA picks on an sm80+ GPU (flash
+attention for fp16/bf16 without a mask, grouped-query attention included, else the
+memory-efficient kernel, neither keeping N x N probabilities, else the math path; see
+:func:`.walker.sdpa_backend`; ``attention="math"`` forces the math path), dropout, in SDPA's
+math path too, as the fused ``native_dropout`` (a one-byte mask, not a float one), fp16 ->
+fp32 (log-)softmax as CUDA's ``half_to_float`` kernels, and ``precision="mixed16"`` as CUDA
+autocast does it (matmuls and convolutions in fp16 with the weights' casts cached for the step,
+softmax, norms and losses in fp32, cross-entropy as autocast leaves it on CUDA). Optimizers
+run their ``foreach`` implementations, PyTorch's default on a GPU, with the temporaries those
+allocate.
 """
 
 from __future__ import annotations
@@ -33,14 +39,15 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from . import allocator
-from .walker import _efficient_attention, _on_meta
+from .walker import _gpu_attention, _math_attention, _on_meta, sdpa_backend
 
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
 PRECISIONS = ("fp32", "mixed16")
 LOSSES = ("auto", "cross_entropy", "sum")
-# efficient: F.scaled_dot_product_attention as the GPU's memory-efficient kernel; math: its
-# math path (N x N probabilities kept); eager: also Hugging Face models switched to their eager
-# attention (config._attn_implementation = "eager", as transformers ran before SDPA).
+# efficient: F.scaled_dot_product_attention with the kernel the GPU picks (flash, memory-efficient
+# or math: walker.sdpa_backend); math: always its math path (N x N probabilities kept); eager:
+# also Hugging Face models switched to their eager attention (config._attn_implementation =
+# "eager", as transformers ran before SDPA).
 ATTENTIONS = ("efficient", "math", "eager")
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries")
 STEPS = 2
@@ -177,6 +184,18 @@ def _native_dropout(input, p=0.5, training=True, inplace=False):
     return torch.ops.aten.native_dropout(input, p, True)[0]
 
 
+def _gpu_math_attention(*args, **kwargs):
+    """SDPA forced onto the math path (``attention="math"``) as CUDA runs it: the same as on
+    meta but for dropout (a 1-byte mask kept, not a float noise tensor); None, the normal
+    call, without dropout or for arguments :func:`sdpa_backend` does not take."""
+    names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale",
+             "enable_gqa")
+    bound = {**dict(zip(names, args)), **kwargs}
+    if bound.get("dropout_p", 0.0) <= 0.0 or sdpa_backend(**bound) is None:
+        return None
+    return _math_attention(**bound)
+
+
 # Autocast's lists (aten/src/ATen/autocast_mode.cpp), for the functions models call.
 _LOWER_PRECISION = {
     F.linear, F.conv1d, F.conv2d, F.conv3d, F.conv_transpose1d, F.conv_transpose2d,
@@ -192,10 +211,66 @@ _FULL_PRECISION = {
 }
 
 
+_LOG_SOFTMAXES = {F.log_softmax, torch.log_softmax, torch.Tensor.log_softmax}
+_SOFTMAXES = {F.softmax, torch.softmax, torch.Tensor.softmax} | _LOG_SOFTMAXES
+
+
+def _half_to_float_softmax(func, args, kwargs, autocast: bool) -> Optional[torch.Tensor]:
+    """(Log-)softmax of an fp16 tensor into fp32, as CUDA computes it: ``at::softmax`` /
+    ``at::log_softmax`` with ``dtype=float32`` on a CUDA fp16 input call ``_softmax(input,
+    dim, half_to_float=True)``, which reads the fp16 input (no fp32 copy of it) and whose
+    backward writes the fp16 gradient directly (no fp32 one then cast). The meta device
+    converts the input first. Under autocast (fp32 list, ``fp32_set_opt_dtype``) a call
+    without ``dtype`` gets ``dtype=float32``. None (the normal call) otherwise."""
+    names = ("input", "dim", "_stacklevel", "dtype") if func in (F.softmax, F.log_softmax) \
+        else ("input", "dim", "dtype")
+    bound = {**dict(zip(names, args)), **kwargs}
+    if len(args) > len(names) or set(bound) - set(names):
+        return None
+    tensor, dim, dtype = bound.get("input"), bound.get("dim"), bound.get("dtype")
+    if not isinstance(tensor, torch.Tensor) or tensor.device.type != "meta" or \
+            not isinstance(dim, int) or tensor.dtype != torch.float16:
+        return None
+    if dtype is None and autocast:
+        dtype = torch.float32
+    if dtype != torch.float32:
+        return None
+    op = torch.ops.aten._log_softmax if func in _LOG_SOFTMAXES else torch.ops.aten._softmax
+    return op(tensor, dim, True)
+
+
+def _autocast_cross_entropy(args, kwargs, cast: Callable) -> Optional[torch.Tensor]:
+    """``F.cross_entropy`` of fp16 logits ``[N, C]`` with class indices under CUDA autocast.
+    ``cross_entropy_loss`` is on none of autocast's CUDA lists: it calls
+    ``log_softmax(input, 1, dtype=input.dtype)`` (an explicit dtype, which autocast leaves:
+    fp16 log-probabilities) and ``nll_loss``, which autocast runs in fp32 on a cast copy of
+    them (kept for backward with the fp16 ones). None (the caller's handling) otherwise."""
+    names = ("input", "target", "weight", "size_average", "ignore_index", "reduce",
+             "reduction", "label_smoothing")
+    bound = {**dict(zip(names, args)), **kwargs}
+    if len(args) > len(names) or set(bound) - set(names):
+        return None
+    logits, target = bound.get("input"), bound.get("target")
+    if not isinstance(logits, torch.Tensor) or not isinstance(target, torch.Tensor) or \
+            logits.device.type != "meta" or logits.dtype != torch.float16 or \
+            logits.dim() != 2 or target.is_floating_point():
+        return None
+    if bound.get("label_smoothing", 0.0) or bound.get("size_average") is not None or \
+            bound.get("reduce") is not None:
+        return None
+    log_probs = torch.log_softmax(logits, 1, dtype=logits.dtype)
+    weight = cast(bound.get("weight"), torch.float32)
+    return F.nll_loss(cast(log_probs, torch.float32), target, weight,
+                      ignore_index=bound.get("ignore_index", -100),
+                      reduction=bound.get("reduction", "mean"))
+
+
 class _GpuKernelMode(TorchFunctionMode):
     """Routes the calls whose GPU kernels keep other tensors than the meta ones would: SDPA to
-    the memory-efficient kernel, dropout to ``native_dropout``, and (``autocast``) casts as CUDA
-    autocast makes them, weight casts cached until :meth:`clear_cast_cache`."""
+    the kernel a GPU picks (or its math path, ``efficient_attention=False``), dropout to
+    ``native_dropout``, fp16 -> fp32 (log-)softmax to the ``half_to_float`` kernels, and
+    (``autocast``) casts as CUDA autocast makes them (cross-entropy as
+    :func:`_autocast_cross_entropy`), weight casts cached until :meth:`clear_cast_cache`."""
 
     def __init__(self, efficient_attention: bool, autocast: bool):
         super().__init__()
@@ -220,6 +295,14 @@ class _GpuKernelMode(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func in _SOFTMAXES:
+            output = _half_to_float_softmax(func, args, kwargs, self.autocast)
+            if output is not None:
+                return output
+        if self.autocast and func is F.cross_entropy:
+            output = _autocast_cross_entropy(args, kwargs, self._cast)
+            if output is not None:
+                return output
         if self.autocast:
             if func in _LOWER_PRECISION:
                 args = tuple(self._cast(a, torch.float16) for a in args)
@@ -231,9 +314,10 @@ class _GpuKernelMode(TorchFunctionMode):
             output = _native_dropout(*args, **kwargs)
             if output is not None:
                 return output
-        if self.efficient_attention and func is F.scaled_dot_product_attention:
+        if func is F.scaled_dot_product_attention:
             try:
-                output = _efficient_attention(*args, **kwargs)
+                output = _gpu_attention(*args, **kwargs) if self.efficient_attention else \
+                    _gpu_math_attention(*args, **kwargs)
             except (TypeError, RuntimeError, NotImplementedError):
                 output = None
             if output is not None:
@@ -350,8 +434,10 @@ def simulate_step(
     ``reserved_peak_bytes`` is the reserved peak with unlimited memory (a large card);
     ``min_capacity_bytes`` the smallest allocator capacity on which the steps run (the cache
     is released before an allocation fails, so a smaller card can still run the job).
-    ``breakdown_at_peak`` sums to ``allocated_peak_bytes``. Raises :class:`SimulationError`
-    when the model cannot train on meta tensors.
+    The model's output is dropped once the loss is computed (backward holds only the loss and
+    what autograd saved: logits that the loss does not save are freed before backward, as in a
+    loop that keeps only the loss). ``breakdown_at_peak`` sums to ``allocated_peak_bytes``.
+    Raises :class:`SimulationError` when the model cannot train on meta tensors.
     """
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
@@ -387,10 +473,11 @@ def simulate_step(
                 batch = new_input()
                 output = model(batch)
                 step_loss = default_loss(output, loss)
+                del output
                 kernels.clear_cast_cache()
                 recorder.phase = _BACKWARD
                 step_loss.backward()
-                del output, step_loss, batch
+                del step_loss, batch
                 for param in params:
                     recorder.relabel(param.grad, "gradients")
                 recorder.phase = _OPTIMIZER
