@@ -3,6 +3,7 @@
 $OUT/probe.json): which SDPA kernel CUDA picks per dtype/mask/GQA case (the grad_fn), what
 autocast keeps around an fp16 cross-entropy/softmax, and what holding the model output through
 backward costs (BERT-base MLM, GPT-2 small, one step)."""
+import json
 import os
 import sys
 import time
