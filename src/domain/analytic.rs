@@ -97,6 +97,25 @@ pub fn horus_mib(job: &Job) -> f64 {
     (4.0 * params + 4.0 * activations * batch) / MIB
 }
 
+/// The analytic figures of one job. Computed once per job: the learned estimators' features
+/// and the analytic estimators' answers read the same numbers.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AnalyticFigures {
+    pub first_principles_mib: f64,
+    pub traced_first_principles_mib: Option<f64>,
+    pub horus_mib: f64,
+}
+
+impl AnalyticFigures {
+    pub fn of(job: &Job) -> AnalyticFigures {
+        AnalyticFigures {
+            first_principles_mib: first_principles_mib(job),
+            traced_first_principles_mib: traced_first_principles_mib(job),
+            horus_mib: horus_mib(job),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -116,6 +116,11 @@ fn simulation_features(job: &Job) -> [f64; SIMULATION_FEATURES.len()] {
 
 impl AggregateFeatures {
     pub fn of(job: &Job) -> AggregateFeatures {
+        AggregateFeatures::with_analytic(job, &analytic::AnalyticFigures::of(job))
+    }
+
+    /// The features of a job whose analytic figures are already computed.
+    pub fn with_analytic(job: &Job, figures: &analytic::AnalyticFigures) -> AggregateFeatures {
         let layers = job.layers();
         let count = |kind: LayerKind| layers.iter().filter(|l| l.kind == kind).count() as f64;
         let outputs = |of_kind: fn(LayerKind) -> bool| {
@@ -148,9 +153,9 @@ impl AggregateFeatures {
             linear_outputs: outputs(|kind| kind == LayerKind::Linear),
             attention_outputs: outputs(|kind| kind == LayerKind::Attention),
             other_outputs: outputs(|kind| kind == LayerKind::Other),
-            first_principles_mib: analytic::first_principles_mib(job),
-            traced_first_principles_mib: analytic::traced_first_principles_mib(job).unwrap_or(0.0),
-            horus_mib: analytic::horus_mib(job),
+            first_principles_mib: figures.first_principles_mib,
+            traced_first_principles_mib: figures.traced_first_principles_mib.unwrap_or(0.0),
+            horus_mib: figures.horus_mib,
             simulated: simulation_features(job),
             hidden_activation: hidden_activation(job),
         }

@@ -1,10 +1,31 @@
-//! How the estimators' MiB figures combine into one answer: which figure leads
-//! ([`precedence`]), and how far from its training data a learned correction of the simulated
-//! figure is trusted ([`correction_applies`], [`bound_widening`]). The training pipeline
-//! (`training/simulated_pipeline.py`, `combine`) scores its estimators with the same rule.
+//! How the estimators' answers combine into one, every rule in this file with its reason:
+//! - which MiB figure leads ([`precedence`], [`SIMULATED_PRECEDENCE`]);
+//! - how far from its training data a learned correction of the simulated figure is trusted
+//!   ([`correction_applies`], [`within_measured_range`]) and how the bound widens with the
+//!   distance ([`bound_widening`]);
+//! - the floors: a learned figure never below the framework's fixed cost, and whatever leads
+//!   held to physics ([`Physics::settle`]), the simulated bound capped by the card where the
+//!   step runs (in `Partial::finish`);
+//! - the memory class: the class of the figure, with the classifiers' doubt kept in the
+//!   probabilities ([`Estimate::class_for`], [`FIGURE_CLASS_WEIGHT`]).
+//!
+//! The training pipeline (`training/gpucast_training`, `combine`) scores its estimators with the
+//! same rules.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
 
 use super::extrapolation::Extrapolation;
-use super::manifest::Requirement;
+use super::load::SimulatedModel;
+use super::manifest::{EstimatorKind, Requirement};
+use super::onnx::InferenceError;
+use super::run::{AnalyticRun, Estimator};
+use super::{
+    ClassAnswer, Estimate, EstimateError, EstimatorRun, ExtrapolationAnswer, MibAnswer, Query,
+    ANALYTIC_VERSION, FIRST_PRINCIPLES, HORUS, SIMULATED, TRACED_FIRST_PRINCIPLES,
+};
+use crate::domain::physics::Physics;
+use crate::domain::{analytic, Family, MemoryClasses};
 
 /// Which MiB figure leads, in one place. Higher wins; between equals, the later in the
 /// manifest. Physics first, learning second:
@@ -83,6 +104,284 @@ pub fn bound_widening(reach: &Extrapolation) -> f64 {
         return reach.max_widen;
     }
     widen.clamp(1.0, reach.max_widen)
+}
+
+/// Share of the class probability put on the MiB figure's class (> 0.5: it leads).
+pub const FIGURE_CLASS_WEIGHT: f32 = 0.6;
+
+impl Estimate {
+    /// The memory class of an answer with MiB figure `figure_mib`: the class containing the
+    /// figure, so that the two never disagree. The figure places a job better than the
+    /// classifiers do (grouped CV, 8 GB classes: traced figure 0.886, plain figure 0.833,
+    /// classifiers 0.834), but the probabilities keep 40 % of the classifiers' mean so that the
+    /// answer still shows their doubt. Without a figure: the classifiers' mean alone.
+    pub fn class_for(&self, figure_mib: Option<f64>) -> ClassAnswer {
+        let classes = &self.classes;
+        match (figure_mib, &self.classifier_mean) {
+            (Some(figure), Some(mean)) => {
+                let index = classes.classify(figure).index;
+                let probabilities = mean
+                    .iter()
+                    .enumerate()
+                    .map(|(i, p)| {
+                        FIGURE_CLASS_WEIGHT * f32::from(u8::from(i == index))
+                            + (1.0 - FIGURE_CLASS_WEIGHT) * p
+                    })
+                    .collect();
+                ClassAnswer {
+                    class: classes.class(index),
+                    probabilities,
+                }
+            }
+            (None, Some(mean)) => class_answer(classes, mean.clone()),
+            (figure, None) => {
+                // No classifier: the class of the figure, with all probability on it.
+                let index = classes.classify(figure.unwrap_or(0.0)).index;
+                let probabilities = (0..classes.len())
+                    .map(|i| f32::from(u8::from(i == index)))
+                    .collect();
+                ClassAnswer {
+                    class: classes.class(index),
+                    probabilities,
+                }
+            }
+        }
+    }
+}
+
+/// What a family brings to every job's answer: its class bins, how many classifiers it has,
+/// the `simulated` estimator.
+#[derive(Clone, Copy)]
+pub(super) struct FamilyModels<'a> {
+    pub(super) family: Family,
+    pub(super) classes: &'a MemoryClasses,
+    pub(super) n_classifiers: usize,
+    pub(super) simulated: Option<&'a SimulatedModel>,
+}
+
+/// One job's answers as the estimators come in.
+pub(super) struct Partial {
+    classifiers: BTreeMap<String, ClassAnswer>,
+    mean: Vec<f32>,
+    mib: Option<MibAnswer>,
+    /// The [`precedence`] of the estimator `mib` came from.
+    mib_precedence: u8,
+    /// The log ratio of `mib`'s bound over its figure (at the job's confidence), before any
+    /// widening.
+    mib_log_ratio: f64,
+    mib_estimators: BTreeMap<String, f64>,
+    utilization: BTreeMap<String, f32>,
+    pub(super) runs: Vec<EstimatorRun>,
+}
+
+impl Partial {
+    pub(super) fn new(n_classes: usize, n_estimators: usize) -> Partial {
+        Partial {
+            classifiers: BTreeMap::new(),
+            mean: vec![0.0; n_classes],
+            mib: None,
+            mib_precedence: 0,
+            mib_log_ratio: 0.0,
+            mib_estimators: BTreeMap::new(),
+            utilization: BTreeMap::new(),
+            runs: Vec::with_capacity(n_estimators + 2),
+        }
+    }
+
+    pub(super) fn apply(
+        &mut self,
+        estimator: &Estimator,
+        classes: &MemoryClasses,
+        n_classifiers: usize,
+        output: Vec<f32>,
+        confidence: f64,
+    ) -> Result<(), EstimateError> {
+        let first = output.first().copied().unwrap_or(f32::NAN);
+        match estimator.entry.kind {
+            EstimatorKind::MemoryClassifier => {
+                for (m, p) in self.mean.iter_mut().zip(&output) {
+                    *m += p / n_classifiers as f32;
+                }
+                self.classifiers
+                    .insert(estimator.entry.name.clone(), class_answer(classes, output));
+            }
+            EstimatorKind::MemoryRegressor => {
+                let learned_mib = f64::from(first).exp();
+                if !learned_mib.is_finite() {
+                    return Err(InferenceError(format!(
+                        "{} returned a non-finite figure",
+                        estimator.name()
+                    ))
+                    .into());
+                }
+                // Every job pays the CUDA context and library workspaces (no training job of the
+                // data peaked below ~1,440 MiB); a learned figure below them is an
+                // extrapolation on a job far smaller than any it was trained on.
+                let estimate_mib = learned_mib.max(analytic::FRAMEWORK_OVERHEAD_MIB);
+                let quantiles = estimator.quantiles.as_ref().expect("checked at load");
+                let log_ratio = quantiles.log_ratio_at(confidence).ok_or_else(|| {
+                    let (low, high) = quantiles.range();
+                    EstimateError::ConfidenceOutOfRange {
+                        confidence,
+                        low,
+                        high,
+                    }
+                })?;
+                self.mib_estimators
+                    .insert(estimator.entry.name.clone(), estimate_mib);
+                let precedence = precedence(&estimator.entry.requires);
+                if self.mib.is_some() && precedence < self.mib_precedence {
+                    return Ok(());
+                }
+                self.mib_precedence = precedence;
+                self.mib_log_ratio = log_ratio;
+                self.mib = Some(MibAnswer {
+                    estimate_mib,
+                    upper_bound_mib: estimate_mib * log_ratio.exp(),
+                    confidence,
+                    reference_capacity_mib: estimator.entry.capacity_mib,
+                    floored: false,
+                });
+            }
+            EstimatorKind::UtilizationRegressor => {
+                let target = estimator.entry.target.clone().unwrap_or_default();
+                self.utilization.insert(target, first.clamp(0.0, 1.0));
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn finish(
+        mut self,
+        models: &FamilyModels,
+        query: &Query,
+        analytic: AnalyticRun,
+        reach: Option<(Extrapolation, Duration)>,
+    ) -> Result<Estimate, EstimateError> {
+        let FamilyModels {
+            family,
+            classes,
+            n_classifiers,
+            simulated,
+        } = *models;
+        let job = query.job;
+        let AnalyticRun { figures, latencies } = analytic;
+        let formulas = [
+            (FIRST_PRINCIPLES, Some(figures.first_principles_mib)),
+            (TRACED_FIRST_PRINCIPLES, figures.traced_first_principles_mib),
+            (HORUS, Some(figures.horus_mib)),
+        ];
+        for ((name, mib), latency) in formulas.into_iter().zip(latencies) {
+            let Some(mib) = mib else { continue };
+            self.mib_estimators.insert(name.to_string(), mib);
+            self.runs.push(EstimatorRun {
+                name: name.into(),
+                version: ANALYTIC_VERSION.into(),
+                latency,
+            });
+        }
+        let started = Instant::now();
+        // The rule of `combine`: how far the bound widens with the distance from the training
+        // data (the correction was not run beyond `far`).
+        let widen = reach
+            .as_ref()
+            .map_or(1.0, |(reach, _)| bound_widening(reach));
+        let physics = Physics::of(
+            job,
+            simulated.map(|s| s.cuda_context_mib),
+            query.capacity_mib,
+        );
+        if let (Some(peaks), Some(model)) = (physics.simulated, simulated) {
+            let figure = peaks.figure_mib();
+            self.mib_estimators.insert(SIMULATED.to_string(), figure);
+            if self.mib.is_none() || self.mib_precedence < SIMULATED_PRECEDENCE {
+                let log_ratio =
+                    model
+                        .quantiles
+                        .log_ratio_at(query.confidence)
+                        .ok_or_else(|| {
+                            let (low, high) = model.quantiles.range();
+                            EstimateError::ConfidenceOutOfRange {
+                                confidence: query.confidence,
+                                low,
+                                high,
+                            }
+                        })?;
+                let mut upper_bound_mib = figure * (log_ratio * widen).exp();
+                if peaks.runs_on_card() {
+                    // Where the step runs, the allocator cannot hold more than the card has: a
+                    // peak above the capacity cannot be read, whatever the residuals say.
+                    upper_bound_mib = upper_bound_mib.min(query.capacity_mib as f64).max(figure);
+                }
+                self.mib_precedence = SIMULATED_PRECEDENCE;
+                self.mib_log_ratio = log_ratio;
+                self.mib = Some(MibAnswer {
+                    estimate_mib: figure,
+                    upper_bound_mib,
+                    confidence: query.confidence,
+                    reference_capacity_mib: Some(query.capacity_mib),
+                    floored: false,
+                });
+            } else if let Some(mib) = self.mib.as_mut().filter(|_| widen != 1.0) {
+                // A correction near its data, but beyond `near`: its own bound, widened.
+                mib.upper_bound_mib = mib.estimate_mib * (self.mib_log_ratio * widen).exp();
+            }
+            // The simulated estimator's time includes placing the job against the domain.
+            let latency =
+                started.elapsed() + reach.as_ref().map_or(Duration::ZERO, |(_, took)| *took);
+            self.runs.push(EstimatorRun {
+                name: SIMULATED.into(),
+                version: model.version.clone(),
+                latency,
+            });
+        }
+        let extrapolation = reach.map(|(reach, _)| ExtrapolationAnswer {
+            reach,
+            correction_applied: self.mib.is_some() && self.mib_precedence > SIMULATED_PRECEDENCE,
+            bound_widened_by: widen,
+        });
+        // Whatever leads, physics holds it: never below the floor, the bound never below it.
+        if let Some(mib) = self.mib.as_mut() {
+            let settled = physics.settle(mib.estimate_mib, mib.upper_bound_mib);
+            mib.estimate_mib = settled.estimate_mib;
+            mib.upper_bound_mib = settled.upper_bound_mib;
+            mib.floored = settled.floored;
+        }
+        let mut estimate = Estimate {
+            family,
+            class: ClassAnswer {
+                class: classes.class(0),
+                probabilities: Vec::new(),
+            },
+            classifiers: self.classifiers,
+            mib: self.mib,
+            mib_estimators: self.mib_estimators,
+            utilization: self.utilization,
+            runs: self.runs,
+            physics,
+            extrapolation,
+            classes: classes.clone(),
+            classifier_mean: (n_classifiers > 0).then_some(self.mean),
+        };
+        estimate.class = estimate.class_for(estimate.mib.map(|m| m.estimate_mib));
+        Ok(estimate)
+    }
+}
+
+pub(super) fn class_answer(classes: &MemoryClasses, probabilities: Vec<f32>) -> ClassAnswer {
+    // First maximum wins, so a tie resolves to the smaller class deterministically.
+    let index = probabilities
+        .iter()
+        .enumerate()
+        .fold(
+            (0, f32::MIN),
+            |best, (i, &p)| if p > best.1 { (i, p) } else { best },
+        )
+        .0;
+    ClassAnswer {
+        class: classes.class(index),
+        probabilities,
+    }
 }
 
 #[cfg(test)]

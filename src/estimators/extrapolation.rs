@@ -82,7 +82,7 @@ impl TrainingDomain {
     /// this build computes. The error is one line, for a message that names the file.
     pub fn parse(bytes: &[u8], known: impl Fn(&str) -> bool) -> Result<TrainingDomain, String> {
         let file: DomainFile = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
-        super::check_specs(&file.features, known)?;
+        super::load::check_specs(&file.features, known)?;
         let mut names = HashSet::new();
         if let Some(duplicate) = file
             .features

@@ -12,6 +12,11 @@
 
 use super::job::{Layer, LayerKind, MAX_LAYERS};
 
+mod module_print;
+mod table;
+#[cfg(test)]
+mod tests;
+
 /// Largest summary text accepted. A 4,096-layer table is about 400 KiB.
 pub const MAX_SUMMARY_BYTES: usize = 1 << 20;
 /// Deepest module nesting accepted in a module print. Real models nest under 15 levels; the
@@ -257,10 +262,6 @@ fn kind_for_class(class: &str) -> LayerKind {
     }
 }
 
-mod table;
-
-mod module_print;
-
 /// Splits at commas outside brackets and parentheses, trimming each part.
 fn split_top_level(text: &str) -> Vec<&str> {
     let mut parts = Vec::new();
@@ -280,6 +281,3 @@ fn split_top_level(text: &str) -> Vec<&str> {
     parts.extend(text.get(start..).map(str::trim));
     parts
 }
-
-#[cfg(test)]
-mod tests;

@@ -1,0 +1,374 @@
+//! Running: the estimators of a job's family, each model called once per batch of jobs (per
+//! distinct layer count for sequence models), their outputs handed to [`super::combine`].
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use super::combine::{self, FamilyModels, Partial};
+use super::extrapolation::Extrapolation;
+use super::manifest::{EstimatorEntry, EstimatorKind, Requirement};
+use super::onnx::{InferenceError, Model, ModelInput};
+use super::{Estimate, EstimateError, EstimatorRun, Estimators, Query};
+use crate::domain::analytic::{self, AnalyticFigures};
+use crate::domain::features::{AggregateFeatures, FeatureSpec, TokenFeatures};
+use crate::domain::physics::REFERENCE_CAPACITY_MIB;
+use crate::domain::{Family, Job, LayerKind, MemoryClasses, ResidualQuantiles};
+
+pub(super) enum Input {
+    Aggregate(Vec<FeatureSpec>),
+    Sequence {
+        vocab: Vec<LayerKind>,
+        token_features: Vec<FeatureSpec>,
+        max_tokens: usize,
+    },
+}
+
+/// One loaded estimator.
+pub struct Estimator {
+    pub entry: EstimatorEntry,
+    pub family: Family,
+    pub(super) input: Input,
+    pub(super) model: Box<dyn Model>,
+    pub(super) classes: Option<MemoryClasses>,
+    pub(super) quantiles: Option<ResidualQuantiles>,
+}
+
+impl Estimator {
+    pub fn name(&self) -> &str {
+        &self.entry.name
+    }
+
+    /// Whether the job carries what this estimator needs.
+    pub fn applies_to(&self, job: &Job) -> bool {
+        self.entry
+            .requires
+            .iter()
+            .all(|requirement| match requirement {
+                Requirement::SavedTensors => job.saved_tensors().is_some(),
+                Requirement::Simulation => job.simulation().is_some(),
+            })
+    }
+
+    /// Runs this estimator alone on one job: class probabilities, or a one-element regression
+    /// output.
+    pub fn run(&self, job: &Job, aggregate: &AggregateFeatures) -> Result<Vec<f32>, EstimateError> {
+        self.run_many(&[job], std::slice::from_ref(aggregate))
+            .pop()
+            .expect("one job in, one answer out")
+    }
+
+    /// Runs this estimator on many jobs with as few model calls as possible: one for aggregate
+    /// inputs, one per distinct layer count for sequences (so no padding changes an answer).
+    pub fn run_many(
+        &self,
+        jobs: &[&Job],
+        aggregates: &[AggregateFeatures],
+    ) -> Vec<Result<Vec<f32>, EstimateError>> {
+        match &self.input {
+            Input::Aggregate(specs) => {
+                let rows: Vec<f32> = aggregates
+                    .iter()
+                    .flat_map(|a| a.normalised(specs))
+                    .collect();
+                let input = ModelInput::Aggregate {
+                    rows: &rows,
+                    n_rows: jobs.len(),
+                };
+                split_rows(self.model.infer(input), jobs.len())
+            }
+            Input::Sequence {
+                vocab,
+                token_features,
+                max_tokens,
+            } => {
+                let mut answers: Vec<Result<Vec<f32>, EstimateError>> =
+                    Vec::with_capacity(jobs.len());
+                let mut by_length: BTreeMap<usize, Vec<(usize, TokenFeatures)>> = BTreeMap::new();
+                for (i, job) in jobs.iter().enumerate() {
+                    let n_layers = job.layers().len();
+                    let tokens = if n_layers > *max_tokens {
+                        Err(EstimateError::TooManyTokens {
+                            estimator: self.entry.name.clone(),
+                            max: *max_tokens,
+                            got: n_layers,
+                        })
+                    } else {
+                        TokenFeatures::of(
+                            job,
+                            |k| vocab.iter().position(|v| *v == k),
+                            token_features,
+                        )
+                        .map_err(|(index, kind)| {
+                            EstimateError::KindNotInVocabulary {
+                                index,
+                                kind,
+                                estimator: self.entry.name.clone(),
+                            }
+                        })
+                    };
+                    match tokens {
+                        Ok(tokens) => {
+                            by_length.entry(n_layers).or_default().push((i, tokens));
+                            answers.push(Ok(Vec::new()));
+                        }
+                        Err(e) => answers.push(Err(e)),
+                    }
+                }
+                for (n_tokens, group) in by_length {
+                    let kind_ids: Vec<i64> = group
+                        .iter()
+                        .flat_map(|(_, t)| t.kind_ids.iter().copied())
+                        .collect();
+                    let features: Vec<f32> = group
+                        .iter()
+                        .flat_map(|(_, t)| t.features.iter().copied())
+                        .collect();
+                    let input = ModelInput::Sequence {
+                        kind_ids: &kind_ids,
+                        features: &features,
+                        n_rows: group.len(),
+                        n_tokens,
+                        n_features: token_features.len(),
+                    };
+                    for ((i, _), answer) in group
+                        .iter()
+                        .zip(split_rows(self.model.infer(input), group.len()))
+                    {
+                        answers[*i] = answer;
+                    }
+                }
+                answers
+            }
+        }
+    }
+}
+
+/// Splits a row-major model output into one row per job.
+fn split_rows(
+    output: Result<Vec<f32>, InferenceError>,
+    n_rows: usize,
+) -> Vec<Result<Vec<f32>, EstimateError>> {
+    match output {
+        Ok(values) if n_rows > 0 && values.len() % n_rows == 0 && !values.is_empty() => values
+            .chunks(values.len() / n_rows)
+            .map(|row| Ok(row.to_vec()))
+            .collect(),
+        Ok(values) => {
+            let error = InferenceError(format!(
+                "{} outputs cannot be split into {n_rows} rows",
+                values.len()
+            ));
+            (0..n_rows).map(|_| Err(error.clone().into())).collect()
+        }
+        Err(e) => (0..n_rows).map(|_| Err(e.clone().into())).collect(),
+    }
+}
+
+impl Estimators {
+    /// Runs every estimator of the job's family for the reference card (the A100 40 GB of the
+    /// training data); the upper bound is at `confidence`.
+    pub fn estimate(&self, job: &Job, confidence: f64) -> Result<Estimate, EstimateError> {
+        self.estimate_on(job, confidence, REFERENCE_CAPACITY_MIB)
+    }
+
+    /// [`Estimators::estimate`] for a card of `capacity_mib`.
+    pub fn estimate_on(
+        &self,
+        job: &Job,
+        confidence: f64,
+        capacity_mib: u64,
+    ) -> Result<Estimate, EstimateError> {
+        self.estimate_queries(&[Query {
+            job,
+            confidence,
+            capacity_mib,
+        }])
+        .pop()
+        .expect("one job in, one answer out")
+    }
+
+    /// Estimates many jobs (each with its confidence) for the reference card.
+    pub fn estimate_many(&self, jobs: &[(&Job, f64)]) -> Vec<Result<Estimate, EstimateError>> {
+        let queries: Vec<Query> = jobs
+            .iter()
+            .map(|&(job, confidence)| Query {
+                job,
+                confidence,
+                capacity_mib: REFERENCE_CAPACITY_MIB,
+            })
+            .collect();
+        self.estimate_queries(&queries)
+    }
+
+    /// Estimates many jobs, calling each model once per family rather than once per job.
+    /// Per-estimator latencies are the call's time per job.
+    pub fn estimate_queries(&self, queries: &[Query]) -> Vec<Result<Estimate, EstimateError>> {
+        let mut answers: Vec<Option<Result<Estimate, EstimateError>>> =
+            (0..queries.len()).map(|_| None).collect();
+        for family in [Family::Mlp, Family::Cnn, Family::Transformer] {
+            let indices: Vec<usize> = (0..queries.len())
+                .filter(|&i| queries[i].job.family() == family)
+                .collect();
+            if indices.is_empty() {
+                continue;
+            }
+            let group: Vec<Query> = indices.iter().map(|&i| queries[i]).collect();
+            for (i, answer) in indices
+                .into_iter()
+                .zip(self.estimate_family(family, &group))
+            {
+                answers[i] = Some(answer);
+            }
+        }
+        answers
+            .into_iter()
+            .map(|a| a.expect("every job has a family"))
+            .collect()
+    }
+
+    /// Whether a simulated job's step runs on the card a simulation regressor's labels were
+    /// measured on ([`combine::within_measured_range`]).
+    fn within_measured_range(&self, job: &Job, entry: &EstimatorEntry) -> bool {
+        match (
+            job.simulation(),
+            self.simulated.as_ref(),
+            entry.capacity_mib,
+        ) {
+            (Some(simulation), Some(model), Some(capacity_mib)) => combine::within_measured_range(
+                simulation.min_capacity_bytes,
+                model.cuda_context_mib,
+                capacity_mib,
+            ),
+            _ => true,
+        }
+    }
+
+    fn estimate_family(
+        &self,
+        family: Family,
+        jobs: &[Query],
+    ) -> Vec<Result<Estimate, EstimateError>> {
+        let members: Vec<&Estimator> = self
+            .estimators
+            .iter()
+            .filter(|e| e.family == family)
+            .collect();
+        let n_classifiers = members
+            .iter()
+            .filter(|e| e.entry.kind == EstimatorKind::MemoryClassifier)
+            .count();
+        let Some(classes) = members.iter().find_map(|e| e.classes.as_ref()) else {
+            return jobs
+                .iter()
+                .map(|_| Err(EstimateError::UnsupportedFamily(family)))
+                .collect();
+        };
+        let job_refs: Vec<&Job> = jobs.iter().map(|query| query.job).collect();
+        // The analytic figures once per job: the features read them, and they are answers too.
+        let analytic: Vec<AnalyticRun> = job_refs.iter().map(|job| AnalyticRun::of(job)).collect();
+        let aggregates: Vec<AggregateFeatures> = job_refs
+            .iter()
+            .zip(&analytic)
+            .map(|(job, run)| AggregateFeatures::with_analytic(job, &run.figures))
+            .collect();
+        // Only simulated jobs are placed against the training domain: nothing for the others.
+        let domain = self.simulated.as_ref().and_then(|s| s.domain.as_ref());
+        let reaches: Vec<Option<(Extrapolation, Duration)>> = job_refs
+            .iter()
+            .zip(&aggregates)
+            .map(|(job, aggregate)| {
+                let domain = domain.filter(|_| job.simulation().is_some())?;
+                let started = Instant::now();
+                Some((domain.locate(job, aggregate), started.elapsed()))
+            })
+            .collect();
+        let mut partials: Vec<Result<Partial, EstimateError>> = jobs
+            .iter()
+            .map(|_| Ok(Partial::new(classes.len(), members.len())))
+            .collect();
+        for estimator in &members {
+            let applicable: Vec<usize> = (0..jobs.len())
+                .filter(|&i| estimator.applies_to(job_refs[i]))
+                // Far from the training data a simulation regressor is not applied at all, nor
+                // beyond the card its labels were measured on.
+                .filter(|&i| {
+                    !estimator.entry.requires.contains(&Requirement::Simulation)
+                        || (reaches[i]
+                            .as_ref()
+                            .is_none_or(|(reach, _)| combine::correction_applies(reach))
+                            && self.within_measured_range(job_refs[i], &estimator.entry))
+                })
+                .collect();
+            if applicable.is_empty() {
+                continue;
+            }
+            let started = Instant::now();
+            let outputs = if applicable.len() == jobs.len() {
+                estimator.run_many(&job_refs, &aggregates)
+            } else {
+                let some_jobs: Vec<&Job> = applicable.iter().map(|&i| job_refs[i]).collect();
+                let some_aggregates: Vec<AggregateFeatures> =
+                    applicable.iter().map(|&i| aggregates[i].clone()).collect();
+                estimator.run_many(&some_jobs, &some_aggregates)
+            };
+            let latency = started.elapsed() / applicable.len() as u32;
+            for (&i, output) in applicable.iter().zip(outputs) {
+                let (partial, confidence) = (&mut partials[i], jobs[i].confidence);
+                let Ok(state) = partial else { continue };
+                let applied = output.and_then(|output| {
+                    state.apply(estimator, classes, n_classifiers, output, confidence)
+                });
+                match applied {
+                    Ok(()) => state.runs.push(EstimatorRun {
+                        name: estimator.entry.name.clone(),
+                        version: estimator.entry.version.clone(),
+                        latency,
+                    }),
+                    Err(e) => *partial = Err(e),
+                }
+            }
+        }
+        let models = FamilyModels {
+            family,
+            classes,
+            n_classifiers,
+            simulated: self.simulated.as_ref(),
+        };
+        partials
+            .into_iter()
+            .zip(jobs)
+            .zip(reaches)
+            .zip(analytic)
+            .map(|(((partial, query), reach), analytic)| {
+                partial.and_then(|state| state.finish(&models, query, analytic, reach))
+            })
+            .collect()
+    }
+}
+
+/// A job's analytic figures, each formula timed as the estimator it answers for.
+pub(super) struct AnalyticRun {
+    pub(super) figures: AnalyticFigures,
+    /// First principles, traced first principles, Horus.
+    pub(super) latencies: [Duration; 3],
+}
+
+impl AnalyticRun {
+    fn of(job: &Job) -> AnalyticRun {
+        let started = Instant::now();
+        let first_principles_mib = analytic::first_principles_mib(job);
+        let first = started.elapsed();
+        let traced_first_principles_mib = analytic::traced_first_principles_mib(job);
+        let traced = started.elapsed() - first;
+        let horus_mib = analytic::horus_mib(job);
+        let horus = started.elapsed() - first - traced;
+        AnalyticRun {
+            figures: AnalyticFigures {
+                first_principles_mib,
+                traced_first_principles_mib,
+                horus_mib,
+            },
+            latencies: [first, traced, horus],
+        }
+    }
+}
