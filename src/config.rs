@@ -22,6 +22,8 @@ pub enum Command {
     Serve(ServeConfig),
     /// Print the OpenAPI document (the committed openapi/openapi.json is this output).
     Openapi,
+    /// Print the layer-kind vocabulary (the committed openapi/layer_kinds.json is this output).
+    LayerKinds,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -21,6 +21,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             println!("{}", gpucast::http::openapi().to_pretty_json()?);
             Ok(())
         }
+        Command::LayerKinds => {
+            let vocabulary = gpucast::domain::vocabulary::layer_vocabulary();
+            println!("{}", serde_json::to_string_pretty(&vocabulary)?);
+            Ok(())
+        }
         Command::Serve(config) => {
             gpucast::telemetry::init(config.log_format);
             tracing::info!(?config, "starting");

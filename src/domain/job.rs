@@ -140,57 +140,76 @@ impl LayerKind {
         }
     }
 
+    /// Every accepted spelling after normalisation (lower case, without `_`, `-` and spaces),
+    /// with its kind: the GPUMemNet data's (`batchnormalization`), PyTorch class names'
+    /// (`batchnorm2d`) and the canonical names'.
+    pub const ALIASES: [(&'static str, LayerKind); 51] = [
+        ("linear", LayerKind::Linear),
+        ("dense", LayerKind::Linear),
+        ("conv1d", LayerKind::Conv1d),
+        ("conv2d", LayerKind::Conv2d),
+        ("conv", LayerKind::Conv2d),
+        ("conv3d", LayerKind::Conv3d),
+        ("convtranspose2d", LayerKind::ConvTranspose2d),
+        ("batchnorm", LayerKind::BatchNorm),
+        ("batchnormalization", LayerKind::BatchNorm),
+        ("batchnorm1d", LayerKind::BatchNorm),
+        ("batchnorm2d", LayerKind::BatchNorm),
+        ("batchnorm3d", LayerKind::BatchNorm),
+        ("bn", LayerKind::BatchNorm),
+        ("layernorm", LayerKind::LayerNorm),
+        ("groupnorm", LayerKind::GroupNorm),
+        ("instancenorm", LayerKind::InstanceNorm),
+        ("instancenorm2d", LayerKind::InstanceNorm),
+        ("rmsnorm", LayerKind::RmsNorm),
+        ("dropout", LayerKind::Dropout),
+        ("droppath", LayerKind::DropPath),
+        ("relu", LayerKind::Relu),
+        ("relu6", LayerKind::Relu6),
+        ("leakyrelu", LayerKind::LeakyRelu),
+        ("prelu", LayerKind::Prelu),
+        ("elu", LayerKind::Elu),
+        ("selu", LayerKind::Selu),
+        ("gelu", LayerKind::Gelu),
+        ("silu", LayerKind::Silu),
+        ("swish", LayerKind::Silu),
+        ("mish", LayerKind::Mish),
+        ("softplus", LayerKind::Softplus),
+        ("tanh", LayerKind::Tanh),
+        ("sigmoid", LayerKind::Sigmoid),
+        ("hardswish", LayerKind::Hardswish),
+        ("hardsigmoid", LayerKind::Hardsigmoid),
+        ("softmax", LayerKind::Softmax),
+        ("identity", LayerKind::Identity),
+        ("maxpool", LayerKind::MaxPool),
+        ("maxpool2d", LayerKind::MaxPool),
+        ("avgpool", LayerKind::AvgPool),
+        ("avgpool2d", LayerKind::AvgPool),
+        ("adaptiveavgpool", LayerKind::AdaptiveAvgPool),
+        ("adaptiveavgpool2d", LayerKind::AdaptiveAvgPool),
+        ("adaptivemaxpool", LayerKind::AdaptiveMaxPool),
+        ("adaptivemaxpool2d", LayerKind::AdaptiveMaxPool),
+        ("embedding", LayerKind::Embedding),
+        ("attention", LayerKind::Attention),
+        ("multiheadattention", LayerKind::Attention),
+        ("flatten", LayerKind::Flatten),
+        ("upsample", LayerKind::Upsample),
+        ("other", LayerKind::Other),
+    ];
+
     /// Parses a kind leniently: case-insensitive, ignoring `_`, `-` and spaces, so that the
     /// spellings of the GPUMemNet data (`batch_normalization`, `LeakyReLU`) and of PyTorch class
-    /// names (`BatchNorm1d`, `Conv2d`) are accepted.
+    /// names (`BatchNorm1d`, `Conv2d`) are accepted ([`LayerKind::ALIASES`]).
     pub fn parse(raw: &str) -> Option<LayerKind> {
         let key: String = raw
             .chars()
             .filter(|c| !matches!(c, '_' | '-' | ' '))
             .flat_map(char::to_lowercase)
             .collect();
-        let kind = match key.as_str() {
-            "linear" | "dense" => LayerKind::Linear,
-            "conv1d" => LayerKind::Conv1d,
-            "conv2d" | "conv" => LayerKind::Conv2d,
-            "conv3d" => LayerKind::Conv3d,
-            "convtranspose2d" => LayerKind::ConvTranspose2d,
-            "batchnorm" | "batchnormalization" | "batchnorm1d" | "batchnorm2d" | "batchnorm3d"
-            | "bn" => LayerKind::BatchNorm,
-            "layernorm" => LayerKind::LayerNorm,
-            "groupnorm" => LayerKind::GroupNorm,
-            "instancenorm" | "instancenorm2d" => LayerKind::InstanceNorm,
-            "rmsnorm" => LayerKind::RmsNorm,
-            "dropout" => LayerKind::Dropout,
-            "droppath" => LayerKind::DropPath,
-            "relu" => LayerKind::Relu,
-            "relu6" => LayerKind::Relu6,
-            "leakyrelu" => LayerKind::LeakyRelu,
-            "prelu" => LayerKind::Prelu,
-            "elu" => LayerKind::Elu,
-            "selu" => LayerKind::Selu,
-            "gelu" => LayerKind::Gelu,
-            "silu" | "swish" => LayerKind::Silu,
-            "mish" => LayerKind::Mish,
-            "softplus" => LayerKind::Softplus,
-            "tanh" => LayerKind::Tanh,
-            "sigmoid" => LayerKind::Sigmoid,
-            "hardswish" => LayerKind::Hardswish,
-            "hardsigmoid" => LayerKind::Hardsigmoid,
-            "softmax" => LayerKind::Softmax,
-            "identity" => LayerKind::Identity,
-            "maxpool" | "maxpool2d" => LayerKind::MaxPool,
-            "avgpool" | "avgpool2d" => LayerKind::AvgPool,
-            "adaptiveavgpool" | "adaptiveavgpool2d" => LayerKind::AdaptiveAvgPool,
-            "adaptivemaxpool" | "adaptivemaxpool2d" => LayerKind::AdaptiveMaxPool,
-            "embedding" => LayerKind::Embedding,
-            "attention" | "multiheadattention" => LayerKind::Attention,
-            "flatten" => LayerKind::Flatten,
-            "upsample" => LayerKind::Upsample,
-            "other" => LayerKind::Other,
-            _ => return None,
-        };
-        Some(kind)
+        LayerKind::ALIASES
+            .iter()
+            .find(|(alias, _)| *alias == key)
+            .map(|&(_, kind)| kind)
     }
 
     /// Element-wise nonlinearities (the GPUMemNet notion of "activation layer").

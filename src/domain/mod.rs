@@ -6,6 +6,7 @@ pub mod job;
 pub mod memory;
 pub mod physics;
 pub mod summary;
+pub mod vocabulary;
 
 pub use job::{
     Family, Job, JobError, Layer, LayerKind, Optimizer, Precision, SavedTensors,

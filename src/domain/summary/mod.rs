@@ -201,14 +201,16 @@ fn is_attention_class(class: &str) -> bool {
         .ends_with("Attention")
 }
 
+/// Class names read exactly, before the case-insensitive [`LayerKind::parse`]: GPT-2's `Conv1D`
+/// is a linear layer with transposed weights, not torch's `Conv1d`.
+pub const CLASS_EXCEPTIONS: [(&str, LayerKind); 1] = [("Conv1D", LayerKind::Linear)];
+
 /// Maps a PyTorch / Hugging Face class name to a layer kind. `LayerKind::parse` knows the
 /// canonical spellings; this adds the common variants it does not (dimension suffixes, lazy
 /// and quantised layers, HF activation wrappers, `...Attention`). Unknown classes are `Other`.
 fn kind_for_class(class: &str) -> LayerKind {
-    // GPT-2's `Conv1D` is a linear layer with transposed weights, not torch's `Conv1d`, which
-    // `LayerKind::parse` (case-insensitive) would pick.
-    if class == "Conv1D" {
-        return LayerKind::Linear;
+    if let Some(&(_, kind)) = CLASS_EXCEPTIONS.iter().find(|(name, _)| *name == class) {
+        return kind;
     }
     if let Some(kind) = LayerKind::parse(class) {
         return kind;

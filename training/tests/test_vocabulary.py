@@ -1,0 +1,38 @@
+"""training's layer kinds against the service's vocabulary (openapi/layer_kinds.json, the
+output of `gpucast layer-kinds`): features computed here must count what the service counts."""
+
+import json
+import os
+import sys
+import unittest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "training"))
+
+from gpucast_training import features as gf  # noqa: E402
+
+
+class VocabularyTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        with open(os.path.join(ROOT, "openapi", "layer_kinds.json")) as handle:
+            cls.vocabulary = json.load(handle)
+
+    def test_all_kinds_are_the_services_in_its_order(self):
+        self.assertEqual(gf.ALL_KINDS, self.vocabulary["kinds"])
+
+    def test_the_aliases_are_the_services(self):
+        self.assertEqual(gf.KIND_ALIASES, self.vocabulary["aliases"])
+
+    def test_the_feature_groups_are_the_services(self):
+        groups = self.vocabulary["groups"]
+        self.assertEqual(gf.ACTIVATION_KINDS, groups["activation"])
+        self.assertEqual(gf.CONV_KINDS, groups["convolution"])
+        self.assertEqual(gf.NORM_KINDS, groups["normalisation"])
+
+    def test_the_mlp_vocabulary_is_made_of_service_kinds(self):
+        self.assertTrue(set(gf.CANONICAL_KINDS) <= set(self.vocabulary["kinds"]))
+
+
+if __name__ == "__main__":
+    unittest.main()
