@@ -2,8 +2,6 @@
 //! one HTTP round trip on loopback. `cargo bench --bench estimate` (needs ORT_DYLIB_PATH or
 //! scripts/fetch-onnxruntime.sh).
 
-use std::path::PathBuf;
-
 use criterion::{criterion_group, criterion_main, Criterion};
 use gpucast::config::ServeConfig;
 use std::io::BufRead;
@@ -15,21 +13,10 @@ use gpucast::http::types::EstimateRequest;
 use gpucast::http::validate::to_job;
 use gpucast::startup::Application;
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+#[path = "../tests/common/mod.rs"]
+mod common;
 
-fn dylib() -> PathBuf {
-    std::env::var_os("ORT_DYLIB_PATH").map_or_else(
-        || root().join(".cache/onnxruntime/libonnxruntime.so"),
-        PathBuf::from,
-    )
-}
-
-fn example() -> serde_json::Value {
-    let spec = serde_json::to_value(gpucast::http::openapi()).unwrap();
-    spec["components"]["schemas"]["EstimateRequest"]["example"].clone()
-}
+use common::{example_job as example, ort_dylib as dylib, repo_root as root};
 
 /// A realistic job of each family: the OpenAPI example MLP, timm resnet50 and ViT-B/16.
 fn jobs_by_family() -> Vec<(Family, Job)> {

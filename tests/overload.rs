@@ -14,73 +14,25 @@
 
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
-use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gpucast::config::ServeConfig;
-use gpucast::http::AppState;
-use gpucast::startup::Application;
 use serde_json::{json, Value};
-use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-// --- the few helpers of tests/api/helpers.rs that these tests need --------------------------
+mod common;
 
-fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+use common::{example_job, models_dir, spawn_app_with, test_config as config_with, TestApp};
 
 fn test_config() -> ServeConfig {
-    let dylib = std::env::var_os("ORT_DYLIB_PATH")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo_root().join(".cache/onnxruntime/libonnxruntime.so"));
-    assert!(
-        dylib.exists(),
-        "{} is missing: run scripts/fetch-onnxruntime.sh",
-        dylib.display()
-    );
-    ServeConfig::for_tests(repo_root().join("models"), dylib)
-}
-
-/// The example job of the OpenAPI document.
-fn example_job() -> Value {
-    let spec = serde_json::to_value(gpucast::http::openapi()).unwrap();
-    spec["components"]["schemas"]["EstimateRequest"]["example"].clone()
+    config_with(&models_dir())
 }
 
 fn batch_body(items: usize) -> Vec<u8> {
     let job = example_job();
     serde_json::to_vec(&json!({ "items": vec![job; items] })).unwrap()
-}
-
-struct TestApp {
-    address: String,
-    port: u16,
-    /// The running server's state: its permits and readiness flag.
-    state: AppState,
-    shutdown: Option<oneshot::Sender<()>>,
-    server: JoinHandle<io::Result<()>>,
-}
-
-async fn spawn_app_with(config: ServeConfig) -> TestApp {
-    let app = Application::build(&config)
-        .await
-        .expect("the application starts");
-    let port = app.port();
-    let state = app.state().clone();
-    let (shutdown, stop) = oneshot::channel::<()>();
-    let server = tokio::spawn(app.run_until(async move {
-        let _ = stop.await;
-    }));
-    TestApp {
-        address: format!("http://127.0.0.1:{port}"),
-        port,
-        state,
-        shutdown: Some(shutdown),
-        server,
-    }
 }
 
 // --- a raw HTTP/1.1 request whose body arrives when the test says so --------------------------

@@ -4,6 +4,8 @@
 mod accuracy;
 mod batch;
 mod calibration;
+#[path = "../common/mod.rs"]
+mod common;
 mod docs;
 mod estimate;
 mod extrapolation;
