@@ -1,5 +1,6 @@
 //! Replays every input saved under fuzz/regressions/<target>/ (crashes and slow inputs that
-//! scripts/fuzz.sh found, kept after the fix) through the same harness the fuzz targets use.
+//! scripts/fuzz.sh found, kept after the fix, and hand-made seeds at each parser's limits)
+//! through the same harness the fuzz targets use.
 //! A regression panics here exactly as it did under libFuzzer.
 
 use std::path::PathBuf;
@@ -32,6 +33,8 @@ fn inputs(target: &str) -> Vec<(PathBuf, Vec<u8>)> {
 
 fn replay(target: &str, run: fn(&[u8])) {
     let inputs = inputs(target);
+    // An empty folder would make this test pass without replaying anything.
+    assert!(!inputs.is_empty(), "fuzz/regressions/{target}/ holds no input");
     for (path, data) in &inputs {
         let outcome = std::panic::catch_unwind(|| run(data));
         assert!(outcome.is_ok(), "{} panics again", path.display());
