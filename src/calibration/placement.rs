@@ -214,8 +214,6 @@ mod tests {
         MibAnswer {
             estimate_mib,
             upper_bound_mib,
-            confidence: 0.95,
-            reference_capacity_mib: Some(40_960),
             floored: false,
         }
     }

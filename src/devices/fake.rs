@@ -14,7 +14,6 @@ use crate::devices::{DeviceError, GpuDevice, GpuDevices};
 #[derive(Debug, Default)]
 pub struct FakeDevices {
     devices: Vec<GpuDevice>,
-    driver: String,
     processes: Mutex<HashMap<u32, ProcessScript>>,
 }
 
@@ -37,7 +36,6 @@ impl FakeDevices {
             .collect();
         FakeDevices {
             devices,
-            driver,
             processes: Mutex::new(HashMap::new()),
         }
     }
@@ -53,7 +51,6 @@ impl FakeDevices {
     }
 
     pub fn with_driver(mut self, driver: &str) -> FakeDevices {
-        self.driver = driver.to_string();
         for device in &mut self.devices {
             device.driver_version = driver.to_string();
         }
@@ -94,10 +91,6 @@ impl GpuDevices for FakeDevices {
             Some(script) => script.readings.pop_front().unwrap_or(script.steady),
         })
     }
-
-    fn driver_version(&self) -> Result<String, DeviceError> {
-        Ok(self.driver.clone())
-    }
 }
 
 #[cfg(test)]
@@ -128,7 +121,6 @@ mod tests {
     #[test]
     fn devices_carry_the_driver_version() {
         let fake = FakeDevices::single("Tesla T4", 15360).with_driver("535.104.05");
-        assert_eq!(fake.driver_version().unwrap(), "535.104.05");
         let devices = fake.list().unwrap();
         assert_eq!(devices[0].driver_version, "535.104.05");
         assert_eq!(devices[0].sku.as_deref(), Some("t4"));

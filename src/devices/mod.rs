@@ -1,7 +1,7 @@
 //! The GPUs this host has, behind a trait so that everything above it can be tested without one,
 //! and what the service learns about each GPU model (SKU) from jobs it watched.
 //!
-//! - [`GpuDevices`]: list the GPUs, read one process's GPU memory, the driver version.
+//! - [`GpuDevices`]: list the GPUs (each with its driver version), read one process's GPU memory.
 //!   [`nvml::NvmlDevices`] reads a real driver; [`NoDevices`] stands in where there is none (the
 //!   service still starts); [`FakeDevices`] is scripted by tests.
 //! - [`sku`]: the catalogue of known SKUs with their capacities, and name parsing.
@@ -90,9 +90,6 @@ pub trait GpuDevices: Send + Sync + std::fmt::Debug {
     /// `Ok(None)` when the process holds no GPU memory (not started on the GPU yet, or exited).
     fn process_memory_mib(&self, pid: u32) -> Result<Option<u64>, DeviceError>;
 
-    /// The driver's version string, e.g. `550.54.15`.
-    fn driver_version(&self) -> Result<String, DeviceError>;
-
     /// Why there is no device, when there is none; `None` when the driver is present.
     fn unavailable_reason(&self) -> Option<&str> {
         None
@@ -130,10 +127,6 @@ impl GpuDevices for NoDevices {
         Err(DeviceError::Unavailable(self.reason.clone()))
     }
 
-    fn driver_version(&self) -> Result<String, DeviceError> {
-        Err(DeviceError::Unavailable(self.reason.clone()))
-    }
-
     fn unavailable_reason(&self) -> Option<&str> {
         Some(&self.reason)
     }
@@ -153,10 +146,6 @@ mod tests {
         assert!(matches!(none.list(), Err(DeviceError::Unavailable(_))));
         assert!(matches!(
             none.process_memory_mib(1),
-            Err(DeviceError::Unavailable(_))
-        ));
-        assert!(matches!(
-            none.driver_version(),
             Err(DeviceError::Unavailable(_))
         ));
         assert!(matches!(none.attached(), Err(DeviceError::Unavailable(_))));

@@ -110,10 +110,6 @@ impl GpuDevices for NvmlDevices {
             ))),
         }
     }
-
-    fn driver_version(&self) -> Result<String, DeviceError> {
-        self.nvml.sys_driver_version().map_err(nvml_error)
-    }
 }
 
 #[cfg(test)]
@@ -136,7 +132,6 @@ mod tests {
                 assert!(listed
                     .iter()
                     .all(|d| d.memory_total_mib > 0 && !d.uuid.is_empty()));
-                assert!(!devices.driver_version().unwrap().is_empty());
                 assert_eq!(
                     devices.process_memory_mib(std::process::id()).unwrap(),
                     None

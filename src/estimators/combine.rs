@@ -238,8 +238,6 @@ impl Partial {
                 self.mib = Some(MibAnswer {
                     estimate_mib,
                     upper_bound_mib: estimate_mib * log_ratio.exp(),
-                    confidence,
-                    reference_capacity_mib: estimator.entry.capacity_mib,
                     floored: false,
                 });
             }
@@ -318,8 +316,6 @@ impl Partial {
                 self.mib = Some(MibAnswer {
                     estimate_mib: figure,
                     upper_bound_mib,
-                    confidence: query.confidence,
-                    reference_capacity_mib: Some(query.capacity_mib),
                     floored: false,
                 });
             } else if let Some(mib) = self.mib.as_mut().filter(|_| widen != 1.0) {

@@ -69,14 +69,11 @@ pub struct EstimatorRun {
     pub latency: Duration,
 }
 
-/// The MiB figure, its upper bound and the card it is checked against.
+/// The MiB figure and its upper bound (at the query's confidence).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct MibAnswer {
     pub estimate_mib: f64,
     pub upper_bound_mib: f64,
-    pub confidence: f64,
-    /// Capacity of the card the regressor was trained on.
-    pub reference_capacity_mib: Option<u64>,
     /// True when the figure was raised to the physics floor.
     pub floored: bool,
 }
