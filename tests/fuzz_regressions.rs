@@ -34,7 +34,10 @@ fn inputs(target: &str) -> Vec<(PathBuf, Vec<u8>)> {
 fn replay(target: &str, run: fn(&[u8])) {
     let inputs = inputs(target);
     // An empty folder would make this test pass without replaying anything.
-    assert!(!inputs.is_empty(), "fuzz/regressions/{target}/ holds no input");
+    assert!(
+        !inputs.is_empty(),
+        "fuzz/regressions/{target}/ holds no input"
+    );
     for (path, data) in &inputs {
         let outcome = std::panic::catch_unwind(|| run(data));
         assert!(outcome.is_ok(), "{} panics again", path.display());

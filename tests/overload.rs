@@ -272,11 +272,11 @@ async fn requests_beyond_the_concurrency_limit_are_refused_at_once_with_503_and_
     assert_eq!(response.status(), 200);
 }
 
-/// A refused client must see the 503 and its Retry-After, not a reset connection. Today the
-/// guard answers 503 without reading the request body; hyper then closes the connection with
-/// request bytes unread, the kernel resets it, and 1 to 12 of the 62 refused clients see
-/// `IncompleteMessage` instead of the answer (in most runs). Reading the refused body (bounded
-/// by the body limit and a short timeout) before answering fixes it.
+/// A refused client must see the 503 and its Retry-After, not a reset connection. A guard that
+/// answered 503 without reading the request body let hyper close the connection with request
+/// bytes unread; the kernel reset it, and 1 to 12 of the 62 refused clients saw
+/// `IncompleteMessage` instead of the answer. The guard now reads the refused body (bounded by
+/// the body limit and a 1 s timeout) before answering; this test keeps it so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn refused_requests_are_answered_not_reset() {
     let burst = burst_against_two_permits().await;
