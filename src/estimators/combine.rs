@@ -110,6 +110,15 @@ pub fn bound_widening(reach: &Extrapolation) -> f64 {
 pub const FIGURE_CLASS_WEIGHT: f32 = 0.6;
 
 impl Estimate {
+    /// The classifiers' own combined answer (the first maximum of their mean), whatever the
+    /// figure says; `None` for a family without classifiers. The manifest's `combined`
+    /// validation figures are of this answer.
+    pub fn classifiers_combined(&self) -> Option<ClassAnswer> {
+        self.classifier_mean
+            .as_ref()
+            .map(|mean| class_answer(&self.classes, mean.clone()))
+    }
+
     /// The memory class of an answer with MiB figure `figure_mib`: the class containing the
     /// figure, so that the two never disagree. The figure places a job better than the
     /// classifiers do (grouped CV, 8 GB classes: traced figure 0.886, plain figure 0.833,
