@@ -2,7 +2,7 @@
 """Describe every distinct timm model of the training CSV, once, on the meta device.
 
     python describe/scripts/describe_timm_training_set.py \
-        [--csv /work/shared/data/timm_a100_train.csv] [--out data/timm] [--limit N] [--models a,b]
+        [--csv ../shared/data/timm_a100_train.csv] [--out data/timm] [--limit N] [--models a,b]
 
 Writes <out>/descriptions.jsonl.gz (one job description per line, batch_size 1, sorted by model
 name; the description does not depend on the batch size; ``saved_tensors`` is per sample plus a
@@ -40,7 +40,8 @@ import torch  # noqa: E402
 from gpucast_describe import describe_module, resolve_spec, total_params  # noqa: E402
 
 REPO = HERE.parent.parent
-DEFAULT_CSV = "/work/shared/data/timm_a100_train.csv"
+# The measured data beside the repository (read-only; ../shared/data/README.md).
+DEFAULT_CSV = str(REPO.parent / "shared" / "data" / "timm_a100_train.csv")
 PER_MODEL_TIMEOUT_S = 600
 
 
@@ -139,7 +140,7 @@ def write_provenance(path: Path, *, command: str, csv_path: Path, csv_sha: str, 
         f"- distinct models in the CSV: {n_models}",
         f"- described: {len(described)}",
         f"- failed: {len(failures)}",
-        f"- families: " + ", ".join(f"{k} {v}" for k, v in sorted(families.items())),
+        "- families: " + ", ".join(f"{k} {v}" for k, v in sorted(families.items())),
     ]
     if n_layers:
         lines.append(f"- layers per model: min {min(n_layers)}, median "

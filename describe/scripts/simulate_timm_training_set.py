@@ -37,7 +37,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 REPO = HERE.parent.parent
-DEFAULT_CSV = "/work/shared/data/timm_a100_train.csv"
+# The measured data beside the repository (read-only; ../shared/data/README.md).
+DEFAULT_CSV = str(REPO.parent / "shared" / "data" / "timm_a100_train.csv")
 PER_MODEL_TIMEOUT_S = 300
 
 

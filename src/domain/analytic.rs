@@ -1,5 +1,5 @@
 //! Analytic memory models: closed formulas over the job description, no learning. Identical
-//! to `training/gpucast_features.py` (docs/models.md defines both).
+//! to `training/gpucast_training/features.py` (docs/models.md defines both).
 
 use super::job::{Job, Precision};
 
@@ -62,7 +62,7 @@ pub fn activation_bytes(job: &Job) -> f64 {
 }
 
 /// Bytes of weights, gradients and optimizer state, and bytes per activation element (one
-/// product, as `training/gpucast_features.py` computes it, so both agree to the last bit).
+/// product, as `training/gpucast_training/features.py` computes it, so both agree to the last bit).
 fn model_state_and_activation_bytes(job: &Job, params: f64) -> (f64, f64) {
     let (weight_bytes, activation_bytes) = weight_and_activation_bytes(job.precision());
     let gradient_bytes = 4.0;

@@ -1,4 +1,4 @@
-//! Feature extraction, identical to `training/gpucast_features.py` (pinned together by
+//! Feature extraction, identical to `training/gpucast_training/features.py` (pinned together by
 //! `tests/fixtures/golden_features.json`). docs/models.md defines every feature.
 
 use serde::Deserialize;

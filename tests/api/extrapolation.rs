@@ -27,7 +27,7 @@ const REGRESSOR: &str = "cnn_simulated_memory_regressor";
 /// The test domains' `max_widen`.
 const MAX_WIDEN: f64 = 2.0;
 
-/// The coordinates of the pipeline's domain (training/simulated_pipeline.py).
+/// The coordinates of the pipeline's domain (training/gpucast_training/simulated.py).
 const ORDER: [&str; 11] = [
     "sim_reserved_mib",
     "sim_activations_mib",
