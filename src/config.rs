@@ -75,6 +75,19 @@ pub struct ServeConfig {
     #[arg(long, env = "GPUCAST_REQUEST_TIMEOUT_SECS", default_value_t = 10)]
     pub request_timeout_secs: u64,
 
+    /// Seconds a client may take to send a request's header before the connection is closed.
+    #[arg(long, env = "GPUCAST_HEADER_READ_TIMEOUT_SECS", default_value_t = 5)]
+    pub header_read_timeout_secs: u64,
+
+    /// Seconds a client may take to send a request's body (read before the request takes a
+    /// slot) before it is answered 408.
+    #[arg(long, env = "GPUCAST_BODY_READ_TIMEOUT_SECS", default_value_t = 5)]
+    pub body_read_timeout_secs: u64,
+
+    /// Seconds a shutdown waits for connections to finish before closing them.
+    #[arg(long, env = "GPUCAST_DRAIN_TIMEOUT_SECS", default_value_t = 20)]
+    pub drain_timeout_secs: u64,
+
     /// Directory of per-GPU calibration profiles (one JSON file per SKU), created if missing.
     #[arg(long, env = "GPUCAST_PROFILES", default_value = "profiles")]
     pub profiles: PathBuf,
@@ -129,6 +142,15 @@ impl ServeConfig {
             ("--sessions-per-model", self.sessions_per_model),
             ("--max-concurrent-requests", self.max_concurrent_requests),
             ("--request-timeout-secs", self.request_timeout_secs as usize),
+            (
+                "--header-read-timeout-secs",
+                self.header_read_timeout_secs as usize,
+            ),
+            (
+                "--body-read-timeout-secs",
+                self.body_read_timeout_secs as usize,
+            ),
+            ("--drain-timeout-secs", self.drain_timeout_secs as usize),
         ];
         for (flag, value) in positive {
             if value == 0 {
@@ -151,6 +173,9 @@ impl ServeConfig {
             sessions_per_model: 2,
             max_concurrent_requests: 512,
             request_timeout_secs: 10,
+            header_read_timeout_secs: 5,
+            body_read_timeout_secs: 5,
+            drain_timeout_secs: 20,
             profiles: std::env::temp_dir().join(format!(
                 "gpucast-profiles-{}-{}",
                 std::process::id(),

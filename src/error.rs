@@ -21,6 +21,10 @@ pub enum ApiError {
     InvalidInput(String),
     #[error("request body exceeds the limit of {0} bytes")]
     PayloadTooLarge(usize),
+    #[error("the request body did not arrive within {0} s")]
+    BodyTimeout(u64),
+    #[error("the request body could not be read: {0}")]
+    UnreadableBody(String),
     #[error("content-type must be application/json")]
     UnsupportedMediaType,
     #[error("the service is at its concurrency limit; retry shortly")]
@@ -45,6 +49,8 @@ impl ApiError {
             ApiError::MalformedJson(_) => StatusCode::BAD_REQUEST,
             ApiError::InvalidInput(_) => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
+            ApiError::UnreadableBody(_) => StatusCode::BAD_REQUEST,
             ApiError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::Overloaded | ApiError::Timeout | ApiError::NotReady => {
                 StatusCode::SERVICE_UNAVAILABLE
@@ -60,6 +66,8 @@ impl ApiError {
             ApiError::MalformedJson(_) => "Malformed JSON",
             ApiError::InvalidInput(_) => "Invalid request",
             ApiError::PayloadTooLarge(_) => "Payload too large",
+            ApiError::BodyTimeout(_) => "Request timeout",
+            ApiError::UnreadableBody(_) => "Unreadable body",
             ApiError::UnsupportedMediaType => "Unsupported media type",
             ApiError::Overloaded => "Overloaded",
             ApiError::Timeout => "Timeout",

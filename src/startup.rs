@@ -20,6 +20,16 @@ pub struct Application {
     listener: TcpListener,
     port: u16,
     state: AppState,
+    timeouts: ConnectionTimeouts,
+}
+
+/// What bounds a connection rather than a request.
+#[derive(Debug, Clone, Copy)]
+struct ConnectionTimeouts {
+    /// A request's header must arrive within this, or the connection is closed.
+    header_read: Duration,
+    /// A shutdown closes whatever is still open after this.
+    drain: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -132,6 +142,7 @@ impl Application {
                 max_body_bytes: config.max_body_bytes,
                 max_batch_items: config.max_batch_items,
                 request_timeout: Duration::from_secs(config.request_timeout_secs),
+                body_read_timeout: Duration::from_secs(config.body_read_timeout_secs),
             },
             permits: Arc::new(Semaphore::new(config.max_concurrent_requests)),
             devices,
@@ -143,6 +154,10 @@ impl Application {
             listener,
             port,
             state,
+            timeouts: ConnectionTimeouts {
+                header_read: Duration::from_secs(config.header_read_timeout_secs),
+                drain: Duration::from_secs(config.drain_timeout_secs),
+            },
         })
     }
 
@@ -155,22 +170,70 @@ impl Application {
     }
 
     /// Serves until `shutdown` resolves, then stops accepting, marks itself not ready and
-    /// finishes the requests in flight.
+    /// finishes the requests in flight, for at most the drain timeout.
+    ///
+    /// hyper's own connection loop rather than `axum::serve`, for what that does not offer: a
+    /// header read timeout (a client that never finishes its header would hold a connection,
+    /// and a graceful shutdown, forever) and a bounded drain.
     pub async fn run_until(
         self,
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
-        let ready = self.state.ready.clone();
-        let stop_watches = self.state.stop_watches.clone();
-        let router = http::router(self.state);
+        use hyper_util::rt::{TokioIo, TokioTimer};
+        use hyper_util::server::graceful::GracefulShutdown;
+        use hyper_util::service::TowerToHyperService;
+
+        let Application {
+            listener,
+            state,
+            timeouts,
+            ..
+        } = self;
+        let ready = state.ready.clone();
+        let stop_watches = state.stop_watches.clone();
+        let router = http::router(state);
         ready.store(true, Ordering::Release);
-        tracing::info!(address = %self.listener.local_addr()?, "ready");
-        axum::serve(self.listener, router)
-            .with_graceful_shutdown(async move {
-                shutdown.await;
-                ready.store(false, Ordering::Release);
-                stop_watches.store(true, Ordering::Release);
-            })
+        tracing::info!(address = %listener.local_addr()?, "ready");
+        let connections = GracefulShutdown::new();
+        let mut connection = hyper::server::conn::http1::Builder::new();
+        connection
+            .timer(TokioTimer::new())
+            .header_read_timeout(timeouts.header_read);
+        tokio::pin!(shutdown);
+        loop {
+            let stream = tokio::select! {
+                accepted = listener.accept() => match accepted {
+                    Ok((stream, _)) => stream,
+                    Err(error) => {
+                        // Out of file descriptors, say: wait a little rather than spin.
+                        tracing::warn!(%error, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                },
+                () = &mut shutdown => break,
+            };
+            let service = TowerToHyperService::new(router.clone());
+            let served =
+                connections.watch(connection.serve_connection(TokioIo::new(stream), service));
+            tokio::spawn(async move {
+                if let Err(error) = served.await {
+                    tracing::debug!(%error, "connection ended with an error");
+                }
+            });
+        }
+        drop(listener);
+        ready.store(false, Ordering::Release);
+        stop_watches.store(true, Ordering::Release);
+        if tokio::time::timeout(timeouts.drain, connections.shutdown())
             .await
+            .is_err()
+        {
+            tracing::warn!(
+                drain_secs = timeouts.drain.as_secs(),
+                "connections still open after the drain timeout are closed"
+            );
+        }
+        Ok(())
     }
 }

@@ -37,6 +37,8 @@ pub struct Limits {
     pub max_body_bytes: usize,
     pub max_batch_items: usize,
     pub request_timeout: Duration,
+    /// How long a body may take to arrive; it is read before the request takes a permit.
+    pub body_read_timeout: Duration,
 }
 
 #[derive(Clone)]
@@ -169,31 +171,14 @@ pub fn router(state: AppState) -> Router {
 /// Admission control, timeout and HTTP metrics for every request.
 async fn guard(State(state): State<AppState>, request: Request, next: Next) -> Response {
     let started = Instant::now();
-    let method = request.method().as_str().to_owned();
+    let method = method_label(request.method());
     let route = request
         .extensions()
         .get::<MatchedPath>()
         .map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
-    let response = match state.permits.clone().try_acquire_owned() {
-        Err(_) => {
-            // Read the body before refusing: a connection closed with request bytes unread is
-            // reset by the kernel, and the client would see a reset instead of 503 + Retry-After.
-            let body = axum::body::to_bytes(request.into_body(), state.limits.max_body_bytes);
-            let _ = tokio::time::timeout(Duration::from_secs(1), body).await;
-            ApiError::Overloaded.into_response()
-        }
-        Ok(permit) => {
-            let response =
-                match tokio::time::timeout(state.limits.request_timeout, next.run(request)).await {
-                    Ok(response) => response,
-                    Err(_) => ApiError::Timeout.into_response(),
-                };
-            drop(permit);
-            response
-        }
-    };
+    let response = admit(&state, &route, request, next).await;
     let status = response.status().as_u16().to_string();
-    let labels = [method.as_str(), route.as_str(), status.as_str()];
+    let labels = [method, route.as_str(), status.as_str()];
     state
         .metrics
         .http_requests_total
@@ -205,4 +190,68 @@ async fn guard(State(state): State<AppState>, request: Request, next: Next) -> R
         .with_label_values(&labels)
         .observe(started.elapsed().as_secs_f64());
     response
+}
+
+/// The routes a liveness or readiness probe and a scraper call: never behind the permits, so
+/// that a saturated service is not restarted for being busy.
+const UNGUARDED_ROUTES: [&str; 3] = ["/healthz", "/readyz", "/metrics"];
+
+/// The body first, then a permit: a client that trickles its body holds a connection, never
+/// one of the request slots. A declared length over the limit is refused before any byte is
+/// read; a body that does not arrive in time is answered 408.
+async fn admit(state: &AppState, route: &str, request: Request, next: Next) -> Response {
+    let limit = state.limits.max_body_bytes;
+    let declared = request
+        .headers()
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if declared.is_some_and(|length| length > limit as u64) {
+        return ApiError::PayloadTooLarge(limit).into_response();
+    }
+    let (parts, body) = request.into_parts();
+    let timeout = state.limits.body_read_timeout;
+    let bytes = match tokio::time::timeout(timeout, axum::body::to_bytes(body, limit)).await {
+        Err(_) => return ApiError::BodyTimeout(timeout.as_secs()).into_response(),
+        Ok(Err(error)) => {
+            let too_large = std::error::Error::source(&error)
+                .is_some_and(|e| e.is::<http_body_util::LengthLimitError>());
+            return if too_large {
+                ApiError::PayloadTooLarge(limit).into_response()
+            } else {
+                ApiError::UnreadableBody(error.to_string()).into_response()
+            };
+        }
+        Ok(Ok(bytes)) => bytes,
+    };
+    let request = Request::from_parts(parts, axum::body::Body::from(bytes));
+    if UNGUARDED_ROUTES.contains(&route) {
+        return next.run(request).await;
+    }
+    let Ok(permit) = state.permits.clone().try_acquire_owned() else {
+        return ApiError::Overloaded.into_response();
+    };
+    let response = match tokio::time::timeout(state.limits.request_timeout, next.run(request)).await
+    {
+        Ok(response) => response,
+        Err(_) => ApiError::Timeout.into_response(),
+    };
+    drop(permit);
+    response
+}
+
+/// The method as a metrics label: the standard ones by name, anything else `other`, so that
+/// no caller can grow the label set.
+fn method_label(method: &axum::http::Method) -> &'static str {
+    use axum::http::Method;
+    match *method {
+        Method::GET => "GET",
+        Method::POST => "POST",
+        Method::HEAD => "HEAD",
+        Method::PUT => "PUT",
+        Method::DELETE => "DELETE",
+        Method::PATCH => "PATCH",
+        Method::OPTIONS => "OPTIONS",
+        _ => "other",
+    }
 }

@@ -1,0 +1,172 @@
+//! Attacks a single caller could mount on loopback (issue: hardening), each against the real
+//! server on an ephemeral port, bounded in count and time: odd HTTP methods in the metrics,
+//! oversized and slow bodies, every request slot taken, half-sent headers, shutdown with a
+//! half-sent header. Raw sockets on blocking threads (the crate's tokio has no `io-util`).
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+mod common;
+
+use common::{example_job, models_dir, spawn_app_with, test_config, TestApp};
+use gpucast::config::ServeConfig;
+
+fn config() -> ServeConfig {
+    test_config(&models_dir())
+}
+
+/// Sends `head` (and nothing else) and returns the open stream.
+fn send(port: u16, head: &[u8]) -> TcpStream {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stream.write_all(head).unwrap();
+    stream
+}
+
+/// The response's status line and how long it took, or `None` if the server closed the
+/// connection (or sent nothing) within `limit`.
+fn status_within(stream: &mut TcpStream, limit: Duration) -> (Option<u16>, Duration) {
+    let started = Instant::now();
+    stream.set_read_timeout(Some(limit)).unwrap();
+    let mut buffer = [0u8; 256];
+    let read = stream.read(&mut buffer).unwrap_or(0);
+    let text = String::from_utf8_lossy(&buffer[..read]);
+    let status = text
+        .strip_prefix("HTTP/1.1 ")
+        .and_then(|rest| rest.get(..3))
+        .and_then(|code| code.parse().ok());
+    (status, started.elapsed())
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    tokio::task::spawn_blocking(f).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_metrics_label_value_comes_from_a_fixed_set() {
+    let app = spawn_app_with(config()).await;
+    let port = app.port;
+    blocking(move || {
+        for i in 0..20 {
+            let mut stream = send(
+                port,
+                format!("ODD{i}METHOD /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                    .as_bytes(),
+            );
+            let _ = status_within(&mut stream, Duration::from_secs(5));
+        }
+    })
+    .await;
+    let metrics = app.get("/metrics").await.text().await.unwrap();
+    assert!(!metrics.contains("ODD"), "raw methods in the labels");
+    assert!(metrics.contains("method=\"other\""), "{metrics}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_content_length_is_refused_at_once_with_413() {
+    let app = spawn_app_with(config()).await;
+    let port = app.port;
+    let (status, took) = blocking(move || {
+        let mut stream = send(
+            port,
+            b"POST /v1/estimate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000000000000\r\n\r\n",
+        );
+        status_within(&mut stream, Duration::from_secs(8))
+    })
+    .await;
+    assert_eq!(status, Some(413));
+    assert!(took < Duration::from_secs(2), "took {took:?}");
+}
+
+/// Every permit taken by the test itself: the probes and the metrics still answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probes_and_metrics_answer_with_every_request_slot_taken() {
+    let mut config = config();
+    config.max_concurrent_requests = 4;
+    let app = spawn_app_with(config).await;
+    let _held = app
+        .state
+        .permits
+        .clone()
+        .acquire_many_owned(4)
+        .await
+        .unwrap();
+    for path in ["/healthz", "/readyz", "/metrics"] {
+        assert_eq!(app.get(path).await.status(), 200, "{path}");
+    }
+    let refused = app.post_json("/v1/estimate", &example_job()).await;
+    assert_eq!(refused.status(), 503);
+}
+
+/// More slow bodies than request slots: they wait for their bodies without holding a slot, and
+/// are answered 408 when the body does not come in time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_bodies_hold_no_request_slot_and_time_out_with_408() {
+    let mut config = config();
+    config.max_concurrent_requests = 4;
+    config.body_read_timeout_secs = 2;
+    let app = spawn_app_with(config).await;
+    let port = app.port;
+    let mut slow: Vec<TcpStream> = blocking(move || {
+        (0..12)
+            .map(|_| {
+                send(
+                    port,
+                    b"POST /v1/estimate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n{\"batch_size\": 1",
+                )
+            })
+            .collect()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(app.get("/healthz").await.status(), 200);
+    let answered = app.post_json("/v1/estimate", &example_job()).await;
+    assert_eq!(
+        answered.status(),
+        200,
+        "a legitimate estimate while 12 bodies trickle"
+    );
+    let statuses = blocking(move || {
+        slow.iter_mut()
+            .map(|s| status_within(s, Duration::from_secs(8)).0)
+            .collect::<Vec<_>>()
+    })
+    .await;
+    assert!(statuses.iter().all(|s| *s == Some(408)), "{statuses:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_sent_header_is_closed_after_the_header_timeout() {
+    let mut config = config();
+    config.header_read_timeout_secs = 1;
+    let app = spawn_app_with(config).await;
+    let port = app.port;
+    let (status, took) = blocking(move || {
+        let mut stream = send(port, b"POST /v1/estimate HTTP/1.1\r\nHost: x\r\n");
+        status_within(&mut stream, Duration::from_secs(10))
+    })
+    .await;
+    assert!(status.is_none() || status == Some(408), "{status:?}");
+    assert!(took < Duration::from_secs(5), "closed after {took:?}");
+}
+
+/// Shutdown with a connection that never finishes its header: the drain is bounded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_ends_within_the_drain_bound_despite_a_half_sent_header() {
+    let mut config = config();
+    config.header_read_timeout_secs = 60;
+    config.drain_timeout_secs = 2;
+    let mut app: TestApp = spawn_app_with(config).await;
+    let port = app.port;
+    let _stuck = blocking(move || send(port, b"POST /v1/estimate HTTP/1.1\r\nHost: x\r\n")).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let started = Instant::now();
+    app.shutdown.take().unwrap().send(()).unwrap();
+    let ended = tokio::time::timeout(Duration::from_secs(10), app.server).await;
+    assert!(ended.is_ok(), "the server did not stop within 10 s");
+    assert!(
+        started.elapsed() < Duration::from_secs(6),
+        "{:?}",
+        started.elapsed()
+    );
+}
