@@ -63,6 +63,11 @@ pub struct ServeConfig {
     #[arg(long, env = "GPUCAST_MAX_BATCH_ITEMS", default_value_t = 256)]
     pub max_batch_items: usize,
 
+    /// Batch requests estimated at once; more wait their turn (within the request timeout). A
+    /// batch runs on one core at a time: the others stay free for single estimates.
+    #[arg(long, env = "GPUCAST_MAX_CONCURRENT_BATCHES", default_value_t = 1)]
+    pub max_concurrent_batches: usize,
+
     /// ONNX Runtime sessions per model (concurrent inferences per model).
     #[arg(long, env = "GPUCAST_SESSIONS_PER_MODEL", default_value_t = 2)]
     pub sessions_per_model: usize,
@@ -139,6 +144,7 @@ impl ServeConfig {
         let positive = [
             ("--max-body-bytes", self.max_body_bytes),
             ("--max-batch-items", self.max_batch_items),
+            ("--max-concurrent-batches", self.max_concurrent_batches),
             ("--sessions-per-model", self.sessions_per_model),
             ("--max-concurrent-requests", self.max_concurrent_requests),
             ("--request-timeout-secs", self.request_timeout_secs as usize),
@@ -170,6 +176,7 @@ impl ServeConfig {
             log_format: LogFormat::Text,
             max_body_bytes: 2 * 1024 * 1024,
             max_batch_items: 256,
+            max_concurrent_batches: 1,
             sessions_per_model: 2,
             max_concurrent_requests: 512,
             request_timeout_secs: 10,

@@ -145,6 +145,7 @@ impl Application {
                 body_read_timeout: Duration::from_secs(config.body_read_timeout_secs),
             },
             permits: Arc::new(Semaphore::new(config.max_concurrent_requests)),
+            batch_slots: Arc::new(Semaphore::new(config.max_concurrent_batches)),
             devices,
             profiles: Arc::new(profiles),
             token: config.token.clone(),

@@ -73,7 +73,15 @@ pub async fn estimate_batch(
         )));
     }
     tracing::Span::current().record("items", request.items.len());
+    // Waits for its turn; the guard's request timeout bounds the wait.
+    let slot = state
+        .batch_slots
+        .clone()
+        .acquire_owned()
+        .await
+        .map_err(|_| ApiError::NotReady)?;
     let items = tokio::task::spawn_blocking(move || {
+        let _slot = slot;
         let started = Instant::now();
         // Validate every item first, then run the estimators once over all the valid ones.
         let (mut valid, mut errors) = (

@@ -49,6 +49,9 @@ pub struct AppState {
     pub limits: Limits,
     /// One permit per request in flight; none left means refuse with 503 at once.
     pub permits: Arc<Semaphore>,
+    /// Batches estimated at once: a flood of batches waits here, and single estimates keep the
+    /// other cores and ONNX Runtime sessions.
+    pub batch_slots: Arc<Semaphore>,
     pub devices: Arc<dyn GpuDevices>,
     pub profiles: Arc<ProfileStore>,
     /// Required as a bearer token by the routes that change state, when set.
