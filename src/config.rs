@@ -16,6 +16,8 @@ pub struct Cli {
     pub command: Command,
 }
 
+// Parsed once at start-up: the size of the `serve` variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Serve the HTTP API.
