@@ -158,20 +158,20 @@ impl Estimate {
     }
 }
 
-/// What a family brings to every job's answer: its class bins, how many classifiers it has,
-/// the `simulated` estimator.
+/// What a family brings to every job's answer: its class bins and the `simulated` estimator.
 #[derive(Clone, Copy)]
 pub(super) struct FamilyModels<'a> {
     pub(super) family: Family,
     pub(super) classes: &'a MemoryClasses,
-    pub(super) n_classifiers: usize,
     pub(super) simulated: Option<&'a SimulatedModel>,
 }
 
 /// One job's answers as the estimators come in.
 pub(super) struct Partial {
     classifiers: BTreeMap<String, ClassAnswer>,
-    mean: Vec<f32>,
+    /// Each classifier's probabilities that ran on this job, in order; their mean is taken
+    /// over those that ran (a classifier may be left out of a job, see `left_out`).
+    classifier_outputs: Vec<Vec<f32>>,
     mib: Option<MibAnswer>,
     /// The [`precedence`] of the estimator `mib` came from.
     mib_precedence: u8,
@@ -181,19 +181,22 @@ pub(super) struct Partial {
     mib_estimators: BTreeMap<String, f64>,
     utilization: BTreeMap<String, f32>,
     pub(super) runs: Vec<EstimatorRun>,
+    /// Estimators of the family that could not take this job, and why.
+    pub(super) left_out: Vec<String>,
 }
 
 impl Partial {
-    pub(super) fn new(n_classes: usize, n_estimators: usize) -> Partial {
+    pub(super) fn new(n_estimators: usize) -> Partial {
         Partial {
             classifiers: BTreeMap::new(),
-            mean: vec![0.0; n_classes],
+            classifier_outputs: Vec::new(),
             mib: None,
             mib_precedence: 0,
             mib_log_ratio: 0.0,
             mib_estimators: BTreeMap::new(),
             utilization: BTreeMap::new(),
             runs: Vec::with_capacity(n_estimators + 2),
+            left_out: Vec::new(),
         }
     }
 
@@ -201,16 +204,13 @@ impl Partial {
         &mut self,
         estimator: &Estimator,
         classes: &MemoryClasses,
-        n_classifiers: usize,
         output: Vec<f32>,
         confidence: f64,
     ) -> Result<(), EstimateError> {
         let first = output.first().copied().unwrap_or(f32::NAN);
         match estimator.entry.kind {
             EstimatorKind::MemoryClassifier => {
-                for (m, p) in self.mean.iter_mut().zip(&output) {
-                    *m += p / n_classifiers as f32;
-                }
+                self.classifier_outputs.push(output.clone());
                 self.classifiers
                     .insert(estimator.entry.name.clone(), class_answer(classes, output));
             }
@@ -268,9 +268,20 @@ impl Partial {
         let FamilyModels {
             family,
             classes,
-            n_classifiers,
             simulated,
         } = *models;
+        // The classifiers' mean, summed in their order as p / n (the bits the manifest's
+        // figures were computed with).
+        let n_classifiers = self.classifier_outputs.len();
+        let classifier_mean = (n_classifiers > 0).then(|| {
+            let mut mean = vec![0.0f32; classes.len()];
+            for output in &self.classifier_outputs {
+                for (m, p) in mean.iter_mut().zip(output) {
+                    *m += p / n_classifiers as f32;
+                }
+            }
+            mean
+        });
         let job = query.job;
         let AnalyticRun { figures, latencies } = analytic;
         let formulas = [
@@ -366,7 +377,8 @@ impl Partial {
             physics,
             extrapolation,
             classes: classes.clone(),
-            classifier_mean: (n_classifiers > 0).then_some(self.mean),
+            classifier_mean,
+            left_out: self.left_out,
         };
         estimate.class = estimate.class_for(estimate.mib.map(|m| m.estimate_mib));
         Ok(estimate)

@@ -120,6 +120,9 @@ pub struct Estimate {
     /// How far a simulated job is from the data the simulation regressors were trained on, and
     /// what followed from it; `None` without a simulation or without a training domain.
     pub extrapolation: Option<ExtrapolationAnswer>,
+    /// Estimators of the family that could not take this job, and why (e.g. a sequence model
+    /// with fewer positions than the job has layers); the answer rests on the others.
+    pub left_out: Vec<String>,
     classes: MemoryClasses,
     /// The mean of the classifiers' probabilities; `None` for a family without classifiers.
     classifier_mean: Option<Vec<f32>>,

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use super::combine::{self, FamilyModels, Partial};
 use super::extrapolation::Extrapolation;
-use super::manifest::{EstimatorEntry, EstimatorKind, Requirement};
+use super::manifest::{EstimatorEntry, Requirement};
 use super::onnx::{InferenceError, Model, ModelInput};
 use super::{Estimate, EstimateError, EstimatorRun, Estimators, Query};
 use crate::domain::analytic::{self, AnalyticFigures};
@@ -36,6 +36,14 @@ pub struct Estimator {
 impl Estimator {
     pub fn name(&self) -> &str {
         &self.entry.name
+    }
+
+    /// The most layers a sequence estimator reads; `None` for aggregate inputs.
+    pub fn layer_limit(&self) -> Option<usize> {
+        match &self.input {
+            Input::Sequence { max_tokens, .. } => Some(*max_tokens),
+            Input::Aggregate(_) => None,
+        }
     }
 
     /// Whether the job carries what this estimator needs.
@@ -264,10 +272,6 @@ impl Estimators {
             .iter()
             .filter(|e| e.family == family)
             .collect();
-        let n_classifiers = members
-            .iter()
-            .filter(|e| e.entry.kind == EstimatorKind::MemoryClassifier)
-            .count();
         let Some(classes) = members.iter().find_map(|e| e.classes.as_ref()) else {
             return jobs
                 .iter()
@@ -295,11 +299,26 @@ impl Estimators {
             .collect();
         let mut partials: Vec<Result<Partial, EstimateError>> = jobs
             .iter()
-            .map(|_| Ok(Partial::new(classes.len(), members.len())))
+            .map(|_| Ok(Partial::new(members.len())))
             .collect();
         for estimator in &members {
             let applicable: Vec<usize> = (0..jobs.len())
                 .filter(|&i| estimator.applies_to(job_refs[i]))
+                // A sequence model with fewer positions than the job has layers is left out of
+                // that job, and the answer says so; the family's other estimators answer.
+                .filter(|&i| match estimator.layer_limit() {
+                    Some(max) if job_refs[i].layers().len() > max => {
+                        if let Ok(partial) = &mut partials[i] {
+                            partial.left_out.push(format!(
+                                "estimator '{}' left out: it reads at most {max} layers, the job has {}",
+                                estimator.name(),
+                                job_refs[i].layers().len()
+                            ));
+                        }
+                        false
+                    }
+                    _ => true,
+                })
                 // Far from the training data a simulation regressor is not applied at all, nor
                 // beyond the card its labels were measured on.
                 .filter(|&i| {
@@ -326,9 +345,8 @@ impl Estimators {
             for (&i, output) in applicable.iter().zip(outputs) {
                 let (partial, confidence) = (&mut partials[i], jobs[i].confidence);
                 let Ok(state) = partial else { continue };
-                let applied = output.and_then(|output| {
-                    state.apply(estimator, classes, n_classifiers, output, confidence)
-                });
+                let applied =
+                    output.and_then(|output| state.apply(estimator, classes, output, confidence));
                 match applied {
                     Ok(()) => state.runs.push(EstimatorRun {
                         name: estimator.entry.name.clone(),
@@ -342,7 +360,6 @@ impl Estimators {
         let models = FamilyModels {
             family,
             classes,
-            n_classifiers,
             simulated: self.simulated.as_ref(),
         };
         partials

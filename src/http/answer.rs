@@ -159,6 +159,7 @@ fn to_response(
         mib_estimators,
         mut utilization,
         runs,
+        left_out,
         ..
     } = estimate;
     let versions: BTreeMap<String, String> = runs
@@ -242,6 +243,7 @@ fn to_response(
                 FitBasis::Simulation => FitBasisName::Simulation,
             },
         }),
+        warnings: left_out,
         calibration: placement.as_ref().map(|p| CalibrationResponse {
             gpu: p.target.gpu.clone(),
             profile_used: p.profile_observations.is_some(),

@@ -451,6 +451,9 @@ pub struct EstimateResponse {
     pub fit: Option<FitResponse>,
     /// Which GPU's calibration was applied to the MiB figures.
     pub calibration: Option<CalibrationResponse>,
+    /// What the answer left out or assumed, e.g. a sequence estimator that reads fewer layers
+    /// than the job has (the family's other estimators answer); empty when nothing was.
+    pub warnings: Vec<String>,
 }
 
 /// Whether the job fits one GPU, and how many copies fit side by side.

@@ -195,3 +195,40 @@ async fn a_body_that_is_not_json_by_content_type_is_refused_with_415() {
         .await;
     assert_eq!(response.status(), 415);
 }
+
+/// An MLP deeper than the sequence classifier reads (512 positions) is answered by the
+/// family's other estimators, and the answer names the one left out.
+#[tokio::test]
+async fn an_mlp_deeper_than_the_sequence_classifier_is_answered_without_it() {
+    let app = spawn_app().await;
+    let layers: Vec<Value> = (0..300)
+        .flat_map(|_| {
+            [
+                json!({"kind": "linear", "output_size": 256, "params": 65792}),
+                json!({"kind": "relu", "output_size": 256, "params": 0}),
+            ]
+        })
+        .collect();
+    let response = app
+        .post_json("/v1/estimate", &json!({"batch_size": 32, "layers": layers}))
+        .await;
+    assert_eq!(response.status(), 200);
+    let body: Value = response.json().await.unwrap();
+    let warnings = body["warnings"].as_array().unwrap();
+    assert!(
+        warnings.iter().any(|w| w
+            .as_str()
+            .unwrap()
+            .contains("reads at most 512 layers, the job has 600")),
+        "{body}"
+    );
+    assert!(body["memory"]["estimate_mib"].as_f64().unwrap() > 0.0);
+    // The ordinary example leaves nothing out.
+    let plain: Value = app
+        .post_json("/v1/estimate", &example_job())
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(plain["warnings"], json!([]));
+}
