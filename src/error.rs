@@ -25,6 +25,8 @@ pub enum ApiError {
     BodyTimeout(u64),
     #[error("the request body could not be read: {0}")]
     UnreadableBody(String),
+    #[error("content-encoding is not accepted: send the body uncompressed")]
+    UnsupportedEncoding,
     #[error("content-type must be application/json")]
     UnsupportedMediaType,
     #[error("the service is at its concurrency limit; retry shortly")]
@@ -51,7 +53,9 @@ impl ApiError {
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::UnreadableBody(_) => StatusCode::BAD_REQUEST,
-            ApiError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ApiError::UnsupportedMediaType | ApiError::UnsupportedEncoding => {
+                StatusCode::UNSUPPORTED_MEDIA_TYPE
+            }
             ApiError::Overloaded | ApiError::Timeout | ApiError::NotReady => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
@@ -69,6 +73,7 @@ impl ApiError {
             ApiError::BodyTimeout(_) => "Request timeout",
             ApiError::UnreadableBody(_) => "Unreadable body",
             ApiError::UnsupportedMediaType => "Unsupported media type",
+            ApiError::UnsupportedEncoding => "Unsupported content encoding",
             ApiError::Overloaded => "Overloaded",
             ApiError::Timeout => "Timeout",
             ApiError::NotReady => "Not ready",

@@ -170,3 +170,45 @@ async fn shutdown_ends_within_the_drain_bound_despite_a_half_sent_header() {
         started.elapsed()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_encoded_body_is_refused_with_415() {
+    let app = spawn_app_with(config()).await;
+    let response = app
+        .client
+        .post(format!("{}/v1/estimate", app.address))
+        .header("content-type", "application/json")
+        .header("content-encoding", "gzip")
+        .body(vec![0x1f, 0x8b, 0x08, 0x00])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 415);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_layer_given_as_an_array_is_refused() {
+    let app = spawn_app_with(config()).await;
+    let body = serde_json::json!({"batch_size": 8, "layers": [["linear", 10, 110]]});
+    let response = app.post_json("/v1/estimate", &body).await;
+    assert_eq!(response.status(), 422);
+    let problem: serde_json::Value = response.json().await.unwrap();
+    assert!(
+        problem["detail"].as_str().unwrap().starts_with("layers"),
+        "{problem}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_value_is_echoed_back_truncated() {
+    let app = spawn_app_with(config()).await;
+    let mut body = example_job();
+    body["family"] = serde_json::Value::String("z".repeat(10_000));
+    let response = app.post_json("/v1/estimate", &body).await;
+    assert_eq!(response.status(), 422);
+    let detail = response.json::<serde_json::Value>().await.unwrap()["detail"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(detail.len() < 300, "{} bytes echoed", detail.len());
+}

@@ -564,9 +564,8 @@ impl Job {
             check_quantities(index, layer.output_size, layer.params)?;
         }
         let family = match family {
-            Some(name) => {
-                Family::parse(name).ok_or_else(|| JobError::UnknownFamily(name.into()))?
-            }
+            Some(name) => Family::parse(name)
+                .ok_or_else(|| JobError::UnknownFamily(name.chars().take(64).collect()))?,
             None => Family::infer(&layers),
         };
         Ok(Job {

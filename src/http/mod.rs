@@ -212,6 +212,14 @@ async fn admit(state: &AppState, route: &str, request: Request, next: Next) -> R
     if declared.is_some_and(|length| length > limit as u64) {
         return ApiError::PayloadTooLarge(limit).into_response();
     }
+    // No decompression here: a compressed body would pass the byte limit and expand past it.
+    let encoded = request
+        .headers()
+        .get(axum::http::header::CONTENT_ENCODING)
+        .is_some_and(|v| !v.as_bytes().eq_ignore_ascii_case(b"identity"));
+    if encoded {
+        return ApiError::UnsupportedEncoding.into_response();
+    }
     let (parts, body) = request.into_parts();
     let timeout = state.limits.body_read_timeout;
     let bytes = match tokio::time::timeout(timeout, axum::body::to_bytes(body, limit)).await {

@@ -38,7 +38,7 @@ pub struct EstimateRequest {
     #[serde(deserialize_with = "whole_number::one")]
     pub batch_size: u64,
     /// The model's layers in execution order (1 to 4096). Give either `layers` or `summary`.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "layer_objects")]
     #[schema(min_items = 1, max_items = 4096)]
     pub layers: Option<Vec<LayerRequest>>,
     /// The model as summary text instead of a layer list.
@@ -275,6 +275,34 @@ pub struct SimulatedBreakdownRequest {
     #[serde(deserialize_with = "whole_number::one")]
     #[schema(maximum = 17_592_186_044_416_u64)]
     pub temporaries: u64,
+}
+
+/// Layers as JSON objects only: serde would also read a struct from an array by position
+/// (`["linear", 10, 5]`), a second spelling of the same layer that no one documents.
+fn layer_objects<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<Vec<LayerRequest>>, D::Error> {
+    struct Object(LayerRequest);
+    impl<'de> Deserialize<'de> for Object {
+        fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+            struct Visitor;
+            impl<'de> serde::de::Visitor<'de> for Visitor {
+                type Value = LayerRequest;
+                fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                    f.write_str("a layer object")
+                }
+                fn visit_map<A: serde::de::MapAccess<'de>>(
+                    self,
+                    map: A,
+                ) -> Result<LayerRequest, A::Error> {
+                    LayerRequest::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+                }
+            }
+            deserializer.deserialize_map(Visitor).map(Object)
+        }
+    }
+    let layers = Option::<Vec<Object>>::deserialize(deserializer)?;
+    Ok(layers.map(|layers| layers.into_iter().map(|Object(layer)| layer).collect()))
 }
 
 /// One layer of the model.
