@@ -31,6 +31,9 @@ pub enum ApiError {
     NotReady,
     #[error("a valid bearer token is required")]
     Unauthorized,
+    /// The route is switched off by configuration; the detail says how to switch it on.
+    #[error("{0}")]
+    Forbidden(String),
     /// The request needs a GPU this host does not have (or cannot read).
     #[error("{0}")]
     NoDevice(String),
@@ -50,6 +53,7 @@ impl ApiError {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::NoDevice(_) => StatusCode::CONFLICT,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -65,6 +69,7 @@ impl ApiError {
             ApiError::Timeout => "Timeout",
             ApiError::NotReady => "Not ready",
             ApiError::Unauthorized => "Unauthorized",
+            ApiError::Forbidden(_) => "Forbidden",
             ApiError::NoDevice(_) => "No such device",
             ApiError::Internal(_) => "Internal error",
         }

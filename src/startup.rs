@@ -13,6 +13,7 @@ use crate::config::ServeConfig;
 use crate::devices::nvml::NvmlDevices;
 use crate::devices::{GpuDevices, NoDevices};
 use crate::estimators::{Estimators, LoadError};
+use crate::http::auth::WriteAccess;
 use crate::http::{self, AppState, Limits};
 use crate::metrics::Metrics;
 
@@ -117,13 +118,16 @@ impl Application {
                     address: config.listen,
                     source,
                 })?;
-        let port = listener
-            .local_addr()
-            .map_err(|source| StartupError::Bind {
-                address: config.listen,
-                source,
-            })?
-            .port();
+        let bound = listener.local_addr().map_err(|source| StartupError::Bind {
+            address: config.listen,
+            source,
+        })?;
+        let port = bound.port();
+        let writes = WriteAccess::new(config.token.clone(), bound);
+        match writes {
+            WriteAccess::Disabled => tracing::warn!(address = %bound, "{}", writes.describe()),
+            _ => tracing::info!(address = %bound, "{}", writes.describe()),
+        }
         let state = AppState {
             estimators: Arc::new(estimators),
             metrics: Arc::new(metrics),
@@ -136,7 +140,7 @@ impl Application {
             permits: Arc::new(Semaphore::new(config.max_concurrent_requests)),
             devices,
             profiles: Arc::new(profiles),
-            token: config.token.clone(),
+            writes,
             stop_watches: Arc::new(AtomicBool::new(false)),
         };
         Ok(Application {

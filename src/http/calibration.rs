@@ -8,11 +8,12 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::Json;
 
-use crate::calibration::profile::{CalibrationProfile, ProfileError};
+use crate::calibration::profile::{CalibrationProfile, ProfileError, Sample};
+use crate::calibration::store::Update;
 use crate::devices::watch::{watch_process, WatchConfig};
 use crate::error::ApiError;
 use crate::estimators::FIRST_PRINCIPLES;
-use crate::http::auth::require_token;
+use crate::http::auth::require_write_access;
 use crate::http::extract::{from_value, JsonBody, JsonObjectOrArray};
 use crate::http::types::{
     EstimateRequest, ObservationRequest, ObservationsResponse, Problem, ProfileResponse,
@@ -23,8 +24,6 @@ use crate::http::AppState;
 
 /// Observations accepted in one call.
 const MAX_OBSERVATIONS: usize = 1000;
-/// Largest peak an observation may report, MiB.
-const MAX_OBSERVED_PEAK_MIB: f64 = 10_000_000.0;
 
 /// Calibration profiles learned so far.
 #[utoipa::path(get, path = "/v1/calibration/profiles", tag = "devices", responses((status = 200, body = ProfilesResponse)))]
@@ -40,12 +39,14 @@ pub async fn profiles(State(state): State<AppState>) -> Json<ProfilesResponse> {
     path = "/v1/calibration/observations",
     tag = "devices",
     request_body = crate::http::types::ObservationsRequest,
-    // The token is optional: required only when the service is started with one.
+    // The token is required when the service is started with one; without one, writes are
+    // open on a loopback-only listener and refused (403) on any other.
     security((), ("bearer" = [])),
     responses(
         (status = 200, description = "Recorded; the refitted profiles", body = ObservationsResponse),
         (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or wrong bearer token", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Writes disabled: no token configured and the listener is not loopback-only", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "`attached` without an NVML device", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid observation", body = Problem, content_type = "application/problem+json"),
     )
@@ -55,7 +56,7 @@ pub async fn observe(
     headers: HeaderMap,
     JsonObjectOrArray(body): JsonObjectOrArray<serde_json::Value>,
 ) -> Result<Json<ObservationsResponse>, ApiError> {
-    require_token(&state, &headers)?;
+    require_write_access(&state, &headers)?;
     // Parsed item by item (not as an untagged enum) so that errors name the field.
     let observations: Vec<ObservationRequest> = match body {
         serde_json::Value::Array(items) => items
@@ -78,12 +79,14 @@ pub async fn observe(
     Ok(Json(response))
 }
 
-/// Validates every observation first, so that a bad one records nothing.
+/// Validates every observation first, so that a bad one records nothing; then records each
+/// GPU's observations as one update of its profile.
 fn record(
     state: &AppState,
     observations: Vec<ObservationRequest>,
 ) -> Result<ObservationsResponse, ApiError> {
-    let mut prepared = Vec::with_capacity(observations.len());
+    // By GPU, in the order the GPUs first appear.
+    let mut by_gpu: Vec<(String, Vec<Sample>)> = Vec::new();
     for (index, observation) in observations.iter().enumerate() {
         // A lone observation's fields are named as they are; a list's with their index.
         let location = if observations.len() > 1 {
@@ -92,10 +95,10 @@ fn record(
             String::new()
         };
         let at = |e: ApiError| e.within(&location);
-        // No GPU job peaks below 1 MiB (the CUDA context alone is hundreds) or above 10 TiB.
-        if !(1.0..=MAX_OBSERVED_PEAK_MIB).contains(&observation.observed_peak_mib) {
+        let observed = observation.observed_peak_mib;
+        if !(observed.is_finite() && observed >= 1.0) {
             return Err(at(ApiError::InvalidInput(
-                "observed_peak_mib: must be a number from 1 to 10,000,000".into(),
+                "observed_peak_mib: must be a number of MiB, at least 1".into(),
             )));
         }
         let target = resolve(Some(&observation.gpu), state.devices.as_ref()).map_err(at)?;
@@ -110,27 +113,52 @@ fn record(
                 ))));
             }
         }
-        let predicted = reference_figure(state, &observation.job).map_err(at)?;
-        prepared.push((target.gpu, predicted, observation.observed_peak_mib));
+        // No job peaks above the whole memory of the card it ran on.
+        if observed > target.capacity_mib as f64 {
+            return Err(at(ApiError::InvalidInput(format!(
+                "observed_peak_mib: {observed} MiB is more than the whole memory of {} ({} MiB)",
+                target.gpu, target.capacity_mib
+            ))));
+        }
+        let reference = reference_figure(state, &observation.job).map_err(at)?;
+        // Nor below what physics says it must hold (model state and CUDA context): such a
+        // reading is not of this job.
+        if observed < reference.floor_mib {
+            return Err(at(ApiError::InvalidInput(format!(
+                "observed_peak_mib: {observed} MiB is below the job's physical floor of {:.0} MiB (model state and CUDA context)",
+                reference.floor_mib
+            ))));
+        }
+        let sample = Sample {
+            predicted_mib: reference.predicted_mib,
+            observed_mib: observed,
+        };
+        match by_gpu.iter_mut().find(|(gpu, _)| *gpu == target.gpu) {
+            Some((_, samples)) => samples.push(sample),
+            None => by_gpu.push((target.gpu, vec![sample])),
+        }
     }
-    let mut touched: Vec<CalibrationProfile> = Vec::new();
-    for (gpu, predicted, observed) in &prepared {
-        let profile = state
-            .profiles
-            .observe(gpu, *predicted, *observed)
-            .map_err(profile_error)?;
+    let mut profiles = Vec::with_capacity(by_gpu.len());
+    let mut limited = Vec::new();
+    for (gpu, samples) in &by_gpu {
+        let update = state.profiles.update(gpu, samples).map_err(profile_error)?;
+        let profile = update.profile;
         state.metrics.record_calibration(
             &profile.sku,
             profile.observations,
             profile.scale,
             profile.offset_mib,
         );
-        touched.retain(|p| p.sku != profile.sku);
-        touched.push(profile);
+        if update.limited {
+            tracing::warn!(gpu = %gpu, "calibration update held to the per-update step");
+            limited.push(profile.sku.clone());
+        }
+        profiles.push(profile_response(&profile));
     }
     Ok(ObservationsResponse {
-        recorded: prepared.len(),
-        profiles: touched.iter().map(profile_response).collect(),
+        recorded: observations.len(),
+        profiles,
+        limited,
     })
 }
 
@@ -140,12 +168,14 @@ fn record(
     path = "/v1/calibration/watch",
     tag = "devices",
     request_body = WatchRequest,
-    // The token is optional: required only when the service is started with one.
+    // The token is required when the service is started with one; without one, writes are
+    // open on a loopback-only listener and refused (403) on any other.
     security((), ("bearer" = [])),
     responses(
         (status = 202, description = "Watching", body = WatchResponse),
         (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or wrong bearer token", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Writes disabled: no token configured and the listener is not loopback-only", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "No NVML device on this host", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid request", body = Problem, content_type = "application/problem+json"),
     )
@@ -155,17 +185,17 @@ pub async fn watch(
     headers: HeaderMap,
     JsonBody(request): JsonBody<WatchRequest>,
 ) -> Result<(StatusCode, Json<WatchResponse>), ApiError> {
-    require_token(&state, &headers)?;
+    require_write_access(&state, &headers)?;
     let pid = u32::try_from(request.pid)
         .map_err(|_| ApiError::InvalidInput(format!("pid: {} is not a process id", request.pid)))?;
     let target = resolve(Some("attached"), state.devices.as_ref())?;
-    let predicted = reference_figure(&state, &request.job)?;
+    let reference = reference_figure(&state, &request.job)?;
     let interval = Duration::from_millis(request.interval_ms.unwrap_or(200).clamp(10, 60_000));
     let max_duration =
         Duration::from_secs(request.max_seconds.unwrap_or(86_400).clamp(1, 2_592_000));
     let mut config = WatchConfig::new(interval, max_duration);
     config.stop = state.stop_watches.clone();
-    let gpu = target.gpu.clone();
+    let (gpu, capacity_mib) = (target.gpu.clone(), target.capacity_mib);
     let (devices, profiles, metrics) = (
         state.devices.clone(),
         Arc::clone(&state.profiles),
@@ -176,13 +206,22 @@ pub async fn watch(
     // the blocking pool's threads, which serve estimates.
     let watcher = std::thread::Builder::new().name(format!("watch-{pid}"));
     let spawned = watcher.spawn(move || match watch_process(devices, pid, &config) {
-        Ok(report) if report.complete() => match profiles.observe(&gpu, predicted, report.peak_mib as f64) {
-            Ok(profile) => {
-                metrics.record_calibration(&profile.sku, profile.observations, profile.scale, profile.offset_mib);
-                tracing::info!(pid, gpu = %gpu, peak_mib = report.peak_mib, observations = profile.observations, "watch recorded");
+        Ok(report) if report.complete() => {
+            let peak = report.peak_mib as f64;
+            // The same physics as an observation's: a peak outside it is not this job's.
+            if peak < reference.floor_mib || peak > capacity_mib as f64 {
+                tracing::warn!(pid, peak_mib = report.peak_mib, floor_mib = reference.floor_mib, capacity_mib, "watched peak outside physics; nothing recorded");
+                return;
             }
-            Err(e) => tracing::warn!(pid, error = %e, "watch peak not recorded"),
-        },
+            let sample = Sample { predicted_mib: reference.predicted_mib, observed_mib: peak };
+            match profiles.update(&gpu, &[sample]) {
+                Ok(Update { profile, limited }) => {
+                    metrics.record_calibration(&profile.sku, profile.observations, profile.scale, profile.offset_mib);
+                    tracing::info!(pid, gpu = %gpu, peak_mib = report.peak_mib, observations = profile.observations, limited, "watch recorded");
+                }
+                Err(e) => tracing::warn!(pid, error = %e, "watch peak not recorded"),
+            }
+        }
         Ok(report) => tracing::warn!(pid, ended = ?report.ended, peak_mib = report.peak_mib, "watch cut short; nothing recorded"),
         Err(e) => tracing::warn!(pid, error = %e, "watch failed"),
     });
@@ -197,17 +236,27 @@ pub async fn watch(
     ))
 }
 
-/// What the reference (uncalibrated) model says of a job: the learned MiB figure, or the
-/// first-principles one for a family without a memory regressor.
-fn reference_figure(state: &AppState, request: &EstimateRequest) -> Result<f64, ApiError> {
+/// What the reference (uncalibrated) model says of a job, and the least it can need.
+struct Reference {
+    /// The learned MiB figure, or the first-principles one for a family without a memory
+    /// regressor.
+    predicted_mib: f64,
+    /// Physics' floor: model state and CUDA context.
+    floor_mib: f64,
+}
+
+fn reference_figure(state: &AppState, request: &EstimateRequest) -> Result<Reference, ApiError> {
     let job = to_job(request).map_err(|e| e.within("job."))?;
     let estimate = state
         .estimators
         .estimate(&job, crate::domain::Confidence::DEFAULT.get())?;
-    Ok(estimate
-        .mib
-        .map(|m| m.estimate_mib)
-        .unwrap_or_else(|| estimate.mib_estimators[FIRST_PRINCIPLES]))
+    Ok(Reference {
+        predicted_mib: estimate
+            .mib
+            .map(|m| m.estimate_mib)
+            .unwrap_or_else(|| estimate.mib_estimators[FIRST_PRINCIPLES]),
+        floor_mib: estimate.physics.floor_mib(),
+    })
 }
 
 fn profile_error(e: ProfileError) -> ApiError {

@@ -26,10 +26,10 @@ use utoipa_axum::routes;
 use utoipa_swagger_ui::SwaggerUi;
 
 use crate::calibration::store::ProfileStore;
-use crate::config::ApiToken;
 use crate::devices::GpuDevices;
 use crate::error::ApiError;
 use crate::estimators::Estimators;
+use crate::http::auth::WriteAccess;
 use crate::metrics::Metrics;
 
 #[derive(Debug, Clone, Copy)]
@@ -49,8 +49,8 @@ pub struct AppState {
     pub permits: Arc<Semaphore>,
     pub devices: Arc<dyn GpuDevices>,
     pub profiles: Arc<ProfileStore>,
-    /// Required as a bearer token by the routes that change state, when set.
-    pub token: Option<ApiToken>,
+    /// Who may call the routes that change state.
+    pub writes: WriteAccess,
     /// Set on shutdown so that process watches end.
     pub stop_watches: Arc<AtomicBool>,
 }

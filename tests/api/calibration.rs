@@ -168,7 +168,7 @@ async fn bad_observations_record_nothing() {
 }
 
 /// A GPU that needs 1.15x the A100's memory plus 700 MiB (context and workspaces) is learned
-/// from 30 observations: the calibrated median error on further jobs comes within 2 points of
+/// from 30 observations, sent as three updates: the calibrated median error on further jobs comes within 2 points of
 /// the reference model's own median error on the A100.
 #[tokio::test]
 async fn a_constant_offset_and_scale_is_learned_from_30_observations() {
@@ -179,10 +179,14 @@ async fn a_constant_offset_and_scale_is_learned_from_30_observations() {
         .iter()
         .map(|(job, measured)| json!({"gpu": "h100-80gb", "job": job, "observed_peak_mib": shifted(*measured)}))
         .collect();
-    let response = app
-        .post_json("/v1/calibration/observations", &json!(observations))
-        .await;
-    assert_eq!(response.status(), 200);
+    // Three updates of ten: one update moves a profile by a bounded step (a factor of 1.25),
+    // and this shift needs more than one.
+    for chunk in observations.chunks(10) {
+        let response = app
+            .post_json("/v1/calibration/observations", &json!(chunk))
+            .await;
+        assert_eq!(response.status(), 200);
+    }
 
     let further = &jobs[30..230];
     let estimate = |gpu: Option<&str>| {
@@ -307,4 +311,169 @@ async fn profiles_survive_a_restart_and_a_corrupt_file_is_skipped() {
         .map(|p| p["gpu"].as_str().unwrap())
         .collect();
     assert_eq!(gpus, vec!["l40s"]);
+}
+
+#[tokio::test]
+async fn calibration_writes_are_refused_on_a_public_listener_without_a_token() {
+    let mut config = test_config(&models_dir());
+    config.listen = "0.0.0.0:0".parse().unwrap();
+    let devices = Arc::new(FakeDevices::single("NVIDIA L4", 23_034));
+    devices.set_process_memory(77, Some(1000));
+    let app = spawn_app_with_devices(config, devices).await;
+    let observation = json!({"gpu": "t4", "job": example_job(), "observed_peak_mib": 2000});
+    let watch = json!({"pid": 77, "job": example_job()});
+    for (path, body) in [
+        ("/v1/calibration/observations", observation),
+        ("/v1/calibration/watch", watch),
+    ] {
+        let response = app.post_json(path, &body).await;
+        assert_eq!(response.status(), 403, "{path}");
+        assert_eq!(
+            response.headers()["content-type"],
+            "application/problem+json"
+        );
+        let problem: Value = response.json().await.unwrap();
+        assert!(
+            problem["detail"].as_str().unwrap().contains("--token"),
+            "{problem}"
+        );
+    }
+    // Reads and estimates are not writes.
+    let profiles: Value = app
+        .get("/v1/calibration/profiles")
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(profiles["profiles"], json!([]));
+    assert_eq!(
+        app.post_json("/v1/estimate", &example_job()).await.status(),
+        200
+    );
+}
+
+#[tokio::test]
+async fn a_public_listener_with_a_token_takes_writes_with_it() {
+    let mut config = test_config(&models_dir());
+    config.listen = "0.0.0.0:0".parse().unwrap();
+    config.token = Some(ApiToken::new("let-me-in"));
+    let app = spawn_app_with_devices(config, Arc::new(NoDevices::new("none"))).await;
+    let body = json!({"gpu": "t4", "job": example_job(), "observed_peak_mib": 2000});
+    let url = format!("{}/v1/calibration/observations", app.address);
+    let response = app.client.post(&url).json(&body).send().await.unwrap();
+    assert_eq!(response.status(), 401);
+    let response = app
+        .client
+        .post(&url)
+        .bearer_auth("let-me-in")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+}
+
+/// The poisoning of the issue: twenty peaks of 1 MiB once made every estimate on the GPU 1 MiB,
+/// and one of 10,000,000 made nothing fit.
+#[tokio::test]
+async fn observations_below_the_physical_floor_or_above_the_card_are_refused() {
+    let app = spawn_app().await;
+    let mut on_t4 = example_job();
+    on_t4["gpu"] = "t4".into();
+    let before: Value = app
+        .post_json("/v1/estimate", &on_t4)
+        .await
+        .json()
+        .await
+        .unwrap();
+    let tiny: Vec<Value> = (0..20)
+        .map(|_| json!({"gpu": "t4", "job": example_job(), "observed_peak_mib": 1}))
+        .collect();
+    let huge = json!({"gpu": "t4", "job": example_job(), "observed_peak_mib": 10_000_000});
+    let above_t4 = json!({"gpu": "t4", "job": example_job(), "observed_peak_mib": 16_000});
+    for (body, prefix, says) in [
+        (json!(tiny), "[0].observed_peak_mib", "physical floor"),
+        (huge, "observed_peak_mib", "whole memory of t4"),
+        (above_t4, "observed_peak_mib", "whole memory of t4"),
+    ] {
+        let response = app.post_json("/v1/calibration/observations", &body).await;
+        assert_eq!(response.status(), 422);
+        let problem: Value = response.json().await.unwrap();
+        let detail = problem["detail"].as_str().unwrap();
+        assert!(
+            detail.starts_with(prefix) && detail.contains(says),
+            "{problem}"
+        );
+    }
+    let profiles: Value = app
+        .get("/v1/calibration/profiles")
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(profiles["profiles"], json!([]));
+    let after: Value = app
+        .post_json("/v1/estimate", &on_t4)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(after["memory"], before["memory"]);
+    assert_eq!(after["fit"], before["fit"]);
+}
+
+/// A profile moves every estimate on its GPU, so one update moves it one bounded step, and
+/// the answer says so; the observations are kept, so further updates move it further.
+#[tokio::test]
+async fn one_update_moves_a_profile_a_bounded_step_and_says_so() {
+    let app = spawn_app().await;
+    let mut on_t4 = example_job();
+    on_t4["gpu"] = "t4".into();
+    let estimate_on_t4 = || async {
+        let body: Value = app
+            .post_json("/v1/estimate", &on_t4)
+            .await
+            .json()
+            .await
+            .unwrap();
+        body["memory"]["estimate_mib"].as_f64().unwrap()
+    };
+    let uncalibrated = estimate_on_t4().await;
+    // Three times the model's figure: within physics and the card, far from the model.
+    let observed = (3.0 * uncalibrated).round();
+    let observations: Vec<Value> = (0..5)
+        .map(|_| json!({"gpu": "t4", "job": example_job(), "observed_peak_mib": observed}))
+        .collect();
+    let response = app
+        .post_json("/v1/calibration/observations", &json!(observations))
+        .await;
+    assert_eq!(response.status(), 200);
+    let recorded: Value = response.json().await.unwrap();
+    assert_eq!(recorded["recorded"], 5);
+    assert_eq!(recorded["limited"], json!(["t4"]));
+    let once = estimate_on_t4().await;
+    assert!(
+        (once / uncalibrated - 1.25).abs() < 1e-3,
+        "{uncalibrated} -> {once}"
+    );
+    let response = app
+        .post_json("/v1/calibration/observations", &json!(observations))
+        .await;
+    let recorded: Value = response.json().await.unwrap();
+    assert_eq!(recorded["limited"], json!(["t4"]));
+    let twice = estimate_on_t4().await;
+    assert!(
+        (twice / once - 1.25).abs() < 1e-3,
+        "{uncalibrated} -> {once} -> {twice}"
+    );
+    // A reading close to the model is learned at once, and nothing is reported.
+    let app = spawn_app().await;
+    let near = json!({"gpu": "t4", "job": example_job(), "observed_peak_mib": (1.1 * uncalibrated).round()});
+    let recorded: Value = app
+        .post_json("/v1/calibration/observations", &near)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(recorded["limited"], json!([]));
 }
