@@ -11,6 +11,7 @@ use crate::calibration::profile::ProfileError;
 use crate::calibration::store::ProfileStore;
 use crate::config::ServeConfig;
 use crate::devices::nvml::NvmlDevices;
+use crate::devices::watch::Sampler;
 use crate::devices::{GpuDevices, NoDevices};
 use crate::estimators::{Estimators, LoadError};
 use crate::http::auth::WriteAccess;
@@ -138,10 +139,10 @@ impl Application {
                 request_timeout: Duration::from_secs(config.request_timeout_secs),
             },
             permits: Arc::new(Semaphore::new(config.max_concurrent_requests)),
-            devices,
             profiles: Arc::new(profiles),
             writes,
-            stop_watches: Arc::new(AtomicBool::new(false)),
+            watches: Arc::new(Sampler::new(devices.clone(), config.max_watches)),
+            devices,
         };
         Ok(Application {
             listener,
@@ -165,7 +166,7 @@ impl Application {
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
         let ready = self.state.ready.clone();
-        let stop_watches = self.state.stop_watches.clone();
+        let watches = Arc::clone(&self.state.watches);
         let router = http::router(self.state);
         ready.store(true, Ordering::Release);
         tracing::info!(address = %self.listener.local_addr()?, "ready");
@@ -173,7 +174,7 @@ impl Application {
             .with_graceful_shutdown(async move {
                 shutdown.await;
                 ready.store(false, Ordering::Release);
-                stop_watches.store(true, Ordering::Release);
+                watches.stop();
             })
             .await
     }

@@ -10,7 +10,7 @@ use axum::Json;
 
 use crate::calibration::profile::{CalibrationProfile, ProfileError, Sample};
 use crate::calibration::store::Update;
-use crate::devices::watch::{watch_process, WatchConfig};
+use crate::devices::watch::{AddError, WatchConfig, WatchDone};
 use crate::error::ApiError;
 use crate::estimators::FIRST_PRINCIPLES;
 use crate::http::auth::require_write_access;
@@ -163,6 +163,10 @@ fn record(
 }
 
 /// Watch a process on this host's GPU; its peak becomes an observation when it exits.
+///
+/// One sampler thread reads every watched process; at most `--max-watches` (default 64) are
+/// watched at once (429 beyond), each process once (409 for a second watch of it: the first
+/// one's job description stands), none for longer than `max_seconds` (at most 30 days).
 #[utoipa::path(
     post,
     path = "/v1/calibration/watch",
@@ -176,8 +180,10 @@ fn record(
         (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or wrong bearer token", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "Writes disabled: no token configured and the listener is not loopback-only", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "No NVML device on this host", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "No NVML device on this host, or the process is watched already", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid request", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "As many processes are watched as `--max-watches` allows; Retry-After says when to try again", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u64, description = "Seconds to wait"))),
     )
 )]
 pub async fn watch(
@@ -193,39 +199,53 @@ pub async fn watch(
     let interval = Duration::from_millis(request.interval_ms.unwrap_or(200).clamp(10, 60_000));
     let max_duration =
         Duration::from_secs(request.max_seconds.unwrap_or(86_400).clamp(1, 2_592_000));
-    let mut config = WatchConfig::new(interval, max_duration);
-    config.stop = state.stop_watches.clone();
+    let config = WatchConfig::new(interval, max_duration);
     let (gpu, capacity_mib) = (target.gpu.clone(), target.capacity_mib);
-    let (devices, profiles, metrics) = (
-        state.devices.clone(),
-        Arc::clone(&state.profiles),
-        Arc::clone(&state.metrics),
-    );
-    tracing::info!(pid, gpu = %gpu, "watching a training process");
-    // A thread of its own: a watch lasts as long as the training job, and must not hold one of
-    // the blocking pool's threads, which serve estimates.
-    let watcher = std::thread::Builder::new().name(format!("watch-{pid}"));
-    let spawned = watcher.spawn(move || match watch_process(devices, pid, &config) {
+    let (profiles, metrics) = (Arc::clone(&state.profiles), Arc::clone(&state.metrics));
+    // Runs on the sampler's thread when the watch ends.
+    let done: WatchDone = Box::new(move |outcome| match outcome {
         Ok(report) if report.complete() => {
             let peak = report.peak_mib as f64;
             // The same physics as an observation's: a peak outside it is not this job's.
             if peak < reference.floor_mib || peak > capacity_mib as f64 {
-                tracing::warn!(pid, peak_mib = report.peak_mib, floor_mib = reference.floor_mib, capacity_mib, "watched peak outside physics; nothing recorded");
+                tracing::warn!(
+                    pid,
+                    peak_mib = report.peak_mib,
+                    floor_mib = reference.floor_mib,
+                    capacity_mib,
+                    "watched peak outside physics; nothing recorded"
+                );
                 return;
             }
-            let sample = Sample { predicted_mib: reference.predicted_mib, observed_mib: peak };
+            let sample = Sample {
+                predicted_mib: reference.predicted_mib,
+                observed_mib: peak,
+            };
             match profiles.update(&gpu, &[sample]) {
                 Ok(Update { profile, limited }) => {
-                    metrics.record_calibration(&profile.sku, profile.observations, profile.scale, profile.offset_mib);
+                    metrics.record_calibration(
+                        &profile.sku,
+                        profile.observations,
+                        profile.scale,
+                        profile.offset_mib,
+                    );
                     tracing::info!(pid, gpu = %gpu, peak_mib = report.peak_mib, observations = profile.observations, limited, "watch recorded");
                 }
                 Err(e) => tracing::warn!(pid, error = %e, "watch peak not recorded"),
             }
         }
-        Ok(report) => tracing::warn!(pid, ended = ?report.ended, peak_mib = report.peak_mib, "watch cut short; nothing recorded"),
+        Ok(report) => {
+            tracing::warn!(pid, ended = ?report.ended, peak_mib = report.peak_mib, "watch cut short; nothing recorded")
+        }
         Err(e) => tracing::warn!(pid, error = %e, "watch failed"),
     });
-    spawned.map_err(|e| ApiError::Internal(format!("cannot start a watch thread: {e}")))?;
+    state.watches.add(pid, &config, done).map_err(|e| match e {
+        AddError::Full { .. } => ApiError::TooManyWatches(e.to_string()),
+        AddError::AlreadyWatched(_) => ApiError::Conflict(e.to_string()),
+        AddError::Stopped => ApiError::NotReady,
+        AddError::Thread(_) => ApiError::Internal(e.to_string()),
+    })?;
+    tracing::info!(pid, gpu = %target.gpu, "watching a training process");
     Ok((
         StatusCode::ACCEPTED,
         Json(WatchResponse {

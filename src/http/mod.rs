@@ -26,6 +26,7 @@ use utoipa_axum::routes;
 use utoipa_swagger_ui::SwaggerUi;
 
 use crate::calibration::store::ProfileStore;
+use crate::devices::watch::Sampler;
 use crate::devices::GpuDevices;
 use crate::error::ApiError;
 use crate::estimators::Estimators;
@@ -51,8 +52,8 @@ pub struct AppState {
     pub profiles: Arc<ProfileStore>,
     /// Who may call the routes that change state.
     pub writes: WriteAccess,
-    /// Set on shutdown so that process watches end.
-    pub stop_watches: Arc<AtomicBool>,
+    /// Every process watch, on one thread; stopped on shutdown.
+    pub watches: Arc<Sampler>,
 }
 
 #[derive(OpenApi)]

@@ -477,3 +477,88 @@ async fn one_update_moves_a_profile_a_bounded_step_and_says_so() {
         .unwrap();
     assert_eq!(recorded["limited"], json!([]));
 }
+
+/// Watched processes that stay on the GPU (until `max_seconds`).
+fn steady_processes(pids: std::ops::RangeInclusive<u32>) -> Arc<FakeDevices> {
+    let devices = Arc::new(FakeDevices::single("NVIDIA A100-SXM4-80GB", 81_920));
+    for pid in pids {
+        devices.script_process(pid, [Some(1000)]);
+        devices.set_process_memory(pid, Some(1000));
+    }
+    devices
+}
+
+fn watch_of(pid: u32) -> Value {
+    json!({"pid": pid, "job": example_job(), "interval_ms": 10, "max_seconds": 5})
+}
+
+#[tokio::test]
+async fn watches_beyond_the_cap_are_refused_with_retry_after() {
+    let mut config = test_config(&models_dir());
+    config.max_watches = 3;
+    let app = spawn_app_with_devices(config, steady_processes(101..=104)).await;
+    for pid in 101..=103 {
+        let response = app.post_json("/v1/calibration/watch", &watch_of(pid)).await;
+        assert_eq!(response.status(), 202, "pid {pid}");
+    }
+    let response = app.post_json("/v1/calibration/watch", &watch_of(104)).await;
+    assert_eq!(response.status(), 429);
+    assert!(response.headers().contains_key("retry-after"));
+    let problem: Value = response.json().await.unwrap();
+    assert!(
+        problem["detail"].as_str().unwrap().contains('3'),
+        "{problem}"
+    );
+}
+
+#[tokio::test]
+async fn a_process_is_watched_once() {
+    let app = spawn_app_with_devices(test_config(&models_dir()), steady_processes(7..=7)).await;
+    let response = app.post_json("/v1/calibration/watch", &watch_of(7)).await;
+    assert_eq!(response.status(), 202);
+    let response = app.post_json("/v1/calibration/watch", &watch_of(7)).await;
+    assert_eq!(response.status(), 409);
+    let problem: Value = response.json().await.unwrap();
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("watched already"),
+        "{problem}"
+    );
+}
+
+/// Threads of this test process whose name starts with `watch`.
+fn watch_threads() -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .map(|tasks| {
+            tasks
+                .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+                .filter(|name| name.starts_with("watch"))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// 4,000 watches once made 4,004 threads: one thread now reads every watched process.
+#[tokio::test]
+async fn fifty_watches_share_one_sampler_thread() {
+    let devices = steady_processes(1001..=1050);
+    let app = spawn_app_with_devices(test_config(&models_dir()), devices.clone()).await;
+    let before = watch_threads();
+    for pid in 1001..=1050 {
+        let response = app.post_json("/v1/calibration/watch", &watch_of(pid)).await;
+        assert_eq!(response.status(), 202, "pid {pid}");
+    }
+    for _ in 0..500 {
+        if (1001..=1050).all(|pid| devices.script_done(pid)) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!((1001..=1050).all(|pid| devices.script_done(pid)));
+    assert_eq!(devices.reader_threads(), 1);
+    // Other tests of this binary may run their own sampler meanwhile; not one per watch.
+    let after = watch_threads();
+    assert!(after <= before + 2, "{before} -> {after} watch threads");
+}
