@@ -15,6 +15,7 @@ use crate::devices::watch::Sampler;
 use crate::devices::{GpuDevices, NoDevices};
 use crate::estimators::{Estimators, LoadError};
 use crate::http::auth::WriteAccess;
+use crate::http::idempotency::{self, IdempotencyKeys};
 use crate::http::{self, AppState, Limits};
 use crate::metrics::Metrics;
 
@@ -142,6 +143,10 @@ impl Application {
             profiles: Arc::new(profiles),
             writes,
             watches: Arc::new(Sampler::new(devices.clone(), config.max_watches)),
+            idempotency: Arc::new(IdempotencyKeys::new(
+                idempotency::KEY_TTL,
+                idempotency::MAX_KEYS,
+            )),
             devices,
         };
         Ok(Application {

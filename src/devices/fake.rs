@@ -17,6 +17,8 @@ pub struct FakeDevices {
     processes: Mutex<HashMap<u32, ProcessScript>>,
     /// The threads that have read a process's memory, so tests can see how watches are run.
     readers: Mutex<HashSet<std::thread::ThreadId>>,
+    /// How long listing the devices takes (a slow driver), once the service is up.
+    list_delay: Mutex<std::time::Duration>,
 }
 
 #[derive(Debug, Default)]
@@ -40,6 +42,7 @@ impl FakeDevices {
             devices,
             processes: Mutex::new(HashMap::new()),
             readers: Mutex::new(HashSet::new()),
+            list_delay: Mutex::new(std::time::Duration::ZERO),
         }
     }
 
@@ -74,6 +77,11 @@ impl FakeDevices {
         self.lock().entry(pid).or_default().steady = mib;
     }
 
+    /// Every listing of the devices takes `delay` from now on (blocking the caller).
+    pub fn set_list_delay(&self, delay: std::time::Duration) {
+        *self.list_delay.lock().unwrap_or_else(|p| p.into_inner()) = delay;
+    }
+
     /// How many distinct threads have read a process's memory so far.
     pub fn reader_threads(&self) -> usize {
         self.readers.lock().unwrap_or_else(|p| p.into_inner()).len()
@@ -94,6 +102,8 @@ impl FakeDevices {
 
 impl GpuDevices for FakeDevices {
     fn list(&self) -> Result<Vec<GpuDevice>, DeviceError> {
+        let delay = *self.list_delay.lock().unwrap_or_else(|p| p.into_inner());
+        std::thread::sleep(delay);
         Ok(self.devices.clone())
     }
 

@@ -5,7 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::Json;
 
 use crate::calibration::profile::{CalibrationProfile, ProfileError, Sample};
@@ -15,6 +16,7 @@ use crate::error::ApiError;
 use crate::estimators::FIRST_PRINCIPLES;
 use crate::http::auth::require_write_access;
 use crate::http::extract::{from_value, JsonBody, JsonObjectOrArray};
+use crate::http::idempotency::{self, Claim};
 use crate::http::types::{
     EstimateRequest, ObservationRequest, ObservationsResponse, Problem, ProfileResponse,
     ProfilesResponse, WatchRequest, WatchResponse,
@@ -34,29 +36,44 @@ pub async fn profiles(State(state): State<AppState>) -> Json<ProfilesResponse> {
 }
 
 /// Record measured peaks of jobs on a GPU; the GPU's profile is refitted and saved.
+///
+/// Retries: the recording is not cancelled once it has started, so a call answered 503 (the
+/// request timeout) or whose answer was lost may have been recorded. To retry safely, send an
+/// `Idempotency-Key` header (1 to 255 visible ASCII characters, e.g. a UUID per batch): the
+/// first call with a key records and its answer is remembered (24 hours, the last 10,000 keys,
+/// in this process); a call with the same key and the same body returns that answer again with
+/// `Idempotency-Replayed: true` and records nothing (while the first call still runs, it waits
+/// for it); the same key with another body is refused (422). A call that fails records nothing
+/// and frees its key.
 #[utoipa::path(
     post,
     path = "/v1/calibration/observations",
     tag = "devices",
     request_body = crate::http::types::ObservationsRequest,
+    params(
+        ("Idempotency-Key" = Option<String>, Header, description = "Makes retries safe: a call with a key already recorded returns the original answer and records nothing again"),
+    ),
     // The token is required when the service is started with one; without one, writes are
     // open on a loopback-only listener and refused (403) on any other.
     security((), ("bearer" = [])),
     responses(
-        (status = 200, description = "Recorded; the refitted profiles", body = ObservationsResponse),
+        (status = 200, description = "Recorded (or, for a key already recorded, the original answer replayed); the refitted profiles", body = ObservationsResponse,
+            headers(("Idempotency-Replayed" = String, description = "`true` when the answer is the one recorded earlier under the same Idempotency-Key"))),
         (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or wrong bearer token", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "Writes disabled: no token configured and the listener is not loopback-only", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "`attached` without an NVML device", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Invalid observation", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid observation, or an Idempotency-Key used with another body", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn observe(
     State(state): State<AppState>,
     headers: HeaderMap,
     JsonObjectOrArray(body): JsonObjectOrArray<serde_json::Value>,
-) -> Result<Json<ObservationsResponse>, ApiError> {
+) -> Result<Response, ApiError> {
     require_write_access(&state, &headers)?;
+    let key = idempotency::key(&headers)?;
+    let fingerprint = key.as_ref().map(|_| idempotency::fingerprint(&body));
     // Parsed item by item (not as an untagged enum) so that errors name the field.
     let observations: Vec<ObservationRequest> = match body {
         serde_json::Value::Array(items) => items
@@ -73,10 +90,39 @@ pub async fn observe(
             observations.len()
         )));
     }
-    let response = tokio::task::spawn_blocking(move || record(&state, observations))
-        .await
-        .map_err(|e| ApiError::Internal(format!("calibration task failed: {e}")))??;
-    Ok(Json(response))
+    let ticket = match (key, fingerprint) {
+        (Some(key), Some(fingerprint)) => loop {
+            match state.idempotency.claim(&key, fingerprint)? {
+                Claim::Fresh(ticket) => break Some(ticket),
+                Claim::Replay(body) => {
+                    tracing::info!(key = %key, "observations already recorded under this key; answer replayed");
+                    let mut response = Json(body.as_ref().clone()).into_response();
+                    response.headers_mut().insert(
+                        idempotency::REPLAYED_HEADER,
+                        HeaderValue::from_static("true"),
+                    );
+                    return Ok(response);
+                }
+                // Bounded by the request timeout, like any call.
+                Claim::Wait(progress) => idempotency::settled(progress).await,
+            }
+        },
+        _ => None,
+    };
+    // The ticket goes with the recording, not with this future: if the timeout answers first,
+    // the recording still finishes and the key still learns its answer.
+    let response = tokio::task::spawn_blocking(move || {
+        let response = record(&state, observations)?;
+        if let Some(ticket) = ticket {
+            ticket.succeed(
+                serde_json::to_value(&response).map_err(|e| ApiError::Internal(e.to_string()))?,
+            );
+        }
+        Ok::<_, ApiError>(response)
+    })
+    .await
+    .map_err(|e| ApiError::Internal(format!("calibration task failed: {e}")))??;
+    Ok(Json(response).into_response())
 }
 
 /// Validates every observation first, so that a bad one records nothing; then records each

@@ -7,6 +7,7 @@ pub mod calibration;
 pub mod devices;
 pub mod estimate;
 pub mod extract;
+pub mod idempotency;
 pub mod service;
 pub mod types;
 pub mod validate;
@@ -31,6 +32,7 @@ use crate::devices::GpuDevices;
 use crate::error::ApiError;
 use crate::estimators::Estimators;
 use crate::http::auth::WriteAccess;
+use crate::http::idempotency::IdempotencyKeys;
 use crate::metrics::Metrics;
 
 #[derive(Debug, Clone, Copy)]
@@ -54,6 +56,8 @@ pub struct AppState {
     pub writes: WriteAccess,
     /// Every process watch, on one thread; stopped on shutdown.
     pub watches: Arc<Sampler>,
+    /// Idempotency keys of recent observation calls and their answers.
+    pub idempotency: Arc<IdempotencyKeys>,
 }
 
 #[derive(OpenApi)]

@@ -562,3 +562,99 @@ async fn fifty_watches_share_one_sampler_thread() {
     let after = watch_threads();
     assert!(after <= before + 2, "{before} -> {after} watch threads");
 }
+
+async fn observations_recorded(app: &crate::helpers::TestApp) -> u64 {
+    let profiles: Value = app
+        .get("/v1/calibration/profiles")
+        .await
+        .json()
+        .await
+        .unwrap();
+    profiles["profiles"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["observations"].as_u64().unwrap())
+        .sum()
+}
+
+async fn post_with_key(
+    app: &crate::helpers::TestApp,
+    key: &str,
+    body: &Value,
+) -> reqwest::Response {
+    app.client
+        .post(format!("{}/v1/calibration/observations", app.address))
+        .header("Idempotency-Key", key)
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_retry_with_the_same_idempotency_key_records_nothing_again() {
+    let app = spawn_app().await;
+    let body = json!({"gpu": "l40s", "job": example_job(), "observed_peak_mib": 2100});
+    let first = post_with_key(&app, "batch-1", &body).await;
+    assert_eq!(first.status(), 200);
+    assert!(first.headers().get("idempotency-replayed").is_none());
+    let first: Value = first.json().await.unwrap();
+    let retry = post_with_key(&app, "batch-1", &body).await;
+    assert_eq!(retry.status(), 200);
+    assert_eq!(retry.headers()["idempotency-replayed"], "true");
+    assert_eq!(retry.json::<Value>().await.unwrap(), first);
+    assert_eq!(observations_recorded(&app).await, 1);
+    // The same key with other observations is a client's mistake, not a retry.
+    let other = json!({"gpu": "l40s", "job": example_job(), "observed_peak_mib": 2200});
+    let response = post_with_key(&app, "batch-1", &other).await;
+    assert_eq!(response.status(), 422);
+    let problem: Value = response.json().await.unwrap();
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with("idempotency-key"),
+        "{problem}"
+    );
+    // A new key records; no key records every time.
+    assert_eq!(post_with_key(&app, "batch-2", &body).await.status(), 200);
+    assert_eq!(
+        app.post_json("/v1/calibration/observations", &body)
+            .await
+            .status(),
+        200
+    );
+    assert_eq!(observations_recorded(&app).await, 3);
+    // A failed call records nothing and leaves its key free.
+    let bad = json!({"gpu": "l40s", "job": example_job(), "observed_peak_mib": -1});
+    assert_eq!(post_with_key(&app, "batch-3", &bad).await.status(), 422);
+    let response = post_with_key(&app, "batch-3", &body).await;
+    assert_eq!(response.status(), 200);
+    assert!(response.headers().get("idempotency-replayed").is_none());
+    assert_eq!(observations_recorded(&app).await, 4);
+}
+
+/// The case: a call answered 503 by the timeout was recorded all the same, and its
+/// retry recorded it again.
+#[tokio::test]
+async fn a_call_answered_503_and_retried_with_its_key_is_recorded_once() {
+    let mut config = test_config(&models_dir());
+    config.request_timeout_secs = 1;
+    let devices = Arc::new(FakeDevices::single("NVIDIA L4", 23_034));
+    let app = spawn_app_with_devices(config, devices.clone()).await;
+    // A driver slow enough that the recording outlasts the request timeout.
+    devices.set_list_delay(Duration::from_millis(1200));
+    let body = json!({"gpu": "attached", "job": example_job(), "observed_peak_mib": 2100});
+    let response = post_with_key(&app, "slow-1", &body).await;
+    assert_eq!(response.status(), 503);
+    // The retry comes while the first call is still recording: it waits for its answer.
+    let retry = post_with_key(&app, "slow-1", &body).await;
+    assert_eq!(retry.status(), 200);
+    assert_eq!(retry.headers()["idempotency-replayed"], "true");
+    let retry: Value = retry.json().await.unwrap();
+    assert_eq!(retry["recorded"], 1);
+    assert_eq!(retry["profiles"][0]["observations"], 1);
+    devices.set_list_delay(Duration::ZERO);
+    assert_eq!(observations_recorded(&app).await, 1);
+}
