@@ -51,7 +51,8 @@ const DISABLED: &str = "calibration writes are disabled: start with --token or l
 
 /// Whether a request may proceed, given its `Authorization` header and the configured token.
 ///
-/// - No token configured: every request is allowed (the service trusts its network).
+/// - No token configured: every request is allowed; [`require_write_access`] decides before
+///   that whether writes without a token are open at all (loopback-only listener) or refused.
 /// - A token configured: the header must be `Bearer <token>` (scheme case-insensitive, as
 ///   RFC 7235 says); the token is compared in constant time so its bytes cannot be guessed one
 ///   by one from response times.
