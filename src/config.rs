@@ -103,6 +103,10 @@ pub struct ServeConfig {
     #[arg(long, env = "GPUCAST_TOKEN")]
     pub token: Option<ApiToken>,
 
+    /// Processes watched at once (POST /v1/calibration/watch); more are refused with 429.
+    #[arg(long, env = "GPUCAST_MAX_WATCHES", default_value_t = 64)]
+    pub max_watches: usize,
+
     /// Do not look for NVIDIA GPUs through NVML (as if the host had none).
     #[arg(long, env = "GPUCAST_NO_NVML")]
     pub no_nvml: bool,
@@ -159,6 +163,7 @@ impl ServeConfig {
                 self.body_read_timeout_secs as usize,
             ),
             ("--drain-timeout-secs", self.drain_timeout_secs as usize),
+            ("--max-watches", self.max_watches),
         ];
         for (flag, value) in positive {
             if value == 0 {
@@ -191,6 +196,7 @@ impl ServeConfig {
                 unique()
             )),
             token: None,
+            max_watches: 64,
             no_nvml: true,
         }
     }

@@ -10,6 +10,9 @@ use crate::http::types::Problem;
 
 /// Seconds a refused client is asked to wait before retrying.
 const RETRY_AFTER_SECS: &str = "1";
+/// Seconds a client refused a watch is asked to wait: watches last as long as training jobs,
+/// so a place frees up in minutes, not at once.
+const WATCH_RETRY_AFTER_SECS: &str = "60";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -37,6 +40,15 @@ pub enum ApiError {
     NotReady,
     #[error("a valid bearer token is required")]
     Unauthorized,
+    /// The request clashes with the state of the service (a process watched already).
+    #[error("{0}")]
+    Conflict(String),
+    /// As many processes are watched as the service allows.
+    #[error("{0}")]
+    TooManyWatches(String),
+    /// The route is switched off by configuration; the detail says how to switch it on.
+    #[error("{0}")]
+    Forbidden(String),
     /// The request needs a GPU this host does not have (or cannot read).
     #[error("{0}")]
     NoDevice(String),
@@ -60,6 +72,9 @@ impl ApiError {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
+            ApiError::Conflict(_) => StatusCode::CONFLICT,
+            ApiError::TooManyWatches(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::NoDevice(_) => StatusCode::CONFLICT,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -78,6 +93,9 @@ impl ApiError {
             ApiError::Timeout => "Timeout",
             ApiError::NotReady => "Not ready",
             ApiError::Unauthorized => "Unauthorized",
+            ApiError::Forbidden(_) => "Forbidden",
+            ApiError::Conflict(_) => "Conflict",
+            ApiError::TooManyWatches(_) => "Too many watches",
             ApiError::NoDevice(_) => "No such device",
             ApiError::Internal(_) => "Internal error",
         }
@@ -135,6 +153,12 @@ impl IntoResponse for ApiError {
         );
         if status == StatusCode::UNAUTHORIZED {
             headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        if status == StatusCode::TOO_MANY_REQUESTS {
+            headers.insert(
+                header::RETRY_AFTER,
+                HeaderValue::from_static(WATCH_RETRY_AFTER_SECS),
+            );
         }
         if status == StatusCode::SERVICE_UNAVAILABLE {
             headers.insert(

@@ -11,8 +11,11 @@ use crate::calibration::profile::ProfileError;
 use crate::calibration::store::ProfileStore;
 use crate::config::ServeConfig;
 use crate::devices::nvml::NvmlDevices;
+use crate::devices::watch::Sampler;
 use crate::devices::{GpuDevices, NoDevices};
 use crate::estimators::{Estimators, LoadError};
+use crate::http::auth::WriteAccess;
+use crate::http::idempotency::{self, IdempotencyKeys};
 use crate::http::{self, AppState, Limits};
 use crate::metrics::Metrics;
 
@@ -127,13 +130,16 @@ impl Application {
                     address: config.listen,
                     source,
                 })?;
-        let port = listener
-            .local_addr()
-            .map_err(|source| StartupError::Bind {
-                address: config.listen,
-                source,
-            })?
-            .port();
+        let bound = listener.local_addr().map_err(|source| StartupError::Bind {
+            address: config.listen,
+            source,
+        })?;
+        let port = bound.port();
+        let writes = WriteAccess::new(config.token.clone(), bound);
+        match writes {
+            WriteAccess::Disabled => tracing::warn!(address = %bound, "{}", writes.describe()),
+            _ => tracing::info!(address = %bound, "{}", writes.describe()),
+        }
         let state = AppState {
             estimators: Arc::new(estimators),
             metrics: Arc::new(metrics),
@@ -146,10 +152,14 @@ impl Application {
             },
             permits: Arc::new(Semaphore::new(config.max_concurrent_requests)),
             batch_slots: Arc::new(Semaphore::new(config.max_concurrent_batches)),
-            devices,
             profiles: Arc::new(profiles),
-            token: config.token.clone(),
-            stop_watches: Arc::new(AtomicBool::new(false)),
+            writes,
+            watches: Arc::new(Sampler::new(devices.clone(), config.max_watches)),
+            idempotency: Arc::new(IdempotencyKeys::new(
+                idempotency::KEY_TTL,
+                idempotency::MAX_KEYS,
+            )),
+            devices,
         };
         Ok(Application {
             listener,
@@ -191,7 +201,7 @@ impl Application {
             ..
         } = self;
         let ready = state.ready.clone();
-        let stop_watches = state.stop_watches.clone();
+        let watches = Arc::clone(&state.watches);
         let router = http::router(state);
         ready.store(true, Ordering::Release);
         tracing::info!(address = %listener.local_addr()?, "ready");
@@ -225,7 +235,7 @@ impl Application {
         }
         drop(listener);
         ready.store(false, Ordering::Release);
-        stop_watches.store(true, Ordering::Release);
+        watches.stop();
         if tokio::time::timeout(timeouts.drain, connections.shutdown())
             .await
             .is_err()

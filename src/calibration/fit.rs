@@ -43,21 +43,35 @@ pub fn fit_profile(samples: &[Sample]) -> Fitted {
         .map(|s| s.observed_mib - scale * s.predicted_mib)
         .collect();
     let offset_mib = quantile(&mut intercepts, 0.5);
+    Fitted {
+        offset_mib,
+        scale,
+        residual_quantiles: residual_quantiles(samples, offset_mib, scale),
+    }
+}
+
+/// Quantiles of `observed / (offset + scale × predicted) - 1` over non-empty `samples`.
+pub fn residual_quantiles(
+    samples: &[Sample],
+    offset_mib: f64,
+    scale: f64,
+) -> BTreeMap<String, f64> {
     let mut residuals: Vec<f64> = samples
         .iter()
         .map(|s| {
             s.observed_mib / (offset_mib + scale * s.predicted_mib).max(MIN_ESTIMATE_MIB) - 1.0
         })
         .collect();
-    let residual_quantiles = QUANTILES
+    QUANTILES
         .iter()
         .map(|(key, p)| (key.to_string(), quantile(&mut residuals, *p)))
-        .collect();
-    Fitted {
-        offset_mib,
-        scale,
-        residual_quantiles,
-    }
+        .collect()
+}
+
+/// The median of the samples' predictions: where a profile's step is measured.
+pub fn median_prediction(samples: &[Sample]) -> Option<f64> {
+    let mut predicted: Vec<f64> = samples.iter().map(|s| s.predicted_mib).collect();
+    (!predicted.is_empty()).then(|| quantile(&mut predicted, 0.5))
 }
 
 /// Interquartile range over the median.

@@ -13,7 +13,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use super::fit::{fit_profile, Fitted};
+use super::fit::{fit_profile, median_prediction, residual_quantiles, Fitted};
 
 /// The profile file format this code reads and writes.
 pub const SCHEMA_VERSION: u32 = 1;
@@ -32,6 +32,14 @@ pub const MIN_SAMPLES_FOR_SCALE: usize = 5;
 /// The scale a fit may take. Outside it the data describe a different job mix or a broken
 /// measurement, not a GPU: clamp rather than extrapolate wildly.
 pub const SCALE_RANGE: (f64, f64) = (0.25, 4.0);
+/// The most one update may move a profile: its calibrated figure at the median prediction of
+/// its samples, and its scale, each by at most this factor up or down.
+///
+/// Why: a profile moves every estimate for its GPU, so one batch of wrong observations (a
+/// broken measurement, a mislabelled GPU, a hostile client) must not swing every answer at
+/// once. Genuine shifts are still learned: the samples are kept whole and each update refits
+/// from all of them, so a few updates reach the fit (1.25^3 ≈ 2).
+pub const MAX_STEP: f64 = 1.25;
 /// Largest memory figure accepted, MiB (16 TiB: far beyond any single GPU).
 const MAX_MIB: f64 = 16.0 * 1024.0 * 1024.0;
 /// Smallest calibrated estimate, MiB: a negative offset must not produce a zero or negative need.
@@ -144,6 +152,34 @@ impl CalibrationProfile {
             updated_at_unix: now_unix,
             samples,
         }
+    }
+
+    /// This refit held to [`MAX_STEP`] from `previous` (the uncalibrated model, offset 0 and
+    /// scale 1, for a new profile); true when it had to be held. The line keeps the fitted
+    /// figure at the reference prediction where that is within the step; the residual
+    /// quantiles are recomputed against the held line (wider, so the bound stays honest).
+    pub fn held_to_step(
+        mut self,
+        previous: Option<&CalibrationProfile>,
+    ) -> (CalibrationProfile, bool) {
+        let Some(reference) = median_prediction(&self.samples) else {
+            return (self, false);
+        };
+        let (before_offset, before_scale) =
+            previous.map_or((0.0, 1.0), |p| (p.offset_mib, p.scale));
+        let before = (before_offset + before_scale * reference).max(MIN_ESTIMATE_MIB);
+        let fitted = self.offset_mib + self.scale * reference;
+        let scale = self
+            .scale
+            .clamp(before_scale / MAX_STEP, before_scale * MAX_STEP);
+        let figure = fitted.clamp(before / MAX_STEP, before * MAX_STEP);
+        if scale == self.scale && figure == fitted {
+            return (self, false);
+        }
+        self.scale = scale;
+        self.offset_mib = figure - scale * reference;
+        self.residual_quantiles = residual_quantiles(&self.samples, self.offset_mib, scale);
+        (self, true)
     }
 
     /// The checks a file must pass to be loaded.
@@ -275,6 +311,38 @@ mod tests {
             1.0,
             "never below 1 MiB"
         );
+    }
+
+    #[test]
+    fn a_refit_moves_the_figure_at_most_one_step() {
+        let samples = vec![
+            Sample {
+                predicted_mib: 1000.0,
+                observed_mib: 10.0,
+            };
+            3
+        ];
+        let fitted = CalibrationProfile::fitted("t4", 3, samples.clone(), 0);
+        let (held, limited) = fitted.held_to_step(None);
+        assert!(limited);
+        assert!(
+            (held.apply(1000.0) - 1000.0 / MAX_STEP).abs() < 1e-9,
+            "{held:?}"
+        );
+        let (again, limited) =
+            CalibrationProfile::fitted("t4", 3, samples, 0).held_to_step(Some(&held));
+        assert!(limited);
+        assert!((again.apply(1000.0) - 1000.0 / MAX_STEP / MAX_STEP).abs() < 1e-9);
+        let near = vec![
+            Sample {
+                predicted_mib: 1000.0,
+                observed_mib: 1100.0,
+            };
+            3
+        ];
+        let (kept, limited) = CalibrationProfile::fitted("t4", 3, near, 0).held_to_step(None);
+        assert!(!limited);
+        assert!((kept.apply(1000.0) - 1100.0).abs() < 1e-9);
     }
 
     #[test]

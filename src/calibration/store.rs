@@ -12,6 +12,13 @@ use super::profile::{
     check_mib, valid_key, Calibrated, CalibrationProfile, ProfileError, ProfileWarning, Sample,
 };
 
+/// A profile after an update, and whether the update was held to the step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Update {
+    pub profile: CalibrationProfile,
+    pub limited: bool,
+}
+
 /// Profiles by SKU, loaded from and persisted to one directory.
 ///
 /// Reads (`calibrate`, `get`) take a read lock for a lookup. `observe` does file I/O (write,
@@ -103,31 +110,53 @@ impl ProfileStore {
 
     /// Records that a job predicted at `predicted_mib` peaked at `observed_mib` on `sku`,
     /// refits that SKU's profile, writes it atomically and returns it. On any error the
-    /// stored profile (in memory and on disk) is unchanged.
+    /// stored profile (in memory and on disk) is unchanged. The refit is not held to a step:
+    /// the service's routes use [`ProfileStore::update`].
     pub fn observe(
         &self,
         sku: &str,
         predicted_mib: f64,
         observed_mib: f64,
     ) -> Result<CalibrationProfile, ProfileError> {
+        let sample = Sample {
+            predicted_mib,
+            observed_mib,
+        };
+        Ok(self.commit(sku, &[sample], false)?.profile)
+    }
+
+    /// Records these samples on `sku` as one update: refits from every sample kept, holds the
+    /// change to [`crate::calibration::profile::MAX_STEP`] from the stored profile, writes it
+    /// atomically and returns it with whether it was held. On any error nothing changes.
+    pub fn update(&self, sku: &str, samples: &[Sample]) -> Result<Update, ProfileError> {
+        self.commit(sku, samples, true)
+    }
+
+    fn commit(&self, sku: &str, new: &[Sample], bounded: bool) -> Result<Update, ProfileError> {
         if !valid_key(sku) {
             return Err(ProfileError::InvalidSku(sku.to_string()));
         }
-        check_mib("predicted_mib", predicted_mib)?;
-        check_mib("observed_mib", observed_mib)?;
+        for sample in new {
+            check_mib("predicted_mib", sample.predicted_mib)?;
+            check_mib("observed_mib", sample.observed_mib)?;
+        }
         let _writer = self
             .writer
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let (observations, mut samples) = match self.read().get(sku) {
+        let previous = self.read().get(sku).cloned();
+        let (observations, mut samples) = match &previous {
             Some(p) => (p.observations, p.samples.clone()),
             None => (0, Vec::new()),
         };
-        samples.push(Sample {
-            predicted_mib,
-            observed_mib,
-        });
-        let profile = CalibrationProfile::fitted(sku, observations + 1, samples, unix_now());
+        samples.extend_from_slice(new);
+        let fitted =
+            CalibrationProfile::fitted(sku, observations + new.len() as u64, samples, unix_now());
+        let (profile, limited) = if bounded {
+            fitted.held_to_step(previous.as_ref())
+        } else {
+            (fitted, false)
+        };
         profile.validate()?;
         let mut json = serde_json::to_vec_pretty(&profile)
             .map_err(|e| ProfileError::Invalid(e.to_string()))?;
@@ -138,7 +167,7 @@ impl ProfileStore {
             .write()
             .unwrap_or_else(|p| p.into_inner())
             .insert(sku.to_string(), profile.clone());
-        Ok(profile)
+        Ok(Update { profile, limited })
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<String, CalibrationProfile>> {

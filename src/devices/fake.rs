@@ -1,7 +1,7 @@
 //! A scripted stand-in for the driver, for tests: fixed devices, and per-process memory that a
 //! test plays back one reading per call.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Mutex;
 
 use crate::devices::{DeviceError, GpuDevice, GpuDevices};
@@ -15,6 +15,10 @@ use crate::devices::{DeviceError, GpuDevice, GpuDevices};
 pub struct FakeDevices {
     devices: Vec<GpuDevice>,
     processes: Mutex<HashMap<u32, ProcessScript>>,
+    /// The threads that have read a process's memory, so tests can see how watches are run.
+    readers: Mutex<HashSet<std::thread::ThreadId>>,
+    /// How long listing the devices takes (a slow driver), once the service is up.
+    list_delay: Mutex<std::time::Duration>,
 }
 
 #[derive(Debug, Default)]
@@ -37,6 +41,8 @@ impl FakeDevices {
         FakeDevices {
             devices,
             processes: Mutex::new(HashMap::new()),
+            readers: Mutex::new(HashSet::new()),
+            list_delay: Mutex::new(std::time::Duration::ZERO),
         }
     }
 
@@ -71,6 +77,21 @@ impl FakeDevices {
         self.lock().entry(pid).or_default().steady = mib;
     }
 
+    /// Every listing of the devices takes `delay` from now on (blocking the caller).
+    pub fn set_list_delay(&self, delay: std::time::Duration) {
+        *self.list_delay.lock().unwrap_or_else(|p| p.into_inner()) = delay;
+    }
+
+    /// How many distinct threads have read a process's memory so far.
+    pub fn reader_threads(&self) -> usize {
+        self.readers.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// Whether `pid` has been read at least once and its script is used up.
+    pub fn script_done(&self, pid: u32) -> bool {
+        self.lock().get(&pid).is_some_and(|s| s.readings.is_empty())
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u32, ProcessScript>> {
         // A test that panicked while holding the lock leaves consistent data: keep going.
         self.processes
@@ -81,10 +102,16 @@ impl FakeDevices {
 
 impl GpuDevices for FakeDevices {
     fn list(&self) -> Result<Vec<GpuDevice>, DeviceError> {
+        let delay = *self.list_delay.lock().unwrap_or_else(|p| p.into_inner());
+        std::thread::sleep(delay);
         Ok(self.devices.clone())
     }
 
     fn process_memory_mib(&self, pid: u32) -> Result<Option<u64>, DeviceError> {
+        self.readers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(std::thread::current().id());
         let mut processes = self.lock();
         Ok(match processes.get_mut(&pid) {
             None => None,

@@ -1,13 +1,58 @@
 //! The bearer-token check for routes that change state (calibration observations, watches).
 
+use std::net::SocketAddr;
+
 use axum::http::{header, HeaderMap};
 
+use crate::config::ApiToken;
 use crate::error::ApiError;
 use crate::http::AppState;
 
+/// Who may call the routes that change state (calibration observations and watches).
+///
+/// Safe by default: a calibration profile moves every estimate for its GPU, so an open write
+/// route on a reachable address lets anyone who can reach it poison the answers. Without a
+/// token, writes are allowed only when the listener is loopback-only (a sidecar or a local
+/// operator); on any other address they are refused with 403.
+#[derive(Clone, Debug)]
+pub enum WriteAccess {
+    /// Writes need `Authorization: Bearer <token>`.
+    Token(ApiToken),
+    /// No token, but the listener accepts only loopback connections: writes are open.
+    Loopback,
+    /// No token and a reachable listener: writes are refused.
+    Disabled,
+}
+
+impl WriteAccess {
+    /// The access that follows from the configured token and the address actually bound.
+    pub fn new(token: Option<ApiToken>, listening_on: SocketAddr) -> WriteAccess {
+        match token {
+            Some(token) => WriteAccess::Token(token),
+            None if listening_on.ip().is_loopback() => WriteAccess::Loopback,
+            None => WriteAccess::Disabled,
+        }
+    }
+
+    /// One line for the start-up log.
+    pub fn describe(&self) -> &'static str {
+        match self {
+            WriteAccess::Token(_) => "calibration writes need the bearer token",
+            WriteAccess::Loopback => {
+                "calibration writes are open without a token: the listener is loopback-only"
+            }
+            WriteAccess::Disabled => DISABLED,
+        }
+    }
+}
+
+/// Why a write is refused when no token is configured and the listener is reachable.
+const DISABLED: &str = "calibration writes are disabled: start with --token or listen on loopback";
+
 /// Whether a request may proceed, given its `Authorization` header and the configured token.
 ///
-/// - No token configured: every request is allowed (the service trusts its network).
+/// - No token configured: every request is allowed; [`require_write_access`] decides before
+///   that whether writes without a token are open at all (loopback-only listener) or refused.
 /// - A token configured: the header must be `Bearer <token>` (scheme case-insensitive, as
 ///   RFC 7235 says); the token is compared in constant time so its bytes cannot be guessed one
 ///   by one from response times.
@@ -45,13 +90,18 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     std::hint::black_box(difference) == 0
 }
 
-/// Refuses (401) a request without the configured bearer token; without one, every request
-/// passes.
-pub fn require_token(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
+/// Lets a write through per [`WriteAccess`]: 403 when writes are disabled, 401 without the
+/// configured bearer token, through on a loopback-only listener without one.
+pub fn require_write_access(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
+    let token = match &state.writes {
+        WriteAccess::Disabled => return Err(ApiError::Forbidden(DISABLED.into())),
+        WriteAccess::Loopback => return Ok(()),
+        WriteAccess::Token(token) => token,
+    };
     let header = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
-    if authorized(header, state.token.as_ref().map(|t| t.expose())) {
+    if authorized(header, Some(token.expose())) {
         Ok(())
     } else {
         Err(ApiError::Unauthorized)
@@ -93,6 +143,31 @@ mod tests {
     fn an_empty_configured_token_fails_closed() {
         assert!(!authorized(Some("Bearer "), Some("")));
         assert!(!authorized(None, Some("")));
+    }
+
+    #[test]
+    fn without_a_token_writes_are_open_only_on_loopback() {
+        let at = |a: &str| a.parse::<SocketAddr>().unwrap();
+        assert!(matches!(
+            WriteAccess::new(None, at("127.0.0.1:8080")),
+            WriteAccess::Loopback
+        ));
+        assert!(matches!(
+            WriteAccess::new(None, at("[::1]:8080")),
+            WriteAccess::Loopback
+        ));
+        assert!(matches!(
+            WriteAccess::new(None, at("0.0.0.0:8080")),
+            WriteAccess::Disabled
+        ));
+        assert!(matches!(
+            WriteAccess::new(None, at("10.1.2.3:8080")),
+            WriteAccess::Disabled
+        ));
+        assert!(matches!(
+            WriteAccess::new(Some(ApiToken::new("t")), at("0.0.0.0:8080")),
+            WriteAccess::Token(_)
+        ));
     }
 
     #[test]

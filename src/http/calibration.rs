@@ -5,15 +5,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::Json;
 
-use crate::calibration::profile::{CalibrationProfile, ProfileError};
-use crate::devices::watch::{watch_process, WatchConfig};
+use crate::calibration::profile::{CalibrationProfile, ProfileError, Sample};
+use crate::calibration::store::Update;
+use crate::devices::watch::{AddError, WatchConfig, WatchDone};
 use crate::error::ApiError;
 use crate::estimators::FIRST_PRINCIPLES;
-use crate::http::auth::require_token;
+use crate::http::auth::require_write_access;
 use crate::http::extract::{from_value, JsonBody, JsonObjectOrArray};
+use crate::http::idempotency::{self, Claim};
 use crate::http::types::{
     EstimateRequest, ObservationRequest, ObservationsResponse, Problem, ProfileResponse,
     ProfilesResponse, WatchRequest, WatchResponse,
@@ -23,8 +26,6 @@ use crate::http::AppState;
 
 /// Observations accepted in one call.
 const MAX_OBSERVATIONS: usize = 1000;
-/// Largest peak an observation may report, MiB.
-const MAX_OBSERVED_PEAK_MIB: f64 = 10_000_000.0;
 
 /// Calibration profiles learned so far.
 #[utoipa::path(get, path = "/v1/calibration/profiles", tag = "devices", responses((status = 200, body = ProfilesResponse)))]
@@ -35,27 +36,44 @@ pub async fn profiles(State(state): State<AppState>) -> Json<ProfilesResponse> {
 }
 
 /// Record measured peaks of jobs on a GPU; the GPU's profile is refitted and saved.
+///
+/// Retries: the recording is not cancelled once it has started, so a call answered 503 (the
+/// request timeout) or whose answer was lost may have been recorded. To retry safely, send an
+/// `Idempotency-Key` header (1 to 255 visible ASCII characters, e.g. a UUID per batch): the
+/// first call with a key records and its answer is remembered (24 hours, the last 10,000 keys,
+/// in this process); a call with the same key and the same body returns that answer again with
+/// `Idempotency-Replayed: true` and records nothing (while the first call still runs, it waits
+/// for it); the same key with another body is refused (422). A call that fails records nothing
+/// and frees its key.
 #[utoipa::path(
     post,
     path = "/v1/calibration/observations",
     tag = "devices",
     request_body = crate::http::types::ObservationsRequest,
-    // The token is optional: required only when the service is started with one.
+    params(
+        ("Idempotency-Key" = Option<String>, Header, description = "Makes retries safe: a call with a key already recorded returns the original answer and records nothing again"),
+    ),
+    // The token is required when the service is started with one; without one, writes are
+    // open on a loopback-only listener and refused (403) on any other.
     security((), ("bearer" = [])),
     responses(
-        (status = 200, description = "Recorded; the refitted profiles", body = ObservationsResponse),
+        (status = 200, description = "Recorded (or, for a key already recorded, the original answer replayed); the refitted profiles", body = ObservationsResponse,
+            headers(("Idempotency-Replayed" = String, description = "`true` when the answer is the one recorded earlier under the same Idempotency-Key"))),
         (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or wrong bearer token", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Writes disabled: no token configured and the listener is not loopback-only", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "`attached` without an NVML device", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Invalid observation", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid observation, or an Idempotency-Key used with another body", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn observe(
     State(state): State<AppState>,
     headers: HeaderMap,
     JsonObjectOrArray(body): JsonObjectOrArray<serde_json::Value>,
-) -> Result<Json<ObservationsResponse>, ApiError> {
-    require_token(&state, &headers)?;
+) -> Result<Response, ApiError> {
+    require_write_access(&state, &headers)?;
+    let key = idempotency::key(&headers)?;
+    let fingerprint = key.as_ref().map(|_| idempotency::fingerprint(&body));
     // Parsed item by item (not as an untagged enum) so that errors name the field.
     let observations: Vec<ObservationRequest> = match body {
         serde_json::Value::Array(items) => items
@@ -72,18 +90,49 @@ pub async fn observe(
             observations.len()
         )));
     }
-    let response = tokio::task::spawn_blocking(move || record(&state, observations))
-        .await
-        .map_err(|e| ApiError::Internal(format!("calibration task failed: {e}")))??;
-    Ok(Json(response))
+    let ticket = match (key, fingerprint) {
+        (Some(key), Some(fingerprint)) => loop {
+            match state.idempotency.claim(&key, fingerprint)? {
+                Claim::Fresh(ticket) => break Some(ticket),
+                Claim::Replay(body) => {
+                    tracing::info!(key = %key, "observations already recorded under this key; answer replayed");
+                    let mut response = Json(body.as_ref().clone()).into_response();
+                    response.headers_mut().insert(
+                        idempotency::REPLAYED_HEADER,
+                        HeaderValue::from_static("true"),
+                    );
+                    return Ok(response);
+                }
+                // Bounded by the request timeout, like any call.
+                Claim::Wait(progress) => idempotency::settled(progress).await,
+            }
+        },
+        _ => None,
+    };
+    // The ticket goes with the recording, not with this future: if the timeout answers first,
+    // the recording still finishes and the key still learns its answer.
+    let response = tokio::task::spawn_blocking(move || {
+        let response = record(&state, observations)?;
+        if let Some(ticket) = ticket {
+            ticket.succeed(
+                serde_json::to_value(&response).map_err(|e| ApiError::Internal(e.to_string()))?,
+            );
+        }
+        Ok::<_, ApiError>(response)
+    })
+    .await
+    .map_err(|e| ApiError::Internal(format!("calibration task failed: {e}")))??;
+    Ok(Json(response).into_response())
 }
 
-/// Validates every observation first, so that a bad one records nothing.
+/// Validates every observation first, so that a bad one records nothing; then records each
+/// GPU's observations as one update of its profile.
 fn record(
     state: &AppState,
     observations: Vec<ObservationRequest>,
 ) -> Result<ObservationsResponse, ApiError> {
-    let mut prepared = Vec::with_capacity(observations.len());
+    // By GPU, in the order the GPUs first appear.
+    let mut by_gpu: Vec<(String, Vec<Sample>)> = Vec::new();
     for (index, observation) in observations.iter().enumerate() {
         // A lone observation's fields are named as they are; a list's with their index.
         let location = if observations.len() > 1 {
@@ -92,10 +141,10 @@ fn record(
             String::new()
         };
         let at = |e: ApiError| e.within(&location);
-        // No GPU job peaks below 1 MiB (the CUDA context alone is hundreds) or above 10 TiB.
-        if !(1.0..=MAX_OBSERVED_PEAK_MIB).contains(&observation.observed_peak_mib) {
+        let observed = observation.observed_peak_mib;
+        if !(observed.is_finite() && observed >= 1.0) {
             return Err(at(ApiError::InvalidInput(
-                "observed_peak_mib: must be a number from 1 to 10,000,000".into(),
+                "observed_peak_mib: must be a number of MiB, at least 1".into(),
             )));
         }
         let target = resolve(Some(&observation.gpu), state.devices.as_ref()).map_err(at)?;
@@ -110,44 +159,77 @@ fn record(
                 ))));
             }
         }
-        let predicted = reference_figure(state, &observation.job).map_err(at)?;
-        prepared.push((target.gpu, predicted, observation.observed_peak_mib));
+        // No job peaks above the whole memory of the card it ran on.
+        if observed > target.capacity_mib as f64 {
+            return Err(at(ApiError::InvalidInput(format!(
+                "observed_peak_mib: {observed} MiB is more than the whole memory of {} ({} MiB)",
+                target.gpu, target.capacity_mib
+            ))));
+        }
+        let reference = reference_figure(state, &observation.job).map_err(at)?;
+        // Nor below what physics says it must hold (model state and CUDA context): such a
+        // reading is not of this job.
+        if observed < reference.floor_mib {
+            return Err(at(ApiError::InvalidInput(format!(
+                "observed_peak_mib: {observed} MiB is below the job's physical floor of {:.0} MiB (model state and CUDA context)",
+                reference.floor_mib
+            ))));
+        }
+        let sample = Sample {
+            predicted_mib: reference.predicted_mib,
+            observed_mib: observed,
+        };
+        match by_gpu.iter_mut().find(|(gpu, _)| *gpu == target.gpu) {
+            Some((_, samples)) => samples.push(sample),
+            None => by_gpu.push((target.gpu, vec![sample])),
+        }
     }
-    let mut touched: Vec<CalibrationProfile> = Vec::new();
-    for (gpu, predicted, observed) in &prepared {
-        let profile = state
-            .profiles
-            .observe(gpu, *predicted, *observed)
-            .map_err(profile_error)?;
+    let mut profiles = Vec::with_capacity(by_gpu.len());
+    let mut limited = Vec::new();
+    for (gpu, samples) in &by_gpu {
+        let update = state.profiles.update(gpu, samples).map_err(profile_error)?;
+        let profile = update.profile;
         state.metrics.record_calibration(
             &profile.sku,
             profile.observations,
             profile.scale,
             profile.offset_mib,
         );
-        touched.retain(|p| p.sku != profile.sku);
-        touched.push(profile);
+        if update.limited {
+            tracing::warn!(gpu = %gpu, "calibration update held to the per-update step");
+            limited.push(profile.sku.clone());
+        }
+        profiles.push(profile_response(&profile));
     }
     Ok(ObservationsResponse {
-        recorded: prepared.len(),
-        profiles: touched.iter().map(profile_response).collect(),
+        recorded: observations.len(),
+        profiles,
+        limited,
     })
 }
 
 /// Watch a process on this host's GPU; its peak becomes an observation when it exits.
+///
+/// One sampler thread reads every watched process; at most `--max-watches` (default 64) are
+/// watched at once (429 beyond), each process once (409 for a second watch of it: the first
+/// one's job description stands), none for longer than `max_seconds` (at most 30 days).
 #[utoipa::path(
     post,
     path = "/v1/calibration/watch",
     tag = "devices",
     request_body = WatchRequest,
-    // The token is optional: required only when the service is started with one.
+    // The token is required when the service is started with one; without one, writes are
+    // open on a loopback-only listener and refused (403) on any other.
     security((), ("bearer" = [])),
     responses(
         (status = 202, description = "Watching", body = WatchResponse),
         (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or wrong bearer token", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "No NVML device on this host", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Writes disabled: no token configured and the listener is not loopback-only", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "No NVML device on this host, or the process is watched already", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid request", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "As many processes are watched as `--max-watches` allows; Retry-After says when to try again", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u64, description = "Seconds to wait"))),
     )
 )]
 pub async fn watch(
@@ -155,38 +237,61 @@ pub async fn watch(
     headers: HeaderMap,
     JsonBody(request): JsonBody<WatchRequest>,
 ) -> Result<(StatusCode, Json<WatchResponse>), ApiError> {
-    require_token(&state, &headers)?;
+    require_write_access(&state, &headers)?;
     let pid = u32::try_from(request.pid)
         .map_err(|_| ApiError::InvalidInput(format!("pid: {} is not a process id", request.pid)))?;
     let target = resolve(Some("attached"), state.devices.as_ref())?;
-    let predicted = reference_figure(&state, &request.job)?;
+    let reference = reference_figure(&state, &request.job)?;
     let interval = Duration::from_millis(request.interval_ms.unwrap_or(200).clamp(10, 60_000));
     let max_duration =
         Duration::from_secs(request.max_seconds.unwrap_or(86_400).clamp(1, 2_592_000));
-    let mut config = WatchConfig::new(interval, max_duration);
-    config.stop = state.stop_watches.clone();
-    let gpu = target.gpu.clone();
-    let (devices, profiles, metrics) = (
-        state.devices.clone(),
-        Arc::clone(&state.profiles),
-        Arc::clone(&state.metrics),
-    );
-    tracing::info!(pid, gpu = %gpu, "watching a training process");
-    // A thread of its own: a watch lasts as long as the training job, and must not hold one of
-    // the blocking pool's threads, which serve estimates.
-    let watcher = std::thread::Builder::new().name(format!("watch-{pid}"));
-    let spawned = watcher.spawn(move || match watch_process(devices, pid, &config) {
-        Ok(report) if report.complete() => match profiles.observe(&gpu, predicted, report.peak_mib as f64) {
-            Ok(profile) => {
-                metrics.record_calibration(&profile.sku, profile.observations, profile.scale, profile.offset_mib);
-                tracing::info!(pid, gpu = %gpu, peak_mib = report.peak_mib, observations = profile.observations, "watch recorded");
+    let config = WatchConfig::new(interval, max_duration);
+    let (gpu, capacity_mib) = (target.gpu.clone(), target.capacity_mib);
+    let (profiles, metrics) = (Arc::clone(&state.profiles), Arc::clone(&state.metrics));
+    // Runs on the sampler's thread when the watch ends.
+    let done: WatchDone = Box::new(move |outcome| match outcome {
+        Ok(report) if report.complete() => {
+            let peak = report.peak_mib as f64;
+            // The same physics as an observation's: a peak outside it is not this job's.
+            if peak < reference.floor_mib || peak > capacity_mib as f64 {
+                tracing::warn!(
+                    pid,
+                    peak_mib = report.peak_mib,
+                    floor_mib = reference.floor_mib,
+                    capacity_mib,
+                    "watched peak outside physics; nothing recorded"
+                );
+                return;
             }
-            Err(e) => tracing::warn!(pid, error = %e, "watch peak not recorded"),
-        },
-        Ok(report) => tracing::warn!(pid, ended = ?report.ended, peak_mib = report.peak_mib, "watch cut short; nothing recorded"),
+            let sample = Sample {
+                predicted_mib: reference.predicted_mib,
+                observed_mib: peak,
+            };
+            match profiles.update(&gpu, &[sample]) {
+                Ok(Update { profile, limited }) => {
+                    metrics.record_calibration(
+                        &profile.sku,
+                        profile.observations,
+                        profile.scale,
+                        profile.offset_mib,
+                    );
+                    tracing::info!(pid, gpu = %gpu, peak_mib = report.peak_mib, observations = profile.observations, limited, "watch recorded");
+                }
+                Err(e) => tracing::warn!(pid, error = %e, "watch peak not recorded"),
+            }
+        }
+        Ok(report) => {
+            tracing::warn!(pid, ended = ?report.ended, peak_mib = report.peak_mib, "watch cut short; nothing recorded")
+        }
         Err(e) => tracing::warn!(pid, error = %e, "watch failed"),
     });
-    spawned.map_err(|e| ApiError::Internal(format!("cannot start a watch thread: {e}")))?;
+    state.watches.add(pid, &config, done).map_err(|e| match e {
+        AddError::Full { .. } => ApiError::TooManyWatches(e.to_string()),
+        AddError::AlreadyWatched(_) => ApiError::Conflict(e.to_string()),
+        AddError::Stopped => ApiError::NotReady,
+        AddError::Thread(_) => ApiError::Internal(e.to_string()),
+    })?;
+    tracing::info!(pid, gpu = %target.gpu, "watching a training process");
     Ok((
         StatusCode::ACCEPTED,
         Json(WatchResponse {
@@ -197,17 +302,27 @@ pub async fn watch(
     ))
 }
 
-/// What the reference (uncalibrated) model says of a job: the learned MiB figure, or the
-/// first-principles one for a family without a memory regressor.
-fn reference_figure(state: &AppState, request: &EstimateRequest) -> Result<f64, ApiError> {
+/// What the reference (uncalibrated) model says of a job, and the least it can need.
+struct Reference {
+    /// The learned MiB figure, or the first-principles one for a family without a memory
+    /// regressor.
+    predicted_mib: f64,
+    /// Physics' floor: model state and CUDA context.
+    floor_mib: f64,
+}
+
+fn reference_figure(state: &AppState, request: &EstimateRequest) -> Result<Reference, ApiError> {
     let job = to_job(request).map_err(|e| e.within("job."))?;
     let estimate = state
         .estimators
         .estimate(&job, crate::domain::Confidence::DEFAULT.get())?;
-    Ok(estimate
-        .mib
-        .map(|m| m.estimate_mib)
-        .unwrap_or_else(|| estimate.mib_estimators[FIRST_PRINCIPLES]))
+    Ok(Reference {
+        predicted_mib: estimate
+            .mib
+            .map(|m| m.estimate_mib)
+            .unwrap_or_else(|| estimate.mib_estimators[FIRST_PRINCIPLES]),
+        floor_mib: estimate.physics.floor_mib(),
+    })
 }
 
 fn profile_error(e: ProfileError) -> ApiError {

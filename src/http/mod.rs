@@ -7,6 +7,7 @@ pub mod calibration;
 pub mod devices;
 pub mod estimate;
 pub mod extract;
+pub mod idempotency;
 pub mod service;
 pub mod types;
 pub mod validate;
@@ -26,10 +27,12 @@ use utoipa_axum::routes;
 use utoipa_swagger_ui::SwaggerUi;
 
 use crate::calibration::store::ProfileStore;
-use crate::config::ApiToken;
+use crate::devices::watch::Sampler;
 use crate::devices::GpuDevices;
 use crate::error::ApiError;
 use crate::estimators::Estimators;
+use crate::http::auth::WriteAccess;
+use crate::http::idempotency::IdempotencyKeys;
 use crate::metrics::Metrics;
 
 #[derive(Debug, Clone, Copy)]
@@ -54,10 +57,12 @@ pub struct AppState {
     pub batch_slots: Arc<Semaphore>,
     pub devices: Arc<dyn GpuDevices>,
     pub profiles: Arc<ProfileStore>,
-    /// Required as a bearer token by the routes that change state, when set.
-    pub token: Option<ApiToken>,
-    /// Set on shutdown so that process watches end.
-    pub stop_watches: Arc<AtomicBool>,
+    /// Who may call the routes that change state.
+    pub writes: WriteAccess,
+    /// Every process watch, on one thread; stopped on shutdown.
+    pub watches: Arc<Sampler>,
+    /// Idempotency keys of recent observation calls and their answers.
+    pub idempotency: Arc<IdempotencyKeys>,
 }
 
 #[derive(OpenApi)]

@@ -542,8 +542,10 @@ pub struct ObservationRequest {
     pub gpu: String,
     /// The job, as `POST /v1/estimate` takes it.
     pub job: EstimateRequest,
-    /// Peak GPU memory the job reached, MiB, as nvidia-smi reports it (1 to 10,000,000).
-    #[schema(minimum = 1, maximum = 10_000_000)]
+    /// Peak GPU memory the job reached, MiB, as nvidia-smi reports it: at least the job's
+    /// physical floor (model state and CUDA context) and at most the GPU's capacity; a peak
+    /// outside is refused (422), being no reading of this job on this GPU.
+    #[schema(minimum = 1)]
     pub observed_peak_mib: f64,
 }
 
@@ -578,6 +580,10 @@ pub struct ObservationsResponse {
     pub recorded: usize,
     /// The refitted profiles, one per GPU touched.
     pub profiles: Vec<ProfileResponse>,
+    /// GPUs whose profile moved less than this call's observations asked: one update moves a
+    /// profile's figure (at the median prediction of its observations) and its scale by at
+    /// most a factor of 1.25 either way. The observations are kept; later updates move on.
+    pub limited: Vec<String>,
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]

@@ -168,7 +168,7 @@ async fn bad_observations_record_nothing() {
 }
 
 /// A GPU that needs 1.15x the A100's memory plus 700 MiB (context and workspaces) is learned
-/// from 30 observations: the calibrated median error on further jobs comes within 2 points of
+/// from 30 observations, sent as three updates: the calibrated median error on further jobs comes within 2 points of
 /// the reference model's own median error on the A100.
 #[tokio::test]
 async fn a_constant_offset_and_scale_is_learned_from_30_observations() {
@@ -179,10 +179,14 @@ async fn a_constant_offset_and_scale_is_learned_from_30_observations() {
         .iter()
         .map(|(job, measured)| json!({"gpu": "h100-80gb", "job": job, "observed_peak_mib": shifted(*measured)}))
         .collect();
-    let response = app
-        .post_json("/v1/calibration/observations", &json!(observations))
-        .await;
-    assert_eq!(response.status(), 200);
+    // Three updates of ten: one update moves a profile by a bounded step (a factor of 1.25),
+    // and this shift needs more than one.
+    for chunk in observations.chunks(10) {
+        let response = app
+            .post_json("/v1/calibration/observations", &json!(chunk))
+            .await;
+        assert_eq!(response.status(), 200);
+    }
 
     let further = &jobs[30..230];
     let estimate = |gpu: Option<&str>| {
@@ -307,4 +311,350 @@ async fn profiles_survive_a_restart_and_a_corrupt_file_is_skipped() {
         .map(|p| p["gpu"].as_str().unwrap())
         .collect();
     assert_eq!(gpus, vec!["l40s"]);
+}
+
+#[tokio::test]
+async fn calibration_writes_are_refused_on_a_public_listener_without_a_token() {
+    let mut config = test_config(&models_dir());
+    config.listen = "0.0.0.0:0".parse().unwrap();
+    let devices = Arc::new(FakeDevices::single("NVIDIA L4", 23_034));
+    devices.set_process_memory(77, Some(1000));
+    let app = spawn_app_with_devices(config, devices).await;
+    let observation = json!({"gpu": "t4", "job": example_job(), "observed_peak_mib": 2000});
+    let watch = json!({"pid": 77, "job": example_job()});
+    for (path, body) in [
+        ("/v1/calibration/observations", observation),
+        ("/v1/calibration/watch", watch),
+    ] {
+        let response = app.post_json(path, &body).await;
+        assert_eq!(response.status(), 403, "{path}");
+        assert_eq!(
+            response.headers()["content-type"],
+            "application/problem+json"
+        );
+        let problem: Value = response.json().await.unwrap();
+        assert!(
+            problem["detail"].as_str().unwrap().contains("--token"),
+            "{problem}"
+        );
+    }
+    // Reads and estimates are not writes.
+    let profiles: Value = app
+        .get("/v1/calibration/profiles")
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(profiles["profiles"], json!([]));
+    assert_eq!(
+        app.post_json("/v1/estimate", &example_job()).await.status(),
+        200
+    );
+}
+
+#[tokio::test]
+async fn a_public_listener_with_a_token_takes_writes_with_it() {
+    let mut config = test_config(&models_dir());
+    config.listen = "0.0.0.0:0".parse().unwrap();
+    config.token = Some(ApiToken::new("let-me-in"));
+    let app = spawn_app_with_devices(config, Arc::new(NoDevices::new("none"))).await;
+    let body = json!({"gpu": "t4", "job": example_job(), "observed_peak_mib": 2000});
+    let url = format!("{}/v1/calibration/observations", app.address);
+    let response = app.client.post(&url).json(&body).send().await.unwrap();
+    assert_eq!(response.status(), 401);
+    let response = app
+        .client
+        .post(&url)
+        .bearer_auth("let-me-in")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+}
+
+/// The poisoning of the issue: twenty peaks of 1 MiB once made every estimate on the GPU 1 MiB,
+/// and one of 10,000,000 made nothing fit.
+#[tokio::test]
+async fn observations_below_the_physical_floor_or_above_the_card_are_refused() {
+    let app = spawn_app().await;
+    let mut on_t4 = example_job();
+    on_t4["gpu"] = "t4".into();
+    let before: Value = app
+        .post_json("/v1/estimate", &on_t4)
+        .await
+        .json()
+        .await
+        .unwrap();
+    let tiny: Vec<Value> = (0..20)
+        .map(|_| json!({"gpu": "t4", "job": example_job(), "observed_peak_mib": 1}))
+        .collect();
+    let huge = json!({"gpu": "t4", "job": example_job(), "observed_peak_mib": 10_000_000});
+    let above_t4 = json!({"gpu": "t4", "job": example_job(), "observed_peak_mib": 16_000});
+    for (body, prefix, says) in [
+        (json!(tiny), "[0].observed_peak_mib", "physical floor"),
+        (huge, "observed_peak_mib", "whole memory of t4"),
+        (above_t4, "observed_peak_mib", "whole memory of t4"),
+    ] {
+        let response = app.post_json("/v1/calibration/observations", &body).await;
+        assert_eq!(response.status(), 422);
+        let problem: Value = response.json().await.unwrap();
+        let detail = problem["detail"].as_str().unwrap();
+        assert!(
+            detail.starts_with(prefix) && detail.contains(says),
+            "{problem}"
+        );
+    }
+    let profiles: Value = app
+        .get("/v1/calibration/profiles")
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(profiles["profiles"], json!([]));
+    let after: Value = app
+        .post_json("/v1/estimate", &on_t4)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(after["memory"], before["memory"]);
+    assert_eq!(after["fit"], before["fit"]);
+}
+
+/// A profile moves every estimate on its GPU, so one update moves it one bounded step, and
+/// the answer says so; the observations are kept, so further updates move it further.
+#[tokio::test]
+async fn one_update_moves_a_profile_a_bounded_step_and_says_so() {
+    let app = spawn_app().await;
+    let mut on_t4 = example_job();
+    on_t4["gpu"] = "t4".into();
+    let estimate_on_t4 = || async {
+        let body: Value = app
+            .post_json("/v1/estimate", &on_t4)
+            .await
+            .json()
+            .await
+            .unwrap();
+        body["memory"]["estimate_mib"].as_f64().unwrap()
+    };
+    let uncalibrated = estimate_on_t4().await;
+    // Three times the model's figure: within physics and the card, far from the model.
+    let observed = (3.0 * uncalibrated).round();
+    let observations: Vec<Value> = (0..5)
+        .map(|_| json!({"gpu": "t4", "job": example_job(), "observed_peak_mib": observed}))
+        .collect();
+    let response = app
+        .post_json("/v1/calibration/observations", &json!(observations))
+        .await;
+    assert_eq!(response.status(), 200);
+    let recorded: Value = response.json().await.unwrap();
+    assert_eq!(recorded["recorded"], 5);
+    assert_eq!(recorded["limited"], json!(["t4"]));
+    let once = estimate_on_t4().await;
+    assert!(
+        (once / uncalibrated - 1.25).abs() < 1e-3,
+        "{uncalibrated} -> {once}"
+    );
+    let response = app
+        .post_json("/v1/calibration/observations", &json!(observations))
+        .await;
+    let recorded: Value = response.json().await.unwrap();
+    assert_eq!(recorded["limited"], json!(["t4"]));
+    let twice = estimate_on_t4().await;
+    assert!(
+        (twice / once - 1.25).abs() < 1e-3,
+        "{uncalibrated} -> {once} -> {twice}"
+    );
+    // A reading close to the model is learned at once, and nothing is reported.
+    let app = spawn_app().await;
+    let near = json!({"gpu": "t4", "job": example_job(), "observed_peak_mib": (1.1 * uncalibrated).round()});
+    let recorded: Value = app
+        .post_json("/v1/calibration/observations", &near)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(recorded["limited"], json!([]));
+}
+
+/// Watched processes that stay on the GPU (until `max_seconds`).
+fn steady_processes(pids: std::ops::RangeInclusive<u32>) -> Arc<FakeDevices> {
+    let devices = Arc::new(FakeDevices::single("NVIDIA A100-SXM4-80GB", 81_920));
+    for pid in pids {
+        devices.script_process(pid, [Some(1000)]);
+        devices.set_process_memory(pid, Some(1000));
+    }
+    devices
+}
+
+fn watch_of(pid: u32) -> Value {
+    json!({"pid": pid, "job": example_job(), "interval_ms": 10, "max_seconds": 5})
+}
+
+#[tokio::test]
+async fn watches_beyond_the_cap_are_refused_with_retry_after() {
+    let mut config = test_config(&models_dir());
+    config.max_watches = 3;
+    let app = spawn_app_with_devices(config, steady_processes(101..=104)).await;
+    for pid in 101..=103 {
+        let response = app.post_json("/v1/calibration/watch", &watch_of(pid)).await;
+        assert_eq!(response.status(), 202, "pid {pid}");
+    }
+    let response = app.post_json("/v1/calibration/watch", &watch_of(104)).await;
+    assert_eq!(response.status(), 429);
+    assert!(response.headers().contains_key("retry-after"));
+    let problem: Value = response.json().await.unwrap();
+    assert!(
+        problem["detail"].as_str().unwrap().contains('3'),
+        "{problem}"
+    );
+}
+
+#[tokio::test]
+async fn a_process_is_watched_once() {
+    let app = spawn_app_with_devices(test_config(&models_dir()), steady_processes(7..=7)).await;
+    let response = app.post_json("/v1/calibration/watch", &watch_of(7)).await;
+    assert_eq!(response.status(), 202);
+    let response = app.post_json("/v1/calibration/watch", &watch_of(7)).await;
+    assert_eq!(response.status(), 409);
+    let problem: Value = response.json().await.unwrap();
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("watched already"),
+        "{problem}"
+    );
+}
+
+/// Threads of this test process whose name starts with `watch`.
+fn watch_threads() -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .map(|tasks| {
+            tasks
+                .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+                .filter(|name| name.starts_with("watch"))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// 4,000 watches once made 4,004 threads: one thread now reads every watched process.
+#[tokio::test]
+async fn fifty_watches_share_one_sampler_thread() {
+    let devices = steady_processes(1001..=1050);
+    let app = spawn_app_with_devices(test_config(&models_dir()), devices.clone()).await;
+    let before = watch_threads();
+    for pid in 1001..=1050 {
+        let response = app.post_json("/v1/calibration/watch", &watch_of(pid)).await;
+        assert_eq!(response.status(), 202, "pid {pid}");
+    }
+    for _ in 0..500 {
+        if (1001..=1050).all(|pid| devices.script_done(pid)) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!((1001..=1050).all(|pid| devices.script_done(pid)));
+    assert_eq!(devices.reader_threads(), 1);
+    // Other tests of this binary may run their own sampler meanwhile; not one per watch.
+    let after = watch_threads();
+    assert!(after <= before + 2, "{before} -> {after} watch threads");
+}
+
+async fn observations_recorded(app: &crate::helpers::TestApp) -> u64 {
+    let profiles: Value = app
+        .get("/v1/calibration/profiles")
+        .await
+        .json()
+        .await
+        .unwrap();
+    profiles["profiles"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["observations"].as_u64().unwrap())
+        .sum()
+}
+
+async fn post_with_key(
+    app: &crate::helpers::TestApp,
+    key: &str,
+    body: &Value,
+) -> reqwest::Response {
+    app.client
+        .post(format!("{}/v1/calibration/observations", app.address))
+        .header("Idempotency-Key", key)
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_retry_with_the_same_idempotency_key_records_nothing_again() {
+    let app = spawn_app().await;
+    let body = json!({"gpu": "l40s", "job": example_job(), "observed_peak_mib": 2100});
+    let first = post_with_key(&app, "batch-1", &body).await;
+    assert_eq!(first.status(), 200);
+    assert!(first.headers().get("idempotency-replayed").is_none());
+    let first: Value = first.json().await.unwrap();
+    let retry = post_with_key(&app, "batch-1", &body).await;
+    assert_eq!(retry.status(), 200);
+    assert_eq!(retry.headers()["idempotency-replayed"], "true");
+    assert_eq!(retry.json::<Value>().await.unwrap(), first);
+    assert_eq!(observations_recorded(&app).await, 1);
+    // The same key with other observations is a client's mistake, not a retry.
+    let other = json!({"gpu": "l40s", "job": example_job(), "observed_peak_mib": 2200});
+    let response = post_with_key(&app, "batch-1", &other).await;
+    assert_eq!(response.status(), 422);
+    let problem: Value = response.json().await.unwrap();
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with("idempotency-key"),
+        "{problem}"
+    );
+    // A new key records; no key records every time.
+    assert_eq!(post_with_key(&app, "batch-2", &body).await.status(), 200);
+    assert_eq!(
+        app.post_json("/v1/calibration/observations", &body)
+            .await
+            .status(),
+        200
+    );
+    assert_eq!(observations_recorded(&app).await, 3);
+    // A failed call records nothing and leaves its key free.
+    let bad = json!({"gpu": "l40s", "job": example_job(), "observed_peak_mib": -1});
+    assert_eq!(post_with_key(&app, "batch-3", &bad).await.status(), 422);
+    let response = post_with_key(&app, "batch-3", &body).await;
+    assert_eq!(response.status(), 200);
+    assert!(response.headers().get("idempotency-replayed").is_none());
+    assert_eq!(observations_recorded(&app).await, 4);
+}
+
+/// The issue's case: a call answered 503 by the timeout was recorded all the same, and its
+/// retry recorded it again.
+#[tokio::test]
+async fn a_call_answered_503_and_retried_with_its_key_is_recorded_once() {
+    let mut config = test_config(&models_dir());
+    config.request_timeout_secs = 1;
+    let devices = Arc::new(FakeDevices::single("NVIDIA L4", 23_034));
+    let app = spawn_app_with_devices(config, devices.clone()).await;
+    // A driver slow enough that the recording outlasts the request timeout.
+    devices.set_list_delay(Duration::from_millis(1200));
+    let body = json!({"gpu": "attached", "job": example_job(), "observed_peak_mib": 2100});
+    let response = post_with_key(&app, "slow-1", &body).await;
+    assert_eq!(response.status(), 503);
+    // The retry comes while the first call is still recording: it waits for its answer.
+    let retry = post_with_key(&app, "slow-1", &body).await;
+    assert_eq!(retry.status(), 200);
+    assert_eq!(retry.headers()["idempotency-replayed"], "true");
+    let retry: Value = retry.json().await.unwrap();
+    assert_eq!(retry["recorded"], 1);
+    assert_eq!(retry["profiles"][0]["observations"], 1);
+    devices.set_list_delay(Duration::ZERO);
+    assert_eq!(observations_recorded(&app).await, 1);
 }
