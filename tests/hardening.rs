@@ -212,3 +212,53 @@ async fn an_unknown_value_is_echoed_back_truncated() {
         .to_string();
     assert!(detail.len() < 300, "{} bytes echoed", detail.len());
 }
+
+/// The right to write is checked before the body is parsed: garbage from a caller without the
+/// token is a 401, not a 400 that parsed it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_token_is_checked_before_the_body_is_parsed() {
+    let mut config = config();
+    config.token = Some(gpucast::config::ApiToken::new("s3cret"));
+    let app = spawn_app_with(config).await;
+    for path in ["/v1/calibration/observations", "/v1/calibration/watch"] {
+        let response = app.post_raw(path, "application/json", "{not json").await;
+        assert_eq!(response.status(), 401, "{path}");
+    }
+}
+
+/// Two values for one key: refused, not the last one silently kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_observation_with_a_duplicate_key_is_refused() {
+    let app = spawn_app_with(config()).await;
+    let job = serde_json::to_string(&example_job()).unwrap();
+    for body in [
+        format!(
+            r#"{{"gpu": "a100-40gb", "observed_peak_mib": 3000, "observed_peak_mib": 5, "job": {job}}}"#
+        ),
+        format!(
+            r#"[{{"gpu": "a100-40gb", "gpu": "t4", "observed_peak_mib": 3000, "job": {job}}}]"#
+        ),
+    ] {
+        let response = app
+            .post_raw("/v1/calibration/observations", "application/json", body)
+            .await;
+        let status = response.status();
+        let problem: serde_json::Value = response.json().await.unwrap();
+        assert_eq!(status, 422, "{problem}");
+        assert!(
+            problem["detail"].as_str().unwrap().contains("duplicate"),
+            "{problem}"
+        );
+    }
+    let profiles: serde_json::Value = app
+        .get("/v1/calibration/profiles")
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        profiles["profiles"],
+        serde_json::json!([]),
+        "nothing recorded"
+    );
+}

@@ -55,7 +55,13 @@ impl ProfileStore {
                 .and_then(|n| n.to_str())
                 .unwrap_or_default();
             if name.ends_with(".tmp") {
-                let reason = "temporary file left by an interrupted write; ignored".to_string();
+                // A write torn by a crash: the profile it was replacing is still in place.
+                let reason = match fs::remove_file(&path) {
+                    Ok(()) => "temporary file left by an interrupted write; removed".to_string(),
+                    Err(e) => {
+                        format!("temporary file left by an interrupted write; not removed: {e}")
+                    }
+                };
                 warnings.push(ProfileWarning { path, reason });
                 continue;
             }
@@ -66,7 +72,16 @@ impl ProfileStore {
                 Ok(profile) => {
                     profiles.insert(profile.sku.clone(), profile);
                 }
-                Err(reason) => warnings.push(ProfileWarning { path, reason }),
+                Err(reason) => {
+                    // Quarantined, not left to be overwritten by the next observation of that
+                    // GPU: whoever reads the warning can still see what the file held.
+                    let quarantine = dir.join(format!("{name}.rejected-{}", unix_now()));
+                    let reason = match fs::rename(&path, &quarantine) {
+                        Ok(()) => format!("{reason}; moved to {}", quarantine.display()),
+                        Err(e) => format!("{reason}; not moved: {e}"),
+                    };
+                    warnings.push(ProfileWarning { path, reason });
+                }
             }
         }
         let store = ProfileStore {
@@ -500,6 +515,19 @@ mod tests {
         );
         assert!(warnings.iter().all(|w| !w.reason.is_empty()));
         assert!(warnings[1].to_string().contains("schema_version 99"));
+        // The torn write is removed, the rejected profiles are quarantined beside the good one.
+        let mut left: Vec<String> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left.len(), 7, "{left:?}");
+        assert_eq!(left[0], "README.txt");
+        assert_eq!(left[1], "a100-80gb.json");
+        assert!(
+            left[2..].iter().all(|f| f.contains(".json.rejected-")),
+            "{left:?}"
+        );
     }
 
     #[test]

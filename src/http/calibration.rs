@@ -4,10 +4,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::State;
+use axum::extract::{FromRequest, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use serde_json::value::RawValue;
 
 use crate::calibration::profile::{CalibrationProfile, ProfileError, Sample};
 use crate::calibration::store::Update;
@@ -15,7 +16,7 @@ use crate::devices::watch::{AddError, WatchConfig, WatchDone};
 use crate::error::ApiError;
 use crate::estimators::FIRST_PRINCIPLES;
 use crate::http::auth::require_write_access;
-use crate::http::extract::{from_value, JsonBody, JsonObjectOrArray};
+use crate::http::extract::{parse_json, JsonBody, JsonObjectOrArray};
 use crate::http::idempotency::{self, Claim};
 use crate::http::types::{
     EstimateRequest, ObservationRequest, ObservationsResponse, Problem, ProfileResponse,
@@ -69,19 +70,27 @@ pub async fn profiles(State(state): State<AppState>) -> Json<ProfilesResponse> {
 pub async fn observe(
     State(state): State<AppState>,
     headers: HeaderMap,
-    JsonObjectOrArray(body): JsonObjectOrArray<serde_json::Value>,
+    request: Request,
 ) -> Result<Response, ApiError> {
+    // The caller's right to write first: an unauthorised body is not even parsed.
     require_write_access(&state, &headers)?;
+    let JsonObjectOrArray(body) =
+        JsonObjectOrArray::<Box<RawValue>>::from_request(request, &state).await?;
     let key = idempotency::key(&headers)?;
-    let fingerprint = key.as_ref().map(|_| idempotency::fingerprint(&body));
-    // Parsed item by item (not as an untagged enum) so that errors name the field.
-    let observations: Vec<ObservationRequest> = match body {
-        serde_json::Value::Array(items) => items
-            .into_iter()
+    let fingerprint = key.as_ref().map(|_| idempotency::fingerprint(body.get()));
+    // Parsed item by item into the typed request (not through a JSON value, which would keep
+    // the last of two duplicate keys), so that errors name the field.
+    let observations: Vec<ObservationRequest> = if body.get().trim_start().starts_with('[') {
+        // The body already parsed as JSON: an array of values splits without error.
+        let items: Vec<&RawValue> =
+            serde_json::from_str(body.get()).map_err(|e| ApiError::MalformedJson(e.to_string()))?;
+        items
+            .iter()
             .enumerate()
-            .map(|(index, item)| from_value(item, &format!("[{index}]")))
-            .collect::<Result<_, _>>()?,
-        one => vec![from_value(one, "")?],
+            .map(|(index, item)| parse_json(item.get().as_bytes(), &format!("[{index}]")))
+            .collect::<Result<_, _>>()?
+    } else {
+        vec![parse_json(body.get().as_bytes(), "")?]
     };
     // An empty list records nothing, and says so.
     if observations.len() > MAX_OBSERVATIONS {
@@ -235,9 +244,10 @@ fn record(
 pub async fn watch(
     State(state): State<AppState>,
     headers: HeaderMap,
-    JsonBody(request): JsonBody<WatchRequest>,
+    request: Request,
 ) -> Result<(StatusCode, Json<WatchResponse>), ApiError> {
     require_write_access(&state, &headers)?;
+    let JsonBody(request) = JsonBody::<WatchRequest>::from_request(request, &state).await?;
     let pid = u32::try_from(request.pid)
         .map_err(|_| ApiError::InvalidInput(format!("pid: {} is not a process id", request.pid)))?;
     let target = resolve(Some("attached"), state.devices.as_ref())?;

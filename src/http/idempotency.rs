@@ -197,10 +197,10 @@ pub fn key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
     Ok(Some(key.to_string()))
 }
 
-/// A digest of a parsed body (object keys sorted by serde_json's map), so that the same
-/// observations sent again match whatever their formatting.
-pub fn fingerprint(body: &serde_json::Value) -> [u8; 32] {
-    Sha256::digest(body.to_string().as_bytes()).into()
+/// A digest of the body as sent: a retry sends the same bytes (a client that reformats its
+/// body between tries gets a 422 naming the key, not a silent second recording).
+pub fn fingerprint(body: &str) -> [u8; 32] {
+    Sha256::digest(body.as_bytes()).into()
 }
 
 #[cfg(test)]
