@@ -216,6 +216,32 @@ def odd_methods(port):
     return statuses
 
 
+def poison_calibration(port):
+    """20 observations of a 1 MiB peak, then 20 of 10,000,000 MiB: all must be refused (the
+    listener is loopback, so writes are open without a token, but physics holds them)."""
+    statuses = collections.Counter()
+    job = example_job()
+    for peak in [1] * 20 + [10_000_000] * 20:
+        body = {"gpu": "a100-40gb", "observed_peak_mib": peak, "job": job}
+        statuses[str(request(port, "POST", "/v1/calibration/observations", body))] += 1
+    profiles = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/calibration/profiles").read())
+    statuses[f"profiles after: {len(profiles['profiles'])}"] = 1
+    return statuses
+
+
+def watch_flood(port):
+    """4,000 watch requests (no GPU here: each refused, and no thread started)."""
+    threads_before = len(os.listdir(f"/proc/{SERVER_PID[0]}/task"))
+    statuses = collections.Counter()
+    for pid in range(4000):
+        statuses[str(request(port, "POST", "/v1/calibration/watch", {"pid": 100000 + pid, "job": example_job()}))] += 1
+    statuses[f"threads {threads_before} -> {len(os.listdir(f'/proc/{SERVER_PID[0]}/task'))}"] = 1
+    return statuses
+
+
+SERVER_PID = [0]
+
+
 def half_headers(port, connections=200):
     socks = []
     for _ in range(connections):
@@ -252,11 +278,14 @@ def main():
     binary = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "target", "debug", "gpucast")
     out = sys.argv[2] if len(sys.argv) > 2 else os.path.join(ROOT, "load-tests", "adversarial.json")
     server = Server(binary, free_port())
+    SERVER_PID[0] = server.process.pid
     reports = []
     try:
         for name, attack in [("batch_flood_8x2MiB", batch_flood), ("slow_bodies_520", slow_bodies),
                              ("content_length_1e12_x20", huge_content_length),
-                             ("odd_methods_2000", odd_methods), ("half_sent_headers_200", half_headers)]:
+                             ("odd_methods_2000", odd_methods), ("half_sent_headers_200", half_headers),
+                             ("poison_calibration_40", poison_calibration),
+                             ("watch_flood_4000", watch_flood)]:
             reports.append(run_attack(server, name, attack))
     finally:
         server.process.terminate()
