@@ -90,7 +90,7 @@ impl Sku {
     /// `NVIDIA H200`) or what a user typed (`A100 40GB`, `a100-40gb`, `h100`), case-insensitively.
     pub fn parse(input: &str) -> Result<&'static Sku, SkuError> {
         let tokens = tokens(input);
-        let unknown = || SkuError::Unknown(input.trim().to_string());
+        let unknown = || SkuError::Unknown(echo(input));
         // The first token that names a family decides; vendor words and form factors are noise.
         let family = tokens
             .iter()
@@ -105,10 +105,7 @@ impl Sku {
             ("a100", Some(40)) => "a100-40gb",
             ("a100", Some(80)) => "a100-80gb",
             ("a100", None) => {
-                return Err(SkuError::Ambiguous(
-                    input.trim().into(),
-                    "a100-40gb or a100-80gb",
-                ))
+                return Err(SkuError::Ambiguous(echo(input), "a100-40gb or a100-80gb"))
             }
             ("h100", Some(80) | None) => "h100-80gb",
             ("h200", Some(141) | None) => "h200-141gb",
@@ -118,10 +115,7 @@ impl Sku {
             ("v100", Some(16)) => "v100-16gb",
             ("v100", Some(32)) | ("v100s", Some(32) | None) => "v100-32gb",
             ("v100", None) => {
-                return Err(SkuError::Ambiguous(
-                    input.trim().into(),
-                    "v100-16gb or v100-32gb",
-                ))
+                return Err(SkuError::Ambiguous(echo(input), "v100-16gb or v100-32gb"))
             }
             _ => return Err(unknown()),
         };
@@ -148,14 +142,37 @@ pub enum GpuSelector {
 }
 
 impl GpuSelector {
-    /// `attached` (any case) or anything [`Sku::parse`] accepts.
+    /// `attached` (any case) or a GPU name [`Sku::parse`] accepts, made only of what GPU names
+    /// hold (family, memory size, form factor): a request's `gpu` with other words in it is a
+    /// mistake to refuse, not noise to read past as in a driver's name.
     pub fn parse(input: &str) -> Result<GpuSelector, SkuError> {
         if input.trim().eq_ignore_ascii_case("attached") {
-            Ok(GpuSelector::Attached)
-        } else {
-            Sku::parse(input).map(GpuSelector::Sku)
+            return Ok(GpuSelector::Attached);
         }
+        let tokens = tokens(input);
+        let allowed = |t: &String| {
+            family_of(t).is_some()
+                || FORM_FACTORS.contains(&t.as_str())
+                || t.strip_suffix("gb")
+                    .unwrap_or(t)
+                    .bytes()
+                    .all(|b| b.is_ascii_digit())
+        };
+        if !tokens.iter().all(allowed) {
+            return Err(SkuError::Unknown(echo(input)));
+        }
+        Sku::parse(input).map(GpuSelector::Sku)
     }
+}
+
+/// Words of GPU names beside the family and the memory size.
+const FORM_FACTORS: [&str; 10] = [
+    "sxm", "sxm2", "sxm4", "sxm5", "pcie", "hbm2", "hbm2e", "hbm3", "hbm3e", "nvl",
+];
+
+/// At most 64 characters of untrusted input, for an error message.
+fn echo(input: &str) -> String {
+    input.trim().chars().take(64).collect()
 }
 
 /// Lower-case alphanumeric tokens, vendor words dropped.
@@ -285,6 +302,34 @@ mod tests {
             GpuSelector::Sku(Sku::by_id("t4").unwrap())
         );
         assert!(GpuSelector::parse("attachedx").is_err());
+    }
+
+    #[test]
+    fn a_requested_gpu_with_other_words_around_it_is_refused() {
+        for junk in [
+            "my a100 40gb please",
+            "a100-40gb; drop table",
+            "h100 80gb x",
+            "t4 t4 lol",
+        ] {
+            assert!(
+                matches!(GpuSelector::parse(junk), Err(SkuError::Unknown(_))),
+                "{junk}"
+            );
+        }
+        for fine in [
+            "NVIDIA A100-SXM4-40GB",
+            "H100 80GB HBM3",
+            "Tesla V100S-PCIE-32GB",
+            "a100 80 gb",
+        ] {
+            assert!(GpuSelector::parse(fine).is_ok(), "{fine}");
+        }
+        for sku in CATALOGUE {
+            assert!(GpuSelector::parse(sku.name).is_ok(), "{}", sku.name);
+        }
+        let long = format!("x{}", "y".repeat(10_000));
+        assert!(GpuSelector::parse(&long).unwrap_err().to_string().len() < 400);
     }
 
     #[test]
