@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import ast
+import hashlib
 import json
 import urllib.error
 import urllib.request
 from typing import Callable, Optional
 
 OBSERVATIONS_PATH = "/v1/calibration/observations"
+ATTEMPTS = 2  # a call that timed out or got a 5xx is sent once more, with the same key
 MAX_LAYERS = 4096  # the API's limit per job
 
 # GPUMemNet layer kinds -> the API's kinds (others are sent lower-cased; the API matches them
@@ -73,14 +75,44 @@ def post_rows(
         if body is None or time_left() < timeout:
             skipped += 1
             continue
-        request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST")
-        request.add_header("Content-Type", "application/json")
-        if token:
-            request.add_header("Authorization", f"Bearer {token}")
-        try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:
-                response.read()
+        data = json.dumps(body, sort_keys=True).encode()
+        error = None
+        for _ in range(ATTEMPTS):
+            if time_left() < timeout:
+                break
+            error = send(url, data, token, timeout)
+            if error is None or not retryable(error):
+                break
+        if error is None:
             sent += 1
-        except (urllib.error.URLError, OSError) as e:
-            errors.append(f"{row.get('Filename')}: {e}")
+        else:
+            errors.append(f"{row.get('Filename')}: {error}")
     return sent, skipped, errors
+
+
+def idempotency_key(data: bytes) -> str:
+    """The same row always gets the same key, so a retry (ours, or a rerun of the probe's post
+    step) is answered from the service's record instead of counted twice."""
+    return "probe-" + hashlib.sha256(data).hexdigest()
+
+
+def send(url: str, data: bytes, token: Optional[str], timeout: float) -> Optional[Exception]:
+    request = urllib.request.Request(url, data=data, method="POST")
+    request.add_header("Content-Type", "application/json")
+    request.add_header("Idempotency-Key", idempotency_key(data))
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            response.read()
+        return None
+    except (urllib.error.URLError, OSError) as e:
+        return e
+
+
+def retryable(error: Exception) -> bool:
+    """A timeout, a lost connection or a 5xx may have been recorded: retried with its key. A 4xx
+    will not change."""
+    if isinstance(error, urllib.error.HTTPError):
+        return error.code >= 500
+    return True

@@ -23,8 +23,10 @@ def rows(n=3, **overrides):
 class Server:
     """A stand-in gpucast that records observations and checks the token."""
 
-    def __init__(self, token=None):
+    def __init__(self, token=None, fail_first=0):
         received = self.received = []
+        keys = self.keys = []
+        failures = [fail_first]
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):
@@ -32,7 +34,13 @@ class Server:
                 ok = token is None or self.headers.get("Authorization") == f"Bearer {token}"
                 if ok and self.path == OBSERVATIONS_PATH:
                     received.append(body)
-                self.send_response(200 if ok else 401)
+                    keys.append(self.headers.get("Idempotency-Key"))
+                status = 200 if ok else 401
+                if ok and failures[0] > 0:
+                    # recorded, then answered as a timed-out call would be
+                    failures[0] -= 1
+                    status = 503
+                self.send_response(status)
                 self.end_headers()
                 self.wfile.write(b"{}")
 
@@ -78,6 +86,22 @@ class Posting(unittest.TestCase):
             self.assertEqual((sent, skipped, errors), (3, 1, []))
             self.assertEqual(len(server.received), 3)
             self.assertTrue(all(b["gpu"] == "h200-141gb" for b in server.received))
+        finally:
+            server.close()
+
+    def test_each_row_carries_a_key_that_a_retry_repeats(self):
+        server = Server(fail_first=1)
+        try:
+            sent, skipped, errors = post_rows(server.url, rows(2), "l4", None)
+            self.assertEqual((sent, skipped, errors), (2, 0, []))
+            # the first row was sent twice (503, then again), with the same key both times
+            self.assertEqual(len(server.keys), 3)
+            self.assertEqual(server.keys[0], server.keys[1])
+            self.assertNotEqual(server.keys[1], server.keys[2])
+            self.assertTrue(all(k and k.startswith("probe-") for k in server.keys))
+            # a rerun of the same rows sends the same keys, so the service can answer from its record
+            post_rows(server.url, rows(2), "l4", None)
+            self.assertEqual(server.keys[3:], server.keys[1:3])
         finally:
             server.close()
 
