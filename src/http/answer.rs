@@ -31,11 +31,14 @@ pub fn answer(
         confidence,
         fraction,
         target,
+        warnings,
     } = request;
     let estimate = state
         .estimators
         .estimate_on(&job, confidence.get(), target.capacity_mib);
-    respond(state, estimate, confidence, fraction, target, started)
+    respond(
+        state, estimate, confidence, fraction, target, warnings, started,
+    )
 }
 
 /// Answers valid requests as `POST /v1/estimate/batch` does, running each model once over all
@@ -66,6 +69,7 @@ pub fn answer_items(
                 item.confidence,
                 item.fraction,
                 item.target.clone(),
+                item.warnings.clone(),
                 started,
             )
         })
@@ -79,6 +83,7 @@ fn respond(
     confidence: Confidence,
     fraction: Option<MemoryFraction>,
     target: Target,
+    warnings: Vec<String>,
     started: Instant,
 ) -> Result<EstimateResponse, ApiError> {
     let mut estimate = estimate?;
@@ -105,7 +110,9 @@ fn respond(
             &estimate.class.class.index.to_string(),
         ])
         .inc();
-    Ok(to_response(estimate, placement, confidence, started))
+    Ok(to_response(
+        estimate, placement, confidence, warnings, started,
+    ))
 }
 
 fn class_response(class: MemoryClass, probabilities: Vec<f32>) -> MemoryClassResponse {
@@ -121,6 +128,7 @@ fn to_response(
     estimate: Estimate,
     placement: Option<Placement>,
     confidence: Confidence,
+    mut warnings: Vec<String>,
     started: Instant,
 ) -> EstimateResponse {
     let breakdown = placement.as_ref().map(|p| {
@@ -243,7 +251,10 @@ fn to_response(
                 FitBasis::Simulation => FitBasisName::Simulation,
             },
         }),
-        warnings: left_out,
+        warnings: {
+            warnings.extend(left_out);
+            warnings
+        },
         calibration: placement.as_ref().map(|p| CalibrationResponse {
             gpu: p.target.gpu.clone(),
             profile_used: p.profile_observations.is_some(),

@@ -22,6 +22,8 @@ pub struct ValidEstimateRequest {
     pub confidence: Confidence,
     pub fraction: Option<MemoryFraction>,
     pub target: Target,
+    /// What was assumed or overridden to read the request (said back as `warnings`).
+    pub warnings: Vec<String>,
 }
 
 /// Validates a request as both estimate routes do.
@@ -29,7 +31,7 @@ pub fn validate(
     request: &EstimateRequest,
     devices: &dyn GpuDevices,
 ) -> Result<ValidEstimateRequest, ApiError> {
-    let job = to_job(request)?;
+    let (job, warnings) = to_job_noting(request)?;
     let confidence =
         Confidence::parse(request.confidence).map_err(|e| ApiError::InvalidInput(e.to_string()))?;
     let fraction = MemoryFraction::parse(request.memory_fraction)
@@ -40,11 +42,18 @@ pub fn validate(
         confidence,
         fraction,
         target,
+        warnings,
     })
 }
 
 /// Turns a request into a validated job: from its layer list, or by parsing its summary text.
 pub fn to_job(request: &EstimateRequest) -> Result<Job, ApiError> {
+    to_job_noting(request).map(|(job, _)| job)
+}
+
+/// [`to_job`], with what was assumed or overridden to read the request.
+pub fn to_job_noting(request: &EstimateRequest) -> Result<(Job, Vec<String>), ApiError> {
+    let mut warnings = Vec::new();
     if let Some(seq_len) = request.seq_len.filter(|&l| l == 0 || l > MAX_SEQ_LEN) {
         return Err(ApiError::InvalidInput(format!(
             "seq_len: must be between 1 and {MAX_SEQ_LEN}, got {seq_len}"
@@ -64,9 +73,10 @@ pub fn to_job(request: &EstimateRequest) -> Result<Job, ApiError> {
                 SummaryFormatRequest::Torchsummary => SummaryFormat::Torchsummary,
                 SummaryFormatRequest::ModulePrint => SummaryFormat::ModulePrint,
             };
-            let layers = parse_summary(format, &summary.text, request.batch_size, request.seq_len)
+            let parsed = parse_summary(format, &summary.text, request.batch_size, request.seq_len)
                 .map_err(|e| ApiError::InvalidInput(e.to_string()))?;
-            Job::from_layers(request.family.as_deref(), request.batch_size, layers)?
+            warnings.extend(parsed.warnings);
+            Job::from_layers(request.family.as_deref(), request.batch_size, parsed.layers)?
         }
         (Some(_), Some(_)) => {
             return Err(ApiError::InvalidInput(
@@ -96,7 +106,7 @@ pub fn to_job(request: &EstimateRequest) -> Result<Job, ApiError> {
         attention: s.attention.as_deref(),
         interpolated: s.interpolated.unwrap_or(false),
     });
-    Ok(job
+    let job = job
         .with_training(request.optimizer.as_deref(), request.precision.as_deref())?
         .with_input_shape(request.input_shape.as_deref())?
         .with_saved_tensors(request.saved_tensors.as_ref().map(|saved| SavedTensors {
@@ -104,7 +114,8 @@ pub fn to_job(request: &EstimateRequest) -> Result<Job, ApiError> {
             fixed_bytes: saved.fixed_bytes,
         }))?
         // After the training settings: the simulation must be of the same optimizer and precision.
-        .with_simulation(simulation)?)
+        .with_simulation(simulation)?;
+    Ok((job, warnings))
 }
 
 /// Resolves a `gpu` field (`None`: the reference card) to the GPU an answer is placed on.

@@ -49,6 +49,14 @@ impl SummaryError {
     }
 }
 
+/// What a summary yields: its layers, in the order the summary lists them, and what the parser
+/// assumed or overrode to get them (said back to the caller as `warnings`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParsedSummary {
+    pub layers: Vec<Layer>,
+    pub warnings: Vec<String>,
+}
+
 /// Parses a pasted summary into layers, in the order the summary lists them.
 ///
 /// `batch_size` is the job's batch size. Both formats already yield per-sample sizes (tables
@@ -62,7 +70,7 @@ pub fn parse_summary(
     text: &str,
     batch_size: u64,
     seq_len: Option<u64>,
-) -> Result<Vec<Layer>, SummaryError> {
+) -> Result<ParsedSummary, SummaryError> {
     let _ = batch_size;
     if text.len() > MAX_SUMMARY_BYTES {
         // Name the line where the limit was crossed, so the user sees how far off they are.
@@ -81,7 +89,7 @@ pub fn parse_summary(
     if text.trim().is_empty() {
         return Err(SummaryError::new(1, "the text is empty"));
     }
-    match format {
+    let layers = match format {
         SummaryFormat::Torchsummary => table::parse(text),
         SummaryFormat::ModulePrint => {
             let seq_len = seq_len.ok_or_else(|| {
@@ -95,7 +103,11 @@ pub fn parse_summary(
             }
             module_print::parse(text, seq_len)
         }
-    }
+    }?;
+    Ok(ParsedSummary {
+        layers,
+        warnings: Vec::new(),
+    })
 }
 
 /// The layers found so far, refusing to grow past [`MAX_LAYERS`].

@@ -20,7 +20,7 @@ fn layer(kind: LayerKind, output_size: u64, params: u64) -> Layer {
 
 fn error_line(format: SummaryFormat, text: &str, seq_len: Option<u64>) -> usize {
     match parse_summary(format, text, 8, seq_len) {
-        Ok(layers) => panic!("expected an error, got {} layers", layers.len()),
+        Ok(parsed) => panic!("expected an error, got {} layers", parsed.layers.len()),
         Err(err) => err.line,
     }
 }
@@ -46,7 +46,9 @@ const GPT2: &str = include_str!("../../../tests/fixtures/summaries/gpt2_module_p
 
 #[test]
 fn the_tiny_lm_print_yields_its_leaves_sized_by_seq_len() {
-    let layers = parse_summary(SummaryFormat::ModulePrint, TINY_LM, 8, Some(128)).unwrap();
+    let layers = parse_summary(SummaryFormat::ModulePrint, TINY_LM, 8, Some(128))
+        .unwrap()
+        .layers;
     assert_eq!(
         layers,
         vec![
@@ -61,8 +63,9 @@ fn the_tiny_lm_print_yields_its_leaves_sized_by_seq_len() {
 
 #[test]
 fn a_torchsummary_table_yields_its_rows_without_batch_dim_and_block_rows() {
-    let layers =
-        parse_summary(SummaryFormat::Torchsummary, RESNET18_TORCHSUMMARY, 8, None).unwrap();
+    let layers = parse_summary(SummaryFormat::Torchsummary, RESNET18_TORCHSUMMARY, 8, None)
+        .unwrap()
+        .layers;
     assert_eq!(
         kinds(&layers),
         [
@@ -92,9 +95,13 @@ fn a_torchsummary_table_yields_its_rows_without_batch_dim_and_block_rows() {
 
 #[test]
 fn a_torchinfo_table_keeps_leaf_rows_and_reads_dashes_as_zero() {
-    let layers = parse_summary(SummaryFormat::Torchsummary, RESNET18_TORCHINFO, 8, None).unwrap();
+    let layers = parse_summary(SummaryFormat::Torchsummary, RESNET18_TORCHINFO, 8, None)
+        .unwrap()
+        .layers;
     let from_torchsummary =
-        parse_summary(SummaryFormat::Torchsummary, RESNET18_TORCHSUMMARY, 8, None).unwrap();
+        parse_summary(SummaryFormat::Torchsummary, RESNET18_TORCHSUMMARY, 8, None)
+            .unwrap()
+            .layers;
     assert_eq!(layers, from_torchsummary);
 }
 
@@ -119,7 +126,9 @@ VisionTransformer (VisionTransformer)    [4, 3, 32, 32]       [4, 10]           
 ==========================================================================================================
 Total params: 31,114
 ";
-    let layers = parse_summary(SummaryFormat::Torchsummary, text, 4, None).unwrap();
+    let layers = parse_summary(SummaryFormat::Torchsummary, text, 4, None)
+        .unwrap()
+        .layers;
     assert_eq!(
         layers,
         vec![
@@ -147,7 +156,9 @@ fn torchsummary_tuple_outputs_and_custom_batch_sizes_are_per_sample() {
 MultiheadAttention-2  [[-1, 10, 64], [-1, 10, 10]]               0
      LayerNorm-3              [16, 10, 64]             128
 ";
-    let layers = parse_summary(SummaryFormat::Torchsummary, text, 16, None).unwrap();
+    let layers = parse_summary(SummaryFormat::Torchsummary, text, 16, None)
+        .unwrap()
+        .layers;
     assert_eq!(
         layers,
         vec![
@@ -160,7 +171,9 @@ MultiheadAttention-2  [[-1, 10, 64], [-1, 10, 10]]               0
 
 #[test]
 fn a_bert_print_repeats_its_twelve_layers_and_adds_one_attention_per_layer() {
-    let layers = parse_summary(SummaryFormat::ModulePrint, BERT_BASE, 8, Some(128)).unwrap();
+    let layers = parse_summary(SummaryFormat::ModulePrint, BERT_BASE, 8, Some(128))
+        .unwrap()
+        .layers;
     // 5 embedding leaves, 12 x (12 leaves + 1 attention), 2 pooler leaves.
     assert_eq!(layers.len(), 5 + 12 * 13 + 2);
     assert_eq!(total_params(&layers), 109_482_240);
@@ -216,7 +229,9 @@ fn a_bert_print_repeats_its_twelve_layers_and_adds_one_attention_per_layer() {
 
 #[test]
 fn a_gpt2_print_reads_conv1d_as_linear_and_drops_the_tied_lm_head_copy() {
-    let layers = parse_summary(SummaryFormat::ModulePrint, GPT2, 8, Some(1024)).unwrap();
+    let layers = parse_summary(SummaryFormat::ModulePrint, GPT2, 8, Some(1024))
+        .unwrap()
+        .layers;
     // 3 embedding leaves, 12 x (10 leaves + 1 attention), ln_f, lm_head.
     assert_eq!(layers.len(), 3 + 12 * 11 + 2);
     assert_eq!(total_params(&layers), 124_439_808);
@@ -237,7 +252,9 @@ Encoder(
   (act): ReLU(), 0 params
 ), 16,640 params
 ";
-    let layers = parse_summary(SummaryFormat::ModulePrint, text, 8, Some(10)).unwrap();
+    let layers = parse_summary(SummaryFormat::ModulePrint, text, 8, Some(10))
+        .unwrap()
+        .layers;
     assert_eq!(
         layers,
         vec![
@@ -327,6 +344,7 @@ fn the_layer_after_the_limit_is_reported() {
     assert_eq!(
         parse_summary(SummaryFormat::ModulePrint, empty_blocks, 8, Some(4))
             .unwrap()
+            .layers
             .len(),
         1
     );
@@ -408,7 +426,7 @@ impl Rng {
 fn parse_all_ways(text: &str) {
     for format in [SummaryFormat::Torchsummary, SummaryFormat::ModulePrint] {
         for seq_len in [None, Some(1), Some(u64::MAX)] {
-            if let Ok(layers) = parse_summary(format, text, 8, seq_len) {
+            if let Ok(ParsedSummary { layers, .. }) = parse_summary(format, text, 8, seq_len) {
                 assert!(!layers.is_empty() && layers.len() <= MAX_LAYERS);
             }
         }
