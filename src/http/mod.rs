@@ -29,6 +29,7 @@ use utoipa_swagger_ui::SwaggerUi;
 use crate::calibration::store::ProfileStore;
 use crate::devices::watch::Sampler;
 use crate::devices::GpuDevices;
+use crate::domain::echo;
 use crate::error::ApiError;
 use crate::estimators::Estimators;
 use crate::http::auth::WriteAccess;
@@ -171,9 +172,20 @@ pub fn router(state: AppState) -> Router {
     let api = complete(api);
     api_routes
         .merge(SwaggerUi::new("/docs").url("/openapi.json", api))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(state.limits.max_body_bytes))
         .layer(middleware::from_fn_with_state(state.clone(), guard))
         .with_state(state)
+}
+
+/// Unknown paths get a problem like every other error. The path is the caller's: echoed cut short.
+async fn not_found(uri: axum::http::Uri) -> ApiError {
+    ApiError::NotFound(echo(uri.path()))
+}
+
+async fn method_not_allowed(method: axum::http::Method) -> ApiError {
+    ApiError::MethodNotAllowed(echo(method.as_str()))
 }
 
 /// Admission control, timeout and HTTP metrics for every request.
