@@ -1,6 +1,6 @@
 use serde_json::{json, Value};
 
-use crate::helpers::{example_job, spawn_app};
+use crate::helpers::{example_job, spawn_app, training_description};
 
 #[tokio::test]
 async fn estimating_the_example_job_returns_every_documented_field() {
@@ -44,10 +44,9 @@ async fn estimating_the_example_job_returns_every_documented_field() {
         assert!((0.0..=1.0).contains(&value), "{metric} = {value}");
     }
     assert!(body["utilization"]["drama"].is_null());
-    assert!(body["utilization"]["drama_reason"]
-        .as_str()
-        .unwrap()
-        .contains("DRAM"));
+    let reasons = body["utilization"]["null_reasons"].as_object().unwrap();
+    assert_eq!(reasons.keys().collect::<Vec<_>>(), ["drama"], "{reasons:?}");
+    assert!(reasons["drama"].as_str().unwrap().contains("drama"));
 
     let latency = body["latency_us"].as_object().unwrap();
     assert!(latency["total"].as_f64().unwrap() > 0.0);
@@ -59,7 +58,12 @@ async fn estimating_the_example_job_returns_every_documented_field() {
         "first_principles",
         "horus",
     ] {
-        assert!(latency[name].as_f64().unwrap() > 0.0, "latency of {name}");
+        // to 0.1 us: the analytic formulas take well under a microsecond
+        let us = latency[name].to_string();
+        assert!(
+            latency[name].as_f64().unwrap() >= 0.0 && us.split('.').nth(1).map_or(0, str::len) <= 1,
+            "latency of {name}: {us}"
+        );
         assert!(
             body["estimator_versions"][name].is_string(),
             "version of {name}"
@@ -231,4 +235,32 @@ async fn an_mlp_deeper_than_the_sequence_classifier_is_answered_without_it() {
         .await
         .unwrap();
     assert_eq!(plain["warnings"], json!([]));
+}
+
+#[tokio::test]
+async fn every_null_utilization_figure_says_why() {
+    let app = spawn_app().await;
+    let mut job = training_description("timm:resnet50");
+    job["batch_size"] = 32.into();
+    let body: Value = app
+        .post_json("/v1/estimate", &job)
+        .await
+        .json()
+        .await
+        .unwrap();
+    let utilization = body["utilization"].as_object().unwrap();
+    let reasons = utilization["null_reasons"].as_object().unwrap();
+    for metric in ["smact", "smocc", "drama"] {
+        assert!(utilization[metric].is_null(), "{metric}");
+        let reason = reasons[metric].as_str().unwrap();
+        assert!(reason.contains(metric), "{reason}");
+    }
+    // smact and smocc are measured for MLP jobs only: the reason says so
+    for metric in ["smact", "smocc"] {
+        let reason = reasons[metric].as_str().unwrap();
+        assert!(
+            reason.contains("cnn jobs") && reason.contains("only for mlp"),
+            "{reason}"
+        );
+    }
 }
