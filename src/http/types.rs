@@ -14,6 +14,8 @@ use crate::domain::Family;
 #[schema(example = json!({
     "family": "mlp",
     "batch_size": 996,
+    "optimizer": "adam",
+    "precision": "fp32",
     "layers": [
         {"kind": "linear", "output_size": 1173, "params": 2753031},
         {"kind": "batch_norm", "output_size": 1173, "params": 2346},

@@ -89,6 +89,36 @@ async fn the_family_is_inferred_and_gpumemnet_spellings_are_accepted() {
     assert_eq!(response.status(), 200);
     let body: Value = response.json().await.unwrap();
     assert_eq!(body["family"], "mlp");
+    // What was assumed is said: the family, the setup, each kind read in another spelling once.
+    let warnings: Vec<&str> = body["warnings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w.as_str().unwrap())
+        .collect();
+    let said = |prefix: &str| warnings.iter().find(|w| w.starts_with(prefix)).copied();
+    assert!(
+        said("family: not given; mlp inferred").is_some(),
+        "{warnings:?}"
+    );
+    assert!(
+        said("optimizer: not given; adam assumed").is_some(),
+        "{warnings:?}"
+    );
+    assert!(
+        said("precision: not given; fp32 assumed").is_some(),
+        "{warnings:?}"
+    );
+    let kinds = said("layers: kinds read").expect("mapped kinds are said");
+    for mapped in [
+        "'Linear' as linear",
+        "'batch_normalization' as batch_norm",
+        "'LeakyReLU' as leaky_relu",
+        "'Softmax' as softmax",
+    ] {
+        assert!(kinds.contains(mapped), "{kinds}");
+    }
+    assert!(!kinds.contains("'linear'"), "{kinds}");
 }
 
 #[tokio::test]
@@ -227,7 +257,7 @@ async fn an_mlp_deeper_than_the_sequence_classifier_is_answered_without_it() {
         "{body}"
     );
     assert!(body["memory"]["estimate_mib"].as_f64().unwrap() > 0.0);
-    // The ordinary example leaves nothing out.
+    // The ordinary example leaves nothing out (and assumes nothing).
     let plain: Value = app
         .post_json("/v1/estimate", &example_job())
         .await
