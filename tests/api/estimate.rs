@@ -294,3 +294,31 @@ async fn every_null_utilization_figure_says_why() {
         );
     }
 }
+
+#[tokio::test]
+async fn json_lines_sent_to_the_single_route_are_pointed_to_the_batch_route() {
+    let app = spawn_app().await;
+    let job = example_job().to_string();
+    let lines = format!("{job}\n{job}\n");
+    let response = app
+        .post_raw("/v1/estimate", "application/json", lines)
+        .await;
+    assert_eq!(response.status(), 400);
+    let problem: Value = response.json().await.unwrap();
+    let detail = problem["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("/v1/estimate/batch") && detail.contains("--batch-body"),
+        "{detail}"
+    );
+    // other trailing junk is still an ordinary syntax error
+    let response = app
+        .post_raw(
+            "/v1/estimate",
+            "application/json",
+            format!("{job} trailing"),
+        )
+        .await;
+    assert_eq!(response.status(), 400);
+    let problem: Value = response.json().await.unwrap();
+    assert!(!problem["detail"].as_str().unwrap().contains("batch"));
+}
