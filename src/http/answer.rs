@@ -162,7 +162,11 @@ fn class_response(class: MemoryClass, probabilities: Vec<f32>) -> MemoryClassRes
         index: class.index,
         lower_mib: class.lower_mib,
         upper_mib: class.upper_mib,
-        probabilities,
+        // Four decimals: a probability of 4.458427e-6 says no more than 0.0000.
+        probabilities: probabilities
+            .into_iter()
+            .map(|p| round_to(p, 1e4))
+            .collect(),
     }
 }
 
@@ -270,9 +274,9 @@ fn to_response(
             extrapolation,
         },
         utilization: UtilizationResponse {
-            smact: utilization.remove("smact"),
-            smocc: utilization.remove("smocc"),
-            drama: utilization.remove("drama"),
+            smact: utilization.remove("smact").map(|f| round_to(f, 1e3)),
+            smocc: utilization.remove("smocc").map(|f| round_to(f, 1e3)),
+            drama: utilization.remove("drama").map(|f| round_to(f, 1e3)),
             null_reasons,
         },
         latency_us: LatencyResponse {
@@ -308,6 +312,11 @@ fn to_response(
 /// MiB figures to 0.1 MiB.
 fn round_mib(mib: f64) -> f64 {
     round_1(mib)
+}
+
+/// A fraction to `1 / scale`.
+fn round_to(fraction: f32, scale: f32) -> f32 {
+    (fraction * scale).round() / scale
 }
 
 /// To one decimal: what a reader can use, without float noise like `383.25399999999996`.
