@@ -122,11 +122,11 @@ pub(super) fn parse(
     let mut unknown_dims = false;
     for row in &rows {
         let at_line = |reason: String| SummaryError::new(row.line, reason);
-        let class = class_of(&row.name)
+        let (class, truncated) = class_of(&row.name)
             .ok_or_else(|| at_line(format!("expected 'name (Class)': '{}'", excerpt(&row.name))))?;
         let params = parse_count(row.params.split_whitespace().next().unwrap_or_default())
             .map_err(at_line)?;
-        let Some(kind) = kind_for_keras_class(&class) else {
+        let Some(kind) = kind_for_keras_class(&class, truncated) else {
             continue;
         };
         let output_size = match parse_output_shape(&row.shape, sample.seq_len, &mut unknown_dims)
@@ -251,7 +251,7 @@ fn parse_header(raw: &str) -> Result<Header, String> {
 }
 
 /// A row's cells; `None` when a boxed row has not the header's number of cells.
-fn split_cells<'a>(raw: &'a str, header: &Header) -> Option<Vec<String>> {
+fn split_cells(raw: &str, header: &Header) -> Option<Vec<String>> {
     match &header.columns {
         Columns::Boxed => {
             let cells: Vec<String> = raw
@@ -284,51 +284,73 @@ fn split_cells<'a>(raw: &'a str, header: &Header) -> Option<Vec<String>> {
     }
 }
 
-/// `conv1_conv (Conv2D)` -> `Conv2D`. A class wrapped onto two lines (`(TFOpLamb` `da)`) is
-/// joined back.
-fn class_of(name: &str) -> Option<String> {
-    let (_, class) = name.trim().strip_suffix(')')?.rsplit_once('(')?;
+/// `conv1_conv (Conv2D)` -> `Conv2D`, and whether Keras 3 cut it short (`(GlobalAveragePool…`).
+/// A class wrapped onto two lines (`(MaxPooling2` `D)`) is joined back.
+fn class_of(name: &str) -> Option<(String, bool)> {
+    let (_, class) = name.trim().rsplit_once('(')?;
     let class: String = class.chars().filter(|c| !c.is_whitespace()).collect();
-    let class = class.strip_prefix("type:").unwrap_or(&class).to_string();
-    is_identifier(&class).then_some(class)
+    let truncated = class.ends_with('…');
+    let class = class.trim_end_matches([')', '…']);
+    (is_identifier(class) && (truncated || name.trim_end().ends_with(')')))
+        .then(|| (class.to_string(), truncated))
 }
 
-/// Keras class names mapped to layer kinds (`None`: the input, which is no layer). Keras's
-/// `Conv1D` is a convolution, unlike Hugging Face's, so Keras names are read here first.
-fn kind_for_keras_class(class: &str) -> Option<LayerKind> {
+/// Keras class names (lower case) by prefix, more specific first. Keras's `Conv1D` is a
+/// convolution, unlike Hugging Face's, so Keras names are read here before the PyTorch ones.
+const KERAS_CLASSES: [(&str, LayerKind); 31] = [
+    ("dense", LayerKind::Linear),
+    ("einsumdense", LayerKind::Linear),
+    ("conv1dtranspose", LayerKind::ConvTranspose2d),
+    ("conv2dtranspose", LayerKind::ConvTranspose2d),
+    ("conv3dtranspose", LayerKind::ConvTranspose2d),
+    ("conv1d", LayerKind::Conv1d),
+    ("conv2d", LayerKind::Conv2d),
+    ("conv3d", LayerKind::Conv3d),
+    ("depthwiseconv1d", LayerKind::Conv1d),
+    ("depthwiseconv2d", LayerKind::Conv2d),
+    ("separableconv1d", LayerKind::Conv1d),
+    ("separableconv2d", LayerKind::Conv2d),
+    ("batchnormalization", LayerKind::BatchNorm),
+    ("layernormalization", LayerKind::LayerNorm),
+    ("groupnormalization", LayerKind::GroupNorm),
+    ("rmsnormalization", LayerKind::RmsNorm),
+    // Keras applications use `Activation("relu")`; the function is not printed.
+    ("activation", LayerKind::Relu),
+    ("maxpooling", LayerKind::MaxPool),
+    ("averagepooling", LayerKind::AvgPool),
+    ("globalaveragepooling", LayerKind::AdaptiveAvgPool),
+    ("globalmaxpooling", LayerKind::AdaptiveMaxPool),
+    ("dropout", LayerKind::Dropout),
+    ("spatialdropout", LayerKind::Dropout),
+    ("flatten", LayerKind::Flatten),
+    ("embedding", LayerKind::Embedding),
+    ("multiheadattention", LayerKind::Attention),
+    ("groupqueryattention", LayerKind::Attention),
+    ("upsampling", LayerKind::Upsample),
+    ("leakyrelu", LayerKind::LeakyRelu),
+    ("relu", LayerKind::Relu),
+    ("softmax", LayerKind::Softmax),
+];
+
+/// A Keras class's layer kind; `None` for the input, which is no layer. A class Keras cut
+/// short matches the first known class it begins.
+fn kind_for_keras_class(class: &str, truncated: bool) -> Option<LayerKind> {
     let key = class.to_ascii_lowercase();
-    let (base, dims) = ["1d", "2d", "3d"]
-        .iter()
-        .find_map(|dims| key.strip_suffix(dims).map(|base| (base, *dims)))
-        .unwrap_or((key.as_str(), ""));
-    let conv = || match dims {
-        "1d" => LayerKind::Conv1d,
-        "3d" => LayerKind::Conv3d,
-        _ => LayerKind::Conv2d,
+    if "inputlayer".starts_with(&key) && key.len() >= 5 {
+        return None;
+    }
+    let known = KERAS_CLASSES.iter().find(|(prefix, _)| {
+        key == *prefix || (truncated && key.len() >= 4 && prefix.starts_with(&key))
+    });
+    let by_prefix = || {
+        KERAS_CLASSES
+            .iter()
+            .filter(|(prefix, _)| key.starts_with(prefix))
+            .max_by_key(|(prefix, _)| prefix.len())
     };
-    Some(match base {
-        "inputlayer" => return None,
-        "dense" | "einsumdense" => LayerKind::Linear,
-        "conv" | "depthwiseconv" | "separableconv" | "convolution" => conv(),
-        "convtranspose" | "conv2dtranspose" | "deconvolution" => LayerKind::ConvTranspose2d,
-        "batchnormalization" | "syncbatchnormalization" => LayerKind::BatchNorm,
-        "layernormalization" => LayerKind::LayerNorm,
-        "groupnormalization" => LayerKind::GroupNorm,
-        "rmsnormalization" => LayerKind::RmsNorm,
-        // Keras applications use `Activation("relu")`; the function is not printed.
-        "activation" => LayerKind::Relu,
-        "maxpooling" => LayerKind::MaxPool,
-        "averagepooling" => LayerKind::AvgPool,
-        "globalaveragepooling" => LayerKind::AdaptiveAvgPool,
-        "globalmaxpooling" => LayerKind::AdaptiveMaxPool,
-        "spatialdropout" | "alphadropout" | "gaussiandropout" => LayerKind::Dropout,
-        "upsampling" => LayerKind::Upsample,
-        "multiheadattention" | "groupqueryattention" | "additiveattention" => LayerKind::Attention,
-        _ => match LayerKind::parse(&key).or_else(|| LayerKind::parse(base)) {
-            Some(kind) => kind,
-            None if key.ends_with("conv2d") => LayerKind::Conv2d,
-            None => kind_for_class(class),
-        },
+    Some(match known.or_else(by_prefix) {
+        Some(&(_, kind)) => kind,
+        None => kind_for_class(class),
     })
 }
 

@@ -413,12 +413,8 @@ impl Counter<'_, '_> {
         };
         // A sum is reported where it is printed: a container's closing line.
         let sum_line = node.closing.map_or(node.line, |(line, _)| line);
-        let overflow = || {
-            SummaryError::new(
-                sum_line,
-                "the parameter counts add up to more than 64 bits",
-            )
-        };
+        let overflow =
+            || SummaryError::new(sum_line, "the parameter counts add up to more than 64 bits");
         let at_line = |reason: String| SummaryError::new(node.line, reason);
         let own = match (node.args.and(node.params), node.own()) {
             (Some(annotated), _) => annotated,
@@ -1108,7 +1104,7 @@ impl Maps {
                 fits = false;
                 self.current.spatial = vec![1; dims];
             }
-            let window = Window::of(args, dims, 1)?;
+            let window = Window::of(args, dims)?;
             let spatial = window.apply(&self.current.spatial, transposed)?;
             self.set(Map {
                 channels: output,
@@ -1120,7 +1116,7 @@ impl Maps {
             LayerKind::MaxPool | LayerKind::AvgPool => {
                 let dims = self.current.spatial.len();
                 let kernel = tuple_arg(args, "kernel_size", dims)?;
-                let window = Window::of(args, dims, 0)?;
+                let window = Window::of(args, dims)?;
                 let window = Window {
                     stride: match keyword_value(args, "stride") {
                         Some("None") | None => kernel.clone().unwrap_or_else(|| vec![1; dims]),
@@ -1257,13 +1253,12 @@ struct Window {
 }
 
 impl Window {
-    fn of(args: &str, dims: usize, default_padding: u64) -> Result<Window, String> {
+    fn of(args: &str, dims: usize) -> Result<Window, String> {
         let ones = || vec![1; dims];
         Ok(Window {
             kernel: tuple_arg(args, "kernel_size", dims)?.unwrap_or_else(ones),
             stride: tuple_arg(args, "stride", dims)?.unwrap_or_else(ones),
-            padding: tuple_arg(args, "padding", dims)?
-                .unwrap_or_else(|| vec![default_padding; dims]),
+            padding: tuple_arg(args, "padding", dims)?.unwrap_or_else(|| vec![0; dims]),
             dilation: tuple_arg(args, "dilation", dims)?.unwrap_or_else(ones),
             output_padding: tuple_arg(args, "output_padding", dims)?
                 .unwrap_or_else(|| vec![0; dims]),
