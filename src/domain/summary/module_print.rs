@@ -346,6 +346,10 @@ struct Counter<'t, 'a> {
     /// The last width printed (a projection's output, an embedding's or a norm's size): the
     /// width of norms that print none.
     width: Option<u64>,
+    /// The largest embedding of a plain print, which later copies may share.
+    vocabulary: Option<Vocabulary>,
+    /// Modules taken as tied to the vocabulary embedding.
+    tied: Vec<String>,
     /// Modules whose parameters the print does not reveal, counted as 0.
     unrevealed: Vec<String>,
     /// Norms sized from their neighbours: (label, width).
@@ -361,6 +365,8 @@ impl Counts {
                 hidden: 0,
             },
             width: None,
+            vocabulary: Vocabulary::of(tree),
+            tied: Vec::new(),
             unrevealed: Vec::new(),
             sized_from_neighbours: Vec::new(),
         };
@@ -370,6 +376,15 @@ impl Counts {
                 "parameters were derived from the printed constructor arguments (the print has \
                  no ', N params' annotations)",
             );
+        }
+        if let (Some(vocabulary), false) = (counter.vocabulary, counter.tied.is_empty()) {
+            warnings.push(format!(
+                "{} repeat the vocabulary embedding's {} x {} weights and were taken as tied \
+                 to it (counted once), as Hugging Face models tie them by default",
+                name_a_few(&counter.tied),
+                vocabulary.entries,
+                vocabulary.width
+            ));
         }
         if !counter.sized_from_neighbours.is_empty() {
             warnings.push(format!(
@@ -418,7 +433,7 @@ impl Counter<'_, '_> {
         let at_line = |reason: String| SummaryError::new(node.line, reason);
         let own = match (node.args.and(node.params), node.own()) {
             (Some(annotated), _) => annotated,
-            (None, Some(args)) => self.derive(node, args).map_err(at_line)?,
+            (None, Some(args)) => self.derive(index, node, args).map_err(at_line)?,
             (None, None) => 0,
         };
         if let Some(args) = node.own() {
@@ -518,9 +533,9 @@ impl Counter<'_, '_> {
         }
     }
 
-    fn derive(&mut self, node: &Node<'_>, args: &str) -> Result<u64, String> {
+    fn derive(&mut self, index: usize, node: &Node<'_>, args: &str) -> Result<u64, String> {
         Ok(match derive_params(node.class, args)? {
-            Derived::Params(params) => params,
+            Derived::Params(params) => self.untied(index, node, args, params)?,
             Derived::PerFeature(per_feature) => match self.width {
                 Some(width) => {
                     self.sized_from_neighbours
@@ -539,6 +554,37 @@ impl Counter<'_, '_> {
                 0
             }
         })
+    }
+
+    /// A plain print shows a shared module wherever it is used. The vocabulary embedding is
+    /// the one most often shared: printed again (T5's `shared` and `embed_tokens`), or as the
+    /// output projection's transposed weight (GPT-2's `lm_head`, BERT's `decoder`, whose bias
+    /// is its own). Those copies are taken as tied, as Hugging Face models tie them by default.
+    fn untied(
+        &mut self,
+        index: usize,
+        node: &Node<'_>,
+        args: &str,
+        params: u64,
+    ) -> Result<u64, String> {
+        let Some(vocabulary) = self.vocabulary.filter(|v| index > v.index) else {
+            return Ok(params);
+        };
+        let kind = kind_for_class(node.class);
+        let own = if kind == LayerKind::Embedding
+            && embedding_shape(args)? == Some((vocabulary.entries, vocabulary.width))
+        {
+            0
+        } else if kind == LayerKind::Linear
+            && linear_shape(args)? == Some((vocabulary.width, vocabulary.entries))
+        {
+            // Only the bias is the projection's own.
+            params.saturating_sub(vocabulary.entries.saturating_mul(vocabulary.width))
+        } else {
+            return Ok(params);
+        };
+        self.tied.push(node.label());
+        Ok(own)
     }
 
     /// Parameters a container owns that no child line shows: `MultiheadAttention`'s input
@@ -566,6 +612,40 @@ impl Counter<'_, '_> {
             .and_then(|per_row| per_row.checked_mul(embed))
             .and_then(|p| p.checked_mul(3))
             .ok_or_else(|| "the parameter count does not fit in 64 bits".to_string())
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Vocabulary {
+    /// Its first module.
+    index: usize,
+    entries: u64,
+    width: u64,
+}
+
+impl Vocabulary {
+    /// The plain print's largest embedding (annotated prints count shared weights themselves).
+    fn of(tree: &Tree<'_>) -> Option<Vocabulary> {
+        if tree.annotated {
+            return None;
+        }
+        let mut largest: Option<Vocabulary> = None;
+        for (index, node) in tree.nodes.iter().enumerate() {
+            let Some(args) = node.args else { continue };
+            if kind_for_class(node.class) != LayerKind::Embedding {
+                continue;
+            }
+            if let Ok(Some((entries, width))) = embedding_shape(args) {
+                if largest.is_none_or(|l| entries > l.entries) {
+                    largest = Some(Vocabulary {
+                        index,
+                        entries,
+                        width,
+                    });
+                }
+            }
+        }
+        largest
     }
 }
 
@@ -746,6 +826,24 @@ fn derive_params(class: &str, args: &str) -> Result<Derived, String> {
     }
 }
 
+/// `Linear(in_features=768, out_features=3072, ...)`: (inputs, outputs).
+fn linear_shape(args: &str) -> Result<Option<(u64, u64)>, String> {
+    Ok(keyword(args, "in_features")?.zip(keyword(args, "out_features")?))
+}
+
+/// `Embedding(50257, 768)` or with keywords: (entries, width).
+fn embedding_shape(args: &str) -> Result<Option<(u64, u64)>, String> {
+    let entries = match positional_dim(args, 0)? {
+        Some(entries) => Some(entries),
+        None => keyword(args, "num_embeddings")?,
+    };
+    let width = match positional_dim(args, 1)? {
+        Some(width) => Some(width),
+        None => keyword(args, "embedding_dim")?,
+    };
+    Ok(entries.zip(width))
+}
+
 /// `conv2d`, `convtranspose1d`, timm's `stdconv2d`, `conv2dsame`: the spatial dimensions and
 /// whether the convolution is transposed.
 fn conv_dims(lower: &str) -> Option<(usize, bool)> {
@@ -769,10 +867,7 @@ fn printed_width(class: &str, args: &str) -> Result<Option<u64>, String> {
     }
     match kind_for_class(class) {
         LayerKind::Linear => keyword(args, "out_features"),
-        LayerKind::Embedding => match positional_dim(args, 1)? {
-            Some(dim) => Ok(Some(dim)),
-            None => keyword(args, "embedding_dim"),
-        },
+        LayerKind::Embedding => Ok(embedding_shape(args)?.map(|(_, width)| width)),
         LayerKind::LayerNorm | LayerKind::RmsNorm => normalized_size(args),
         _ => Ok(None),
     }
@@ -1129,6 +1224,16 @@ impl Maps {
                     spatial,
                     ..self.current.clone()
                 });
+            }
+            // timm's `SelectAdaptivePool2d(pool_type=avg, flatten=...)` prints as one module.
+            _ if lower.contains("adaptivepool") || lower.contains("globalpool") => {
+                let channels = self.current.channels;
+                let spatial = if args.contains("Flatten") {
+                    Vec::new()
+                } else {
+                    vec![1; self.current.spatial.len()]
+                };
+                self.set(Map { channels, spatial });
             }
             LayerKind::AdaptiveAvgPool | LayerKind::AdaptiveMaxPool => {
                 let dims = self.current.spatial.len();

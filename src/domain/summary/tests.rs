@@ -889,3 +889,30 @@ fn the_format_is_detected_from_the_text() {
         "{err}"
     );
 }
+
+#[test]
+fn a_plain_gpt2_print_takes_the_lm_head_as_tied_to_the_vocabulary_embedding() {
+    let plain: String = GPT2
+        .lines()
+        .map(|line| split_params_for_test(line))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let parsed = parse_summary(SummaryFormat::Auto, &plain, 8, tokens(Some(1024))).unwrap();
+    assert_eq!(
+        total_params(&parsed.layers),
+        124_439_808,
+        "transformers' count"
+    );
+    assert!(warned(
+        &parsed,
+        "lm_head (Linear) repeat the vocabulary embedding's 50257 x 768"
+    ));
+}
+
+/// A line without its `, N params`.
+fn split_params_for_test(line: &str) -> &str {
+    match line.rsplit_once(", ") {
+        Some((body, count)) if count.ends_with("params") => body,
+        _ => line,
+    }
+}
