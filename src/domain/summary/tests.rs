@@ -894,7 +894,7 @@ fn the_format_is_detected_from_the_text() {
 fn a_plain_gpt2_print_takes_the_lm_head_as_tied_to_the_vocabulary_embedding() {
     let plain: String = GPT2
         .lines()
-        .map(|line| split_params_for_test(line))
+        .map(split_params_for_test)
         .collect::<Vec<_>>()
         .join("\n");
     let parsed = parse_summary(SummaryFormat::Auto, &plain, 8, tokens(Some(1024))).unwrap();
