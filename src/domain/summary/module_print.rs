@@ -1259,6 +1259,17 @@ impl Maps {
                 let positions: u64 = self.current.spatial.iter().product();
                 let flat = self.current.size();
                 let per_position = input == Some(self.current.channels) && positions > 1;
+                let merged_positions = match (input, flat) {
+                    (Some(input), Some(flat))
+                        if positions > 1
+                            && input > self.current.channels
+                            && flat > input
+                            && flat % input == 0 =>
+                    {
+                        Some(flat / input)
+                    }
+                    _ => None,
+                };
                 if per_position {
                     if self.attention && !self.tokenized {
                         self.tokenized = true;
@@ -1268,6 +1279,12 @@ impl Maps {
                     self.set(Map {
                         channels: output,
                         spatial: self.current.spatial.clone(),
+                    });
+                } else if let Some(merged) = merged_positions {
+                    // Swin's patch merging: neighbouring positions concatenated, then projected.
+                    self.set(Map {
+                        channels: output,
+                        spatial: vec![merged],
                     });
                 } else {
                     fits = positions == 1 || input == flat || input.is_none();
