@@ -145,13 +145,14 @@ impl<'a> Tree<'a> {
                 Ok(parsed) => parsed,
                 Err(reason) => {
                     // A container's own arguments, on the line after its `Class(`.
+                    // An `extra_repr` of several lines keeps its first.
                     let container = open
                         .last()
                         .and_then(|&at| nodes.get_mut(at))
-                        .filter(|node| node.children.is_empty() && node.own_args.is_none());
+                        .filter(|node| node.children.is_empty());
                     match container {
                         Some(node) if looks_like_arguments(body) => {
-                            node.own_args = Some(body);
+                            node.own_args.get_or_insert(body);
                             continue;
                         }
                         _ => {
