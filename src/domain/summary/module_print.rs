@@ -66,14 +66,34 @@ pub(super) fn parse(
         lost_track: None,
     };
     emitter.emit(tree.root)?;
-    if let Some((line, class)) = emitter.lost_track {
+    if let Some((line, class)) = emitter.lost_track.take() {
         warnings.push(format!(
             "summary.text line {line}: could not follow input_shape through {class}; the sizes \
              after it are approximate"
         ));
     }
+    let mut hidden = counts.hidden;
+    let is_vit = tree
+        .nodes
+        .get(tree.root)
+        .is_some_and(|root| class_tokens_of(root.class) > 0);
+    if is_vit && !tree.annotated {
+        match emitter.position_embedding() {
+            Some((patches, width, params)) => {
+                warnings.push(format!(
+                    "the class token and position embedding are not printed: estimated from \
+                     the {patches} patches of width {width} as {params} parameters"
+                ));
+                hidden = hidden.saturating_add(params);
+            }
+            None => warnings.push(
+                "the class token and position embedding are not printed: counted as 0 (give \
+                 input_shape to estimate them from the patch grid)",
+            ),
+        }
+    }
     let mut layers = emitter.layers;
-    if counts.hidden > 0 {
+    if hidden > 0 {
         // Parameters owned by containers themselves (`MultiheadAttention.in_proj_weight`)
         // appear on no module line: one `other` layer holds them.
         let line = tree.nodes.get(tree.root).map_or(1, |node| node.line);
@@ -81,7 +101,7 @@ pub(super) fn parse(
             Layer {
                 kind: LayerKind::Other,
                 output_size: 0,
-                params: counts.hidden,
+                params: hidden,
             },
             line,
         )?;
@@ -665,9 +685,8 @@ fn subtree_end(nodes: &[Node<'_>], index: usize) -> usize {
 /// Containers known to own parameters that `print(model)` does not show: a ViT's class token
 /// and position embedding, a ConvNeXt block's layer scale, a Swin window's position bias.
 fn holds_unprinted_parameters(class: &str) -> bool {
-    const HOLDERS: [&str; 10] = [
-        "visiontransformer",
-        "deit",
+    // ViTs' are estimated apart (`Maps::position_embedding`).
+    const HOLDERS: [&str; 8] = [
         "windowattention",
         "cnblock",
         "convnextblock",
@@ -910,7 +929,8 @@ struct Maps {
     /// makes tokens (`H/stride x W/stride`, plus class tokens).
     attention: bool,
     class_tokens: u64,
-    tokenized: bool,
+    /// When a conv stem became tokens: (tokens, width).
+    tokenized: Option<(u64, u64)>,
 }
 
 /// History searched for a branch's input: enough for any block, bounded for hostile text.
@@ -932,10 +952,6 @@ impl Sizing {
         let attention = tree.any(|node| is_attention_class(node.class));
         let tokens_needed =
             attention || tree.any(|node| kind_for_class(node.class) == LayerKind::Embedding);
-        let root_class = tree
-            .nodes
-            .get(tree.root)
-            .map_or(String::new(), |n| n.class.to_ascii_lowercase());
         if let Some((dims, conv_input)) = first_conv.filter(|_| sample.seq_len.is_none()) {
             let given = sample
                 .input_shape
@@ -965,15 +981,10 @@ impl Sizing {
                     ),
                 ));
             };
-            let class_tokens = if root_class.contains("distilled") {
-                2
-            } else {
-                u64::from(
-                    root_class.contains("visiontransformer")
-                        || root_class.contains("vit")
-                        || root_class.contains("deit"),
-                )
-            };
+            let class_tokens = tree
+                .nodes
+                .get(tree.root)
+                .map_or(0, |root| class_tokens_of(root.class));
             warnings.push(format!(
                 "output sizes were derived by carrying input_shape [{}] through the printed \
                  layers in print order",
@@ -988,7 +999,7 @@ impl Sizing {
                 current: map,
                 attention,
                 class_tokens,
-                tokenized: false,
+                tokenized: None,
             }));
         }
         let tokens = match (sample.seq_len, sample.input_shape) {
@@ -1101,6 +1112,19 @@ impl Emitter<'_, '_> {
         Ok(())
     }
 
+    /// A ViT's class tokens and position embedding, which its print does not show:
+    /// (patches, width, parameters), once the patch grid became tokens.
+    fn position_embedding(&self) -> Option<(u64, u64, u64)> {
+        let Sizing::Maps(maps) = &self.sizing else {
+            return None;
+        };
+        let (patches, width) = maps.tokenized?;
+        let params = patches
+            .checked_add(maps.class_tokens.saturating_mul(2))?
+            .checked_mul(width)?;
+        Some((patches, width, params))
+    }
+
     fn current_map(&self) -> Option<Map> {
         match &self.sizing {
             Sizing::Maps(maps) => Some(maps.current.clone()),
@@ -1175,6 +1199,20 @@ fn tokens_times(tokens: u64, width: u64, line: usize) -> Result<u64, SummaryErro
     tokens.checked_mul(width).ok_or_else(|| {
         SummaryError::new(line, "output size (tokens x width) does not fit in 64 bits")
     })
+}
+
+/// Class tokens a ViT puts before its patches (DeiT's distilled models add a second).
+fn class_tokens_of(class: &str) -> u64 {
+    let lower = class.to_ascii_lowercase();
+    if lower.contains("distilled") {
+        2
+    } else {
+        u64::from(
+            ["visiontransformer", "vit", "deit"]
+                .iter()
+                .any(|v| lower.contains(v)),
+        )
+    }
 }
 
 /// Squeeze-and-excitation blocks: their output scales their input.
@@ -1272,9 +1310,9 @@ impl Maps {
                     _ => None,
                 };
                 if per_position {
-                    if self.attention && !self.tokenized {
-                        self.tokenized = true;
+                    if self.attention && self.tokenized.is_none() {
                         let tokens = positions.checked_add(self.class_tokens).ok_or("overflow")?;
+                        self.tokenized = Some((positions, self.current.channels));
                         self.current.spatial = vec![tokens];
                     }
                     self.set(Map {

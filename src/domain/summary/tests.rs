@@ -778,10 +778,18 @@ VisionTransformer(
         "196 patches and the class token"
     );
     assert_eq!(layers[4].output_size, 197 * 768);
-    assert!(
-        warned(&parsed, "VisionTransformer"),
-        "{:?}",
-        parsed.warnings
+    assert!(warned(
+        &parsed,
+        "estimated from the 196 patches of width 192 as 38016"
+    ));
+    assert_eq!(
+        layers.last(),
+        Some(&layer(
+            LayerKind::Other,
+            0,
+            (196 + 1) * 192 + 192 + 3 * 192 * 192 + 3 * 192
+        )),
+        "the position embedding, the class token and the attention's input projection"
     );
 }
 
