@@ -520,27 +520,53 @@ impl Counter<'_, '_> {
         }
         let label = nodes.get(index).map_or_else(String::new, Node::label);
         let excess = sum.saturating_sub(closing);
-        let is_leaf_with = |at: usize| {
+        // The tied copies: for a count c with excess = k x c, the last k leaves of the subtree
+        // holding c parameters, each repeating an earlier leaf of the same count (T5 holds its
+        // embedding four times: three copies).
+        let leaf_count = |at: usize| {
             nodes
                 .get(at)
-                .is_some_and(|n| n.args.is_some() && n.repeat == 1)
-                && self.counts.own.get(at) == Some(&excess)
+                .filter(|n| n.args.is_some() && n.repeat == 1)
+                .and_then(|_| self.counts.own.get(at).copied())
+                .filter(|&count| count > 0)
         };
-        let tied = (index..subtree_end(nodes, index))
-            .rev()
-            .find(|&at| is_leaf_with(at))
-            .filter(|&at| (0..at).any(is_leaf_with));
-        match tied.and_then(|at| Some((at, nodes.get(at)?))) {
-            Some((at, copy)) => {
+        let end = subtree_end(nodes, index);
+        let copies = (index..end).rev().find_map(|at| {
+            let count = leaf_count(at)?;
+            let k = usize::try_from(excess / count).ok()?;
+            if !excess.is_multiple_of(count) || k == 0 {
+                return None;
+            }
+            let holders: Vec<usize> = (0..end).filter(|&i| leaf_count(i) == Some(count)).collect();
+            // the first holder is the original; copies are the last k inside the subtree
+            let copies: Vec<usize> = holders
+                .iter()
+                .skip(1)
+                .rev()
+                .take(k)
+                .copied()
+                .filter(|&i| i >= index)
+                .collect();
+            (copies.len() == k).then_some((count, copies))
+        });
+        match copies {
+            Some((count, copies)) => {
+                let named: Vec<String> = copies
+                    .iter()
+                    .rev()
+                    .filter_map(|&at| nodes.get(at))
+                    .map(|copy| format!("{} (line {})", copy.label(), copy.line))
+                    .collect();
                 warnings.push(format!(
                     "{label}: the closing line says {closing} parameters, its modules add up \
-                     to {sum}; {} (line {}) repeats an earlier module's {excess} parameters \
-                     and is taken as a shared (tied) copy, counted once",
-                    copy.label(),
-                    copy.line
+                     to {sum}; {} repeat an earlier module's {count} parameters and are taken \
+                     as shared (tied) copies, counted once",
+                    named.join(", ")
                 ));
-                if let Some(own) = self.counts.own.get_mut(at) {
-                    *own = 0;
+                for at in copies {
+                    if let Some(own) = self.counts.own.get_mut(at) {
+                        *own = 0;
+                    }
                 }
                 (closing, 0)
             }
