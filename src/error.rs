@@ -52,6 +52,12 @@ pub enum ApiError {
     /// The request needs a GPU this host does not have (or cannot read).
     #[error("{0}")]
     NoDevice(String),
+    /// No route has this path.
+    #[error("no route {0}; the routes are listed at /docs")]
+    NotFound(String),
+    /// The route exists, but not for this method (the `Allow` header lists those it has).
+    #[error("method {0} is not allowed on this route; see the Allow header")]
+    MethodNotAllowed(String),
     /// A bug or a runtime failure: the detail goes to the log, never to the client.
     #[error("internal error: {0}")]
     Internal(String),
@@ -76,6 +82,8 @@ impl ApiError {
             ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::TooManyWatches(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::NoDevice(_) => StatusCode::CONFLICT,
+            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -97,6 +105,8 @@ impl ApiError {
             ApiError::Conflict(_) => "Conflict",
             ApiError::TooManyWatches(_) => "Too many watches",
             ApiError::NoDevice(_) => "No such device",
+            ApiError::NotFound(_) => "Not found",
+            ApiError::MethodNotAllowed(_) => "Method not allowed",
             ApiError::Internal(_) => "Internal error",
         }
     }

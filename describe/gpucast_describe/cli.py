@@ -5,8 +5,10 @@
     python -m gpucast_describe module:my_models:build --batch-size 64 --input-shape 3,32,32
     python -m gpucast_describe module:my_models:tiny_bert --batch-size 8 --seq-len 128
 
-One line per (spec, batch size), spec-major. Each spec is described once; the description
-does not depend on the batch size. Errors go to stderr and make the exit status non-zero.
+One line per (spec, batch size), spec-major: each line is the body of `POST /v1/estimate`.
+With --batch-body, one body for `POST /v1/estimate/batch` instead: {"items": [those lines]}.
+Each spec is described once; the description does not depend on the batch size. Errors go to
+stderr and make the exit status non-zero.
 """
 
 from __future__ import annotations
@@ -69,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="kernel of F.scaled_dot_product_attention: the GPU's memory-"
                            "efficient one (default), the math path (keeps N x N), or eager "
                            "(math, and Hugging Face models on their eager attention)")
+    parser.add_argument("--batch-body", action="store_true",
+                        help="print one body for POST /v1/estimate/batch ({\"items\": [...]}) "
+                             "instead of one line per job for POST /v1/estimate")
     step.add_argument("--no-simulation", dest="simulation", action="store_false",
                       help="skip the simulation (layers and saved tensors only)")
     return parser
@@ -80,6 +85,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     torch.set_num_threads(1)  # nothing is computed on the meta device
     failures = 0
+    items = []
     for spec in args.specs:
         try:
             descriptions = describe_spec_batches(
@@ -94,8 +100,14 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"error: {spec}: {type(exc).__name__}: {exc}", file=sys.stderr)
             failures += 1
             continue
+        if args.batch_body:
+            items.extend(descriptions)
+            continue
         for description in descriptions:
             sys.stdout.write(json.dumps(description, separators=(",", ":")) + "\n")
+        sys.stdout.flush()
+    if args.batch_body and items:
+        sys.stdout.write(json.dumps({"items": items}, separators=(",", ":")) + "\n")
         sys.stdout.flush()
     return 1 if failures else 0
 

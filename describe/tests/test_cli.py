@@ -95,6 +95,16 @@ class CliTest(unittest.TestCase):
                           ("module:toy_models:tiny_cnn", 8), ("module:toy_models:tiny_cnn", 32)])
         self.assertEqual(bodies[0]["layers"][0]["output_size"], 64 * 16 * 16)
 
+    def test_batch_body_holds_every_job_as_items(self):
+        result = run_cli("module:toy_models:mlp", "--batch-size", "2", "32", "--input-shape",
+                         "20", "--no-simulation", "--batch-body")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        bodies = lines(result.stdout)
+        self.assertEqual(len(bodies), 1)
+        self.assertEqual(list(bodies[0]), ["items"])
+        self.assertEqual([(b["model"], b["batch_size"]) for b in bodies[0]["items"]],
+                         [("module:toy_models:mlp", 2), ("module:toy_models:mlp", 32)])
+
     @unittest.skipIf(torchvision is None, "torchvision not installed")
     def test_torchvision_default_input(self):
         result = run_cli("torchvision:resnet18", "--batch-size", "4")

@@ -3,6 +3,8 @@
 
 use std::fmt;
 
+use crate::domain::echo;
+
 /// One GPU model with its usable memory as `nvidia-smi` reports it (`memory.total`, MiB).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Sku {
@@ -169,11 +171,6 @@ impl GpuSelector {
 const FORM_FACTORS: [&str; 10] = [
     "sxm", "sxm2", "sxm4", "sxm5", "pcie", "hbm2", "hbm2e", "hbm3", "hbm3e", "nvl",
 ];
-
-/// At most 64 characters of untrusted input, for an error message.
-fn echo(input: &str) -> String {
-    input.trim().chars().take(64).collect()
-}
 
 /// Lower-case alphanumeric tokens, vendor words dropped.
 fn tokens(input: &str) -> Vec<String> {

@@ -3,6 +3,8 @@
 
 use std::fmt;
 
+use super::echo;
+
 /// Largest layer list accepted. Real models stay far below (timm's largest ~2,000 modules);
 /// beyond this a request is absurd and would only burn CPU.
 pub const MAX_LAYERS: usize = 4096;
@@ -564,8 +566,7 @@ impl Job {
             check_quantities(index, layer.output_size, layer.params)?;
         }
         let family = match family {
-            Some(name) => Family::parse(name)
-                .ok_or_else(|| JobError::UnknownFamily(name.chars().take(64).collect()))?,
+            Some(name) => Family::parse(name).ok_or_else(|| JobError::UnknownFamily(echo(name)))?,
             None => Family::infer(&layers),
         };
         Ok(Job {
@@ -587,12 +588,12 @@ impl Job {
         precision: Option<&str>,
     ) -> Result<Job, JobError> {
         if let Some(raw) = optimizer {
-            self.optimizer = Optimizer::parse(raw)
-                .ok_or_else(|| JobError::UnknownOptimizer(raw.chars().take(64).collect()))?;
+            self.optimizer =
+                Optimizer::parse(raw).ok_or_else(|| JobError::UnknownOptimizer(echo(raw)))?;
         }
         if let Some(raw) = precision {
-            self.precision = Precision::parse(raw)
-                .ok_or_else(|| JobError::UnknownPrecision(raw.chars().take(64).collect()))?;
+            self.precision =
+                Precision::parse(raw).ok_or_else(|| JobError::UnknownPrecision(echo(raw)))?;
         }
         Ok(self)
     }
@@ -661,8 +662,6 @@ impl Job {
                 job: self.batch_size,
             });
         }
-        // Echo at most a short prefix of untrusted names.
-        let echo = |raw: &str| raw.chars().take(64).collect::<String>();
         if let Some(name) = raw.optimizer {
             if Optimizer::parse(name) != Some(self.optimizer) {
                 return Err(JobError::SimulatedOptimizer {
@@ -774,8 +773,7 @@ fn check_quantities(index: usize, output_size: u64, params: u64) -> Result<(), J
 fn parse_layer(index: usize, raw: UncheckedLayer<'_>) -> Result<Layer, JobError> {
     let kind = LayerKind::parse(raw.kind).ok_or_else(|| JobError::UnknownKind {
         index,
-        // Echo at most a short prefix: the kind is untrusted and may be huge.
-        kind: raw.kind.chars().take(64).collect(),
+        kind: echo(raw.kind),
         known: LayerKind::ALL.map(LayerKind::as_str).join(", "),
     })?;
     check_quantities(index, raw.output_size, raw.params)?;

@@ -14,3 +14,15 @@ pub use job::{
     SimulatedCategories, Simulation, UncheckedLayer, UncheckedSimulation,
 };
 pub use memory::{Confidence, MemoryClass, MemoryClasses, MemoryFraction, ResidualQuantiles};
+
+/// At most 64 characters of untrusted text (trimmed), for an error message, marked with `…`
+/// when cut: a caller's name or path may be huge.
+pub fn echo(untrusted: &str) -> String {
+    const MAX_CHARS: usize = 64;
+    let trimmed = untrusted.trim();
+    let mut out: String = trimmed.chars().take(MAX_CHARS).collect();
+    if trimmed.chars().nth(MAX_CHARS).is_some() {
+        out.push('…');
+    }
+    out
+}

@@ -38,12 +38,32 @@ impl Estimator {
         &self.entry.name
     }
 
-    /// The most layers a sequence estimator reads; `None` for aggregate inputs.
-    pub fn layer_limit(&self) -> Option<usize> {
-        match &self.input {
-            Input::Sequence { max_tokens, .. } => Some(*max_tokens),
-            Input::Aggregate(_) => None,
+    /// Why a sequence estimator cannot read this valid job (more layers than positions, or a
+    /// layer kind without a token), said in the answer's warnings; `None` when it can. The
+    /// family's other estimators answer such a job.
+    pub fn cannot_read(&self, job: &Job) -> Option<String> {
+        let Input::Sequence {
+            vocab, max_tokens, ..
+        } = &self.input
+        else {
+            return None;
+        };
+        let name = self.name();
+        let layers = job.layers();
+        if layers.len() > *max_tokens {
+            return Some(format!(
+                "estimator '{name}' left out: it reads at most {max_tokens} layers, the job has {}",
+                layers.len()
+            ));
         }
+        let (index, layer) = layers
+            .iter()
+            .enumerate()
+            .find(|(_, layer)| !vocab.contains(&layer.kind))?;
+        Some(format!(
+            "estimator '{name}' left out: it has no token for layer kind '{}' (layers[{index}])",
+            layer.kind.as_str()
+        ))
     }
 
     /// Whether the job carries what this estimator needs.
@@ -304,20 +324,16 @@ impl Estimators {
         for estimator in &members {
             let applicable: Vec<usize> = (0..jobs.len())
                 .filter(|&i| estimator.applies_to(job_refs[i]))
-                // A sequence model with fewer positions than the job has layers is left out of
-                // that job, and the answer says so; the family's other estimators answer.
-                .filter(|&i| match estimator.layer_limit() {
-                    Some(max) if job_refs[i].layers().len() > max => {
+                // A sequence model that cannot read a job is left out of it, and the answer
+                // says so; the family's other estimators answer.
+                .filter(|&i| match estimator.cannot_read(job_refs[i]) {
+                    Some(reason) => {
                         if let Ok(partial) = &mut partials[i] {
-                            partial.left_out.push(format!(
-                                "estimator '{}' left out: it reads at most {max} layers, the job has {}",
-                                estimator.name(),
-                                job_refs[i].layers().len()
-                            ));
+                            partial.left_out.push(reason);
                         }
                         false
                     }
-                    _ => true,
+                    None => true,
                 })
                 // Far from the training data a simulation regressor is not applied at all, nor
                 // beyond the card its labels were measured on.

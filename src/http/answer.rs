@@ -8,6 +8,7 @@ use crate::calibration::placement::{place, FitBasis, Placement, Target};
 use crate::domain::physics::BreakdownSource;
 use crate::domain::{Confidence, MemoryClass, MemoryFraction};
 use crate::error::ApiError;
+use crate::estimators::manifest::EstimatorKind;
 use crate::estimators::{ClassAnswer, Estimate, EstimateError, Query};
 use crate::http::types::{
     BreakdownResponse, BreakdownSourceName, CalibrationResponse, EstimateResponse, EstimatorAnswer,
@@ -17,8 +18,8 @@ use crate::http::types::{
 use crate::http::validate::ValidEstimateRequest;
 use crate::http::AppState;
 
-const DRAMA_REASON: &str =
-    "no measured DRAM-activity data exists yet for any family, so no DRAMA model is trained";
+/// The utilization metrics answered, each a fraction or null with a reason.
+const UTILIZATION_TARGETS: [&str; 3] = ["smact", "smocc", "drama"];
 
 /// Runs the estimators (CPU work: call it off the async workers) and records metrics.
 pub fn answer(
@@ -110,9 +111,50 @@ fn respond(
             &estimate.class.class.index.to_string(),
         ])
         .inc();
+    let null_reasons = utilization_null_reasons(state, &estimate);
     Ok(to_response(
-        estimate, placement, confidence, warnings, started,
+        estimate,
+        placement,
+        confidence,
+        warnings,
+        null_reasons,
+        started,
     ))
+}
+
+/// Why each utilization metric without a figure has none: no model for the job's family (and
+/// which families have one), or the family's model did not answer this job.
+fn utilization_null_reasons(state: &AppState, estimate: &Estimate) -> BTreeMap<String, String> {
+    let family = estimate.family.as_str();
+    UTILIZATION_TARGETS
+        .iter()
+        .filter(|target| !estimate.utilization.contains_key(**target))
+        .map(|&target| {
+            let mut trained: Vec<&str> = state
+                .estimators
+                .all()
+                .iter()
+                .filter(|e| {
+                    e.entry.kind == EstimatorKind::UtilizationRegressor
+                        && e.entry.target.as_deref() == Some(target)
+                })
+                .map(|e| e.family.as_str())
+                .collect();
+            trained.sort_unstable();
+            trained.dedup();
+            let reason = if trained.contains(&family) {
+                format!("the {family} {target} model did not answer this job (see warnings)")
+            } else if trained.is_empty() {
+                format!("no {target} model is loaded: no measured {target} data exists yet for any family")
+            } else {
+                format!(
+                    "no {target} model for {family} jobs: measured {target} data exists only for {} jobs",
+                    trained.join(", ")
+                )
+            };
+            (target.to_string(), reason)
+        })
+        .collect()
 }
 
 fn class_response(class: MemoryClass, probabilities: Vec<f32>) -> MemoryClassResponse {
@@ -120,7 +162,11 @@ fn class_response(class: MemoryClass, probabilities: Vec<f32>) -> MemoryClassRes
         index: class.index,
         lower_mib: class.lower_mib,
         upper_mib: class.upper_mib,
-        probabilities,
+        // Four decimals: a probability of 4.458427e-6 says no more than 0.0000.
+        probabilities: probabilities
+            .into_iter()
+            .map(|p| round_to(p, 1e4))
+            .collect(),
     }
 }
 
@@ -129,6 +175,7 @@ fn to_response(
     placement: Option<Placement>,
     confidence: Confidence,
     mut warnings: Vec<String>,
+    null_reasons: BTreeMap<String, String>,
     started: Instant,
 ) -> EstimateResponse {
     let breakdown = placement.as_ref().map(|p| {
@@ -202,7 +249,6 @@ fn to_response(
         };
         estimators.insert(name, answer);
     }
-    let drama = utilization.remove("drama");
     EstimateResponse {
         family: family.as_str().to_string(),
         memory: MemoryResponse {
@@ -228,16 +274,16 @@ fn to_response(
             extrapolation,
         },
         utilization: UtilizationResponse {
-            smact: utilization.remove("smact"),
-            smocc: utilization.remove("smocc"),
-            drama,
-            drama_reason: drama.is_none().then(|| DRAMA_REASON.to_string()),
+            smact: utilization.remove("smact").map(|f| round_to(f, 1e3)),
+            smocc: utilization.remove("smocc").map(|f| round_to(f, 1e3)),
+            drama: utilization.remove("drama").map(|f| round_to(f, 1e3)),
+            null_reasons,
         },
         latency_us: LatencyResponse {
-            total: started.elapsed().as_secs_f64() * 1e6,
+            total: round_1(started.elapsed().as_secs_f64() * 1e6),
             estimators: runs
                 .iter()
-                .map(|r| (r.name.clone(), r.latency.as_secs_f64() * 1e6))
+                .map(|r| (r.name.clone(), round_1(r.latency.as_secs_f64() * 1e6)))
                 .collect(),
         },
         estimator_versions: versions,
@@ -263,8 +309,19 @@ fn to_response(
     }
 }
 
+/// MiB figures to 0.1 MiB.
 fn round_mib(mib: f64) -> f64 {
-    (mib * 10.0).round() / 10.0
+    round_1(mib)
+}
+
+/// A fraction to `1 / scale`.
+fn round_to(fraction: f32, scale: f32) -> f32 {
+    (fraction * scale).round() / scale
+}
+
+/// To one decimal: what a reader can use, without float noise like `383.25399999999996`.
+fn round_1(value: f64) -> f64 {
+    (value * 10.0).round() / 10.0
 }
 
 fn round_3(value: f64) -> f64 {

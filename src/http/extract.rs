@@ -80,10 +80,32 @@ fn deserialize<T: DeserializeOwned>(bytes: &[u8], prefix: &str) -> Result<T, Api
     let mut deserializer = serde_json::Deserializer::from_slice(bytes);
     let value: T =
         serde_path_to_error::deserialize(&mut deserializer).map_err(|e| classify(&e, prefix))?;
-    deserializer
-        .end()
-        .map_err(|e| ApiError::MalformedJson(format!("{e}")))?;
+    deserializer.end().map_err(|e| {
+        if prefix.is_empty() && several_documents(bytes) {
+            ApiError::MalformedJson(SEVERAL_DOCUMENTS.to_string())
+        } else {
+            ApiError::MalformedJson(format!("{e}"))
+        }
+    })?;
     Ok(value)
+}
+
+const SEVERAL_DOCUMENTS: &str = "the body holds several JSON documents (JSON Lines, such as \
+     describe's output for several batch sizes); send one job per request to /v1/estimate, or \
+     all of them as {\"items\": [...]} to /v1/estimate/batch (describe --batch-body writes that body)";
+
+/// Whether the body is a sequence of JSON documents rather than one: the error path only.
+fn several_documents(bytes: &[u8]) -> bool {
+    let mut documents =
+        serde_json::Deserializer::from_slice(bytes).into_iter::<serde::de::IgnoredAny>();
+    let mut count = 0usize;
+    for document in documents.by_ref() {
+        if document.is_err() {
+            return false;
+        }
+        count += 1;
+    }
+    count > 1
 }
 
 /// Deserializes an already parsed JSON value (a batch item).

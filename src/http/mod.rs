@@ -29,6 +29,7 @@ use utoipa_swagger_ui::SwaggerUi;
 use crate::calibration::store::ProfileStore;
 use crate::devices::watch::Sampler;
 use crate::devices::GpuDevices;
+use crate::domain::echo;
 use crate::error::ApiError;
 use crate::estimators::Estimators;
 use crate::http::auth::WriteAccess;
@@ -163,7 +164,48 @@ fn complete(mut api: utoipa::openapi::OpenApi) -> utoipa::openapi::OpenApi {
     use utoipa::Modify;
     api.info.version = env!("CARGO_PKG_VERSION").to_string();
     LayersOrSummary.modify(&mut api);
+    ResponseExamples.modify(&mut api);
     api
+}
+
+/// Real answers as the estimate routes' response examples, so that Swagger UI shows what the
+/// example request gets instead of schema placeholders. The files are answers of this service
+/// to the example request; `cargo test --test api response_examples` checks they still are
+/// (and rewrites them with `GPUCAST_WRITE_EXAMPLES=1`).
+struct ResponseExamples;
+
+/// `(route, committed answer)` for each POST route with a response example.
+pub const RESPONSE_EXAMPLES: [(&str, &str); 2] = [
+    (
+        "/v1/estimate",
+        include_str!("../../openapi/examples/estimate_response.json"),
+    ),
+    (
+        "/v1/estimate/batch",
+        include_str!("../../openapi/examples/batch_response.json"),
+    ),
+];
+
+impl utoipa::Modify for ResponseExamples {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::RefOr;
+        for (route, answer) in RESPONSE_EXAMPLES {
+            let Ok(example) = serde_json::from_str::<serde_json::Value>(answer) else {
+                continue;
+            };
+            let response = openapi
+                .paths
+                .paths
+                .get_mut(route)
+                .and_then(|path| path.post.as_mut())
+                .and_then(|post| post.responses.responses.get_mut("200"));
+            if let Some(RefOr::T(response)) = response {
+                if let Some(content) = response.content.get_mut("application/json") {
+                    content.example = Some(example);
+                }
+            }
+        }
+    }
 }
 
 pub fn router(state: AppState) -> Router {
@@ -171,9 +213,20 @@ pub fn router(state: AppState) -> Router {
     let api = complete(api);
     api_routes
         .merge(SwaggerUi::new("/docs").url("/openapi.json", api))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(state.limits.max_body_bytes))
         .layer(middleware::from_fn_with_state(state.clone(), guard))
         .with_state(state)
+}
+
+/// Unknown paths get a problem like every other error. The path is the caller's: echoed cut short.
+async fn not_found(uri: axum::http::Uri) -> ApiError {
+    ApiError::NotFound(echo(uri.path()))
+}
+
+async fn method_not_allowed(method: axum::http::Method) -> ApiError {
+    ApiError::MethodNotAllowed(echo(method.as_str()))
 }
 
 /// Admission control, timeout and HTTP metrics for every request.

@@ -14,6 +14,8 @@ use crate::domain::Family;
 #[schema(example = json!({
     "family": "mlp",
     "batch_size": 996,
+    "optimizer": "adam",
+    "precision": "fp32",
     "layers": [
         {"kind": "linear", "output_size": 1173, "params": 2753031},
         {"kind": "batch_norm", "output_size": 1173, "params": 2346},
@@ -442,18 +444,18 @@ pub enum BreakdownSourceName {
 }
 
 /// Mean utilization while the job trains alone on the GPU, as fractions 0..1 (DCGM profiling
-/// metrics). A metric without a trained model is null.
+/// metrics). A metric without a figure is null, and `null_reasons` says why.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct UtilizationResponse {
     /// SM active (DCGM_FI_PROF_SM_ACTIVE).
     pub smact: Option<f32>,
     /// SM occupancy (DCGM_FI_PROF_SM_OCCUPANCY).
     pub smocc: Option<f32>,
-    /// DRAM active (DCGM_FI_PROF_DRAM_ACTIVE); null until measured data exists.
+    /// DRAM active (DCGM_FI_PROF_DRAM_ACTIVE).
     pub drama: Option<f32>,
-    /// Why `drama` is null, while it is.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub drama_reason: Option<String>,
+    /// Why each null metric is null, by metric name (`smact`, `smocc`, `drama`); a metric
+    /// with a figure has no entry.
+    pub null_reasons: BTreeMap<String, String>,
 }
 
 /// Time spent on this estimate, microseconds: `total` and one entry per estimator name.

@@ -8,8 +8,8 @@ use crate::devices::GpuDevices;
 use crate::domain::saved;
 use crate::domain::summary::{parse_summary, SummaryFormat};
 use crate::domain::{
-    Confidence, Job, MemoryFraction, SavedTensors, SimulatedCategories, UncheckedLayer,
-    UncheckedSimulation,
+    echo, Confidence, Job, LayerKind, MemoryFraction, SavedTensors, SimulatedCategories,
+    UncheckedLayer, UncheckedSimulation,
 };
 use crate::error::ApiError;
 use crate::http::types::{EstimateRequest, SummaryFormatRequest};
@@ -126,6 +126,9 @@ pub fn to_job_noting(request: &EstimateRequest) -> Result<(Job, Vec<String>), Ap
         attention: s.attention.as_deref(),
         interpolated: s.interpolated.unwrap_or(false),
     });
+    if let Some(layers) = &request.layers {
+        warnings.extend(mapped_kinds(layers.iter().map(|l| l.kind.as_str())));
+    }
     let job = job
         .with_training(request.optimizer.as_deref(), request.precision.as_deref())?
         .with_input_shape(request.input_shape.as_deref())?
@@ -141,7 +144,60 @@ pub fn to_job_noting(request: &EstimateRequest) -> Result<(Job, Vec<String>), Ap
         )?
         // After the training settings: the simulation must be of the same optimizer and precision.
         .with_simulation(simulation)?;
+    if request.family.is_none() {
+        warnings.push(format!(
+            "family: not given; {} inferred from the layers (attention makes a transformer, \
+             else convolutions a cnn, else an mlp)",
+            job.family().as_str()
+        ));
+    }
+    if request.optimizer.is_none() {
+        warnings.push(format!(
+            "optimizer: not given; {} assumed",
+            job.optimizer().as_str()
+        ));
+    }
+    if request.precision.is_none() {
+        warnings.push(format!(
+            "precision: not given; {} assumed",
+            job.precision().as_str()
+        ));
+    }
     Ok((job, warnings))
+}
+
+/// The layer kinds given in another spelling than the service's own name, each once:
+/// `batch_normalization` read as `batch_norm` is an assumption worth saying.
+fn mapped_kinds<'a>(kinds: impl Iterator<Item = &'a str>) -> Option<String> {
+    const SHOWN: usize = 5;
+    let mut mapped: Vec<(&str, &str)> = Vec::new();
+    for raw in kinds {
+        // Valid kinds only: an unknown one has already been refused.
+        let Some(kind) = LayerKind::parse(raw) else {
+            continue;
+        };
+        if raw != kind.as_str() && !mapped.iter().any(|(seen, _)| *seen == raw) {
+            mapped.push((raw, kind.as_str()));
+        }
+    }
+    if mapped.is_empty() {
+        return None;
+    }
+    let shown: Vec<String> = mapped
+        .iter()
+        .take(SHOWN)
+        .map(|(raw, kind)| format!("'{}' as {kind}", echo(raw)))
+        .collect();
+    let more = mapped.len().saturating_sub(SHOWN);
+    let rest = if more > 0 {
+        format!(" and {more} more")
+    } else {
+        String::new()
+    };
+    Some(format!(
+        "layers: kinds read in the service's names: {}{rest}",
+        shown.join(", ")
+    ))
 }
 
 /// Resolves a `gpu` field (`None`: the reference card) to the GPU an answer is placed on.

@@ -77,3 +77,80 @@ fn the_committed_layer_kinds_are_the_services() {
         "openapi/layer_kinds.json is stale: regenerate it with `cargo run -- layer-kinds > openapi/layer_kinds.json`"
     );
 }
+
+/// The committed response examples are this service's answers to the example requests: the
+/// same fields, the same figures (latencies aside, and MiB within 0.5 % for other CPUs'
+/// floating point). `GPUCAST_WRITE_EXAMPLES=1` rewrites them from the answers.
+#[tokio::test]
+async fn response_examples_are_real_answers_to_the_example_requests() {
+    let app = spawn_app().await;
+    let spec = serde_json::to_value(gpucast::http::openapi()).unwrap();
+    let schemas = &spec["components"]["schemas"];
+    let requests = [
+        (
+            "/v1/estimate",
+            schemas["EstimateRequest"]["example"].clone(),
+        ),
+        (
+            "/v1/estimate/batch",
+            schemas["BatchRequest"]["example"].clone(),
+        ),
+    ];
+    for ((route, request), (example_route, committed)) in
+        requests.into_iter().zip(gpucast::http::RESPONSE_EXAMPLES)
+    {
+        assert_eq!(route, example_route);
+        let response = app.post_json(route, &request).await;
+        assert_eq!(response.status(), 200, "{route}");
+        let answer: Value = response.json().await.unwrap();
+        let file = repo_root().join(format!(
+            "openapi/examples/{}_response.json",
+            route.rsplit('/').next().unwrap()
+        ));
+        if std::env::var_os("GPUCAST_WRITE_EXAMPLES").is_some() {
+            let text = serde_json::to_string_pretty(&answer).unwrap() + "\n";
+            std::fs::write(&file, text).unwrap();
+            continue;
+        }
+        let committed: Value = serde_json::from_str(committed).unwrap();
+        same_answer(&committed, &answer, route);
+        let served = &spec["paths"][route]["post"]["responses"]["200"]["content"]
+            ["application/json"]["example"];
+        assert_eq!(
+            served, &committed,
+            "{route}: the spec's example is the committed file"
+        );
+    }
+}
+
+fn same_answer(expected: &Value, actual: &Value, path: &str) {
+    match (expected, actual) {
+        (Value::Object(e), Value::Object(a)) => {
+            let (ek, ak): (Vec<_>, Vec<_>) = (e.keys().collect(), a.keys().collect());
+            assert_eq!(
+                ek, ak,
+                "{path}: fields differ; rewrite with GPUCAST_WRITE_EXAMPLES=1"
+            );
+            for (key, value) in e {
+                if path.ends_with("latency_us") {
+                    continue;
+                }
+                same_answer(value, &a[key], &format!("{path}.{key}"));
+            }
+        }
+        (Value::Array(e), Value::Array(a)) => {
+            assert_eq!(e.len(), a.len(), "{path}");
+            for (i, (e, a)) in e.iter().zip(a).enumerate() {
+                same_answer(e, a, &format!("{path}[{i}]"));
+            }
+        }
+        (Value::Number(e), Value::Number(a)) => {
+            let (e, a) = (e.as_f64().unwrap(), a.as_f64().unwrap());
+            assert!(
+                (e - a).abs() <= 0.005 * e.abs().max(1.0),
+                "{path}: {e} committed, {a} answered; rewrite with GPUCAST_WRITE_EXAMPLES=1"
+            );
+        }
+        _ => assert_eq!(expected, actual, "{path}"),
+    }
+}

@@ -141,3 +141,21 @@ pub fn committed_simulation(model: &str, batch: u64) -> Value {
         .unwrap_or_else(|| panic!("{model} is not simulated"))["simulations"][batch.to_string()]
     .clone()
 }
+
+/// An answer says one thing: its memory class contains its MiB figure (to the figure's 0.1 MiB
+/// rounding). Panics naming `what` otherwise.
+pub fn assert_class_holds_figure(answer: &Value, what: &str) {
+    let memory = &answer["memory"];
+    let Some(figure) = memory["estimate_mib"].as_f64() else {
+        return;
+    };
+    let lower = memory["class"]["lower_mib"].as_f64().unwrap();
+    // null: the open top class
+    let upper = memory["class"]["upper_mib"]
+        .as_f64()
+        .unwrap_or(f64::INFINITY);
+    assert!(
+        lower - 0.05 <= figure && figure <= upper + 0.05,
+        "{what}: estimate {figure} MiB outside its class {lower}-{upper}"
+    );
+}

@@ -91,3 +91,32 @@ async fn graceful_shutdown_stops_the_server() {
         "server did not stop cleanly: {result:?}"
     );
 }
+
+#[tokio::test]
+async fn unknown_paths_and_methods_are_answered_as_problems() {
+    let app = spawn_app().await;
+    let long = "x".repeat(500);
+    let response = app.get(&format!("/v1/nowhere/{long}")).await;
+    assert_eq!(response.status(), 404);
+    assert_eq!(
+        response.headers()["content-type"],
+        "application/problem+json"
+    );
+    let problem: Value = response.json().await.unwrap();
+    assert_eq!(problem["status"], 404);
+    let detail = problem["detail"].as_str().unwrap();
+    assert!(detail.contains("/v1/nowhere/x"), "{detail}");
+    assert!(detail.len() < 200, "the path is echoed cut short: {detail}");
+
+    let response = app.get("/v1/estimate").await;
+    assert_eq!(response.status(), 405);
+    assert_eq!(
+        response.headers()["content-type"],
+        "application/problem+json"
+    );
+    let allow = response.headers()["allow"].to_str().unwrap().to_string();
+    assert!(allow.contains("POST"), "{allow}");
+    let problem: Value = response.json().await.unwrap();
+    assert_eq!(problem["status"], 405);
+    assert!(problem["detail"].as_str().unwrap().contains("GET"));
+}

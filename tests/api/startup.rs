@@ -80,3 +80,39 @@ async fn a_corrupt_manifest_fails_start_up_naming_the_file() {
         "{error}"
     );
 }
+
+/// A log read from a pipe (a file, a collector) is plain text: no ANSI colour codes.
+#[test]
+fn the_log_to_a_pipe_has_no_colour_codes() {
+    use std::io::Read;
+    let profiles = tempfile::tempdir().unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_gpucast"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--no-nvml"])
+        .arg("--models")
+        .arg(models_dir())
+        .arg("--profiles")
+        .arg(profiles.path())
+        .env("ORT_DYLIB_PATH", crate::helpers::ort_dylib())
+        .env_remove("RUST_LOG")
+        .env_remove("GPUCAST_LOG_FORMAT")
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut log = String::new();
+        let _ = stderr.read_to_string(&mut log);
+        log
+    });
+    // ready within a few seconds; then stop it and read what it logged
+    std::thread::sleep(std::time::Duration::from_secs(5));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let log = reader.join().unwrap();
+    assert!(log.contains("INFO"), "the server logged at info: {log}");
+    assert!(
+        !log.contains('\u{1b}'),
+        "colour codes in a piped log: {log:?}"
+    );
+}
