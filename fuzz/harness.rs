@@ -3,7 +3,7 @@
 //! (`tests/fuzz_regressions.rs`), so a crash reproduces exactly the same way in both.
 //! Each function must never panic, whatever the bytes.
 
-use gpucast::domain::summary::{parse_summary, SummaryFormat};
+use gpucast::domain::summary::{parse_summary, SampleShape, SummaryFormat};
 use gpucast::http::types::EstimateRequest;
 
 /// The JSON description path of `POST /v1/estimate`: bytes -> wire type -> validated job
@@ -14,9 +14,10 @@ pub fn estimate_request(data: &[u8]) {
     }
 }
 
-/// Summary text parsing. The first byte selects the format (bit 0: torchsummary/torchinfo table
-/// or module print), whether `seq_len` is given (bit 1) and its value (bits 2-7, times 8, plus 1);
-/// the rest is the text, which must be UTF-8 as it is in a JSON string.
+/// Summary text parsing. The first byte selects the format (bits 0-1: auto, torchsummary/torchinfo
+/// table, module print or Keras), whether `seq_len` is given (bit 2) and its value (bits 4-7,
+/// times 8, plus 1), and whether an image `input_shape` is given (bit 3); the rest is the text,
+/// which must be UTF-8 as it is in a JSON string.
 pub fn summary(data: &[u8]) {
     let Some((&selector, rest)) = data.split_first() else {
         return;
@@ -24,11 +25,15 @@ pub fn summary(data: &[u8]) {
     let Ok(text) = std::str::from_utf8(rest) else {
         return;
     };
-    let format = if selector & 1 == 0 {
-        SummaryFormat::Torchsummary
-    } else {
-        SummaryFormat::ModulePrint
+    let format = match selector & 3 {
+        0 => SummaryFormat::Auto,
+        1 => SummaryFormat::Torchsummary,
+        2 => SummaryFormat::ModulePrint,
+        _ => SummaryFormat::Keras,
     };
-    let seq_len = (selector & 2 != 0).then(|| u64::from(selector >> 2) * 8 + 1);
-    let _ = parse_summary(format, text, 32, seq_len);
+    let sample = SampleShape {
+        seq_len: (selector & 4 != 0).then(|| u64::from(selector >> 4) * 8 + 1),
+        input_shape: (selector & 8 != 0).then_some(&[3, 32, 32][..]),
+    };
+    let _ = parse_summary(format, text, 32, sample);
 }

@@ -43,10 +43,15 @@ pub struct EstimateRequest {
     #[serde(default, deserialize_with = "layer_objects")]
     #[schema(min_items = 1, max_items = 4096)]
     pub layers: Option<Vec<LayerRequest>>,
-    /// The model as summary text instead of a layer list.
+    /// The model as printed text instead of a layer list: a `torchsummary` or `torchinfo` table,
+    /// `print(model)` (plain, or annotated with `, N params` per module), or a Keras
+    /// `model.summary()` (Keras 2 or 3). `format` may be left out: it is then detected.
+    /// What was assumed to read it (derived parameters, sizes, shared weights) is answered in
+    /// `warnings`.
     #[serde(default)]
     pub summary: Option<SummaryRequest>,
-    /// Sequence length (tokens per sample); required with a `module_print` summary.
+    /// Sequence length (tokens per sample); required with a `module_print` summary that has
+    /// token layers (embeddings, attention) and no `input_shape`.
     #[serde(default, deserialize_with = "whole_number::optional")]
     #[schema(minimum = 1, maximum = 1_000_000)]
     pub seq_len: Option<u64>,
@@ -56,7 +61,8 @@ pub struct EstimateRequest {
     /// `fp32` (default) or `mixed16` (`fp16`/`bf16` autocast with fp32 master weights).
     #[serde(default)]
     pub precision: Option<String>,
-    /// Per-sample input shape, e.g. `[3, 224, 224]` (informational for most estimators).
+    /// Per-sample input shape, e.g. `[3, 224, 224]`: sizes the layers of a `module_print` summary
+    /// with convolutions (otherwise informational for most estimators).
     #[serde(default, deserialize_with = "whole_number::optional_list")]
     #[schema(value_type = Option<Vec<Dimension>>, min_items = 1, max_items = 5)]
     pub input_shape: Option<Vec<u64>>,
@@ -171,19 +177,27 @@ fn string_enum<'a>(
 #[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SummaryRequest {
+    /// Which tool printed `text`; `auto` (the default) detects it.
+    #[serde(default)]
     pub format: SummaryFormatRequest,
     /// The printed text (at most 1 MiB).
     #[schema(min_length = 1, max_length = 1048576)]
     pub text: String,
 }
 
-#[derive(Debug, Clone, Copy, Deserialize, Serialize, ToSchema)]
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum SummaryFormatRequest {
-    /// The table of `torchsummary.summary` or `torchinfo.summary`.
+    /// Detected from the text: a Keras table, a torchsummary/torchinfo table or a module print.
+    #[default]
+    Auto,
+    /// The table of `torchsummary.summary` or `torchinfo.summary` (any depth).
     Torchsummary,
-    /// `print(model)` annotated with `, N params` per module.
+    /// `print(model)`: plain (parameters derived from the printed constructor arguments, sizes
+    /// from `seq_len` or `input_shape`) or annotated with `, N params` per module.
     ModulePrint,
+    /// Keras `model.summary()`: Keras 3's box-drawn table or Keras 2's columns.
+    Keras,
 }
 
 /// The tensors autograd keeps for backward in one training forward pass (parameters excluded,

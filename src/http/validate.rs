@@ -6,7 +6,7 @@
 use crate::calibration::placement::{PlacementError, Target};
 use crate::devices::GpuDevices;
 use crate::domain::saved;
-use crate::domain::summary::{parse_summary, SummaryFormat};
+use crate::domain::summary::{parse_summary, SampleShape, SummaryFormat};
 use crate::domain::{
     echo, Confidence, Job, LayerKind, MemoryFraction, SavedTensors, SimulatedCategories,
     UncheckedLayer, UncheckedSimulation,
@@ -78,10 +78,16 @@ pub fn to_job_noting(request: &EstimateRequest) -> Result<(Job, Vec<String>), Ap
         }
         (None, Some(summary)) => {
             let format = match summary.format {
+                SummaryFormatRequest::Auto => SummaryFormat::Auto,
                 SummaryFormatRequest::Torchsummary => SummaryFormat::Torchsummary,
                 SummaryFormatRequest::ModulePrint => SummaryFormat::ModulePrint,
+                SummaryFormatRequest::Keras => SummaryFormat::Keras,
             };
-            let parsed = parse_summary(format, &summary.text, request.batch_size, request.seq_len)
+            let sample = SampleShape {
+                seq_len: request.seq_len,
+                input_shape: request.input_shape.as_deref(),
+            };
+            let parsed = parse_summary(format, &summary.text, request.batch_size, sample)
                 .map_err(|e| ApiError::InvalidInput(e.to_string()))?;
             warnings.extend(parsed.warnings);
             let job =

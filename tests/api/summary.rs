@@ -75,8 +75,8 @@ async fn unparseable_summaries_are_refused_naming_the_line() {
             "summary.text line 8",
         ),
         (
-            json!({"summary": {"format": "module_print", "text": "Net(\n  (fc): Linear(in_features=4, out_features=2, bias=True), 10 params\n), 10 params"}, "batch_size": 8}),
-            "line 1",
+            json!({"summary": {"format": "module_print", "text": "Net(\n  (embed): Embedding(100, 8)\n  (fc): Linear(in_features=8, out_features=2, bias=True)\n)"}, "batch_size": 8}),
+            "seq_len: required",
         ),
         (
             json!({"summary": {"format": "torchsummary", "text": ""}, "batch_size": 8}),
@@ -162,4 +162,67 @@ async fn a_summarys_saved_tensors_are_derived_from_its_shapes_and_the_answer_say
     assert!(answer["memory"]["estimators"]
         .get("cnn_traced_memory_regressor")
         .is_none());
+}
+
+/// What people paste: the format left out, a plain `print(model)`, a Keras table, a total that
+/// disagrees with the lines. Each is answered, with what was assumed in `warnings`.
+#[tokio::test]
+async fn pasted_printouts_are_accepted_with_what_was_assumed_in_warnings() {
+    let app = spawn_app().await;
+    let plain_print = "\
+Net(
+  (fc1): Linear(in_features=784, out_features=1024, bias=True)
+  (bn): BatchNorm1d(1024, eps=1e-05, momentum=0.1, affine=True, track_running_stats=True)
+  (relu): ReLU()
+  (fc2): Linear(in_features=1024, out_features=10, bias=True)
+)";
+    let keras = "\
+Model: \"sequential\"
+┏━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━━━━━━━━┓
+┃ Layer (type)                    ┃ Output Shape           ┃       Param # ┃
+┡━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━━━━━━━━━┩
+│ dense (Dense)                   │ (None, 64)             │        50,240 │
+├─────────────────────────────────┼────────────────────────┼───────────────┤
+│ dense_1 (Dense)                 │ (None, 10)             │           650 │
+└─────────────────────────────────┴────────────────────────┴───────────────┘
+ Total params: 50,890 (198.79 KB)
+";
+    let disagreeing = "\
+Net(
+  (fc): Linear(in_features=4, out_features=2, bias=True), 10 params
+), 10 params
+Total params: 12
+";
+    let cases = [
+        (
+            json!({"summary": {"text": MLP_TORCHSUMMARY}, "batch_size": 8}),
+            None,
+        ),
+        (
+            json!({"summary": {"format": "auto", "text": plain_print}, "batch_size": 8}),
+            Some("derived from the printed constructor arguments"),
+        ),
+        (
+            json!({"summary": {"format": "keras", "text": keras}, "batch_size": 8}),
+            None,
+        ),
+        (
+            json!({"summary": {"text": disagreeing}, "batch_size": 8}),
+            Some("Total params 12 differs from the model's closing line (10)"),
+        ),
+    ];
+    for (body, warning) in cases {
+        let response = app.post_json("/v1/estimate", &body).await;
+        assert_eq!(response.status(), 200, "{body}");
+        let answer: Value = response.json().await.unwrap();
+        let warnings = answer["warnings"].as_array().unwrap();
+        if let Some(warning) = warning {
+            assert!(
+                warnings
+                    .iter()
+                    .any(|w| w.as_str().unwrap().contains(warning)),
+                "{warnings:?} should contain {warning:?}"
+            );
+        }
+    }
 }

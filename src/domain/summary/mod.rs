@@ -1,10 +1,15 @@
 //! Model summaries pasted by users, parsed into layers.
 //!
-//! Two families of text are understood:
+//! Three families of text are understood:
 //! - [`SummaryFormat::Torchsummary`]: the tables of `torchsummary.summary` and of
 //!   `torchinfo.summary` (tree prefixes, `depth-idx`, `--`, `(recursive)`).
-//! - [`SummaryFormat::ModulePrint`]: `print(model)` annotated with `, N params` per module,
-//!   including the Hugging Face / PyTorch `(0-11): 12 x Block(` collapsing of repeated blocks.
+//! - [`SummaryFormat::ModulePrint`]: `print(model)`, plain (parameters derived from the printed
+//!   constructor arguments) or annotated with `, N params` per module, including the Hugging
+//!   Face / PyTorch `(0-11): 12 x Block(` collapsing of repeated blocks.
+//! - [`SummaryFormat::Keras`]: `model.summary()` of Keras 2 (plain columns) and Keras 3
+//!   (box-drawn table).
+//!
+//! [`SummaryFormat::Auto`] tells them apart from the text.
 //!
 //! The text is untrusted: its size, layer count and nesting are bounded, every number is parsed
 //! and combined with checked arithmetic, and nothing here indexes out of bounds, so any input
@@ -12,6 +17,7 @@
 
 use super::job::{Layer, LayerKind, MAX_LAYERS};
 
+mod keras;
 mod module_print;
 mod table;
 #[cfg(test)]
@@ -26,27 +32,94 @@ pub const MAX_NESTING: usize = 64;
 /// Which tool printed the summary.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SummaryFormat {
+    /// Whichever of the others the text looks like ([`SummaryFormat::detect`]).
+    Auto,
     /// A `torchsummary.summary` or `torchinfo.summary` table.
     Torchsummary,
-    /// A PyTorch module print annotated with `, N params` on each module line.
+    /// A PyTorch module print, plain or annotated with `, N params` on each module line.
     ModulePrint,
+    /// A Keras `model.summary()` table (Keras 2 or 3).
+    Keras,
 }
 
-/// Why a summary was rejected, with the 1-based line of the text at fault.
+impl SummaryFormat {
+    /// Tells the formats apart by what only one of them prints: Keras's `(None, ...)` shapes,
+    /// box-drawn header or `Model: "..."` title; the torch tables' `Layer (type` header; a
+    /// module print otherwise (its first line is `Class(`).
+    pub fn detect(text: &str) -> SummaryFormat {
+        let mut table = false;
+        for trimmed in text.lines().map(str::trim) {
+            if trimmed.contains('┃')
+                || trimmed.contains("(None")
+                || trimmed.starts_with("Model: \"")
+            {
+                return SummaryFormat::Keras;
+            }
+            table |= trimmed.starts_with("Layer (type");
+        }
+        let first = text.lines().map(str::trim).find(|l| !l.is_empty());
+        let opens_module = first.is_some_and(|line| {
+            line.split_once('(')
+                .is_some_and(|(class, _)| is_identifier(class))
+        });
+        if table || !opens_module {
+            SummaryFormat::Torchsummary
+        } else {
+            SummaryFormat::ModulePrint
+        }
+    }
+
+    fn as_str(self) -> &'static str {
+        match self {
+            SummaryFormat::Auto => "auto",
+            SummaryFormat::Torchsummary => "torchsummary",
+            SummaryFormat::ModulePrint => "module_print",
+            SummaryFormat::Keras => "keras",
+        }
+    }
+}
+
+/// Why a summary was rejected: a line of the text at fault (1-based), or a request field that
+/// the text needs (`seq_len`, `input_shape`), named first as every validation error is.
 #[derive(Debug, thiserror::Error, PartialEq)]
-#[error("summary.text line {line}: {reason}")]
-pub struct SummaryError {
-    pub line: usize,
-    pub reason: String,
+pub enum SummaryError {
+    #[error("summary.text line {line}: {reason}")]
+    Text { line: usize, reason: String },
+    #[error("{field}: {reason}")]
+    Field { field: &'static str, reason: String },
 }
 
 impl SummaryError {
     fn new(line: usize, reason: impl Into<String>) -> SummaryError {
-        SummaryError {
+        SummaryError::Text {
             line,
             reason: reason.into(),
         }
     }
+
+    fn field(field: &'static str, reason: impl Into<String>) -> SummaryError {
+        SummaryError::Field {
+            field,
+            reason: reason.into(),
+        }
+    }
+
+    /// The line at fault, when the text itself is.
+    pub fn line(&self) -> Option<usize> {
+        match self {
+            SummaryError::Text { line, .. } => Some(*line),
+            SummaryError::Field { .. } => None,
+        }
+    }
+}
+
+/// What the request says about one sample, for texts that print no shapes (module prints).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SampleShape<'a> {
+    /// Tokens per sample.
+    pub seq_len: Option<u64>,
+    /// `[C, H, W]` (or `[C, L]`, `[C, D, H, W]`) per sample.
+    pub input_shape: Option<&'a [u64]>,
 }
 
 /// What a summary yields: its layers, in the order the summary lists them, and what the parser
@@ -59,17 +132,17 @@ pub struct ParsedSummary {
 
 /// Parses a pasted summary into layers, in the order the summary lists them.
 ///
-/// `batch_size` is the job's batch size. Both formats already yield per-sample sizes (tables
+/// `batch_size` is the job's batch size. Every format already yields per-sample sizes (tables
 /// drop their leading batch dimension, whatever batch the tool was run with; module prints
-/// derive sizes from `seq_len`), so it does not change the result today; it is part of the
+/// derive sizes from `sample`), so it does not change the result today; it is part of the
 /// signature so that callers need not change if a format ever needs it.
-/// `seq_len` (tokens per sample) is required for [`SummaryFormat::ModulePrint`], whose text
-/// carries no shapes.
+/// `sample` sizes a [`SummaryFormat::ModulePrint`], whose text carries no shapes: `seq_len`
+/// for token layers, `input_shape` for convolutions.
 pub fn parse_summary(
     format: SummaryFormat,
     text: &str,
     batch_size: u64,
-    seq_len: Option<u64>,
+    sample: SampleShape<'_>,
 ) -> Result<ParsedSummary, SummaryError> {
     let _ = batch_size;
     if text.len() > MAX_SUMMARY_BYTES {
@@ -89,25 +162,79 @@ pub fn parse_summary(
     if text.trim().is_empty() {
         return Err(SummaryError::new(1, "the text is empty"));
     }
+    if sample.seq_len == Some(0) {
+        return Err(SummaryError::field("seq_len", "must be at least 1"));
+    }
+    let mut warnings = Warnings::default();
     let layers = match format {
-        SummaryFormat::Torchsummary => table::parse(text),
-        SummaryFormat::ModulePrint => {
-            let seq_len = seq_len.ok_or_else(|| {
-                SummaryError::new(
-                    1,
-                    "seq_len is required to size the layers of a module print",
-                )
-            })?;
-            if seq_len == 0 {
-                return Err(SummaryError::new(1, "seq_len must be at least 1"));
-            }
-            module_print::parse(text, seq_len)
+        SummaryFormat::Auto => {
+            let detected = SummaryFormat::detect(text);
+            return parse_summary(detected, text, batch_size, sample).map_err(|err| match err {
+                SummaryError::Text { line, reason } => SummaryError::new(
+                    line,
+                    format!(
+                        "{reason} (read as {}, detected from the text)",
+                        detected.as_str()
+                    ),
+                ),
+                field @ SummaryError::Field { .. } => field,
+            });
         }
+        SummaryFormat::Torchsummary => table::parse(text, &mut warnings),
+        SummaryFormat::ModulePrint => module_print::parse(text, sample, &mut warnings),
+        SummaryFormat::Keras => keras::parse(text, sample, &mut warnings),
     }?;
     Ok(ParsedSummary {
         layers,
-        warnings: Vec::new(),
+        warnings: warnings.0,
     })
+}
+
+/// What the parser assumed or overrode, said back to the caller. Bounded: a hostile text
+/// cannot make the answer grow past a few lines of warnings.
+#[derive(Default)]
+struct Warnings(Vec<String>);
+
+impl Warnings {
+    const MAX: usize = 16;
+
+    fn push(&mut self, warning: impl Into<String>) {
+        if self.0.len() < Self::MAX {
+            self.0.push(warning.into());
+        }
+    }
+}
+
+/// Names a few things and counts the rest: `a, b, c and 4 more`.
+fn name_a_few(names: &[String]) -> String {
+    const SHOWN: usize = 5;
+    let shown: Vec<&str> = names.iter().take(SHOWN).map(String::as_str).collect();
+    let mut out = shown.join(", ");
+    if let Some(more) = names.len().checked_sub(SHOWN).filter(|&more| more > 0) {
+        out.push_str(&format!(" and {more} more"));
+    }
+    out
+}
+
+/// The `Total params: 25,636,712 (97.80 MB)` footer's count (Keras adds the size).
+fn footer_total(trimmed: &str) -> Option<Result<u64, String>> {
+    let rest = trimmed.strip_prefix("Total params:")?;
+    Some(parse_count(
+        rest.split_whitespace().next().unwrap_or_default(),
+    ))
+}
+
+/// Warns when a table's `Total params` footer differs from its rows' sum (the rows are used:
+/// they are what the layers carry).
+fn check_footer_total(footer: Option<(u64, usize)>, layers: &Layers, warnings: &mut Warnings) {
+    if let (Some((footer, line)), Some(sum)) = (footer, layers.total_params()) {
+        if footer != sum {
+            warnings.push(format!(
+                "summary.text line {line}: Total params {footer} differs from the {sum} the \
+                 layer rows add up to; the rows are used"
+            ));
+        }
+    }
 }
 
 /// The layers found so far, refusing to grow past [`MAX_LAYERS`].
@@ -164,7 +291,8 @@ fn is_rule(trimmed: &str) -> bool {
 
 /// The totals both tools print after the layers; they describe the model, not a layer.
 fn is_footer(trimmed: &str) -> bool {
-    const FOOTERS: [&str; 8] = [
+    const FOOTERS: [&str; 9] = [
+        "Optimizer params",
         "Total params",
         "Trainable params",
         "Non-trainable params",
@@ -253,9 +381,10 @@ fn kind_for_class(class: &str) -> LayerKind {
         LayerKind::RmsNorm
     } else if base.ends_with("layernorm") {
         LayerKind::LayerNorm
-    } else if base.ends_with("batchnorm") {
+    } else if base.contains("batchnorm") {
+        // timm's BatchNormAct2d too.
         LayerKind::BatchNorm
-    } else if base.ends_with("groupnorm") {
+    } else if base.contains("groupnorm") {
         LayerKind::GroupNorm
     } else if base.contains("dropout") {
         LayerKind::Dropout

@@ -40,12 +40,17 @@ const FLAT_CONTAINERS: [&str; 12] = [
     "FusedMBConv",
 ];
 
-pub(super) fn parse(text: &str) -> Result<Vec<Layer>, SummaryError> {
+pub(super) fn parse(text: &str, warnings: &mut Warnings) -> Result<Vec<Layer>, SummaryError> {
     let mut columns: Vec<Column> = DEFAULT_COLUMNS.to_vec();
     let mut rows = Vec::new();
+    let mut footer = None;
     for (index, raw) in text.lines().enumerate() {
         let line = index.saturating_add(1);
         let trimmed = raw.trim();
+        if let Some(total) = footer_total(trimmed) {
+            footer = total.ok().map(|total| (total, line));
+            continue;
+        }
         if trimmed.is_empty() || is_rule(trimmed) || is_footer(trimmed) {
             continue;
         }
@@ -64,7 +69,9 @@ pub(super) fn parse(text: &str) -> Result<Vec<Layer>, SummaryError> {
     if rows.is_empty() {
         return Err(SummaryError::new(1, "no layer rows found"));
     }
-    emit(&rows)
+    let layers = emit(&rows)?;
+    check_footer_total(footer, &layers, warnings);
+    Ok(layers.0)
 }
 
 fn parse_header(header: &str) -> Result<Vec<Column>, String> {
@@ -247,7 +254,7 @@ fn parse_params(token: &str) -> Result<u64, String> {
     }
 }
 
-fn emit(rows: &[Row<'_>]) -> Result<Vec<Layer>, SummaryError> {
+fn emit(rows: &[Row<'_>]) -> Result<Layers, SummaryError> {
     let nested_attention = nested_attention(rows);
     let mut layers = Layers::default();
     let mut next_rows = rows.iter().skip(1);
@@ -292,7 +299,7 @@ fn emit(rows: &[Row<'_>]) -> Result<Vec<Layer>, SummaryError> {
     if layers.len() == 0 {
         return Err(SummaryError::new(1, "no layers found"));
     }
-    Ok(layers.0)
+    Ok(layers)
 }
 
 /// For each row, whether an attention module is nested inside it (so that only the
