@@ -59,7 +59,7 @@ pub(super) fn parse(
                     line,
                     format!(
                         "expected the 'Layer (type)' header of a Keras summary: '{}'",
-                        excerpt(trimmed)
+                        echo(trimmed)
                     ),
                 ));
             }
@@ -71,7 +71,7 @@ pub(super) fn parse(
                 format!(
                     "expected {} cells between '│': '{}'",
                     header.count,
-                    excerpt(trimmed)
+                    echo(trimmed)
                 ),
             )
         })?;
@@ -91,7 +91,7 @@ pub(super) fn parse(
                 if !name.is_empty() || !shape.is_empty() {
                     return Err(SummaryError::new(
                         line,
-                        format!("a layer row without 'Param #': '{}'", excerpt(trimmed)),
+                        format!("a layer row without 'Param #': '{}'", echo(trimmed)),
                     ));
                 }
             }
@@ -123,7 +123,7 @@ pub(super) fn parse(
     for row in &rows {
         let at_line = |reason: String| SummaryError::new(row.line, reason);
         let (class, truncated) = class_of(&row.name)
-            .ok_or_else(|| at_line(format!("expected 'name (Class)': '{}'", excerpt(&row.name))))?;
+            .ok_or_else(|| at_line(format!("expected 'name (Class)': '{}'", echo(&row.name))))?;
         let params = parse_count(row.params.split_whitespace().next().unwrap_or_default())
             .map_err(at_line)?;
         let Some(kind) = kind_for_keras_class(&class, truncated) else {
@@ -374,7 +374,7 @@ fn parse_output_shape(
         let dims = shape
             .strip_prefix('(')
             .and_then(|s| s.strip_suffix(')'))
-            .ok_or_else(|| format!("'{}' is not an output shape", excerpt(raw)))?;
+            .ok_or_else(|| format!("'{}' is not an output shape", echo(raw)))?;
         let mut size = 1u64;
         for (at, dim) in dims.split(',').map(str::trim).enumerate() {
             let dim = match dim {

@@ -15,6 +15,7 @@
 //! and combined with checked arithmetic, and nothing here indexes out of bounds, so any input
 //! yields layers or a [`SummaryError`] naming a line, never a panic.
 
+use super::echo;
 use super::job::{Layer, LayerKind, MAX_LAYERS};
 
 mod keras;
@@ -271,16 +272,6 @@ impl Layers {
 // ---------------------------------------------------------------------------------------------
 // Helpers shared by both formats.
 
-/// A short prefix of untrusted text, safe to echo in an error.
-fn excerpt(raw: &str) -> String {
-    const MAX_CHARS: usize = 64;
-    let mut out: String = raw.chars().take(MAX_CHARS).collect();
-    if raw.chars().nth(MAX_CHARS).is_some() {
-        out.push('…');
-    }
-    out
-}
-
 /// `====` and `----` separators (also the box-drawing ones some tools emit).
 fn is_rule(trimmed: &str) -> bool {
     !trimmed.is_empty()
@@ -310,21 +301,21 @@ fn parse_count(raw: &str) -> Result<u64, String> {
     let well_formed = raw.starts_with(|c: char| c.is_ascii_digit())
         && raw.chars().all(|c| c.is_ascii_digit() || c == ',');
     if !well_formed {
-        return Err(format!("'{}' is not a count", excerpt(raw)));
+        return Err(format!("'{}' is not a count", echo(raw)));
     }
     let digits: String = raw.chars().filter(char::is_ascii_digit).collect();
     digits
         .parse()
-        .map_err(|_| format!("{} does not fit in 64 bits", excerpt(raw)))
+        .map_err(|_| format!("{} does not fit in 64 bits", echo(raw)))
 }
 
 /// A plain non-negative integer (a dimension or a module argument).
 fn parse_dim(raw: &str) -> Result<u64, String> {
     if raw.is_empty() || !raw.chars().all(|c| c.is_ascii_digit()) {
-        return Err(format!("'{}' is not a non-negative integer", excerpt(raw)));
+        return Err(format!("'{}' is not a non-negative integer", echo(raw)));
     }
     raw.parse()
-        .map_err(|_| format!("{} does not fit in 64 bits", excerpt(raw)))
+        .map_err(|_| format!("{} does not fit in 64 bits", echo(raw)))
 }
 
 /// Python class names: what both tools print as the layer type.

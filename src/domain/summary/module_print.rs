@@ -41,7 +41,7 @@ impl Node<'_> {
 
     fn label(&self) -> String {
         match self.name {
-            Some(name) => format!("{} ({})", excerpt(name), self.class),
+            Some(name) => format!("{} ({})", echo(name), self.class),
             None => self.class.to_string(),
         }
     }
@@ -145,7 +145,7 @@ impl<'a> Tree<'a> {
             if root_done {
                 return Err(at_line(format!(
                     "unexpected text after the model's closing ')': '{}'",
-                    excerpt(trimmed)
+                    echo(trimmed)
                 )));
             }
             let (body, params) = split_params(trimmed).map_err(at_line)?;
@@ -176,7 +176,7 @@ impl<'a> Tree<'a> {
                             continue;
                         }
                         _ => {
-                            return Err(at_line(format!("{reason}: '{}'", excerpt(trimmed))));
+                            return Err(at_line(format!("{reason}: '{}'", echo(trimmed))));
                         }
                     }
                 }
@@ -315,7 +315,7 @@ fn parse_module_line(body: &str) -> Result<ModuleLine<'_>, String> {
     }
     let (class, args) = rest.split_once('(').ok_or("expected 'Class(...)'")?;
     if !is_identifier(class) {
-        return Err(format!("'{}' is not a class name", excerpt(class)));
+        return Err(format!("'{}' is not a class name", echo(class)));
     }
     if args.is_empty() {
         return Ok((name, repeat, class, None));

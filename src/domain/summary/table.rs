@@ -61,7 +61,7 @@ pub(super) fn parse(text: &str, warnings: &mut Warnings) -> Result<Vec<Layer>, S
         let row = parse_row(trimmed, &columns, line).map_err(|reason| {
             SummaryError::new(
                 line,
-                format!("not a layer row ({reason}): '{}'", excerpt(trimmed)),
+                format!("not a layer row ({reason}): '{}'", echo(trimmed)),
             )
         })?;
         rows.push(row);
@@ -185,10 +185,7 @@ fn parse_name<'a>(tokens: &[&'a str]) -> Result<(&'a str, Option<u64>), String> 
         .iter()
         .all(|v| v.starts_with('(') && v.trim_end_matches(':').ends_with(')'));
     if !is_identifier(class) || !var_names_ok {
-        return Err(format!(
-            "'{}' is not a layer name",
-            excerpt(&tokens.join(" "))
-        ));
+        return Err(format!("'{}' is not a layer name", echo(&tokens.join(" "))));
     }
     Ok((class, depth))
 }
@@ -204,7 +201,7 @@ fn parse_shape(token: &str) -> Result<u64, String> {
     let inner = token
         .strip_prefix('[')
         .and_then(|t| t.strip_suffix(']'))
-        .ok_or_else(|| format!("'{}' is not an output shape", excerpt(token)))?
+        .ok_or_else(|| format!("'{}' is not an output shape", echo(token)))?
         .trim();
     if !inner.starts_with('[') {
         return flat_shape_size(inner);
