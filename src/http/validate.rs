@@ -99,8 +99,19 @@ pub fn to_job_noting(request: &EstimateRequest) -> Result<(Job, Vec<String>), Ap
                     .input_shape
                     .as_deref()
                     .and_then(|shape| shape.iter().try_fold(1u64, |n, &d| n.checked_mul(d)));
-                derived = Some(saved::derive(job.layers(), input));
-                warnings.push(DERIVED_SAVED_TENSORS_WARNING.into());
+                match saved::hidden_share(job.layers()) {
+                    None => {
+                        derived = Some(saved::derive(job.layers(), input));
+                        warnings.push(DERIVED_SAVED_TENSORS_WARNING.into());
+                    }
+                    Some(share) => warnings.push(format!(
+                        "saved_tensors: not derived: layers of unknown kind hold {:.0} % of the \
+                         parameters, so the summary hides the layers that compute (a torchinfo \
+                         table cut at its default depth=3?); print it with every layer, or give \
+                         the traced saved_tensors",
+                        100.0 * share
+                    )),
+                }
             }
             job
         }

@@ -190,64 +190,154 @@ fn printouts(tool: &str) -> std::collections::BTreeMap<String, (String, Value)> 
         .collect()
 }
 
-/// (d) The issue's own case: each test model's torchsummary printout, parsed by the service
-/// (saved tensors derived from the printed shapes), against the traced job on the same rows.
-#[test]
-#[ignore = "needs tests/fixtures/summaries/printouts.jsonl.gz, not yet on main"]
-fn torchsummary_printouts_of_the_test_models_come_within_the_issues_target() {
-    let estimators = Estimators::load(&models_dir(), &ort_dylib(), 1).expect("models load");
-    let rows = test_rows();
-    for tool in ["torchsummary", "torchinfo"] {
-        let printed = printouts(tool);
-        let mut parsed = Vec::new();
-        let mut refused = Vec::new();
-        for (index, row) in rows.iter().enumerate() {
-            let Some((text, input_shape)) = printed.get(&row.model) else {
-                continue;
-            };
-            let request = serde_json::json!({
-                "summary": {"format": "torchsummary", "text": text},
-                "batch_size": row.request["batch_size"],
-                "input_shape": input_shape,
-            });
-            let request: EstimateRequest = serde_json::from_value(request).unwrap();
-            match to_job(&request) {
-                Ok(job) => parsed.push((index, job)),
-                Err(e) => refused.push(format!("{}: {e}", row.model)),
-            }
+/// What (d) measures for one tool: on the test rows whose printout the service parses, the
+/// errors of the traced job (a), of the parsed printout with its derived saved tensors (d), and
+/// of the same printed layers without them (today's text path); and derived / traced saved
+/// bytes per family.
+struct Printouts {
+    rows: usize,
+    refused: Vec<String>,
+    traced: Vec<f64>,
+    printed: Vec<f64>,
+    plain: Vec<f64>,
+}
+
+fn printout_figures(estimators: &Estimators, rows: &[Row], tool: &str) -> Printouts {
+    let printed = printouts(tool);
+    let mut parsed = Vec::new();
+    let mut refused = Vec::new();
+    for (index, row) in rows.iter().enumerate() {
+        let Some((text, input_shape)) = printed.get(&row.model) else {
+            continue;
+        };
+        let request = serde_json::json!({
+            "summary": {"format": "torchsummary", "text": text},
+            "batch_size": row.request["batch_size"],
+            "input_shape": input_shape,
+        });
+        let request: EstimateRequest = serde_json::from_value(request).unwrap();
+        match to_job(&request) {
+            Ok(job) => parsed.push((index, job)),
+            Err(e) => refused.push(format!("{}: {e}", row.model)),
         }
-        refused.dedup();
-        let covered: Vec<Row> = parsed
+    }
+    refused.dedup();
+    let covered: Vec<Row> = parsed
+        .iter()
+        .map(|(index, _)| Row {
+            model: rows[*index].model.clone(),
+            family: rows[*index].family.clone(),
+            request: rows[*index].request.clone(),
+            measured_mib: rows[*index].measured_mib,
+        })
+        .collect();
+    let traced: Vec<Job> = covered.iter().map(|row| job_of(&row.request)).collect();
+    let printed: Vec<Job> = parsed.into_iter().map(|(_, job)| job).collect();
+    let plain: Vec<Job> = printed
+        .iter()
+        .map(|job| {
+            Job::from_layers(
+                Some(job.family().as_str()),
+                job.batch_size(),
+                job.layers().to_vec(),
+            )
+            .unwrap()
+        })
+        .collect();
+    println!(
+        "{tool}: {} of {} rows parsed ({} models refused: {:?}), {} with derived saved tensors",
+        covered.len(),
+        rows.len(),
+        refused.len(),
+        refused.iter().take(5).collect::<Vec<_>>(),
+        printed
             .iter()
-            .map(|(index, _)| Row {
-                model: rows[*index].model.clone(),
-                family: rows[*index].family.clone(),
-                request: rows[*index].request.clone(),
-                measured_mib: rows[*index].measured_mib,
+            .filter(|job| job.saved_tensors().is_some())
+            .count()
+    );
+    for family in ["cnn", "transformer"] {
+        let mut seen = std::collections::BTreeSet::new();
+        let ratios: Vec<f64> = printed
+            .iter()
+            .zip(&traced)
+            .zip(&covered)
+            .filter(|(_, row)| row.family == family && seen.insert(row.model.clone()))
+            .filter_map(|((printed, traced), _)| {
+                // None where the printout hides its computation (domain::saved::hidden_share).
+                Some(
+                    printed.saved_tensors()?.per_sample_bytes as f64
+                        / traced.saved_tensors().unwrap().per_sample_bytes as f64,
+                )
             })
             .collect();
-        let traced: Vec<Job> = covered.iter().map(|row| job_of(&row.request)).collect();
-        let printed_jobs: Vec<Job> = parsed.into_iter().map(|(_, job)| job).collect();
-        let (a, d) = (
-            errors(&estimators, &traced, &covered),
-            errors(&estimators, &printed_jobs, &covered),
-        );
-        println!(
-            "{tool}: {} of {} rows parsed ({} models refused: {:?})",
-            covered.len(),
-            rows.len(),
-            refused.len(),
-            refused.iter().take(5).collect::<Vec<_>>()
-        );
-        println!("  {}", describe("(a) traced, same rows", &a));
-        println!("  {}", describe(&format!("(d) {tool} printout"), &d));
-        if tool == "torchsummary" {
-            assert!(covered.len() * 10 >= rows.len() * 9, "too few rows parsed");
-            let (median_a, median_d) = (quantile(&a, 0.5), quantile(&d, 0.5));
-            assert!(
-                median_d <= TARGET_FACTOR * median_a,
-                "printouts: median {median_d:.4} > {TARGET_FACTOR} x traced {median_a:.4}"
+        if !ratios.is_empty() {
+            println!(
+                "  {family}: derived from the printout / traced over {} models: median {:.3}, \
+                 p10 {:.3}, p90 {:.3}",
+                ratios.len(),
+                quantile(&ratios, 0.5),
+                quantile(&ratios, 0.1),
+                quantile(&ratios, 0.9)
             );
         }
     }
+    let figures = Printouts {
+        rows: covered.len(),
+        refused,
+        traced: errors(estimators, &traced, &covered),
+        printed: errors(estimators, &printed, &covered),
+        plain: errors(estimators, &plain, &covered),
+    };
+    println!("  {}", describe("(a) traced, same rows", &figures.traced));
+    println!(
+        "  {}",
+        describe(&format!("(d) {tool} printout"), &figures.printed)
+    );
+    println!(
+        "  {}",
+        describe(
+            &format!("{tool} printout without derived saved tensors"),
+            &figures.plain
+        )
+    );
+    figures
+}
+
+/// (d) The issue's own case: each test model's torchsummary printout, parsed by the service,
+/// is estimated better with the saved tensors derived from its printed shapes than from its
+/// layers alone (figures for torchinfo's tables too).
+#[test]
+fn torchsummary_printouts_of_the_test_models_are_estimated_better_with_derived_saved_tensors() {
+    let estimators = Estimators::load(&models_dir(), &ort_dylib(), 1).expect("models load");
+    let rows = test_rows();
+    let torchsummary = printout_figures(&estimators, &rows, "torchsummary");
+    assert_eq!(torchsummary.rows, rows.len(), "{:?}", torchsummary.refused);
+    let (derived, plain) = (
+        quantile(&torchsummary.printed, 0.5),
+        quantile(&torchsummary.plain, 0.5),
+    );
+    assert!(
+        derived < plain,
+        "derived: median {derived:.4}, layers alone {plain:.4}"
+    );
+    printout_figures(&estimators, &rows, "torchinfo");
+}
+
+/// The issue's target on (d), not met yet (torchsummary printouts: median 5.1 % against 2.95 %
+/// traced, 1.74x; see the report of issue 12): `cargo test --test api saved_tensors --
+/// --ignored --nocapture`.
+#[test]
+#[ignore = "issue 12 target not met on printouts yet: 1.74x the traced median error"]
+fn torchsummary_printouts_of_the_test_models_come_within_the_issues_target() {
+    let estimators = Estimators::load(&models_dir(), &ort_dylib(), 1).expect("models load");
+    let rows = test_rows();
+    let figures = printout_figures(&estimators, &rows, "torchsummary");
+    let (traced, printed) = (
+        quantile(&figures.traced, 0.5),
+        quantile(&figures.printed, 0.5),
+    );
+    assert!(
+        printed <= TARGET_FACTOR * traced,
+        "printouts: median {printed:.4} > {TARGET_FACTOR} x traced {traced:.4}"
+    );
 }
