@@ -5,6 +5,7 @@ pub mod features;
 pub mod job;
 pub mod memory;
 pub mod physics;
+pub mod saved;
 pub mod summary;
 pub mod vocabulary;
 

@@ -5,6 +5,7 @@
 
 use crate::calibration::placement::{PlacementError, Target};
 use crate::devices::GpuDevices;
+use crate::domain::saved;
 use crate::domain::summary::{parse_summary, SampleShape, SummaryFormat};
 use crate::domain::{
     echo, Confidence, Job, LayerKind, MemoryFraction, SavedTensors, SimulatedCategories,
@@ -12,6 +13,11 @@ use crate::domain::{
 };
 use crate::error::ApiError;
 use crate::http::types::{EstimateRequest, SummaryFormatRequest};
+
+/// Said back when a summary's saved tensors were derived rather than traced.
+pub const DERIVED_SAVED_TENSORS_WARNING: &str = "saved_tensors: derived from the summary's \
+printed output shapes (what each layer keeps for backward), not traced by gpucast_describe; \
+give the traced saved_tensors for the most accurate figure";
 
 /// Longest sequence accepted (tokens per sample).
 const MAX_SEQ_LEN: u64 = 1_000_000;
@@ -59,6 +65,8 @@ pub fn to_job_noting(request: &EstimateRequest) -> Result<(Job, Vec<String>), Ap
             "seq_len: must be between 1 and {MAX_SEQ_LEN}, got {seq_len}"
         )));
     }
+    // Saved tensors derived from a summary's layers, when the request traced none.
+    let mut derived = None;
     let job = match (&request.layers, &request.summary) {
         (Some(layers), None) => {
             let layers = layers.iter().map(|l| UncheckedLayer {
@@ -82,7 +90,30 @@ pub fn to_job_noting(request: &EstimateRequest) -> Result<(Job, Vec<String>), Ap
             let parsed = parse_summary(format, &summary.text, request.batch_size, sample)
                 .map_err(|e| ApiError::InvalidInput(e.to_string()))?;
             warnings.extend(parsed.warnings);
-            Job::from_layers(request.family.as_deref(), request.batch_size, parsed.layers)?
+            let job =
+                Job::from_layers(request.family.as_deref(), request.batch_size, parsed.layers)?;
+            if request.saved_tensors.is_none() {
+                // The traced regressors need saved tensors; a summary shows only output shapes,
+                // from which domain::saved rebuilds what backward keeps (issue 12).
+                let input = request
+                    .input_shape
+                    .as_deref()
+                    .and_then(|shape| shape.iter().try_fold(1u64, |n, &d| n.checked_mul(d)));
+                match saved::hidden_share(job.layers()) {
+                    None => {
+                        derived = Some(saved::derive(job.layers(), input));
+                        warnings.push(DERIVED_SAVED_TENSORS_WARNING.into());
+                    }
+                    Some(share) => warnings.push(format!(
+                        "saved_tensors: not derived: layers of unknown kind hold {:.0} % of the \
+                         parameters, so the summary hides the layers that compute (a torchinfo \
+                         table cut at its default depth=3?); print it with every layer, or give \
+                         the traced saved_tensors",
+                        100.0 * share
+                    )),
+                }
+            }
+            job
         }
         (Some(_), Some(_)) => {
             return Err(ApiError::InvalidInput(
@@ -118,10 +149,16 @@ pub fn to_job_noting(request: &EstimateRequest) -> Result<(Job, Vec<String>), Ap
     let job = job
         .with_training(request.optimizer.as_deref(), request.precision.as_deref())?
         .with_input_shape(request.input_shape.as_deref())?
-        .with_saved_tensors(request.saved_tensors.as_ref().map(|saved| SavedTensors {
-            per_sample_bytes: saved.per_sample_bytes,
-            fixed_bytes: saved.fixed_bytes,
-        }))?
+        .with_saved_tensors(
+            request
+                .saved_tensors
+                .as_ref()
+                .map(|saved| SavedTensors {
+                    per_sample_bytes: saved.per_sample_bytes,
+                    fixed_bytes: saved.fixed_bytes,
+                })
+                .or(derived),
+        )?
         // After the training settings: the simulation must be of the same optimizer and precision.
         .with_simulation(simulation)?;
     if request.family.is_none() {

@@ -13,6 +13,7 @@ mod floor_sweep;
 mod helpers;
 mod operations;
 mod real_models;
+mod saved_tensors;
 mod simulation;
 mod startup;
 mod summary;

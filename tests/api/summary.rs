@@ -104,6 +104,66 @@ async fn unparseable_summaries_are_refused_naming_the_line() {
     }
 }
 
+/// A summary shows no trace: its saved tensors are derived from the printed output shapes
+/// (domain::saved), so the traced regressor answers it, and the answer says so. A layer list
+/// without saved tensors is left as it is, and saved tensors given with a summary are used.
+#[tokio::test]
+async fn a_summarys_saved_tensors_are_derived_from_its_shapes_and_the_answer_says_so() {
+    let app = spawn_app().await;
+    let text = std::fs::read_to_string(
+        crate::helpers::repo_root().join("tests/fixtures/summaries/resnet18_torchsummary.txt"),
+    )
+    .unwrap();
+    let derived_warning = |body: &Value| {
+        body["warnings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|w| w.as_str().unwrap().starts_with("saved_tensors: derived"))
+    };
+    let body = json!({"summary": {"format": "torchsummary", "text": text}, "batch_size": 64, "input_shape": [3, 224, 224]});
+    let answer: Value = app
+        .post_json("/v1/estimate", &body)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert!(derived_warning(&answer), "{answer}");
+    let traced = &answer["memory"]["estimators"]["cnn_traced_memory_regressor"]["estimate_mib"];
+    assert!(traced.as_f64().unwrap() > 0.0, "{answer}");
+
+    let mut given = body.clone();
+    given["saved_tensors"] = json!({"per_sample_bytes": 40_000_000, "fixed_bytes": 0});
+    let answer: Value = app
+        .post_json("/v1/estimate", &given)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert!(!derived_warning(&answer), "{answer}");
+    assert_ne!(
+        answer["memory"]["estimators"]["cnn_traced_memory_regressor"]["estimate_mib"],
+        *traced
+    );
+
+    let layers = json!({"batch_size": 64, "layers": [
+        {"kind": "conv2d", "output_size": 802816, "params": 9408},
+        {"kind": "batch_norm", "output_size": 802816, "params": 128},
+        {"kind": "relu", "output_size": 802816, "params": 0},
+        {"kind": "linear", "output_size": 10, "params": 8028170}
+    ]});
+    let answer: Value = app
+        .post_json("/v1/estimate", &layers)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert!(!derived_warning(&answer), "{answer}");
+    assert!(answer["memory"]["estimators"]
+        .get("cnn_traced_memory_regressor")
+        .is_none());
+}
+
 /// What people paste: the format left out, a plain `print(model)`, a Keras table, a total that
 /// disagrees with the lines. Each is answered, with what was assumed in `warnings`.
 #[tokio::test]
