@@ -291,12 +291,42 @@ fn emit(rows: &[Row<'_>]) -> Result<Layers, SummaryError> {
             output_size: row.output_size,
             params: row.params,
         };
+        let is_norm = matches!(
+            layer.kind,
+            LayerKind::BatchNorm | LayerKind::GroupNorm | LayerKind::LayerNorm
+        );
         layers.push(layer, row.line)?;
+        if row.depth.is_none() && is_norm && row.class.contains("NormAct") {
+            runs_before_its_children(&mut layers.0);
+        }
     }
     if layers.len() == 0 {
         return Err(SummaryError::new(1, "no layers found"));
     }
     Ok(layers)
+}
+
+/// torchsummary lists a module after the modules it calls (its hooks fire when it returns), so
+/// timm's `BatchNormAct2d` (a batch norm that then runs its own `drop` and `act`) comes after
+/// its activation. Moved back before the identity and activation rows of its size that end the
+/// list, the norm reads the convolution's output and the activation its output, as they run:
+/// what each keeps for backward (`domain::saved`) follows from that order.
+fn runs_before_its_children(layers: &mut [Layer]) {
+    let Some((norm, children)) = layers.split_last() else {
+        return;
+    };
+    let moved_over = children
+        .iter()
+        .rev()
+        .take_while(|l| {
+            l.output_size == norm.output_size
+                && (l.kind == LayerKind::Identity || l.kind.is_activation())
+        })
+        .count();
+    let end = layers.len();
+    if let Some(tail) = layers.get_mut(end.saturating_sub(moved_over + 1)..) {
+        tail.rotate_right(1);
+    }
 }
 
 /// For each row, whether an attention module is nested inside it (so that only the

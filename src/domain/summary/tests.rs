@@ -924,3 +924,36 @@ fn split_params_for_test(line: &str) -> &str {
         _ => line,
     }
 }
+
+#[test]
+fn a_timm_norm_act_listed_after_its_activation_runs_before_it() {
+    // torchsummary of timm's cspresnet50 stem: BatchNormAct2d's hook fires after its `drop`
+    // and `act` children; ConvNormAct (a container) is not a norm and stays.
+    let text = "\
+----------------------------------------------------------------
+        Layer (type)               Output Shape         Param #
+================================================================
+            Conv2d-1         [-1, 64, 128, 128]           9,408
+          Identity-2         [-1, 64, 128, 128]               0
+         LeakyReLU-3         [-1, 64, 128, 128]               0
+    BatchNormAct2d-4         [-1, 64, 128, 128]             128
+       ConvNormAct-5         [-1, 64, 128, 128]               0
+         MaxPool2d-6           [-1, 64, 64, 64]               0
+================================================================
+";
+    let layers = parse_summary(SummaryFormat::Torchsummary, text, 8, tokens(None))
+        .unwrap()
+        .layers;
+    assert_eq!(
+        kinds(&layers),
+        [
+            "conv2d",
+            "batch_norm",
+            "identity",
+            "leaky_relu",
+            "other",
+            "max_pool"
+        ]
+    );
+    assert_eq!(layers[1].params, 128);
+}
