@@ -81,19 +81,12 @@ fn in_process(c: &mut Criterion) {
 /// job's normalised vector.
 fn extrapolation(c: &mut Criterion) {
     use gpucast::estimators::extrapolation::TrainingDomain;
-    const ORDER: [&str; 11] = [
-        "sim_reserved_mib",
-        "sim_activations_mib",
-        "total_params",
-        "activations_x_batch",
-        "batch_size",
-        "n_layers",
-        "n_conv",
-        "n_attention",
-        "n_norm",
-        "n_embedding",
-        "max_output_size",
-    ];
+    // The coordinates of the committed domain, in its order.
+    let committed: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(root().join("models/simulated_domain.json")).unwrap(),
+    )
+    .unwrap();
+    let order: Vec<String> = serde_json::from_value(committed["order"].clone()).unwrap();
     let mut state = 0x9e37_79b9_7f4a_7c15u64;
     let mut next = move || {
         state ^= state << 13;
@@ -102,16 +95,16 @@ fn extrapolation(c: &mut Criterion) {
         (state % 6_000) as f64 / 1000.0 - 3.0
     };
     let points: Vec<Vec<f64>> = (0..3000)
-        .map(|_| (0..ORDER.len()).map(|_| next()).collect())
+        .map(|_| (0..order.len()).map(|_| next()).collect())
         .collect();
-    let features: Vec<serde_json::Value> = ORDER
+    let features: Vec<serde_json::Value> = order
         .iter()
         .map(
             |name| serde_json::json!({"name": name, "transform": "log1p", "mean": 5.0, "std": 3.0}),
         )
         .collect();
     let file = serde_json::json!({
-        "features": features, "order": ORDER, "optimizers": ["adam"], "precisions": ["fp32"],
+        "features": features, "order": order, "optimizers": ["adam"], "precisions": ["fp32"],
         "typical_distance": 1.7, "near": 1.0, "far": 2.0, "max_widen": 2.0, "points": points,
     });
     let domain =

@@ -27,20 +27,13 @@ const REGRESSOR: &str = "cnn_simulated_memory_regressor";
 /// The test domains' `max_widen`.
 const MAX_WIDEN: f64 = 2.0;
 
-/// The coordinates of the pipeline's domain (training/gpucast_training/simulated.py).
-const ORDER: [&str; 11] = [
-    "sim_reserved_mib",
-    "sim_activations_mib",
-    "total_params",
-    "activations_x_batch",
-    "batch_size",
-    "n_layers",
-    "n_conv",
-    "n_attention",
-    "n_norm",
-    "n_embedding",
-    "max_output_size",
-];
+/// The coordinates of the pipeline's domain (training/gpucast_training/simulated.py), as the
+/// committed models' domain file lists them.
+fn order() -> Vec<String> {
+    let file = models_dir().join(DOMAIN_FILE);
+    let domain: Value = serde_json::from_str(&std::fs::read_to_string(file).unwrap()).unwrap();
+    serde_json::from_value(domain["order"].clone()).unwrap()
+}
 
 /// `(transform, mean, std)` of a coordinate: log1p for all but the batch size, so both
 /// transforms are exercised.
@@ -56,7 +49,7 @@ fn normalisation(name: &str) -> (&'static str, f64, f64) {
 fn vector(job: &Value) -> Vec<f64> {
     let request: EstimateRequest = serde_json::from_value(job.clone()).unwrap();
     let features = AggregateFeatures::of(&to_job(&request).unwrap());
-    ORDER
+    order()
         .iter()
         .map(|name| {
             let raw = features.get(name).unwrap();
@@ -79,7 +72,8 @@ fn distance(a: &[f64], b: &[f64]) -> f64 {
 /// A domain of the given points; its features are listed in reverse order (the points follow
 /// `order`).
 fn domain(points: &[Vec<f64>], typical_distance: f64) -> Value {
-    let features: Vec<Value> = ORDER
+    let order = order();
+    let features: Vec<Value> = order
         .iter()
         .rev()
         .map(|name| {
@@ -88,7 +82,7 @@ fn domain(points: &[Vec<f64>], typical_distance: f64) -> Value {
         })
         .collect();
     json!({
-        "features": features, "order": ORDER, "optimizers": ["adam"], "precisions": ["fp32"],
+        "features": features, "order": order, "optimizers": ["adam"], "precisions": ["fp32"],
         "typical_distance": typical_distance, "near": 1.0, "far": 2.0, "max_widen": MAX_WIDEN,
         "points": points,
     })
@@ -283,7 +277,7 @@ async fn jobs_without_a_simulation_or_models_without_a_domain_have_no_extrapolat
         ),
         (json!(DOMAIN_FILE), json!(3), json!(MAX_WIDEN))
     );
-    assert_eq!(domain["features"], json!(ORDER));
+    assert_eq!(domain["features"], json!(order()));
 
     // Models that name no domain (the committed ones less their domain and the regressors that
     // require a simulation): no extrapolation, the simulated figure as without a domain.
