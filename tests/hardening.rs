@@ -250,12 +250,7 @@ async fn an_observation_with_a_duplicate_key_is_refused() {
             "{problem}"
         );
     }
-    let profiles: serde_json::Value = app
-        .get("/v1/calibration/profiles")
-        .await
-        .json()
-        .await
-        .unwrap();
+    let profiles: serde_json::Value = app.get_json("/v1/calibration/profiles").await;
     assert_eq!(
         profiles["profiles"],
         serde_json::json!([]),

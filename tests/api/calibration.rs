@@ -51,19 +51,14 @@ async fn the_attached_fake_gpu_is_listed_and_used_for_fit() {
     let devices: Arc<dyn GpuDevices> =
         Arc::new(FakeDevices::single("NVIDIA L4", 23_034).with_driver("550.54.15"));
     let app = spawn_app_with_devices(test_config(&models_dir()), devices).await;
-    let body: Value = app.get("/v1/devices").await.json().await.unwrap();
+    let body: Value = app.get_json("/v1/devices").await;
     assert_eq!(body["nvml"], true);
     assert_eq!(body["devices"][0]["sku"], "l4");
     assert_eq!(body["devices"][0]["memory_total_mib"], 23_034);
 
     let mut job = example_job();
     job["gpu"] = "attached".into();
-    let body: Value = app
-        .post_json("/v1/estimate", &job)
-        .await
-        .json()
-        .await
-        .unwrap();
+    let body: Value = app.post_json_value("/v1/estimate", &job).await;
     let fit = &body["fit"];
     assert_eq!(fit["gpu"], "l4");
     assert_eq!(fit["capacity_mib"], 23_034);
@@ -158,12 +153,7 @@ async fn bad_observations_record_nothing() {
     let tiny = json!({"gpu": "t4", "job": example_job(), "observed_peak_mib": 5e-324});
     let response = app.post_json("/v1/calibration/observations", &tiny).await;
     assert_eq!(response.status(), 422);
-    let profiles: Value = app
-        .get("/v1/calibration/profiles")
-        .await
-        .json()
-        .await
-        .unwrap();
+    let profiles: Value = app.get_json("/v1/calibration/profiles").await;
     assert_eq!(profiles["profiles"], json!([]));
 }
 
@@ -203,11 +193,8 @@ async fn a_constant_offset_and_scale_is_learned_from_30_observations() {
         let app = &app;
         async move {
             let body: Value = app
-                .post_json("/v1/estimate/batch", &json!({ "items": items }))
-                .await
-                .json()
-                .await
-                .unwrap();
+                .post_json_value("/v1/estimate/batch", &json!({ "items": items }))
+                .await;
             body["items"]
                 .as_array()
                 .unwrap()
@@ -248,12 +235,7 @@ async fn a_constant_offset_and_scale_is_learned_from_30_observations() {
         uncalibrated_error > calibrated_error + 0.05,
         "the shift was not there to learn"
     );
-    let profiles: Value = app
-        .get("/v1/calibration/profiles")
-        .await
-        .json()
-        .await
-        .unwrap();
+    let profiles: Value = app.get_json("/v1/calibration/profiles").await;
     assert_eq!(profiles["profiles"][0]["observations"], 30);
 }
 
@@ -268,12 +250,7 @@ async fn a_watched_process_peak_becomes_an_observation() {
     let accepted: Value = response.json().await.unwrap();
     assert_eq!(accepted["gpu"], "a100-80gb");
     for _ in 0..200 {
-        let profiles: Value = app
-            .get("/v1/calibration/profiles")
-            .await
-            .json()
-            .await
-            .unwrap();
+        let profiles: Value = app.get_json("/v1/calibration/profiles").await;
         if let Some(profile) = profiles["profiles"].as_array().unwrap().first() {
             assert_eq!(profile["gpu"], "a100-80gb");
             assert_eq!(profile["observations"], 1);
@@ -298,12 +275,7 @@ async fn profiles_survive_a_restart_and_a_corrupt_file_is_skipped() {
     std::fs::write(config.profiles.join("t4.json"), "{ torn").unwrap();
 
     let restarted = spawn_app_with_devices(config, Arc::new(NoDevices::new("none"))).await;
-    let profiles: Value = restarted
-        .get("/v1/calibration/profiles")
-        .await
-        .json()
-        .await
-        .unwrap();
+    let profiles: Value = restarted.get_json("/v1/calibration/profiles").await;
     let gpus: Vec<&str> = profiles["profiles"]
         .as_array()
         .unwrap()
@@ -339,12 +311,7 @@ async fn calibration_writes_are_refused_on_a_public_listener_without_a_token() {
         );
     }
     // Reads and estimates are not writes.
-    let profiles: Value = app
-        .get("/v1/calibration/profiles")
-        .await
-        .json()
-        .await
-        .unwrap();
+    let profiles: Value = app.get_json("/v1/calibration/profiles").await;
     assert_eq!(profiles["profiles"], json!([]));
     assert_eq!(
         app.post_json("/v1/estimate", &example_job()).await.status(),
@@ -380,12 +347,7 @@ async fn observations_below_the_physical_floor_or_above_the_card_are_refused() {
     let app = spawn_app().await;
     let mut on_t4 = example_job();
     on_t4["gpu"] = "t4".into();
-    let before: Value = app
-        .post_json("/v1/estimate", &on_t4)
-        .await
-        .json()
-        .await
-        .unwrap();
+    let before: Value = app.post_json_value("/v1/estimate", &on_t4).await;
     let tiny: Vec<Value> = (0..20)
         .map(|_| json!({"gpu": "t4", "job": example_job(), "observed_peak_mib": 1}))
         .collect();
@@ -405,19 +367,9 @@ async fn observations_below_the_physical_floor_or_above_the_card_are_refused() {
             "{problem}"
         );
     }
-    let profiles: Value = app
-        .get("/v1/calibration/profiles")
-        .await
-        .json()
-        .await
-        .unwrap();
+    let profiles: Value = app.get_json("/v1/calibration/profiles").await;
     assert_eq!(profiles["profiles"], json!([]));
-    let after: Value = app
-        .post_json("/v1/estimate", &on_t4)
-        .await
-        .json()
-        .await
-        .unwrap();
+    let after: Value = app.post_json_value("/v1/estimate", &on_t4).await;
     assert_eq!(after["memory"], before["memory"]);
     assert_eq!(after["fit"], before["fit"]);
 }
@@ -430,12 +382,7 @@ async fn one_update_moves_a_profile_a_bounded_step_and_says_so() {
     let mut on_t4 = example_job();
     on_t4["gpu"] = "t4".into();
     let estimate_on_t4 = || async {
-        let body: Value = app
-            .post_json("/v1/estimate", &on_t4)
-            .await
-            .json()
-            .await
-            .unwrap();
+        let body: Value = app.post_json_value("/v1/estimate", &on_t4).await;
         body["memory"]["estimate_mib"].as_f64().unwrap()
     };
     let uncalibrated = estimate_on_t4().await;
@@ -470,11 +417,8 @@ async fn one_update_moves_a_profile_a_bounded_step_and_says_so() {
     let app = spawn_app().await;
     let near = json!({"gpu": "t4", "job": example_job(), "observed_peak_mib": (1.1 * uncalibrated).round()});
     let recorded: Value = app
-        .post_json("/v1/calibration/observations", &near)
-        .await
-        .json()
-        .await
-        .unwrap();
+        .post_json_value("/v1/calibration/observations", &near)
+        .await;
     assert_eq!(recorded["limited"], json!([]));
 }
 
@@ -564,12 +508,7 @@ async fn fifty_watches_share_one_sampler_thread() {
 }
 
 async fn observations_recorded(app: &crate::helpers::TestApp) -> u64 {
-    let profiles: Value = app
-        .get("/v1/calibration/profiles")
-        .await
-        .json()
-        .await
-        .unwrap();
+    let profiles: Value = app.get_json("/v1/calibration/profiles").await;
     profiles["profiles"]
         .as_array()
         .unwrap()

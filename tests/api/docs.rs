@@ -35,7 +35,7 @@ async fn swagger_ui_and_its_assets_are_served_by_the_service() {
 #[tokio::test]
 async fn the_served_spec_equals_the_committed_one() {
     let app = spawn_app().await;
-    let served: Value = app.get("/openapi.json").await.json().await.unwrap();
+    let served: Value = app.get_json("/openapi.json").await;
     let committed_path = repo_root().join("openapi/openapi.json");
     let committed: Value =
         serde_json::from_str(&std::fs::read_to_string(&committed_path).unwrap()).unwrap();

@@ -138,20 +138,8 @@ async fn a_bigger_job_never_gets_a_smaller_class() {
         ]})
     };
     let class = |body: Value| body["memory"]["class"]["index"].as_u64().unwrap();
-    let small = class(
-        app.post_json("/v1/estimate", &job(32, 256))
-            .await
-            .json()
-            .await
-            .unwrap(),
-    );
-    let large = class(
-        app.post_json("/v1/estimate", &job(2048, 8192))
-            .await
-            .json()
-            .await
-            .unwrap(),
-    );
+    let small = class(app.post_json_value("/v1/estimate", &job(32, 256)).await);
+    let large = class(app.post_json_value("/v1/estimate", &job(2048, 8192)).await);
     assert!(
         large > small,
         "small job class {small}, large job class {large}"
@@ -260,12 +248,7 @@ async fn an_mlp_deeper_than_the_sequence_classifier_is_answered_without_it() {
     );
     assert!(body["memory"]["estimate_mib"].as_f64().unwrap() > 0.0);
     // The ordinary example leaves nothing out (and assumes nothing).
-    let plain: Value = app
-        .post_json("/v1/estimate", &example_job())
-        .await
-        .json()
-        .await
-        .unwrap();
+    let plain: Value = app.post_json_value("/v1/estimate", &example_job()).await;
     assert_eq!(plain["warnings"], json!([]));
 }
 
@@ -274,12 +257,7 @@ async fn every_null_utilization_figure_says_why() {
     let app = spawn_app().await;
     let mut job = training_description("timm:resnet50");
     job["batch_size"] = 32.into();
-    let body: Value = app
-        .post_json("/v1/estimate", &job)
-        .await
-        .json()
-        .await
-        .unwrap();
+    let body: Value = app.post_json_value("/v1/estimate", &job).await;
     let utilization = body["utilization"].as_object().unwrap();
     let reasons = utilization["null_reasons"].as_object().unwrap();
     for metric in ["smact", "smocc", "drama"] {
@@ -362,11 +340,8 @@ async fn no_answer_has_a_class_that_disagrees_with_its_figure() {
     // 16 a request: timm descriptions are large, and a body holds at most 2 MiB
     for chunk in jobs.chunks(16) {
         let body: Value = app
-            .post_json("/v1/estimate/batch", &json!({ "items": chunk }))
-            .await
-            .json()
-            .await
-            .unwrap();
+            .post_json_value("/v1/estimate/batch", &json!({ "items": chunk }))
+            .await;
         for item in body["items"].as_array().expect("a batch answer") {
             assert_eq!(item["status"], 200, "{item}");
             assert_class_holds_figure(&item["estimate"], &format!("item {answered}"));

@@ -267,7 +267,7 @@ async fn jobs_without_a_simulation_or_models_without_a_domain_have_no_extrapolat
         "{body}"
     );
     // What is loaded shows in GET /v1/estimators.
-    let loaded: Value = app.get("/v1/estimators").await.json().await.unwrap();
+    let loaded: Value = app.get_json("/v1/estimators").await;
     let domain = &loaded["simulated"]["domain"];
     assert_eq!(
         (
@@ -296,7 +296,7 @@ async fn jobs_without_a_simulation_or_models_without_a_domain_have_no_extrapolat
         (figure(&body, "estimate_mib") - expected).abs() < 0.05,
         "{expected}: {body}"
     );
-    let loaded: Value = without.get("/v1/estimators").await.json().await.unwrap();
+    let loaded: Value = without.get_json("/v1/estimators").await;
     assert!(
         loaded["simulated"].is_object() && loaded["simulated"]["domain"].is_null(),
         "{loaded}"
@@ -355,7 +355,7 @@ async fn the_committed_correction_leads_for_a_simulated_resnet50_near_its_data_b
     let app = spawn_app().await;
     // The committed domain is what is loaded: the file the manifest names, with all its points.
     let manifest = committed_manifest();
-    let loaded: Value = app.get("/v1/estimators").await.json().await.unwrap();
+    let loaded: Value = app.get_json("/v1/estimators").await;
     let domain = &loaded["simulated"]["domain"];
     let file = manifest["simulated"]["domain"]["file"]
         .as_str()

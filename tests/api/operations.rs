@@ -5,7 +5,7 @@ use crate::helpers::{example_job, spawn_app};
 #[tokio::test]
 async fn health_and_readiness_answer_ok() {
     let app = spawn_app().await;
-    let health: Value = app.get("/healthz").await.json().await.unwrap();
+    let health: Value = app.get_json("/healthz").await;
     assert_eq!(health["status"], "ok");
     let response = app.get("/readyz").await;
     assert_eq!(response.status(), 200);
@@ -56,7 +56,7 @@ async fn metrics_count_requests_by_route_template_and_inference_by_estimator() {
 #[tokio::test]
 async fn the_estimators_route_lists_what_is_loaded_with_validation_figures() {
     let app = spawn_app().await;
-    let body: Value = app.get("/v1/estimators").await.json().await.unwrap();
+    let body: Value = app.get_json("/v1/estimators").await;
     let estimators = body["estimators"].as_array().unwrap();
     let names: Vec<&str> = estimators
         .iter()

@@ -55,12 +55,7 @@ async fn a_bigger_batch_needs_more_memory_and_eventually_does_not_fit() {
     let mut fits = Vec::new();
     for batch in [8, 64, 512, 4096] {
         job["batch_size"] = batch.into();
-        let body: Value = app
-            .post_json("/v1/estimate", &job)
-            .await
-            .json()
-            .await
-            .unwrap();
+        let body: Value = app.post_json_value("/v1/estimate", &job).await;
         let estimate = body["memory"]["estimate_mib"].as_f64().unwrap();
         assert!(
             estimate > previous,
@@ -111,12 +106,7 @@ async fn a_higher_confidence_gives_a_higher_bound() {
     let mut bounds = Vec::new();
     for confidence in [0.5, 0.9, 0.99] {
         let body = json!({"summary": {"format": "torchsummary", "text": summary("resnet18_torchsummary.txt")}, "batch_size": 64, "confidence": confidence});
-        let answer: Value = app
-            .post_json("/v1/estimate", &body)
-            .await
-            .json()
-            .await
-            .unwrap();
+        let answer: Value = app.post_json_value("/v1/estimate", &body).await;
         assert_eq!(answer["memory"]["confidence"], confidence);
         bounds.push(answer["memory"]["upper_bound_mib"].as_f64().unwrap());
     }
@@ -135,12 +125,7 @@ async fn a_tiny_model_is_never_estimated_below_the_framework_overhead() {
         {"kind": "relu", "output_size": 16, "params": 0},
         {"kind": "linear", "output_size": 2, "params": 34}
     ]});
-    let body: Value = app
-        .post_json("/v1/estimate", &tiny)
-        .await
-        .json()
-        .await
-        .unwrap();
+    let body: Value = app.post_json_value("/v1/estimate", &tiny).await;
     let overhead = gpucast::domain::analytic::FRAMEWORK_OVERHEAD_MIB;
     assert!(
         body["memory"]["estimate_mib"].as_f64().unwrap() >= overhead,
@@ -208,12 +193,7 @@ async fn the_most_common_cnn_is_estimated_near_its_measured_peak() {
     let mut job = training_description("timm:resnet50");
     for (batch, measured) in [(8, 2875.0), (64, 8465.0), (128, 15169.0)] {
         job["batch_size"] = batch.into();
-        let body: Value = app
-            .post_json("/v1/estimate", &job)
-            .await
-            .json()
-            .await
-            .unwrap();
+        let body: Value = app.post_json_value("/v1/estimate", &job).await;
         let estimate = body["memory"]["estimate_mib"].as_f64().unwrap();
         assert!(
             (estimate / measured - 1.0).abs() < 0.15,
@@ -234,12 +214,7 @@ async fn a_traced_description_is_answered_by_the_traced_regressor() {
         job["saved_tensors"]["per_sample_bytes"].as_u64().unwrap() > 0,
         "describe traced resnet50"
     );
-    let traced: Value = app
-        .post_json("/v1/estimate", &job)
-        .await
-        .json()
-        .await
-        .unwrap();
+    let traced: Value = app.post_json_value("/v1/estimate", &job).await;
     let estimators = &traced["memory"]["estimators"];
     assert_eq!(
         traced["memory"]["estimate_mib"], estimators["cnn_traced_memory_regressor"]["estimate_mib"],
@@ -262,12 +237,7 @@ async fn a_traced_description_is_answered_by_the_traced_regressor() {
     );
 
     job.as_object_mut().unwrap().remove("saved_tensors");
-    let plain: Value = app
-        .post_json("/v1/estimate", &job)
-        .await
-        .json()
-        .await
-        .unwrap();
+    let plain: Value = app.post_json_value("/v1/estimate", &job).await;
     let estimators = &plain["memory"]["estimators"];
     assert_eq!(
         plain["memory"]["estimate_mib"], estimators["cnn_memory_regressor"]["estimate_mib"],
@@ -280,14 +250,11 @@ async fn a_traced_description_is_answered_by_the_traced_regressor() {
     let mut traced_job = training_description("timm:resnet50");
     traced_job["batch_size"] = 64.into();
     let batch: Value = app
-        .post_json(
+        .post_json_value(
             "/v1/estimate/batch",
             &json!({"items": [job, traced_job, job]}),
         )
-        .await
-        .json()
-        .await
-        .unwrap();
+        .await;
     let figures: Vec<&Value> = batch["items"]
         .as_array()
         .unwrap()

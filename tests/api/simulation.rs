@@ -223,12 +223,7 @@ async fn jobs_without_a_simulation_get_an_analytic_breakdown_and_no_simulated_fi
     let mut plain = traced.clone();
     plain.as_object_mut().unwrap().remove("saved_tensors");
     for job in [example_job(), traced, plain] {
-        let body: Value = app
-            .post_json("/v1/estimate", &job)
-            .await
-            .json()
-            .await
-            .unwrap();
+        let body: Value = app.post_json_value("/v1/estimate", &job).await;
         assert_eq!(body["memory"]["breakdown_source"], "analytic", "{body}");
         let breakdown = assert_breakdown_and_floor(&body);
         assert_eq!(
@@ -266,11 +261,8 @@ async fn the_class_contains_the_estimate_for_simulated_traced_and_plain_jobs() {
     vit["batch_size"] = 32.into();
     jobs.push(vit);
     let body: Value = app
-        .post_json("/v1/estimate/batch", &json!({ "items": jobs }))
-        .await
-        .json()
-        .await
-        .unwrap();
+        .post_json_value("/v1/estimate/batch", &json!({ "items": jobs }))
+        .await;
     for item in body["items"].as_array().unwrap() {
         assert_eq!(item["status"], 200, "{item}");
         assert_class_contains_the_estimate(&item["estimate"]);
@@ -291,11 +283,8 @@ async fn simulated_figures_never_shrink_as_the_batch_grows() {
     for chunk in batches.chunks(8) {
         let items: Vec<Value> = chunk.iter().map(|&b| simulated_job(b)).collect();
         let body: Value = app
-            .post_json("/v1/estimate/batch", &json!({ "items": items }))
-            .await
-            .json()
-            .await
-            .unwrap();
+            .post_json_value("/v1/estimate/batch", &json!({ "items": items }))
+            .await;
         for item in body["items"].as_array().unwrap() {
             assert_eq!(item["status"], 200, "{item}");
             answers.push(item["estimate"].clone());
@@ -356,12 +345,7 @@ async fn fit_follows_the_simulation_and_a_memory_fraction_caps_what_each_copy_oc
         job
     };
     let context = simulated_context_mib();
-    let body: Value = app
-        .post_json("/v1/estimate", &fit_with(None))
-        .await
-        .json()
-        .await
-        .unwrap();
+    let body: Value = app.post_json_value("/v1/estimate", &fit_with(None)).await;
     assert_eq!(body["fit"]["fits"], true);
     assert_eq!(
         body["fit"]["max_colocated"],
@@ -375,11 +359,8 @@ async fn fit_follows_the_simulation_and_a_memory_fraction_caps_what_each_copy_oc
         "the case below assumes it: {context}"
     );
     let body: Value = app
-        .post_json("/v1/estimate", &fit_with(Some(0.25)))
-        .await
-        .json()
-        .await
-        .unwrap();
+        .post_json_value("/v1/estimate", &fit_with(Some(0.25)))
+        .await;
     assert_eq!(
         (
             body["fit"]["fits"].clone(),
@@ -390,11 +371,8 @@ async fn fit_follows_the_simulation_and_a_memory_fraction_caps_what_each_copy_oc
     );
     // A tenth: 4,096 MiB is less than the step needs.
     let body: Value = app
-        .post_json("/v1/estimate", &fit_with(Some(0.1)))
-        .await
-        .json()
-        .await
-        .unwrap();
+        .post_json_value("/v1/estimate", &fit_with(Some(0.1)))
+        .await;
     assert_eq!(
         (
             body["fit"]["fits"].clone(),
@@ -405,22 +383,14 @@ async fn fit_follows_the_simulation_and_a_memory_fraction_caps_what_each_copy_oc
     );
     // The whole card: one copy.
     let body: Value = app
-        .post_json("/v1/estimate", &fit_with(Some(1.0)))
-        .await
-        .json()
-        .await
-        .unwrap();
+        .post_json_value("/v1/estimate", &fit_with(Some(1.0)))
+        .await;
     assert_eq!(body["fit"]["max_colocated"], 1);
 
     // Without a simulation the bound decides, within the cap plus the framework overhead.
     let mut plain = example_job();
     plain["memory_fraction"] = 0.25.into();
-    let body: Value = app
-        .post_json("/v1/estimate", &plain)
-        .await
-        .json()
-        .await
-        .unwrap();
+    let body: Value = app.post_json_value("/v1/estimate", &plain).await;
     assert_eq!(body["fit"]["basis"], "upper_bound");
     assert_eq!(body["fit"]["fits"], true);
     let occupied = 10_240.0 + gpucast::domain::analytic::FRAMEWORK_OVERHEAD_MIB;
@@ -438,12 +408,7 @@ async fn fit_follows_the_simulation_and_a_memory_fraction_caps_what_each_copy_oc
 async fn a_simulation_that_does_not_fit_the_card_is_answered_uncapped_and_does_not_fit() {
     let app = spawn_app().await;
     let job = simulated_job(1024);
-    let body: Value = app
-        .post_json("/v1/estimate", &job)
-        .await
-        .json()
-        .await
-        .unwrap();
+    let body: Value = app.post_json_value("/v1/estimate", &job).await;
     let context = simulated_context_mib();
     assert!(
         mib(&job["simulation"]["min_capacity_bytes"]) + context > 40_960.0,
@@ -475,12 +440,7 @@ async fn a_simulation_that_does_not_fit_the_card_is_answered_uncapped_and_does_n
     // On an H200 it runs, and its whole reserved peak fits.
     let mut h200 = job.clone();
     h200["gpu"] = "h200-141gb".into();
-    let body: Value = app
-        .post_json("/v1/estimate", &h200)
-        .await
-        .json()
-        .await
-        .unwrap();
+    let body: Value = app.post_json_value("/v1/estimate", &h200).await;
     assert_eq!(body["fit"]["fits"], true);
     assert!(
         (figure(&body, "estimate_mib") - expected).abs() < 0.05,
@@ -686,12 +646,7 @@ async fn invalid_simulations_are_refused_naming_the_field() {
     }
     // In a batch, the error is placed at its item; the other items are answered.
     let items = json!({"items": [simulated_job(64), cases[0].1.clone()]});
-    let body: Value = app
-        .post_json("/v1/estimate/batch", &items)
-        .await
-        .json()
-        .await
-        .unwrap();
+    let body: Value = app.post_json_value("/v1/estimate/batch", &items).await;
     assert_eq!(body["items"][0]["status"], 200);
     assert_eq!(body["items"][1]["status"], 422);
     let detail = body["items"][1]["error"]["detail"].as_str().unwrap();
@@ -731,12 +686,7 @@ async fn a_regressor_that_requires_the_simulation_leads_and_the_floor_holds_it()
     let app = spawn_app_with(test_config(models.path())).await;
 
     let job = simulated_job(64);
-    let body: Value = app
-        .post_json("/v1/estimate", &job)
-        .await
-        .json()
-        .await
-        .unwrap();
+    let body: Value = app.post_json_value("/v1/estimate", &job).await;
     let estimators = &body["memory"]["estimators"];
     let learned = estimators["cnn_simulated_memory_regressor"]["estimate_mib"]
         .as_f64()
@@ -773,12 +723,7 @@ async fn a_regressor_that_requires_the_simulation_leads_and_the_floor_holds_it()
     }
     let activations = &mut heavy["simulation"]["breakdown_at_peak"]["activations"];
     *activations = (activations.as_u64().unwrap() + extra).into();
-    let body: Value = app
-        .post_json("/v1/estimate", &heavy)
-        .await
-        .json()
-        .await
-        .unwrap();
+    let body: Value = app.post_json_value("/v1/estimate", &heavy).await;
     assert_eq!(body["memory"]["floored"], true, "{body}");
     let breakdown = assert_breakdown_and_floor(&body);
     assert_eq!(

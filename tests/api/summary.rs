@@ -44,14 +44,11 @@ async fn a_torchsummary_table_is_estimated_like_a_layer_list() {
         {"kind": "softmax", "output_size": 10, "params": 0}
     ]);
     let from_layers: Value = app
-        .post_json(
+        .post_json_value(
             "/v1/estimate",
             &json!({"layers": layers, "batch_size": 256}),
         )
-        .await
-        .json()
-        .await
-        .unwrap();
+        .await;
     assert_eq!(
         from_summary["memory"]["class"],
         from_layers["memory"]["class"]
@@ -122,24 +119,14 @@ async fn a_summarys_saved_tensors_are_derived_from_its_shapes_and_the_answer_say
             .any(|w| w.as_str().unwrap().starts_with("saved_tensors: derived"))
     };
     let body = json!({"summary": {"format": "torchsummary", "text": text}, "batch_size": 64, "input_shape": [3, 224, 224]});
-    let answer: Value = app
-        .post_json("/v1/estimate", &body)
-        .await
-        .json()
-        .await
-        .unwrap();
+    let answer: Value = app.post_json_value("/v1/estimate", &body).await;
     assert!(derived_warning(&answer), "{answer}");
     let traced = &answer["memory"]["estimators"]["cnn_traced_memory_regressor"]["estimate_mib"];
     assert!(traced.as_f64().unwrap() > 0.0, "{answer}");
 
     let mut given = body.clone();
     given["saved_tensors"] = json!({"per_sample_bytes": 40_000_000, "fixed_bytes": 0});
-    let answer: Value = app
-        .post_json("/v1/estimate", &given)
-        .await
-        .json()
-        .await
-        .unwrap();
+    let answer: Value = app.post_json_value("/v1/estimate", &given).await;
     assert!(!derived_warning(&answer), "{answer}");
     assert_ne!(
         answer["memory"]["estimators"]["cnn_traced_memory_regressor"]["estimate_mib"],
@@ -152,12 +139,7 @@ async fn a_summarys_saved_tensors_are_derived_from_its_shapes_and_the_answer_say
         {"kind": "relu", "output_size": 802816, "params": 0},
         {"kind": "linear", "output_size": 10, "params": 8028170}
     ]});
-    let answer: Value = app
-        .post_json("/v1/estimate", &layers)
-        .await
-        .json()
-        .await
-        .unwrap();
+    let answer: Value = app.post_json_value("/v1/estimate", &layers).await;
     assert!(!derived_warning(&answer), "{answer}");
     assert!(answer["memory"]["estimators"]
         .get("cnn_traced_memory_regressor")

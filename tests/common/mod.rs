@@ -110,6 +110,20 @@ impl TestApp {
             .expect("request sent")
     }
 
+    /// The JSON body of a GET, whatever its status (the tests assert on the body).
+    pub async fn get_json(&self, path: &str) -> Value {
+        self.get(path).await.json().await.expect("a JSON body")
+    }
+
+    /// The JSON body of a POST of `body`, whatever its status.
+    pub async fn post_json_value(&self, path: &str, body: &Value) -> Value {
+        self.post_json(path, body)
+            .await
+            .json()
+            .await
+            .expect("a JSON body")
+    }
+
     pub async fn post_raw(
         &self,
         path: &str,
