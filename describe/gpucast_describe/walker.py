@@ -67,6 +67,20 @@ def _training_mode(model: nn.Module) -> None:
             module.eval()
 
 
+def linear_features(module: nn.Module) -> Dict[str, int]:
+    """``in_features`` and ``out_features`` of a linear layer (what a LoRA adapter's size and
+    rank limit follow from): nn.Linear and its quantised look-alikes carry them; Hugging Face's
+    GPT-2 ``Conv1D`` stores its weight transposed, ``[in, out]``, with ``nf`` outputs."""
+    inputs, outputs = getattr(module, "in_features", None), getattr(module, "out_features", None)
+    if isinstance(inputs, int) and isinstance(outputs, int):
+        return {"in_features": inputs, "out_features": outputs}
+    weight = getattr(module, "weight", None)
+    nf = getattr(module, "nf", None)
+    if isinstance(nf, int) and isinstance(weight, torch.Tensor) and weight.dim() == 2:
+        return {"in_features": int(weight.shape[0]), "out_features": nf}
+    return {}
+
+
 class _Recorder:
     """Forward hooks that append one layer per recorded module call, in execution order.
 
@@ -116,12 +130,14 @@ class _Recorder:
         return total
 
     def _append(self, kind: str, module: nn.Module, params: int) -> int:
-        self.layers.append({
+        layer = {
             "kind": kind,
             "output_size": 0,
             "params": params,
             "name": self._names.get(id(module), type(module).__name__),
-        })
+        }
+        layer.update(linear_features(module) if params else {})
+        self.layers.append(layer)
         return len(self.layers) - 1
 
     def _before(self, module: nn.Module, args: Any) -> None:

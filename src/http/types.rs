@@ -337,9 +337,19 @@ pub struct LayerRequest {
     #[serde(deserialize_with = "whole_number::one")]
     #[schema(maximum = 10_000_000_000_000_u64)]
     pub params: u64,
-    /// Module path, e.g. `layer1.0.conv1` (informational).
+    /// Module path, e.g. `layer1.0.conv1`: what `lora.target_modules`, `trainable.modules` and
+    /// a list of `activation_checkpointing` modules match.
     #[serde(default)]
     pub name: Option<String>,
+    /// A linear layer's input features (with `out_features`: sizes LoRA adapters and bounds
+    /// their rank; `describe` emits both).
+    #[serde(default, deserialize_with = "whole_number::optional")]
+    #[schema(minimum = 1, maximum = 10_000_000_000_000_u64)]
+    pub in_features: Option<u64>,
+    /// A linear layer's output features.
+    #[serde(default, deserialize_with = "whole_number::optional")]
+    #[schema(minimum = 1, maximum = 10_000_000_000_000_u64)]
+    pub out_features: Option<u64>,
 }
 
 /// A MiB range with the probability of each class.
