@@ -250,6 +250,7 @@ mod tests {
             },
             attention: None,
             interpolated: false,
+            ..Default::default()
         };
         let job = crate::domain::Job::parse(None, 256, layers.into_iter())
             .unwrap()

@@ -33,10 +33,16 @@ impl ModelState {
 /// Bytes per parameter of weights and of activation elements for a precision.
 fn weight_and_activation_bytes(precision: Precision) -> (f64, f64) {
     match precision {
-        Precision::Fp32 => (4.0, 4.0),
+        Precision::Fp32 | Precision::Tf32 => (4.0, 4.0),
         // fp32 master weights plus a 2-byte working copy; activations in 16 bits.
-        Precision::Mixed16 => (6.0, 2.0),
+        Precision::AmpFp16 | Precision::AmpBf16 => (6.0, 2.0),
+        Precision::Bf16 | Precision::Fp16 => (2.0, 2.0),
     }
+}
+
+/// Optimizer state per parameter: fp32 state (0, 4 or 8 bytes), in 16 bits under pure bf16/fp16.
+fn state_bytes_per_param(job: &Job) -> f64 {
+    job.optimizer().state_bytes_per_param() * job.precision().storage_bytes() / 4.0
 }
 
 /// Weights, gradients and optimizer state of the job's parameters, in bytes.
@@ -45,8 +51,8 @@ pub fn model_state(job: &Job) -> ModelState {
     let (weight_bytes, _) = weight_and_activation_bytes(job.precision());
     ModelState {
         parameters: params * weight_bytes,
-        gradients: params * 4.0,
-        optimizer_state: params * job.optimizer().state_bytes_per_param(),
+        gradients: params * job.precision().storage_bytes(),
+        optimizer_state: params * state_bytes_per_param(job),
     }
 }
 
@@ -65,8 +71,8 @@ pub fn activation_bytes(job: &Job) -> f64 {
 /// product, as `training/gpucast_training/features.py` computes it, so both agree to the last bit).
 fn model_state_and_activation_bytes(job: &Job, params: f64) -> (f64, f64) {
     let (weight_bytes, activation_bytes) = weight_and_activation_bytes(job.precision());
-    let gradient_bytes = 4.0;
-    let state_bytes = job.optimizer().state_bytes_per_param();
+    let gradient_bytes = job.precision().storage_bytes();
+    let state_bytes = state_bytes_per_param(job);
     (
         params * (weight_bytes + gradient_bytes + state_bytes),
         activation_bytes,

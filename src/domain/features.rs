@@ -399,6 +399,7 @@ mod tests {
             },
             attention: None,
             interpolated: true,
+            ..Default::default()
         };
         let f = AggregateFeatures::of(&plain.with_simulation(Some(simulation)).unwrap());
         let values: Vec<f64> = SIMULATION_FEATURES

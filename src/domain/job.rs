@@ -4,6 +4,12 @@
 use std::fmt;
 
 use super::echo;
+use super::setup::{
+    Checkpointing, LoraTargets, OptimizerImplementation, Setup, SetupError, Trainable,
+    UncheckedSetup,
+};
+pub use super::setup::{Optimizer, Precision};
+use super::step::{self, LayerDetail};
 
 /// Largest layer list accepted. Real models stay far below (timm's largest ~2,000 modules);
 /// beyond this a request is absurd and would only burn CPU.
@@ -323,74 +329,6 @@ pub struct UncheckedLayer<'a> {
     pub params: u64,
 }
 
-/// The optimizer, which decides how much state is kept per parameter.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Optimizer {
-    Sgd,
-    Momentum,
-    #[default]
-    Adam,
-    AdamW,
-}
-
-impl Optimizer {
-    pub fn parse(raw: &str) -> Option<Optimizer> {
-        match raw.to_ascii_lowercase().as_str() {
-            "sgd" => Some(Optimizer::Sgd),
-            "momentum" | "sgd_momentum" | "nesterov" => Some(Optimizer::Momentum),
-            "adam" => Some(Optimizer::Adam),
-            "adamw" => Some(Optimizer::AdamW),
-            _ => None,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Optimizer::Sgd => "sgd",
-            Optimizer::Momentum => "momentum",
-            Optimizer::Adam => "adam",
-            Optimizer::AdamW => "adamw",
-        }
-    }
-
-    /// Bytes of optimizer state per (fp32) parameter.
-    pub fn state_bytes_per_param(self) -> f64 {
-        match self {
-            Optimizer::Sgd => 0.0,
-            Optimizer::Momentum => 4.0,
-            Optimizer::Adam | Optimizer::AdamW => 8.0,
-        }
-    }
-}
-
-/// Numeric precision of training.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Precision {
-    #[default]
-    Fp32,
-    /// fp16 or bf16 autocast with fp32 master weights.
-    Mixed16,
-}
-
-impl Precision {
-    pub fn parse(raw: &str) -> Option<Precision> {
-        match raw.to_ascii_lowercase().as_str() {
-            "fp32" | "float32" => Some(Precision::Fp32),
-            "mixed16" | "fp16" | "bf16" | "float16" | "bfloat16" | "amp" => {
-                Some(Precision::Mixed16)
-            }
-            _ => None,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Precision::Fp32 => "fp32",
-            Precision::Mixed16 => "mixed16",
-        }
-    }
-}
-
 /// The tensors autograd keeps for backward in one training forward pass, as `describe` traces
 /// them on the meta device: `per_sample_bytes x batch + fixed_bytes`. Where a job has them they
 /// are the best single predictor of its activation memory (docs/models.md).
@@ -457,10 +395,14 @@ pub struct Simulation {
     pub attention: Option<String>,
     /// True when the figures were interpolated from two other batch sizes.
     pub interpolated: bool,
+    /// Parameters that trained in the simulated step, when it says.
+    pub trainable_params: Option<u64>,
+    /// A paged optimizer's state, outside the allocator's peaks.
+    pub paged_optimizer_state_bytes: u64,
 }
 
 /// A simulation as it arrives, before validation against itself and its job.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct UncheckedSimulation<'a> {
     pub batch_size: u64,
     pub optimizer: Option<&'a str>,
@@ -471,6 +413,12 @@ pub struct UncheckedSimulation<'a> {
     pub breakdown_at_peak: SimulatedCategories,
     pub attention: Option<&'a str>,
     pub interpolated: bool,
+    /// `none`, `full` or `modules`: the checkpointing the simulation ran.
+    pub activation_checkpointing: Option<&'a str>,
+    pub gradient_accumulation_steps: Option<u64>,
+    pub optimizer_implementation: Option<&'a str>,
+    pub trainable_params: Option<u64>,
+    pub paged_optimizer_state_bytes: Option<u64>,
 }
 
 /// A validated job description.
@@ -479,8 +427,9 @@ pub struct Job {
     family: Family,
     batch_size: u64,
     layers: Vec<Layer>,
-    optimizer: Optimizer,
-    precision: Precision,
+    /// Names and linear shapes, index for index with `layers`; empty when none were given.
+    details: Vec<LayerDetail>,
+    setup: Setup,
     input_shape: Option<Vec<u64>>,
     saved_tensors: Option<SavedTensors>,
     simulation: Option<Simulation>,
@@ -509,10 +458,8 @@ pub enum JobError {
     },
     #[error("family: unknown family '{0}' (known: mlp, cnn, transformer)")]
     UnknownFamily(String),
-    #[error("optimizer: unknown optimizer '{0}' (known: sgd, momentum, adam, adamw)")]
-    UnknownOptimizer(String),
-    #[error("precision: unknown precision '{0}' (known: fp32, mixed16, fp16, bf16)")]
-    UnknownPrecision(String),
+    #[error(transparent)]
+    Setup(#[from] SetupError),
     #[error("input_shape: must hold 1 to 5 positive dimensions of at most 1,000,000")]
     InputShape,
     #[error("saved_tensors.{field}: must be at most {MAX_SAVED_BYTES}, got {value}")]
@@ -573,29 +520,177 @@ impl Job {
             family,
             batch_size,
             layers,
-            optimizer: Optimizer::default(),
-            precision: Precision::default(),
+            details: Vec::new(),
+            setup: Setup::plain(batch_size),
             input_shape: None,
             saved_tensors: None,
             simulation: None,
         })
     }
 
-    /// Sets how the job trains; `None` keeps the defaults (Adam, fp32).
+    /// Sets the optimizer and precision alone (the rest of the setup plain).
     pub fn with_training(
-        mut self,
+        self,
         optimizer: Option<&str>,
         precision: Option<&str>,
     ) -> Result<Job, JobError> {
-        if let Some(raw) = optimizer {
-            self.optimizer =
-                Optimizer::parse(raw).ok_or_else(|| JobError::UnknownOptimizer(echo(raw)))?;
+        self.with_setup(&UncheckedSetup {
+            optimizer,
+            precision,
+            ..Default::default()
+        })
+    }
+
+    /// Sets the layers' names and linear shapes (index for index; call before
+    /// [`Job::with_setup`], whose module names are matched against them).
+    pub fn with_layer_details(mut self, details: Vec<LayerDetail>) -> Result<Job, JobError> {
+        if details.len() != self.layers.len() {
+            return Err(JobError::Setup(SetupError::new(
+                "layers",
+                "names and shapes must be given for every layer",
+            )));
         }
-        if let Some(raw) = precision {
-            self.precision =
-                Precision::parse(raw).ok_or_else(|| JobError::UnknownPrecision(echo(raw)))?;
+        for (index, detail) in details.iter().enumerate() {
+            for (field, value) in [
+                ("in_features", detail.in_features),
+                ("out_features", detail.out_features),
+            ] {
+                if let Some(value) = value {
+                    if value == 0 || value > MAX_LAYER_QUANTITY {
+                        return Err(JobError::QuantityTooLarge {
+                            index,
+                            field,
+                            value,
+                        });
+                    }
+                }
+            }
         }
+        self.details = if details.iter().all(|d| *d == LayerDetail::default()) {
+            Vec::new()
+        } else {
+            details
+        };
         Ok(self)
+    }
+
+    /// Sets how the job trains, checking what needs the layers: module names that must name
+    /// layers, a LoRA rank within each target's dimensions, trainables within the model.
+    pub fn with_setup(mut self, raw: &UncheckedSetup<'_>) -> Result<Job, JobError> {
+        let setup = Setup::parse(self.batch_size, raw)?;
+        self.check_against_layers(&setup)?;
+        self.setup = setup;
+        Ok(self)
+    }
+
+    fn check_against_layers(&self, setup: &Setup) -> Result<(), SetupError> {
+        let names: Vec<Option<&str>> = (0..self.layers.len())
+            .map(|i| self.details.get(i).and_then(|d| d.name.as_deref()))
+            .collect();
+        let named = names.iter().any(Option::is_some);
+        let no_names = |field: &str| {
+            SetupError::new(
+                field,
+                "the layers carry no names to match (give each layer its module `name`)",
+            )
+        };
+        let each_names_a_layer = |field: &str, list: &[String], rule: fn(&str, &str) -> bool| {
+            if !named {
+                return Err(no_names(field));
+            }
+            for wanted in list {
+                if !names.iter().flatten().any(|name| rule(name, wanted)) {
+                    return Err(SetupError::new(
+                        field,
+                        format!("'{}' names no layer", echo(wanted)),
+                    ));
+                }
+            }
+            Ok(())
+        };
+        match &setup.checkpointing {
+            Checkpointing::None => {}
+            Checkpointing::Full => {
+                if step::blocks(&self.details).is_empty() {
+                    return Err(SetupError::new(
+                        "activation_checkpointing",
+                        "full checkpoints every repeated block, and no layer names show                          repeated blocks (`<prefix>.<index>.`): name the modules instead",
+                    ));
+                }
+            }
+            Checkpointing::Modules(list) => {
+                each_names_a_layer("activation_checkpointing", list, step::within)?
+            }
+        }
+        let total: u64 = self.layers.iter().map(|l| l.params).sum();
+        match &setup.trainable {
+            Trainable::All => {}
+            Trainable::Params(count) if *count > total => {
+                return Err(SetupError::new(
+                    "trainable.params",
+                    format!("{count} is more than the model's {total} parameters"),
+                ))
+            }
+            Trainable::Params(_) => {}
+            Trainable::Modules(list) => {
+                each_names_a_layer("trainable.modules", list, step::within)?
+            }
+        }
+        let Some(lora) = &setup.lora else {
+            return Ok(());
+        };
+        let targets: Vec<usize> = match &lora.targets {
+            LoraTargets::AllLinear => {
+                let linear: Vec<usize> = (0..self.layers.len())
+                    .filter(|&i| self.layers[i].kind == LayerKind::Linear)
+                    .collect();
+                // The output head is not adapted.
+                linear[..linear.len().saturating_sub(1)].to_vec()
+            }
+            LoraTargets::Names(list) => {
+                each_names_a_layer("lora.target_modules", list, step::names_target)?;
+                (0..self.layers.len())
+                    .filter(|&i| {
+                        names[i]
+                            .is_some_and(|name| list.iter().any(|t| step::names_target(name, t)))
+                    })
+                    .collect()
+            }
+        };
+        if targets.is_empty() {
+            return Err(SetupError::new(
+                "lora.target_modules",
+                "all-linear found no linear layer besides the output head",
+            ));
+        }
+        for &i in &targets {
+            if self.layers[i].kind != LayerKind::Linear {
+                return Err(SetupError::new(
+                    "lora.target_modules",
+                    format!(
+                        "'{}' is a {} layer: LoRA adapts linear layers",
+                        echo(names[i].unwrap_or_default()),
+                        self.layers[i].kind
+                    ),
+                ));
+            }
+            let detail = self.details.get(i);
+            if let Some((Some(inputs), Some(outputs))) =
+                detail.map(|d| (d.in_features, d.out_features))
+            {
+                if lora.rank > inputs.min(outputs) {
+                    return Err(SetupError::new(
+                        "lora.rank",
+                        format!(
+                            "{} is larger than '{}' ({inputs} x {outputs}) allows",
+                            lora.rank,
+                            echo(names[i].unwrap_or_default())
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Sets the per-sample input shape (e.g. `[3, 224, 224]`).
@@ -656,25 +751,63 @@ impl Job {
                 });
             }
         }
-        if raw.batch_size != self.batch_size {
+        if raw.batch_size != self.setup.micro_batch_size {
             return Err(JobError::SimulatedBatchSize {
                 simulated: raw.batch_size,
-                job: self.batch_size,
+                job: self.setup.micro_batch_size,
+            });
+        }
+        let setup_mismatch = |field: &str, simulated: String, job: String| {
+            JobError::Setup(SetupError::new(
+                format!("simulation.{field}"),
+                format!("the simulation ran {simulated}, the job's is {job}"),
+            ))
+        };
+        if let Some(kind) = raw.activation_checkpointing {
+            if kind != self.setup.checkpointing.as_str() {
+                return Err(setup_mismatch(
+                    "activation_checkpointing",
+                    echo(kind),
+                    self.setup.checkpointing.as_str().into(),
+                ));
+            }
+        }
+        let accumulation = raw.gradient_accumulation_steps.unwrap_or(1);
+        if accumulation != self.setup.accumulation {
+            return Err(setup_mismatch(
+                "gradient_accumulation_steps",
+                accumulation.to_string(),
+                self.setup.accumulation.to_string(),
+            ));
+        }
+        let implementation = raw.optimizer_implementation.unwrap_or("foreach");
+        if OptimizerImplementation::parse(implementation) != Some(self.setup.implementation) {
+            return Err(setup_mismatch(
+                "optimizer_implementation",
+                echo(implementation),
+                self.setup.implementation.as_str().into(),
+            ));
+        }
+        let paged = raw.paged_optimizer_state_bytes.unwrap_or(0);
+        if paged > MAX_SAVED_BYTES {
+            return Err(JobError::SimulatedBytesTooLarge {
+                field: "paged_optimizer_state_bytes".into(),
+                value: paged,
             });
         }
         if let Some(name) = raw.optimizer {
-            if Optimizer::parse(name) != Some(self.optimizer) {
+            if Optimizer::parse(name) != Some(self.setup.optimizer) {
                 return Err(JobError::SimulatedOptimizer {
                     simulated: echo(name),
-                    job: self.optimizer.as_str().into(),
+                    job: self.setup.optimizer.as_str().into(),
                 });
             }
         }
         if let Some(name) = raw.precision {
-            if Precision::parse(name) != Some(self.precision) {
+            if Precision::parse(name) != Some(self.setup.precision) {
                 return Err(JobError::SimulatedPrecision {
                     simulated: echo(name),
-                    job: self.precision.as_str().into(),
+                    job: self.setup.precision.as_str().into(),
                 });
             }
         }
@@ -707,6 +840,8 @@ impl Job {
             breakdown_at_peak: raw.breakdown_at_peak,
             attention: raw.attention.map(echo),
             interpolated: raw.interpolated,
+            trainable_params: raw.trainable_params,
+            paged_optimizer_state_bytes: paged,
         });
         Ok(self)
     }
@@ -720,11 +855,20 @@ impl Job {
     }
 
     pub fn optimizer(&self) -> Optimizer {
-        self.optimizer
+        self.setup.optimizer
     }
 
     pub fn precision(&self) -> Precision {
-        self.precision
+        self.setup.precision
+    }
+
+    pub fn setup(&self) -> &Setup {
+        &self.setup
+    }
+
+    /// Names and linear shapes, index for index with [`Job::layers`]; empty when none given.
+    pub fn layer_details(&self) -> &[LayerDetail] {
+        &self.details
     }
 
     pub fn input_shape(&self) -> Option<&[u64]> {
@@ -885,18 +1029,22 @@ mod tests {
             (job.optimizer(), job.precision()),
             (Optimizer::Adam, Precision::Fp32)
         );
-        let job = job.with_training(Some("SGD"), Some("bf16")).unwrap();
+        let job = job.with_training(Some("SGD"), Some("mixed16")).unwrap();
         assert_eq!(
             (job.optimizer(), job.precision()),
-            (Optimizer::Sgd, Precision::Mixed16)
+            (Optimizer::Sgd, Precision::AmpFp16)
+        );
+        let field = |e: JobError| match e {
+            JobError::Setup(e) => e.field,
+            other => panic!("not a setup error: {other}"),
+        };
+        assert_eq!(
+            field(job.clone().with_training(Some("lion"), None).unwrap_err()),
+            "optimizer"
         );
         assert_eq!(
-            job.clone().with_training(Some("lion"), None).unwrap_err(),
-            JobError::UnknownOptimizer("lion".into())
-        );
-        assert_eq!(
-            job.clone().with_training(None, Some("int4")).unwrap_err(),
-            JobError::UnknownPrecision("int4".into())
+            field(job.clone().with_training(None, Some("int4")).unwrap_err()),
+            "precision"
         );
         assert_eq!(
             job.clone()
@@ -929,6 +1077,7 @@ mod tests {
             },
             attention: Some("efficient"),
             interpolated: false,
+            ..Default::default()
         }
     }
 
@@ -1023,14 +1172,40 @@ mod tests {
         let job = Job::parse(None, 8, vec![unchecked("linear")].into_iter()).unwrap();
         let sgd = job
             .clone()
-            .with_training(Some("sgd"), Some("bf16"))
+            .with_training(Some("sgd"), Some("mixed16"))
             .unwrap();
         let raw = UncheckedSimulation {
             optimizer: Some("SGD"),
-            precision: Some("fp16"),
+            precision: Some("amp_fp16"),
             ..simulation(8)
         };
-        assert!(sgd.with_simulation(Some(raw.clone())).is_ok());
+        assert!(sgd.clone().with_simulation(Some(raw.clone())).is_ok());
+        // Pure fp16 is another precision than fp16 autocast.
+        let pure = UncheckedSimulation {
+            precision: Some("fp16"),
+            ..raw.clone()
+        };
+        assert!(matches!(
+            sgd.clone().with_simulation(Some(pure)),
+            Err(JobError::SimulatedPrecision { .. })
+        ));
+        // Another setup than the job's: accumulation, checkpointing.
+        let accumulated = UncheckedSimulation {
+            gradient_accumulation_steps: Some(2),
+            ..raw.clone()
+        };
+        assert!(matches!(
+            sgd.clone().with_simulation(Some(accumulated)),
+            Err(JobError::Setup(e)) if e.field == "simulation.gradient_accumulation_steps"
+        ));
+        let checkpointed = UncheckedSimulation {
+            activation_checkpointing: Some("full"),
+            ..raw.clone()
+        };
+        assert!(matches!(
+            sgd.with_simulation(Some(checkpointed)),
+            Err(JobError::Setup(e)) if e.field == "simulation.activation_checkpointing"
+        ));
         // The job's default (adam, fp32) is what a simulation of sgd contradicts.
         assert!(matches!(
             job.with_simulation(Some(raw)),

@@ -6,6 +6,8 @@ pub mod job;
 pub mod memory;
 pub mod physics;
 pub mod saved;
+pub mod setup;
+pub mod step;
 pub mod summary;
 pub mod vocabulary;
 
@@ -14,6 +16,8 @@ pub use job::{
     SimulatedCategories, Simulation, UncheckedLayer, UncheckedSimulation,
 };
 pub use memory::{Confidence, MemoryClass, MemoryClasses, MemoryFraction, ResidualQuantiles};
+pub use setup::{Setup, SetupError, UncheckedSetup};
+pub use step::LayerDetail;
 
 /// At most 64 characters of untrusted text (trimmed), for an error message, marked with `…`
 /// when cut: a caller's name or path may be huge.

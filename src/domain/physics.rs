@@ -5,6 +5,7 @@
 
 use super::analytic::{self, FRAMEWORK_OVERHEAD_MIB};
 use super::job::{Job, Simulation};
+use super::step::{self, ALLOCATOR_CACHE_SHARE};
 
 const MIB: f64 = 1024.0 * 1024.0;
 
@@ -22,6 +23,8 @@ pub struct Breakdown {
     /// Workspaces and intermediates live at the peak (and, for a simulated job, whatever a
     /// learned correction adds: what the simulation cannot see).
     pub temporaries: f64,
+    /// DDP's gradient buckets, FSDP/ZeRO's gather and reduce buffers.
+    pub collective_buffers: f64,
     /// Segments the caching allocator holds beyond the allocated bytes.
     pub allocator_cache: f64,
     /// CUDA context and cuBLAS/cuDNN handles: what every process pays outside the allocator.
@@ -29,27 +32,29 @@ pub struct Breakdown {
 }
 
 impl Breakdown {
-    fn values(self) -> [f64; 7] {
+    fn values(self) -> [f64; 8] {
         [
             self.parameters,
             self.gradients,
             self.optimizer_state,
             self.activations,
             self.temporaries,
+            self.collective_buffers,
             self.allocator_cache,
             self.cuda_context,
         ]
     }
 
-    fn from_values(v: [f64; 7]) -> Breakdown {
+    fn from_values(v: [f64; 8]) -> Breakdown {
         Breakdown {
             parameters: v[0],
             gradients: v[1],
             optimizer_state: v[2],
             activations: v[3],
             temporaries: v[4],
-            allocator_cache: v[5],
-            cuda_context: v[6],
+            collective_buffers: v[5],
+            allocator_cache: v[6],
+            cuda_context: v[7],
         }
     }
 
@@ -79,7 +84,7 @@ impl Breakdown {
         while missing <= -0.5 {
             let largest = (0..tenths.len())
                 .max_by(|&a, &b| tenths[a].total_cmp(&tenths[b]))
-                .expect("seven categories");
+                .expect("eight categories");
             if tenths[largest] < 1.0 {
                 break;
             }
@@ -97,6 +102,9 @@ pub enum BreakdownSource {
     Simulation,
     /// The analytic per-parameter bytes and the activations (traced or layer outputs).
     Analytic,
+    /// The analytic training step of the job's setup on its most loaded GPU
+    /// ([`super::step`]): jobs outside the setups the learned models know, without a simulation.
+    Step,
 }
 
 impl BreakdownSource {
@@ -104,6 +112,7 @@ impl BreakdownSource {
         match self {
             BreakdownSource::Simulation => "simulation",
             BreakdownSource::Analytic => "analytic",
+            BreakdownSource::Step => "training_step",
         }
     }
 }
@@ -120,6 +129,8 @@ pub struct SimulatedPeaks {
     /// uncapped peak (the job does not run there; the figure says how far it is from fitting).
     pub reserved_on_card_mib: f64,
     pub cuda_context_mib: f64,
+    /// A paged optimizer's state: on the device beside the allocator's segments.
+    pub paged_mib: f64,
     pub capacity_mib: u64,
 }
 
@@ -145,6 +156,7 @@ impl SimulatedPeaks {
             min_capacity_mib,
             reserved_on_card_mib,
             cuda_context_mib,
+            paged_mib: simulation.paged_optimizer_state_bytes as f64 / MIB,
             capacity_mib,
         }
     }
@@ -156,7 +168,7 @@ impl SimulatedPeaks {
 
     /// The `simulated` estimator's figure: what nvidia-smi shows at the peak.
     pub fn figure_mib(&self) -> f64 {
-        self.reserved_on_card_mib + self.cuda_context_mib
+        self.reserved_on_card_mib + self.cuda_context_mib + self.paged_mib
     }
 }
 
@@ -186,21 +198,48 @@ impl Physics {
     pub fn of(job: &Job, cuda_context_mib: Option<f64>, capacity_mib: u64) -> Physics {
         match (job.simulation(), cuda_context_mib) {
             (Some(simulation), Some(context)) => {
-                Physics::simulated(simulation, context, capacity_mib)
+                Physics::simulated(&on_most_loaded_gpu(job, simulation), context, capacity_mib)
             }
+            _ if !job.setup().within_learned() => Physics::step(job),
             _ => Physics::analytic(job),
+        }
+    }
+
+    /// The analytic training step of the job's setup ([`step::analytic_step`]): what PyTorch's
+    /// allocator holds, the cache it reserves beyond (the simulations' median share) and the
+    /// context; a paged optimizer's state counts with the optimizer state.
+    pub fn step(job: &Job) -> Physics {
+        let memory = step::analytic_step(job);
+        let parts = Breakdown {
+            parameters: memory.parameters / MIB,
+            gradients: memory.gradients / MIB,
+            optimizer_state: (memory.optimizer_state + memory.paged_optimizer_state) / MIB,
+            activations: memory.activations / MIB,
+            temporaries: memory.temporaries / MIB,
+            collective_buffers: memory.collective_buffers / MIB,
+            allocator_cache: memory.allocated() * ALLOCATOR_CACHE_SHARE / MIB,
+            cuda_context: FRAMEWORK_OVERHEAD_MIB,
+        };
+        Physics {
+            source: BreakdownSource::Step,
+            parts,
+            simulated: None,
         }
     }
 
     pub fn simulated(simulation: &Simulation, cuda_context_mib: f64, capacity_mib: u64) -> Physics {
         let peaks = SimulatedPeaks::on_card(simulation, cuda_context_mib, capacity_mib);
         let at_peak = simulation.breakdown_at_peak;
+        let named: u64 = at_peak.named().iter().map(|&(_, bytes)| bytes).sum();
         let parts = Breakdown {
             parameters: at_peak.parameters as f64 / MIB,
             gradients: at_peak.gradients as f64 / MIB,
-            optimizer_state: at_peak.optimizer_state as f64 / MIB,
+            optimizer_state: at_peak.optimizer_state as f64 / MIB + peaks.paged_mib,
             activations: at_peak.activations as f64 / MIB,
             temporaries: at_peak.temporaries as f64 / MIB,
+            // What the layout adds beyond the one-GPU step's categories (see
+            // `on_most_loaded_gpu`).
+            collective_buffers: simulation.allocated_peak_bytes.saturating_sub(named) as f64 / MIB,
             // Capping only ever removes cache: reserved on the card >= min capacity >= allocated.
             allocator_cache: (peaks.reserved_on_card_mib - peaks.allocated_mib).max(0.0),
             cuda_context: cuda_context_mib,
@@ -220,6 +259,7 @@ impl Physics {
             optimizer_state: state.optimizer_state / MIB,
             activations: analytic::activation_bytes(job) / MIB,
             temporaries: 0.0,
+            collective_buffers: 0.0,
             allocator_cache: 0.0,
             cuda_context: FRAMEWORK_OVERHEAD_MIB,
         };
@@ -239,7 +279,12 @@ impl Physics {
         } else {
             0.0
         };
-        p.parameters + p.gradients + p.optimizer_state + activations + p.cuda_context
+        p.parameters
+            + p.gradients
+            + p.optimizer_state
+            + activations
+            + p.collective_buffers
+            + p.cuda_context
     }
 
     /// Holds a figure and its bound to physics: the figure at least the floor, the bound at
@@ -274,7 +319,7 @@ impl Physics {
                 &mut parts.temporaries,
                 &mut parts.activations,
             ],
-            BreakdownSource::Analytic => [
+            BreakdownSource::Analytic | BreakdownSource::Step => [
                 &mut parts.temporaries,
                 &mut parts.activations,
                 &mut parts.allocator_cache,
@@ -286,6 +331,29 @@ impl Physics {
             deficit -= taken;
         }
         parts
+    }
+}
+
+/// A one-GPU simulation placed on the most loaded GPU of the job's layout: its categories
+/// sharded and split as [`step::shard_simulated`] says, the collective buffers added to the
+/// allocated peak (the breakdown no longer sums to it: the difference is those buffers), the
+/// allocator's cache and the minimum capacity's margin kept as simulated.
+pub fn on_most_loaded_gpu(job: &Job, simulation: &Simulation) -> Simulation {
+    if job.setup().parallelism.is_single_gpu() {
+        return simulation.clone();
+    }
+    let (categories, collective) = step::shard_simulated(job, simulation.breakdown_at_peak);
+    let named: u64 = categories.named().iter().map(|&(_, bytes)| bytes).sum();
+    let allocated = named + collective;
+    let cache = simulation.reserved_peak_bytes - simulation.allocated_peak_bytes;
+    let margin = simulation.min_capacity_bytes - simulation.allocated_peak_bytes;
+    Simulation {
+        allocated_peak_bytes: allocated,
+        reserved_peak_bytes: allocated + cache,
+        min_capacity_bytes: allocated + margin,
+        breakdown_at_peak: categories,
+        paged_optimizer_state_bytes: step::shard_paged(job, simulation.paged_optimizer_state_bytes),
+        ..simulation.clone()
     }
 }
 
@@ -330,6 +398,7 @@ mod tests {
             },
             attention: None,
             interpolated: false,
+            ..Default::default()
         };
         job().with_simulation(Some(raw)).unwrap()
     }
@@ -448,6 +517,7 @@ mod tests {
             optimizer_state: 194.93,
             activations: 1234.56,
             temporaries: 0.04,
+            collective_buffers: 3.33,
             allocator_cache: 12.34,
             cuda_context: 1300.0,
         };

@@ -22,10 +22,10 @@ use super::onnx::InferenceError;
 use super::run::{AnalyticRun, Estimator};
 use super::{
     ClassAnswer, Estimate, EstimateError, EstimatorRun, ExtrapolationAnswer, MibAnswer, Query,
-    ANALYTIC_VERSION, FIRST_PRINCIPLES, HORUS, SIMULATED, TRACED_FIRST_PRINCIPLES,
+    ANALYTIC_VERSION, FIRST_PRINCIPLES, HORUS, SIMULATED, TRACED_FIRST_PRINCIPLES, TRAINING_STEP,
 };
-use crate::domain::physics::Physics;
-use crate::domain::{analytic, Family, MemoryClasses};
+use crate::domain::physics::{BreakdownSource, Physics};
+use crate::domain::{analytic, Family, MemoryClasses, ResidualQuantiles};
 
 /// Which MiB figure leads, in one place. Higher wins; between equals, the later in the
 /// manifest. Physics first, learning second:
@@ -105,6 +105,28 @@ pub fn bound_widening(reach: &Extrapolation) -> f64 {
     }
     widen.clamp(1.0, reach.max_widen)
 }
+
+/// Why the learned estimators sit out a job whose setup they were not trained on.
+pub const OUTSIDE_LEARNED_SETUPS: &str = "learned estimators left out: they were trained on \
+one-GPU jobs that train every parameter in fp32 or fp16 autocast with sgd, momentum, adam or \
+adamw, without checkpointing or accumulation; this job's setup is answered by physics alone \
+(docs/setups.md)";
+
+/// Residual quantiles of the `training_step` figure (log of measured / figure), which leads
+/// for jobs outside the learned setups that carry no simulation.
+pub fn training_step_quantiles() -> ResidualQuantiles {
+    ResidualQuantiles::new(TRAINING_STEP_QUANTILES.to_vec()).expect("increasing levels")
+}
+
+/// Measured on the rows of public_training_memory.csv that gpucast expresses
+/// (tests/api/setups.rs prints them; see the README's table).
+const TRAINING_STEP_QUANTILES: [(f64, f64); 5] = [
+    (0.5, 0.0),
+    (0.8, 0.15),
+    (0.9, 0.25),
+    (0.95, 0.35),
+    (0.99, 0.6),
+];
 
 /// Share of the class probability put on the MiB figure's class (> 0.5: it leads).
 pub const FIGURE_CLASS_WEIGHT: f32 = 0.6;
@@ -349,6 +371,32 @@ impl Partial {
                 name: SIMULATED.into(),
                 version: model.version.clone(),
                 latency,
+            });
+        }
+        if self.mib.is_none() && physics.source == BreakdownSource::Step {
+            // Outside the learned setups, without a simulation: the analytic step leads.
+            let figure = physics.parts.total();
+            let quantiles = training_step_quantiles();
+            let log_ratio = quantiles.log_ratio_at(query.confidence).ok_or_else(|| {
+                let (low, high) = quantiles.range();
+                EstimateError::ConfidenceOutOfRange {
+                    confidence: query.confidence,
+                    low,
+                    high,
+                }
+            })?;
+            self.mib_estimators
+                .insert(TRAINING_STEP.to_string(), figure);
+            self.runs.push(EstimatorRun {
+                name: TRAINING_STEP.into(),
+                version: ANALYTIC_VERSION.into(),
+                latency: started.elapsed(),
+            });
+            self.mib_log_ratio = log_ratio;
+            self.mib = Some(MibAnswer {
+                estimate_mib: figure,
+                upper_bound_mib: figure * log_ratio.exp(),
+                floored: false,
             });
         }
         let extrapolation = reach.map(|(reach, _)| ExtrapolationAnswer {

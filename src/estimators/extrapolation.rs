@@ -179,7 +179,8 @@ impl TrainingDomain {
     /// changes memory), else its distance to the nearest training job.
     pub fn locate(&self, job: &Job, aggregate: &AggregateFeatures) -> Extrapolation {
         let outside_setup = !(self.optimizers.contains(&job.optimizer())
-            && self.precisions.contains(&job.precision()));
+            && self.precisions.contains(&job.precision())
+            && job.setup().within_learned());
         let distance = if outside_setup {
             None
         } else {

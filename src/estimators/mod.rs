@@ -135,6 +135,8 @@ pub const SIMULATED: &str = "simulated";
 /// First principles with the job's traced saved tensors; only for jobs that carry them.
 pub const TRACED_FIRST_PRINCIPLES: &str = "traced_first_principles";
 pub const HORUS: &str = "horus";
+/// The analytic training step of a setup the learned models do not know, per GPU.
+pub const TRAINING_STEP: &str = "training_step";
 pub const ANALYTIC_VERSION: &str = "1.0.0";
 
 /// All loaded estimators, grouped by family.

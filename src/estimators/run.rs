@@ -326,14 +326,20 @@ impl Estimators {
                 .filter(|&i| estimator.applies_to(job_refs[i]))
                 // A sequence model that cannot read a job is left out of it, and the answer
                 // says so; the family's other estimators answer.
-                .filter(|&i| match estimator.cannot_read(job_refs[i]) {
-                    Some(reason) => {
-                        if let Ok(partial) = &mut partials[i] {
+                // Trained on plain one-GPU jobs: another setup is physics' alone.
+                .filter(|&i| {
+                    let reason = if job_refs[i].setup().within_learned() {
+                        estimator.cannot_read(job_refs[i])
+                    } else {
+                        Some(combine::OUTSIDE_LEARNED_SETUPS.to_string())
+                    };
+                    let Some(reason) = reason else { return true };
+                    if let Ok(partial) = &mut partials[i] {
+                        if !partial.left_out.contains(&reason) {
                             partial.left_out.push(reason);
                         }
-                        false
                     }
-                    None => true,
+                    false
                 })
                 // Far from the training data a simulation regressor is not applied at all, nor
                 // beyond the card its labels were measured on.

@@ -6,14 +6,14 @@ use std::time::Instant;
 
 use crate::calibration::placement::{place, FitBasis, Placement, Target};
 use crate::domain::physics::BreakdownSource;
-use crate::domain::{Confidence, MemoryClass, MemoryFraction};
+use crate::domain::{step, Confidence, Job, MemoryClass, MemoryFraction};
 use crate::error::ApiError;
 use crate::estimators::manifest::EstimatorKind;
 use crate::estimators::{ClassAnswer, Estimate, EstimateError, Query};
 use crate::http::types::{
     BreakdownResponse, BreakdownSourceName, CalibrationResponse, EstimateResponse, EstimatorAnswer,
     ExtrapolationResponse, FitBasisName, FitResponse, LatencyResponse, MemoryClassResponse,
-    MemoryResponse, UtilizationResponse,
+    MemoryResponse, ParallelismResponse, SetupResponse, UtilizationResponse,
 };
 use crate::http::validate::ValidEstimateRequest;
 use crate::http::AppState;
@@ -37,9 +37,14 @@ pub fn answer(
     let estimate = state
         .estimators
         .estimate_on(&job, confidence.get(), target.capacity_mib);
-    respond(
-        state, estimate, confidence, fraction, target, warnings, started,
-    )
+    let asked = Asked {
+        confidence,
+        fraction,
+        target,
+        warnings,
+        setup: setup_response(&job),
+    };
+    respond(state, estimate, asked, started)
 }
 
 /// Answers valid requests as `POST /v1/estimate/batch` does, running each model once over all
@@ -64,29 +69,70 @@ pub fn answer_items(
         .into_iter()
         .zip(items)
         .map(|(estimate, item)| {
-            respond(
-                state,
-                estimate,
-                item.confidence,
-                item.fraction,
-                item.target.clone(),
-                item.warnings.clone(),
-                started,
-            )
+            let asked = Asked {
+                confidence: item.confidence,
+                fraction: item.fraction,
+                target: item.target.clone(),
+                warnings: item.warnings.clone(),
+                setup: setup_response(&item.job),
+            };
+            respond(state, estimate, asked, started)
         })
         .collect()
+}
+
+/// What a request asked beside its job, and its setup as understood.
+struct Asked {
+    confidence: Confidence,
+    fraction: Option<MemoryFraction>,
+    target: Target,
+    warnings: Vec<String>,
+    setup: SetupResponse,
+}
+
+/// The setup of `job` as an answer states it.
+fn setup_response(job: &Job) -> SetupResponse {
+    let setup = job.setup();
+    let step = step::analytic_step(job);
+    let p = setup.parallelism;
+    SetupResponse {
+        precision: setup.precision.as_str().into(),
+        optimizer: setup.optimizer.as_str().into(),
+        optimizer_implementation: setup.implementation.as_str().into(),
+        activation_checkpointing: setup.checkpointing.as_str().into(),
+        micro_batch_size: setup.micro_batch_size,
+        gradient_accumulation_steps: setup.accumulation,
+        trainable_params: job
+            .simulation()
+            .and_then(|s| s.trainable_params)
+            .unwrap_or(step.trainable_params.round() as u64),
+        lora_params: step.lora_params.round() as u64,
+        parallelism: ParallelismResponse {
+            strategy: p.strategy.as_str().into(),
+            world_size: p.world_size,
+            data_parallel: p.data(),
+            tensor_parallel: p.tensor,
+            pipeline_parallel: p.pipeline,
+            context_parallel: p.context,
+        },
+        learned_estimators_apply: setup.within_learned(),
+    }
 }
 
 /// Records an estimate's metrics and turns it into the wire answer for its target GPU.
 fn respond(
     state: &AppState,
     estimate: Result<Estimate, EstimateError>,
-    confidence: Confidence,
-    fraction: Option<MemoryFraction>,
-    target: Target,
-    warnings: Vec<String>,
+    asked: Asked,
     started: Instant,
 ) -> Result<EstimateResponse, ApiError> {
+    let Asked {
+        confidence,
+        fraction,
+        target,
+        warnings,
+        setup,
+    } = asked;
     let mut estimate = estimate?;
     let placement = estimate
         .mib
@@ -118,6 +164,7 @@ fn respond(
         confidence,
         warnings,
         null_reasons,
+        setup,
         started,
     ))
 }
@@ -176,6 +223,7 @@ fn to_response(
     confidence: Confidence,
     mut warnings: Vec<String>,
     null_reasons: BTreeMap<String, String>,
+    setup: SetupResponse,
     started: Instant,
 ) -> EstimateResponse {
     let breakdown = placement.as_ref().map(|p| {
@@ -189,6 +237,7 @@ fn to_response(
             optimizer_state: parts.optimizer_state,
             activations: parts.activations,
             temporaries: parts.temporaries,
+            collective_buffers: parts.collective_buffers,
             allocator_cache: parts.allocator_cache,
             cuda_context: parts.cuda_context,
         }
@@ -196,6 +245,7 @@ fn to_response(
     let breakdown_source = placement.as_ref().map(|_| match estimate.physics.source {
         BreakdownSource::Simulation => BreakdownSourceName::Simulation,
         BreakdownSource::Analytic => BreakdownSourceName::Analytic,
+        BreakdownSource::Step => BreakdownSourceName::TrainingStep,
     });
     let peaks = estimate.physics.simulated;
     let extrapolation = estimate.extrapolation.map(|e| ExtrapolationResponse {
@@ -301,6 +351,7 @@ fn to_response(
             warnings.extend(left_out);
             warnings
         },
+        setup,
         calibration: placement.as_ref().map(|p| CalibrationResponse {
             gpu: p.target.gpu.clone(),
             profile_used: p.profile_observations.is_some(),

@@ -55,12 +55,40 @@ pub struct EstimateRequest {
     #[serde(default, deserialize_with = "whole_number::optional")]
     #[schema(minimum = 1, maximum = 1_000_000)]
     pub seq_len: Option<u64>,
-    /// `sgd`, `momentum`, `adam` (default) or `adamw`.
+    /// `sgd`, `momentum`, `adam` (default), `adamw`, `adafactor`, `adam_8bit`, `adamw_8bit`
+    /// (bitsandbytes), `paged_adamw` or `paged_adamw_8bit` (state outside PyTorch's allocator).
     #[serde(default)]
     pub optimizer: Option<String>,
-    /// `fp32` (default) or `mixed16` (`fp16`/`bf16` autocast with fp32 master weights).
+    /// `fp32` (default), `tf32`, `amp_fp16` / `amp_bf16` (autocast, fp32 master weights;
+    /// `mixed16` = `amp_fp16`), `bf16` / `fp16` (pure 16-bit weights, gradients and state).
     #[serde(default)]
     pub precision: Option<String>,
+    /// How the optimizer steps: `foreach` (default, PyTorch's GPU default), `fused`, `for_loop`.
+    #[serde(default)]
+    pub optimizer_implementation: Option<String>,
+    /// `none` (default), `full` (every repeated block, found from the layer names) or a list
+    /// of module names (layer-name prefixes) that recompute their forward in backward.
+    #[serde(default)]
+    pub activation_checkpointing: Option<NamesRequest>,
+    /// Samples per GPU per forward/backward (the peak follows it). Default: `batch_size /
+    /// gradient_accumulation_steps`.
+    #[serde(default, deserialize_with = "whole_number::optional")]
+    #[schema(minimum = 1, maximum = 1048576)]
+    pub micro_batch_size: Option<u64>,
+    /// Micro-batches per optimizer step (default 1); gradients persist between them.
+    #[serde(default, deserialize_with = "whole_number::optional")]
+    #[schema(minimum = 1, maximum = 1048576)]
+    pub gradient_accumulation_steps: Option<u64>,
+    /// Only these parameters train, the rest are frozen (no gradients, no optimizer state).
+    #[serde(default)]
+    pub trainable: Option<TrainableRequest>,
+    /// LoRA adapters on a frozen base (QLoRA with `base_weights: nf4`).
+    #[serde(default)]
+    pub lora: Option<LoraRequest>,
+    /// The GPU layout: data parallelism (DDP, FSDP, ZeRO), tensor, pipeline and context
+    /// parallel degrees. The answer is for the most loaded GPU.
+    #[serde(default)]
+    pub parallelism: Option<ParallelismRequest>,
     /// Per-sample input shape, e.g. `[3, 224, 224]`: sizes the layers of a `module_print` summary
     /// with convolutions (otherwise informational for most estimators).
     #[serde(default, deserialize_with = "whole_number::optional_list")]
@@ -93,6 +121,68 @@ pub struct EstimateRequest {
     #[serde(default)]
     #[schema(value_type = Option<GpuName>)]
     pub gpu: Option<String>,
+}
+
+/// A keyword (`none`, `full`, `all-linear`) or a list of module names.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum NamesRequest {
+    Keyword(String),
+    Names(Vec<String>),
+}
+
+/// Which parameters train: a count, or module names (layer-name prefixes).
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TrainableRequest {
+    #[serde(default, deserialize_with = "whole_number::optional")]
+    #[schema(maximum = 10_000_000_000_000_u64)]
+    pub params: Option<u64>,
+    #[serde(default)]
+    #[schema(max_items = 256)]
+    pub modules: Option<Vec<String>>,
+}
+
+/// LoRA adapters, as PEFT builds them.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"rank": 16, "alpha": 32, "target_modules": ["q_proj", "v_proj"], "base_weights": "nf4"}))]
+pub struct LoraRequest {
+    #[serde(deserialize_with = "whole_number::one")]
+    #[schema(minimum = 1, maximum = 65536)]
+    pub rank: u64,
+    /// Scaling numerator (default: the rank); does not change memory.
+    #[serde(default)]
+    pub alpha: Option<f64>,
+    /// Layer names (PEFT's rule: the whole name or its last dotted components, e.g. `q_proj`)
+    /// or `all-linear` (every linear layer but the output head).
+    pub target_modules: NamesRequest,
+    /// The frozen base: `same` (the job's precision, default), `int8` or `nf4` (QLoRA).
+    #[serde(default)]
+    pub base_weights: Option<String>,
+}
+
+/// The GPU layout. `world_size` = data x `tensor_parallel` x `pipeline_parallel` x
+/// `context_parallel`.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"strategy": "fsdp", "world_size": 8}))]
+pub struct ParallelismRequest {
+    /// `none` (default), `ddp`, `fsdp` (full shard), `zero1`, `zero2`, `zero3`.
+    #[serde(default)]
+    pub strategy: Option<String>,
+    #[serde(default, deserialize_with = "whole_number::optional")]
+    #[schema(minimum = 1, maximum = 1048576)]
+    pub world_size: Option<u64>,
+    #[serde(default, deserialize_with = "whole_number::optional")]
+    #[schema(minimum = 1, maximum = 1048576)]
+    pub tensor_parallel: Option<u64>,
+    #[serde(default, deserialize_with = "whole_number::optional")]
+    #[schema(minimum = 1, maximum = 1048576)]
+    pub pipeline_parallel: Option<u64>,
+    #[serde(default, deserialize_with = "whole_number::optional")]
+    #[schema(minimum = 1, maximum = 1048576)]
+    pub context_parallel: Option<u64>,
 }
 
 /// GPUs a request can name: the catalogue's ids and `attached`. Other spellings of the same
@@ -235,7 +325,8 @@ pub struct SavedTensorsRequest {
     "interpolated": false
 }))]
 pub struct SimulationRequest {
-    /// The batch size simulated: must be the job's `batch_size`.
+    /// The batch size simulated: must be the job's micro-batch (its `batch_size` unless it
+    /// accumulates).
     #[serde(deserialize_with = "whole_number::one")]
     #[schema(minimum = 1, maximum = 1048576)]
     pub batch_size: u64,
@@ -267,6 +358,22 @@ pub struct SimulationRequest {
     /// True when the figures were interpolated from two other batch sizes (default false).
     #[serde(default)]
     pub interpolated: Option<bool>,
+    /// The checkpointing simulated (`none`, `full` or module names): must be the job's.
+    #[serde(default)]
+    pub activation_checkpointing: Option<NamesRequest>,
+    /// Micro-batches per simulated step: must be the job's (default 1).
+    #[serde(default, deserialize_with = "whole_number::optional")]
+    pub gradient_accumulation_steps: Option<u64>,
+    /// The optimizer implementation simulated: must be the job's (default foreach).
+    #[serde(default)]
+    pub optimizer_implementation: Option<String>,
+    /// Parameters that trained in the simulated step.
+    #[serde(default, deserialize_with = "whole_number::optional")]
+    pub trainable_params: Option<u64>,
+    /// A paged optimizer's state (CUDA unified memory): not in the peaks above.
+    #[serde(default, deserialize_with = "whole_number::optional")]
+    #[schema(maximum = 17_592_186_044_416_u64)]
+    pub paged_optimizer_state_bytes: Option<u64>,
 }
 
 /// Allocated bytes by category at the simulated allocated peak.
@@ -451,20 +558,26 @@ pub struct BreakdownResponse {
     /// Workspaces and intermediates live at the peak, and whatever part of the figure the
     /// categories of physics do not explain (a learned correction).
     pub temporaries: f64,
+    /// DDP's gradient buckets, FSDP/ZeRO's gathered weights and reduce buffers (0 on one GPU).
+    pub collective_buffers: f64,
     /// Segments the caching allocator holds beyond the allocated bytes (a simulated job's
-    /// reserved peak on the card minus its allocated peak; 0 for an analytic breakdown).
+    /// reserved peak on the card minus its allocated peak; for `training_step` 8 % of the
+    /// allocated bytes, the simulations' median; 0 for an analytic breakdown).
     pub allocator_cache: f64,
     /// CUDA context and cuBLAS/cuDNN handles, outside the allocator.
     pub cuda_context: f64,
 }
 
-/// `simulation`: the job's whole-step simulation; `analytic`: per-parameter bytes of the
-/// optimizer and precision, activations from the traced saved tensors or the layer outputs.
+/// `simulation`: the job's whole-step simulation (on the most loaded GPU of its layout);
+/// `analytic`: per-parameter bytes of the optimizer and precision, activations from the traced
+/// saved tensors or the layer outputs; `training_step`: the analytic training step of a setup
+/// the learned models do not know (docs/setups.md), per GPU.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum BreakdownSourceName {
     Simulation,
     Analytic,
+    TrainingStep,
 }
 
 /// Mean utilization while the job trains alone on the GPU, as fractions 0..1 (DCGM profiling
@@ -505,9 +618,44 @@ pub struct EstimateResponse {
     pub fit: Option<FitResponse>,
     /// Which GPU's calibration was applied to the MiB figures.
     pub calibration: Option<CalibrationResponse>,
+    /// The training setup as understood; the MiB figures are for one GPU of its layout (the
+    /// most loaded one).
+    pub setup: SetupResponse,
     /// What the answer left out or assumed, e.g. a sequence estimator that reads fewer layers
     /// than the job has (the family's other estimators answer); empty when nothing was.
     pub warnings: Vec<String>,
+}
+
+/// The training setup an answer is for.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct SetupResponse {
+    pub precision: String,
+    pub optimizer: String,
+    pub optimizer_implementation: String,
+    /// `none`, `full` or `modules`.
+    pub activation_checkpointing: String,
+    pub micro_batch_size: u64,
+    pub gradient_accumulation_steps: u64,
+    /// Parameters that get gradients and optimizer state (LoRA adapters included).
+    pub trainable_params: u64,
+    /// Of them, LoRA adapter parameters.
+    pub lora_params: u64,
+    pub parallelism: ParallelismResponse,
+    /// True when the learned estimators know this setup (one GPU, every parameter trained,
+    /// fp32/tf32 or fp16 autocast, sgd/momentum/adam/adamw, no checkpointing or
+    /// accumulation); otherwise physics answers alone.
+    pub learned_estimators_apply: bool,
+}
+
+/// The GPU layout an answer is for.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ParallelismResponse {
+    pub strategy: String,
+    pub world_size: u64,
+    pub data_parallel: u64,
+    pub tensor_parallel: u64,
+    pub pipeline_parallel: u64,
+    pub context_parallel: u64,
 }
 
 /// Whether the job fits one GPU, and how many copies fit side by side.

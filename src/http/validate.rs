@@ -6,13 +6,15 @@
 use crate::calibration::placement::{PlacementError, Target};
 use crate::devices::GpuDevices;
 use crate::domain::saved;
+use crate::domain::setup::{UncheckedLora, UncheckedNames, UncheckedParallelism};
 use crate::domain::summary::{parse_summary, SampleShape, SummaryFormat};
 use crate::domain::{
     echo, Confidence, Job, LayerKind, MemoryFraction, SavedTensors, SimulatedCategories,
     UncheckedLayer, UncheckedSimulation,
 };
+use crate::domain::{LayerDetail, UncheckedSetup};
 use crate::error::ApiError;
-use crate::http::types::{EstimateRequest, SummaryFormatRequest};
+use crate::http::types::{EstimateRequest, NamesRequest, SummaryFormatRequest};
 
 /// Said back when a summary's saved tensors were derived rather than traced.
 pub const DERIVED_SAVED_TENSORS_WARNING: &str = "saved_tensors: derived from the summary's \
@@ -142,12 +144,34 @@ pub fn to_job_noting(request: &EstimateRequest) -> Result<(Job, Vec<String>), Ap
         },
         attention: s.attention.as_deref(),
         interpolated: s.interpolated.unwrap_or(false),
+        activation_checkpointing: s.activation_checkpointing.as_ref().map(|c| match c {
+            NamesRequest::Keyword(word) => word.as_str(),
+            NamesRequest::Names(_) => "modules",
+        }),
+        gradient_accumulation_steps: s.gradient_accumulation_steps,
+        optimizer_implementation: s.optimizer_implementation.as_deref(),
+        trainable_params: s.trainable_params,
+        paged_optimizer_state_bytes: s.paged_optimizer_state_bytes,
     });
     if let Some(layers) = &request.layers {
         warnings.extend(mapped_kinds(layers.iter().map(|l| l.kind.as_str())));
     }
+    let details = request.layers.as_ref().map(|layers| {
+        layers
+            .iter()
+            .map(|l| LayerDetail {
+                name: l.name.clone(),
+                in_features: l.in_features,
+                out_features: l.out_features,
+            })
+            .collect::<Vec<_>>()
+    });
+    let job = match details {
+        Some(details) => job.with_layer_details(details)?,
+        None => job,
+    };
     let job = job
-        .with_training(request.optimizer.as_deref(), request.precision.as_deref())?
+        .with_setup(&unchecked_setup(request))?
         .with_input_shape(request.input_shape.as_deref())?
         .with_saved_tensors(
             request
@@ -181,6 +205,42 @@ pub fn to_job_noting(request: &EstimateRequest) -> Result<(Job, Vec<String>), Ap
         ));
     }
     Ok((job, warnings))
+}
+
+/// The setup fields of a request, borrowed for the domain's parser.
+fn unchecked_setup(request: &EstimateRequest) -> UncheckedSetup<'_> {
+    fn names(n: &NamesRequest) -> UncheckedNames<'_> {
+        match n {
+            NamesRequest::Keyword(word) => UncheckedNames::Keyword(word),
+            NamesRequest::Names(list) => UncheckedNames::Names(list),
+        }
+    }
+    UncheckedSetup {
+        precision: request.precision.as_deref(),
+        optimizer: request.optimizer.as_deref(),
+        optimizer_implementation: request.optimizer_implementation.as_deref(),
+        activation_checkpointing: request.activation_checkpointing.as_ref().map(names),
+        micro_batch_size: request.micro_batch_size,
+        gradient_accumulation_steps: request.gradient_accumulation_steps,
+        trainable_params: request.trainable.as_ref().and_then(|t| t.params),
+        trainable_modules: request
+            .trainable
+            .as_ref()
+            .and_then(|t| t.modules.as_deref()),
+        lora: request.lora.as_ref().map(|l| UncheckedLora {
+            rank: l.rank,
+            alpha: l.alpha,
+            target_modules: names(&l.target_modules),
+            base_weights: l.base_weights.as_deref(),
+        }),
+        parallelism: request.parallelism.as_ref().map(|p| UncheckedParallelism {
+            strategy: p.strategy.as_deref(),
+            world_size: p.world_size,
+            tensor_parallel: p.tensor_parallel,
+            pipeline_parallel: p.pipeline_parallel,
+            context_parallel: p.context_parallel,
+        }),
+    }
 }
 
 /// The layer kinds given in another spelling than the service's own name, each once:

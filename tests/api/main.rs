@@ -14,6 +14,7 @@ mod helpers;
 mod operations;
 mod real_models;
 mod saved_tensors;
+mod setups;
 mod simulation;
 mod startup;
 mod summary;

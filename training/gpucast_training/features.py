@@ -114,8 +114,13 @@ MAX_SAVED_BYTES = 1 << 44
 OPTIMIZER_ALIASES = {"sgd": "sgd", "momentum": "momentum", "sgd_momentum": "momentum",
                      "nesterov": "momentum", "adam": "adam", "adamw": "adamw"}
 OPTIMIZER_STATE_BYTES = {"sgd": 0.0, "momentum": 4.0, "adam": 8.0, "adamw": 8.0}
-PRECISION_ALIASES = {"fp32": "fp32", "float32": "fp32", "mixed16": "mixed16", "fp16": "mixed16",
-                     "bf16": "mixed16", "float16": "mixed16", "bfloat16": "mixed16", "amp": "mixed16"}
+# The service's six precisions in the three memory layouts the formulas know (src/domain/setup.rs):
+# fp32 storage (fp32, tf32), autocast with fp32 master weights (mixed16), pure 16-bit (pure16).
+PRECISION_ALIASES = {"fp32": "fp32", "float32": "fp32", "tf32": "fp32",
+                     "mixed16": "mixed16", "amp": "mixed16", "amp_fp16": "mixed16", "amp_bf16": "mixed16",
+                     "bf16": "pure16", "bfloat16": "pure16", "fp16": "pure16", "float16": "pure16"}
+# Bytes per weight and per activation element of each layout.
+PRECISION_BYTES = {"fp32": (4.0, 4.0), "mixed16": (6.0, 2.0), "pure16": (2.0, 2.0)}
 MAX_INPUT_DIMENSION = 1000000
 
 TOKEN_FEATURES = ["output_size", "params", "batch_size", "output_x_batch", "position"]
@@ -249,9 +254,11 @@ def _totals(job):
 
 def _model_state_bytes_and_activation_bytes(job):
     params, _, _ = _totals(job)
-    weight_bytes, activation_bytes = (4.0, 4.0) if job["precision"] == "fp32" else (6.0, 2.0)
-    gradient_bytes = 4.0
-    state_bytes = OPTIMIZER_STATE_BYTES[job["optimizer"]]
+    weight_bytes, activation_bytes = PRECISION_BYTES[job["precision"]]
+    # Gradients and optimizer state are stored like the weights: fp32, or 16 bits when pure.
+    storage = 2.0 if job["precision"] == "pure16" else 4.0
+    gradient_bytes = storage
+    state_bytes = OPTIMIZER_STATE_BYTES[job["optimizer"]] * storage / 4.0
     return params * (weight_bytes + gradient_bytes + state_bytes), activation_bytes
 
 

@@ -683,9 +683,12 @@ def golden_real_jobs(test_records):
         for label, record in (("shortest", members[0]), ("median", members[len(members) // 2]), ("longest", members[-1])):
             cases.append(("timm_%s_%s" % (family, label), record["job"]))
     base = dict(cases[0][1])
-    for optimizer, precision in (("sgd", "fp32"), ("momentum", "mixed16"), ("AdamW", "bf16"), ("nesterov", "fp16")):
+    # (optimizer, precision, the case's label): bf16 and fp16 autocast, named as before the
+    # service had pure 16-bit precisions.
+    for optimizer, precision, label in (("sgd", "fp32", "fp32"), ("momentum", "mixed16", "mixed16"),
+                                        ("AdamW", "amp_bf16", "bf16"), ("nesterov", "amp_fp16", "fp16")):
         job = dict(base, optimizer=optimizer, precision=precision)
-        cases.append(("timm_cnn_shortest_%s_%s" % (optimizer.lower(), precision), job))
+        cases.append(("timm_cnn_shortest_%s_%s" % (optimizer.lower(), label), job))
     cases.append(("timm_cnn_shortest_untraced", {k: v for k, v in base.items() if k != "saved_tensors"}))
     no_shape = {k: v for k, v in cases[3][1].items() if k != "input_shape"}
     cases.append(("timm_transformer_shortest_no_input_shape", dict(no_shape, optimizer="sgd", precision="amp")))

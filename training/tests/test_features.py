@@ -164,7 +164,10 @@ class HandCheckedTest(unittest.TestCase):
             return body
         self.assertAlmostEqual(gf.first_principles_mib(job()), 1300 + 16 + 2, places=9)
         self.assertAlmostEqual(gf.first_principles_mib(job(optimizer="adamw", precision="fp32")), 1318, places=9)
-        self.assertAlmostEqual(gf.first_principles_mib(job(optimizer="SGD", precision="bf16")), 1300 + 10 + 1, places=9)
+        self.assertAlmostEqual(gf.first_principles_mib(job(optimizer="SGD", precision="amp_bf16")), 1300 + 10 + 1, places=9)
+        # Pure bf16: weights and gradients in 2 bytes, Adam's state too.
+        self.assertAlmostEqual(gf.first_principles_mib(job(optimizer="SGD", precision="bf16")), 1300 + 4 + 1, places=9)
+        self.assertAlmostEqual(gf.first_principles_mib(job(precision="bf16")), 1300 + 8 + 1, places=9)
         self.assertAlmostEqual(gf.first_principles_mib(job(optimizer="momentum")), 1300 + 12 + 2, places=9)
         self.assertAlmostEqual(gf.first_principles_mib(job(precision="mixed16")), 1300 + 18 + 1, places=9)
         self.assertAlmostEqual(gf.horus_mib(job(optimizer="sgd", precision="fp16")), 4 + 2, places=9)

@@ -1,0 +1,969 @@
+//! How a job is trained: precision, optimizer, activation checkpointing, accumulation, frozen
+//! weights and adapters, and the GPU layout. Parsed from untrusted input into a [`Setup`] here;
+//! what each choice does to memory lives in [`super::step`]. docs/setups.md is the contract.
+
+use std::fmt;
+
+use super::echo;
+
+/// Most names a list field (`target_modules`, `trainable.modules`, checkpointed modules) holds.
+pub const MAX_NAMES: usize = 256;
+/// Longest name accepted in such a list.
+pub const MAX_NAME_CHARS: usize = 256;
+/// Largest GPU count of any degree or world size (far beyond any cluster).
+pub const MAX_WORLD_SIZE: u64 = 1 << 20;
+/// Largest accumulation accepted.
+pub const MAX_ACCUMULATION: u64 = 1 << 20;
+/// Largest LoRA rank accepted (any real adapter is far below).
+pub const MAX_LORA_RANK: u64 = 1 << 16;
+
+/// A setup field that cannot be read, or a combination that cannot run: `field: message`.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct SetupError {
+    pub field: String,
+    pub message: String,
+}
+
+impl SetupError {
+    pub fn new(field: impl Into<String>, message: impl Into<String>) -> SetupError {
+        SetupError {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// The numeric format of weights, gradients and activations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Precision {
+    #[default]
+    Fp32,
+    /// fp32 storage, TF32 matmuls: memory as fp32.
+    Tf32,
+    /// CUDA autocast to fp16: fp32 master weights, 16-bit casts and activations.
+    AmpFp16,
+    AmpBf16,
+    /// Pure 16-bit: weights, gradients and optimizer state in bf16.
+    Bf16,
+    /// Pure fp16 with a loss scaler.
+    Fp16,
+}
+
+impl Precision {
+    pub const NAMES: &'static str = "fp32, tf32, amp_fp16, amp_bf16, bf16, fp16";
+
+    pub fn parse(raw: &str) -> Option<Precision> {
+        match raw.to_ascii_lowercase().as_str() {
+            "fp32" | "float32" => Some(Precision::Fp32),
+            "tf32" => Some(Precision::Tf32),
+            // `mixed16` and `amp` are the names this service used before the six modes.
+            "amp_fp16" | "mixed16" | "amp" => Some(Precision::AmpFp16),
+            "amp_bf16" => Some(Precision::AmpBf16),
+            "bf16" | "bfloat16" => Some(Precision::Bf16),
+            "fp16" | "float16" => Some(Precision::Fp16),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Precision::Fp32 => "fp32",
+            Precision::Tf32 => "tf32",
+            Precision::AmpFp16 => "amp_fp16",
+            Precision::AmpBf16 => "amp_bf16",
+            Precision::Bf16 => "bf16",
+            Precision::Fp16 => "fp16",
+        }
+    }
+
+    pub fn is_autocast(self) -> bool {
+        matches!(self, Precision::AmpFp16 | Precision::AmpBf16)
+    }
+
+    pub fn is_pure_16bit(self) -> bool {
+        matches!(self, Precision::Bf16 | Precision::Fp16)
+    }
+
+    /// Bytes of one stored weight, gradient or optimizer-state element.
+    pub fn storage_bytes(self) -> f64 {
+        if self.is_pure_16bit() {
+            2.0
+        } else {
+            4.0
+        }
+    }
+
+    /// Bytes of one activation element.
+    pub fn activation_bytes(self) -> f64 {
+        match self {
+            Precision::Fp32 | Precision::Tf32 => 4.0,
+            _ => 2.0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Optimizer {
+    Sgd,
+    Momentum,
+    #[default]
+    Adam,
+    AdamW,
+    Adafactor,
+    /// bitsandbytes' blockwise 8-bit Adam.
+    Adam8bit,
+    AdamW8bit,
+    /// AdamW with its state in CUDA unified memory, outside PyTorch's caching allocator.
+    PagedAdamW,
+    PagedAdamW8bit,
+}
+
+impl Optimizer {
+    pub const NAMES: &'static str = "sgd, momentum, adam, adamw, adafactor, adam_8bit, \
+                                     adamw_8bit, paged_adamw, paged_adamw_8bit";
+
+    pub fn parse(raw: &str) -> Option<Optimizer> {
+        match raw.to_ascii_lowercase().replace('-', "_").as_str() {
+            "sgd" => Some(Optimizer::Sgd),
+            "momentum" | "sgd_momentum" | "nesterov" => Some(Optimizer::Momentum),
+            "adam" => Some(Optimizer::Adam),
+            "adamw" => Some(Optimizer::AdamW),
+            "adafactor" => Some(Optimizer::Adafactor),
+            "adam_8bit" | "adam8bit" => Some(Optimizer::Adam8bit),
+            "adamw_8bit" | "adamw8bit" => Some(Optimizer::AdamW8bit),
+            "paged_adamw" | "paged_adamw_32bit" => Some(Optimizer::PagedAdamW),
+            "paged_adamw_8bit" => Some(Optimizer::PagedAdamW8bit),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Optimizer::Sgd => "sgd",
+            Optimizer::Momentum => "momentum",
+            Optimizer::Adam => "adam",
+            Optimizer::AdamW => "adamw",
+            Optimizer::Adafactor => "adafactor",
+            Optimizer::Adam8bit => "adam_8bit",
+            Optimizer::AdamW8bit => "adamw_8bit",
+            Optimizer::PagedAdamW => "paged_adamw",
+            Optimizer::PagedAdamW8bit => "paged_adamw_8bit",
+        }
+    }
+
+    /// fp32 state bytes per parameter of the four optimizers the learned models were trained
+    /// on (the features' formula): 0, 4, 8, 8. The other optimizers' state is sized per layer
+    /// by [`super::step`].
+    pub fn state_bytes_per_param(self) -> f64 {
+        match self {
+            Optimizer::Sgd => 0.0,
+            Optimizer::Momentum => 4.0,
+            _ => 8.0,
+        }
+    }
+
+    /// State outside PyTorch's allocator (bitsandbytes' paged optimizers).
+    pub fn is_paged(self) -> bool {
+        matches!(self, Optimizer::PagedAdamW | Optimizer::PagedAdamW8bit)
+    }
+
+    pub fn is_8bit(self) -> bool {
+        matches!(
+            self,
+            Optimizer::Adam8bit | Optimizer::AdamW8bit | Optimizer::PagedAdamW8bit
+        )
+    }
+
+    /// One of sgd, momentum, adam, adamw: what the learned models were trained on.
+    pub fn is_classic(self) -> bool {
+        matches!(
+            self,
+            Optimizer::Sgd | Optimizer::Momentum | Optimizer::Adam | Optimizer::AdamW
+        )
+    }
+}
+
+/// How the optimizer's step runs: PyTorch's GPU default is `foreach` (one temporary copy of
+/// the state per step), `fused` allocates next to nothing, `for_loop` one parameter's worth.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum OptimizerImplementation {
+    #[default]
+    Foreach,
+    Fused,
+    ForLoop,
+}
+
+impl OptimizerImplementation {
+    pub fn parse(raw: &str) -> Option<OptimizerImplementation> {
+        match raw.to_ascii_lowercase().as_str() {
+            "foreach" => Some(OptimizerImplementation::Foreach),
+            "fused" => Some(OptimizerImplementation::Fused),
+            "for_loop" | "forloop" => Some(OptimizerImplementation::ForLoop),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OptimizerImplementation::Foreach => "foreach",
+            OptimizerImplementation::Fused => "fused",
+            OptimizerImplementation::ForLoop => "for_loop",
+        }
+    }
+}
+
+/// Which modules recompute their forward in backward instead of keeping activations.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Checkpointing {
+    #[default]
+    None,
+    /// Every block of the model's repeated block stack.
+    Full,
+    /// These modules (layer-name prefixes).
+    Modules(Vec<String>),
+}
+
+impl Checkpointing {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Checkpointing::None => "none",
+            Checkpointing::Full => "full",
+            Checkpointing::Modules(_) => "modules",
+        }
+    }
+}
+
+/// Which parameters train; the rest are frozen (no gradient, no optimizer state).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Trainable {
+    #[default]
+    All,
+    Params(u64),
+    Modules(Vec<String>),
+}
+
+/// The frozen base weights of a LoRA job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BaseWeights {
+    /// In the job's precision.
+    #[default]
+    Same,
+    /// bitsandbytes LLM.int8: 1 byte per weight and fp32 row scales.
+    Int8,
+    /// QLoRA's NF4: 4 bits per weight, 8-bit block scales (64) with fp32 scales of those (256).
+    Nf4,
+}
+
+impl BaseWeights {
+    pub fn parse(raw: &str) -> Option<BaseWeights> {
+        match raw.to_ascii_lowercase().as_str() {
+            "same" | "none" => Some(BaseWeights::Same),
+            "int8" | "8bit" => Some(BaseWeights::Int8),
+            "nf4" | "4bit" | "fp4" => Some(BaseWeights::Nf4),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BaseWeights::Same => "same",
+            BaseWeights::Int8 => "int8",
+            BaseWeights::Nf4 => "nf4",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LoraTargets {
+    /// PEFT's `all-linear`: every linear layer but the output head (the model's last linear).
+    AllLinear,
+    /// Layer names, matched as PEFT does: the whole name, or its last dotted components.
+    Names(Vec<String>),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Lora {
+    pub rank: u64,
+    pub alpha: f64,
+    pub targets: LoraTargets,
+    pub base_weights: BaseWeights,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Strategy {
+    #[default]
+    None,
+    Ddp,
+    Fsdp,
+    Zero1,
+    Zero2,
+    Zero3,
+}
+
+impl Strategy {
+    pub fn parse(raw: &str) -> Option<Strategy> {
+        match raw.to_ascii_lowercase().replace(['-', ' '], "_").as_str() {
+            "none" | "single" => Some(Strategy::None),
+            "ddp" => Some(Strategy::Ddp),
+            "fsdp" | "fsdp2" | "full_shard" => Some(Strategy::Fsdp),
+            "zero1" | "zero_1" => Some(Strategy::Zero1),
+            "zero2" | "zero_2" => Some(Strategy::Zero2),
+            "zero3" | "zero_3" => Some(Strategy::Zero3),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Strategy::None => "none",
+            Strategy::Ddp => "ddp",
+            Strategy::Fsdp => "fsdp",
+            Strategy::Zero1 => "zero1",
+            Strategy::Zero2 => "zero2",
+            Strategy::Zero3 => "zero3",
+        }
+    }
+
+    /// (optimizer state, gradients, weights) sharded across the data-parallel ranks.
+    pub fn shards(self) -> (bool, bool, bool) {
+        match self {
+            Strategy::None | Strategy::Ddp => (false, false, false),
+            Strategy::Zero1 => (true, false, false),
+            Strategy::Zero2 => (true, true, false),
+            Strategy::Fsdp | Strategy::Zero3 => (true, true, true),
+        }
+    }
+}
+
+/// The GPU layout: `world_size = data x tensor x pipeline x context` degrees.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Parallelism {
+    pub strategy: Strategy,
+    pub world_size: u64,
+    pub tensor: u64,
+    pub pipeline: u64,
+    pub context: u64,
+}
+
+impl Default for Parallelism {
+    fn default() -> Parallelism {
+        Parallelism {
+            strategy: Strategy::None,
+            world_size: 1,
+            tensor: 1,
+            pipeline: 1,
+            context: 1,
+        }
+    }
+}
+
+impl Parallelism {
+    /// The data-parallel degree: the ranks that hold the same layers.
+    pub fn data(self) -> u64 {
+        self.world_size / (self.tensor * self.pipeline * self.context)
+    }
+
+    pub fn is_single_gpu(self) -> bool {
+        self.world_size == 1
+    }
+}
+
+/// A validated training setup (without the checks that need the layers: see
+/// [`super::Job::with_setup`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Setup {
+    pub precision: Precision,
+    pub optimizer: Optimizer,
+    pub implementation: OptimizerImplementation,
+    pub checkpointing: Checkpointing,
+    /// Samples per GPU per forward/backward.
+    pub micro_batch_size: u64,
+    pub accumulation: u64,
+    pub trainable: Trainable,
+    pub lora: Option<Lora>,
+    pub parallelism: Parallelism,
+}
+
+impl Setup {
+    /// One GPU, fp32, Adam, every parameter trained, no checkpointing, no accumulation.
+    pub fn plain(batch_size: u64) -> Setup {
+        Setup {
+            precision: Precision::default(),
+            optimizer: Optimizer::default(),
+            implementation: OptimizerImplementation::default(),
+            checkpointing: Checkpointing::None,
+            micro_batch_size: batch_size,
+            accumulation: 1,
+            trainable: Trainable::All,
+            lora: None,
+            parallelism: Parallelism::default(),
+        }
+    }
+
+    /// Whether the learned models were trained on jobs like this one: one GPU (or DDP, whose
+    /// buckets are added to the physics), every parameter trained, no checkpointing, one
+    /// micro-batch per step, fp32/TF32 or fp16 autocast, one of the four classic optimizers
+    /// run as foreach. Outside, physics answers alone.
+    pub fn within_learned(&self) -> bool {
+        matches!(
+            self.precision,
+            Precision::Fp32 | Precision::Tf32 | Precision::AmpFp16
+        ) && self.optimizer.is_classic()
+            && self.implementation == OptimizerImplementation::Foreach
+            && self.checkpointing == Checkpointing::None
+            && self.accumulation == 1
+            && self.trainable == Trainable::All
+            && self.lora.is_none()
+            && self.parallelism.is_single_gpu()
+    }
+}
+
+/// The setup fields as a request gives them (borrowed, unchecked).
+#[derive(Debug, Clone, Default)]
+pub struct UncheckedSetup<'a> {
+    pub precision: Option<&'a str>,
+    pub optimizer: Option<&'a str>,
+    pub optimizer_implementation: Option<&'a str>,
+    pub activation_checkpointing: Option<UncheckedNames<'a>>,
+    pub micro_batch_size: Option<u64>,
+    pub gradient_accumulation_steps: Option<u64>,
+    pub trainable_params: Option<u64>,
+    pub trainable_modules: Option<&'a [String]>,
+    pub lora: Option<UncheckedLora<'a>>,
+    pub parallelism: Option<UncheckedParallelism<'a>>,
+}
+
+/// A keyword (`none`, `full`, `all-linear`) or a list of names.
+#[derive(Debug, Clone, Copy)]
+pub enum UncheckedNames<'a> {
+    Keyword(&'a str),
+    Names(&'a [String]),
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct UncheckedLora<'a> {
+    pub rank: u64,
+    pub alpha: Option<f64>,
+    pub target_modules: UncheckedNames<'a>,
+    pub base_weights: Option<&'a str>,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+pub struct UncheckedParallelism<'a> {
+    pub strategy: Option<&'a str>,
+    pub world_size: Option<u64>,
+    pub tensor_parallel: Option<u64>,
+    pub pipeline_parallel: Option<u64>,
+    pub context_parallel: Option<u64>,
+}
+
+fn names(field: &str, raw: &[String]) -> Result<Vec<String>, SetupError> {
+    if raw.is_empty() {
+        return Err(SetupError::new(field, "must name at least one module"));
+    }
+    if raw.len() > MAX_NAMES {
+        return Err(SetupError::new(
+            field,
+            format!("at most {MAX_NAMES} names, got {}", raw.len()),
+        ));
+    }
+    raw.iter()
+        .map(|name| {
+            let name = name.trim();
+            if name.is_empty() || name.chars().count() > MAX_NAME_CHARS {
+                Err(SetupError::new(
+                    field,
+                    format!("each name must hold 1 to {MAX_NAME_CHARS} characters"),
+                ))
+            } else {
+                Ok(name.to_string())
+            }
+        })
+        .collect()
+}
+
+fn degree(field: &str, raw: Option<u64>) -> Result<u64, SetupError> {
+    match raw {
+        None => Ok(1),
+        Some(d) if (1..=MAX_WORLD_SIZE).contains(&d) => Ok(d),
+        Some(d) => Err(SetupError::new(
+            field,
+            format!("must be between 1 and {MAX_WORLD_SIZE}, got {d}"),
+        )),
+    }
+}
+
+fn parallelism(raw: Option<UncheckedParallelism<'_>>) -> Result<Parallelism, SetupError> {
+    let Some(raw) = raw else {
+        return Ok(Parallelism::default());
+    };
+    let strategy = match raw.strategy {
+        None => Strategy::None,
+        Some(name) => Strategy::parse(name).ok_or_else(|| {
+            SetupError::new(
+                "parallelism.strategy",
+                format!(
+                    "unknown strategy '{}' (known: none, ddp, fsdp, zero1, zero2, zero3)",
+                    echo(name)
+                ),
+            )
+        })?,
+    };
+    let tensor = degree("parallelism.tensor_parallel", raw.tensor_parallel)?;
+    let pipeline = degree("parallelism.pipeline_parallel", raw.pipeline_parallel)?;
+    let context = degree("parallelism.context_parallel", raw.context_parallel)?;
+    let model_parallel = tensor * pipeline * context;
+    let world_size = match raw.world_size {
+        Some(0) => {
+            return Err(SetupError::new(
+                "parallelism.world_size",
+                "must be at least 1, got 0",
+            ))
+        }
+        Some(w) if w > MAX_WORLD_SIZE => {
+            return Err(SetupError::new(
+                "parallelism.world_size",
+                format!("must be at most {MAX_WORLD_SIZE}, got {w}"),
+            ))
+        }
+        Some(w) => w,
+        None if matches!(strategy, Strategy::None | Strategy::Ddp) => model_parallel,
+        None => {
+            return Err(SetupError::new(
+                "parallelism.world_size",
+                format!(
+                    "{} shards across the data-parallel ranks: give the world size",
+                    strategy.as_str()
+                ),
+            ))
+        }
+    };
+    if model_parallel > MAX_WORLD_SIZE || !world_size.is_multiple_of(model_parallel) {
+        return Err(SetupError::new(
+            "parallelism.world_size",
+            format!(
+                "{world_size} GPUs cannot be split into tensor x pipeline x context = \
+                 {tensor} x {pipeline} x {context} groups"
+            ),
+        ));
+    }
+    if strategy == Strategy::None && world_size / model_parallel > 1 {
+        return Err(SetupError::new(
+            "parallelism.strategy",
+            format!(
+                "{} data-parallel ranks need a strategy (ddp, fsdp, zero1, zero2, zero3)",
+                world_size / model_parallel
+            ),
+        ));
+    }
+    Ok(Parallelism {
+        strategy,
+        world_size,
+        tensor,
+        pipeline,
+        context,
+    })
+}
+
+fn lora(raw: Option<UncheckedLora<'_>>) -> Result<Option<Lora>, SetupError> {
+    let Some(raw) = raw else {
+        return Ok(None);
+    };
+    if raw.rank == 0 || raw.rank > MAX_LORA_RANK {
+        return Err(SetupError::new(
+            "lora.rank",
+            format!("must be between 1 and {MAX_LORA_RANK}, got {}", raw.rank),
+        ));
+    }
+    let alpha = raw.alpha.unwrap_or(raw.rank as f64);
+    if !alpha.is_finite() || alpha <= 0.0 || alpha > 1e6 {
+        return Err(SetupError::new(
+            "lora.alpha",
+            "must be a positive number of at most 1e6",
+        ));
+    }
+    let targets = match raw.target_modules {
+        UncheckedNames::Keyword(word)
+            if matches!(
+                word.to_ascii_lowercase().as_str(),
+                "all-linear" | "all_linear"
+            ) =>
+        {
+            LoraTargets::AllLinear
+        }
+        UncheckedNames::Keyword(word) => {
+            return Err(SetupError::new(
+                "lora.target_modules",
+                format!(
+                    "'{}' is neither `all-linear` nor a list of module names",
+                    echo(word)
+                ),
+            ))
+        }
+        UncheckedNames::Names(list) => LoraTargets::Names(names("lora.target_modules", list)?),
+    };
+    let base_weights = match raw.base_weights {
+        None => BaseWeights::Same,
+        Some(name) => BaseWeights::parse(name).ok_or_else(|| {
+            SetupError::new(
+                "lora.base_weights",
+                format!("unknown '{}' (known: same, int8, nf4)", echo(name)),
+            )
+        })?,
+    };
+    Ok(Some(Lora {
+        rank: raw.rank,
+        alpha,
+        targets,
+        base_weights,
+    }))
+}
+
+impl Setup {
+    /// Reads the setup fields of a job of `batch_size` samples per step (per data-parallel
+    /// replica, or for all of them: see docs/setups.md).
+    pub fn parse(batch_size: u64, raw: &UncheckedSetup<'_>) -> Result<Setup, SetupError> {
+        let precision = match raw.precision {
+            None => Precision::default(),
+            Some(name) => Precision::parse(name).ok_or_else(|| {
+                SetupError::new(
+                    "precision",
+                    format!(
+                        "unknown precision '{}' (known: {}; mixed16 = amp_fp16)",
+                        echo(name),
+                        Precision::NAMES
+                    ),
+                )
+            })?,
+        };
+        let optimizer = match raw.optimizer {
+            None => Optimizer::default(),
+            Some(name) => Optimizer::parse(name).ok_or_else(|| {
+                SetupError::new(
+                    "optimizer",
+                    format!(
+                        "unknown optimizer '{}' (known: {})",
+                        echo(name),
+                        Optimizer::NAMES
+                    ),
+                )
+            })?,
+        };
+        let implementation = match raw.optimizer_implementation {
+            None => OptimizerImplementation::default(),
+            Some(name) => OptimizerImplementation::parse(name).ok_or_else(|| {
+                SetupError::new(
+                    "optimizer_implementation",
+                    format!("unknown '{}' (known: foreach, fused, for_loop)", echo(name)),
+                )
+            })?,
+        };
+        if implementation != OptimizerImplementation::Foreach
+            && !optimizer.is_classic()
+            && optimizer != Optimizer::Adafactor
+        {
+            return Err(SetupError::new(
+                "optimizer_implementation",
+                format!(
+                    "{} runs bitsandbytes' own kernels: only PyTorch's optimizers have a \
+                     foreach, fused or for_loop implementation",
+                    optimizer.as_str()
+                ),
+            ));
+        }
+        let checkpointing = match raw.activation_checkpointing {
+            None => Checkpointing::None,
+            Some(UncheckedNames::Keyword(word)) => match word.to_ascii_lowercase().as_str() {
+                "none" | "off" => Checkpointing::None,
+                "full" | "on" => Checkpointing::Full,
+                _ => {
+                    return Err(SetupError::new(
+                        "activation_checkpointing",
+                        format!(
+                            "'{}' is neither none, full nor a list of module names",
+                            echo(word)
+                        ),
+                    ))
+                }
+            },
+            Some(UncheckedNames::Names(list)) => {
+                Checkpointing::Modules(names("activation_checkpointing", list)?)
+            }
+        };
+        let parallelism = parallelism(raw.parallelism)?;
+        let accumulation = match raw.gradient_accumulation_steps {
+            None => 1,
+            Some(k) if (1..=MAX_ACCUMULATION).contains(&k) => k,
+            Some(k) => {
+                return Err(SetupError::new(
+                    "gradient_accumulation_steps",
+                    format!("must be between 1 and {MAX_ACCUMULATION}, got {k}"),
+                ))
+            }
+        };
+        let micro_batch_size = micro_batch(
+            batch_size,
+            raw.micro_batch_size,
+            accumulation,
+            parallelism.data(),
+        )?;
+        let trainable = match (raw.trainable_params, raw.trainable_modules) {
+            (None, None) => Trainable::All,
+            (Some(count), None) => Trainable::Params(count),
+            (None, Some(list)) => Trainable::Modules(names("trainable.modules", list)?),
+            (Some(_), Some(_)) => {
+                return Err(SetupError::new(
+                    "trainable",
+                    "give either params (a count) or modules (names), not both",
+                ))
+            }
+        };
+        let lora = lora(raw.lora)?;
+        if lora.is_some() && matches!(trainable, Trainable::Params(_)) {
+            return Err(SetupError::new(
+                "trainable.params",
+                "with lora the adapters train: name the other trainable modules \
+                 (trainable.modules, e.g. a classifier head) instead of a count",
+            ));
+        }
+        Ok(Setup {
+            precision,
+            optimizer,
+            implementation,
+            checkpointing,
+            micro_batch_size,
+            accumulation,
+            trainable,
+            lora,
+            parallelism,
+        })
+    }
+}
+
+/// The micro-batch: given, or `batch_size / accumulation` (and divided by the data-parallel
+/// degree when `batch_size` is the global batch). A given one must make up the batch.
+fn micro_batch(
+    batch_size: u64,
+    given: Option<u64>,
+    accumulation: u64,
+    data: u64,
+) -> Result<u64, SetupError> {
+    match given {
+        Some(0) => Err(SetupError::new(
+            "micro_batch_size",
+            "must be at least 1, got 0",
+        )),
+        Some(micro) if micro > batch_size => Err(SetupError::new(
+            "micro_batch_size",
+            format!("{micro} is larger than batch_size ({batch_size})"),
+        )),
+        Some(micro) => {
+            let per_replica = micro.saturating_mul(accumulation);
+            if batch_size == per_replica || batch_size == per_replica.saturating_mul(data) {
+                Ok(micro)
+            } else {
+                Err(SetupError::new(
+                    "micro_batch_size",
+                    format!(
+                        "batch_size {batch_size} is neither micro_batch_size x \
+                         gradient_accumulation_steps ({micro} x {accumulation}) nor that x the \
+                         {data} data-parallel ranks"
+                    ),
+                ))
+            }
+        }
+        None if !batch_size.is_multiple_of(accumulation) => Err(SetupError::new(
+            "gradient_accumulation_steps",
+            format!("{accumulation} micro-batches do not divide batch_size {batch_size}"),
+        )),
+        None => Ok(batch_size / accumulation),
+    }
+}
+
+impl fmt::Display for Precision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(raw: UncheckedSetup<'_>) -> Result<Setup, SetupError> {
+        Setup::parse(32, &raw)
+    }
+
+    fn field_of(raw: UncheckedSetup<'_>) -> String {
+        parse(raw).expect_err("refused").field
+    }
+
+    #[test]
+    fn no_fields_is_the_plain_setup_the_learned_models_know() {
+        let setup = parse(UncheckedSetup::default()).unwrap();
+        assert_eq!(setup, Setup::plain(32));
+        assert!(setup.within_learned());
+    }
+
+    #[test]
+    fn six_precisions_parse_and_the_old_names_still_read_as_fp16_autocast() {
+        for (raw, want) in [
+            ("fp32", Precision::Fp32),
+            ("tf32", Precision::Tf32),
+            ("amp_fp16", Precision::AmpFp16),
+            ("mixed16", Precision::AmpFp16),
+            ("amp_bf16", Precision::AmpBf16),
+            ("bf16", Precision::Bf16),
+            ("fp16", Precision::Fp16),
+        ] {
+            assert_eq!(Precision::parse(raw), Some(want), "{raw}");
+            assert_eq!(Precision::parse(want.as_str()), Some(want));
+        }
+        assert_eq!(
+            field_of(UncheckedSetup {
+                precision: Some("fp8"),
+                ..Default::default()
+            }),
+            "precision"
+        );
+    }
+
+    #[test]
+    fn the_micro_batch_follows_accumulation_and_must_make_up_the_batch() {
+        let setup = parse(UncheckedSetup {
+            gradient_accumulation_steps: Some(4),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!((setup.micro_batch_size, setup.accumulation), (8, 4));
+        assert!(!setup.within_learned());
+        // The global batch over 2 DDP ranks is accepted too.
+        let setup = parse(UncheckedSetup {
+            micro_batch_size: Some(4),
+            gradient_accumulation_steps: Some(4),
+            parallelism: Some(UncheckedParallelism {
+                strategy: Some("ddp"),
+                world_size: Some(2),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(setup.micro_batch_size, 4);
+        for raw in [
+            UncheckedSetup {
+                micro_batch_size: Some(5),
+                ..Default::default()
+            },
+            UncheckedSetup {
+                micro_batch_size: Some(0),
+                ..Default::default()
+            },
+        ] {
+            assert_eq!(field_of(raw), "micro_batch_size");
+        }
+        assert_eq!(
+            field_of(UncheckedSetup {
+                gradient_accumulation_steps: Some(5),
+                ..Default::default()
+            }),
+            "gradient_accumulation_steps"
+        );
+    }
+
+    #[test]
+    fn invalid_layouts_are_refused_naming_the_field() {
+        let layout = |strategy, world_size, tensor_parallel| UncheckedSetup {
+            parallelism: Some(UncheckedParallelism {
+                strategy,
+                world_size,
+                tensor_parallel,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert_eq!(
+            field_of(layout(Some("ddp"), Some(0), None)),
+            "parallelism.world_size"
+        );
+        assert_eq!(
+            field_of(layout(Some("zero3"), None, None)),
+            "parallelism.world_size"
+        );
+        assert_eq!(
+            field_of(layout(Some("fsdp"), Some(6), Some(4))),
+            "parallelism.world_size"
+        );
+        assert_eq!(
+            field_of(layout(None, Some(8), None)),
+            "parallelism.strategy"
+        );
+        assert_eq!(
+            field_of(layout(Some("horovod"), Some(8), None)),
+            "parallelism.strategy"
+        );
+        let ok = parse(layout(Some("fsdp"), Some(16), Some(4))).unwrap();
+        assert_eq!(ok.parallelism.data(), 4);
+        // Tensor parallel alone needs no strategy: no data-parallel ranks.
+        let tp = parse(layout(None, None, Some(8))).unwrap();
+        assert_eq!((tp.parallelism.world_size, tp.parallelism.data()), (8, 1));
+    }
+
+    #[test]
+    fn lora_fields_are_checked_and_a_count_of_trainables_does_not_go_with_it() {
+        let targets = vec!["q_proj".to_string(), "v_proj".to_string()];
+        let with = |rank, base| UncheckedSetup {
+            lora: Some(UncheckedLora {
+                rank,
+                alpha: Some(16.0),
+                target_modules: UncheckedNames::Names(&targets),
+                base_weights: base,
+            }),
+            ..Default::default()
+        };
+        let setup = parse(with(8, Some("nf4"))).unwrap();
+        let lora = setup.lora.clone().unwrap();
+        assert_eq!((lora.rank, lora.base_weights), (8, BaseWeights::Nf4));
+        assert!(!setup.within_learned());
+        assert_eq!(field_of(with(0, None)), "lora.rank");
+        assert_eq!(field_of(with(8, Some("nf3"))), "lora.base_weights");
+        let mut both = with(8, None);
+        both.trainable_params = Some(10);
+        assert_eq!(field_of(both), "trainable.params");
+        let keyword = UncheckedSetup {
+            lora: Some(UncheckedLora {
+                rank: 8,
+                alpha: None,
+                target_modules: UncheckedNames::Keyword("everything"),
+                base_weights: None,
+            }),
+            ..Default::default()
+        };
+        assert_eq!(field_of(keyword), "lora.target_modules");
+    }
+
+    #[test]
+    fn optimizers_and_their_implementations_parse() {
+        for name in Optimizer::NAMES.split(", ") {
+            let optimizer = Optimizer::parse(name).unwrap();
+            assert_eq!(optimizer.as_str(), name);
+        }
+        assert!(Optimizer::PagedAdamW8bit.is_paged() && Optimizer::PagedAdamW8bit.is_8bit());
+        assert_eq!(
+            field_of(UncheckedSetup {
+                optimizer: Some("adamw_8bit"),
+                optimizer_implementation: Some("fused"),
+                ..Default::default()
+            }),
+            "optimizer_implementation"
+        );
+        assert_eq!(
+            field_of(UncheckedSetup {
+                optimizer: Some("lion"),
+                ..Default::default()
+            }),
+            "optimizer"
+        );
+    }
+}

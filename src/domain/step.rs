@@ -1,0 +1,568 @@
+//! The analytic training step: what one GPU holds at the step's peak, by category, for any
+//! [`Setup`], from the layer list (names, parameters, linear shapes) and the activations kept
+//! for backward (traced saved tensors, or every layer output). It answers jobs that carry no
+//! simulation of their setup, and it is where sharding and model parallelism are applied to
+//! a one-GPU simulation ([`shard_simulated`]).
+//!
+//! The peak is the larger of two moments of a step: the start of backward (weights, optimizer
+//! state, every activation kept, the first gradients and the gradient of the largest output)
+//! and the optimizer's step (weights, optimizer state, every gradient and the optimizer's
+//! temporaries). Gradients from earlier micro-batches are alive in both when the step
+//! accumulates. docs/setups.md states the rules; each constant says where it comes from.
+
+use super::job::{Job, Layer, LayerKind, SimulatedCategories};
+use super::setup::{
+    BaseWeights, Checkpointing, LoraTargets, Optimizer, OptimizerImplementation, Precision,
+    Strategy, Trainable,
+};
+
+/// A layer's name and linear shape, when the request gave them.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct LayerDetail {
+    pub name: Option<String>,
+    pub in_features: Option<u64>,
+    pub out_features: Option<u64>,
+}
+
+/// bitsandbytes keeps 32-bit state for parameters below this size (`min_8bit_size`).
+const MIN_8BIT_SIZE: u64 = 4096;
+/// 8-bit Adam: two uint8 states and an fp32 absmax per 256-element block of each.
+const ADAM_8BIT_BYTES: f64 = 2.0 + 2.0 * 4.0 / 256.0;
+/// NF4 with double quantisation: 4 bits, an 8-bit absmax per 64 weights, an fp32 scale per
+/// 256 of those (QLoRA, Dettmers et al. 2023: 4.127 bits per weight).
+const NF4_BYTES: f64 = 0.5 + 1.0 / 64.0 + 4.0 / (64.0 * 256.0);
+/// LoRA adapters train in fp32 whatever the base (PEFT's `autocast_adapter_dtype`).
+const ADAPTER_BYTES: f64 = 4.0;
+/// DeepSpeed ZeRO's default `reduce_bucket_size` (elements).
+const ZERO_REDUCE_BUCKET: f64 = 5e8;
+/// What the caching allocator reserves beyond the allocated peak: the median reserved /
+/// allocated of the 3,155 simulated timm steps (data/timm/simulations.jsonl.gz) is 1.080.
+pub const ALLOCATOR_CACHE_SHARE: f64 = 0.08;
+
+/// One GPU's bytes at the step's peak.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct StepMemory {
+    pub parameters: f64,
+    pub gradients: f64,
+    pub optimizer_state: f64,
+    pub activations: f64,
+    pub temporaries: f64,
+    /// DDP's gradient buckets, FSDP/ZeRO's gather and reduce buffers.
+    pub collective_buffers: f64,
+    /// The layout's collective buffers whichever moment peaks (DDP's exist all along,
+    /// FSDP's gathers during forward and backward).
+    pub layout_buffers: f64,
+    /// A paged optimizer's state: in CUDA unified memory, outside the allocator's figures.
+    pub paged_optimizer_state: f64,
+    /// Parameters that train (adapters included), and of them the adapters, whole model.
+    pub trainable_params: f64,
+    pub lora_params: f64,
+    /// True when the peak is the optimizer's step rather than the start of backward.
+    pub at_optimizer_step: bool,
+}
+
+impl StepMemory {
+    /// What PyTorch's allocator holds at the peak (`max_memory_allocated`).
+    pub fn allocated(&self) -> f64 {
+        self.parameters
+            + self.gradients
+            + self.optimizer_state
+            + self.activations
+            + self.temporaries
+            + self.collective_buffers
+    }
+}
+
+/// Whether `name` is `pattern` or a module inside it (`pattern.` prefix).
+pub fn within(name: &str, pattern: &str) -> bool {
+    name == pattern
+        || (name.len() > pattern.len()
+            && name.starts_with(pattern)
+            && name.as_bytes()[pattern.len()] == b'.')
+}
+
+/// PEFT's target rule: the whole name, or its last dotted components.
+pub fn names_target(name: &str, target: &str) -> bool {
+    name == target
+        || (name.len() > target.len()
+            && name.ends_with(target)
+            && name.as_bytes()[name.len() - target.len() - 1] == b'.')
+}
+
+/// The repeated blocks of a model: layers grouped by `prefix.<index>` at the first numeric
+/// component of their names, for every prefix with at least two indices (a decoder's
+/// `model.layers.0..31`, a ViT's `blocks.0..11`, each ResNet stage's blocks). Each block is
+/// the range of layer indices it spans, in order.
+pub fn blocks(details: &[LayerDetail]) -> Vec<std::ops::Range<usize>> {
+    // (the prefix of the first numeric component, that component)
+    type BlockKey = Option<(String, String)>;
+    let key = |detail: &LayerDetail| -> BlockKey {
+        let name = detail.name.as_deref()?;
+        let mut prefix = String::new();
+        for part in name.split('.') {
+            if !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit()) {
+                return Some((prefix, part.to_string()));
+            }
+            if !prefix.is_empty() {
+                prefix.push('.');
+            }
+            prefix.push_str(part);
+        }
+        None
+    };
+    let keys: Vec<BlockKey> = details.iter().map(key).collect();
+    let mut blocks: Vec<(BlockKey, std::ops::Range<usize>)> = Vec::new();
+    for (i, k) in keys.iter().enumerate() {
+        match blocks.last_mut() {
+            Some((last, range)) if k.is_some() && last == k => range.end = i + 1,
+            _ => blocks.push((k.clone(), i..i + 1)),
+        }
+    }
+    let mut indices_per_prefix: std::collections::HashMap<&str, usize> = Default::default();
+    for (k, _) in &blocks {
+        if let Some((prefix, _)) = k {
+            *indices_per_prefix.entry(prefix.as_str()).or_default() += 1;
+        }
+    }
+    blocks
+        .iter()
+        .filter(|(k, _)| {
+            k.as_ref()
+                .is_some_and(|(prefix, _)| indices_per_prefix[prefix.as_str()] >= 2)
+        })
+        .map(|(_, range)| range.clone())
+        .collect()
+}
+
+fn is_matmul(kind: LayerKind) -> bool {
+    kind == LayerKind::Linear || kind == LayerKind::Attention || kind.is_convolution()
+}
+
+/// A linear layer's (in, out), or a square guess from its parameter count.
+fn linear_shape(layer: &Layer, detail: Option<&LayerDetail>) -> (f64, f64) {
+    match detail.map(|d| (d.in_features, d.out_features)) {
+        Some((Some(i), Some(o))) => (i as f64, o as f64),
+        _ => {
+            let side = (layer.params as f64).sqrt();
+            (side, side)
+        }
+    }
+}
+
+/// Per-layer facts the step model reads.
+struct LayerPlan {
+    /// Base parameters that train.
+    trainable: f64,
+    /// LoRA adapter parameters on this layer.
+    adapters: f64,
+    /// Bytes of the base weights as stored.
+    weight_bytes: f64,
+    /// Bytes of the optimizer state of this layer's trainable base parameters (non-adapter).
+    state_elements_bytes: f64,
+}
+
+/// The optimizer state bytes of `elements` trainable parameters of one layer stored in
+/// `storage` bytes each (Adafactor factors a linear weight into its row and column).
+fn state_bytes(
+    optimizer: Optimizer,
+    elements: f64,
+    storage: f64,
+    layer: &Layer,
+    shape: Option<(f64, f64)>,
+) -> f64 {
+    if elements <= 0.0 {
+        return 0.0;
+    }
+    match optimizer {
+        Optimizer::Sgd => 0.0,
+        Optimizer::Momentum => elements * storage,
+        Optimizer::Adam | Optimizer::AdamW | Optimizer::PagedAdamW => 2.0 * elements * storage,
+        Optimizer::Adam8bit | Optimizer::AdamW8bit | Optimizer::PagedAdamW8bit => {
+            if layer.params >= MIN_8BIT_SIZE {
+                elements * ADAM_8BIT_BYTES
+            } else {
+                2.0 * elements * 4.0
+            }
+        }
+        Optimizer::Adafactor => match shape {
+            // Row and column second moments instead of one per weight.
+            Some((i, o)) if i * o > 0.0 => {
+                let share = (elements / layer.params.max(1) as f64).min(1.0);
+                share * (i + o + (layer.params as f64 - i * o).max(0.0)) * storage
+            }
+            _ => elements * storage,
+        },
+    }
+}
+
+/// The analytic step of `job` on its most loaded GPU.
+pub fn analytic_step(job: &Job) -> StepMemory {
+    let setup = job.setup();
+    let layers = job.layers();
+    let details = job.layer_details();
+    let detail = |i: usize| details.get(i);
+    let precision = setup.precision;
+    let storage = precision.storage_bytes();
+    let head = layers.iter().rposition(|l| l.kind == LayerKind::Linear);
+    let total_params: f64 = layers.iter().map(|l| l.params as f64).sum();
+
+    // Which layers LoRA adapts, and which base weights are quantised (bitsandbytes quantises
+    // every linear layer but the output head, whatever the adapters' targets).
+    let lora = setup.lora.as_ref();
+    let adapted = |i: usize| -> bool {
+        let Some(lora) = lora else { return false };
+        if layers[i].kind != LayerKind::Linear {
+            return false;
+        }
+        match &lora.targets {
+            LoraTargets::AllLinear => Some(i) != head,
+            LoraTargets::Names(targets) => detail(i)
+                .and_then(|d| d.name.as_deref())
+                .is_some_and(|name| targets.iter().any(|t| names_target(name, t))),
+        }
+    };
+    let in_modules = |i: usize, modules: &[String]| {
+        detail(i)
+            .and_then(|d| d.name.as_deref())
+            .is_some_and(|name| modules.iter().any(|m| within(name, m)))
+    };
+    let trainable_share = match setup.trainable {
+        Trainable::Params(n) if total_params > 0.0 => (n as f64 / total_params).min(1.0),
+        _ => 1.0,
+    };
+    let plans: Vec<LayerPlan> = layers
+        .iter()
+        .enumerate()
+        .map(|(i, layer)| {
+            let params = layer.params as f64;
+            let base_trains = match (&setup.trainable, lora) {
+                (Trainable::Modules(modules), _) => in_modules(i, modules),
+                (_, Some(_)) => false,
+                (Trainable::Params(_), None) => true,
+                (Trainable::All, None) => true,
+            };
+            let trainable = if base_trains {
+                params * trainable_share
+            } else {
+                0.0
+            };
+            let adapters = if adapted(i) {
+                let (inputs, outputs) = linear_shape(layer, detail(i));
+                lora.map_or(0.0, |l| l.rank as f64 * (inputs + outputs))
+            } else {
+                0.0
+            };
+            let quantised = lora
+                .map(|l| l.base_weights)
+                .filter(|_| layer.kind == LayerKind::Linear && Some(i) != head && !base_trains);
+            let weight_bytes = match quantised {
+                Some(BaseWeights::Nf4) => params * NF4_BYTES,
+                Some(BaseWeights::Int8) => params * 1.0 + linear_shape(layer, detail(i)).1 * 4.0,
+                _ => {
+                    // Autocast keeps a 16-bit copy of each weight a matmul saved for backward
+                    // (FSDP gathers 16-bit weights instead: see the collective buffers).
+                    let cast = if precision.is_autocast()
+                        && is_matmul(layer.kind)
+                        && !setup.parallelism.strategy.shards().2
+                    {
+                        2.0
+                    } else {
+                        0.0
+                    };
+                    params * (storage + cast)
+                }
+            };
+            let shape = (layer.kind == LayerKind::Linear).then(|| linear_shape(layer, detail(i)));
+            LayerPlan {
+                trainable,
+                adapters,
+                weight_bytes,
+                state_elements_bytes: state_bytes(
+                    setup.optimizer,
+                    trainable,
+                    storage,
+                    layer,
+                    shape,
+                ),
+            }
+        })
+        .collect();
+
+    let adapter_params: f64 = plans.iter().map(|p| p.adapters).sum();
+    let base_trainable: f64 = plans.iter().map(|p| p.trainable).sum();
+    let weights: f64 =
+        plans.iter().map(|p| p.weight_bytes).sum::<f64>() + adapter_params * ADAPTER_BYTES;
+    let gradients = base_trainable * storage + adapter_params * ADAPTER_BYTES;
+    let adapter_state = if adapter_params > 0.0 {
+        let one = Layer {
+            kind: LayerKind::Linear,
+            output_size: 0,
+            params: MIN_8BIT_SIZE,
+        };
+        state_bytes(setup.optimizer, adapter_params, ADAPTER_BYTES, &one, None)
+    } else {
+        0.0
+    };
+    let state: f64 = plans.iter().map(|p| p.state_elements_bytes).sum::<f64>() + adapter_state;
+    let state_element_bytes = |p: &LayerPlan| p.trainable * storage + p.adapters * ADAPTER_BYTES;
+    // The optimizer's temporaries: foreach Adam/Adafactor take one copy of the state's size
+    // (the sqrt of the second moments, for all parameters at once); the for-loop one
+    // parameter's; fused kernels and bitsandbytes' none to speak of.
+    let optimizer_temporaries = match (setup.optimizer, setup.implementation) {
+        (Optimizer::Sgd | Optimizer::Momentum, _) => 0.0,
+        (o, _) if o.is_8bit() || o.is_paged() => 0.0,
+        (_, OptimizerImplementation::Fused) => 0.0,
+        (_, OptimizerImplementation::Foreach) => plans.iter().map(state_element_bytes).sum(),
+        (_, OptimizerImplementation::ForLoop) => {
+            plans.iter().map(state_element_bytes).fold(0.0, f64::max)
+        }
+    };
+    let largest_gradient = plans.iter().map(state_element_bytes).fold(0.0, f64::max);
+
+    // Activations kept for backward at the micro-batch, by layer in proportion to its output.
+    let micro = setup.micro_batch_size as f64;
+    let element = precision.activation_bytes();
+    let outputs: Vec<f64> = layers.iter().map(|l| l.output_size as f64).collect();
+    let output_total: f64 = outputs.iter().sum::<f64>().max(1.0);
+    let kept = match job.saved_tensors() {
+        Some(saved) => saved.bytes_at(setup.micro_batch_size) * element / 4.0,
+        None => output_total * micro * element,
+    };
+    let share =
+        |range: &std::ops::Range<usize>| outputs[range.clone()].iter().sum::<f64>() / output_total;
+    let checkpointed: Vec<std::ops::Range<usize>> = match &setup.checkpointing {
+        Checkpointing::None => Vec::new(),
+        Checkpointing::Full => blocks(details),
+        Checkpointing::Modules(modules) => modules_ranges(details, modules),
+    };
+    let activations = if checkpointed.is_empty() {
+        kept
+    } else {
+        // Each checkpointed block keeps only its input; backward recomputes one at a time.
+        let inside: f64 = checkpointed.iter().map(share).sum::<f64>().min(1.0);
+        let inputs: f64 = checkpointed
+            .iter()
+            .map(|r| {
+                let before = r
+                    .start
+                    .checked_sub(1)
+                    .map_or(outputs[r.start], |i| outputs[i]);
+                before * micro * element
+            })
+            .sum();
+        let largest = checkpointed.iter().map(share).fold(0.0, f64::max);
+        kept * (1.0 - inside) + inputs + kept * largest
+    };
+    // Backward starts with the gradient of the loss's input (the logits, in fp32 for a
+    // language model's loss) beside what it keeps.
+    let largest_output = outputs.iter().copied().fold(0.0, f64::max);
+    let backward_temporaries = largest_output * micro * 4.0;
+
+    // Sharding and model parallelism.
+    let p = setup.parallelism;
+    let model_parallel = (p.tensor * p.pipeline) as f64;
+    let data = p.data() as f64;
+    let (shard_state, shard_gradients, shard_weights) = p.strategy.shards();
+    let by = |shard: bool| if shard { data } else { 1.0 };
+    let weights_gpu = weights / model_parallel / by(shard_weights);
+    let gradients_gpu = gradients / model_parallel / by(shard_gradients);
+    let (state_gpu, paged_gpu) = {
+        let per_gpu = state / model_parallel / by(shard_state);
+        if setup.optimizer.is_paged() {
+            (0.0, per_gpu)
+        } else {
+            (per_gpu, 0.0)
+        }
+    };
+    let optimizer_temporaries = optimizer_temporaries / model_parallel / by(shard_state);
+    // Tensor and context parallelism split the activations; the first pipeline stage keeps
+    // up to `pipeline` micro-batches of its 1/pipeline of the layers in flight (1F1B).
+    let in_flight = (p.pipeline.min(setup.accumulation.max(1))) as f64 / p.pipeline as f64;
+    let activations_gpu = activations / (p.tensor * p.context) as f64 * in_flight;
+    let backward_temporaries = backward_temporaries / (p.tensor * p.context) as f64;
+    let unsharded_gradients = gradients / model_parallel;
+    let compute_bytes = if precision == Precision::Fp32 || precision == Precision::Tf32 {
+        4.0
+    } else {
+        2.0
+    };
+    let collective = match p.strategy {
+        _ if p.data() <= 1 => 0.0,
+        Strategy::None => 0.0,
+        // DDP's buckets hold a flat copy of every gradient.
+        Strategy::Ddp => unsharded_gradients,
+        Strategy::Zero1 | Strategy::Zero2 => {
+            unsharded_gradients.min(ZERO_REDUCE_BUCKET * storage.min(4.0))
+        }
+        // The gathered weights of the unit running and of the one prefetched, and one unit's
+        // gradients before their reduce-scatter.
+        Strategy::Fsdp | Strategy::Zero3 => {
+            let units = blocks(details);
+            let unit_params = if units.is_empty() {
+                total_params
+            } else {
+                units
+                    .iter()
+                    .map(|r| {
+                        layers[r.clone()]
+                            .iter()
+                            .map(|l| l.params as f64)
+                            .sum::<f64>()
+                    })
+                    .fold(0.0, f64::max)
+            } / model_parallel;
+            let unit_trainable = unit_params * (gradients / weights.max(1.0)).min(1.0);
+            2.0 * unit_params * compute_bytes + unit_trainable * 4.0
+        }
+    };
+    let ddp_buckets = if p.strategy == Strategy::Ddp {
+        collective
+    } else {
+        0.0
+    };
+    let accumulating = setup.accumulation > 1;
+    let first_gradients = if accumulating {
+        gradients_gpu
+    } else {
+        (largest_gradient / model_parallel).min(gradients_gpu)
+    };
+    let backward = weights_gpu
+        + state_gpu
+        + activations_gpu
+        + first_gradients
+        + backward_temporaries
+        + collective;
+    let optimizer_step =
+        weights_gpu + state_gpu + gradients_gpu + optimizer_temporaries + ddp_buckets;
+    let at_optimizer_step = optimizer_step > backward;
+    let (gradients_at_peak, activations_at_peak, temporaries_at_peak, collective_at_peak) =
+        if at_optimizer_step {
+            (gradients_gpu, 0.0, optimizer_temporaries, ddp_buckets)
+        } else {
+            (
+                first_gradients,
+                activations_gpu,
+                backward_temporaries,
+                collective,
+            )
+        };
+    StepMemory {
+        parameters: weights_gpu,
+        gradients: gradients_at_peak,
+        optimizer_state: state_gpu,
+        activations: activations_at_peak,
+        temporaries: temporaries_at_peak,
+        collective_buffers: collective_at_peak,
+        paged_optimizer_state: paged_gpu,
+        trainable_params: base_trainable + adapter_params,
+        lora_params: adapter_params,
+        layout_buffers: collective,
+        at_optimizer_step,
+    }
+}
+
+/// The ranges of the layers inside the named modules (prefix match), in order.
+pub fn modules_ranges(details: &[LayerDetail], modules: &[String]) -> Vec<std::ops::Range<usize>> {
+    let mut ranges: Vec<std::ops::Range<usize>> = Vec::new();
+    for module in modules {
+        let inside: Vec<usize> = details
+            .iter()
+            .enumerate()
+            .filter(|(_, d)| d.name.as_deref().is_some_and(|n| within(n, module)))
+            .map(|(i, _)| i)
+            .collect();
+        if let (Some(&first), Some(&last)) = (inside.first(), inside.last()) {
+            ranges.push(first..last + 1);
+        }
+    }
+    ranges
+}
+
+/// A paged optimizer state of one GPU, split as the layout shards the optimizer state.
+pub fn shard_paged(job: &Job, bytes: u64) -> u64 {
+    let p = job.setup().parallelism;
+    let sharded = if p.strategy.shards().0 { p.data() } else { 1 };
+    bytes / (p.tensor * p.pipeline * sharded)
+}
+
+/// A one-GPU simulation's categories on the most loaded rank of the job's layout: weights,
+/// gradients and optimizer state split as the strategy and the tensor/pipeline degrees say,
+/// activations as tensor/context parallelism and the pipeline's in-flight micro-batches do.
+/// Returns them with the layout's collective buffers, bytes.
+pub fn shard_simulated(job: &Job, simulated: SimulatedCategories) -> (SimulatedCategories, u64) {
+    let setup = job.setup();
+    let p = setup.parallelism;
+    if p.is_single_gpu() {
+        return (simulated, 0);
+    }
+    let model_parallel = (p.tensor * p.pipeline) as f64;
+    let data = p.data() as f64;
+    let (shard_state, shard_gradients, shard_weights) = p.strategy.shards();
+    let by = |shard: bool| if shard { data } else { 1.0 };
+    let scale = |bytes: u64, factor: f64| (bytes as f64 * factor).round() as u64;
+    let in_flight = (p.pipeline.min(setup.accumulation.max(1))) as f64 / p.pipeline as f64;
+    let categories = SimulatedCategories {
+        parameters: scale(
+            simulated.parameters,
+            1.0 / model_parallel / by(shard_weights),
+        ),
+        gradients: scale(
+            simulated.gradients,
+            1.0 / model_parallel / by(shard_gradients),
+        ),
+        optimizer_state: scale(
+            simulated.optimizer_state,
+            1.0 / model_parallel / by(shard_state),
+        ),
+        activations: scale(
+            simulated.activations,
+            in_flight / (p.tensor * p.context) as f64,
+        ),
+        temporaries: scale(simulated.temporaries, 1.0 / (p.tensor * p.context) as f64),
+    };
+    (categories, analytic_step(job).layout_buffers.round() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn named(names: &[&str]) -> Vec<LayerDetail> {
+        names
+            .iter()
+            .map(|n| LayerDetail {
+                name: Some(n.to_string()),
+                ..Default::default()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn names_match_as_peft_and_module_prefixes_do() {
+        assert!(names_target("model.layers.0.self_attn.q_proj", "q_proj"));
+        assert!(names_target(
+            "model.layers.0.self_attn.q_proj",
+            "self_attn.q_proj"
+        ));
+        assert!(!names_target("model.layers.0.self_attn.xq_proj", "q_proj"));
+        assert!(within("model.layers.1.mlp", "model.layers.1"));
+        assert!(!within("model.layers.10.mlp", "model.layers.1"));
+    }
+
+    #[test]
+    fn blocks_are_the_runs_of_layers_under_a_repeated_numbered_prefix() {
+        let details = named(&[
+            "embed",
+            "layers.0.attn",
+            "layers.0.mlp",
+            "layers.1.attn",
+            "layers.1.mlp",
+            "norm",
+            "head",
+        ]);
+        assert_eq!(blocks(&details), vec![1..3, 3..5]);
+        // One numbered module alone is no stack of blocks.
+        assert!(blocks(&named(&["stem.0", "head"])).is_empty());
+        assert!(blocks(&[]).is_empty());
+    }
+}

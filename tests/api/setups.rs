@@ -1,0 +1,296 @@
+//! Training setups (docs/setups.md): each field moves the per-GPU figure the way the physics
+//! says, combinations that cannot run are 422s naming the field, and the answer states the
+//! setup it is for.
+
+use serde_json::{json, Value};
+
+use crate::helpers::{spawn_app, TestApp};
+
+/// A small Llama-like decoder as `describe` lists it: embeddings, `blocks` decoder layers with
+/// named q/k/v/o and gated-MLP projections (their linear shapes given), a norm and the head.
+fn decoder(blocks: usize) -> Value {
+    let (hidden, ffn, vocab, seq) = (1024u64, 2816u64, 32000u64, 512u64);
+    let linear = |name: String, inputs: u64, outputs: u64| {
+        json!({"kind": "linear", "name": name, "in_features": inputs, "out_features": outputs,
+               "params": inputs * outputs, "output_size": outputs * seq})
+    };
+    let mut layers = vec![json!({"kind": "embedding", "name": "model.embed_tokens",
+                                 "params": vocab * hidden, "output_size": hidden * seq})];
+    for b in 0..blocks {
+        let p = format!("model.layers.{b}");
+        layers.push(
+            json!({"kind": "rms_norm", "name": format!("{p}.input_layernorm"),
+                           "params": hidden, "output_size": hidden * seq}),
+        );
+        for proj in ["q_proj", "k_proj", "v_proj"] {
+            layers.push(linear(format!("{p}.self_attn.{proj}"), hidden, hidden));
+        }
+        layers.push(
+            json!({"kind": "attention", "name": format!("{p}.self_attn"),
+                           "params": 0, "output_size": hidden * seq}),
+        );
+        layers.push(linear(format!("{p}.self_attn.o_proj"), hidden, hidden));
+        layers.push(
+            json!({"kind": "rms_norm", "name": format!("{p}.post_attention_layernorm"),
+                           "params": hidden, "output_size": hidden * seq}),
+        );
+        layers.push(linear(format!("{p}.mlp.gate_proj"), hidden, ffn));
+        layers.push(linear(format!("{p}.mlp.up_proj"), hidden, ffn));
+        layers.push(json!({"kind": "silu", "name": format!("{p}.mlp.act_fn"),
+                           "params": 0, "output_size": ffn * seq}));
+        layers.push(linear(format!("{p}.mlp.down_proj"), ffn, hidden));
+    }
+    layers.push(
+        json!({"kind": "rms_norm", "name": "model.norm", "params": hidden,
+                       "output_size": hidden * seq}),
+    );
+    layers.push(linear("lm_head".into(), hidden, vocab));
+    json!({"family": "transformer", "batch_size": 8, "optimizer": "adamw",
+           "precision": "fp32", "layers": layers})
+}
+
+fn with(mut job: Value, fields: Value) -> Value {
+    for (key, value) in fields.as_object().unwrap() {
+        job[key] = value.clone();
+    }
+    job
+}
+
+async fn answer(app: &TestApp, job: &Value) -> Value {
+    let response = app.post_json("/v1/estimate", job).await;
+    let status = response.status();
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
+fn figure(body: &Value) -> f64 {
+    body["memory"]["estimate_mib"].as_f64().unwrap()
+}
+
+fn part(body: &Value, category: &str) -> f64 {
+    body["memory"]["breakdown"][category].as_f64().unwrap()
+}
+
+#[tokio::test]
+async fn a_lora_job_trains_only_its_adapters_and_physics_answers_it_alone() {
+    let app = spawn_app().await;
+    let full = answer(&app, &decoder(4)).await;
+    assert_eq!(full["setup"]["learned_estimators_apply"], true);
+    let lora = answer(
+        &app,
+        &with(
+            decoder(4),
+            json!({"precision": "bf16",
+                   "lora": {"rank": 16, "alpha": 32, "target_modules": ["q_proj", "v_proj"]}}),
+        ),
+    )
+    .await;
+    // r x (in + out) per target: 2 targets x 4 blocks x 16 x (1024 + 1024).
+    assert_eq!(lora["setup"]["lora_params"], 2 * 4 * 16 * 2048);
+    assert_eq!(lora["setup"]["trainable_params"], 2 * 4 * 16 * 2048);
+    assert_eq!(lora["setup"]["learned_estimators_apply"], false);
+    assert_eq!(lora["memory"]["breakdown_source"], "training_step");
+    assert!(lora["memory"]["estimators"]["training_step"].is_object());
+    assert!(
+        lora["warnings"].as_array().unwrap().iter().any(|w| w
+            .as_str()
+            .unwrap()
+            .starts_with("learned estimators left out")),
+        "{}",
+        lora["warnings"]
+    );
+    // Frozen bf16 weights, fp32 adapters: gradients and state are the adapters' alone.
+    let adapters_mib = (2 * 4 * 16 * 2048) as f64 * 4.0 / 1048576.0;
+    assert!(
+        part(&lora, "optimizer_state") <= 2.0 * adapters_mib + 0.1,
+        "{lora}"
+    );
+    assert!(part(&lora, "gradients") <= adapters_mib + 0.1);
+    assert!(figure(&lora) < figure(&full));
+    // QLoRA's 4-bit base: every linear weight but the head in 4.127 bits instead of 16.
+    let qlora = answer(
+        &app,
+        &with(
+            decoder(4),
+            json!({"precision": "bf16",
+                   "lora": {"rank": 16, "target_modules": "all-linear", "base_weights": "nf4"}}),
+        ),
+    )
+    .await;
+    let block_linear = 4.0 * (4.0 * 1024.0 * 1024.0 + 3.0 * 1024.0 * 2816.0);
+    let saved_mib = block_linear * (2.0 - 4.127 / 8.0) / 1048576.0;
+    // Its adapters (fp32) on all seven projections: 4 of 1024 -> 1024, 3 of 1024 <-> 2816.
+    let adapters = 4 * 16 * (4 * 2048 + 3 * 3840);
+    assert_eq!(qlora["setup"]["lora_params"], adapters);
+    let adapters_added = adapters as f64 * 4.0 / 1048576.0;
+    let saving = part(&lora, "parameters") - part(&qlora, "parameters") + adapters_added;
+    assert!(
+        (saving / saved_mib - 1.0).abs() < 0.05,
+        "{saving} MiB saved, {saved_mib} expected"
+    );
+}
+
+#[tokio::test]
+async fn each_setup_moves_the_per_gpu_figure_the_way_physics_says() {
+    let app = spawn_app().await;
+    let base = with(decoder(6), json!({"precision": "amp_bf16"}));
+    let plain = answer(&app, &base).await;
+    let at = |fields: Value| {
+        let job = with(base.clone(), fields);
+        let app = &app;
+        async move { answer(app, &job).await }
+    };
+    // Pure bf16 halves weights and gradients against autocast's fp32 masters.
+    let pure = at(json!({"precision": "bf16"})).await;
+    assert!(part(&pure, "parameters") < 0.5 * part(&plain, "parameters") + 1.0);
+    // Checkpointing every block keeps block inputs and one block's activations.
+    let unchecked = at(
+        json!({"activation_checkpointing": "none", "gradient_accumulation_steps": 1,
+                              "optimizer_implementation": "fused"}),
+    )
+    .await;
+    let checkpointed = at(json!({"activation_checkpointing": "full",
+                                 "optimizer_implementation": "fused"}))
+    .await;
+    assert!(
+        part(&checkpointed, "activations") < 0.5 * part(&unchecked, "activations"),
+        "{} vs {}",
+        part(&checkpointed, "activations"),
+        part(&unchecked, "activations")
+    );
+    // Accumulating 4 micro-batches of 2: a quarter of the activations, gradients kept.
+    let accumulated = at(json!({"gradient_accumulation_steps": 4})).await;
+    assert_eq!(accumulated["setup"]["micro_batch_size"], 2);
+    assert!(figure(&accumulated) < figure(&plain));
+    // 8-bit Adam: about a quarter of Adam's fp32 state.
+    let adam8 = at(json!({"optimizer": "adamw_8bit"})).await;
+    let ratio = part(&adam8, "optimizer_state") / part(&plain, "optimizer_state");
+    assert!((0.2..0.3).contains(&ratio), "8-bit / fp32 state {ratio}");
+    // A paged optimizer's state is on the device, not in PyTorch's allocator.
+    let paged = at(json!({"optimizer": "paged_adamw_8bit"})).await;
+    assert!(part(&paged, "optimizer_state") > 0.0);
+    // FSDP across 8 GPUs: an eighth of the model state per GPU plus the gathered units.
+    let fsdp = at(json!({"parallelism": {"strategy": "fsdp", "world_size": 8}})).await;
+    assert!(part(&fsdp, "optimizer_state") < 0.13 * part(&plain, "optimizer_state"));
+    assert!(part(&fsdp, "collective_buffers") > 0.0);
+    assert_eq!(fsdp["setup"]["parallelism"]["data_parallel"], 8);
+    // DDP keeps a bucketed copy of the gradients beside them.
+    let ddp = at(json!({"parallelism": {"strategy": "ddp", "world_size": 8}})).await;
+    assert!(figure(&ddp) > figure(&plain));
+    // Tensor parallel over 4: a quarter of the weights.
+    let tp = at(json!({"parallelism": {"tensor_parallel": 4}})).await;
+    assert!(part(&tp, "parameters") < 0.26 * part(&plain, "parameters"));
+    assert_eq!(tp["setup"]["parallelism"]["world_size"], 4);
+}
+
+#[tokio::test]
+async fn impossible_setups_are_refused_naming_the_field() {
+    let app = spawn_app().await;
+    let cases = [
+        (
+            json!({"lora": {"rank": 2048, "target_modules": ["q_proj"]}}),
+            "lora.rank",
+        ),
+        (
+            json!({"lora": {"rank": 8, "target_modules": ["query_key_value"]}}),
+            "lora.target_modules",
+        ),
+        (
+            json!({"lora": {"rank": 8, "target_modules": ["input_layernorm"]}}),
+            "lora.target_modules",
+        ),
+        (
+            json!({"activation_checkpointing": ["model.layers.99"]}),
+            "activation_checkpointing",
+        ),
+        (
+            json!({"trainable": {"params": 1u64 << 40}}),
+            "trainable.params",
+        ),
+        (
+            json!({"trainable": {"modules": ["classifier"]}}),
+            "trainable.modules",
+        ),
+        (
+            json!({"parallelism": {"strategy": "ddp", "world_size": 0}}),
+            "parallelism.world_size",
+        ),
+        (
+            json!({"parallelism": {"strategy": "zero3"}}),
+            "parallelism.world_size",
+        ),
+        (
+            json!({"parallelism": {"strategy": "fsdp", "world_size": 6, "tensor_parallel": 4}}),
+            "parallelism.world_size",
+        ),
+        (json!({"micro_batch_size": 3}), "micro_batch_size"),
+        (json!({"precision": "fp8"}), "precision"),
+        (json!({"optimizer": "lion"}), "optimizer"),
+        (
+            json!({"optimizer": "adamw_8bit", "optimizer_implementation": "fused"}),
+            "optimizer_implementation",
+        ),
+    ];
+    for (fields, field) in cases {
+        let response = app
+            .post_json("/v1/estimate", &with(decoder(2), fields.clone()))
+            .await;
+        assert_eq!(response.status(), 422, "{fields}");
+        let body: Value = response.json().await.unwrap();
+        let detail = body["detail"].as_str().unwrap();
+        assert!(
+            detail.starts_with(&format!("{field}:")),
+            "{fields}: {detail}"
+        );
+    }
+    // Layers without names cannot be matched by name.
+    let mut unnamed = decoder(2);
+    for layer in unnamed["layers"].as_array_mut().unwrap() {
+        layer.as_object_mut().unwrap().remove("name");
+    }
+    let response = app
+        .post_json(
+            "/v1/estimate",
+            &with(unnamed, json!({"activation_checkpointing": "full"})),
+        )
+        .await;
+    assert_eq!(response.status(), 422);
+}
+
+#[tokio::test]
+async fn a_simulation_of_another_setup_is_refused_and_one_of_the_same_is_sharded() {
+    let app = spawn_app().await;
+    let simulation = json!({"batch_size": 2, "optimizer": "adamw", "precision": "amp_bf16",
+        "gradient_accumulation_steps": 4, "activation_checkpointing": "full",
+        "allocated_peak_bytes": 6_000_000_000u64, "reserved_peak_bytes": 6_400_000_000u64,
+        "min_capacity_bytes": 6_100_000_000u64,
+        "breakdown_at_peak": {"parameters": 2_000_000_000u64, "gradients": 1_000_000_000u64,
+            "optimizer_state": 2_000_000_000u64, "activations": 900_000_000u64,
+            "temporaries": 100_000_000u64}});
+    let job = with(
+        decoder(2),
+        json!({"precision": "amp_bf16", "gradient_accumulation_steps": 4,
+               "activation_checkpointing": "full", "simulation": simulation}),
+    );
+    let one = answer(&app, &job).await;
+    assert_eq!(one["memory"]["breakdown_source"], "simulation");
+    let sharded = answer(
+        &app,
+        &with(
+            job.clone(),
+            json!({"parallelism": {"strategy": "zero3", "world_size": 4}}),
+        ),
+    )
+    .await;
+    assert!(part(&sharded, "optimizer_state") < 0.26 * part(&one, "optimizer_state") + 0.1);
+    assert!(part(&sharded, "collective_buffers") > 0.0);
+    assert!(figure(&sharded) < figure(&one));
+    // The same simulation for a job that does not accumulate describes another job.
+    let other = with(
+        job,
+        json!({"gradient_accumulation_steps": 1, "micro_batch_size": 8}),
+    );
+    let response = app.post_json("/v1/estimate", &other).await;
+    assert_eq!(response.status(), 422);
+}
