@@ -11,6 +11,9 @@ Stages, in the order `all` runs them (each after the ones before it):
 and, outside `all` (slow, needs describe/ and transformers):
 
   public-rows  data/public/jobs.jsonl.gz from public_training_memory.csv
+  public-setups  data/public/setup_jobs.jsonl.gz: every row whose training setup docs/setups.md
+               can express, with DeepSpeed's and accelerate's baselines (those two packages are
+               needed for it only); --simulate asks describe to simulate each row's setup
 
 Data and output paths: see gpucast_training/data.py (--data-dir / $GPUCAST_DATA_DIR, default
 <repository root>/../shared/data; --out-dir / $GPUCAST_OUT_DIR, default the repository root).
@@ -22,7 +25,7 @@ import importlib
 from .data import Layout
 
 STAGES = {"mlp": "mlp", "timm": "timm", "simulated": "simulated", "golden": "golden",
-          "evaluate": "evaluate", "public-rows": "public_rows"}
+          "evaluate": "evaluate", "public-rows": "public_rows", "public-setups": "public_setups"}
 ALL = ["mlp", "timm", "simulated", "golden", "evaluate"]
 
 
@@ -37,6 +40,8 @@ def parser():
     p.add_argument("--public-csv", help="default $GPUCAST_PUBLIC_CSV, else <data dir>/public_training_memory.csv")
     p.add_argument("--simulations", help="default data/timm/simulations.jsonl.gz")
     p.add_argument("--threads", type=int, help="torch threads (default: the stage's own, 1 or 2)")
+    p.add_argument("--simulate", action="store_true",
+                   help="public-setups: describe simulates each row's training setup (off by default)")
     return p
 
 
@@ -45,7 +50,13 @@ def main(argv=None):
     layout = Layout(data_dir=args.data_dir, out_dir=args.out_dir, mlp_csv=args.mlp_csv, timm_csv=args.timm_csv,
                     public_csv=args.public_csv, simulations=args.simulations)
     for stage in ALL if args.stage == "all" else [args.stage]:
-        importlib.import_module("." + STAGES[stage], __package__).run(layout, args.threads)
+        module = importlib.import_module("." + STAGES[stage], __package__)
+        if args.simulate:
+            if stage != "public-setups":
+                parser().error("--simulate is public-setups' option")
+            module.run(layout, args.threads, simulate=True)
+        else:
+            module.run(layout, args.threads)
 
 
 if __name__ == "__main__":
