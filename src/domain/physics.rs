@@ -25,6 +25,8 @@ pub struct Breakdown {
     pub temporaries: f64,
     /// DDP's gradient buckets, FSDP/ZeRO's gather and reduce buffers.
     pub collective_buffers: f64,
+    /// A paged optimizer's state: CUDA unified memory beside the allocator's segments.
+    pub paged_optimizer_state: f64,
     /// Segments the caching allocator holds beyond the allocated bytes.
     pub allocator_cache: f64,
     /// CUDA context and cuBLAS/cuDNN handles: what every process pays outside the allocator.
@@ -32,7 +34,7 @@ pub struct Breakdown {
 }
 
 impl Breakdown {
-    fn values(self) -> [f64; 8] {
+    fn values(self) -> [f64; 9] {
         [
             self.parameters,
             self.gradients,
@@ -40,12 +42,13 @@ impl Breakdown {
             self.activations,
             self.temporaries,
             self.collective_buffers,
+            self.paged_optimizer_state,
             self.allocator_cache,
             self.cuda_context,
         ]
     }
 
-    fn from_values(v: [f64; 8]) -> Breakdown {
+    fn from_values(v: [f64; 9]) -> Breakdown {
         Breakdown {
             parameters: v[0],
             gradients: v[1],
@@ -53,8 +56,9 @@ impl Breakdown {
             activations: v[3],
             temporaries: v[4],
             collective_buffers: v[5],
-            allocator_cache: v[6],
-            cuda_context: v[7],
+            paged_optimizer_state: v[6],
+            allocator_cache: v[7],
+            cuda_context: v[8],
         }
     }
 
@@ -84,7 +88,7 @@ impl Breakdown {
         while missing <= -0.5 {
             let largest = (0..tenths.len())
                 .max_by(|&a, &b| tenths[a].total_cmp(&tenths[b]))
-                .expect("eight categories");
+                .expect("nine categories");
             if tenths[largest] < 1.0 {
                 break;
             }
@@ -213,10 +217,11 @@ impl Physics {
         let parts = Breakdown {
             parameters: memory.parameters / MIB,
             gradients: memory.gradients / MIB,
-            optimizer_state: (memory.optimizer_state + memory.paged_optimizer_state) / MIB,
+            optimizer_state: memory.optimizer_state / MIB,
             activations: memory.activations / MIB,
             temporaries: memory.temporaries / MIB,
             collective_buffers: memory.collective_buffers / MIB,
+            paged_optimizer_state: memory.paged_optimizer_state / MIB,
             allocator_cache: memory.allocated() * ALLOCATOR_CACHE_SHARE / MIB,
             cuda_context: FRAMEWORK_OVERHEAD_MIB,
         };
@@ -234,12 +239,13 @@ impl Physics {
         let parts = Breakdown {
             parameters: at_peak.parameters as f64 / MIB,
             gradients: at_peak.gradients as f64 / MIB,
-            optimizer_state: at_peak.optimizer_state as f64 / MIB + peaks.paged_mib,
+            optimizer_state: at_peak.optimizer_state as f64 / MIB,
             activations: at_peak.activations as f64 / MIB,
             temporaries: at_peak.temporaries as f64 / MIB,
             // What the layout adds beyond the one-GPU step's categories (see
             // `on_most_loaded_gpu`).
             collective_buffers: simulation.allocated_peak_bytes.saturating_sub(named) as f64 / MIB,
+            paged_optimizer_state: peaks.paged_mib,
             // Capping only ever removes cache: reserved on the card >= min capacity >= allocated.
             allocator_cache: (peaks.reserved_on_card_mib - peaks.allocated_mib).max(0.0),
             cuda_context: cuda_context_mib,
@@ -260,6 +266,7 @@ impl Physics {
             activations: analytic::activation_bytes(job) / MIB,
             temporaries: 0.0,
             collective_buffers: 0.0,
+            paged_optimizer_state: 0.0,
             allocator_cache: 0.0,
             cuda_context: FRAMEWORK_OVERHEAD_MIB,
         };
@@ -284,6 +291,7 @@ impl Physics {
             + p.optimizer_state
             + activations
             + p.collective_buffers
+            + p.paged_optimizer_state
             + p.cuda_context
     }
 
@@ -518,6 +526,7 @@ mod tests {
             activations: 1234.56,
             temporaries: 0.04,
             collective_buffers: 3.33,
+            paged_optimizer_state: 0.07,
             allocator_cache: 12.34,
             cuda_context: 1300.0,
         };

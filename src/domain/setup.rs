@@ -659,15 +659,16 @@ impl Setup {
                 )
             })?,
         };
-        if implementation != OptimizerImplementation::Foreach
+        // bitsandbytes updates each tensor in one kernel of its own: fused, or left at the
+        // default; it has no for-loop.
+        if implementation == OptimizerImplementation::ForLoop
             && !optimizer.is_classic()
             && optimizer != Optimizer::Adafactor
         {
             return Err(SetupError::new(
                 "optimizer_implementation",
                 format!(
-                    "{} runs bitsandbytes' own kernels: only PyTorch's optimizers have a \
-                     foreach, fused or for_loop implementation",
+                    "{} runs bitsandbytes' own fused kernels: give fused or leave it out",
                     optimizer.as_str()
                 ),
             ));
@@ -953,7 +954,7 @@ mod tests {
         assert_eq!(
             field_of(UncheckedSetup {
                 optimizer: Some("adamw_8bit"),
-                optimizer_implementation: Some("fused"),
+                optimizer_implementation: Some("for_loop"),
                 ..Default::default()
             }),
             "optimizer_implementation"

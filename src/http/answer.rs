@@ -238,6 +238,7 @@ fn to_response(
             activations: parts.activations,
             temporaries: parts.temporaries,
             collective_buffers: parts.collective_buffers,
+            paged_optimizer_state: parts.paged_optimizer_state,
             allocator_cache: parts.allocator_cache,
             cuda_context: parts.cuda_context,
         }

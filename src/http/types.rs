@@ -560,6 +560,9 @@ pub struct BreakdownResponse {
     pub temporaries: f64,
     /// DDP's gradient buckets, FSDP/ZeRO's gathered weights and reduce buffers (0 on one GPU).
     pub collective_buffers: f64,
+    /// A paged optimizer's state (bitsandbytes' paged optimizers): CUDA unified memory on the
+    /// device, outside PyTorch's allocator (so not in `allocated_peak_mib`/`reserved_peak_mib`).
+    pub paged_optimizer_state: f64,
     /// Segments the caching allocator holds beyond the allocated bytes (a simulated job's
     /// reserved peak on the card minus its allocated peak; for `training_step` 8 % of the
     /// allocated bytes, the simulations' median; 0 for an analytic breakdown).

@@ -12,6 +12,7 @@ mod extrapolation;
 mod floor_sweep;
 mod helpers;
 mod operations;
+mod public_setups;
 mod real_models;
 mod saved_tensors;
 mod setups;
