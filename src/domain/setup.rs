@@ -93,14 +93,6 @@ impl Precision {
             4.0
         }
     }
-
-    /// Bytes of one activation element.
-    pub fn activation_bytes(self) -> f64 {
-        match self {
-            Precision::Fp32 | Precision::Tf32 => 4.0,
-            _ => 2.0,
-        }
-    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]

@@ -190,4 +190,87 @@ async fn public_setup_rows_are_answered_per_gpu_and_compared_per_setup_family() 
     // Every row is answered with a figure of its kind.
     let all = &families["all rows"];
     assert_eq!(all.errors.len(), rows.len());
+    println!("\n{}", residuals(&rows));
+    println!("{}", ablation(&rows));
+}
+
+/// log(measured / figure) of every row answered by the analytic training step, its quantiles,
+/// and the bound exceeded at 0.95 when each architecture's quantile comes from the others'
+/// rows only (what an unseen architecture would get).
+fn residuals(rows: &[Row]) -> String {
+    let logs: Vec<(String, f64)> = rows
+        .iter()
+        .filter(|r| r.answer["memory"]["breakdown_source"] == "training_step")
+        .filter_map(|Row { line, answer }| {
+            let (figure, _) = like_with_like(line["compare"].as_str()?, answer)?;
+            let measured = line["measured_mib"].as_f64()?;
+            Some((
+                line["architecture"].as_str()?.to_string(),
+                (measured / figure).ln(),
+            ))
+        })
+        .collect();
+    let all: Vec<f64> = logs.iter().map(|(_, l)| *l).collect();
+    let levels = [0.5, 0.8, 0.9, 0.95, 0.99];
+    let quantiles: Vec<String> = levels
+        .iter()
+        .map(|&q| format!("({q}, {:.3})", quantile(all.clone(), q)))
+        .collect();
+    let mut exceeded = 0;
+    for (architecture, log) in &logs {
+        let others: Vec<f64> = logs
+            .iter()
+            .filter(|(a, _)| a != architecture)
+            .map(|(_, l)| *l)
+            .collect();
+        if *log > quantile(others, 0.95) {
+            exceeded += 1;
+        }
+    }
+    format!(
+        "training_step residuals, log(measured / figure), {} rows: {}; above the 0.95 quantile \
+         of the other architectures' rows: {exceeded} ({:.1} %)",
+        logs.len(),
+        quantiles.join(" "),
+        100.0 * exceeded as f64 / logs.len().max(1) as f64
+    )
+}
+
+/// The ablation of Hugging Face's single-GPU guide (bert-large, V100, rows 0-8): each step's
+/// ratio, measured and answered.
+fn ablation(rows: &[Row]) -> String {
+    const STEPS: [(u64, u64, &str); 8] = [
+        (0, 1, "+ accumulation (micro-batch 1 x 4)"),
+        (1, 2, "+ checkpointing"),
+        (0, 3, "fp16 autocast"),
+        (3, 4, "fp16: + accumulation + checkpointing"),
+        (0, 5, "Adafactor"),
+        (5, 6, "Adafactor: + fp16 + accumulation + checkpointing"),
+        (0, 7, "8-bit Adam"),
+        (7, 8, "8-bit Adam: + fp16 + accumulation + checkpointing"),
+    ];
+    let figure_of = |row: u64| {
+        rows.iter()
+            .find(|r| r.line["row"] == row)
+            .and_then(|Row { line, answer }| {
+                let (figure, _) = like_with_like(line["compare"].as_str()?, answer)?;
+                Some((figure, line["measured_mib"].as_f64()?))
+            })
+    };
+    let mut out = vec![
+        "| bert-large step | measured ratio | gpucast ratio | difference |".to_string(),
+        "| --- | --- | --- | --- |".to_string(),
+    ];
+    for (from, to, name) in STEPS {
+        let (Some((g0, m0)), Some((g1, m1))) = (figure_of(from), figure_of(to)) else {
+            continue;
+        };
+        out.push(format!(
+            "| {name} (rows {from} -> {to}) | {:.3} | {:.3} | {:+.3} |",
+            m1 / m0,
+            g1 / g0,
+            g1 / g0 - m1 / m0
+        ));
+    }
+    out.join("\n")
 }

@@ -296,3 +296,61 @@ async fn a_simulation_of_another_setup_is_refused_and_one_of_the_same_is_sharded
     let response = app.post_json("/v1/estimate", &other).await;
     assert_eq!(response.status(), 422);
 }
+
+/// The analytic training step against describe's simulations of the same steps: the 631 timm
+/// training models at batch 8 and 128 (fp32, Adam; data/timm/simulations.jsonl.gz), allocated
+/// peak to allocated peak. Physics against physics: the analytic step answers the jobs that
+/// carry no simulation, so it must agree with one where both exist.
+#[test]
+fn the_analytic_step_agrees_with_the_simulated_steps_of_the_timm_models() {
+    use gpucast::domain::step::analytic_step;
+    use gpucast::http::types::EstimateRequest;
+    use gpucast::http::validate::to_job;
+    use std::io::BufRead;
+    let read = |path: &str| -> Vec<Value> {
+        let file = std::fs::File::open(crate::helpers::repo_root().join(path)).unwrap();
+        std::io::BufReader::new(flate2::read::GzDecoder::new(file))
+            .lines()
+            .map(|line| serde_json::from_str(&line.unwrap()).unwrap())
+            .collect()
+    };
+    let simulations: std::collections::HashMap<String, Value> =
+        read("data/timm/simulations.jsonl.gz")
+            .into_iter()
+            .map(|s| {
+                (
+                    s["model"].as_str().unwrap().to_string(),
+                    s["simulations"].clone(),
+                )
+            })
+            .collect();
+    let mut ratios = Vec::new();
+    for description in read("data/timm/descriptions.jsonl.gz") {
+        let Some(simulated) = simulations.get(description["model"].as_str().unwrap()) else {
+            continue;
+        };
+        for batch in ["8", "128"] {
+            let simulation = &simulated[batch];
+            if simulation.is_null() || simulation["interpolated"] == true {
+                continue;
+            }
+            let mut body = description.clone();
+            body["batch_size"] = simulation["batch_size"].clone();
+            let request: EstimateRequest = serde_json::from_value(body).unwrap();
+            let job = to_job(&request).unwrap();
+            let analytic = analytic_step(&job).allocated();
+            ratios.push(analytic / simulation["allocated_peak_bytes"].as_f64().unwrap());
+        }
+    }
+    ratios.sort_by(f64::total_cmp);
+    let at = |q: f64| ratios[((ratios.len() - 1) as f64 * q) as usize];
+    println!(
+        "analytic / simulated allocated peak, {} steps: p10 {:.3} median {:.3} p90 {:.3}",
+        ratios.len(),
+        at(0.1),
+        at(0.5),
+        at(0.9)
+    );
+    assert!(ratios.len() > 1000);
+    assert!((0.9..1.1).contains(&at(0.5)), "median {}", at(0.5));
+}
