@@ -278,6 +278,8 @@ pub enum LoraTargets {
 pub struct Lora {
     pub rank: u64,
     pub alpha: f64,
+    /// PEFT's `lora_dropout`: above 0 each adapted layer keeps its dropped input for backward.
+    pub dropout: f64,
     pub targets: LoraTargets,
     pub base_weights: BaseWeights,
 }
@@ -437,6 +439,7 @@ pub enum UncheckedNames<'a> {
 pub struct UncheckedLora<'a> {
     pub rank: u64,
     pub alpha: Option<f64>,
+    pub dropout: Option<f64>,
     pub target_modules: UncheckedNames<'a>,
     pub base_weights: Option<&'a str>,
 }
@@ -575,6 +578,13 @@ fn lora(raw: Option<UncheckedLora<'_>>) -> Result<Option<Lora>, SetupError> {
             "must be a positive number of at most 1e6",
         ));
     }
+    let dropout = raw.dropout.unwrap_or(0.0);
+    if !(0.0..1.0).contains(&dropout) {
+        return Err(SetupError::new(
+            "lora.dropout",
+            format!("must be at least 0 and below 1, got {dropout}"),
+        ));
+    }
     let targets = match raw.target_modules {
         UncheckedNames::Keyword(word)
             if matches!(
@@ -607,6 +617,7 @@ fn lora(raw: Option<UncheckedLora<'_>>) -> Result<Option<Lora>, SetupError> {
     Ok(Some(Lora {
         rank: raw.rank,
         alpha,
+        dropout,
         targets,
         base_weights,
     }))
@@ -910,6 +921,7 @@ mod tests {
             lora: Some(UncheckedLora {
                 rank,
                 alpha: Some(16.0),
+                dropout: None,
                 target_modules: UncheckedNames::Names(&targets),
                 base_weights: base,
             }),
@@ -928,6 +940,7 @@ mod tests {
             lora: Some(UncheckedLora {
                 rank: 8,
                 alpha: None,
+                dropout: Some(1.0),
                 target_modules: UncheckedNames::Keyword("everything"),
                 base_weights: None,
             }),

@@ -329,6 +329,11 @@ pub fn analytic_step(job: &Job) -> StepMemory {
 
     // Activations kept for backward at the micro-batch, by layer in proportion to its output.
     let micro = setup.micro_batch_size as f64;
+    let compute_activation_bytes = if precision == Precision::Fp32 || precision == Precision::Tf32 {
+        4.0
+    } else {
+        2.0
+    };
     let kept_share = if precision.is_autocast() {
         AUTOCAST_KEPT_SHARE
     } else if precision.is_pure_16bit() {
@@ -369,6 +374,21 @@ pub fn analytic_step(job: &Job) -> StepMemory {
         let largest = checkpointed.iter().map(share).fold(0.0, f64::max);
         kept * (1.0 - inside) + inputs + kept * largest
     };
+    // LoRA dropout keeps each adapted layer's dropped input (compute dtype) and its mask,
+    // outside checkpointed blocks (inside, backward recomputes them).
+    let lora_dropout_bytes = match lora {
+        Some(l) if l.dropout > 0.0 => (0..layers.len())
+            .filter(|&i| plans[i].adapters > 0.0)
+            .filter(|&i| !checkpointed.iter().any(|r| r.contains(&i)))
+            .map(|i| {
+                let (inputs, outputs) = linear_shape(&layers[i], detail(i));
+                let positions = outputs.max(1.0).recip() * layers[i].output_size as f64;
+                positions * inputs * micro * (compute_activation_bytes + 1.0)
+            })
+            .sum::<f64>(),
+        _ => 0.0,
+    };
+    let activations = activations + lora_dropout_bytes;
     // Backward starts with the gradient of the loss's input (the logits, in fp32 for a
     // language model's loss) beside what it keeps.
     let largest_output = outputs.iter().copied().fold(0.0, f64::max);

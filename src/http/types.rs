@@ -154,6 +154,10 @@ pub struct LoraRequest {
     /// Scaling numerator (default: the rank); does not change memory.
     #[serde(default)]
     pub alpha: Option<f64>,
+    /// PEFT's `lora_dropout` (0 to below 1, default 0): above 0 every adapted layer keeps its
+    /// dropped input and mask for backward.
+    #[serde(default)]
+    pub dropout: Option<f64>,
     /// Layer names (PEFT's rule: the whole name or its last dotted components, e.g. `q_proj`)
     /// or `all-linear` (every linear layer but the output head).
     pub target_modules: NamesRequest,

@@ -230,6 +230,7 @@ fn unchecked_setup(request: &EstimateRequest) -> UncheckedSetup<'_> {
         lora: request.lora.as_ref().map(|l| UncheckedLora {
             rank: l.rank,
             alpha: l.alpha,
+            dropout: l.dropout,
             target_modules: names(&l.target_modules),
             base_weights: l.base_weights.as_deref(),
         }),

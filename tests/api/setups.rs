@@ -108,6 +108,23 @@ async fn a_lora_job_trains_only_its_adapters_and_physics_answers_it_alone() {
     );
     assert!(part(&lora, "gradients") <= adapters_mib + 0.1);
     assert!(figure(&lora) < figure(&full));
+    // LoRA dropout keeps each adapted layer's dropped input (bf16) and mask: 2 targets x 4
+    // blocks x 8 samples x 512 positions x 1024 inputs x 3 bytes.
+    let dropped = answer(
+        &app,
+        &with(
+            decoder(4),
+            json!({"precision": "bf16", "lora": {"rank": 16, "dropout": 0.05,
+                   "target_modules": ["q_proj", "v_proj"]}}),
+        ),
+    )
+    .await;
+    let kept_mib = (2 * 4 * 8 * 512 * 1024 * 3) as f64 / 1048576.0;
+    let added = part(&dropped, "activations") - part(&lora, "activations");
+    assert!(
+        (added - kept_mib).abs() < 0.2,
+        "{added} MiB added, {kept_mib} expected"
+    );
     // QLoRA's 4-bit base: every linear weight but the head in 4.127 bits instead of 16.
     let qlora = answer(
         &app,

@@ -663,8 +663,6 @@ def plan_row(index, row):
             notes.append("NF4 without double quantisation (the contract's nf4 has it: ~0.37 bit a weight more here)")
         if "torchao" in row["peft"].lower() and base == "nf4":
             notes.append("torchao's NF4 read as bitsandbytes' NF4")
-        if peft["dropout"]:
-            notes.append(f"LoRA dropout {peft['dropout']} (the contract has no dropout field)")
         if peft["rslora"]:
             notes.append("rsLoRA: only the adapter scale differs from LoRA")
     plan["peft"], plan["base"] = peft, base
@@ -894,6 +892,8 @@ def job_of(plan, description, naming, row):
             notes.append(note)
         job["lora"] = {"rank": peft["rank"], "alpha": peft["alpha"], "target_modules": targets,
                        "base_weights": plan["base"]}
+        if peft["dropout"]:
+            job["lora"]["dropout"] = peft["dropout"]
         added = lora_count(job["layers"], targets, peft["rank"], naming)
         stated = plan["trainable_in_notes"]
         if plan.get("check_trainable") is not None and added != plan["check_trainable"]:
