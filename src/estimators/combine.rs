@@ -118,14 +118,18 @@ pub fn training_step_quantiles() -> ResidualQuantiles {
     ResidualQuantiles::new(TRAINING_STEP_QUANTILES.to_vec()).expect("increasing levels")
 }
 
-/// Measured on the rows of public_training_memory.csv that gpucast expresses
-/// (tests/api/setups.rs prints them; see the README's table).
+/// Measured on the 142 rows of public_training_memory.csv that the analytic step answers
+/// (`cargo test --test api public_setups -- --nocapture` prints them): in-sample quantiles of
+/// log(measured / figure), like with like. The 0.95 level taken from the other architectures'
+/// rows only is exceeded by 5.6 % of each held-out architecture's rows. The tail is wide:
+/// published peaks that include what a training step does not (model loading, evaluation,
+/// compilers) sit up to 2.7 x above the step.
 const TRAINING_STEP_QUANTILES: [(f64, f64); 5] = [
-    (0.5, 0.0),
-    (0.8, 0.15),
-    (0.9, 0.25),
-    (0.95, 0.35),
-    (0.99, 0.6),
+    (0.5, 0.042),
+    (0.8, 0.285),
+    (0.9, 0.623),
+    (0.95, 0.791),
+    (0.99, 1.004),
 ];
 
 /// Share of the class probability put on the MiB figure's class (> 0.5: it leads).
