@@ -36,7 +36,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from . import allocator
 from .walker import _gpu_attention, _math_attention, _on_meta, sdpa_backend
@@ -75,26 +75,37 @@ class _StepRecorder(TorchDispatchMode):
         self.phase = _IDLE
         self._born_in: Dict[int, str] = {}
         self._live: Dict[int, int] = {}  # storage _cdata -> id
+        self._refs: Dict[int, weakref.KeyedRef] = {}  # storage _cdata -> its weak reference
         self._next_id = 0
+        # Meta kernels memoised by their arguments' metadata (see _memo_key)
+        self._memo: Dict[tuple, Any] = {}
+        self.memo_hits = 0
 
     def track(self, tensor: torch.Tensor, category: Optional[str] = None) -> None:
-        if not isinstance(tensor, torch.Tensor) or tensor.device.type != "meta":
+        if not isinstance(tensor, torch.Tensor) or not tensor.is_meta:
             return
         storage = tensor.untyped_storage()
         key = storage._cdata
-        if key in self._live or storage.nbytes() == 0:  # CUDA hands out no block for 0 bytes
+        if key in self._live:
+            return
+        nbytes = storage.nbytes()
+        if nbytes == 0:  # CUDA hands out no block for 0 bytes
             return
         self._next_id += 1
         ident = self._next_id
         self._live[key] = ident
-        self.events.append((allocator.ALLOC, ident, int(storage.nbytes())))
+        self.events.append((allocator.ALLOC, ident, int(nbytes)))
         self._born_in[ident] = self.phase
-        self.category[ident] = category or {
-            _FORWARD: "activations", _BACKWARD: "temporaries", _OPTIMIZER: "optimizer_state",
-        }.get(self.phase, "temporaries")
-        weakref.finalize(storage, self._free, key)
+        self.category[ident] = category or _PHASE_CATEGORY.get(self.phase, "temporaries")
+        # A weak reference whose callback runs when the storage dies (as weakref.finalize
+        # would, for less): the storage's Python object lives as long as the storage.
+        self._refs[key] = weakref.KeyedRef(storage, self._dead, key)
+
+    def _dead(self, ref: "weakref.KeyedRef") -> None:
+        self._free(ref.key)
 
     def _free(self, key: int) -> None:
+        self._refs.pop(key, None)
         ident = self._live.pop(key, None)
         if ident is None:
             return
@@ -117,15 +128,135 @@ class _StepRecorder(TorchDispatchMode):
                 for e in self.events]
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
         fast = _FAST_META.get(func)
-        if fast is not None and all(t.device.type == "meta" for t in args if isinstance(t, torch.Tensor)):
-            out = fast(*args, **(kwargs or {}))
+        if fast is not None and all(t.is_meta for t in args if isinstance(t, torch.Tensor)):
+            out = fast(*args, **kwargs)
         else:
-            out = func(*args, **(kwargs or {}))
+            key = _memo_key(func, args, kwargs) if MEMOISE_META_KERNELS else None
+            if key is not None:
+                made = self._memo.get(key)
+                if made is not None:
+                    if made is not _NOT_MEMOISED:
+                        self.memo_hits += 1
+                        out = _remake(made)
+                        for value in (out,) if made[0] is None else tree_flatten(out)[0]:
+                            self.track(value)
+                        return out
+                    key = None
+            out = func(*args, **kwargs)
+            if key is not None:
+                self._memo[key] = _outputs_made(out, args, kwargs)
         for value in tree_flatten(out)[0]:
             if isinstance(value, torch.Tensor):
                 self.track(value)
         return out
+
+
+_PHASE_CATEGORY = {_FORWARD: "activations", _BACKWARD: "temporaries",
+                   _OPTIMIZER: "optimizer_state"}
+
+# -- memoised meta kernels ---------------------------------------------------------------------
+#
+# A meta kernel only computes its outputs' metadata (shapes, strides, dtypes) from its
+# arguments' metadata, and most of them are Python (torch._refs / _meta_registrations): the
+# bulk of a simulation's time. A model repeats the same calls (each transformer block, each
+# step), so the outputs of an op that makes fresh tensors are memoised by its arguments'
+# metadata and made directly (torch.empty_strided) on a repeat: the same allocations, in the
+# same order, without running the kernel. Only ops whose schema says they return new tensors
+# (no aliasing, no mutation) are memoised, and only calls whose outputs are plain dense meta
+# tensors, each with a storage of its own of exactly the bytes its shape and strides span
+# (checked on the first call; anything else is run every time).
+
+MEMOISE_META_KERNELS = True  # tests switch it off to compare
+_NOT_MEMOISED = object()
+_MEMO_RETURNS = {"Tensor", "List[Tensor]", "Optional[Tensor]", "List[Optional[Tensor]]"}
+_MEMO_SCALARS = {int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout,
+                 torch.memory_format}
+_MEMOISABLE: Dict[Any, bool] = {}
+
+
+class _NoMemo(Exception):
+    pass
+
+
+def _memoisable(func) -> bool:
+    known = _MEMOISABLE.get(func)
+    if known is None:
+        try:
+            schema = func._schema
+            known = (not schema.is_mutable and bool(schema.returns) and
+                     all(r.alias_info is None and str(r.type) in _MEMO_RETURNS
+                         for r in schema.returns))
+        except Exception:
+            known = False
+        _MEMOISABLE[func] = known
+    return known
+
+
+def _arg_key(value: Any) -> Any:
+    kind = type(value)
+    if kind is torch.Tensor or kind is nn.Parameter:
+        if not value.is_meta or value.layout is not torch.strided:
+            raise _NoMemo
+        return (value.dtype, value.shape, value.stride(), value.storage_offset())
+    if kind is list or kind is tuple:
+        return (kind, tuple([_arg_key(v) for v in value]))
+    if kind in _MEMO_SCALARS:  # the type too: 1, 1.0 and True promote differently
+        return (kind, value)
+    raise _NoMemo
+
+
+def _memo_key(func, args, kwargs) -> Optional[tuple]:
+    if not _memoisable(func):
+        return None
+    try:
+        return (func, _arg_key(args),
+                tuple([(name, _arg_key(v)) for name, v in kwargs.items()]) if kwargs else ())
+    except _NoMemo:
+        return None
+
+
+def _spanned_bytes(shape, stride, itemsize: int) -> int:
+    if any(size == 0 for size in shape):
+        return 0
+    return (1 + sum((size - 1) * step for size, step in zip(shape, stride))) * itemsize
+
+
+def _storages(value: Any) -> set:
+    return {t.untyped_storage()._cdata for t in tree_flatten(value)[0]
+            if isinstance(t, torch.Tensor) and t.is_meta}
+
+
+def _outputs_made(out: Any, args, kwargs) -> Any:
+    """How to make ``out`` again, ``(treespec or None, [(shape, stride, dtype) or None])``, or
+    _NOT_MEMOISED when its outputs are not all fresh, dense meta tensors of their own."""
+    leaves, spec = tree_flatten(out)
+    made, seen = [], _storages((args, kwargs))
+    for leaf in leaves:
+        if leaf is None:
+            made.append(None)
+            continue
+        if type(leaf) is not torch.Tensor or not leaf.is_meta or \
+                leaf.layout is not torch.strided or leaf.storage_offset() != 0:
+            return _NOT_MEMOISED
+        storage = leaf.untyped_storage()
+        shape, stride = tuple(leaf.shape), tuple(leaf.stride())
+        if storage._cdata in seen or \
+                storage.nbytes() != _spanned_bytes(shape, stride, leaf.element_size()):
+            return _NOT_MEMOISED
+        seen.add(storage._cdata)
+        made.append((shape, stride, leaf.dtype))
+    if not made:
+        return _NOT_MEMOISED
+    return (None if isinstance(out, torch.Tensor) else spec, made)
+
+
+def _remake(made: tuple) -> Any:
+    spec, metas = made
+    leaves = [None if m is None else
+              torch.empty_strided(m[0], m[1], dtype=m[2], device="meta") for m in metas]
+    return leaves[0] if spec is None else tree_unflatten(leaves, spec)
 
 
 def _statistics_dtype(tensor: torch.Tensor) -> torch.dtype:
@@ -496,7 +627,7 @@ def simulate_step(
             config._attn_implementation = implementation
         del opt
     events = recorder.labelled_events()
-    result = allocator.replay(events)
+    result, min_capacity = allocator.replay_with_min_capacity(events)
     breakdown = {category: int(result.breakdown_at_peak.get(category, 0))
                  for category in CATEGORIES}
     return {
@@ -506,7 +637,7 @@ def simulate_step(
         "attention": attention,
         "allocated_peak_bytes": int(result.allocated_peak_bytes),
         "reserved_peak_bytes": int(result.reserved_peak_bytes),
-        "min_capacity_bytes": int(allocator.min_capacity_bytes(events)),
+        "min_capacity_bytes": int(min_capacity),
         "breakdown_at_peak": breakdown,
         "interpolated": False,
     }
