@@ -139,7 +139,7 @@ class Allocator:
         self._requested = 0
         self._reserved = 0
         self._free_segment_bytes = 0  # bytes of segments that are entirely free
-        self._segment_log = None  # min_capacity_bytes: (reserved, size, releasable) per segment
+        self._segment_log = None  # a search's log: (reserved, size, releasable) per segment
         self.allocated_peak_bytes = 0
         self.requested_peak_bytes = 0
         self.reserved_peak_bytes = 0
@@ -400,21 +400,24 @@ def _validate(events) -> list:
 
 def _run(events: list, capacity_bytes, track_breakdown: bool, segment_log=None) -> ReplayResult:
     """Replay already validated events; ``segment_log``, a list, receives
-    ``(reserved before, segment size, releasable bytes)`` for each segment created."""
+    ``(event index, reserved before, segment size, releasable bytes)`` for each segment
+    created."""
     allocator = Allocator(capacity_bytes, track_breakdown=track_breakdown)
-    allocator._segment_log = segment_log
     malloc, free = allocator.malloc, allocator.free
     live = {}
     oom_index = None
-    for index, event in enumerate(events):
-        if event[0] == ALLOC:
-            try:
-                live[event[1]] = malloc(event[2], event[3])
-            except OutOfMemory:
-                oom_index = index
-                break
-        else:
-            free(live.pop(event[1]))
+    if segment_log is not None:
+        _advance(allocator, live, events, 0, len(events), segment_log)
+    else:
+        for index, event in enumerate(events):
+            if event[0] == ALLOC:
+                try:
+                    live[event[1]] = malloc(event[2], event[3])
+                except OutOfMemory:
+                    oom_index = index
+                    break
+            else:
+                free(live.pop(event[1]))
     return ReplayResult(
         allocated_peak_bytes=allocator.allocated_peak_bytes,
         reserved_peak_bytes=allocator.reserved_peak_bytes,
@@ -424,6 +427,181 @@ def _run(events: list, capacity_bytes, track_breakdown: bool, segment_log=None) 
         oom_event_index=oom_index,
         n_segments_peak=allocator.n_segments_peak,
     )
+
+
+def _advance(allocator: Allocator, live: dict, events: list, start: int, stop: int,
+             segment_log=None) -> None:
+    """Replays ``events[start:stop]`` on an allocator without a capacity; ``segment_log``
+    receives ``(event index, reserved before, segment size, releasable bytes)`` for each
+    segment created."""
+    malloc, free = allocator.malloc, allocator.free
+    if segment_log is None:
+        for index in range(start, stop):
+            event = events[index]
+            if event[0] == ALLOC:
+                live[event[1]] = malloc(event[2], event[3])
+            else:
+                free(live.pop(event[1]))
+        return
+    created = allocator._segment_log = []
+    try:
+        for index in range(start, stop):
+            event = events[index]
+            if event[0] == ALLOC:
+                known = len(created)
+                live[event[1]] = malloc(event[2], event[3])
+                if len(created) != known:  # malloc creates at most one segment
+                    segment_log.append((index, *created[-1]))
+            else:
+                free(live.pop(event[1]))
+    finally:
+        allocator._segment_log = None
+
+
+def _clone(allocator: Allocator, live: dict) -> tuple:
+    """A copy of an allocator's state (blocks, pools, counters) and of the live id -> block
+    map, for replaying on from there (a search allocator: no breakdown kept)."""
+    new = Allocator.__new__(Allocator)
+    new.__dict__.update(allocator.__dict__)
+    new._segment_log = None
+    new._track = False
+    new._by_category = {}
+    new.breakdown_at_peak = {}
+    copies = {}
+    segments = {}
+    for seg, head in allocator._segments.items():
+        previous = None
+        block = head
+        while block is not None:
+            twin = Block(block.size, block.segment, block.offset, block.small)
+            twin.allocated = block.allocated
+            twin.requested = block.requested
+            twin.category = block.category
+            twin.prev = previous
+            if previous is None:
+                segments[seg] = twin
+            else:
+                previous.next = twin
+            if not block.allocated:
+                twin.key = (twin.size, twin.segment, twin.offset, twin)
+            copies[id(block)] = twin
+            previous = twin
+            block = block.next
+    new._segments = segments
+    new._segment_sizes = dict(allocator._segment_sizes)
+    # (size, segment, offset) are unique: the copies sort as the originals
+    new._small_pool = [copies[id(entry[3])].key for entry in allocator._small_pool]
+    new._large_pool = [copies[id(entry[3])].key for entry in allocator._large_pool]
+    return new, {ident: copies[id(block)] for ident, block in live.items()}
+
+
+class _Continuation:
+    """The replay from a state (``start``: allocator and live map, at event ``index``) on an
+    unlimited allocator, described by its segment log: what a capacity-limited replay in the
+    same state does until its next refusal. ``children`` maps the event index of a refusal
+    to the continuation after it (the cache released, whatever the capacity)."""
+
+    __slots__ = ("index", "start", "log", "children", "anchor")
+
+    def __init__(self, index: int, start: tuple, log: list):
+        self.index, self.start, self.log = index, start, log
+        self.children = {}
+        self.anchor = None  # (index, state): the state at the earliest refusal of a search
+
+
+def _min_capacity(events: list, unlimited: ReplayResult, log: list, granularity: int) -> int:
+    """Bisection for :func:`min_capacity_bytes` from the unlimited replay and its segment log
+    ``[(event index, reserved before, segment size, releasable)]``.
+
+    A replay with a capacity is the unlimited one until the first segment it must refuse;
+    there the allocator releases every entirely free cached segment, which leaves the same
+    state whatever the capacity, and either fails (not enough released) or goes on, again
+    like an unlimited replay from that state, until its next refusal. So every capacity's
+    fate is read off a tree of unlimited continuations, each made once (a copy of the state
+    where it starts, replayed to the end with a segment log) and shared by all the capacities
+    that refuse at the same events: the same answers as replaying each capacity, for a few
+    partial replays."""
+    peak = unlimited.reserved_peak_bytes
+    lo = -(-unlimited.allocated_peak_bytes // granularity)  # ceil: anything less fails
+    hi = -(-peak // granularity)  # runs
+    floor = lo * granularity  # no smaller capacity is asked about
+    root = _Continuation(0, (Allocator(None, track_breakdown=False), {}), log)
+    seen = {}
+
+    def anchor_of(node: _Continuation) -> tuple:
+        """The node's state at its first segment a capacity >= floor refuses (every refusal
+        asked about comes at or after it)."""
+        if node.anchor is None:
+            first = next(entry[0] for entry in node.log if entry[1] + entry[2] > floor)
+            allocator, live = _clone(*node.start)
+            _advance(allocator, live, events, node.index, first)
+            node.anchor = (first, (allocator, live))
+        return node.anchor
+
+    def child(node: _Continuation, index: int) -> _Continuation:
+        found = node.children.get(index)
+        if found is None:
+            at, state = anchor_of(node)
+            allocator, live = _clone(*state)
+            _advance(allocator, live, events, at, index)
+            allocator.release_cached()  # the refusal: what every capacity here does
+            start = _clone(allocator, live)
+            child_log = []
+            _advance(allocator, live, events, index, len(events), child_log)
+            found = node.children[index] = _Continuation(index, start, child_log)
+        return found
+
+    def runs(k):
+        if k not in seen:
+            cap = k * granularity
+            node, ok = root, True
+            while True:
+                refusal = next((entry for entry in node.log if entry[1] + entry[2] > cap), None)
+                if refusal is None:
+                    break  # never refused again: runs to the end
+                index, reserved, size, releasable = refusal
+                if reserved - releasable + size > cap:
+                    ok = False  # releasing the cache is not enough: out of memory here
+                    break
+                node = child(node, index)
+            seen[k] = ok
+        return seen[k]
+
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if runs(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    while not runs(hi):  # confirm; walk upward should the search have been misled
+        hi += 1
+    return hi * granularity
+
+
+def _min_capacity_by_replays(events: list, granularity: int = 2 << 20) -> int:
+    """:func:`min_capacity_bytes` the direct way, one whole replay per capacity asked about (a
+    reference for the tests)."""
+    events = _validate(events)
+    unlimited = _run(events, None, False)
+    peak = unlimited.reserved_peak_bytes
+    seen = {}
+
+    def runs(k):
+        if k not in seen:
+            seen[k] = k * granularity >= peak or not _run(events, k * granularity, False).oom
+        return seen[k]
+
+    lo = -(-unlimited.allocated_peak_bytes // granularity)
+    hi = -(-peak // granularity)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if runs(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    while not runs(hi):
+        hi += 1
+    return hi * granularity
 
 
 def replay(events, capacity_bytes: int | None = None) -> ReplayResult:
@@ -496,37 +674,3 @@ class _gc_paused:
     def __exit__(self, *exc):
         if self.enabled:
             gc.enable()
-
-
-def _min_capacity(events: list, unlimited: ReplayResult, log: list, granularity: int) -> int:
-    peak = unlimited.reserved_peak_bytes
-    seen = {}
-
-    def runs(k):
-        if k not in seen:
-            cap = k * granularity
-            if cap >= peak:
-                seen[k] = True  # never refuses a segment: the unlimited replay, which ran
-            else:
-                ok = None
-                for reserved, size, releasable in log:
-                    if reserved + size > cap:  # the first refusal (exists: cap < peak)
-                        if reserved - releasable + size > cap:
-                            ok = False  # releasing the cache is not enough: oom right here
-                        break
-                if ok is None:
-                    ok = not _run(events, cap, False).oom
-                seen[k] = ok
-        return seen[k]
-
-    lo = -(-unlimited.allocated_peak_bytes // granularity)  # ceil: anything less fails
-    hi = -(-peak // granularity)  # runs
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if runs(mid):
-            hi = mid
-        else:
-            lo = mid + 1
-    while not runs(hi):  # confirm; walk upward should the search have been misled
-        hi += 1
-    return hi * granularity

@@ -69,8 +69,9 @@ class SimulationFieldsTest(unittest.TestCase):
 
     def test_fields(self):
         self.assertEqual(set(self.sim), {
-            "batch_size", "optimizer", "precision", "attention", "allocated_peak_bytes",
-            "reserved_peak_bytes", "min_capacity_bytes", "breakdown_at_peak", "interpolated"})
+            "batch_size", "optimizer", "precision", "attention", "trainable_params",
+            "allocated_peak_bytes", "reserved_peak_bytes", "min_capacity_bytes",
+            "breakdown_at_peak", "interpolated"})
         self.assertEqual(self.sim["batch_size"], 64)
         self.assertEqual((self.sim["optimizer"], self.sim["precision"]), ("adam", "fp32"))
         self.assertFalse(self.sim["interpolated"])
@@ -176,7 +177,7 @@ class GpuKernelChoiceTest(unittest.TestCase):
         model = on_meta(lambda: nn.Sequential(*[nn.Linear(1024, 1024) for _ in range(4)]))
         fp32 = simulate_step(model, [1024], 4096, optimizer="sgd")
         mixed = simulate_step(model, [1024], 4096, optimizer="sgd", precision="mixed16")
-        self.assertEqual(mixed["precision"], "mixed16")
+        self.assertEqual(mixed["precision"], "amp_fp16")  # mixed16's canonical name
         self.assertLess(mixed["breakdown_at_peak"]["activations"],
                         fp32["breakdown_at_peak"]["activations"])
         # fp32 master weights stay: parameters unchanged
