@@ -406,8 +406,17 @@ def _run(events: list, capacity_bytes, track_breakdown: bool, segment_log=None) 
     malloc, free = allocator.malloc, allocator.free
     live = {}
     oom_index = None
-    if segment_log is not None:
-        _advance(allocator, live, events, 0, len(events), segment_log)
+    if segment_log is not None:  # (no capacity: a search's unlimited replay)
+        created = allocator._segment_log = []
+        for index, event in enumerate(events):
+            if event[0] == ALLOC:
+                known = len(created)
+                live[event[1]] = malloc(event[2], event[3])
+                if len(created) != known:  # malloc creates at most one segment
+                    segment_log.append((index, *created[-1]))
+            else:
+                free(live.pop(event[1]))
+        allocator._segment_log = None
     else:
         for index, event in enumerate(events):
             if event[0] == ALLOC:
@@ -430,30 +439,82 @@ def _run(events: list, capacity_bytes, track_breakdown: bool, segment_log=None) 
 
 
 def _advance(allocator: Allocator, live: dict, events: list, start: int, stop: int,
-             segment_log=None) -> None:
-    """Replays ``events[start:stop]`` on an allocator without a capacity; ``segment_log``
+             segment_log=None, above=None) -> int:
+    """Replays ``events[start:stop]`` on an allocator without a capacity, as ``malloc`` and
+    ``free`` would (the same blocks, pools and segments) but keeping none of the statistics a
+    search does not read (allocated and requested bytes, peaks, categories); ``segment_log``
     receives ``(event index, reserved before, segment size, releasable bytes)`` for each
-    segment created."""
-    malloc, free = allocator.malloc, allocator.free
-    if segment_log is None:
-        for index in range(start, stop):
-            event = events[index]
-            if event[0] == ALLOC:
-                live[event[1]] = malloc(event[2], event[3])
-            else:
-                free(live.pop(event[1]))
-        return
-    created = allocator._segment_log = []
+    segment created. With ``above``, stops after the first segment that takes the reserved
+    bytes above it. Returns the index of the next event to replay. Inlined: a search replays
+    hundreds of thousands of events."""
+    small_pool, large_pool = allocator._small_pool, allocator._large_pool
+    new_segment = allocator._new_segment
+    created = allocator._segment_log = [] if segment_log is not None else None
     try:
         for index in range(start, stop):
             event = events[index]
             if event[0] == ALLOC:
-                known = len(created)
-                live[event[1]] = malloc(event[2], event[3])
-                if len(created) != known:  # malloc creates at most one segment
-                    segment_log.append((index, *created[-1]))
+                nbytes = event[2]
+                size = K_MIN_BLOCK_SIZE if nbytes < K_MIN_BLOCK_SIZE else (nbytes + 511) & ~511
+                small = size <= K_SMALL_SIZE
+                pool = small_pool if small else large_pool
+                i = bisect_left(pool, (size,))
+                if i < len(pool):
+                    block = pool.pop(i)[3]
+                    if block.prev is None and block.next is None:
+                        allocator._free_segment_bytes -= block.size
+                else:
+                    block = new_segment(size, small)
+                    if created is not None:
+                        entry = created[-1]
+                        segment_log.append((index, *entry))
+                        if above is not None and entry[0] + entry[1] > above:
+                            stop = index + 1  # (this event is finished below)
+                remaining = block.size - size
+                if remaining >= K_MIN_BLOCK_SIZE if small else remaining > K_SMALL_SIZE:
+                    rest = Block(remaining, block.segment, block.offset + size, small)
+                    rest.prev = block
+                    nxt = rest.next = block.next
+                    if nxt is not None:
+                        nxt.prev = rest
+                    block.next = rest
+                    block.size = size
+                    rest.key = key = (remaining, rest.segment, rest.offset, rest)
+                    insort(pool, key)
+                block.allocated = True
+                live[event[1]] = block
             else:
-                free(live.pop(event[1]))
+                block = live.pop(event[1])
+                block.allocated = False
+                size = block.size
+                pool = small_pool if block.small else large_pool
+                prev = block.prev
+                if prev is not None and not prev.allocated:
+                    del pool[bisect_left(pool, prev.key)]
+                    block.offset = prev.offset
+                    size += prev.size
+                    pp = block.prev = prev.prev
+                    if pp is None:
+                        allocator._segments[block.segment] = block
+                    else:
+                        pp.next = block
+                    prev.key = prev.prev = prev.next = None
+                nxt = block.next
+                if nxt is not None and not nxt.allocated:
+                    del pool[bisect_left(pool, nxt.key)]
+                    size += nxt.size
+                    after = block.next = nxt.next
+                    if after is not None:
+                        after.prev = block
+                    nxt.key = nxt.prev = nxt.next = None
+                block.size = size
+                block.key = key = (size, block.segment, block.offset, block)
+                insort(pool, key)
+                if block.prev is None and block.next is None:
+                    allocator._free_segment_bytes += size
+            if index + 1 == stop:
+                return stop
+        return stop
     finally:
         allocator._segment_log = None
 
@@ -497,16 +558,33 @@ def _clone(allocator: Allocator, live: dict) -> tuple:
 
 class _Continuation:
     """The replay from a state (``start``: allocator and live map, at event ``index``) on an
-    unlimited allocator, described by its segment log: what a capacity-limited replay in the
-    same state does until its next refusal. ``children`` maps the event index of a refusal
-    to the continuation after it (the cache released, whatever the capacity)."""
+    unlimited allocator, described by its segment log ``[(event index, reserved before,
+    segment size, releasable)]``: what a capacity-limited replay in the same state does until
+    its next refusal. The log is extended only as far as a question needs it (``frontier``:
+    the replay in progress, None once at the end). ``children`` maps the event index of a
+    refusal to the continuation after it (the cache released, whatever the capacity)."""
 
-    __slots__ = ("index", "start", "log", "children", "anchor")
+    __slots__ = ("index", "start", "log", "frontier", "children", "anchor")
 
-    def __init__(self, index: int, start: tuple, log: list):
-        self.index, self.start, self.log = index, start, log
+    def __init__(self, index: int, start: tuple, log: list, frontier):
+        self.index, self.start, self.log, self.frontier = index, start, log, frontier
         self.children = {}
         self.anchor = None  # (index, state): the state at the earliest refusal of a search
+
+    def refusal(self, events: list, cap: int):
+        """The first segment this continuation creates above ``cap``, or None."""
+        for entry in self.log:
+            if entry[1] + entry[2] > cap:
+                return entry
+        while self.frontier is not None:
+            allocator, live, index = self.frontier
+            known = len(self.log)
+            index = _advance(allocator, live, events, index, len(events), self.log, cap)
+            self.frontier = None if index == len(events) else (allocator, live, index)
+            for entry in self.log[known:]:
+                if entry[1] + entry[2] > cap:
+                    return entry
+        return None
 
 
 def _min_capacity(events: list, unlimited: ReplayResult, log: list, granularity: int) -> int:
@@ -517,15 +595,15 @@ def _min_capacity(events: list, unlimited: ReplayResult, log: list, granularity:
     there the allocator releases every entirely free cached segment, which leaves the same
     state whatever the capacity, and either fails (not enough released) or goes on, again
     like an unlimited replay from that state, until its next refusal. So every capacity's
-    fate is read off a tree of unlimited continuations, each made once (a copy of the state
-    where it starts, replayed to the end with a segment log) and shared by all the capacities
-    that refuse at the same events: the same answers as replaying each capacity, for a few
-    partial replays."""
+    fate is read off a tree of unlimited continuations, each made once (from a copy of the
+    state where it starts, replayed no further than the questions asked of it need) and
+    shared by all the capacities that refuse at the same events: the same answers as
+    replaying each capacity, for a few partial replays."""
     peak = unlimited.reserved_peak_bytes
     lo = -(-unlimited.allocated_peak_bytes // granularity)  # ceil: anything less fails
     hi = -(-peak // granularity)  # runs
     floor = lo * granularity  # no smaller capacity is asked about
-    root = _Continuation(0, (Allocator(None, track_breakdown=False), {}), log)
+    root = _Continuation(0, (Allocator(None, track_breakdown=False), {}), log, None)
     seen = {}
 
     def anchor_of(node: _Continuation) -> tuple:
@@ -545,10 +623,8 @@ def _min_capacity(events: list, unlimited: ReplayResult, log: list, granularity:
             allocator, live = _clone(*state)
             _advance(allocator, live, events, at, index)
             allocator.release_cached()  # the refusal: what every capacity here does
-            start = _clone(allocator, live)
-            child_log = []
-            _advance(allocator, live, events, index, len(events), child_log)
-            found = node.children[index] = _Continuation(index, start, child_log)
+            found = node.children[index] = _Continuation(
+                index, _clone(allocator, live), [], (allocator, live, index))
         return found
 
     def runs(k):
@@ -556,7 +632,7 @@ def _min_capacity(events: list, unlimited: ReplayResult, log: list, granularity:
             cap = k * granularity
             node, ok = root, True
             while True:
-                refusal = next((entry for entry in node.log if entry[1] + entry[2] > cap), None)
+                refusal = node.refusal(events, cap)
                 if refusal is None:
                     break  # never refused again: runs to the end
                 index, reserved, size, releasable = refusal

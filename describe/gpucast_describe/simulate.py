@@ -221,6 +221,12 @@ class _StepRecorder(TorchDispatchMode):
         return [(e[0], e[1], e[2], self.category[e[1]]) if e[0] == allocator.ALLOC else e
                 for e in self.events]
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # No torch._disable_dynamo wrapper around __torch_dispatch__ (a few microseconds a
+        # call): nothing is compiled in a simulation.
+        return False
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         # Without torch-function handling: in backward the engine runs ops with
         # _GpuKernelMode on the stack, which would see every Tensor method called here.
@@ -259,6 +265,9 @@ class _StepRecorder(TorchDispatchMode):
             out = func(*args, **kwargs)
             if key is not None:
                 self._memo[key] = _outputs_made(out, args, kwargs)
+        if type(out) is torch.Tensor:
+            self.track(out)
+            return out
         for value in tree_flatten(out)[0]:
             if isinstance(value, torch.Tensor):
                 self.track(value)
@@ -277,8 +286,9 @@ def _in_place_kind(func) -> Any:
     ``t_``, ``squeeze_``, ``resize_``, ``set_``)."""
     try:
         schema = func._schema
+        name = schema.name.split("::")[-1]
         if not schema.is_mutable or torch.Tag.inplace_view in func.tags or \
-                schema.name.split("::")[-1] in _NOT_IN_PLACE_ONLY or \
+                name in _NOT_IN_PLACE_ONLY or "resize" in name or \
                 any(argument.is_out for argument in schema.arguments):
             return False
         returns = schema.returns
