@@ -29,6 +29,7 @@ used for the breakdown at the peak (``"param"``, ``"activation"``, ...).
 
 from __future__ import annotations
 
+import gc
 import operator
 from bisect import bisect_left, insort
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ __all__ = [
     "allocation_size",
     "min_capacity_bytes",
     "replay",
+    "replay_with_min_capacity",
     "round_size",
 ]
 
@@ -137,7 +139,7 @@ class Allocator:
         self._requested = 0
         self._reserved = 0
         self._free_segment_bytes = 0  # bytes of segments that are entirely free
-        self._segment_log = None  # min_capacity_bytes: (reserved, size, releasable) per segment
+        self._segment_log = None  # a search's log: (reserved, size, releasable) per segment
         self.allocated_peak_bytes = 0
         self.requested_peak_bytes = 0
         self.reserved_peak_bytes = 0
@@ -398,21 +400,33 @@ def _validate(events) -> list:
 
 def _run(events: list, capacity_bytes, track_breakdown: bool, segment_log=None) -> ReplayResult:
     """Replay already validated events; ``segment_log``, a list, receives
-    ``(reserved before, segment size, releasable bytes)`` for each segment created."""
+    ``(event index, reserved before, segment size, releasable bytes)`` for each segment
+    created."""
     allocator = Allocator(capacity_bytes, track_breakdown=track_breakdown)
-    allocator._segment_log = segment_log
     malloc, free = allocator.malloc, allocator.free
     live = {}
     oom_index = None
-    for index, event in enumerate(events):
-        if event[0] == ALLOC:
-            try:
+    if segment_log is not None:  # (no capacity: a search's unlimited replay)
+        created = allocator._segment_log = []
+        for index, event in enumerate(events):
+            if event[0] == ALLOC:
+                known = len(created)
                 live[event[1]] = malloc(event[2], event[3])
-            except OutOfMemory:
-                oom_index = index
-                break
-        else:
-            free(live.pop(event[1]))
+                if len(created) != known:  # malloc creates at most one segment
+                    segment_log.append((index, *created[-1]))
+            else:
+                free(live.pop(event[1]))
+        allocator._segment_log = None
+    else:
+        for index, event in enumerate(events):
+            if event[0] == ALLOC:
+                try:
+                    live[event[1]] = malloc(event[2], event[3])
+                except OutOfMemory:
+                    oom_index = index
+                    break
+            else:
+                free(live.pop(event[1]))
     return ReplayResult(
         allocated_peak_bytes=allocator.allocated_peak_bytes,
         reserved_peak_bytes=allocator.reserved_peak_bytes,
@@ -422,6 +436,248 @@ def _run(events: list, capacity_bytes, track_breakdown: bool, segment_log=None) 
         oom_event_index=oom_index,
         n_segments_peak=allocator.n_segments_peak,
     )
+
+
+def _advance(allocator: Allocator, live: dict, events: list, start: int, stop: int,
+             segment_log=None, above=None) -> int:
+    """Replays ``events[start:stop]`` on an allocator without a capacity, as ``malloc`` and
+    ``free`` would (the same blocks, pools and segments) but keeping none of the statistics a
+    search does not read (allocated and requested bytes, peaks, categories); ``segment_log``
+    receives ``(event index, reserved before, segment size, releasable bytes)`` for each
+    segment created. With ``above``, stops after the first segment that takes the reserved
+    bytes above it. Returns the index of the next event to replay. Inlined: a search replays
+    hundreds of thousands of events."""
+    small_pool, large_pool = allocator._small_pool, allocator._large_pool
+    new_segment = allocator._new_segment
+    created = allocator._segment_log = [] if segment_log is not None else None
+    try:
+        for index in range(start, stop):
+            event = events[index]
+            if event[0] == ALLOC:
+                nbytes = event[2]
+                size = K_MIN_BLOCK_SIZE if nbytes < K_MIN_BLOCK_SIZE else (nbytes + 511) & ~511
+                small = size <= K_SMALL_SIZE
+                pool = small_pool if small else large_pool
+                i = bisect_left(pool, (size,))
+                if i < len(pool):
+                    block = pool.pop(i)[3]
+                    if block.prev is None and block.next is None:
+                        allocator._free_segment_bytes -= block.size
+                else:
+                    block = new_segment(size, small)
+                    if created is not None:
+                        entry = created[-1]
+                        segment_log.append((index, *entry))
+                        if above is not None and entry[0] + entry[1] > above:
+                            stop = index + 1  # (this event is finished below)
+                remaining = block.size - size
+                if remaining >= K_MIN_BLOCK_SIZE if small else remaining > K_SMALL_SIZE:
+                    rest = Block(remaining, block.segment, block.offset + size, small)
+                    rest.prev = block
+                    nxt = rest.next = block.next
+                    if nxt is not None:
+                        nxt.prev = rest
+                    block.next = rest
+                    block.size = size
+                    rest.key = key = (remaining, rest.segment, rest.offset, rest)
+                    insort(pool, key)
+                block.allocated = True
+                live[event[1]] = block
+            else:
+                block = live.pop(event[1])
+                block.allocated = False
+                size = block.size
+                pool = small_pool if block.small else large_pool
+                prev = block.prev
+                if prev is not None and not prev.allocated:
+                    del pool[bisect_left(pool, prev.key)]
+                    block.offset = prev.offset
+                    size += prev.size
+                    pp = block.prev = prev.prev
+                    if pp is None:
+                        allocator._segments[block.segment] = block
+                    else:
+                        pp.next = block
+                    prev.key = prev.prev = prev.next = None
+                nxt = block.next
+                if nxt is not None and not nxt.allocated:
+                    del pool[bisect_left(pool, nxt.key)]
+                    size += nxt.size
+                    after = block.next = nxt.next
+                    if after is not None:
+                        after.prev = block
+                    nxt.key = nxt.prev = nxt.next = None
+                block.size = size
+                block.key = key = (size, block.segment, block.offset, block)
+                insort(pool, key)
+                if block.prev is None and block.next is None:
+                    allocator._free_segment_bytes += size
+            if index + 1 == stop:
+                return stop
+        return stop
+    finally:
+        allocator._segment_log = None
+
+
+def _clone(allocator: Allocator, live: dict) -> tuple:
+    """A copy of an allocator's state (blocks, pools, counters) and of the live id -> block
+    map, for replaying on from there (a search allocator: no breakdown kept)."""
+    new = Allocator.__new__(Allocator)
+    new.__dict__.update(allocator.__dict__)
+    new._segment_log = None
+    new._track = False
+    new._by_category = {}
+    new.breakdown_at_peak = {}
+    copies = {}
+    segments = {}
+    for seg, head in allocator._segments.items():
+        previous = None
+        block = head
+        while block is not None:
+            twin = Block(block.size, block.segment, block.offset, block.small)
+            twin.allocated = block.allocated
+            twin.requested = block.requested
+            twin.category = block.category
+            twin.prev = previous
+            if previous is None:
+                segments[seg] = twin
+            else:
+                previous.next = twin
+            if not block.allocated:
+                twin.key = (twin.size, twin.segment, twin.offset, twin)
+            copies[id(block)] = twin
+            previous = twin
+            block = block.next
+    new._segments = segments
+    new._segment_sizes = dict(allocator._segment_sizes)
+    # (size, segment, offset) are unique: the copies sort as the originals
+    new._small_pool = [copies[id(entry[3])].key for entry in allocator._small_pool]
+    new._large_pool = [copies[id(entry[3])].key for entry in allocator._large_pool]
+    return new, {ident: copies[id(block)] for ident, block in live.items()}
+
+
+class _Continuation:
+    """The replay from a state (``start``: allocator and live map, at event ``index``) on an
+    unlimited allocator, described by its segment log ``[(event index, reserved before,
+    segment size, releasable)]``: what a capacity-limited replay in the same state does until
+    its next refusal. The log is extended only as far as a question needs it (``frontier``:
+    the replay in progress, None once at the end). ``children`` maps the event index of a
+    refusal to the continuation after it (the cache released, whatever the capacity)."""
+
+    __slots__ = ("index", "start", "log", "frontier", "children", "anchor")
+
+    def __init__(self, index: int, start: tuple, log: list, frontier):
+        self.index, self.start, self.log, self.frontier = index, start, log, frontier
+        self.children = {}
+        self.anchor = None  # (index, state): the state at the earliest refusal of a search
+
+    def refusal(self, events: list, cap: int):
+        """The first segment this continuation creates above ``cap``, or None."""
+        for entry in self.log:
+            if entry[1] + entry[2] > cap:
+                return entry
+        while self.frontier is not None:
+            allocator, live, index = self.frontier
+            known = len(self.log)
+            index = _advance(allocator, live, events, index, len(events), self.log, cap)
+            self.frontier = None if index == len(events) else (allocator, live, index)
+            for entry in self.log[known:]:
+                if entry[1] + entry[2] > cap:
+                    return entry
+        return None
+
+
+def _min_capacity(events: list, unlimited: ReplayResult, log: list, granularity: int) -> int:
+    """Bisection for :func:`min_capacity_bytes` from the unlimited replay and its segment log
+    ``[(event index, reserved before, segment size, releasable)]``.
+
+    A replay with a capacity is the unlimited one until the first segment it must refuse;
+    there the allocator releases every entirely free cached segment, which leaves the same
+    state whatever the capacity, and either fails (not enough released) or goes on, again
+    like an unlimited replay from that state, until its next refusal. So every capacity's
+    fate is read off a tree of unlimited continuations, each made once (from a copy of the
+    state where it starts, replayed no further than the questions asked of it need) and
+    shared by all the capacities that refuse at the same events: the same answers as
+    replaying each capacity, for a few partial replays."""
+    peak = unlimited.reserved_peak_bytes
+    lo = -(-unlimited.allocated_peak_bytes // granularity)  # ceil: anything less fails
+    hi = -(-peak // granularity)  # runs
+    floor = lo * granularity  # no smaller capacity is asked about
+    root = _Continuation(0, (Allocator(None, track_breakdown=False), {}), log, None)
+    seen = {}
+
+    def anchor_of(node: _Continuation) -> tuple:
+        """The node's state at its first segment a capacity >= floor refuses (every refusal
+        asked about comes at or after it)."""
+        if node.anchor is None:
+            first = next(entry[0] for entry in node.log if entry[1] + entry[2] > floor)
+            allocator, live = _clone(*node.start)
+            _advance(allocator, live, events, node.index, first)
+            node.anchor = (first, (allocator, live))
+        return node.anchor
+
+    def child(node: _Continuation, index: int) -> _Continuation:
+        found = node.children.get(index)
+        if found is None:
+            at, state = anchor_of(node)
+            allocator, live = _clone(*state)
+            _advance(allocator, live, events, at, index)
+            allocator.release_cached()  # the refusal: what every capacity here does
+            found = node.children[index] = _Continuation(
+                index, _clone(allocator, live), [], (allocator, live, index))
+        return found
+
+    def runs(k):
+        if k not in seen:
+            cap = k * granularity
+            node, ok = root, True
+            while True:
+                refusal = node.refusal(events, cap)
+                if refusal is None:
+                    break  # never refused again: runs to the end
+                index, reserved, size, releasable = refusal
+                if reserved - releasable + size > cap:
+                    ok = False  # releasing the cache is not enough: out of memory here
+                    break
+                node = child(node, index)
+            seen[k] = ok
+        return seen[k]
+
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if runs(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    while not runs(hi):  # confirm; walk upward should the search have been misled
+        hi += 1
+    return hi * granularity
+
+
+def _min_capacity_by_replays(events: list, granularity: int = 2 << 20) -> int:
+    """:func:`min_capacity_bytes` the direct way, one whole replay per capacity asked about (a
+    reference for the tests)."""
+    events = _validate(events)
+    unlimited = _run(events, None, False)
+    peak = unlimited.reserved_peak_bytes
+    seen = {}
+
+    def runs(k):
+        if k not in seen:
+            seen[k] = k * granularity >= peak or not _run(events, k * granularity, False).oom
+        return seen[k]
+
+    lo = -(-unlimited.allocated_peak_bytes // granularity)
+    hi = -(-peak // granularity)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if runs(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    while not runs(hi):
+        hi += 1
+    return hi * granularity
 
 
 def replay(events, capacity_bytes: int | None = None) -> ReplayResult:
@@ -465,35 +721,32 @@ def min_capacity_bytes(events, granularity: int = 2 << 20) -> int:
         raise ValueError(f"granularity must be positive, got {granularity}")
     events = _validate(events)
     log = []
-    unlimited = _run(events, None, False, log)
-    peak = unlimited.reserved_peak_bytes
-    seen = {}
+    with _gc_paused():
+        unlimited = _run(events, None, False, log)
+        return _min_capacity(events, unlimited, log, granularity)
 
-    def runs(k):
-        if k not in seen:
-            cap = k * granularity
-            if cap >= peak:
-                seen[k] = True  # never refuses a segment: the unlimited replay, which ran
-            else:
-                ok = None
-                for reserved, size, releasable in log:
-                    if reserved + size > cap:  # the first refusal (exists: cap < peak)
-                        if reserved - releasable + size > cap:
-                            ok = False  # releasing the cache is not enough: oom right here
-                        break
-                if ok is None:
-                    ok = not _run(events, cap, False).oom
-                seen[k] = ok
-        return seen[k]
 
-    lo = -(-unlimited.allocated_peak_bytes // granularity)  # ceil: anything less fails
-    hi = -(-peak // granularity)  # runs
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if runs(mid):
-            hi = mid
-        else:
-            lo = mid + 1
-    while not runs(hi):  # confirm; walk upward should the search have been misled
-        hi += 1
-    return hi * granularity
+def replay_with_min_capacity(events, granularity: int = 2 << 20) -> tuple:
+    """``(replay(events), min_capacity_bytes(events, granularity))``, the unlimited replay run
+    once for both (the same figures, for less)."""
+    if granularity <= 0:
+        raise ValueError(f"granularity must be positive, got {granularity}")
+    events = _validate(events)
+    log = []
+    with _gc_paused():
+        unlimited = _run(events, None, True, log)
+        return unlimited, _min_capacity(events, unlimited, log, granularity)
+
+
+class _gc_paused:
+    """No cyclic garbage collection while replaying (only plain Python objects are made: the
+    blocks, whose cycles are broken when they are dropped); collections of a large process's
+    heap would otherwise cost more than the replay."""
+
+    def __enter__(self):
+        self.enabled = gc.isenabled()
+        gc.disable()
+
+    def __exit__(self, *exc):
+        if self.enabled:
+            gc.enable()

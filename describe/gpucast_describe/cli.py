@@ -18,7 +18,8 @@ import json
 import sys
 from typing import List, Optional
 
-from .simulate import ATTENTIONS, LOSSES, OPTIMIZERS, PRECISIONS
+from .simulate import (ATTENTIONS, LORA_BASE_WEIGHTS, LORA_DEFAULT_ALPHA, LOSSES,
+                       OPTIMIZER_IMPLEMENTATIONS, OPTIMIZERS, PRECISIONS)
 from .specs import SpecError, describe_spec_batches
 
 
@@ -42,6 +43,31 @@ def _positive(text: str) -> int:
     return value
 
 
+def _names(text: str) -> List[str]:
+    names = [part.strip() for part in text.split(",")]
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"bad name list {text!r}: expected name,name,...")
+    return names
+
+
+def _checkpointing(text: str):
+    return text if text in ("none", "full") else _names(text)
+
+
+def _lora_targets(text: str):
+    return text if text == "all-linear" else _names(text)
+
+
+def _positive_number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}")
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
+    return int(value) if value.is_integer() else value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m gpucast_describe",
@@ -62,9 +88,35 @@ def build_parser() -> argparse.ArgumentParser:
         "training-step simulation (two steps on meta tensors, replayed through a model of "
         "the CUDA caching allocator; emitted as `simulation`, one per batch size)")
     step.add_argument("--optimizer", choices=OPTIMIZERS, default="adam",
-                      help="the job's optimizer, run as its foreach implementation (default adam)")
-    step.add_argument("--precision", choices=PRECISIONS, default="fp32",
-                      help="fp32, or mixed16 (CUDA autocast to fp16, fp32 weights)")
+                      help="the job's optimizer (default adam); adam_8bit, adamw_8bit, "
+                           "paged_adamw, paged_adamw_8bit: bitsandbytes' (emulated)")
+    step.add_argument("--optimizer-implementation", choices=OPTIMIZER_IMPLEMENTATIONS,
+                      default="foreach",
+                      help="PyTorch optimizers' implementation (default foreach, the GPU "
+                           "default; fused; for_loop)")
+    step.add_argument("--precision", choices=PRECISIONS + ("mixed16",), default="fp32",
+                      help="fp32; tf32 (fp32 memory); amp_fp16 / amp_bf16 (CUDA autocast, fp32 "
+                           "weights; mixed16 = amp_fp16); bf16 / fp16 (pure: the model in 16 "
+                           "bits; fp16 with a loss scaler)")
+    step.add_argument("--gradient-accumulation-steps", type=_positive, default=1, metavar="K",
+                      help="micro-batches per optimizer step: --batch-size is then the "
+                           "micro-batch, the job's batch_size K times it (default 1)")
+    step.add_argument("--activation-checkpointing", type=_checkpointing, default="none",
+                      metavar="none|full|NAME,NAME",
+                      help="none (default), full (every block of the model's repeated "
+                           "blocks) or module names")
+    step.add_argument("--lora-rank", type=_positive, metavar="R",
+                      help="LoRA adapters of rank R on the --lora-targets (the base frozen)")
+    step.add_argument("--lora-alpha", type=_positive_number, metavar="A",
+                      help=f"LoRA alpha (default {LORA_DEFAULT_ALPHA}, PEFT's)")
+    step.add_argument("--lora-targets", type=_lora_targets, metavar="NAME,NAME|all-linear",
+                      help="the LoRA target modules (default all-linear: every linear layer "
+                           "but the output head)")
+    step.add_argument("--lora-base", choices=LORA_BASE_WEIGHTS,
+                      help="the frozen base's weights: same (default), int8 (LLM.int8) or "
+                           "nf4 (QLoRA)")
+    step.add_argument("--trainable", type=_names, metavar="NAME,NAME",
+                      help="train only these modules (name prefixes), the rest frozen")
     step.add_argument("--loss", choices=LOSSES, default="auto",
                       help="auto: cross-entropy on class or token logits, else the outputs' sum")
     step.add_argument("--attention", choices=ATTENTIONS, default="efficient",
@@ -79,8 +131,35 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _lora(args: argparse.Namespace, parser: argparse.ArgumentParser):
+    if args.lora_rank is None:
+        given = [flag for flag, value in (("--lora-alpha", args.lora_alpha),
+                                          ("--lora-targets", args.lora_targets),
+                                          ("--lora-base", args.lora_base)) if value is not None]
+        if given:
+            parser.error(f"{', '.join(given)} without --lora-rank")
+        return None
+    lora = {"rank": args.lora_rank, "target_modules": args.lora_targets or "all-linear",
+            "base_weights": args.lora_base or "same"}
+    if args.lora_alpha is not None:
+        lora["alpha"] = args.lora_alpha
+    return lora
+
+
 def main(argv: Optional[List[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    lora = _lora(args, parser)
+    from .simulate import normalise_setup
+
+    try:  # the setup is the same for every spec: checked once (names: per model)
+        normalise_setup(optimizer=args.optimizer, precision=args.precision,
+                        optimizer_implementation=args.optimizer_implementation,
+                        gradient_accumulation_steps=args.gradient_accumulation_steps,
+                        activation_checkpointing=args.activation_checkpointing, lora=lora,
+                        trainable=args.trainable)
+    except ValueError as exc:
+        parser.error(str(exc))
     import torch  # after argument parsing, so that --help is quick
 
     torch.set_num_threads(1)  # nothing is computed on the meta device
@@ -91,7 +170,11 @@ def main(argv: Optional[List[str]] = None) -> int:
             descriptions = describe_spec_batches(
                 spec, args.batch_size, input_shape=args.input_shape, seq_len=args.seq_len,
                 family=args.family, simulation=args.simulation, optimizer=args.optimizer,
-                precision=args.precision, loss=args.loss, attention=args.attention)
+                precision=args.precision, loss=args.loss, attention=args.attention,
+                optimizer_implementation=args.optimizer_implementation,
+                gradient_accumulation_steps=args.gradient_accumulation_steps,
+                activation_checkpointing=args.activation_checkpointing, lora=lora,
+                trainable=args.trainable)
         except SpecError as exc:
             print(f"error: {exc}", file=sys.stderr)
             failures += 1

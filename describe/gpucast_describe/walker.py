@@ -500,6 +500,11 @@ def describe_module(
     precision: str = "fp32",
     loss: str = "auto",
     attention: str = "efficient",
+    optimizer_implementation: str = "foreach",
+    gradient_accumulation_steps: int = 1,
+    activation_checkpointing: Any = "none",
+    lora: Optional[Dict[str, Any]] = None,
+    trainable: Optional[Sequence[str]] = None,
 ) -> Dict[str, Any]:
     """Describe ``module`` as a gpucast job description (the body of ``POST /v1/estimate``).
 
@@ -514,13 +519,31 @@ def describe_module(
     left as it was (training flags included).
 
     With ``simulation`` (the default), two whole training steps at ``batch_size`` are
-    simulated (``optimizer``, ``precision``, ``loss``, ``attention``: see
-    :func:`gpucast_describe.simulate.simulate_step`) and their allocator peaks emitted as
+    simulated (``optimizer``, ``precision``, ``loss``, ``attention`` and the training setup:
+    see :func:`gpucast_describe.simulate.simulate_step`) and their allocator peaks emitted as
     ``simulation``, with the job's ``optimizer`` and ``precision``; when the steps cannot run
     on meta tensors the field is left out, with a warning on stderr.
+
+    The training setup (checked first: a bad value raises ValueError naming the field) is
+    emitted at the top level, each field only when it is not the default (see
+    ``docs/setups.md``): ``optimizer_implementation`` (not ``foreach``),
+    ``activation_checkpointing`` (not ``"none"``), ``gradient_accumulation_steps`` k > 1 with
+    ``micro_batch_size`` = ``batch_size`` (the samples of one forward/backward pass, what is
+    simulated) and ``batch_size`` = ``batch_size`` x k (the samples of one optimizer step),
+    ``lora`` (``{"rank", "alpha", "target_modules", "base_weights"}``) and ``trainable``
+    (``{"modules": [name prefixes]}``). ``precision`` is emitted under its canonical name
+    (``mixed16`` as ``amp_fp16``). The layers and ``saved_tensors`` are the base model's,
+    whatever the setup.
     """
+    from .simulate import normalise_setup
+
     if batch_size < 1:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
+    setup = normalise_setup(
+        optimizer=optimizer, precision=precision,
+        optimizer_implementation=optimizer_implementation,
+        gradient_accumulation_steps=gradient_accumulation_steps,
+        activation_checkpointing=activation_checkpointing, lora=lora, trainable=trainable)
     input_shape = [int(d) for d in input_shape]
     if any(d < 1 for d in input_shape):
         raise ValueError(f"input_shape must be positive, got {input_shape}")
@@ -548,12 +571,38 @@ def describe_module(
                                         name=description["model"])
     if saved_tensors is not None:
         description["saved_tensors"] = saved_tensors
-    description["optimizer"] = optimizer
-    description["precision"] = precision
+    description["optimizer"] = setup["optimizer"]
+    description["precision"] = setup["precision"]
+    if setup["optimizer_implementation"] != "foreach":
+        description["optimizer_implementation"] = setup["optimizer_implementation"]
+    if setup["activation_checkpointing"] != "none":
+        description["activation_checkpointing"] = setup["activation_checkpointing"]
+    if setup["gradient_accumulation_steps"] > 1:
+        description["gradient_accumulation_steps"] = setup["gradient_accumulation_steps"]
+    if setup["lora"] is not None:
+        description["lora"] = setup["lora"]
+    if setup["trainable"] is not None:
+        description["trainable"] = {"modules": setup["trainable"]}
+    description = with_batch_size(description, batch_size)
     if simulation:
         return with_batch_size(description, batch_size, model=model, input_dtype=input_dtype,
                                loss=loss, attention=attention)
     return description
+
+
+def training_setup(description: Dict[str, Any]) -> Dict[str, Any]:
+    """The training setup a description states (its top-level fields, defaults for those
+    left out), as :func:`gpucast_describe.simulate.simulate_step` takes it."""
+    trainable = description.get("trainable")
+    return {
+        "optimizer": description.get("optimizer", "adam"),
+        "precision": description.get("precision", "fp32"),
+        "optimizer_implementation": description.get("optimizer_implementation", "foreach"),
+        "gradient_accumulation_steps": description.get("gradient_accumulation_steps", 1),
+        "activation_checkpointing": description.get("activation_checkpointing", "none"),
+        "lora": description.get("lora"),
+        "trainable": trainable.get("modules") if isinstance(trainable, dict) else None,
+    }
 
 
 def with_batch_size(
@@ -568,13 +617,20 @@ def with_batch_size(
     """The same description for another batch size (the walk is batch-independent, and
     ``saved_tensors`` is given per sample plus a fixed part).
 
-    A ``simulation`` holds for one batch size only: with ``model`` the training step is
-    simulated again at ``batch_size`` (the description's optimizer and precision); without,
-    a simulation of another batch size is dropped rather than carried over.
+    ``batch_size`` is the samples of one forward/backward pass: with gradient accumulation
+    (``gradient_accumulation_steps`` k > 1 in the description) it is the ``micro_batch_size``
+    and ``batch_size`` becomes it times k. A ``simulation`` holds for one micro-batch only:
+    with ``model`` the training step is simulated again at ``batch_size`` (the description's
+    training setup: :func:`training_setup`); without, a simulation of another batch size is
+    dropped rather than carried over.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
-    result = {**description, "batch_size": int(batch_size)}
+    setup = training_setup(description)
+    steps = setup["gradient_accumulation_steps"]
+    result = {**description, "batch_size": int(batch_size) * steps}
+    if steps > 1:
+        result["micro_batch_size"] = int(batch_size)
     if model is None:
         if result.get("simulation", {}).get("batch_size") != int(batch_size):
             result.pop("simulation", None)
@@ -582,9 +638,8 @@ def with_batch_size(
     from .simulate import SimulationError, simulate_step
     try:
         result["simulation"] = simulate_step(
-            model, description["input_shape"], batch_size, input_dtype,
-            optimizer=description.get("optimizer", "adam"),
-            precision=description.get("precision", "fp32"), loss=loss, attention=attention)
+            model, description["input_shape"], batch_size, input_dtype, loss=loss,
+            attention=attention, **setup)
     except SimulationError as exc:
         result.pop("simulation", None)
         print(f"warning: {description.get('model')}: simulation not run at batch "

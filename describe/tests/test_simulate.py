@@ -69,8 +69,9 @@ class SimulationFieldsTest(unittest.TestCase):
 
     def test_fields(self):
         self.assertEqual(set(self.sim), {
-            "batch_size", "optimizer", "precision", "attention", "allocated_peak_bytes",
-            "reserved_peak_bytes", "min_capacity_bytes", "breakdown_at_peak", "interpolated"})
+            "batch_size", "optimizer", "precision", "attention", "trainable_params",
+            "allocated_peak_bytes", "reserved_peak_bytes", "min_capacity_bytes",
+            "breakdown_at_peak", "interpolated"})
         self.assertEqual(self.sim["batch_size"], 64)
         self.assertEqual((self.sim["optimizer"], self.sim["precision"]), ("adam", "fp32"))
         self.assertFalse(self.sim["interpolated"])
@@ -176,7 +177,7 @@ class GpuKernelChoiceTest(unittest.TestCase):
         model = on_meta(lambda: nn.Sequential(*[nn.Linear(1024, 1024) for _ in range(4)]))
         fp32 = simulate_step(model, [1024], 4096, optimizer="sgd")
         mixed = simulate_step(model, [1024], 4096, optimizer="sgd", precision="mixed16")
-        self.assertEqual(mixed["precision"], "mixed16")
+        self.assertEqual(mixed["precision"], "amp_fp16")  # mixed16's canonical name
         self.assertLess(mixed["breakdown_at_peak"]["activations"],
                         fp32["breakdown_at_peak"]["activations"])
         # fp32 master weights stay: parameters unchanged
@@ -245,6 +246,47 @@ class FastMetaTest(unittest.TestCase):
         model = on_meta(Norms)
         self.compare(model, torch.zeros(4, 3, 16, 16, device="meta"))
         self.compare(model, torch.zeros(4, 3, 16, 16, device="meta"), "mixed16")
+
+
+class MemoisedMetaKernelTest(unittest.TestCase):
+    """Meta kernels memoised by their arguments' metadata make the same allocation stream, in
+    the same order, as running every kernel."""
+
+    def events(self, model, shape, batch, dtype=torch.float32, **setup):
+        from gpucast_describe import allocator, simulate
+
+        streams = []
+        real = allocator.replay_with_min_capacity
+
+        def spy(events, *args, **kwargs):
+            streams.append(list(events))
+            return real(events, *args, **kwargs)
+
+        results = []
+        allocator.replay_with_min_capacity = spy
+        try:
+            for memoise in (False, True):
+                simulate.MEMOISE_META_KERNELS = memoise
+                results.append(simulate_step(model, shape, batch, dtype, **setup))
+        finally:
+            simulate.MEMOISE_META_KERNELS = True
+            allocator.replay_with_min_capacity = real
+        self.assertEqual(streams[0], streams[1])
+        self.assertEqual(results[0], results[1])
+
+    def test_cnn_and_token_models(self):
+        self.events(on_meta(toy_models.tiny_cnn), [3, 32, 32], 8)
+        self.events(on_meta(toy_models.tiny_cnn), [3, 32, 32], 8, precision="mixed16")
+        self.events(on_meta(toy_models.tiny_token_model), [64], 4, torch.int64,
+                    optimizer="momentum")
+
+    @unittest.skipIf(transformers is None, "transformers is not installed")
+    def test_llama(self):
+        config = transformers.LlamaConfig(hidden_size=128, num_hidden_layers=2,
+                                          num_attention_heads=4, num_key_value_heads=2,
+                                          intermediate_size=256, vocab_size=500)
+        model = on_meta(lambda: transformers.LlamaForCausalLM(config))
+        self.events(model, [64], 2, torch.int64, optimizer="adamw", precision="mixed16")
 
 
 class LossTest(unittest.TestCase):
