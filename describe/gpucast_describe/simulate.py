@@ -856,7 +856,9 @@ def _check_implementation(optimizer: str, implementation: str) -> str:
     if implementation not in OPTIMIZER_IMPLEMENTATIONS:
         raise ValueError(f"optimizer_implementation must be one of {OPTIMIZER_IMPLEMENTATIONS},"
                          f" got {implementation!r}")
-    if optimizer in _BNB and implementation != "foreach":
+    # bitsandbytes updates each tensor in one kernel of its own: `fused` names it as well as
+    # the default does (the service reads it so too); there is no for-loop.
+    if optimizer in _BNB and implementation == "for_loop":
         raise ValueError(f"optimizer_implementation: {optimizer} (bitsandbytes) runs its own "
                          f"fused kernels, there is no {implementation} implementation to choose")
     if optimizer == "adafactor" and implementation == "fused":
@@ -1011,7 +1013,7 @@ def _normalise_lora(lora: Any) -> Dict[str, Any]:
     if not isinstance(lora, dict):
         raise ValueError(f"lora must be an object with rank, alpha, target_modules, "
                          f"base_weights, got {lora!r}")
-    unknown = set(lora) - {"rank", "alpha", "target_modules", "base_weights"}
+    unknown = set(lora) - {"rank", "alpha", "dropout", "target_modules", "base_weights"}
     if unknown:
         raise ValueError(f"lora: unknown field(s) {sorted(unknown)}")
     rank = lora.get("rank")
@@ -1033,7 +1035,15 @@ def _normalise_lora(lora: Any) -> Dict[str, Any]:
     base = lora.get("base_weights", "same")
     if base not in LORA_BASE_WEIGHTS:
         raise ValueError(f"lora.base_weights must be one of {LORA_BASE_WEIGHTS}, got {base!r}")
-    return {"rank": rank, "alpha": alpha, "target_modules": targets, "base_weights": base}
+    normalised = {"rank": rank, "alpha": alpha, "target_modules": targets, "base_weights": base}
+    # PEFT's lora_dropout: the dropped input of each adapted layer is kept for backward.
+    dropout = lora.get("dropout", 0.0)
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or \
+            not 0.0 <= dropout < 1.0:
+        raise ValueError(f"lora.dropout must be at least 0 and below 1, got {dropout!r}")
+    if dropout:
+        normalised["dropout"] = float(dropout)
+    return normalised
 
 
 def _apply_setup(model: nn.Module, checkpointing: Any, lora: Optional[Dict[str, Any]],

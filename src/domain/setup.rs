@@ -662,8 +662,24 @@ impl Setup {
                 )
             })?,
         };
+        if precision == Precision::Fp16 && optimizer.is_8bit() {
+            return Err(SetupError::new(
+                "optimizer",
+                format!(
+                    "{} keeps 8-bit state of 32- or 16-bit (bf16) weights; pure fp16 weights \
+                     need a loss-scaled fp32 master copy (amp_fp16)",
+                    optimizer.as_str()
+                ),
+            ));
+        }
         // bitsandbytes updates each tensor in one kernel of its own: fused, or left at the
-        // default; it has no for-loop.
+        // default; it has no for-loop. torch's Adafactor has no fused kernel.
+        if optimizer == Optimizer::Adafactor && implementation == OptimizerImplementation::Fused {
+            return Err(SetupError::new(
+                "optimizer_implementation",
+                "torch.optim.Adafactor has no fused implementation (foreach or for_loop)",
+            ));
+        }
         if implementation == OptimizerImplementation::ForLoop
             && !optimizer.is_classic()
             && optimizer != Optimizer::Adafactor
@@ -940,13 +956,24 @@ mod tests {
             lora: Some(UncheckedLora {
                 rank: 8,
                 alpha: None,
-                dropout: Some(1.0),
+                dropout: None,
                 target_modules: UncheckedNames::Keyword("everything"),
                 base_weights: None,
             }),
             ..Default::default()
         };
         assert_eq!(field_of(keyword), "lora.target_modules");
+        let dropped_all = UncheckedSetup {
+            lora: Some(UncheckedLora {
+                rank: 8,
+                alpha: None,
+                dropout: Some(1.0),
+                target_modules: UncheckedNames::Keyword("all-linear"),
+                base_weights: None,
+            }),
+            ..Default::default()
+        };
+        assert_eq!(field_of(dropped_all), "lora.dropout");
     }
 
     #[test]
@@ -967,6 +994,28 @@ mod tests {
         assert_eq!(
             field_of(UncheckedSetup {
                 optimizer: Some("lion"),
+                ..Default::default()
+            }),
+            "optimizer"
+        );
+        for (optimizer, precision, implementation) in [
+            ("adafactor", "fp32", "fused"),
+            ("adamw_8bit", "bf16", "for_loop"),
+        ] {
+            assert_eq!(
+                field_of(UncheckedSetup {
+                    optimizer: Some(optimizer),
+                    precision: Some(precision),
+                    optimizer_implementation: Some(implementation),
+                    ..Default::default()
+                }),
+                "optimizer_implementation"
+            );
+        }
+        assert_eq!(
+            field_of(UncheckedSetup {
+                optimizer: Some("adamw_8bit"),
+                precision: Some("fp16"),
                 ..Default::default()
             }),
             "optimizer"

@@ -790,8 +790,8 @@ def describe_row(module, shape, dtype, micro, plan, job_setup, simulate=False, n
     """describe's job for one row. Without `simulate` (the default) the description is
     batch-independent (`micro` unused) and cached by the caller; with it, describe simulates the
     training step at the row's micro-batch with the row's setup, `job_setup` being the job built
-    from the cached description (keyword arguments describe does not take yet: a later step
-    adds them, and run() copies the `simulation` it returns into the job)."""
+    from the cached description (run() copies the `simulation` it returns into the job; a step
+    that cannot run on meta tensors leaves it out, with a warning on stderr)."""
     from gpucast_describe import describe_module
     if not simulate:
         return describe_module(module, shape, micro, name=name, input_dtype=dtype, simulation=False)
@@ -799,6 +799,7 @@ def describe_row(module, shape, dtype, micro, plan, job_setup, simulate=False, n
     return describe_module(
         module, shape, micro, name=name, input_dtype=dtype, simulation=True,
         optimizer=job_setup["optimizer"], precision=job_setup["precision"],
+        optimizer_implementation=job_setup["optimizer_implementation"],
         activation_checkpointing=job_setup["activation_checkpointing"], lora=lora,
         trainable=job_setup.get("trainable"),
         gradient_accumulation_steps=job_setup["gradient_accumulation_steps"],
