@@ -19,11 +19,21 @@ attention for fp16/bf16 without a mask, grouped-query attention included, else t
 memory-efficient kernel, neither keeping N x N probabilities, else the math path; see
 :func:`.walker.sdpa_backend`; ``attention="math"`` forces the math path), dropout, in SDPA's
 math path too, as the fused ``native_dropout`` (a one-byte mask, not a float one), fp16 ->
-fp32 (log-)softmax as CUDA's ``half_to_float`` kernels, and ``precision="mixed16"`` as CUDA
-autocast does it (matmuls and convolutions in fp16 with the weights' casts cached for the step,
-softmax, norms and losses in fp32, cross-entropy as autocast leaves it on CUDA). Optimizers
-run their ``foreach`` implementations, PyTorch's default on a GPU, with the temporaries those
-allocate.
+fp32 (log-)softmax as CUDA's ``half_to_float`` kernels, and ``amp_fp16`` / ``amp_bf16`` as CUDA
+autocast does it (matmuls and convolutions in 16 bits with the weights' casts cached for the
+forward pass, softmax, norms and losses in fp32, cross-entropy as autocast leaves it on CUDA).
+Optimizers run their ``foreach`` implementations by default, PyTorch's default on a GPU, with
+the temporaries those allocate.
+
+The training setup (:func:`simulate_step`): pure ``bf16`` / ``fp16`` (a cast copy of the model,
+fp16 with GradScaler's tensors), the optimizers' ``fused`` and ``for_loop`` implementations,
+Adafactor, bitsandbytes' 8-bit and paged Adam (:class:`BitsAndBytesAdam`), gradient
+accumulation (two micro-batches a step, gradients alive across them), and the module
+transforms of :mod:`.adapters` (activation checkpointing, LoRA, frozen modules).
+
+Speed (the same stream, for less): meta kernels memoised by their arguments' metadata,
+in-place updates of meta tensors not run, the second step's passes replayed from the first's
+recorded events, the min-capacity search over shared continuations (:mod:`.allocator`).
 """
 
 from __future__ import annotations

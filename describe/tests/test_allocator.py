@@ -342,6 +342,28 @@ class MinCapacityTest(unittest.TestCase):
         self.assertEqual(A.min_capacity_bytes([]), 0)
         self.assertEqual(A.replay([]).reserved_peak_bytes, 0)
 
+    def test_the_search_answers_as_replaying_each_capacity(self):
+        # The search reads each capacity's fate off shared unlimited continuations; replaying
+        # every capacity it asks about must give the same answer. Random streams mixing the
+        # small pool, 20 MiB segments and large segments refuse, release and fail at many
+        # different events.
+        for seed in range(80):
+            rng = random.Random(seed)
+            events, live, n = [], [], 0
+            for _ in range(rng.randint(20, 250)):
+                if live and rng.random() < 0.45:
+                    events.append(free(live.pop(rng.randrange(len(live)))))
+                else:
+                    n += 1
+                    size = rng.choice([rng.randint(1, 2 * MiB), rng.randint(1, 30 * MiB),
+                                       rng.randint(100, 4000)])
+                    events.append(alloc(n, size))
+                    live.append(n)
+            for granularity in (2 * MiB, 5 * MiB, 512 * KiB):
+                self.assertEqual(A.min_capacity_bytes(events, granularity),
+                                 A._min_capacity_by_replays(events, granularity),
+                                 (seed, granularity))
+
 
 class BreakdownTest(unittest.TestCase):
     def test_breakdown_is_taken_at_the_first_peak_and_sums_to_it(self):

@@ -192,8 +192,7 @@ class OptimizerTest(unittest.TestCase):
                 return self.b(self.a(x))
 
         sim = simulate_step(on_meta(Small), [64], 2, optimizer="adam_8bit")
-        fp32_state = 2 * 4032 * 4  # per parameter: two fp32 states of 16128 bytes
-        rounded = -(-16128 // 512) * 512
+        rounded = -(-4032 * 4 // 512) * 512  # one fp32 state of a parameter, as a block
         self.assertEqual(peak(sim, "optimizer_state"), 2 * 2 * rounded)
 
     def test_paged_state_is_outside_the_allocator(self):
