@@ -112,6 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     step.add_argument("--lora-targets", type=_lora_targets, metavar="NAME,NAME|all-linear",
                       help="the LoRA target modules (default all-linear: every linear layer "
                            "but the output head)")
+    step.add_argument("--lora-dropout", type=float, metavar="P",
+                      help="PEFT's lora_dropout (default 0): above 0 each adapted layer keeps "
+                           "its dropped input for backward")
     step.add_argument("--lora-base", choices=LORA_BASE_WEIGHTS,
                       help="the frozen base's weights: same (default), int8 (LLM.int8) or "
                            "nf4 (QLoRA)")
@@ -135,6 +138,7 @@ def _lora(args: argparse.Namespace, parser: argparse.ArgumentParser):
     if args.lora_rank is None:
         given = [flag for flag, value in (("--lora-alpha", args.lora_alpha),
                                           ("--lora-targets", args.lora_targets),
+                                          ("--lora-dropout", args.lora_dropout),
                                           ("--lora-base", args.lora_base)) if value is not None]
         if given:
             parser.error(f"{', '.join(given)} without --lora-rank")
@@ -143,6 +147,8 @@ def _lora(args: argparse.Namespace, parser: argparse.ArgumentParser):
             "base_weights": args.lora_base or "same"}
     if args.lora_alpha is not None:
         lora["alpha"] = args.lora_alpha
+    if args.lora_dropout:
+        lora["dropout"] = args.lora_dropout
     return lora
 
 

@@ -280,7 +280,10 @@ pub fn analytic_step(job: &Job) -> StepMemory {
                     params * (storage + cast)
                 }
             };
-            let shape = (layer.kind == LayerKind::Linear).then(|| linear_shape(layer, detail(i)));
+            // Adafactor factors every matrix: linear weights by their shape, embedding tables
+            // by a square guess (their vocabulary is not in the layer list).
+            let shape = matches!(layer.kind, LayerKind::Linear | LayerKind::Embedding)
+                .then(|| linear_shape(layer, detail(i)));
             LayerPlan {
                 trainable,
                 adapters,

@@ -786,7 +786,8 @@ def _strip_wrapper(description, module, wrapped):
     return description
 
 
-def describe_row(module, shape, dtype, micro, plan, job_setup, simulate=False, name=None):
+def describe_row(module, shape, dtype, micro, plan, job_setup, simulate=False, name=None,
+                 wrapped=False):
     """describe's job for one row. Without `simulate` (the default) the description is
     batch-independent (`micro` unused) and cached by the caller; with it, describe simulates the
     training step at the row's micro-batch with the row's setup, `job_setup` being the job built
@@ -796,12 +797,15 @@ def describe_row(module, shape, dtype, micro, plan, job_setup, simulate=False, n
     if not simulate:
         return describe_module(module, shape, micro, name=name, input_dtype=dtype, simulation=False)
     lora = job_setup.get("lora")
+    trainable = (job_setup.get("trainable") or {}).get("modules")
+    if trainable and wrapped:  # the job's names are the inner model's (see _strip_wrapper)
+        trainable = ["model." + name for name in trainable]
     return describe_module(
         module, shape, micro, name=name, input_dtype=dtype, simulation=True,
         optimizer=job_setup["optimizer"], precision=job_setup["precision"],
         optimizer_implementation=job_setup["optimizer_implementation"],
         activation_checkpointing=job_setup["activation_checkpointing"], lora=lora,
-        trainable=job_setup.get("trainable"),
+        trainable=trainable,
         gradient_accumulation_steps=job_setup["gradient_accumulation_steps"],
         loss="auto", attention="efficient")
 
@@ -982,7 +986,7 @@ def run(layout, threads=None, simulate=False):
         if simulate:
             try:
                 simulated = describe_row(module, shape, dtype, plan["micro"], plan, job, simulate=True,
-                                         name=row["model"].split(" (")[0])
+                                         name=row["model"].split(" (")[0], wrapped=module is not inner)
             except TypeError as exc:  # describe_module without the setup arguments
                 raise SystemExit(f"--simulate: describe cannot simulate training setups yet ({exc})")
             if "simulation" in simulated:
