@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use crate::calibration::placement::{place, FitBasis, Placement, Target};
 use crate::domain::physics::BreakdownSource;
+use crate::domain::setup::Trainable;
 use crate::domain::{step, Confidence, Job, MemoryClass, MemoryFraction};
 use crate::error::ApiError;
 use crate::estimators::manifest::EstimatorKind;
@@ -93,7 +94,17 @@ struct Asked {
 /// The setup of `job` as an answer states it.
 fn setup_response(job: &Job) -> SetupResponse {
     let setup = job.setup();
-    let step = step::analytic_step(job);
+    // Every parameter trains unless the setup says otherwise: no need to walk the step then
+    // (the hot path of plain jobs).
+    let (trainable, lora) = if setup.trainable == Trainable::All && setup.lora.is_none() {
+        (job.layers().iter().map(|l| l.params).sum::<u64>(), 0)
+    } else {
+        let step = step::analytic_step(job);
+        (
+            step.trainable_params.round() as u64,
+            step.lora_params.round() as u64,
+        )
+    };
     let p = setup.parallelism;
     SetupResponse {
         precision: setup.precision.as_str().into(),
@@ -105,8 +116,8 @@ fn setup_response(job: &Job) -> SetupResponse {
         trainable_params: job
             .simulation()
             .and_then(|s| s.trainable_params)
-            .unwrap_or(step.trainable_params.round() as u64),
-        lora_params: step.lora_params.round() as u64,
+            .unwrap_or(trainable),
+        lora_params: lora,
         parallelism: ParallelismResponse {
             strategy: p.strategy.as_str().into(),
             world_size: p.world_size,
