@@ -244,6 +244,35 @@ async fn impossible_setups_are_refused_naming_the_field() {
             "parallelism.world_size",
         ),
         (json!({"micro_batch_size": 3}), "micro_batch_size"),
+        // Hostile sizes: every list, name and degree is bounded.
+        (
+            json!({"activation_checkpointing": vec!["model.layers.0"; 257]}),
+            "activation_checkpointing",
+        ),
+        (
+            json!({"trainable": {"modules": ["x".repeat(257)]}}),
+            "trainable.modules",
+        ),
+        (
+            json!({"parallelism": {"strategy": "ddp", "world_size": 1u64 << 40}}),
+            "parallelism.world_size",
+        ),
+        (
+            json!({"parallelism": {"tensor_parallel": 1u64 << 21}}),
+            "parallelism.tensor_parallel",
+        ),
+        (
+            json!({"gradient_accumulation_steps": 1u64 << 21}),
+            "gradient_accumulation_steps",
+        ),
+        (
+            json!({"lora": {"rank": 1u64 << 17, "target_modules": ["q_proj"]}}),
+            "lora.rank",
+        ),
+        (
+            json!({"lora": {"rank": 8, "dropout": 1.5, "target_modules": ["q_proj"]}}),
+            "lora.dropout",
+        ),
         (json!({"precision": "fp8"}), "precision"),
         (json!({"optimizer": "lion"}), "optimizer"),
         (
