@@ -311,14 +311,21 @@ class _Nf4Matmul(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output):
-        grad_x = grad_bias = None
-        if ctx.needs_input_grad[1]:
-            grad_bias = grad_output.reshape(-1, grad_output.shape[-1]).sum(0, dtype=ctx.bias_dtype)
-        if ctx.needs_input_grad[0]:
-            weight = ctx.layer.dequantize(grad_output.dtype)
-            grad_x = torch.matmul(grad_output, weight)
-            del weight
-        return grad_x, grad_bias, None
+        return (*_frozen_linear_backward(ctx, grad_output, grad_output.dtype), None)
+
+
+def _frozen_linear_backward(ctx, grad_output, dtype):
+    """The gradients of a frozen quantised linear layer: its bias's, and its input's through
+    the weight rebuilt in ``dtype`` (a temporary, as bitsandbytes does; the 4- or 8-bit weight
+    gets none). ``.to`` of a tensor already in ``dtype`` is the tensor itself."""
+    grad_x = grad_bias = None
+    if ctx.needs_input_grad[1]:
+        grad_bias = grad_output.reshape(-1, grad_output.shape[-1]).sum(0, dtype=ctx.bias_dtype)
+    if ctx.needs_input_grad[0]:
+        weight = ctx.layer.dequantize(dtype)
+        grad_x = torch.matmul(grad_output.to(dtype), weight)
+        del weight
+    return grad_x, grad_bias
 
 
 class _Int8Matmul(torch.autograd.Function):
@@ -352,13 +359,7 @@ class _Int8Matmul(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output):
-        grad_x = grad_bias = None
-        if ctx.needs_input_grad[1]:
-            grad_bias = grad_output.reshape(-1, grad_output.shape[-1]).sum(0, dtype=ctx.bias_dtype)
-        if ctx.needs_input_grad[0]:
-            weight = ctx.layer.dequantize(ctx.input_dtype)
-            grad_x = torch.matmul(grad_output.to(ctx.input_dtype), weight)
-            del weight
+        grad_x, grad_bias = _frozen_linear_backward(ctx, grad_output, ctx.input_dtype)
         ctx.tensors = (None,)
         return grad_x, grad_bias, None
 
@@ -652,7 +653,8 @@ def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _parse_lora(lora: Any) -> Dict[str, Any]:
+def parse_lora(lora: Any) -> Dict[str, Any]:
+    """A `lora` spec checked, each error naming its field, with the defaults filled in."""
     if not isinstance(lora, dict):
         raise ValueError(f"lora: must be an object with {', '.join(LORA_FIELDS)}, got {lora!r}")
     unknown = sorted(set(lora) - set(LORA_FIELDS))
@@ -843,7 +845,7 @@ def apply_setup(model: nn.Module, *, activation_checkpointing: Any = "none",
     ``activation_checkpointing: ...``, ``trainable: ...``).
     """
     prefixes = _parse_trainable(trainable)
-    spec = _parse_lora(lora) if lora is not None else None
+    spec = parse_lora(lora) if lora is not None else None
     named = list(model.named_modules())
     if prefixes is not None:
         known = {name for name, _ in named if name}

@@ -54,6 +54,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from . import allocator
+# LoRA's base formats and default alpha are the adapters module's (LORA_* for the CLI).
+from .adapters import BASE_WEIGHTS as LORA_BASE_WEIGHTS
+from .adapters import PEFT_DEFAULT_ALPHA as LORA_DEFAULT_ALPHA
+from .adapters import apply_setup, parse_lora
 from .walker import _gpu_attention, _math_attention, _on_meta, sdpa_backend
 
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw", "adafactor", "adam_8bit", "adamw_8bit",
@@ -1015,53 +1019,26 @@ def normalise_setup(*, optimizer: str = "adam", precision: str = "fp32",
             "lora": lora, "trainable": trainable}
 
 
-LORA_BASE_WEIGHTS = ("same", "int8", "nf4")
-LORA_DEFAULT_ALPHA = 8  # PEFT's LoraConfig default
-
-
 def _normalise_lora(lora: Any) -> Dict[str, Any]:
-    if not isinstance(lora, dict):
-        raise ValueError(f"lora must be an object with rank, alpha, target_modules, "
-                         f"base_weights, got {lora!r}")
-    unknown = set(lora) - {"rank", "alpha", "dropout", "target_modules", "base_weights"}
-    if unknown:
-        raise ValueError(f"lora: unknown field(s) {sorted(unknown)}")
-    rank = lora.get("rank")
-    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
-        raise ValueError(f"lora.rank must be a positive integer, got {rank!r}")
-    alpha = lora.get("alpha", LORA_DEFAULT_ALPHA)
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha > 0 or \
-            alpha != alpha or alpha == float("inf"):
-        raise ValueError(f"lora.alpha must be a positive number, got {alpha!r}")
-    if isinstance(alpha, float) and alpha.is_integer():
-        alpha = int(alpha)
-    targets = lora.get("target_modules", "all-linear")
-    if targets != "all-linear":
-        if isinstance(targets, str) or not isinstance(targets, (list, tuple)) or not targets \
-                or not all(isinstance(t, str) and t for t in targets):
-            raise ValueError("lora.target_modules must be \"all-linear\" or a non-empty list of "
-                             f"module names, got {targets!r}")
-        targets = list(targets)
-    base = lora.get("base_weights", "same")
-    if base not in LORA_BASE_WEIGHTS:
-        raise ValueError(f"lora.base_weights must be one of {LORA_BASE_WEIGHTS}, got {base!r}")
-    normalised = {"rank": rank, "alpha": alpha, "target_modules": targets, "base_weights": base}
+    """The `lora` a description carries: the adapters module's checks, narrowed to the
+    service's contract (module names or "all-linear", no regular expression), in canonical
+    form (an integral alpha as an integer, dropout only when above 0)."""
+    spec = parse_lora(lora)
+    targets = spec["target_modules"]
+    if isinstance(targets, str) and targets != "all-linear":
+        raise ValueError("lora.target_modules must be \"all-linear\" or a non-empty list of "
+                         f"module names, got {targets!r}")
+    alpha = spec["alpha"]
+    normalised = {"rank": spec["rank"], "alpha": int(alpha) if alpha.is_integer() else alpha,
+                  "target_modules": targets, "base_weights": spec["base_weights"]}
     # PEFT's lora_dropout: the dropped input of each adapted layer is kept for backward.
-    dropout = lora.get("dropout", 0.0)
-    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or \
-            not 0.0 <= dropout < 1.0:
-        raise ValueError(f"lora.dropout must be at least 0 and below 1, got {dropout!r}")
-    if dropout:
-        normalised["dropout"] = float(dropout)
+    if spec["dropout"]:
+        normalised["dropout"] = spec["dropout"]
     return normalised
 
 
 def _apply_setup(model: nn.Module, checkpointing: Any, lora: Optional[Dict[str, Any]],
                  trainable: Optional[List[str]]) -> None:
-    try:
-        from .adapters import apply_setup
-    except ImportError as exc:  # pragma: no cover - adapters.py ships with the package
-        raise SimulationError(f"training-setup transforms unavailable: {exc}") from exc
     apply_setup(model, activation_checkpointing=checkpointing,
                 lora=None if lora is None else {**lora, "dropout": lora.get("dropout", 0.0)},
                 trainable=trainable)

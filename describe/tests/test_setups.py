@@ -14,13 +14,8 @@ import toy_models
 from gpucast_describe import SimulationError, describe_module, simulate, simulate_step, \
     with_batch_size
 from gpucast_describe import allocator
+from _streams import assert_same_stream
 from test_cli import lines, run_cli
-
-try:
-    from gpucast_describe.adapters import apply_setup  # noqa: F401
-    HAVE_ADAPTERS = True
-except ImportError:  # written alongside; the tests that need it wait for it
-    HAVE_ADAPTERS = False
 
 MIB = 1 << 20
 WEIGHT = 2048 * 2048  # WideLinear's parameters
@@ -303,23 +298,7 @@ class PassReuseTest(unittest.TestCase):
     stream as running them."""
 
     def streams(self, model, shape, batch, dtype=torch.float32, **setup):
-        streams, real = [], allocator.replay_with_min_capacity
-
-        def spy(events, *args, **kwargs):
-            streams.append(list(events))
-            return real(events, *args, **kwargs)
-
-        results = []
-        allocator.replay_with_min_capacity = spy
-        try:
-            for reuse in (False, True):
-                simulate.REUSE_PASSES = reuse
-                results.append(simulate_step(model, shape, batch, dtype, **setup))
-        finally:
-            simulate.REUSE_PASSES = True
-            allocator.replay_with_min_capacity = real
-        self.assertEqual(streams[0], streams[1])
-        self.assertEqual(results[0], results[1])
+        assert_same_stream(self, "REUSE_PASSES", model, shape, batch, dtype, **setup)
 
     def test_same_stream(self):
         self.streams(on_meta(toy_models.tiny_cnn), [3, 32, 32], 8, gradient_accumulation_steps=2)
@@ -328,14 +307,12 @@ class PassReuseTest(unittest.TestCase):
         self.streams(on_meta(Stack), [256], 64, precision="amp_bf16",
                      optimizer_implementation="fused")
 
-    @unittest.skipUnless(HAVE_ADAPTERS, "gpucast_describe.adapters not there yet")
     def test_same_stream_with_transforms(self):
         self.streams(on_meta(Stack), [256], 64, precision="amp_fp16",
                      activation_checkpointing="full", gradient_accumulation_steps=2,
                      lora={"rank": 4, "target_modules": ["up", "down"], "base_weights": "nf4"})
 
 
-@unittest.skipUnless(HAVE_ADAPTERS, "gpucast_describe.adapters not there yet")
 class TransformTest(unittest.TestCase):
     def test_lora_trains_only_the_adapters(self):
         model = on_meta(Stack)
@@ -404,9 +381,8 @@ class OutputContractTest(unittest.TestCase):
         model = on_meta(toy_models.tiny_token_model)
         setup = dict(precision="mixed16", optimizer="adamw", optimizer_implementation="fused",
                      gradient_accumulation_steps=4)
-        if HAVE_ADAPTERS:
-            setup.update(activation_checkpointing=["attn"], trainable=["head"],
-                         lora={"rank": 4, "alpha": 16.0, "target_modules": ["qkv"]})
+        setup.update(activation_checkpointing=["attn"], trainable=["head"],
+                     lora={"rank": 4, "alpha": 16.0, "target_modules": ["qkv"]})
         description = describe_module(model, [32], 8, input_dtype=torch.int64, **setup)
         self.assertEqual(description["precision"], "amp_fp16")
         self.assertEqual(description["optimizer_implementation"], "fused")
@@ -417,13 +393,12 @@ class OutputContractTest(unittest.TestCase):
         self.assertEqual(sim["batch_size"], 8)
         self.assertEqual((sim["precision"], sim["optimizer_implementation"],
                           sim["gradient_accumulation_steps"]), ("amp_fp16", "fused", 4))
-        if HAVE_ADAPTERS:
-            self.assertEqual(description["activation_checkpointing"], ["attn"])
-            self.assertEqual(description["trainable"], {"modules": ["head"]})
-            self.assertEqual(description["lora"], {"rank": 4, "alpha": 16,
-                                                   "target_modules": ["qkv"],
-                                                   "base_weights": "same"})
-            self.assertEqual(sim["activation_checkpointing"], ["attn"])
+        self.assertEqual(description["activation_checkpointing"], ["attn"])
+        self.assertEqual(description["trainable"], {"modules": ["head"]})
+        self.assertEqual(description["lora"], {"rank": 4, "alpha": 16,
+                                               "target_modules": ["qkv"],
+                                               "base_weights": "same"})
+        self.assertEqual(sim["activation_checkpointing"], ["attn"])
         # another micro-batch: simulated again with the same setup
         again = with_batch_size(description, 2, model=model, input_dtype=torch.int64)
         self.assertEqual((again["batch_size"], again["micro_batch_size"]), (8, 2))
@@ -453,9 +428,8 @@ class CliSetupTest(unittest.TestCase):
         args = ["module:toy_models:tiny_token_model", "--seq-len", "32", "--batch-size", "4",
                 "--precision", "bf16", "--optimizer", "paged_adamw_8bit",
                 "--gradient-accumulation-steps", "2"]
-        if HAVE_ADAPTERS:
-            args += ["--activation-checkpointing", "attn,mha", "--lora-rank", "4",
-                     "--lora-targets", "qkv,proj", "--lora-base", "nf4", "--trainable", "head"]
+        args += ["--activation-checkpointing", "attn,mha", "--lora-rank", "4",
+                 "--lora-targets", "qkv,proj", "--lora-base", "nf4", "--trainable", "head"]
         result = run_cli(*args)
         self.assertEqual(result.returncode, 0, result.stderr)
         [body] = lines(result.stdout)
@@ -463,11 +437,10 @@ class CliSetupTest(unittest.TestCase):
         self.assertEqual((body["batch_size"], body["micro_batch_size"],
                           body["gradient_accumulation_steps"]), (8, 4, 2))
         self.assertIn("paged_optimizer_state_bytes", body["simulation"])
-        if HAVE_ADAPTERS:
-            self.assertEqual(body["activation_checkpointing"], ["attn", "mha"])
-            self.assertEqual(body["lora"], {"rank": 4, "alpha": 8, "target_modules":
-                                            ["qkv", "proj"], "base_weights": "nf4"})
-            self.assertEqual(body["trainable"], {"modules": ["head"]})
+        self.assertEqual(body["activation_checkpointing"], ["attn", "mha"])
+        self.assertEqual(body["lora"], {"rank": 4, "alpha": 8, "target_modules":
+                                        ["qkv", "proj"], "base_weights": "nf4"})
+        self.assertEqual(body["trainable"], {"modules": ["head"]})
 
     def test_bad_setups_are_usage_errors(self):
         base = ["module:toy_models:mlp", "--batch-size", "4", "--input-shape", "20"]

@@ -5,6 +5,7 @@ import torch
 import torch.nn as nn
 
 import toy_models
+from _streams import assert_same_stream
 from gpucast_describe import SimulationError, describe_module, simulate_step, with_batch_size
 from gpucast_describe.simulate import CATEGORIES, interpolate_simulation
 
@@ -253,26 +254,7 @@ class MemoisedMetaKernelTest(unittest.TestCase):
     the same order, as running every kernel."""
 
     def events(self, model, shape, batch, dtype=torch.float32, **setup):
-        from gpucast_describe import allocator, simulate
-
-        streams = []
-        real = allocator.replay_with_min_capacity
-
-        def spy(events, *args, **kwargs):
-            streams.append(list(events))
-            return real(events, *args, **kwargs)
-
-        results = []
-        allocator.replay_with_min_capacity = spy
-        try:
-            for memoise in (False, True):
-                simulate.MEMOISE_META_KERNELS = memoise
-                results.append(simulate_step(model, shape, batch, dtype, **setup))
-        finally:
-            simulate.MEMOISE_META_KERNELS = True
-            allocator.replay_with_min_capacity = real
-        self.assertEqual(streams[0], streams[1])
-        self.assertEqual(results[0], results[1])
+        assert_same_stream(self, "MEMOISE_META_KERNELS", model, shape, batch, dtype, **setup)
 
     def test_cnn_and_token_models(self):
         self.events(on_meta(toy_models.tiny_cnn), [3, 32, 32], 8)

@@ -210,8 +210,8 @@ impl Physics {
     }
 
     /// The analytic training step of the job's setup ([`step::analytic_step`]): what PyTorch's
-    /// allocator holds, the cache it reserves beyond (the simulations' median share) and the
-    /// context; a paged optimizer's state counts with the optimizer state.
+    /// allocator holds, the cache it reserves beyond (the simulations' median share), a paged
+    /// optimizer's state beside them, and the context.
     pub fn step(job: &Job) -> Physics {
         let memory = step::analytic_step(job);
         let parts = Breakdown {

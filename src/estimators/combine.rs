@@ -13,6 +13,7 @@
 //! same rules.
 
 use std::collections::BTreeMap;
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use super::extrapolation::Extrapolation;
@@ -114,8 +115,9 @@ adamw, without checkpointing or accumulation; this job's setup is answered by ph
 
 /// Residual quantiles of the `training_step` figure (log of measured / figure), which leads
 /// for jobs outside the learned setups that carry no simulation.
-pub fn training_step_quantiles() -> ResidualQuantiles {
-    ResidualQuantiles::new(TRAINING_STEP_QUANTILES.to_vec()).expect("increasing levels")
+pub fn training_step_quantiles() -> &'static ResidualQuantiles {
+    static QUANTILES: OnceLock<ResidualQuantiles> = OnceLock::new();
+    QUANTILES.get_or_init(|| measured(&TRAINING_STEP_QUANTILES))
 }
 
 /// Measured on the 142 rows of public_training_memory.csv that the analytic step answers
@@ -136,8 +138,26 @@ const TRAINING_STEP_QUANTILES: [(f64, f64); 5] = [
 /// like `TRAINING_STEP_QUANTILES`, on the same 142 rows answered from describe's simulation
 /// of their setup. The 0.95 level from the other architectures' rows only is exceeded by
 /// 5.6 % of each held-out architecture's rows.
-pub fn simulated_setup_quantiles() -> ResidualQuantiles {
-    ResidualQuantiles::new(SIMULATED_SETUP_QUANTILES.to_vec()).expect("increasing levels")
+pub fn simulated_setup_quantiles() -> &'static ResidualQuantiles {
+    static QUANTILES: OnceLock<ResidualQuantiles> = OnceLock::new();
+    QUANTILES.get_or_init(|| measured(&SIMULATED_SETUP_QUANTILES))
+}
+
+/// Quantiles written in this file (a unit test builds both).
+fn measured(levels: &[(f64, f64)]) -> ResidualQuantiles {
+    ResidualQuantiles::new(levels.to_vec()).expect("increasing levels")
+}
+
+/// The log ratio of `quantiles` at `confidence`, or the error naming the range they cover.
+fn log_ratio_at(quantiles: &ResidualQuantiles, confidence: f64) -> Result<f64, EstimateError> {
+    quantiles.log_ratio_at(confidence).ok_or_else(|| {
+        let (low, high) = quantiles.range();
+        EstimateError::ConfidenceOutOfRange {
+            confidence,
+            low,
+            high,
+        }
+    })
 }
 
 const SIMULATED_SETUP_QUANTILES: [(f64, f64); 5] = [
@@ -270,14 +290,7 @@ impl Partial {
                 // extrapolation on a job far smaller than any it was trained on.
                 let estimate_mib = learned_mib.max(analytic::FRAMEWORK_OVERHEAD_MIB);
                 let quantiles = estimator.quantiles.as_ref().expect("checked at load");
-                let log_ratio = quantiles.log_ratio_at(confidence).ok_or_else(|| {
-                    let (low, high) = quantiles.range();
-                    EstimateError::ConfidenceOutOfRange {
-                        confidence,
-                        low,
-                        high,
-                    }
-                })?;
+                let log_ratio = log_ratio_at(quantiles, confidence)?;
                 self.mib_estimators
                     .insert(estimator.entry.name.clone(), estimate_mib);
                 let precedence = precedence(&estimator.entry.requires);
@@ -361,18 +374,11 @@ impl Partial {
                 // Outside the learned setups the residuals measured on published jobs of
                 // those setups bound it, not the timm ones widened.
                 let quantiles = if job.setup().within_learned() {
-                    model.quantiles.clone()
+                    &model.quantiles
                 } else {
                     simulated_setup_quantiles()
                 };
-                let log_ratio = quantiles.log_ratio_at(query.confidence).ok_or_else(|| {
-                    let (low, high) = quantiles.range();
-                    EstimateError::ConfidenceOutOfRange {
-                        confidence: query.confidence,
-                        low,
-                        high,
-                    }
-                })?;
+                let log_ratio = log_ratio_at(quantiles, query.confidence)?;
                 let mut upper_bound_mib = figure * (log_ratio * widen).exp();
                 if peaks.runs_on_card() {
                     // Where the step runs, the allocator cannot hold more than the card has: a
@@ -402,15 +408,7 @@ impl Partial {
         if self.mib.is_none() && physics.source == BreakdownSource::Step {
             // Outside the learned setups, without a simulation: the analytic step leads.
             let figure = physics.parts.total();
-            let quantiles = training_step_quantiles();
-            let log_ratio = quantiles.log_ratio_at(query.confidence).ok_or_else(|| {
-                let (low, high) = quantiles.range();
-                EstimateError::ConfidenceOutOfRange {
-                    confidence: query.confidence,
-                    low,
-                    high,
-                }
-            })?;
+            let log_ratio = log_ratio_at(training_step_quantiles(), query.confidence)?;
             self.mib_estimators
                 .insert(TRAINING_STEP.to_string(), figure);
             self.runs.push(EstimatorRun {
@@ -478,6 +476,14 @@ pub(super) fn class_answer(classes: &MemoryClasses, probabilities: Vec<f32>) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_measured_setup_quantiles_are_valid_and_cover_the_default_confidence() {
+        for quantiles in [training_step_quantiles(), simulated_setup_quantiles()] {
+            assert!(log_ratio_at(quantiles, 0.95).unwrap() > 0.0);
+            assert!(log_ratio_at(quantiles, 0.3).is_err());
+        }
+    }
 
     fn reach(ratio: f64) -> Extrapolation {
         Extrapolation {
