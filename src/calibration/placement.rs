@@ -2,6 +2,7 @@
 //! whether (and how many copies of) the job fits there.
 
 use crate::calibration::store::ProfileStore;
+use crate::devices::performance::GpuPerformance;
 use crate::devices::sku::{GpuSelector, Sku, SkuError};
 use crate::devices::{DeviceError, GpuDevices};
 use crate::domain::physics::Physics;
@@ -12,11 +13,14 @@ use crate::estimators::MibAnswer;
 pub const REFERENCE_SKU: &str = "a100-40gb";
 
 /// A GPU an estimate is placed on.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Target {
     /// Profile key: a catalogue id (`h100-80gb`) or the slug of an unknown attached GPU.
     pub gpu: String,
     pub capacity_mib: u64,
+    /// Peak throughput for the performance model; `None` for a card known only by its memory
+    /// (an attached card the catalogue lacks, a custom card).
+    pub performance: Option<GpuPerformance>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -42,6 +46,11 @@ impl Target {
                     return Ok(Target {
                         gpu: device.profile_key(),
                         capacity_mib: device.memory_total_mib,
+                        performance: device
+                            .sku
+                            .as_deref()
+                            .and_then(Sku::by_id)
+                            .map(|s| s.performance),
                     });
                 }
             },
@@ -49,6 +58,7 @@ impl Target {
         Ok(Target {
             gpu: sku.id.to_string(),
             capacity_mib: sku.capacity_mib,
+            performance: Some(sku.performance),
         })
     }
 }
@@ -388,7 +398,8 @@ mod tests {
             target,
             Target {
                 gpu: "a100-40gb".into(),
-                capacity_mib: 40_960
+                capacity_mib: 40_960,
+                performance: Some(Sku::by_id("a100-40gb").unwrap().performance),
             }
         );
     }
@@ -403,7 +414,8 @@ mod tests {
             target,
             Target {
                 gpu: "h100-80gb".into(),
-                capacity_mib: 81_559
+                capacity_mib: 81_559,
+                performance: Some(Sku::by_id("h100-80gb").unwrap().performance),
             }
         );
     }

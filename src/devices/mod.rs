@@ -11,6 +11,7 @@
 
 pub mod fake;
 pub mod nvml;
+pub mod performance;
 pub mod sku;
 pub mod watch;
 

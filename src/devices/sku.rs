@@ -3,16 +3,19 @@
 
 use std::fmt;
 
+use crate::devices::performance::GpuPerformance;
 use crate::domain::echo;
 
 /// One GPU model with its usable memory as `nvidia-smi` reports it (`memory.total`, MiB).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Sku {
     /// Canonical id, lower case: `a100-40gb`. Also the calibration profile's file stem.
     pub id: &'static str,
     /// A readable name: `NVIDIA A100 40GB`.
     pub name: &'static str,
     pub capacity_mib: u64,
+    /// Peak throughput, for the roofline performance model.
+    pub performance: GpuPerformance,
 }
 
 /// Known SKUs. Capacities are nvidia-smi's `memory.total` where it is well known (it is less
@@ -23,46 +26,145 @@ pub const CATALOGUE: &[Sku] = &[
         id: "a100-40gb",
         name: "NVIDIA A100 40GB",
         capacity_mib: 40_960,
+        performance: GpuPerformance {
+            sm_count: 108,
+            max_warps_per_sm: 64,
+            boost_clock_mhz: 1410,
+            memory_bandwidth_gb_s: 1555.0,
+            fp32_tflops: 19.5,
+            tf32_tflops: Some(156.0),
+            fp16_tflops: 312.0,
+            bf16_tflops: Some(312.0),
+            fp8_tflops: None,
+        },
     },
     Sku {
         id: "a100-80gb",
         name: "NVIDIA A100 80GB",
         capacity_mib: 81_920,
+        performance: GpuPerformance {
+            sm_count: 108,
+            max_warps_per_sm: 64,
+            boost_clock_mhz: 1410,
+            memory_bandwidth_gb_s: 2039.0,
+            fp32_tflops: 19.5,
+            tf32_tflops: Some(156.0),
+            fp16_tflops: 312.0,
+            bf16_tflops: Some(312.0),
+            fp8_tflops: None,
+        },
     },
     Sku {
         id: "h100-80gb",
         name: "NVIDIA H100 80GB",
         capacity_mib: 81_559,
+        performance: GpuPerformance {
+            sm_count: 132,
+            max_warps_per_sm: 64,
+            boost_clock_mhz: 1980,
+            memory_bandwidth_gb_s: 3350.0,
+            fp32_tflops: 67.0,
+            tf32_tflops: Some(494.7),
+            fp16_tflops: 989.4,
+            bf16_tflops: Some(989.4),
+            fp8_tflops: Some(1978.9),
+        },
     },
     Sku {
         id: "h200-141gb",
         name: "NVIDIA H200 141GB",
         capacity_mib: 143_771,
+        performance: GpuPerformance {
+            sm_count: 132,
+            max_warps_per_sm: 64,
+            boost_clock_mhz: 1980,
+            memory_bandwidth_gb_s: 4800.0,
+            fp32_tflops: 67.0,
+            tf32_tflops: Some(494.7),
+            fp16_tflops: 989.4,
+            bf16_tflops: Some(989.4),
+            fp8_tflops: Some(1978.9),
+        },
     },
     Sku {
         id: "l4",
         name: "NVIDIA L4",
         capacity_mib: 23_034,
+        performance: GpuPerformance {
+            sm_count: 58,
+            max_warps_per_sm: 48,
+            boost_clock_mhz: 2040,
+            memory_bandwidth_gb_s: 300.0,
+            fp32_tflops: 30.3,
+            tf32_tflops: Some(60.0),
+            fp16_tflops: 121.0,
+            bf16_tflops: Some(121.0),
+            fp8_tflops: Some(242.0),
+        },
     },
     Sku {
         id: "l40s",
         name: "NVIDIA L40S",
         capacity_mib: 46_068,
+        performance: GpuPerformance {
+            sm_count: 142,
+            max_warps_per_sm: 48,
+            boost_clock_mhz: 2520,
+            memory_bandwidth_gb_s: 864.0,
+            fp32_tflops: 91.6,
+            tf32_tflops: Some(183.0),
+            fp16_tflops: 362.0,
+            bf16_tflops: Some(362.0),
+            fp8_tflops: Some(733.0),
+        },
     },
     Sku {
         id: "t4",
         name: "NVIDIA T4",
         capacity_mib: 15_360,
+        performance: GpuPerformance {
+            sm_count: 40,
+            max_warps_per_sm: 32,
+            boost_clock_mhz: 1590,
+            memory_bandwidth_gb_s: 320.0,
+            fp32_tflops: 8.1,
+            tf32_tflops: None,
+            fp16_tflops: 65.0,
+            bf16_tflops: None,
+            fp8_tflops: None,
+        },
     },
     Sku {
         id: "v100-16gb",
         name: "NVIDIA V100 16GB",
         capacity_mib: 16_384,
+        performance: GpuPerformance {
+            sm_count: 80,
+            max_warps_per_sm: 64,
+            boost_clock_mhz: 1530,
+            memory_bandwidth_gb_s: 900.0,
+            fp32_tflops: 15.7,
+            tf32_tflops: None,
+            fp16_tflops: 125.0,
+            bf16_tflops: None,
+            fp8_tflops: None,
+        },
     },
     Sku {
         id: "v100-32gb",
         name: "NVIDIA V100 32GB",
         capacity_mib: 32_768,
+        performance: GpuPerformance {
+            sm_count: 80,
+            max_warps_per_sm: 64,
+            boost_clock_mhz: 1530,
+            memory_bandwidth_gb_s: 900.0,
+            fp32_tflops: 15.7,
+            tf32_tflops: None,
+            fp16_tflops: 125.0,
+            bf16_tflops: None,
+            fp8_tflops: None,
+        },
     },
 ];
 
@@ -137,7 +239,7 @@ impl fmt::Display for Sku {
 }
 
 /// Which GPU a request asks about: the one this host has, or a catalogue SKU.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum GpuSelector {
     Attached,
     Sku(&'static Sku),
