@@ -110,6 +110,11 @@ pub struct ServeConfig {
     /// Do not look for NVIDIA GPUs through NVML (as if the host had none).
     #[arg(long, env = "GPUCAST_NO_NVML")]
     pub no_nvml: bool,
+
+    /// A JSON GPU catalogue in the format of data/gpus.json: its entries are added to the
+    /// built-in ones, or replace those with the same id. Checked at start-up.
+    #[arg(long, env = "GPUCAST_GPUS")]
+    pub gpus: Option<PathBuf>,
 }
 
 /// A secret that never appears in logs or debug output.
@@ -198,6 +203,7 @@ impl ServeConfig {
             token: None,
             max_watches: 64,
             no_nvml: true,
+            gpus: None,
         }
     }
 }

@@ -10,7 +10,9 @@ use tokio::sync::Semaphore;
 use crate::calibration::profile::ProfileError;
 use crate::calibration::store::ProfileStore;
 use crate::config::ServeConfig;
+use crate::devices::catalogue::CatalogueError;
 use crate::devices::nvml::NvmlDevices;
+use crate::devices::sku::Catalogue;
 use crate::devices::watch::Sampler;
 use crate::devices::{GpuDevices, NoDevices};
 use crate::estimators::{Estimators, LoadError};
@@ -43,6 +45,8 @@ pub enum StartupError {
     Models(#[from] LoadError),
     #[error("calibration profiles: {0}")]
     Profiles(#[from] ProfileError),
+    #[error(transparent)]
+    Gpus(#[from] CatalogueError),
     #[error("cannot listen on {address}: {source}")]
     Bind {
         address: std::net::SocketAddr,
@@ -72,6 +76,14 @@ impl Application {
         devices: Arc<dyn GpuDevices>,
     ) -> Result<Application, StartupError> {
         config.validate().map_err(StartupError::Config)?;
+        let catalogue = match &config.gpus {
+            None => Catalogue::builtin().clone(),
+            Some(path) => {
+                let catalogue = Catalogue::load(path)?;
+                tracing::info!(file = %path.display(), gpus = catalogue.all().len(), "GPU catalogue extended");
+                catalogue
+            }
+        };
         match devices.unavailable_reason() {
             Some(reason) => {
                 tracing::info!(%reason, "no NVML device; estimates are served without one")
@@ -153,6 +165,7 @@ impl Application {
             permits: Arc::new(Semaphore::new(config.max_concurrent_requests)),
             batch_slots: Arc::new(Semaphore::new(config.max_concurrent_batches)),
             profiles: Arc::new(profiles),
+            catalogue: Arc::new(catalogue),
             writes,
             watches: Arc::new(Sampler::new(devices.clone(), config.max_watches)),
             idempotency: Arc::new(IdempotencyKeys::new(

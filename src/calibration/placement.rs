@@ -2,8 +2,9 @@
 //! whether (and how many copies of) the job fits there.
 
 use crate::calibration::store::ProfileStore;
+use crate::devices::derived;
 use crate::devices::performance::GpuPerformance;
-use crate::devices::sku::{GpuSelector, Sku, SkuError};
+use crate::devices::sku::{Catalogue, GpuSelector, SkuError};
 use crate::devices::{DeviceError, GpuDevices};
 use crate::domain::physics::Physics;
 use crate::domain::MemoryFraction;
@@ -12,15 +13,33 @@ use crate::estimators::MibAnswer;
 /// The card the training data was measured on: estimates are for it unless a GPU is named.
 pub const REFERENCE_SKU: &str = "a100-40gb";
 
+/// Longest name of a custom card.
+pub const MAX_CUSTOM_NAME_CHARS: usize = 64;
+/// Largest memory of a custom card, MiB (1 TiB).
+pub const MAX_CUSTOM_CAPACITY_MIB: u64 = 1 << 20;
+/// What a custom card's profile key starts with.
+pub const CUSTOM_PREFIX: &str = "custom-";
+
 /// A GPU an estimate is placed on.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Target {
-    /// Profile key: a catalogue id (`h100-80gb`) or the slug of an unknown attached GPU.
+    /// Profile key: a catalogue id (`h100-80gb`), the slug of an unknown attached GPU, or
+    /// `custom-<slug>` for a card described in the request.
     pub gpu: String,
     pub capacity_mib: u64,
-    /// Peak throughput for the performance model; `None` for a card known only by its memory
-    /// (an attached card the catalogue lacks, a custom card).
+    /// Peak throughput for the performance model: the catalogue's figures, or for an attached
+    /// card the catalogue lacks those derived from NVML ([`derived`]); `None` for a custom card
+    /// or an attached one whose driver does not say enough.
     pub performance: Option<GpuPerformance>,
+}
+
+/// What a request names as its GPU, before it is resolved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GpuAsk<'a> {
+    /// A catalogue id, name or alias, or `attached`.
+    Name(&'a str),
+    /// A card described by the request: known by its memory only.
+    Custom { name: &'a str, capacity_mib: u64 },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -32,35 +51,83 @@ pub enum PlacementError {
 }
 
 impl Target {
-    /// Resolves a request's `gpu` field; `None` means the reference card.
+    /// Resolves a request's `gpu` field in `catalogue`; `None` means the reference card.
     pub fn resolve(
-        selector: Option<&str>,
+        ask: Option<GpuAsk<'_>>,
+        catalogue: &Catalogue,
         devices: &dyn GpuDevices,
     ) -> Result<Target, PlacementError> {
-        let sku = match selector {
-            None => Sku::by_id(REFERENCE_SKU).expect("the reference SKU is in the catalogue"),
-            Some(raw) => match GpuSelector::parse(raw)? {
+        let sku = match ask {
+            None => catalogue
+                .by_id(REFERENCE_SKU)
+                .or_else(|| Catalogue::builtin().by_id(REFERENCE_SKU))
+                .expect("the reference SKU is in the built-in catalogue"),
+            Some(GpuAsk::Custom { name, capacity_mib }) => return Ok(custom(name, capacity_mib)?),
+            Some(GpuAsk::Name(raw)) => match catalogue.select(raw)? {
                 GpuSelector::Sku(sku) => sku,
                 GpuSelector::Attached => {
                     let device = devices.attached().map_err(PlacementError::NoDevice)?;
+                    let performance = match device.sku_in(catalogue) {
+                        Some(sku) => Some(sku.performance),
+                        None => derived::performance_of(&device),
+                    };
                     return Ok(Target {
-                        gpu: device.profile_key(),
+                        gpu: device.profile_key_in(catalogue),
                         capacity_mib: device.memory_total_mib,
-                        performance: device
-                            .sku
-                            .as_deref()
-                            .and_then(Sku::by_id)
-                            .map(|s| s.performance),
+                        performance,
                     });
                 }
             },
         };
         Ok(Target {
-            gpu: sku.id.to_string(),
+            gpu: sku.id.clone(),
             capacity_mib: sku.capacity_mib,
             performance: Some(sku.performance),
         })
     }
+}
+
+/// A card described by a request: its name (1 to 64 letters, digits, spaces, `-`, `_`, `.`,
+/// with at least one letter or digit) and memory (1 to 1,048,576 MiB). Its profile key is
+/// `custom-` and a slug of the name, whatever the name: a custom card named like a catalogue
+/// card (`a100-40gb`) is not that card (its memory is the request's), so it learns apart from it
+/// (`custom-a100-40gb`). Names that differ only in case or punctuation share a key.
+fn custom(name: &str, capacity_mib: u64) -> Result<Target, SkuError> {
+    let chars = name.chars().count();
+    let safe = name
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, ' ' | '-' | '_' | '.'));
+    if chars == 0 || chars > MAX_CUSTOM_NAME_CHARS || !safe {
+        return Err(SkuError::Custom(format!(
+            "name: must be 1 to {MAX_CUSTOM_NAME_CHARS} letters, digits, spaces, `-`, `_` or `.`, got `{}`",
+            crate::domain::echo(name)
+        )));
+    }
+    if !(1..=MAX_CUSTOM_CAPACITY_MIB).contains(&capacity_mib) {
+        return Err(SkuError::Custom(format!(
+            "capacity_mib: must be 1 to {MAX_CUSTOM_CAPACITY_MIB}, got {capacity_mib}"
+        )));
+    }
+    let slug: Vec<String> = name
+        .to_ascii_lowercase()
+        .split(|c: char| !c.is_ascii_alphanumeric())
+        .filter(|t| !t.is_empty())
+        .map(str::to_string)
+        .collect();
+    if slug.is_empty() {
+        return Err(SkuError::Custom(
+            "name: must hold at least one letter or digit".into(),
+        ));
+    }
+    // A profile key is at most 64 bytes: the prefix leaves 57 for the slug.
+    let mut key = format!("{CUSTOM_PREFIX}{}", slug.join("-"));
+    key.truncate(64);
+    let key = key.trim_end_matches('-').to_string();
+    Ok(Target {
+        gpu: key,
+        capacity_mib,
+        performance: None,
+    })
 }
 
 /// An estimate moved onto a target GPU.
@@ -275,7 +342,8 @@ mod tests {
 
     #[test]
     fn the_reference_card_is_the_physics_reference() {
-        let reference = Target::resolve(None, &NoDevices::new("none")).unwrap();
+        let reference =
+            Target::resolve(None, Catalogue::builtin(), &NoDevices::new("none")).unwrap();
         assert_eq!(
             reference.capacity_mib,
             crate::domain::physics::REFERENCE_CAPACITY_MIB
@@ -378,7 +446,12 @@ mod tests {
         for _ in 0..3 {
             profiles.observe("h100-80gb", 10_000.0, 1_000.0).unwrap();
         }
-        let target = Target::resolve(Some("h100-80gb"), &NoDevices::new("none")).unwrap();
+        let target = Target::resolve(
+            Some(GpuAsk::Name("h100-80gb")),
+            Catalogue::builtin(),
+            &NoDevices::new("none"),
+        )
+        .unwrap();
         let placement = place(
             &answer(10_000.0, 11_000.0),
             target,
@@ -393,30 +466,101 @@ mod tests {
 
     #[test]
     fn without_a_gpu_the_reference_card_is_the_target() {
-        let target = Target::resolve(None, &NoDevices::new("none")).unwrap();
+        let target = Target::resolve(None, Catalogue::builtin(), &NoDevices::new("none")).unwrap();
         assert_eq!(
             target,
             Target {
                 gpu: "a100-40gb".into(),
                 capacity_mib: 40_960,
-                performance: Some(Sku::by_id("a100-40gb").unwrap().performance),
+                performance: Some(Catalogue::builtin().by_id("a100-40gb").unwrap().performance),
             }
         );
     }
 
     #[test]
     fn attached_needs_a_device_and_uses_its_capacity() {
-        let error = Target::resolve(Some("attached"), &NoDevices::new("no driver")).unwrap_err();
+        let error = Target::resolve(
+            Some(GpuAsk::Name("attached")),
+            Catalogue::builtin(),
+            &NoDevices::new("no driver"),
+        )
+        .unwrap_err();
         assert!(error.to_string().contains("no driver"), "{error}");
         let devices = FakeDevices::single("NVIDIA H100 80GB HBM3", 81_559);
-        let target = Target::resolve(Some("attached"), &devices).unwrap();
+        let target = Target::resolve(
+            Some(GpuAsk::Name("attached")),
+            Catalogue::builtin(),
+            &devices,
+        )
+        .unwrap();
         assert_eq!(
             target,
             Target {
                 gpu: "h100-80gb".into(),
                 capacity_mib: 81_559,
-                performance: Some(Sku::by_id("h100-80gb").unwrap().performance),
+                performance: Some(Catalogue::builtin().by_id("h100-80gb").unwrap().performance),
             }
+        );
+    }
+
+    #[test]
+    fn an_attached_card_the_catalogue_lacks_gets_nvml_derived_peaks() {
+        let devices = FakeDevices::single("NVIDIA RTX PRO 6000 Blackwell", 97_887).with_hardware(
+            Some("12.0"),
+            Some(188),
+            Some(2617),
+            Some(14_001),
+            Some(512),
+        );
+        let ask = Some(GpuAsk::Name("attached"));
+        let target = Target::resolve(ask, Catalogue::builtin(), &devices).unwrap();
+        assert_eq!(target.gpu, "rtx-pro-6000-blackwell");
+        assert_eq!(target.capacity_mib, 97_887);
+        assert_eq!(target.performance.unwrap().sm_count, 188);
+        let bare = FakeDevices::single("NVIDIA RTX PRO 6000 Blackwell", 97_887);
+        let target = Target::resolve(ask, Catalogue::builtin(), &bare).unwrap();
+        assert_eq!(target.performance, None);
+    }
+
+    #[test]
+    fn a_custom_card_is_its_own_profile_even_when_named_like_a_catalogue_card() {
+        fn resolve(name: &str, capacity_mib: u64) -> Result<Target, PlacementError> {
+            Target::resolve(
+                Some(GpuAsk::Custom { name, capacity_mib }),
+                Catalogue::builtin(),
+                &NoDevices::new("none"),
+            )
+        }
+        assert_eq!(
+            resolve("My Lab Card v2", 12_000).unwrap(),
+            Target {
+                gpu: "custom-my-lab-card-v2".into(),
+                capacity_mib: 12_000,
+                performance: None,
+            }
+        );
+        assert_eq!(
+            resolve("a100-40gb", 40_000).unwrap().gpu,
+            "custom-a100-40gb"
+        );
+        let long = resolve(&"x".repeat(64), 1).unwrap().gpu;
+        assert!(crate::calibration::profile::valid_key(&long), "{long}");
+        for (name, capacity) in [
+            ("", 1000),
+            ("---", 1000),
+            ("../etc", 1000),
+            ("card", 0),
+            ("card", MAX_CUSTOM_CAPACITY_MIB + 1),
+        ] {
+            let error = resolve(name, capacity).unwrap_err().to_string();
+            assert!(error.starts_with("gpu: "), "{error}");
+        }
+        assert!(
+            resolve(&"y".repeat(10_000), 1)
+                .unwrap_err()
+                .to_string()
+                .len()
+                < 300
         );
     }
 
@@ -424,7 +568,12 @@ mod tests {
     fn fit_uses_the_upper_bound_and_counts_copies() {
         let dir = tempfile::tempdir().unwrap();
         let (profiles, _) = ProfileStore::load(dir.path()).unwrap();
-        let target = Target::resolve(Some("a100-80gb"), &NoDevices::new("none")).unwrap();
+        let target = Target::resolve(
+            Some(GpuAsk::Name("a100-80gb")),
+            Catalogue::builtin(),
+            &NoDevices::new("none"),
+        )
+        .unwrap();
         let placement = place(
             &answer(9_000.0, 20_000.0),
             target.clone(),
@@ -463,7 +612,12 @@ mod tests {
         for _ in 0..3 {
             profiles.observe("h100-80gb", 10_000.0, 10_500.0).unwrap();
         }
-        let target = Target::resolve(Some("H100 80GB"), &NoDevices::new("none")).unwrap();
+        let target = Target::resolve(
+            Some(GpuAsk::Name("H100 80GB")),
+            Catalogue::builtin(),
+            &NoDevices::new("none"),
+        )
+        .unwrap();
         let placement = place(
             &answer(10_000.0, 11_000.0),
             target,

@@ -63,6 +63,26 @@ impl FakeDevices {
         self
     }
 
+    /// Every device reports this compute capability, SM count, highest SM and memory clocks
+    /// (MHz) and memory bus width (bits), as NVML would; `None`: the driver cannot say.
+    pub fn with_hardware(
+        mut self,
+        compute_capability: Option<&str>,
+        multiprocessor_count: Option<u32>,
+        max_sm_clock_mhz: Option<u32>,
+        max_memory_clock_mhz: Option<u32>,
+        memory_bus_width_bits: Option<u32>,
+    ) -> FakeDevices {
+        for device in &mut self.devices {
+            device.compute_capability = compute_capability.map(str::to_string);
+            device.multiprocessor_count = multiprocessor_count;
+            device.max_sm_clock_mhz = max_sm_clock_mhz;
+            device.max_memory_clock_mhz = max_memory_clock_mhz;
+            device.memory_bus_width_bits = memory_bus_width_bits;
+        }
+        self
+    }
+
     /// Plays back these readings (MiB) for `pid`, one per call, then reports it gone.
     pub fn script_process(&self, pid: u32, readings: impl IntoIterator<Item = Option<u64>>) {
         let script = ProcessScript {

@@ -4,11 +4,15 @@
 //! - [`GpuDevices`]: list the GPUs (each with its driver version), read one process's GPU memory.
 //!   [`nvml::NvmlDevices`] reads a real driver; [`NoDevices`] stands in where there is none (the
 //!   service still starts); [`FakeDevices`] is scripted by tests.
-//! - [`sku`]: the catalogue of known SKUs with their capacities, and name parsing.
+//! - [`sku`]: the catalogue of known SKUs with their capacities and peaks, and name parsing;
+//!   [`catalogue`]: the file it is read from (`data/gpus.json`, `--gpus`).
+//! - [`derived`]: peaks of a card the catalogue lacks, from what NVML reports of it.
 //! - [`watch`]: sample one process's GPU memory until it exits and report its peak.
 //!
 //! What is learned per GPU from the peaks lives in [`crate::calibration`].
 
+pub mod catalogue;
+pub mod derived;
 pub mod fake;
 pub mod nvml;
 pub mod performance;
@@ -27,8 +31,9 @@ pub struct GpuDevice {
     pub uuid: String,
     /// The driver's marketing name, e.g. `NVIDIA A100-SXM4-40GB`.
     pub name: String,
-    /// The catalogue id (`a100-40gb`) when the name is a known SKU, else `None`;
-    /// [`GpuDevice::profile_key`] gives a key for unknown SKUs too.
+    /// The built-in catalogue's id (`a100-40gb`) when the name is a known SKU, else `None`;
+    /// [`GpuDevice::profile_key`] gives a key for unknown SKUs too. The service reads the name
+    /// again against its own catalogue (which `--gpus` may extend): see [`GpuDevice::sku_in`].
     pub sku: Option<String>,
     pub memory_total_mib: u64,
     pub memory_used_mib: u64,
@@ -36,6 +41,14 @@ pub struct GpuDevice {
     /// `major.minor`, e.g. `8.0`; `None` when the driver cannot say.
     pub compute_capability: Option<String>,
     pub driver_version: String,
+    /// Streaming multiprocessors; `None` when the driver cannot say.
+    pub multiprocessor_count: Option<u32>,
+    /// Highest SM clock, MHz.
+    pub max_sm_clock_mhz: Option<u32>,
+    /// Highest memory clock, MHz, as NVML reports it (data moves on both edges).
+    pub max_memory_clock_mhz: Option<u32>,
+    /// Memory bus width, bits.
+    pub memory_bus_width_bits: Option<u32>,
 }
 
 impl GpuDevice {
@@ -50,18 +63,37 @@ impl GpuDevice {
         GpuDevice {
             index,
             uuid: uuid.into(),
-            sku: sku::Sku::from_device_name(&name).map(|s| s.id.to_string()),
+            sku: sku::Catalogue::builtin()
+                .from_device_name(&name)
+                .map(|s| s.id.clone()),
             name,
             memory_total_mib,
             memory_used_mib: 0,
             memory_free_mib: memory_total_mib,
             compute_capability: None,
             driver_version: String::new(),
+            multiprocessor_count: None,
+            max_sm_clock_mhz: None,
+            max_memory_clock_mhz: None,
+            memory_bus_width_bits: None,
         }
     }
 
+    /// The entry of `catalogue` this device is, if any.
+    pub fn sku_in<'c>(&self, catalogue: &'c sku::Catalogue) -> Option<&'c sku::Sku> {
+        catalogue.from_device_name(&self.name)
+    }
+
+    /// The key of this device's calibration profile in `catalogue`: its id there, else a slug
+    /// of the driver's name.
+    pub fn profile_key_in(&self, catalogue: &sku::Catalogue) -> String {
+        self.sku_in(catalogue)
+            .map(|s| s.id.clone())
+            .unwrap_or_else(|| sku::slug(&self.name))
+    }
+
     /// The key under which this GPU's calibration profile is stored: the catalogue id for a
-    /// known SKU, else a slug of the driver's name (`NVIDIA RTX 6000 Ada` -> `rtx-6000-ada`),
+    /// known SKU, else a slug of the driver's name (`NVIDIA RTX PRO 6000` -> `rtx-pro-6000`),
     /// so unknown models learn too.
     pub fn profile_key(&self) -> String {
         self.sku.clone().unwrap_or_else(|| sku::slug(&self.name))
@@ -162,9 +194,9 @@ mod tests {
         let known = GpuDevice::new(0, "GPU-1", "NVIDIA A100-SXM4-40GB", 40960);
         assert_eq!(known.sku.as_deref(), Some("a100-40gb"));
         assert_eq!(known.profile_key(), "a100-40gb");
-        let unknown = GpuDevice::new(1, "GPU-2", "NVIDIA RTX 6000 Ada Generation", 49140);
+        let unknown = GpuDevice::new(1, "GPU-2", "NVIDIA RTX PRO 6000 Blackwell", 97887);
         assert_eq!(unknown.sku, None);
-        assert_eq!(unknown.profile_key(), "rtx-6000-ada-generation");
+        assert_eq!(unknown.profile_key(), "rtx-pro-6000-blackwell");
     }
 
     #[test]

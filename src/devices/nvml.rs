@@ -1,9 +1,11 @@
 //! The real devices, read through NVML (the library nvidia-smi uses).
 
+use nvml_wrapper::enum_wrappers::device::Clock;
 use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::Nvml;
 
+use crate::devices::derived::sm_count_from_cores;
 use crate::devices::{DeviceError, GpuDevice, GpuDevices, NoDevices};
 
 const MIB: u64 = 1024 * 1024;
@@ -56,6 +58,19 @@ impl NvmlDevices {
             .ok()
             .map(|cc| format!("{}.{}", cc.major, cc.minor));
         record.driver_version = self.nvml.sys_driver_version().unwrap_or_default();
+        // What peaks of a card the catalogue lacks are derived from (devices::derived).
+        record.multiprocessor_count = device
+            .attributes()
+            .ok()
+            .map(|a| a.multiprocessor_count)
+            .filter(|&n| n > 0)
+            .or_else(|| {
+                let cc = record.compute_capability.as_deref()?;
+                sm_count_from_cores(cc, device.num_cores().ok()?)
+            });
+        record.max_sm_clock_mhz = device.max_clock_info(Clock::SM).ok();
+        record.max_memory_clock_mhz = device.max_clock_info(Clock::Memory).ok();
+        record.memory_bus_width_bits = device.memory_bus_width().ok();
         Ok(record)
     }
 }

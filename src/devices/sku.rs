@@ -1,314 +1,350 @@
-//! The catalogue of GPU models (SKUs) gpucast knows the capacity of, and parsing of driver names
-//! and user input into them.
+//! The catalogue of GPU models (SKUs) gpucast knows, and parsing of driver names and user input
+//! into them. The entries are data ([`crate::devices::catalogue`]: `data/gpus.json`, plus the
+//! file given by `--gpus`); matching is generic over their ids, names and aliases.
+//!
+//! A name is read as lower-case alphanumeric tokens, vendor words (`nvidia`, `tesla`,
+//! `geforce`, `quadro`) dropped and `40 GB` joined to `40gb`, in any order. It names an entry
+//! when, in this order:
+//! 1. its tokens are those of the entry's id, name or an alias (`NVIDIA A100-SXM4-40GB`);
+//! 2. they are, form-factor words (`sxm4`, `pcie`, `hbm3`, ...) left out on both sides, those
+//!    of exactly one entry (`V100 PCIe 16GB`); more than one is ambiguous;
+//! 3. they are, memory sizes left out too, a family (`a100`) of which one entry matches the
+//!    memory size given, or the family has only one entry; else ambiguous (`a100`, `v100`).
 
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 
 use crate::devices::performance::GpuPerformance;
 use crate::domain::echo;
 
 /// One GPU model with its usable memory as `nvidia-smi` reports it (`memory.total`, MiB).
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Sku {
     /// Canonical id, lower case: `a100-40gb`. Also the calibration profile's file stem.
-    pub id: &'static str,
+    pub id: String,
     /// A readable name: `NVIDIA A100 40GB`.
-    pub name: &'static str,
+    pub name: String,
+    /// Other names it goes by: what the driver prints (`NVIDIA A100-SXM4-40GB`), short forms.
+    pub aliases: Vec<String>,
     pub capacity_mib: u64,
+    /// The marketing memory size in GB (`40` for an A100 40GB): what users type.
+    pub memory_gb: u32,
     /// Peak throughput, for the roofline performance model.
     pub performance: GpuPerformance,
+    /// `major.minor`, e.g. `8.0`.
+    pub compute_capability: String,
+    /// Where the figures come from.
+    pub source: Source,
+    /// What is nominal or approximate about the figures.
+    pub note: Option<String>,
+    pub origin: Origin,
 }
 
-/// Known SKUs. Capacities are nvidia-smi's `memory.total` where it is well known (it is less
-/// than the marketing size: ECC and driver reservations); for V100 the nominal GiB x 1024,
-/// because the reported figure varies with board and driver.
-pub const CATALOGUE: &[Sku] = &[
-    Sku {
-        id: "a100-40gb",
-        name: "NVIDIA A100 40GB",
-        capacity_mib: 40_960,
-        performance: GpuPerformance {
-            sm_count: 108,
-            max_warps_per_sm: 64,
-            boost_clock_mhz: 1410,
-            memory_bandwidth_gb_s: 1555.0,
-            fp32_tflops: 19.5,
-            tf32_tflops: Some(156.0),
-            fp16_tflops: 312.0,
-            bf16_tflops: Some(312.0),
-            fp8_tflops: None,
-        },
-    },
-    Sku {
-        id: "a100-80gb",
-        name: "NVIDIA A100 80GB",
-        capacity_mib: 81_920,
-        performance: GpuPerformance {
-            sm_count: 108,
-            max_warps_per_sm: 64,
-            boost_clock_mhz: 1410,
-            memory_bandwidth_gb_s: 2039.0,
-            fp32_tflops: 19.5,
-            tf32_tflops: Some(156.0),
-            fp16_tflops: 312.0,
-            bf16_tflops: Some(312.0),
-            fp8_tflops: None,
-        },
-    },
-    Sku {
-        id: "h100-80gb",
-        name: "NVIDIA H100 80GB",
-        capacity_mib: 81_559,
-        performance: GpuPerformance {
-            sm_count: 132,
-            max_warps_per_sm: 64,
-            boost_clock_mhz: 1980,
-            memory_bandwidth_gb_s: 3350.0,
-            fp32_tflops: 67.0,
-            tf32_tflops: Some(494.7),
-            fp16_tflops: 989.4,
-            bf16_tflops: Some(989.4),
-            fp8_tflops: Some(1978.9),
-        },
-    },
-    Sku {
-        id: "h200-141gb",
-        name: "NVIDIA H200 141GB",
-        capacity_mib: 143_771,
-        performance: GpuPerformance {
-            sm_count: 132,
-            max_warps_per_sm: 64,
-            boost_clock_mhz: 1980,
-            memory_bandwidth_gb_s: 4800.0,
-            fp32_tflops: 67.0,
-            tf32_tflops: Some(494.7),
-            fp16_tflops: 989.4,
-            bf16_tflops: Some(989.4),
-            fp8_tflops: Some(1978.9),
-        },
-    },
-    Sku {
-        id: "l4",
-        name: "NVIDIA L4",
-        capacity_mib: 23_034,
-        performance: GpuPerformance {
-            sm_count: 58,
-            max_warps_per_sm: 48,
-            boost_clock_mhz: 2040,
-            memory_bandwidth_gb_s: 300.0,
-            fp32_tflops: 30.3,
-            tf32_tflops: Some(60.0),
-            fp16_tflops: 121.0,
-            bf16_tflops: Some(121.0),
-            fp8_tflops: Some(242.0),
-        },
-    },
-    Sku {
-        id: "l40s",
-        name: "NVIDIA L40S",
-        capacity_mib: 46_068,
-        performance: GpuPerformance {
-            sm_count: 142,
-            max_warps_per_sm: 48,
-            boost_clock_mhz: 2520,
-            memory_bandwidth_gb_s: 864.0,
-            fp32_tflops: 91.6,
-            tf32_tflops: Some(183.0),
-            fp16_tflops: 362.0,
-            bf16_tflops: Some(362.0),
-            fp8_tflops: Some(733.0),
-        },
-    },
-    Sku {
-        id: "t4",
-        name: "NVIDIA T4",
-        capacity_mib: 15_360,
-        performance: GpuPerformance {
-            sm_count: 40,
-            max_warps_per_sm: 32,
-            boost_clock_mhz: 1590,
-            memory_bandwidth_gb_s: 320.0,
-            fp32_tflops: 8.1,
-            tf32_tflops: None,
-            fp16_tflops: 65.0,
-            bf16_tflops: None,
-            fp8_tflops: None,
-        },
-    },
-    Sku {
-        id: "v100-16gb",
-        name: "NVIDIA V100 16GB",
-        capacity_mib: 16_384,
-        performance: GpuPerformance {
-            sm_count: 80,
-            max_warps_per_sm: 64,
-            boost_clock_mhz: 1530,
-            memory_bandwidth_gb_s: 900.0,
-            fp32_tflops: 15.7,
-            tf32_tflops: None,
-            fp16_tflops: 125.0,
-            bf16_tflops: None,
-            fp8_tflops: None,
-        },
-    },
-    Sku {
-        id: "v100-32gb",
-        name: "NVIDIA V100 32GB",
-        capacity_mib: 32_768,
-        performance: GpuPerformance {
-            sm_count: 80,
-            max_warps_per_sm: 64,
-            boost_clock_mhz: 1530,
-            memory_bandwidth_gb_s: 900.0,
-            fp32_tflops: 15.7,
-            tf32_tflops: None,
-            fp16_tflops: 125.0,
-            bf16_tflops: None,
-            fp8_tflops: None,
-        },
-    },
-];
-
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum SkuError {
-    #[error("unknown GPU `{0}`; known: {known}", known = known_ids())]
-    Unknown(String),
-    #[error("`{0}` is ambiguous: say which memory size, e.g. {1}")]
-    Ambiguous(String, &'static str),
+/// A public document the figures were taken from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Source {
+    pub title: String,
+    pub url: String,
 }
 
-fn known_ids() -> String {
-    CATALOGUE
-        .iter()
-        .map(|s| s.id)
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-impl Sku {
-    /// The catalogue entry with this canonical id.
-    pub fn by_id(id: &str) -> Option<&'static Sku> {
-        CATALOGUE.iter().find(|s| s.id == id)
-    }
-
-    /// Parses a driver name (`NVIDIA A100-SXM4-40GB`, `NVIDIA H100 80GB HBM3`, `Tesla T4`,
-    /// `NVIDIA H200`) or what a user typed (`A100 40GB`, `a100-40gb`, `h100`), case-insensitively.
-    pub fn parse(input: &str) -> Result<&'static Sku, SkuError> {
-        let tokens = tokens(input);
-        let unknown = || SkuError::Unknown(echo(input));
-        // The first token that names a family decides; vendor words and form factors are noise.
-        let family = tokens
-            .iter()
-            .find_map(|t| family_of(t))
-            .ok_or_else(unknown)?;
-        let gb = memory_gb(&tokens);
-        // The H100 NVL (94 GB) names no size in its driver name; it is not in the catalogue.
-        if family == "h100" && tokens.iter().any(|t| t == "nvl") {
-            return Err(unknown());
-        }
-        let id = match (family, gb) {
-            ("a100", Some(40)) => "a100-40gb",
-            ("a100", Some(80)) => "a100-80gb",
-            ("a100", None) => {
-                return Err(SkuError::Ambiguous(echo(input), "a100-40gb or a100-80gb"))
-            }
-            ("h100", Some(80) | None) => "h100-80gb",
-            ("h200", Some(141) | None) => "h200-141gb",
-            ("l4", Some(24) | None) => "l4",
-            ("l40s", Some(48) | None) => "l40s",
-            ("t4", Some(16) | None) => "t4",
-            ("v100", Some(16)) => "v100-16gb",
-            ("v100", Some(32)) | ("v100s", Some(32) | None) => "v100-32gb",
-            ("v100", None) => {
-                return Err(SkuError::Ambiguous(echo(input), "v100-16gb or v100-32gb"))
-            }
-            _ => return Err(unknown()),
-        };
-        Ok(Sku::by_id(id).expect("every id above is in the catalogue"))
-    }
-
-    /// Like [`Sku::parse`] for a name the driver reported: `None` for models not in the catalogue.
-    pub fn from_device_name(name: &str) -> Option<&'static Sku> {
-        Sku::parse(name).ok()
-    }
+/// Where an entry came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// `data/gpus.json`, built into the binary.
+    Builtin,
+    /// The file given by `--gpus`.
+    File,
 }
 
 impl fmt::Display for Sku {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.id)
+        f.write_str(&self.id)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SkuError {
+    #[error("unknown GPU `{input}`; known: {known}")]
+    Unknown { input: String, known: String },
+    #[error("`{0}` is ambiguous: say which, e.g. {1}")]
+    Ambiguous(String, String),
+    #[error("{0}")]
+    Custom(String),
+}
+
+/// The GPU models a service knows: a runtime value (the built-in file, perhaps with `--gpus`),
+/// indexed for parsing.
+#[derive(Debug, Clone)]
+pub struct Catalogue {
+    skus: Vec<Sku>,
+    /// Sorted tokens of every id, name and alias -> entry.
+    exact: HashMap<Vec<String>, usize>,
+    /// The same without form-factor words -> entries.
+    loose: HashMap<Vec<String>, Vec<usize>>,
+    /// The same without memory sizes -> entries.
+    family: HashMap<Vec<String>, Vec<usize>>,
+    /// Every token any entry's names hold: a requested name with another word is refused.
+    vocabulary: HashSet<String>,
+}
+
+/// Ids shown in an "unknown GPU" message; `GET /v1/gpus` lists them all.
+const SHOWN_IDS: usize = 12;
+
+impl Catalogue {
+    /// Indexes `builtin` and `added` entries (ids unique across both). A name of an added entry
+    /// takes precedence over the same name of a built-in one; two entries of the same group
+    /// with the same name are refused.
+    pub fn new(builtin: Vec<Sku>, added: Vec<Sku>) -> Result<Catalogue, String> {
+        let added_count = added.len();
+        let mut skus = added;
+        skus.extend(builtin);
+        let mut ids = HashSet::new();
+        for sku in &skus {
+            if !ids.insert(sku.id.as_str()) {
+                return Err(format!("id `{}` appears twice", sku.id));
+            }
+        }
+        let mut exact: HashMap<Vec<String>, usize> = HashMap::new();
+        let mut loose: HashMap<Vec<String>, Vec<usize>> = HashMap::new();
+        let mut family: HashMap<Vec<String>, Vec<usize>> = HashMap::new();
+        let mut vocabulary = HashSet::new();
+        for (index, sku) in skus.iter().enumerate() {
+            let added = index < added_count;
+            for name in sku.names() {
+                let key = tokens(name);
+                if key.is_empty() {
+                    return Err(format!(
+                        "`{}`: the name `{}` holds no letter or digit",
+                        sku.id,
+                        echo(name)
+                    ));
+                }
+                vocabulary.extend(key.iter().cloned());
+                match exact.get(&key) {
+                    Some(&other) if other != index => {
+                        let other_added = other < added_count;
+                        // A built-in name an added entry holds already: the added one keeps it.
+                        if other_added == added {
+                            return Err(format!(
+                                "the name `{}` names both `{}` and `{}`",
+                                echo(name),
+                                skus[other].id,
+                                sku.id
+                            ));
+                        }
+                        continue;
+                    }
+                    Some(_) => {}
+                    None => {
+                        exact.insert(key.clone(), index);
+                    }
+                }
+                let without_form = without_form_factors(&key);
+                let without_memory: Vec<String> = without_form
+                    .iter()
+                    .filter(|t| memory_gb_of(t).is_none())
+                    .cloned()
+                    .collect();
+                push_unique(loose.entry(without_form).or_default(), index);
+                push_unique(family.entry(without_memory).or_default(), index);
+            }
+        }
+        Ok(Catalogue {
+            skus,
+            exact,
+            loose,
+            family,
+            vocabulary,
+        })
+    }
+
+    /// Every entry: those of the `--gpus` file first, then the built-in ones, each in file order.
+    pub fn all(&self) -> &[Sku] {
+        &self.skus
+    }
+
+    /// The entry with this canonical id.
+    pub fn by_id(&self, id: &str) -> Option<&Sku> {
+        self.skus.iter().find(|s| s.id == id)
+    }
+
+    /// Parses a driver name (`NVIDIA A100-SXM4-40GB`, `NVIDIA H100 80GB HBM3`, `Tesla T4`,
+    /// `NVIDIA GeForce RTX 4090`) or what a user typed (`A100 40GB`, `a100-40gb`, `h100`),
+    /// case-insensitively.
+    pub fn parse(&self, input: &str) -> Result<&Sku, SkuError> {
+        let key = tokens(input);
+        if let Some(&index) = self.exact.get(&key) {
+            return Ok(&self.skus[index]);
+        }
+        let without_form = without_form_factors(&key);
+        match self.loose.get(&without_form).map(Vec::as_slice) {
+            Some([index]) => return Ok(&self.skus[*index]),
+            Some(many @ [_, _, ..]) => return Err(self.ambiguous(input, many)),
+            _ => {}
+        }
+        let memory: Vec<u32> = without_form
+            .iter()
+            .filter_map(|t| memory_gb_of(t))
+            .collect();
+        let family: Vec<String> = without_form
+            .iter()
+            .filter(|t| memory_gb_of(t).is_none())
+            .cloned()
+            .collect();
+        let Some(members) = self.family.get(&family) else {
+            return Err(self.unknown(input));
+        };
+        let matching: Vec<usize> = match memory.as_slice() {
+            [] => members.clone(),
+            [gb] => members
+                .iter()
+                .copied()
+                .filter(|&i| self.skus[i].memory_gb == *gb)
+                .collect(),
+            _ => vec![],
+        };
+        match matching.as_slice() {
+            [index] => Ok(&self.skus[*index]),
+            [] => Err(self.unknown(input)),
+            many => Err(self.ambiguous(input, many)),
+        }
+    }
+
+    /// Like [`Catalogue::parse`] for a name the driver reported: `None` for models not here.
+    pub fn from_device_name(&self, name: &str) -> Option<&Sku> {
+        self.parse(name).ok()
+    }
+
+    /// `attached` (any case) or a GPU name [`Catalogue::parse`] accepts, made only of words
+    /// GPU names in the catalogue hold (and memory sizes and form factors): a request's `gpu`
+    /// with other words in it is a mistake to refuse, not noise to read past.
+    pub fn select(&self, input: &str) -> Result<GpuSelector<'_>, SkuError> {
+        if input.trim().eq_ignore_ascii_case("attached") {
+            return Ok(GpuSelector::Attached);
+        }
+        let known = |t: &String| {
+            self.vocabulary.contains(t)
+                || FORM_FACTORS.contains(&t.as_str())
+                || memory_gb_of(t).is_some()
+        };
+        if !tokens(input).iter().all(known) {
+            return Err(self.unknown(input));
+        }
+        self.parse(input).map(GpuSelector::Sku)
+    }
+
+    fn unknown(&self, input: &str) -> SkuError {
+        let mut known: Vec<&str> = self
+            .skus
+            .iter()
+            .take(SHOWN_IDS)
+            .map(|s| s.id.as_str())
+            .collect();
+        let more = self.skus.len().saturating_sub(SHOWN_IDS);
+        let more = if more > 0 {
+            format!(" and {more} more (GET /v1/gpus lists them)")
+        } else {
+            String::new()
+        };
+        // Ids are at most 64 characters, so the message stays bounded.
+        known.truncate(SHOWN_IDS);
+        SkuError::Unknown {
+            input: echo(input),
+            known: format!("{}{more}", known.join(", ")),
+        }
+    }
+
+    fn ambiguous(&self, input: &str, candidates: &[usize]) -> SkuError {
+        const SHOWN: usize = 5;
+        let ids: Vec<&str> = candidates
+            .iter()
+            .take(SHOWN)
+            .map(|&i| self.skus[i].id.as_str())
+            .collect();
+        SkuError::Ambiguous(echo(input), ids.join(" or "))
+    }
+}
+
+impl Sku {
+    /// Its id, name and aliases.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        [self.id.as_str(), self.name.as_str()]
+            .into_iter()
+            .chain(self.aliases.iter().map(String::as_str))
     }
 }
 
 /// Which GPU a request asks about: the one this host has, or a catalogue SKU.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum GpuSelector {
+pub enum GpuSelector<'a> {
     Attached,
-    Sku(&'static Sku),
+    Sku(&'a Sku),
 }
 
-impl GpuSelector {
-    /// `attached` (any case) or a GPU name [`Sku::parse`] accepts, made only of what GPU names
-    /// hold (family, memory size, form factor): a request's `gpu` with other words in it is a
-    /// mistake to refuse, not noise to read past as in a driver's name.
-    pub fn parse(input: &str) -> Result<GpuSelector, SkuError> {
-        if input.trim().eq_ignore_ascii_case("attached") {
-            return Ok(GpuSelector::Attached);
-        }
-        let tokens = tokens(input);
-        let allowed = |t: &String| {
-            family_of(t).is_some()
-                || FORM_FACTORS.contains(&t.as_str())
-                || t.strip_suffix("gb")
-                    .unwrap_or(t)
-                    .bytes()
-                    .all(|b| b.is_ascii_digit())
-        };
-        if !tokens.iter().all(allowed) {
-            return Err(SkuError::Unknown(echo(input)));
-        }
-        Sku::parse(input).map(GpuSelector::Sku)
-    }
-}
-
-/// Words of GPU names beside the family and the memory size.
-const FORM_FACTORS: [&str; 10] = [
-    "sxm", "sxm2", "sxm4", "sxm5", "pcie", "hbm2", "hbm2e", "hbm3", "hbm3e", "nvl",
+/// Words of GPU names that say the form factor or memory type, not the model.
+const FORM_FACTORS: [&str; 11] = [
+    "sxm", "sxm2", "sxm3", "sxm4", "sxm5", "pcie", "hbm2", "hbm2e", "hbm3", "hbm3e", "gddr6",
 ];
 
-/// Lower-case alphanumeric tokens, vendor words dropped.
+/// Vendor and brand words: noise in any name.
+const VENDOR_WORDS: [&str; 4] = ["nvidia", "tesla", "geforce", "quadro"];
+
+/// The matching key of a name: lower-case alphanumeric tokens, vendor words dropped, `40 gb`
+/// joined to `40gb`, sorted (word order does not matter).
 fn tokens(input: &str) -> Vec<String> {
-    input
+    let raw: Vec<String> = input
         .to_ascii_lowercase()
         .split(|c: char| !c.is_ascii_alphanumeric())
-        .filter(|t| !t.is_empty() && *t != "nvidia" && *t != "tesla")
+        .filter(|t| !t.is_empty() && !VENDOR_WORDS.contains(t))
         .map(str::to_string)
+        .collect();
+    let mut joined: Vec<String> = Vec::with_capacity(raw.len());
+    for token in raw {
+        let number_before = joined
+            .last()
+            .is_some_and(|t| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()));
+        if token == "gb" && number_before {
+            joined.last_mut().expect("checked").push_str("gb");
+        } else {
+            joined.push(token);
+        }
+    }
+    joined.sort_unstable();
+    joined
+}
+
+fn without_form_factors(key: &[String]) -> Vec<String> {
+    key.iter()
+        .filter(|t| !FORM_FACTORS.contains(&t.as_str()))
+        .cloned()
         .collect()
 }
 
-fn family_of(token: &str) -> Option<&'static str> {
-    ["a100", "h100", "h200", "l4", "l40s", "t4", "v100", "v100s"]
-        .into_iter()
-        .find(|f| *f == token)
+/// `40gb` -> 40.
+fn memory_gb_of(token: &str) -> Option<u32> {
+    let number = token.strip_suffix("gb")?;
+    if number.is_empty() || number.len() > 4 || !number.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    number.parse().ok()
 }
 
-/// The memory size named in the tokens: `40gb`, or `40` followed by `gb`.
-fn memory_gb(tokens: &[String]) -> Option<u64> {
-    tokens.iter().enumerate().find_map(|(i, t)| {
-        if let Some(number) = t.strip_suffix("gb") {
-            return number.parse().ok();
-        }
-        let next_is_gb = tokens.get(i + 1).is_some_and(|n| n == "gb");
-        if next_is_gb {
-            t.parse().ok()
-        } else {
-            None
-        }
-    })
+fn push_unique(list: &mut Vec<usize>, index: usize) {
+    if !list.contains(&index) {
+        list.push(index);
+    }
 }
 
-/// A file-name-safe key for any GPU name: lower case, alphanumerics joined by `-`, vendor
-/// words dropped (`NVIDIA RTX 6000 Ada Generation` -> `rtx-6000-ada-generation`).
+/// A file-name-safe key for any GPU name: lower case, alphanumerics joined by `-`, `nvidia`
+/// and `tesla` dropped (`NVIDIA RTX 6000 Ada Generation` -> `rtx-6000-ada-generation`). The
+/// profile key of an attached card the catalogue lacks: unchanged, so its profile stays found.
 pub fn slug(name: &str) -> String {
-    let joined = tokens(name).join("-");
+    let joined = name
+        .to_ascii_lowercase()
+        .split(|c: char| !c.is_ascii_alphanumeric())
+        .filter(|t| !t.is_empty() && *t != "nvidia" && *t != "tesla")
+        .collect::<Vec<_>>()
+        .join("-");
     if joined.is_empty() {
         "unknown".to_string()
     } else {
@@ -320,10 +356,20 @@ pub fn slug(name: &str) -> String {
 mod tests {
     use super::*;
 
+    fn catalogue() -> &'static Catalogue {
+        Catalogue::builtin()
+    }
+
     fn id(input: &str) -> &'static str {
-        Sku::parse(input)
+        catalogue()
+            .parse(input)
             .unwrap_or_else(|e| panic!("{input}: {e}"))
             .id
+            .as_str()
+    }
+
+    fn parse(input: &str) -> Result<&'static Sku, SkuError> {
+        catalogue().parse(input)
     }
 
     #[test]
@@ -331,88 +377,108 @@ mod tests {
         assert_eq!(id("NVIDIA A100-SXM4-40GB"), "a100-40gb");
         assert_eq!(id("NVIDIA A100-PCIE-40GB"), "a100-40gb");
         assert_eq!(id("NVIDIA A100-SXM4-80GB"), "a100-80gb");
-        assert_eq!(id("NVIDIA A100 80GB PCIe"), "a100-80gb");
+        assert_eq!(id("NVIDIA A100 80GB PCIe"), "a100-80gb-pcie");
         assert_eq!(id("NVIDIA H100 80GB HBM3"), "h100-80gb");
-        assert_eq!(id("NVIDIA H100 PCIe"), "h100-80gb");
+        assert_eq!(id("NVIDIA H100 PCIe"), "h100-pcie");
+        assert_eq!(id("NVIDIA H100 NVL"), "h100-nvl");
         assert_eq!(id("NVIDIA H200"), "h200-141gb");
+        assert_eq!(id("NVIDIA H200 NVL"), "h200-141gb");
         assert_eq!(id("NVIDIA L4"), "l4");
+        assert_eq!(id("NVIDIA L40"), "l40");
         assert_eq!(id("NVIDIA L40S"), "l40s");
         assert_eq!(id("Tesla T4"), "t4");
         assert_eq!(id("Tesla V100-SXM2-16GB"), "v100-16gb");
         assert_eq!(id("Tesla V100-PCIE-32GB"), "v100-32gb");
         assert_eq!(id("Tesla V100S-PCIE-32GB"), "v100-32gb");
+        assert_eq!(id("NVIDIA GeForce RTX 4090"), "rtx-4090");
+        assert_eq!(id("NVIDIA GeForce RTX 3090"), "rtx-3090");
+        assert_eq!(id("NVIDIA A10G"), "a10g");
+        assert_eq!(id("NVIDIA A10"), "a10");
+        assert_eq!(id("NVIDIA B200"), "b200");
+        assert_eq!(id("NVIDIA RTX 6000 Ada Generation"), "rtx-6000-ada");
+        assert_eq!(id("NVIDIA RTX A6000"), "rtx-a6000");
     }
 
     #[test]
-    fn user_input_parses_case_insensitively() {
+    fn user_input_parses_case_insensitively_and_in_any_order() {
         assert_eq!(id("A100 40GB"), "a100-40gb");
         assert_eq!(id("a100-40gb"), "a100-40gb");
         assert_eq!(id("A100 80 GB"), "a100-80gb");
+        assert_eq!(id("80gb a100 sxm4"), "a100-80gb");
         assert_eq!(id("  h200-141gb "), "h200-141gb");
         assert_eq!(id("H100"), "h100-80gb");
         assert_eq!(id("l40s"), "l40s");
-        for sku in CATALOGUE {
-            assert_eq!(id(sku.id), sku.id, "every canonical id parses to itself");
-            assert_eq!(id(sku.name), sku.id, "every readable name parses to its id");
+        assert_eq!(id("rtx 4090"), "rtx-4090");
+        assert_eq!(id("v100 pcie 16gb"), "v100-16gb");
+        assert_eq!(id("L4 24 GB"), "l4");
+    }
+
+    #[test]
+    fn every_entry_s_id_name_and_aliases_parse_to_itself() {
+        for sku in catalogue().all() {
+            for name in sku.names() {
+                assert_eq!(id(name), sku.id, "{name}");
+                assert!(
+                    matches!(catalogue().select(name), Ok(GpuSelector::Sku(s)) if s.id == sku.id),
+                    "{name}"
+                );
+            }
         }
     }
 
     #[test]
     fn unknown_and_ambiguous_names_are_refused() {
-        assert!(matches!(Sku::parse("A100"), Err(SkuError::Ambiguous(..))));
-        assert!(matches!(Sku::parse("v100"), Err(SkuError::Ambiguous(..))));
+        assert!(matches!(parse("A100"), Err(SkuError::Ambiguous(..))));
+        assert!(matches!(parse("v100"), Err(SkuError::Ambiguous(..))));
         assert!(matches!(
-            Sku::parse("NVIDIA L40"),
-            Err(SkuError::Unknown(_))
+            parse("a100 80gb hbm2e"),
+            Err(SkuError::Ambiguous(..))
         ));
+        let message = parse("a100").unwrap_err().to_string();
+        assert!(
+            message.contains("a100-40gb") && message.contains("a100-80gb"),
+            "{message}"
+        );
+        assert!(matches!(parse("l4 48gb"), Err(SkuError::Unknown { .. })));
         assert!(matches!(
-            Sku::parse("NVIDIA H100 NVL 94GB"),
-            Err(SkuError::Unknown(_))
+            parse("NVIDIA GeForce RTX 2080"),
+            Err(SkuError::Unknown { .. })
         ));
-        assert!(matches!(
-            Sku::parse("NVIDIA H100 NVL"),
-            Err(SkuError::Unknown(_))
-        ));
-        assert_eq!(id("NVIDIA H200 NVL"), "h200-141gb");
-        assert!(matches!(
-            Sku::parse("NVIDIA GeForce RTX 4090"),
-            Err(SkuError::Unknown(_))
-        ));
-        assert!(matches!(Sku::parse(""), Err(SkuError::Unknown(_))));
-        assert!(Sku::parse("rtx")
-            .unwrap_err()
-            .to_string()
-            .contains("a100-40gb"));
-        assert_eq!(Sku::from_device_name("NVIDIA GeForce RTX 4090"), None);
+        assert!(matches!(parse(""), Err(SkuError::Unknown { .. })));
+        let message = parse("rtx").unwrap_err().to_string();
+        assert!(message.contains("a100-40gb"), "{message}");
+        assert!(message.contains("GET /v1/gpus"), "{message}");
+        assert_eq!(
+            catalogue().from_device_name("NVIDIA GeForce RTX 2080"),
+            None
+        );
     }
 
     #[test]
     fn the_selector_knows_attached() {
+        let catalogue = catalogue();
+        assert_eq!(catalogue.select("attached").unwrap(), GpuSelector::Attached);
+        assert_eq!(catalogue.select("Attached").unwrap(), GpuSelector::Attached);
         assert_eq!(
-            GpuSelector::parse("attached").unwrap(),
-            GpuSelector::Attached
+            catalogue.select("t4").unwrap(),
+            GpuSelector::Sku(catalogue.by_id("t4").unwrap())
         );
-        assert_eq!(
-            GpuSelector::parse("Attached").unwrap(),
-            GpuSelector::Attached
-        );
-        assert_eq!(
-            GpuSelector::parse("t4").unwrap(),
-            GpuSelector::Sku(Sku::by_id("t4").unwrap())
-        );
-        assert!(GpuSelector::parse("attachedx").is_err());
+        assert!(catalogue.select("attachedx").is_err());
     }
 
     #[test]
     fn a_requested_gpu_with_other_words_around_it_is_refused() {
+        let catalogue = catalogue();
         for junk in [
             "my a100 40gb please",
             "a100-40gb; drop table",
             "h100 80gb x",
             "t4 t4 lol",
+            "t4 t4",
+            "rtx 4090 please",
         ] {
             assert!(
-                matches!(GpuSelector::parse(junk), Err(SkuError::Unknown(_))),
+                matches!(catalogue.select(junk), Err(SkuError::Unknown { .. })),
                 "{junk}"
             );
         }
@@ -421,14 +487,14 @@ mod tests {
             "H100 80GB HBM3",
             "Tesla V100S-PCIE-32GB",
             "a100 80 gb",
+            "rtx 4090",
         ] {
-            assert!(GpuSelector::parse(fine).is_ok(), "{fine}");
-        }
-        for sku in CATALOGUE {
-            assert!(GpuSelector::parse(sku.name).is_ok(), "{}", sku.name);
+            assert!(catalogue.select(fine).is_ok(), "{fine}");
         }
         let long = format!("x{}", "y".repeat(10_000));
-        assert!(GpuSelector::parse(&long).unwrap_err().to_string().len() < 400);
+        assert!(catalogue.select(&long).unwrap_err().to_string().len() < 600);
+        let long_known = "a100 ".repeat(5_000);
+        assert!(catalogue.select(&long_known).unwrap_err().to_string().len() < 600);
     }
 
     #[test]

@@ -156,11 +156,12 @@ fn record(
                 "observed_peak_mib: must be a number of MiB, at least 1".into(),
             )));
         }
-        let target = resolve(Some(&observation.gpu), state.devices.as_ref()).map_err(at)?;
+        let (catalogue, devices) = (&state.catalogue, state.devices.as_ref());
+        let target = resolve(Some(&observation.gpu), catalogue, devices).map_err(at)?;
         // The GPU is named once, at the top: a different one inside the job is a contradiction.
-        if let Some(inner) = observation.job.gpu.as_deref() {
+        if let Some(inner) = observation.job.gpu.as_ref() {
             let inner =
-                resolve(Some(inner), state.devices.as_ref()).map_err(|e| at(e.within("job.")))?;
+                resolve(Some(inner), catalogue, devices).map_err(|e| at(e.within("job.")))?;
             if inner != target {
                 return Err(at(ApiError::InvalidInput(format!(
                     "job.gpu: names {}, the observation {}",
@@ -250,7 +251,8 @@ pub async fn watch(
     let JsonBody(request) = JsonBody::<WatchRequest>::from_request(request, &state).await?;
     let pid = u32::try_from(request.pid)
         .map_err(|_| ApiError::InvalidInput(format!("pid: {} is not a process id", request.pid)))?;
-    let target = resolve(Some("attached"), state.devices.as_ref())?;
+    let attached = crate::http::types::GpuRequest::Name("attached".into());
+    let target = resolve(Some(&attached), &state.catalogue, state.devices.as_ref())?;
     let reference = reference_figure(&state, &request.job)?;
     let interval = Duration::from_millis(request.interval_ms.unwrap_or(200).clamp(10, 60_000));
     let max_duration =

@@ -3,9 +3,9 @@
 use axum::extract::State;
 use axum::Json;
 
-use crate::devices::DeviceError;
+use crate::devices::{derived, DeviceError};
 use crate::error::ApiError;
-use crate::http::types::{DeviceResponse, DevicesResponse};
+use crate::http::types::{DeviceResponse, DevicesResponse, PeaksResponse};
 use crate::http::AppState;
 
 /// The GPUs of this host, as NVML reports them.
@@ -21,16 +21,31 @@ pub async fn devices(State(state): State<AppState>) -> Result<Json<DevicesRespon
             reason: None,
             devices: devices
                 .into_iter()
-                .map(|d| DeviceResponse {
-                    index: d.index,
-                    uuid: d.uuid,
-                    name: d.name,
-                    sku: d.sku,
-                    memory_total_mib: d.memory_total_mib,
-                    memory_used_mib: d.memory_used_mib,
-                    memory_free_mib: d.memory_free_mib,
-                    compute_capability: d.compute_capability,
-                    driver_version: d.driver_version,
+                .map(|d| {
+                    // Read against the service's catalogue, which `--gpus` may extend.
+                    let sku = d.sku_in(&state.catalogue).map(|s| s.id.clone());
+                    let derived_peaks = match sku {
+                        Some(_) => None,
+                        None => derived::performance_of(&d)
+                            .as_ref()
+                            .map(PeaksResponse::from),
+                    };
+                    DeviceResponse {
+                        index: d.index,
+                        uuid: d.uuid,
+                        name: d.name,
+                        sku,
+                        memory_total_mib: d.memory_total_mib,
+                        memory_used_mib: d.memory_used_mib,
+                        memory_free_mib: d.memory_free_mib,
+                        compute_capability: d.compute_capability,
+                        driver_version: d.driver_version,
+                        multiprocessor_count: d.multiprocessor_count,
+                        max_sm_clock_mhz: d.max_sm_clock_mhz,
+                        max_memory_clock_mhz: d.max_memory_clock_mhz,
+                        memory_bus_width_bits: d.memory_bus_width_bits,
+                        derived_peaks,
+                    }
                 })
                 .collect(),
         },

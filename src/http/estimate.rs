@@ -36,7 +36,7 @@ pub async fn estimate(
     JsonBody(request): JsonBody<EstimateRequest>,
 ) -> Result<Json<EstimateResponse>, ApiError> {
     let started = Instant::now();
-    let valid = validate(&request, state.devices.as_ref())?;
+    let valid = validate(&request, &state.catalogue, state.devices.as_ref())?;
     tracing::Span::current()
         .record("family", valid.job.family().as_str())
         .record("layers", valid.job.layers().len());
@@ -92,7 +92,7 @@ pub async fn estimate_batch(
             let checked =
                 parse_json::<EstimateRequest>(item.get().as_bytes(), &format!("items[{index}]"))
                     .and_then(|request| {
-                        validate(&request, state.devices.as_ref())
+                        validate(&request, &state.catalogue, state.devices.as_ref())
                             .map_err(|e| e.within(&format!("items[{index}].")))
                     });
             match checked {

@@ -7,6 +7,7 @@ pub mod calibration;
 pub mod devices;
 pub mod estimate;
 pub mod extract;
+pub mod gpus;
 pub mod idempotency;
 pub mod service;
 pub mod types;
@@ -27,6 +28,7 @@ use utoipa_axum::routes;
 use utoipa_swagger_ui::SwaggerUi;
 
 use crate::calibration::store::ProfileStore;
+use crate::devices::sku::Catalogue;
 use crate::devices::watch::Sampler;
 use crate::devices::GpuDevices;
 use crate::domain::echo;
@@ -57,6 +59,8 @@ pub struct AppState {
     /// other cores and ONNX Runtime sessions.
     pub batch_slots: Arc<Semaphore>,
     pub devices: Arc<dyn GpuDevices>,
+    /// The GPU models requests can name: the built-in catalogue and `--gpus`.
+    pub catalogue: Arc<Catalogue>,
     pub profiles: Arc<ProfileStore>,
     /// Who may call the routes that change state.
     pub writes: WriteAccess,
@@ -90,6 +94,7 @@ fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(service::readyz))
         .routes(routes!(service::metrics))
         .routes(routes!(devices::devices))
+        .routes(routes!(gpus::gpus))
         .routes(routes!(calibration::profiles))
         .routes(routes!(calibration::observe))
         .routes(routes!(calibration::watch))

@@ -116,11 +116,11 @@ pub struct EstimateRequest {
     /// below it (0.5 to 0.99, default 0.95).
     #[serde(default)]
     pub confidence: Option<f64>,
-    /// The GPU to estimate for: a SKU (`h100-80gb`, `A100 80GB`, `l4`, ...) or `attached` (this
-    /// host's first GPU). Default: the A100 40 GB the estimators were trained on.
+    /// The GPU to estimate for: a catalogue GPU (`h100-80gb`, `A100 80GB`, `rtx 4090`, ...;
+    /// `GET /v1/gpus` lists them), `attached` (this host's first GPU), or a card described by
+    /// its name and memory. Default: the A100 40 GB the estimators were trained on.
     #[serde(default)]
-    #[schema(value_type = Option<GpuName>)]
-    pub gpu: Option<String>,
+    pub gpu: Option<GpuRequest>,
 }
 
 /// A keyword (`none`, `full`, `all-linear`) or a list of module names.
@@ -189,22 +189,62 @@ pub struct ParallelismRequest {
     pub context_parallel: Option<u64>,
 }
 
-/// GPUs a request can name: the catalogue's ids and `attached`. Other spellings of the same
-/// SKUs (`A100 80GB`, `NVIDIA A100-SXM4-40GB`) are accepted too. Documents the schema only.
-pub struct GpuName;
+/// A GPU a request names: a catalogue id, name or alias (`h100-80gb`, `A100 80GB`,
+/// `NVIDIA GeForce RTX 4090`; matched case-insensitively, `GET /v1/gpus` lists them) or
+/// `attached` (this host's first GPU); or a card the catalogue lacks, described by its name and
+/// memory.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum GpuRequest {
+    #[schema(example = "h100-80gb")]
+    Name(String),
+    Custom(CustomGpuRequest),
+}
 
-impl utoipa::PartialSchema for GpuName {
-    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
-        let names = std::iter::once("attached")
-            .chain(crate::devices::sku::CATALOGUE.iter().map(|sku| sku.id));
-        string_enum(
-            names,
-            "A catalogue GPU id, or `attached` for this host's first GPU.",
-        )
+/// A card known by its memory only. Its calibration profile is `custom-` and a slug of its
+/// name (even a name the catalogue knows: a custom card is never a catalogue card); it has no
+/// peak figures, so answers give no utilization for it.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"name": "lab-card-2", "capacity_mib": 24000}))]
+pub struct CustomGpuRequest {
+    /// 1 to 64 letters, digits, spaces, `-`, `_` or `.`.
+    #[schema(min_length = 1, max_length = 64, pattern = "^[A-Za-z0-9 ._-]{1,64}$")]
+    pub name: String,
+    /// Usable memory, MiB, as nvidia-smi reports it (`memory.total`).
+    #[schema(minimum = 1, maximum = 1048576)]
+    pub capacity_mib: u64,
+}
+
+impl GpuRequest {
+    /// What the request asks for, for [`crate::calibration::placement::Target::resolve`].
+    pub fn ask(&self) -> crate::calibration::placement::GpuAsk<'_> {
+        use crate::calibration::placement::GpuAsk;
+        match self {
+            GpuRequest::Name(name) => GpuAsk::Name(name),
+            GpuRequest::Custom(custom) => GpuAsk::Custom {
+                name: &custom.name,
+                capacity_mib: custom.capacity_mib,
+            },
+        }
     }
 }
 
-impl ToSchema for GpuName {}
+// By hand rather than `untagged`, so that a wrong value says what is expected.
+impl<'de> Deserialize<'de> for GpuRequest {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        match serde_json::Value::deserialize(deserializer)? {
+            serde_json::Value::String(name) => Ok(GpuRequest::Name(name)),
+            object @ serde_json::Value::Object(_) => serde_json::from_value(object)
+                .map(GpuRequest::Custom)
+                .map_err(|e| D::Error::custom(format!("a custom GPU: {e}"))),
+            _ => Err(D::Error::custom(
+                "expected a GPU name or an object {\"name\": ..., \"capacity_mib\": ...}",
+            )),
+        }
+    }
+}
 
 /// Model families. Documents the schema only.
 pub struct FamilyName;
@@ -718,9 +758,8 @@ pub struct CalibrationResponse {
     ]
 }}))]
 pub struct ObservationRequest {
-    /// A SKU or `attached`.
-    #[schema(value_type = GpuName)]
-    pub gpu: String,
+    /// A catalogue GPU, `attached`, or a custom card (`{"name", "capacity_mib"}`).
+    pub gpu: GpuRequest,
     /// The job, as `POST /v1/estimate` takes it.
     pub job: EstimateRequest,
     /// Peak GPU memory the job reached, MiB, as nvidia-smi reports it: at least the job's
@@ -813,6 +852,21 @@ pub struct DeviceResponse {
     pub memory_free_mib: u64,
     pub compute_capability: Option<String>,
     pub driver_version: String,
+    /// Streaming multiprocessors, as NVML reports them (null when it cannot say).
+    #[serde(default)]
+    pub multiprocessor_count: Option<u32>,
+    /// Highest SM clock, MHz.
+    #[serde(default)]
+    pub max_sm_clock_mhz: Option<u32>,
+    /// Highest memory clock, MHz (data moves on both edges).
+    #[serde(default)]
+    pub max_memory_clock_mhz: Option<u32>,
+    #[serde(default)]
+    pub memory_bus_width_bits: Option<u32>,
+    /// Peaks derived from the figures above and the architecture (null for a catalogue card,
+    /// whose data-sheet figures `GET /v1/gpus` gives, or when NVML does not say enough).
+    #[serde(default)]
+    pub derived_peaks: Option<PeaksResponse>,
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -1050,4 +1104,85 @@ mod whole_number {
                 .contains("non-negative whole number"));
         }
     }
+}
+
+/// Peak throughput of a GPU model. Tensor figures are dense (no sparsity) with fp32 accumulate.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct PeaksResponse {
+    pub sm_count: u32,
+    /// Resident warps one SM holds at most.
+    pub max_warps_per_sm: u32,
+    pub boost_clock_mhz: u32,
+    /// DRAM bandwidth, 10^9 bytes/s.
+    pub memory_bandwidth_gb_s: f64,
+    /// fp32 on the CUDA cores, 10^12 FLOP/s.
+    pub fp32_tflops: f64,
+    /// TF32 on tensor cores; null before Ampere.
+    pub tf32_tflops: Option<f64>,
+    pub fp16_tflops: f64,
+    /// Null before Ampere.
+    pub bf16_tflops: Option<f64>,
+    /// Null before Ada and Hopper.
+    pub fp8_tflops: Option<f64>,
+}
+
+impl From<&crate::devices::performance::GpuPerformance> for PeaksResponse {
+    fn from(p: &crate::devices::performance::GpuPerformance) -> PeaksResponse {
+        PeaksResponse {
+            sm_count: p.sm_count,
+            max_warps_per_sm: p.max_warps_per_sm,
+            boost_clock_mhz: p.boost_clock_mhz,
+            memory_bandwidth_gb_s: p.memory_bandwidth_gb_s,
+            fp32_tflops: p.fp32_tflops,
+            tf32_tflops: p.tf32_tflops,
+            fp16_tflops: p.fp16_tflops,
+            bf16_tflops: p.bf16_tflops,
+            fp8_tflops: p.fp8_tflops,
+        }
+    }
+}
+
+/// A public document figures come from.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct SourceResponse {
+    pub title: String,
+    pub url: String,
+}
+
+/// One GPU model of the catalogue.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[schema(example = json!({
+    "id": "l4", "name": "NVIDIA L4", "aliases": ["NVIDIA L4", "L4", "L4 24GB"],
+    "memory_mib": 23034, "memory_gb": 24, "compute_capability": "8.9",
+    "peaks": {"sm_count": 58, "max_warps_per_sm": 48, "boost_clock_mhz": 2040,
+        "memory_bandwidth_gb_s": 300.0, "fp32_tflops": 30.3, "tf32_tflops": 60.0,
+        "fp16_tflops": 121.0, "bf16_tflops": 121.0, "fp8_tflops": 242.0},
+    "source": {"title": "NVIDIA L4 Tensor Core GPU datasheet", "url": "https://www.nvidia.com/en-us/data-center/l4/"},
+    "from_file": false
+}))]
+pub struct GpuResponse {
+    /// What requests name it by, and its calibration profile's key.
+    pub id: String,
+    pub name: String,
+    /// Other names it is matched by (what nvidia-smi prints, short forms).
+    pub aliases: Vec<String>,
+    /// Memory as nvidia-smi reports it (`memory.total`), MiB: the capacity fits are checked
+    /// against.
+    pub memory_mib: u64,
+    /// The marketing size, GB.
+    pub memory_gb: u32,
+    pub compute_capability: String,
+    pub peaks: PeaksResponse,
+    pub source: SourceResponse,
+    /// What is nominal or approximate about the figures.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+    /// True when the entry comes from the file given by `--gpus` (added or replacing a
+    /// built-in one).
+    pub from_file: bool,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct GpusResponse {
+    pub gpus: Vec<GpuResponse>,
 }

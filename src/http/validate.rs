@@ -4,6 +4,7 @@
 //! need not import each other.
 
 use crate::calibration::placement::{PlacementError, Target};
+use crate::devices::sku::Catalogue;
 use crate::devices::GpuDevices;
 use crate::domain::saved;
 use crate::domain::setup::{UncheckedLora, UncheckedNames, UncheckedParallelism};
@@ -14,7 +15,7 @@ use crate::domain::{
 };
 use crate::domain::{LayerDetail, UncheckedSetup};
 use crate::error::ApiError;
-use crate::http::types::{EstimateRequest, NamesRequest, SummaryFormatRequest};
+use crate::http::types::{EstimateRequest, GpuRequest, NamesRequest, SummaryFormatRequest};
 
 /// Said back when a summary's saved tensors were derived rather than traced.
 pub const DERIVED_SAVED_TENSORS_WARNING: &str = "saved_tensors: derived from the summary's \
@@ -37,6 +38,7 @@ pub struct ValidEstimateRequest {
 /// Validates a request as both estimate routes do.
 pub fn validate(
     request: &EstimateRequest,
+    catalogue: &Catalogue,
     devices: &dyn GpuDevices,
 ) -> Result<ValidEstimateRequest, ApiError> {
     let (job, warnings) = to_job_noting(request)?;
@@ -44,7 +46,7 @@ pub fn validate(
         Confidence::parse(request.confidence).map_err(|e| ApiError::InvalidInput(e.to_string()))?;
     let fraction = MemoryFraction::parse(request.memory_fraction)
         .map_err(|e| ApiError::InvalidInput(e.to_string()))?;
-    let target = resolve(request.gpu.as_deref(), devices)?;
+    let target = resolve(request.gpu.as_ref(), catalogue, devices)?;
     Ok(ValidEstimateRequest {
         job,
         confidence,
@@ -279,8 +281,12 @@ fn mapped_kinds<'a>(kinds: impl Iterator<Item = &'a str>) -> Option<String> {
 }
 
 /// Resolves a `gpu` field (`None`: the reference card) to the GPU an answer is placed on.
-pub fn resolve(gpu: Option<&str>, devices: &dyn GpuDevices) -> Result<Target, ApiError> {
-    Target::resolve(gpu, devices).map_err(|e| match e {
+pub fn resolve(
+    gpu: Option<&GpuRequest>,
+    catalogue: &Catalogue,
+    devices: &dyn GpuDevices,
+) -> Result<Target, ApiError> {
+    Target::resolve(gpu.map(GpuRequest::ask), catalogue, devices).map_err(|e| match e {
         PlacementError::NoDevice(_) => ApiError::NoDevice(e.to_string()),
         PlacementError::Sku(_) => ApiError::InvalidInput(e.to_string()),
     })

@@ -132,7 +132,7 @@ fn sweep(app: &Application, cases: &[Case]) -> (usize, usize) {
         let items: Vec<ValidEstimateRequest> = chunk
             .iter()
             .map(|case| {
-                validate(&case.request, state.devices.as_ref())
+                validate(&case.request, &state.catalogue, state.devices.as_ref())
                     .unwrap_or_else(|e| panic!("{}: refused: {e}", case.label))
             })
             .collect();

@@ -1,0 +1,404 @@
+//! The GPU catalogue file: `data/gpus.json` (embedded, the default) and the optional file given
+//! by `--gpus`, which adds entries or replaces those with the same id. Every figure is checked
+//! when the file is read, so a catalogue in use holds only sane cards.
+
+use std::path::Path;
+
+use serde::Deserialize;
+
+use crate::calibration::profile::valid_key;
+use crate::devices::performance::GpuPerformance;
+use crate::devices::sku::{Catalogue, Origin, Sku, Source};
+
+/// The built-in catalogue.
+pub const BUILTIN_JSON: &str = include_str!("../../data/gpus.json");
+
+/// Most entries one file may hold.
+pub const MAX_ENTRIES: usize = 1_000;
+/// Most aliases one entry may have.
+pub const MAX_ALIASES: usize = 32;
+/// Longest id (a calibration profile key, so at most [`valid_key`]'s 64 bytes).
+const MAX_ID_CHARS: usize = 64;
+/// Longest name or alias.
+const MAX_NAME_CHARS: usize = 96;
+/// Longest source title, URL or note.
+const MAX_TEXT_CHARS: usize = 1_024;
+/// Largest memory accepted (MiB): 1 TiB.
+const MAX_MEMORY_MIB: u64 = 1 << 20;
+/// Largest throughput accepted (TFLOP/s): far beyond any card.
+const MAX_TFLOPS: f64 = 1.0e6;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CatalogueFile {
+    gpus: Vec<EntryFile>,
+}
+
+/// One card as the file writes it.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EntryFile {
+    id: String,
+    name: String,
+    #[serde(default)]
+    aliases: Vec<String>,
+    /// nvidia-smi's `memory.total`, MiB.
+    memory_mib: u64,
+    /// The marketing size in GB, which users type (`a100 40gb`).
+    memory_gb: u32,
+    sm_count: u32,
+    max_warps_per_sm: u32,
+    boost_clock_mhz: u32,
+    memory_bandwidth_gb_s: f64,
+    fp32_tflops: f64,
+    #[serde(default)]
+    tf32_tflops: Option<f64>,
+    fp16_tflops: f64,
+    #[serde(default)]
+    bf16_tflops: Option<f64>,
+    #[serde(default)]
+    fp8_tflops: Option<f64>,
+    compute_capability: String,
+    source: SourceFile,
+    #[serde(default)]
+    note: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SourceFile {
+    title: String,
+    url: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CatalogueError {
+    #[error("GPU catalogue {file}: cannot read: {source}")]
+    Read {
+        file: String,
+        source: std::io::Error,
+    },
+    #[error("GPU catalogue {file}: not a catalogue: {detail}")]
+    Format { file: String, detail: String },
+    #[error("GPU catalogue {file}: {detail}")]
+    Invalid { file: String, detail: String },
+}
+
+impl Catalogue {
+    /// The built-in catalogue (`data/gpus.json`), checked once.
+    pub fn builtin() -> &'static Catalogue {
+        static BUILTIN: std::sync::OnceLock<Catalogue> = std::sync::OnceLock::new();
+        BUILTIN.get_or_init(|| {
+            let skus = read_entries(BUILTIN_JSON, "data/gpus.json", Origin::Builtin)
+                .expect("the built-in GPU catalogue is valid (a unit test checks it)");
+            Catalogue::new(skus, vec![]).expect("the built-in GPU catalogue is consistent")
+        })
+    }
+
+    /// The built-in catalogue with the entries of `text` (a file in the same format) added, or
+    /// replacing the built-in entries with the same id. `file` names it in errors.
+    pub fn with_overrides(text: &str, file: &str) -> Result<Catalogue, CatalogueError> {
+        let added = read_entries(text, file, Origin::File)?;
+        let builtin = Catalogue::builtin()
+            .all()
+            .iter()
+            .filter(|b| !added.iter().any(|a| a.id == b.id))
+            .cloned()
+            .collect();
+        Catalogue::new(builtin, added).map_err(|detail| CatalogueError::Invalid {
+            file: file.to_string(),
+            detail,
+        })
+    }
+
+    /// [`Catalogue::with_overrides`] of the file at `path`.
+    pub fn load(path: &Path) -> Result<Catalogue, CatalogueError> {
+        let file = path.display().to_string();
+        // Bounded before reading it all: 1,000 entries fit in far less.
+        const MAX_BYTES: u64 = 8 * 1024 * 1024;
+        let size = std::fs::metadata(path)
+            .map_err(|source| CatalogueError::Read {
+                file: file.clone(),
+                source,
+            })?
+            .len();
+        if size > MAX_BYTES {
+            return Err(CatalogueError::Invalid {
+                file,
+                detail: format!("{size} bytes; at most {MAX_BYTES} are read"),
+            });
+        }
+        let text = std::fs::read_to_string(path).map_err(|source| CatalogueError::Read {
+            file: file.clone(),
+            source,
+        })?;
+        Catalogue::with_overrides(&text, &file)
+    }
+}
+
+/// Parses and checks every entry of a catalogue file.
+fn read_entries(text: &str, file: &str, origin: Origin) -> Result<Vec<Sku>, CatalogueError> {
+    let parsed: CatalogueFile = serde_json::from_str(text).map_err(|e| CatalogueError::Format {
+        file: file.to_string(),
+        detail: e.to_string(),
+    })?;
+    let invalid = |detail: String| CatalogueError::Invalid {
+        file: file.to_string(),
+        detail,
+    };
+    if parsed.gpus.len() > MAX_ENTRIES {
+        return Err(invalid(format!(
+            "gpus: {} entries; at most {MAX_ENTRIES} are accepted",
+            parsed.gpus.len()
+        )));
+    }
+    let mut skus: Vec<Sku> = Vec::with_capacity(parsed.gpus.len());
+    for (index, entry) in parsed.gpus.into_iter().enumerate() {
+        let label = format!("gpus[{index}] ({})", crate::domain::echo(&entry.id));
+        let sku = check_entry(entry, origin).map_err(|e| invalid(format!("{label}.{e}")))?;
+        if skus.iter().any(|s| s.id == sku.id) {
+            return Err(invalid(format!("{label}.id: `{}` appears twice", sku.id)));
+        }
+        skus.push(sku);
+    }
+    Ok(skus)
+}
+
+/// One entry's checks; the error is `field: what is wrong`.
+fn check_entry(e: EntryFile, origin: Origin) -> Result<Sku, String> {
+    if e.id.chars().count() > MAX_ID_CHARS || !valid_key(&e.id) {
+        return Err(format!(
+            "id: must be 1 to {MAX_ID_CHARS} lower-case letters, digits and `-`, not starting with `-`"
+        ));
+    }
+    text("name", &e.name, MAX_NAME_CHARS)?;
+    if e.aliases.len() > MAX_ALIASES {
+        return Err(format!(
+            "aliases: {} given; at most {MAX_ALIASES}",
+            e.aliases.len()
+        ));
+    }
+    for (i, alias) in e.aliases.iter().enumerate() {
+        text(&format!("aliases[{i}]"), alias, MAX_NAME_CHARS)?;
+    }
+    if !(1..=MAX_MEMORY_MIB).contains(&e.memory_mib) {
+        return Err(format!(
+            "memory_mib: must be 1 to {MAX_MEMORY_MIB}, got {}",
+            e.memory_mib
+        ));
+    }
+    if !(1..=1_024).contains(&e.memory_gb) {
+        return Err(format!("memory_gb: must be 1 to 1024, got {}", e.memory_gb));
+    }
+    let counts = [
+        ("sm_count", e.sm_count, 10_000),
+        ("max_warps_per_sm", e.max_warps_per_sm, 1_024),
+        ("boost_clock_mhz", e.boost_clock_mhz, 100_000),
+    ];
+    for (field, value, max) in counts {
+        if !(1..=max).contains(&value) {
+            return Err(format!("{field}: must be 1 to {max}, got {value}"));
+        }
+    }
+    positive("memory_bandwidth_gb_s", e.memory_bandwidth_gb_s, 1.0e6)?;
+    positive("fp32_tflops", e.fp32_tflops, MAX_TFLOPS)?;
+    positive("fp16_tflops", e.fp16_tflops, MAX_TFLOPS)?;
+    for (field, value) in [
+        ("tf32_tflops", e.tf32_tflops),
+        ("bf16_tflops", e.bf16_tflops),
+        ("fp8_tflops", e.fp8_tflops),
+    ] {
+        if let Some(value) = value {
+            positive(field, value, MAX_TFLOPS)?;
+        }
+    }
+    if !valid_compute_capability(&e.compute_capability) {
+        return Err("compute_capability: must be `major.minor`, e.g. `8.0`".into());
+    }
+    text("source.title", &e.source.title, MAX_TEXT_CHARS)?;
+    text("source.url", &e.source.url, MAX_TEXT_CHARS)?;
+    if let Some(note) = &e.note {
+        text("note", note, MAX_TEXT_CHARS)?;
+    }
+    Ok(Sku {
+        id: e.id,
+        name: e.name,
+        aliases: e.aliases,
+        capacity_mib: e.memory_mib,
+        memory_gb: e.memory_gb,
+        performance: GpuPerformance {
+            sm_count: e.sm_count,
+            max_warps_per_sm: e.max_warps_per_sm,
+            boost_clock_mhz: e.boost_clock_mhz,
+            memory_bandwidth_gb_s: e.memory_bandwidth_gb_s,
+            fp32_tflops: e.fp32_tflops,
+            tf32_tflops: e.tf32_tflops,
+            fp16_tflops: e.fp16_tflops,
+            bf16_tflops: e.bf16_tflops,
+            fp8_tflops: e.fp8_tflops,
+        },
+        compute_capability: e.compute_capability,
+        source: Source {
+            title: e.source.title,
+            url: e.source.url,
+        },
+        note: e.note,
+        origin,
+    })
+}
+
+fn text(field: &str, value: &str, max: usize) -> Result<(), String> {
+    let chars = value.chars().count();
+    if value.trim().is_empty() || chars > max || value.chars().any(char::is_control) {
+        return Err(format!(
+            "{field}: must be 1 to {max} characters without control characters, got {chars}"
+        ));
+    }
+    Ok(())
+}
+
+fn positive(field: &str, value: f64, max: f64) -> Result<(), String> {
+    if value.is_finite() && value > 0.0 && value <= max {
+        Ok(())
+    } else {
+        // A huge figure printed in full would be hundreds of digits.
+        let shown = if value.abs() < 1e12 {
+            format!("{value}")
+        } else {
+            format!("{value:e}")
+        };
+        Err(format!(
+            "{field}: must be a positive finite number up to {max}, got {shown}"
+        ))
+    }
+}
+
+/// `8.0`, `10.0`, `12.1`.
+pub fn valid_compute_capability(value: &str) -> bool {
+    let Some((major, minor)) = value.split_once('.') else {
+        return false;
+    };
+    let digits = |s: &str| (1..=2).contains(&s.len()) && s.bytes().all(|b| b.is_ascii_digit());
+    digits(major) && digits(minor)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(id: &str) -> serde_json::Value {
+        serde_json::json!({
+            "id": id, "name": format!("Card {id}"), "aliases": [format!("NVIDIA Card {id}")],
+            "memory_mib": 16384, "memory_gb": 16, "sm_count": 40, "max_warps_per_sm": 48,
+            "boost_clock_mhz": 2000, "memory_bandwidth_gb_s": 500.0, "fp32_tflops": 20.0,
+            "tf32_tflops": 40.0, "fp16_tflops": 80.0, "bf16_tflops": 80.0, "fp8_tflops": null,
+            "compute_capability": "8.9",
+            "source": {"title": "a test", "url": "https://example.com"}
+        })
+    }
+
+    fn file(entries: Vec<serde_json::Value>) -> String {
+        serde_json::json!({ "gpus": entries }).to_string()
+    }
+
+    fn error(entries: Vec<serde_json::Value>) -> String {
+        Catalogue::with_overrides(&file(entries), "extra.json")
+            .expect_err("refused")
+            .to_string()
+    }
+
+    #[test]
+    fn the_builtin_catalogue_is_valid_and_keeps_the_original_ids() {
+        let catalogue = Catalogue::builtin();
+        assert!(catalogue.all().len() >= 25);
+        for id in [
+            "a100-40gb",
+            "a100-80gb",
+            "h100-80gb",
+            "h200-141gb",
+            "l4",
+            "l40s",
+            "t4",
+            "v100-16gb",
+            "v100-32gb",
+        ] {
+            assert!(catalogue.by_id(id).is_some(), "{id}");
+        }
+        assert!(catalogue.all().iter().all(|s| s.origin == Origin::Builtin));
+    }
+
+    #[test]
+    fn a_file_adds_entries_and_replaces_those_with_the_same_id() {
+        let mut t4 = entry("t4");
+        t4["memory_mib"] = 15_000.into();
+        let catalogue =
+            Catalogue::with_overrides(&file(vec![entry("my-card"), t4]), "extra.json").unwrap();
+        let added = catalogue.by_id("my-card").unwrap();
+        assert_eq!(added.origin, Origin::File);
+        assert_eq!(
+            catalogue.parse("NVIDIA Card my-card").unwrap().id,
+            "my-card"
+        );
+        let t4 = catalogue.by_id("t4").unwrap();
+        assert_eq!((t4.capacity_mib, t4.origin), (15_000, Origin::File));
+        assert_eq!(catalogue.all().len(), Catalogue::builtin().all().len() + 1);
+    }
+
+    #[test]
+    fn a_file_alias_takes_a_name_from_the_builtin_entry() {
+        let mut nvl = entry("h200-nvl");
+        nvl["aliases"] = serde_json::json!(["NVIDIA H200 NVL"]);
+        let catalogue = Catalogue::with_overrides(&file(vec![nvl]), "extra.json").unwrap();
+        assert_eq!(catalogue.parse("NVIDIA H200 NVL").unwrap().id, "h200-nvl");
+        assert_eq!(catalogue.parse("NVIDIA H200").unwrap().id, "h200-141gb");
+    }
+
+    #[test]
+    fn bad_figures_are_refused_naming_the_entry_and_field() {
+        for (field, value) in [
+            ("memory_mib", serde_json::json!(0)),
+            ("fp32_tflops", serde_json::json!(-1.0)),
+            ("fp16_tflops", serde_json::json!(1e300)),
+            ("tf32_tflops", serde_json::json!(0.0)),
+            ("sm_count", serde_json::json!(0)),
+            ("compute_capability", serde_json::json!("eight")),
+            ("name", serde_json::json!("x".repeat(500))),
+            ("id", serde_json::json!("Bad Id")),
+        ] {
+            let mut bad = entry("bad");
+            bad[field] = value;
+            let message = error(vec![bad]);
+            assert!(
+                message.contains("gpus[0]") && message.contains(field),
+                "{field}: {message}"
+            );
+            assert!(message.len() < 400, "{message}");
+        }
+        let mut missing = entry("bad");
+        missing.as_object_mut().unwrap().remove("fp32_tflops");
+        assert!(error(vec![missing]).contains("fp32_tflops"));
+    }
+
+    #[test]
+    fn duplicate_ids_and_aliases_and_too_many_entries_are_refused() {
+        assert!(error(vec![entry("a"), entry("a")]).contains("appears twice"));
+        let mut clash = entry("b");
+        clash["aliases"] = serde_json::json!(["NVIDIA Card a"]);
+        let message = error(vec![entry("a"), clash]);
+        assert!(message.contains("names both"), "{message}");
+        let many = (0..=MAX_ENTRIES).map(|i| entry(&format!("c{i}"))).collect();
+        assert!(error(many).contains("at most 1000"));
+        let junk = Catalogue::with_overrides("{\"gpus\": 3}", "extra.json")
+            .err()
+            .unwrap();
+        assert!(matches!(junk, CatalogueError::Format { .. }), "{junk}");
+    }
+
+    #[test]
+    fn loading_a_missing_file_says_which() {
+        let error = Catalogue::load(Path::new("/nonexistent/gpus.json"))
+            .err()
+            .unwrap();
+        assert!(error.to_string().contains("/nonexistent/gpus.json"));
+    }
+}
