@@ -10,6 +10,7 @@ mod docs;
 mod estimate;
 mod extrapolation;
 mod floor_sweep;
+mod gpus;
 mod helpers;
 mod operations;
 mod public_setups;
