@@ -17,6 +17,8 @@ pub const REFERENCE_SKU: &str = "a100-40gb";
 pub const MAX_CUSTOM_NAME_CHARS: usize = 64;
 /// Largest memory of a custom card, MiB (1 TiB).
 pub const MAX_CUSTOM_CAPACITY_MIB: u64 = 1 << 20;
+/// Most custom cards with a calibration profile (each is a file and metric series).
+pub const MAX_CUSTOM_PROFILES: usize = 256;
 /// What a custom card's profile key starts with.
 pub const CUSTOM_PREFIX: &str = "custom-";
 

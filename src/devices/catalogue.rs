@@ -171,6 +171,12 @@ fn check_entry(e: EntryFile, origin: Origin) -> Result<Sku, String> {
             "id: must be 1 to {MAX_ID_CHARS} lower-case letters, digits and `-`, not starting with `-`"
         ));
     }
+    // Custom cards' profiles are `custom-...`: a catalogue card must not share one.
+    if e.id
+        .starts_with(crate::calibration::placement::CUSTOM_PREFIX)
+    {
+        return Err("id: `custom-` is kept for cards described in requests".into());
+    }
     text("name", &e.name, MAX_NAME_CHARS)?;
     if e.aliases.len() > MAX_ALIASES {
         return Err(format!(
@@ -364,6 +370,7 @@ mod tests {
             ("compute_capability", serde_json::json!("eight")),
             ("name", serde_json::json!("x".repeat(500))),
             ("id", serde_json::json!("Bad Id")),
+            ("id", serde_json::json!("custom-card")),
         ] {
             let mut bad = entry("bad");
             bad[field] = value;

@@ -10,6 +10,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::value::RawValue;
 
+use crate::calibration::placement::{CUSTOM_PREFIX, MAX_CUSTOM_PROFILES};
 use crate::calibration::profile::{CalibrationProfile, ProfileError, Sample};
 use crate::calibration::store::Update;
 use crate::devices::watch::{AddError, WatchConfig, WatchDone};
@@ -194,6 +195,7 @@ fn record(
             None => by_gpu.push((target.gpu, vec![sample])),
         }
     }
+    refuse_too_many_custom_cards(state, &by_gpu)?;
     let mut profiles = Vec::with_capacity(by_gpu.len());
     let mut limited = Vec::new();
     for (gpu, samples) in &by_gpu {
@@ -216,6 +218,34 @@ fn record(
         profiles,
         limited,
     })
+}
+
+/// Custom cards are named by callers, so their profiles (files, metric series) are bounded:
+/// observations that would start a profile beyond [`MAX_CUSTOM_PROFILES`] are refused.
+fn refuse_too_many_custom_cards(
+    state: &AppState,
+    by_gpu: &[(String, Vec<Sample>)],
+) -> Result<(), ApiError> {
+    let is_custom = |key: &str| key.starts_with(CUSTOM_PREFIX);
+    let new = by_gpu
+        .iter()
+        .filter(|(gpu, _)| is_custom(gpu) && state.profiles.get(gpu).is_none())
+        .count();
+    if new == 0 {
+        return Ok(());
+    }
+    let existing = state
+        .profiles
+        .list()
+        .iter()
+        .filter(|p| is_custom(&p.sku))
+        .count();
+    if existing + new > MAX_CUSTOM_PROFILES {
+        return Err(ApiError::InvalidInput(format!(
+            "gpu: at most {MAX_CUSTOM_PROFILES} custom cards are calibrated; {existing} are already"
+        )));
+    }
+    Ok(())
 }
 
 /// Watch a process on this host's GPU; its peak becomes an observation when it exits.

@@ -184,3 +184,33 @@ async fn an_attached_card_the_catalogue_lacks_shows_peaks_derived_from_nvml() {
     assert_eq!(fit["gpu"], "rtx-pro-6000-blackwell");
     assert_eq!(fit["capacity_mib"], 97_887);
 }
+
+#[tokio::test]
+async fn custom_cards_with_profiles_are_bounded() {
+    let app = spawn_app().await;
+    let observations: Vec<Value> = (0..257)
+        .map(|i| {
+            json!({
+                "gpu": {"name": format!("card {i}"), "capacity_mib": 40_000},
+                "job": example_job(),
+                "observed_peak_mib": 2100
+            })
+        })
+        .collect();
+    let response = app
+        .post_json("/v1/calibration/observations", &Value::Array(observations))
+        .await;
+    assert_eq!(response.status(), 422);
+    let problem: Value = response.json().await.unwrap();
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("at most 256 custom cards"),
+        "{problem}"
+    );
+    assert!(app.get_json("/v1/calibration/profiles").await["profiles"]
+        .as_array()
+        .unwrap()
+        .is_empty());
+}
