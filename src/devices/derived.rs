@@ -218,6 +218,49 @@ mod tests {
         }
     }
 
+    /// A typo in data/gpus.json shows as a peak far from SMs x clock x the table's rate. The
+    /// exceptions are cards whose data sheets give less than their clock would: the H20 (cut
+    /// for export), the L40 (half-rate fp32 accumulate), the H100 NVL (power-limited tensor
+    /// clock), and the A10G (no NVIDIA data sheet). Hopper data sheets give tensor peaks at a
+    /// lower clock than the boost clock (H100 SXM: 989 of 1,070 TFLOP/s): 10 % is allowed.
+    #[test]
+    fn catalogue_peaks_agree_with_the_architecture_table() {
+        for sku in Catalogue::builtin().all() {
+            let p = sku.performance;
+            let mut device = GpuDevice::new(0, "GPU-x", sku.name.as_str(), sku.capacity_mib);
+            device.compute_capability = Some(sku.compute_capability.clone());
+            device.multiprocessor_count = Some(p.sm_count);
+            device.max_sm_clock_mhz = Some(p.boost_clock_mhz);
+            device.max_memory_clock_mhz = Some(1000);
+            device.memory_bus_width_bits = Some(1024);
+            let derived =
+                performance_of(&device).expect("every catalogue architecture is in the table");
+            assert_eq!(derived.max_warps_per_sm, p.max_warps_per_sm, "{}", sku.id);
+            if ["h20", "a10g"].contains(&sku.id.as_str()) {
+                continue;
+            }
+            assert!(
+                close(derived.fp32_tflops, p.fp32_tflops, 0.03),
+                "{}: {derived:?}",
+                sku.id
+            );
+            if ["l40", "h100-nvl"].contains(&sku.id.as_str()) {
+                continue;
+            }
+            assert!(
+                close(derived.fp16_tflops, p.fp16_tflops, 0.1),
+                "{}: {derived:?}",
+                sku.id
+            );
+            assert_eq!(
+                derived.fp8_tflops.is_some(),
+                p.fp8_tflops.is_some(),
+                "{}",
+                sku.id
+            );
+        }
+    }
+
     #[test]
     fn a_scripted_unknown_card_gets_derived_peaks_and_missing_figures_give_none() {
         let fake = FakeDevices::single("NVIDIA RTX PRO 6000 Blackwell", 97_887).with_hardware(
