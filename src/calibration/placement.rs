@@ -284,6 +284,41 @@ pub fn copies_within(capacity_mib: u64, upper_bound_mib: f64) -> Fit {
     }
 }
 
+/// One card of a `gpu` list, as [`rank`] weighs it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Candidate {
+    pub fits: bool,
+    /// The predicted step time; `None` where the card has no peak figures.
+    pub step_time_ms: Option<f64>,
+    pub capacity_mib: u64,
+    /// The figure a scheduler reserves (the upper bound), to order the cards the job misses.
+    pub upper_bound_mib: f64,
+}
+
+/// The order in which to offer the cards of a `gpu` list, as indices into `candidates`: the
+/// cards the job fits first, fastest predicted step first (a card without a prediction after
+/// those with one), then the smaller card (it leaves the larger free for jobs that need it);
+/// then the cards it misses, nearest to fitting first. Stable: equal cards keep the caller's
+/// order.
+pub fn rank(candidates: &[Candidate]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..candidates.len()).collect();
+    order.sort_by(|&a, &b| {
+        let (a, b) = (&candidates[a], &candidates[b]);
+        let shortfall = |c: &Candidate| c.upper_bound_mib / c.capacity_mib.max(1) as f64;
+        b.fits.cmp(&a.fits).then_with(|| {
+            if a.fits {
+                let time = |c: &Candidate| c.step_time_ms.unwrap_or(f64::INFINITY);
+                time(a)
+                    .total_cmp(&time(b))
+                    .then(a.capacity_mib.cmp(&b.capacity_mib))
+            } else {
+                shortfall(a).total_cmp(&shortfall(b))
+            }
+        })
+    });
+    order
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -704,5 +739,35 @@ mod tests {
             copies_within(40_960, f64::MIN_POSITIVE).max_colocated,
             u64::MAX
         );
+    }
+    #[test]
+    fn cards_rank_by_fit_then_step_time_then_size() {
+        let card = |fits, step_time_ms, capacity_mib, upper_bound_mib| Candidate {
+            fits,
+            step_time_ms,
+            capacity_mib,
+            upper_bound_mib,
+        };
+        let candidates = [
+            card(false, Some(10.0), 16_384, 30_000.0), // misses by 83 %
+            card(true, Some(40.0), 81_920, 30_000.0),
+            card(true, None, 49_152, 30_000.0), // no peak figures: after the timed ones
+            card(true, Some(20.0), 81_559, 30_000.0), // fastest
+            card(false, None, 24_576, 30_000.0), // misses by 22 %: nearest to fitting
+            card(true, Some(40.0), 40_960, 30_000.0), // as fast as the 80 GB card, smaller
+        ];
+        assert_eq!(rank(&candidates), vec![3, 5, 1, 2, 4, 0]);
+        assert_eq!(rank(&[]), Vec::<usize>::new());
+        let same = [card(true, Some(1.0), 1, 1.0), card(true, Some(1.0), 1, 1.0)];
+        assert_eq!(
+            rank(&same),
+            vec![0, 1],
+            "equal cards keep the caller's order"
+        );
+        let nan = [
+            card(true, Some(f64::NAN), 1, 1.0),
+            card(true, Some(1.0), 1, 1.0),
+        ];
+        assert_eq!(rank(&nan).len(), 2, "a NaN time does not panic the sort");
     }
 }
