@@ -240,7 +240,7 @@ def run_one(job: dict, torch, device: str, sampler_factory: Callable, steps: dic
     import gc
 
     from gpucast_describe.simulate import default_loss, make_optimizer
-    from gpucast_probe.measure import measure_steps
+    from gpucast_probe.measure import CudaEventTimer, measure_steps
 
     record: dict = {"id": job["id"], "status": "failed"}
     cuda = device == "cuda"
@@ -271,7 +271,8 @@ def run_one(job: dict, torch, device: str, sampler_factory: Callable, steps: dic
             optimizer.zero_grad(set_to_none=True)
 
         sync = torch.cuda.synchronize if cuda else (lambda: None)
-        record.update(measure_steps(step, sync, sampler_factory(), job["batch_size"], **steps))
+        timer = CudaEventTimer(torch) if cuda else None
+        record.update(measure_steps(step, sync, sampler_factory(), job["batch_size"], timer=timer, **steps))
         record["seconds"] = round(time.perf_counter() - started, 3)
         if cuda:
             record["max_allocated_bytes"] = torch.cuda.max_memory_allocated()

@@ -6,9 +6,53 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Callable
+from typing import Callable, List
 
 from .utilization import UtilizationSampler
+
+
+class HostTimer:
+    """Step times by the host clock, synchronising after every step (CPU runs, tests)."""
+
+    def __init__(self, sync: Callable[[], None], clock: Callable[[], float] = time.perf_counter):
+        self.sync, self.clock = sync, clock
+        self.marks: List[float] = []
+
+    def start(self) -> None:
+        self.marks = [self.clock()]
+
+    def mark(self) -> None:
+        self.sync()
+        self.marks.append(self.clock())
+
+    def intervals(self) -> List[float]:
+        return [b - a for a, b in zip(self.marks, self.marks[1:])]
+
+
+class CudaEventTimer:
+    """Step times on the GPU's timeline: a CUDA event recorded after each step's work is
+    queued, no host synchronisation between steps (which would leave the GPU idle while the
+    next step's first kernels are launched); read after the final synchronise. The time
+    between two events is the step's wall time on the GPU, idle gaps included."""
+
+    def __init__(self, torch):
+        self.torch = torch
+        self.events: list = []
+
+    def _event(self):
+        event = self.torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def start(self) -> None:
+        self.events = [self._event()]
+
+    def mark(self) -> None:
+        self.events.append(self._event())
+
+    def intervals(self) -> List[float]:
+        self.torch.cuda.synchronize()
+        return [a.elapsed_time(b) / 1000.0 for a, b in zip(self.events, self.events[1:])]
 
 
 def measure_steps(
@@ -21,41 +65,47 @@ def measure_steps(
     min_steps: int = 3,
     max_seconds: float = 2.0,
     clock: Callable[[], float] = time.perf_counter,
+    timer=None,
 ) -> dict:
     """Runs `warmup_steps` unmeasured optimizer steps, synchronises, starts `sampler`, then
-    runs measured steps, each followed by `sync()` (CUDA-synchronised: a step's time is the
-    wall time from the previous step's end to its own end on the GPU), until `max_steps` or,
-    after at least `min_steps`, `max_seconds` of measured time; then stops the sampler.
+    runs measured steps until `max_steps` or, after at least `min_steps`, `max_seconds` by the
+    host clock; synchronises (all queued work done) and stops the sampler, so its window is
+    the measured steps' GPU work. Each step's time comes from `timer` (default: `HostTimer`,
+    a synchronise after every step; on a GPU pass a `CudaEventTimer`).
 
     Returns `step_time_ms` (median over the measured steps), `step_time_ms_mean`,
-    `samples_per_s` (batch_size x steps / the measured time), `warmup_steps`,
-    `measured_steps`, `measured_seconds` and `utilization` (the sampler's window). An
-    exception from a step (out of memory...) propagates after the sampler was stopped."""
+    `samples_per_s` (batch_size x steps / the synchronised wall time of the measured steps),
+    `warmup_steps`, `measured_steps`, `measured_seconds` and `utilization` (the sampler's
+    window). An exception from a step (out of memory...) propagates after the sampler was
+    stopped."""
+    timer = timer or HostTimer(sync, clock)
     for _ in range(warmup_steps):
         step()
     sync()
-    times = []
     sampler.start()
+    steps = 0
     try:
-        started = previous = clock()
-        while len(times) < max_steps:
+        timer.start()
+        started = clock()
+        while steps < max_steps:
             step()
-            sync()
-            now = clock()
-            times.append(now - previous)
-            previous = now
-            if len(times) >= min_steps and now - started >= max_seconds:
+            timer.mark()
+            steps += 1
+            if steps >= min_steps and clock() - started >= max_seconds:
                 break
+        sync()
+        wall = clock() - started
     finally:
         utilization = sampler.stop()
-    total = sum(times)
+    times = timer.intervals()
     return {
         "step_time_ms": round(1000 * statistics.median(times), 4),
-        "step_time_ms_mean": round(1000 * total / len(times), 4),
-        "samples_per_s": round(batch_size * len(times) / total, 3) if total > 0 else None,
+        "step_time_ms_mean": round(1000 * sum(times) / len(times), 4),
+        "samples_per_s": round(batch_size * steps / wall, 3) if wall > 0 else None,
         "warmup_steps": warmup_steps,
-        "measured_steps": len(times),
-        "measured_seconds": round(total, 4),
+        "measured_steps": steps,
+        "measured_seconds": round(wall, 4),
+        "step_timer": type(timer).__name__,
         "utilization": utilization,
     }
 
