@@ -89,14 +89,16 @@ def job_id(model: str, batch: int, precision: str) -> str:
 def plan(dry_run: bool = False) -> List[dict]:
     """Every job, family by family (the order they run in): model x batch size x precision."""
     jobs = []
-    for model, family, shape, batches in MODELS:
-        for batch in batches:
+    for order, (model, family, shape, batches) in enumerate(MODELS):
+        for rank, batch in enumerate(batches):
             for precision in PRECISIONS:
                 job = {"id": job_id(model, batch, precision), "model": model, "family": family,
                        "input_shape": list(shape), "batch_size": batch, "precision": precision,
                        "optimizer": OPTIMIZER}
-                jobs.append(shrink(job) if dry_run else job)
-    return sorted(jobs, key=lambda j: FAMILIES.index(j["family"]))
+                jobs.append(((FAMILIES.index(family), rank, order), shrink(job) if dry_run else job))
+    # Within a family, every model at its first batch size, then at its second...: a family
+    # cut short by its share of the time loses its largest batches, not whole models.
+    return [job for _, job in sorted(jobs, key=lambda pair: pair[0])]
 
 
 def shrink(job: dict) -> dict:
@@ -446,7 +448,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--reserve-seconds", type=float, default=20.0, help="kept at the end for writing")
     parser.add_argument("--job-seconds", type=float, default=40.0, help="one job's allowance (build, warm-up, steps)")
     parser.add_argument("--startup-seconds", type=float, default=60.0, help="a child's start-up allowance (imports, CUDA)")
-    parser.add_argument("--describe-workers", type=int, default=8, help="CPU processes describing the jobs; 0: none")
+    parser.add_argument("--describe-workers", type=int, default=6, help="CPU processes describing the jobs; 0: none")
     parser.add_argument("--families", help=f"comma-separated subset of {','.join(FAMILIES)}")
     parser.add_argument("--match", help="comma-separated substrings of job ids to keep")
     parser.add_argument("--max-jobs", type=int)
@@ -500,11 +502,17 @@ def main(argv: Optional[List[str]] = None) -> int:
         return [sys.executable, str(Path(__file__).resolve()), "--child", jobs_path, result_path] + \
             (["--dry-run"] if args.dry_run else [])
 
+    left = len(jobs)
     for family in FAMILIES:
         family_jobs = [j for j in jobs if j["family"] == family]
-        if family_jobs:
-            run_family(family_jobs, child_argv, deadline, args.job_seconds, args.startup_seconds,
-                       record, on_environment=lambda env: environment.update(env) if not environment else None)
+        if not family_jobs:
+            continue
+        # Each family gets its share of the time left (by job count), so one that runs slow
+        # loses its own last jobs, not the families after it; time it leaves goes to them.
+        share = time.monotonic() + (deadline - time.monotonic()) * len(family_jobs) / left
+        run_family(family_jobs, child_argv, min(deadline, share), args.job_seconds, args.startup_seconds,
+                   record, on_environment=lambda env: environment.update(env) if not environment else None)
+        left -= len(family_jobs)
     measure_file.close()
 
     if pool is not None:

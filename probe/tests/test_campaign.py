@@ -60,9 +60,13 @@ class Plan(unittest.TestCase):
                        "timm:vit_base_patch16_224", "timm:convnext_tiny", "torchvision:mobilenet_v3_large"):
             self.assertIn(wanted, models)
 
-    def test_families_run_in_order(self):
-        families = [j["family"] for j in campaign.plan()]
+    def test_families_run_in_order_each_model_at_its_smallest_batch_first(self):
+        jobs = campaign.plan()
+        families = [j["family"] for j in jobs]
         self.assertEqual(families, sorted(families, key=campaign.FAMILIES.index))
+        cnn = [j for j in jobs if j["family"] == "cnn"]
+        first_models = {j["model"] for j in cnn[: 2 * len({j["model"] for j in cnn})]}
+        self.assertEqual(first_models, {j["model"] for j in cnn})
 
     def test_the_dry_run_shrinks_shapes_but_keeps_ids(self):
         full, dry = campaign.plan(), campaign.plan(dry_run=True)
@@ -145,7 +149,7 @@ class DryRun(unittest.TestCase):
             with open(os.path.join(out, "campaign.json")) as f:
                 summary = json.load(f)
         ids = [line["job"]["id"] for line in lines]
-        self.assertEqual(ids, ["mlp-a-b64-fp32", "mlp-a-b64-amp_bf16", "mlp-a-b256-fp32", "mlp-d-b64-fp32",
+        self.assertEqual(ids, ["mlp-a-b64-fp32", "mlp-a-b64-amp_bf16", "mlp-d-b64-fp32", "mlp-a-b256-fp32",
                                "torchvision-resnet18-b32-amp_bf16"])
         by_id = {line["job"]["id"]: line for line in lines}
         self.assertEqual(by_id[crash]["measurement"]["status"], "crashed")
