@@ -589,14 +589,23 @@ def describe_module(
     modes = {module: module.training for module in model.modules()}
     _training_mode(model)
     try:
-        with _Recorder(model) as recorder, _LayerFlopCounter(recorder), torch.no_grad():
+        with _Recorder(model) as recorder, _LayerFlopCounter(recorder) as counter, torch.no_grad():
             model(example)
     finally:
         for submodule, training in modes.items():
             submodule.training = training
     layers = recorder.finish()
+    credited = sum(layer["flops"] for layer in layers) + recorder.unattributed_flops
     for layer in layers:  # FLOPs for one sample (the walk's batch is 1: exact)
         layer["flops"] //= WALK_BATCH
+    if credited != counter.get_total_flops():
+        # A PyTorch whose FlopCounterMode counts elsewhere than the hook used here: unknown
+        # FLOPs are left out rather than emitted as zeros.
+        for layer in layers:
+            del layer["flops"]
+        print(f"warning: {name or type(module).__name__}: per-layer flops not counted "
+              f"(FlopCounterMode total {counter.get_total_flops()}, credited {credited})",
+              file=sys.stderr, flush=True)
 
     description = {
         "model": name or type(module).__name__,

@@ -1,6 +1,8 @@
 """Per-layer forward FLOPs: FlopCounterMode's counts for one sample, credited to the layer of
 the module call that ran them."""
 
+import contextlib
+import io
 import unittest
 
 import _paths  # noqa: F401
@@ -121,6 +123,19 @@ class FlopsTest(unittest.TestCase):
         self.assertAlmostEqual(counter.get_total_flops() / 2e9, 1.82, delta=0.01)
         convs = [l for l in desc["layers"] if l["kind"] == "conv2d"]
         self.assertEqual(convs[0]["flops"], 2 * 7 * 7 * 3 * 64 * 112 * 112)
+
+    def test_flops_are_left_out_when_flop_counter_mode_counts_past_the_hook(self):
+        from gpucast_describe import walker
+
+        original = walker._LayerFlopCounter._count_flops
+        walker._LayerFlopCounter._count_flops = walker.FlopCounterMode._count_flops
+        try:
+            with contextlib.redirect_stderr(io.StringIO()) as err:
+                desc = describe(on_meta(lambda: nn.Linear(4, 4)), [4])
+        finally:
+            walker._LayerFlopCounter._count_flops = original
+        self.assertNotIn("flops", desc["layers"][0])
+        self.assertIn("per-layer flops not counted", err.getvalue())
 
 
 if __name__ == "__main__":

@@ -58,14 +58,15 @@ class UtilizationSampler:
 
 class _Periodic(UtilizationSampler):
     """A background thread that calls `read()` every `interval` s between start() and stop(),
-    and once more at stop() (so a window shorter than the interval still has a reading)."""
+    and once more at stop() when at least half an interval has passed since the last reading
+    or there is none yet (so a window shorter than the interval still has one)."""
 
     def __init__(self, interval: float = 0.1, clock: Callable[[], float] = time.monotonic):
         self.interval, self.clock = interval, clock
         self.readings: Dict[str, List[Optional[float]]] = {name: [] for name in self.names}
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
-        self._started = 0.0
+        self._started = self._last = 0.0
         self.seconds = 0.0
 
     def begin(self) -> None:
@@ -83,10 +84,11 @@ class _Periodic(UtilizationSampler):
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
+            self._last = self.clock()
             self.read()
 
     def start(self) -> None:
-        self._started = self.clock()
+        self._started = self._last = self.clock()
         self.begin()
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
@@ -95,7 +97,12 @@ class _Periodic(UtilizationSampler):
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
-        self.read()
+        # A last reading for the window's tail, unless it is too short to mean much (GPM
+        # metrics over a few milliseconds are noise); a window shorter than one interval still
+        # gets its one reading.
+        if self.clock() - self._last >= self.interval / 2 or not any(
+                v is not None for values in self.readings.values() for v in values):
+            self.read()
         self.end()
         self.seconds = self.clock() - self._started
         metrics = {name: mean(values) for name, values in self.readings.items()}
