@@ -237,12 +237,35 @@ class MemoryWatch:
         return self.peak_mib
 
 
+def training_pieces(torch):
+    """(loss of a model output, optimizer factory, where they came from): describe's
+    `default_loss` and `make_optimizer`, so the step trained is the step simulated; if
+    describe cannot be imported here, the same by hand (cross-entropy over the last dimension
+    with random class targets, AdamW foreach), so the measurements do not depend on it."""
+    try:
+        from gpucast_describe.simulate import default_loss, make_optimizer
+
+        return default_loss, make_optimizer, "gpucast_describe"
+    except Exception:  # noqa: BLE001
+        def loss(output):
+            logits = getattr(output, "logits", output)
+            logits = logits.reshape(-1, logits.shape[-1]).float()
+            target = torch.randint(0, logits.shape[-1], (logits.shape[0],), device=logits.device)
+            return torch.nn.functional.cross_entropy(logits, target)
+
+        def optimizer(name, params):
+            return torch.optim.AdamW(params, foreach=True)
+
+        return loss, optimizer, "fallback"
+
+
 def run_one(job: dict, torch, device: str, sampler_factory: Callable, steps: dict, pynvml=None, handle=None) -> dict:
     """Builds, warms up and measures one job in this process; returns its measurement."""
     import gc
 
-    from gpucast_describe.simulate import default_loss, make_optimizer
     from gpucast_probe.measure import CudaEventTimer, measure_steps
+
+    default_loss, make_optimizer, _ = training_pieces(torch)
 
     record: dict = {"id": job["id"], "status": "failed"}
     cuda = device == "cuda"
@@ -319,7 +342,8 @@ def child(jobs_path: str, result_path: str, dry_run: bool) -> int:
         sampler_factory = lambda: choose_sampler(pynvml, handle, capability)  # noqa: E731
         steps = {"warmup_steps": 3, "max_steps": 25, "min_steps": 5, "max_seconds": 1.5}
     with open(result_path, "a") as out:
-        _emit(out, {"environment": environment(torch, pynvml, handle)})
+        _emit(out, {"environment": {**environment(torch, pynvml, handle),
+                                    "training_step_from": training_pieces(torch)[2]}})
         for job in jobs:
             _emit(out, {"start": job["id"]})
             if os.environ.get("GPUCAST_CAMPAIGN_CRASH") == job["id"]:  # tests: a dying child
