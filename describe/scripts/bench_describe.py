@@ -5,12 +5,15 @@
     python describe/scripts/bench_describe.py [--repeats 5]
 
 For timm resnet50 (3x224x224) and Hugging Face GPT-2 small (1024 tokens): the model is built
-once on the meta device (not timed), then the median of --repeats runs of `describe_module`
-without the simulation (the layer walk and the saved-tensor trace) and with it (batch 32).
-One thread, as the CLI runs. Time the whole CLI with `time python -m gpucast_describe ...`.
+once on the meta device (not timed), then medians of --repeats runs: the bare layer walk
+without and with the per-layer FLOP counter (interleaved in this process, so a busy machine
+slows both alike: the difference is the counter's cost), `describe_module` without the
+simulation (walk and saved-tensor trace) and with it (batch 32). One thread, as the CLI runs.
+Time the whole CLI with `time python -m gpucast_describe ...`.
 """
 
 import argparse
+import contextlib
 import statistics
 import sys
 import time
@@ -22,7 +25,22 @@ sys.path.insert(0, str(HERE.parent / "examples"))
 
 import torch  # noqa: E402
 
-from gpucast_describe import describe_module  # noqa: E402
+from gpucast_describe import describe_module, walker  # noqa: E402
+
+
+def walk_seconds(model, shape, dtype, repeats):
+    """Median seconds of the bare layer walk without and with the FLOP counter."""
+    example = torch.empty([1, *shape], dtype=dtype, device="meta")
+    times = {False: [], True: []}
+    for _ in range(repeats + 1):
+        for flops in (False, True):
+            start = time.perf_counter()
+            with walker._Recorder(model) as recorder, \
+                    (walker._LayerFlopCounter(recorder) if flops else contextlib.nullcontext()), \
+                    torch.no_grad():
+                model(example)
+            times[flops].append(time.perf_counter() - start)
+    return statistics.median(times[False][1:]), statistics.median(times[True][1:])
 
 
 def resnet50():
@@ -40,12 +58,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    print("| model | walk + saved tensors (s) | with simulation at 32 (s) | layers with flops |")
-    print("| --- | --- | --- | --- |")
+    print("| model | walk without flops (s) | walk with flops (s) | walk + saved tensors (s) "
+          "| with simulation at 32 (s) | layers with flops |")
+    print("| --- | --- | --- | --- | --- | --- |")
     for name, build in (("timm resnet50", resnet50), ("HF GPT-2 small", gpt2_small)):
         with torch.device("meta"):
             model, shape, dtype = build()
-        figures = []
+        figures = list(walk_seconds(model, shape, dtype, args.repeats))
         for simulation in (False, True):
             describe_module(model, shape, 32, input_dtype=dtype, simulation=simulation)  # warm-up
             times = []
@@ -55,7 +74,7 @@ def main() -> None:
                 times.append(time.perf_counter() - start)
             figures.append(statistics.median(times))
         counted = sum(1 for layer in desc["layers"] if layer.get("flops"))
-        print(f"| {name} | {figures[0]:.3f} | {figures[1]:.3f} | {counted} |", flush=True)
+        print(f"| {name} | " + " | ".join(f"{f:.3f}" for f in figures) + f" | {counted} |", flush=True)
 
 
 if __name__ == "__main__":
