@@ -10,10 +10,13 @@ from typing import Any, Dict, List, Optional, Sequence
 import torch
 import torch.nn as nn
 from torch.overrides import TorchFunctionMode
+from torch.utils.flop_counter import FlopCounterMode
 
 from .kinds import CONV_KINDS, kind_of
 
 ROOT_NAME = "(root)"
+# The batch size of the layer walk (layers and per-layer FLOPs are per sample).
+WALK_BATCH = 1
 # The two batch sizes of the saved-tensor trace (batch 1 is avoided: some models take other
 # paths at batch 1, e.g. squeezed dimensions).
 SAVED_TENSORS_BATCHES = (2, 4)
@@ -104,6 +107,10 @@ class _Recorder:
         self._names: Dict[int, str] = {}
         self._plan: Dict[int, Optional[str]] = {}  # id(module) -> kind, None if not recorded
         self._handles: list = []
+        # Per open module call (innermost last): the index of the layer its FLOPs go to, None
+        # for a call that made no layer (its FLOPs go to the nearest enclosing one).
+        self._stack: List[Optional[int]] = []
+        self.unattributed_flops = 0  # FLOPs counted outside every layer's call
         for name, module in model.named_modules():
             self._names[id(module)] = name or ROOT_NAME
             kind = kind_of(module)
@@ -134,6 +141,7 @@ class _Recorder:
             "kind": kind,
             "output_size": 0,
             "params": params,
+            "flops": 0,
             "name": self._names.get(id(module), type(module).__name__),
         }
         layer.update(linear_features(module) if params else {})
@@ -143,16 +151,28 @@ class _Recorder:
     def _before(self, module: nn.Module, args: Any) -> None:
         kind = self._plan.get(id(module))
         params = self._take_params(module)
+        index = None
         if kind is not None:
             index = self._append(kind, module, params)
             self._open.setdefault(id(module), []).append(index)
         elif params:
-            self._append("other", module, params)
+            index = self._append("other", module, params)
+        self._stack.append(index)
 
     def _after(self, module: nn.Module, args: Any, output: Any) -> None:
         pending = self._open.get(id(module))
         if pending:
             self.layers[pending.pop()]["output_size"] = output_numel(output)
+        if self._stack:
+            self._stack.pop()
+
+    def add_flops(self, flops: int) -> None:
+        """Credit ``flops`` to the layer of the innermost open module call that has one."""
+        for index in reversed(self._stack):
+            if index is not None:
+                self.layers[index]["flops"] += int(flops)
+                return
+        self.unattributed_flops += int(flops)
 
     def finish(self) -> List[Dict[str, Any]]:
         """Attribute the parameters of modules that were never called, and return the layers."""
@@ -161,6 +181,22 @@ class _Recorder:
             if params:
                 self._append("other", module, params)
         return self.layers
+
+
+class _LayerFlopCounter(FlopCounterMode):
+    """``FlopCounterMode`` (its formulas: a multiply-add is 2 FLOPs; matmuls, convolutions
+    and the attention kernels counted, elementwise ops and norms not) that also credits each
+    counted op to the recorder's innermost open layer (:meth:`_Recorder.add_flops`)."""
+
+    def __init__(self, recorder: _Recorder):
+        super().__init__(display=False)
+        self.recorder = recorder
+
+    def _count_flops(self, func_packet, out, args, kwargs):
+        formula = self.flop_registry.get(func_packet)
+        if formula is not None:
+            self.recorder.add_flops(formula(*args, **kwargs, out_val=out))
+        return super()._count_flops(func_packet, out, args, kwargs)
 
 
 def _storage_key_and_bytes(tensor: torch.Tensor) -> tuple:
@@ -548,17 +584,28 @@ def describe_module(
     if any(d < 1 for d in input_shape):
         raise ValueError(f"input_shape must be positive, got {input_shape}")
     model = _on_meta(module)
-    example = torch.empty([1, *input_shape], dtype=input_dtype, device="meta")
+    example = torch.empty([WALK_BATCH, *input_shape], dtype=input_dtype, device="meta")
 
     modes = {module: module.training for module in model.modules()}
     _training_mode(model)
     try:
-        with _Recorder(model) as recorder, torch.no_grad():
+        with _Recorder(model) as recorder, _LayerFlopCounter(recorder) as counter, torch.no_grad():
             model(example)
     finally:
         for submodule, training in modes.items():
             submodule.training = training
     layers = recorder.finish()
+    credited = sum(layer["flops"] for layer in layers) + recorder.unattributed_flops
+    for layer in layers:  # FLOPs for one sample (the walk's batch is 1: exact)
+        layer["flops"] //= WALK_BATCH
+    if credited != counter.get_total_flops():
+        # A PyTorch whose FlopCounterMode counts elsewhere than the hook used here: unknown
+        # FLOPs are left out rather than emitted as zeros.
+        for layer in layers:
+            del layer["flops"]
+        print(f"warning: {name or type(module).__name__}: per-layer flops not counted "
+              f"(FlopCounterMode total {counter.get_total_flops()}, credited {credited})",
+              file=sys.stderr, flush=True)
 
     description = {
         "model": name or type(module).__name__,

@@ -74,7 +74,7 @@ class TimmTest(unittest.TestCase):
         # cls_token and pos_embed belong to the root module: one extra "other" layer
         root = [l for l in desc["layers"] if l["name"] == "(root)"]
         self.assertEqual(root, [{"kind": "other", "output_size": 0,
-                                 "params": 192 + 197 * 192, "name": "(root)"}])
+                                 "params": 192 + 197 * 192, "flops": 0, "name": "(root)"}])
 
     def test_cnn_with_timm_layers(self):
         desc = describe_spec("timm:efficientnet_b0")

@@ -28,6 +28,12 @@ class Outcome:
     train_seconds: Optional[float] = None
     layers: Optional[list] = None  # filled by the child for real models
     error: Optional[str] = None
+    # The steady part, measured in the child after its warm-up steps: median ms per optimizer
+    # step (GPU timeline), samples/s, and the utilization window with each metric's source.
+    step_time_ms: Optional[float] = None
+    samples_per_s: Optional[float] = None
+    steady_utilization: Optional[dict] = None
+    environment: Optional[dict] = None
 
 
 # execute(spec, train_seconds, timeout_seconds) -> Outcome
@@ -119,4 +125,8 @@ class SubprocessExecutor:
                 train_seconds=result.get("train_seconds", time.monotonic() - started),
                 layers=result.get("layers"),
                 error=result.get("error"),
+                step_time_ms=result.get("step_time_ms"),
+                samples_per_s=result.get("samples_per_s"),
+                steady_utilization=(result.get("steady") or {}).get("utilization"),
+                environment=result.get("environment"),
             )

@@ -13,6 +13,21 @@ import sys
 import time
 
 from .generators import JobSpec
+from .measure import CudaEventTimer, environment, measure_steps
+from .utilization import choose_sampler, open_nvml_handle
+
+# Unmeasured steps before the steady part (allocator growth, cuDNN/cuBLAS set-up, Adam's state).
+WARMUP_STEPS = 3
+# Training time set aside for them when the measured part's length is set.
+WARMUP_SECONDS_GUESS = 2.0
+
+
+def _visible_uuid():
+    """The GPU's UUID when the parent named it in CUDA_VISIBLE_DEVICES (it does), else None."""
+    import os
+
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    return visible if visible.startswith("GPU-") else None
 
 # torch.nn class name -> GPUMemNet layer kind, for real models' layer lists.
 KINDS = {
@@ -167,17 +182,29 @@ def train(spec: JobSpec, seconds: float) -> dict:
             result["layers"] = layer_list(model, x[:1], torch)
         model.train()
         optimizer = torch.optim.Adam(model.parameters())
-        started = time.monotonic()
-        while time.monotonic() - started < seconds:
+
+        def step():
             optimizer.zero_grad(set_to_none=True)
             loss = loss_fn(model(x), y)
             loss.backward()
             optimizer.step()
             result["steps"] += 1
-            if result["steps"] % 10 == 0:
-                torch.cuda.synchronize()
-        torch.cuda.synchronize()
+
+        # Warm-up steps, then steps timed on the GPU's timeline with utilization sampled over
+        # them only (GPM on Hopper and later, else NVML's utilization rates), to the end of
+        # the training time.
+        pynvml, handle = open_nvml_handle(_visible_uuid())
+        sampler = choose_sampler(pynvml, handle, torch.cuda.get_device_capability(0))
+        result["environment"] = environment(torch, pynvml, handle)
+        started = time.monotonic()
+        steady = measure_steps(step, torch.cuda.synchronize, sampler, spec.batch_size,
+                               warmup_steps=WARMUP_STEPS, max_steps=10**9, min_steps=3,
+                               max_seconds=max(0.0, seconds - WARMUP_SECONDS_GUESS),
+                               timer=CudaEventTimer(torch))
         result["train_seconds"] = time.monotonic() - started
+        result["step_time_ms"] = steady["step_time_ms"]
+        result["samples_per_s"] = steady["samples_per_s"]
+        result["steady"] = steady
         result["torch_max_reserved_mib"] = torch.cuda.max_memory_reserved() // 2**20
         result["status"] = "ok"
     except torch.cuda.OutOfMemoryError as e:
