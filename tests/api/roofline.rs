@@ -291,3 +291,107 @@ async fn roofline_step_times_are_reported_against_published_training_throughputs
         errors.len()
     );
 }
+
+#[tokio::test]
+async fn every_job_gets_a_step_time_and_utilization_with_sources_and_other_cards_get_the_roofline()
+{
+    let app = spawn_app().await;
+    // A CNN: no learned utilization model, the roofline answers all three.
+    let cnn = json!({"batch_size": 64, "input_shape": [3, 32, 32], "layers": [
+        {"kind": "conv2d", "output_size": 65536, "params": 1792},
+        {"kind": "batch_norm", "output_size": 65536, "params": 128},
+        {"kind": "relu", "output_size": 65536, "params": 0},
+        {"kind": "conv2d", "output_size": 65536, "params": 36928},
+        {"kind": "adaptive_avg_pool", "output_size": 64, "params": 0},
+        {"kind": "linear", "output_size": 10, "params": 650}
+    ]});
+    let answer = app.post_json_value("/v1/estimate", &cnn).await;
+    let utilization = &answer["utilization"];
+    for metric in ["smact", "smocc", "drama"] {
+        let figure = utilization[metric].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&figure), "{answer}");
+        assert_eq!(utilization["sources"][metric], "roofline");
+    }
+    assert_eq!(utilization["null_reasons"], json!({}));
+    let performance = &answer["performance"];
+    assert_eq!(performance["source"], "roofline");
+    let step = performance["step_time_ms"].as_f64().unwrap();
+    let parts = ["forward_ms", "backward_ms", "optimizer_ms"]
+        .iter()
+        .map(|p| performance[*p].as_f64().unwrap())
+        .sum::<f64>();
+    assert!(parts > 0.0 && parts <= step + 1e-3, "{performance}");
+    let samples = performance["samples_per_s"].as_f64().unwrap();
+    assert!(
+        (samples * step / 1000.0 - 64.0).abs() < 0.1,
+        "{performance}"
+    );
+
+    // The MLP example on the reference card: SMACT learned, SMOCC and DRAMA roofline; on an
+    // H100 the roofline answers all three, and faster.
+    let reference = app
+        .post_json_value("/v1/estimate", &crate::helpers::example_job())
+        .await;
+    assert_eq!(reference["utilization"]["sources"]["smact"], "learned");
+    assert_eq!(reference["utilization"]["sources"]["smocc"], "roofline");
+    let mut job = crate::helpers::example_job();
+    job["gpu"] = "h100-80gb".into();
+    let h100 = app.post_json_value("/v1/estimate", &job).await;
+    assert_eq!(h100["utilization"]["sources"]["smact"], "roofline");
+    assert!(
+        h100["performance"]["step_time_ms"].as_f64().unwrap()
+            <= reference["performance"]["step_time_ms"].as_f64().unwrap()
+    );
+}
+
+#[tokio::test]
+async fn a_card_known_only_by_its_memory_gets_no_roofline_and_says_why() {
+    use std::sync::Arc;
+
+    use gpucast::devices::{FakeDevices, GpuDevices};
+
+    use crate::helpers::{models_dir, spawn_app_with_devices, test_config};
+
+    let devices: Arc<dyn GpuDevices> = Arc::new(FakeDevices::single("Imaginary GPU 9000", 30_000));
+    let app = spawn_app_with_devices(test_config(&models_dir()), devices).await;
+    let mut job = json!({"batch_size": 8, "layers": [
+        {"kind": "conv2d", "output_size": 4096, "params": 1792},
+        {"kind": "linear", "output_size": 10, "params": 40970}
+    ]});
+    job["gpu"] = "attached".into();
+    let answer = app.post_json_value("/v1/estimate", &job).await;
+    assert!(answer["performance"].is_null(), "{answer}");
+    let why = answer["performance_null_reason"].as_str().unwrap();
+    assert!(why.contains("known only by its memory"), "{why}");
+    for metric in ["smact", "smocc", "drama"] {
+        assert!(answer["utilization"][metric].is_null());
+        let reason = answer["utilization"]["null_reasons"][metric]
+            .as_str()
+            .unwrap();
+        assert!(reason.contains("known only by its memory"), "{reason}");
+    }
+}
+
+#[tokio::test]
+async fn layer_flops_are_bounded_and_used() {
+    let app = spawn_app().await;
+    let job = |flops: u64| {
+        json!({"batch_size": 32, "layers": [
+            {"kind": "linear", "output_size": 4096, "params": 16781312, "flops": flops},
+            {"kind": "relu", "output_size": 4096, "params": 0}
+        ]})
+    };
+    let response = app.post_json("/v1/estimate", &job(u64::MAX)).await;
+    assert_eq!(response.status(), 422);
+    let body: Value = response.json().await.unwrap();
+    assert!(
+        body["detail"].as_str().unwrap().contains("layers[0].flops"),
+        "{body}"
+    );
+    let small = app.post_json_value("/v1/estimate", &job(1_000)).await;
+    let large = app
+        .post_json_value("/v1/estimate", &job(1_000_000_000_000))
+        .await;
+    let time = |a: &Value| a["performance"]["forward_ms"].as_f64().unwrap();
+    assert!(time(&large) > 10.0 * time(&small), "{large} {small}");
+}
