@@ -342,9 +342,11 @@ pub fn roofline_with(job: &Job, gpu: &GpuPerformance, constants: &Constants) -> 
     let max_warps = f64::from(gpu.max_warps_per_sm);
     let micro = setup.micro_batch_size as f64;
     let p = setup.parallelism;
-    // Tensor and pipeline parallelism give each GPU 1/(t x p) of every layer's work;
-    // context parallelism 1/c of the positions. Collectives are not modelled.
-    let split = (p.tensor * p.pipeline * p.context) as f64;
+    // Tensor parallelism gives each GPU 1/t of every layer's outputs, context parallelism 1/c
+    // of the positions, pipeline parallelism the first 1/p of the layers (the first stage,
+    // which also holds the most activations). Collectives are not modelled.
+    let split = (p.tensor * p.context) as f64;
+    let stage = layers.len().div_ceil(p.pipeline.max(1) as usize);
     let seq = job
         .input_shape()
         .filter(|s| s.len() == 1)
@@ -420,7 +422,7 @@ pub fn roofline_with(job: &Job, gpu: &GpuPerformance, constants: &Constants) -> 
             false,
         )
     };
-    for i in 0..layers.len() {
+    for i in 0..stage {
         forward(&mut timeline, i);
     }
     let out = layers.last().map_or(1.0, |l| l.output_size as f64) * micro;
@@ -434,7 +436,7 @@ pub fn roofline_with(job: &Job, gpu: &GpuPerformance, constants: &Constants) -> 
         elementwise(out, 3.0 * out * 4.0, max_warps),
         LOSS_KERNELS / 2,
     );
-    for i in (0..layers.len()).rev() {
+    for i in (0..stage).rev() {
         if is_recomputed[i] {
             forward(&mut timeline, i);
         }
@@ -618,7 +620,7 @@ fn layer_kernels(
     let sms = f64::from(t.gpu.sm_count);
     let max_warps = f64::from(t.gpu.max_warps_per_sm);
     let output = layer.output_size as f64 * micro / split;
-    let weights = layer.params as f64 / split;
+    let weights = layer.params as f64 / job.setup().parallelism.tensor as f64;
     let forward = pass == Pass::Forward;
     // A layer's own given FLOPs replace the derived ones (same shape, scaled work).
     let scaled = |mut k: Kernel, derived_per_sample: f64| {
@@ -639,8 +641,10 @@ fn layer_kernels(
             } else {
                 (conv_shape(layer, detail), Unit::Conv)
             };
-            let m = shape.positions * micro / split.sqrt();
-            let (n, k) = (shape.outputs / split.sqrt(), shape.inputs);
+            // Context parallelism splits the positions, tensor parallelism the outputs.
+            let p = job.setup().parallelism;
+            let m = shape.positions * micro / p.context as f64;
+            let (n, k) = (shape.outputs / p.tensor as f64, shape.inputs);
             let per_sample = 2.0 * shape.positions * shape.outputs * shape.inputs;
             let base = job.setup().lora.as_ref().map(|l| l.base_weights);
             let quantised = adapted && matches!(base, Some(BaseWeights::Nf4 | BaseWeights::Int8));
@@ -698,10 +702,12 @@ fn layer_kernels(
             }
             match attention_shape(job, i) {
                 Some((tokens, width)) => {
-                    let tokens =
-                        tokens / (split / (job.setup().parallelism.tensor as f64)).max(1.0);
-                    let width = width / job.setup().parallelism.tensor as f64;
-                    let per_sample = 4.0 * tokens * tokens * width;
+                    // Context parallelism splits the queries, tensor parallelism the heads.
+                    let p = job.setup().parallelism;
+                    let queries = tokens / p.context as f64;
+                    let width = width / p.tensor as f64;
+                    let per_sample = 4.0 * queries * tokens * width;
+                    let tokens = queries;
                     let times = if forward { 1.0 } else { 2.5 };
                     let heads = (width / ATTENTION_HEAD_DIM).max(1.0);
                     let kernel = Kernel {
@@ -1036,6 +1042,35 @@ mod tests {
         );
         let ratio = recomputed.flops / full.flops;
         assert!((1.3..1.36).contains(&ratio), "{ratio}");
+    }
+
+    #[test]
+    fn tensor_and_pipeline_parallelism_split_each_gpus_work() {
+        let one = roofline(&stack(8, 4, 4096, 512, plain()), &a100());
+        let split = |tensor: u64, pipeline: u64| {
+            roofline(
+                &stack(
+                    8,
+                    4,
+                    4096,
+                    512,
+                    UncheckedSetup {
+                        parallelism: Some(crate::domain::setup::UncheckedParallelism {
+                            world_size: Some(tensor * pipeline),
+                            tensor_parallel: Some(tensor),
+                            pipeline_parallel: Some(pipeline),
+                            ..Default::default()
+                        }),
+                        ..plain()
+                    },
+                ),
+                &a100(),
+            )
+        };
+        for (t, p) in [(2, 1), (1, 2), (2, 2)] {
+            let ratio = split(t, p).flops / one.flops * (t * p) as f64;
+            assert!((0.9..1.1).contains(&ratio), "t {t} p {p}: {ratio}");
+        }
     }
 
     #[test]
