@@ -407,19 +407,24 @@ pub fn roofline_with(job: &Job, gpu: &GpuPerformance, constants: &Constants) -> 
     let mut forward_us = 0.0;
     let mut backward_us = 0.0;
     // One micro-batch from a synchronised start; the step repeats it `accumulation` times.
+    let step = Step {
+        job,
+        micro,
+        split,
+        seq,
+        element,
+    };
     let forward = |t: &mut Timeline, i: usize| {
         layer_kernels(
             t,
-            job,
+            &step,
             i,
             Pass::Forward,
-            micro,
-            split,
-            seq,
-            element,
-            adapted(i),
-            0.0,
-            false,
+            LayerRole {
+                adapted: adapted(i),
+                trains: 0.0,
+                input_grad: false,
+            },
         )
     };
     for i in 0..stage {
@@ -442,16 +447,14 @@ pub fn roofline_with(job: &Job, gpu: &GpuPerformance, constants: &Constants) -> 
         }
         layer_kernels(
             &mut timeline,
-            job,
+            &step,
             i,
             Pass::Backward,
-            micro,
-            split,
-            seq,
-            element,
-            adapted(i),
-            trains_share(i),
-            needs_input_grad(i),
+            LayerRole {
+                adapted: adapted(i),
+                trains: trains_share(i),
+                input_grad: needs_input_grad(i),
+            },
         );
     }
     backward_us += timeline.sync() - started;
@@ -579,6 +582,31 @@ impl Sums {
     }
 }
 
+/// What every layer's kernels share in one micro-batch.
+#[derive(Clone, Copy)]
+struct Step<'a> {
+    job: &'a Job,
+    /// Samples per micro-batch.
+    micro: f64,
+    /// Tensor x context parallel degrees: the share of each activation one GPU holds.
+    split: f64,
+    /// The sequence length of a token model (a 1-D `input_shape`).
+    seq: Option<f64>,
+    /// Bytes of an activation element.
+    element: f64,
+}
+
+/// What a layer does in backward.
+#[derive(Clone, Copy)]
+struct LayerRole {
+    /// It carries LoRA adapters.
+    adapted: bool,
+    /// The share of its weights that train (their gradient GEMMs run).
+    trains: f64,
+    /// Its input's gradient is needed (something before it trains).
+    input_grad: bool,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Pass {
     Forward,
@@ -600,20 +628,19 @@ fn attention_shape(job: &Job, i: usize) -> Option<(f64, f64)> {
 }
 
 /// The kernels of layer `i` for one pass over `micro` samples.
-#[allow(clippy::too_many_arguments)]
-fn layer_kernels(
-    t: &mut Timeline,
-    job: &Job,
-    i: usize,
-    pass: Pass,
-    micro: f64,
-    split: f64,
-    seq: Option<f64>,
-    element: f64,
-    adapted: bool,
-    trains: f64,
-    input_grad: bool,
-) {
+fn layer_kernels(t: &mut Timeline, step: &Step, i: usize, pass: Pass, role: LayerRole) {
+    let Step {
+        job,
+        micro,
+        split,
+        seq,
+        element,
+    } = *step;
+    let LayerRole {
+        adapted,
+        trains,
+        input_grad,
+    } = role;
     let layer = &job.layers()[i];
     let detail = job.layer_details().get(i);
     let given_flops = detail.and_then(|d| d.flops).map(|f| f as f64);
