@@ -58,6 +58,13 @@ fn in_process(c: &mut Criterion) {
                 b.iter(|| estimator.run(job, &AggregateFeatures::of(job)).unwrap())
             });
         }
+        let a100 = gpucast::devices::sku::Catalogue::builtin()
+            .by_id("a100-40gb")
+            .unwrap()
+            .performance;
+        c.bench_function(&format!("roofline/{family}_{layers}_layers"), |b| {
+            b.iter(|| gpucast::domain::perf::roofline(std::hint::black_box(job), &a100))
+        });
         c.bench_function(&format!("estimate_all_estimators/{family}"), |b| {
             b.iter(|| estimators.estimate(job, 0.95).unwrap())
         });
@@ -187,6 +194,10 @@ fn simulated_jobs() -> Vec<(Family, Job)> {
 /// requires the simulation (and training domain) models/ holds, beside the family's others.
 fn simulated(c: &mut Criterion) {
     let estimators = Estimators::load(&root().join("models"), &dylib(), 1).expect("models load");
+    let a100 = gpucast::devices::sku::Catalogue::builtin()
+        .by_id("a100-40gb")
+        .unwrap()
+        .performance;
     for (family, job) in simulated_jobs() {
         let layers = job.layers().len();
         let batch = job.batch_size();
@@ -195,6 +206,10 @@ fn simulated(c: &mut Criterion) {
             .expect("a simulated job is estimated");
         let ran: Vec<&str> = answer.runs.iter().map(|run| run.name.as_str()).collect();
         eprintln!("simulated {family} ({layers} layers, batch {batch}): ran {ran:?}");
+        c.bench_function(
+            &format!("roofline/simulated_{family}_{layers}_layers_batch{batch}"),
+            |b| b.iter(|| gpucast::domain::perf::roofline(std::hint::black_box(&job), &a100)),
+        );
         c.bench_function(
             &format!("estimate_all_estimators/simulated_{family}_{layers}_layers_batch{batch}"),
             |b| {

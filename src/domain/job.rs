@@ -18,6 +18,9 @@ pub const MAX_LAYERS: usize = 4096;
 pub const MAX_BATCH_SIZE: u64 = 1 << 20;
 /// Largest per-layer parameter count or output size accepted (10^13: far beyond any model).
 pub const MAX_LAYER_QUANTITY: u64 = 10_000_000_000_000;
+/// Largest per-layer forward FLOPs per sample accepted (10^18: a 10^13-parameter layer over
+/// 50,000 positions).
+pub const MAX_LAYER_FLOPS: u64 = 1_000_000_000_000_000_000;
 /// Largest traced saved-tensor byte count accepted (16 TiB), so that sums stay exact in f64.
 pub const MAX_SAVED_BYTES: u64 = 1 << 44;
 
@@ -456,6 +459,8 @@ pub enum JobError {
         field: &'static str,
         value: u64,
     },
+    #[error("layers[{index}].flops: must be at most {MAX_LAYER_FLOPS}, got {value}")]
+    FlopsTooLarge { index: usize, value: u64 },
     #[error("family: unknown family '{0}' (known: mlp, cnn, transformer)")]
     UnknownFamily(String),
     #[error(transparent)]
@@ -564,6 +569,9 @@ impl Job {
                         });
                     }
                 }
+            }
+            if let Some(value) = detail.flops.filter(|&f| f > MAX_LAYER_FLOPS) {
+                return Err(JobError::FlopsTooLarge { index, value });
             }
         }
         self.details = if details.iter().all(|d| *d == LayerDetail::default()) {

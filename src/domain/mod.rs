@@ -4,6 +4,7 @@ pub mod analytic;
 pub mod features;
 pub mod job;
 pub mod memory;
+pub mod perf;
 pub mod physics;
 pub mod saved;
 pub mod setup;

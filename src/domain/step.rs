@@ -22,6 +22,10 @@ pub struct LayerDetail {
     pub name: Option<String>,
     pub in_features: Option<u64>,
     pub out_features: Option<u64>,
+    /// Forward FLOPs of the layer for one sample (multiply-add counted as 2), when the
+    /// request gave them (`describe` counts them with torch's FlopCounterMode); the
+    /// performance model ([`super::perf`]) derives them otherwise.
+    pub flops: Option<u64>,
 }
 
 /// bitsandbytes keeps 32-bit state for parameters below this size (`min_8bit_size`).

@@ -4,7 +4,8 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use crate::calibration::placement::{place, FitBasis, Placement, Target};
+use crate::calibration::placement::{place, FitBasis, Placement, Target, REFERENCE_SKU};
+use crate::domain::perf::{self, Bound, Roofline};
 use crate::domain::physics::BreakdownSource;
 use crate::domain::setup::Trainable;
 use crate::domain::{step, Confidence, Job, MemoryClass, MemoryFraction};
@@ -14,13 +15,21 @@ use crate::estimators::{ClassAnswer, Estimate, EstimateError, Query};
 use crate::http::types::{
     BreakdownResponse, BreakdownSourceName, CalibrationResponse, EstimateResponse, EstimatorAnswer,
     ExtrapolationResponse, FitBasisName, FitResponse, LatencyResponse, MemoryClassResponse,
-    MemoryResponse, ParallelismResponse, SetupResponse, UtilizationResponse,
+    MemoryResponse, ParallelismResponse, PerformanceBoundName, PerformanceResponse,
+    PerformanceSourceName, SetupResponse, UtilizationResponse, UtilizationSourceName,
 };
 use crate::http::validate::ValidEstimateRequest;
 use crate::http::AppState;
 
 /// The utilization metrics answered, each a fraction or null with a reason.
 const UTILIZATION_TARGETS: [&str; 3] = ["smact", "smocc", "drama"];
+
+/// The metrics whose learned regressor (trained on A100 40 GB MLP measurements) answers
+/// before the roofline on the reference card: those where it beat the roofline on the
+/// held-out MLP rows (`cargo test --test api roofline -- --nocapture`, docs/performance.md):
+/// SMACT (MAE 0.010 against the roofline's 0.037); on SMOCC the roofline wins (0.015 against
+/// 0.027). Elsewhere, and on every other card, the roofline answers.
+const LEARNED_FIRST: [&str; 1] = ["smact"];
 
 /// Runs the estimators (CPU work: call it off the async workers) and records metrics.
 pub fn answer(
@@ -41,6 +50,7 @@ pub fn answer(
     let asked = Asked {
         confidence,
         fraction,
+        roofline: roofline(&job, &target),
         target,
         warnings,
         setup: setup_response(&job),
@@ -73,6 +83,7 @@ pub fn answer_items(
             let asked = Asked {
                 confidence: item.confidence,
                 fraction: item.fraction,
+                roofline: roofline(&item.job, &item.target),
                 target: item.target.clone(),
                 warnings: item.warnings.clone(),
                 setup: setup_response(&item.job),
@@ -89,6 +100,84 @@ struct Asked {
     target: Target,
     warnings: Vec<String>,
     setup: SetupResponse,
+    /// The performance model on the target, or why there is none.
+    roofline: Result<Roofline, String>,
+}
+
+/// The roofline of `job` on the target, or why there is none.
+fn roofline(job: &Job, target: &Target) -> Result<Roofline, String> {
+    match &target.performance {
+        Some(gpu) => Ok(perf::roofline(job, gpu)),
+        None => Err(format!(
+            "the target GPU '{}' is known only by its memory: no peak throughput to run the \
+             roofline performance model on",
+            target.gpu
+        )),
+    }
+}
+
+/// Utilization figures, where each comes from and why the others are null: the learned
+/// regressors' first on the reference card for [`LEARNED_FIRST`], the roofline's otherwise;
+/// a learned figure stays when there is no roofline.
+fn utilization(
+    learned: &mut BTreeMap<String, f32>,
+    roofline: &Result<Roofline, String>,
+    on_reference: bool,
+    mut null_reasons: BTreeMap<String, String>,
+) -> UtilizationResponse {
+    let mut sources = BTreeMap::new();
+    let mut figures: BTreeMap<&str, f32> = BTreeMap::new();
+    for target in UTILIZATION_TARGETS {
+        let learned_figure = learned.remove(target);
+        let roofline_figure = roofline.as_ref().ok().map(|r| match target {
+            "smact" => r.smact,
+            "smocc" => r.smocc,
+            _ => r.drama,
+        } as f32);
+        let learned_first = on_reference && LEARNED_FIRST.contains(&target);
+        let chosen = match (learned_figure, roofline_figure) {
+            (Some(l), _) if learned_first => Some((l, UtilizationSourceName::Learned)),
+            (_, Some(r)) => Some((r, UtilizationSourceName::Roofline)),
+            (Some(l), None) => Some((l, UtilizationSourceName::Learned)),
+            (None, None) => None,
+        };
+        match chosen {
+            Some((figure, source)) => {
+                null_reasons.remove(target);
+                figures.insert(target, round_to(figure, 1e3));
+                sources.insert(target.to_string(), source);
+            }
+            None => {
+                if let Err(why) = roofline {
+                    let learned_why = null_reasons.remove(target).unwrap_or_default();
+                    null_reasons.insert(target.to_string(), format!("{learned_why}; {why}"));
+                }
+            }
+        }
+    }
+    UtilizationResponse {
+        smact: figures.get("smact").copied(),
+        smocc: figures.get("smocc").copied(),
+        drama: figures.get("drama").copied(),
+        sources,
+        null_reasons,
+    }
+}
+
+fn performance_response(r: &Roofline) -> PerformanceResponse {
+    PerformanceResponse {
+        step_time_ms: round_3(r.step_time_ms),
+        samples_per_s: round_3(r.samples_per_s),
+        forward_ms: round_3(r.forward_ms),
+        backward_ms: round_3(r.backward_ms),
+        optimizer_ms: round_3(r.optimizer_ms),
+        bound: match r.bound {
+            Bound::Compute => PerformanceBoundName::Compute,
+            Bound::Memory => PerformanceBoundName::Memory,
+            Bound::Overhead => PerformanceBoundName::Overhead,
+        },
+        source: PerformanceSourceName::Roofline,
+    }
 }
 
 /// The setup of `job` as an answer states it.
@@ -143,7 +232,9 @@ fn respond(
         target,
         warnings,
         setup,
+        roofline,
     } = asked;
+    let on_reference = target.gpu == REFERENCE_SKU;
     let mut estimate = estimate?;
     let placement = estimate
         .mib
@@ -169,15 +260,26 @@ fn respond(
         ])
         .inc();
     let null_reasons = utilization_null_reasons(state, &estimate);
-    Ok(to_response(
+    let utilization = utilization(
+        &mut estimate.utilization,
+        &roofline,
+        on_reference,
+        null_reasons,
+    );
+    let mut response = to_response(
         estimate,
         placement,
         confidence,
         warnings,
-        null_reasons,
+        utilization,
         setup,
         started,
-    ))
+    );
+    match &roofline {
+        Ok(r) => response.performance = Some(performance_response(r)),
+        Err(why) => response.performance_null_reason = Some(why.clone()),
+    }
+    Ok(response)
 }
 
 /// Why each utilization metric without a figure has none: no model for the job's family (and
@@ -233,7 +335,7 @@ fn to_response(
     placement: Option<Placement>,
     confidence: Confidence,
     mut warnings: Vec<String>,
-    null_reasons: BTreeMap<String, String>,
+    utilization: UtilizationResponse,
     setup: SetupResponse,
     started: Instant,
 ) -> EstimateResponse {
@@ -274,7 +376,6 @@ fn to_response(
         classifiers,
         mib,
         mib_estimators,
-        mut utilization,
         runs,
         left_out,
         ..
@@ -335,12 +436,7 @@ fn to_response(
             estimators,
             extrapolation,
         },
-        utilization: UtilizationResponse {
-            smact: utilization.remove("smact").map(|f| round_to(f, 1e3)),
-            smocc: utilization.remove("smocc").map(|f| round_to(f, 1e3)),
-            drama: utilization.remove("drama").map(|f| round_to(f, 1e3)),
-            null_reasons,
-        },
+        utilization,
         latency_us: LatencyResponse {
             total: round_1(started.elapsed().as_secs_f64() * 1e6),
             estimators: runs
@@ -369,6 +465,9 @@ fn to_response(
             profile_used: p.profile_observations.is_some(),
             observations: p.profile_observations.unwrap_or(0),
         }),
+        // Set by `respond` from the roofline.
+        performance: None,
+        performance_null_reason: None,
     }
 }
 

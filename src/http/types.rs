@@ -501,6 +501,11 @@ pub struct LayerRequest {
     #[serde(default, deserialize_with = "whole_number::optional")]
     #[schema(minimum = 1, maximum = 10_000_000_000_000_u64)]
     pub out_features: Option<u64>,
+    /// Forward FLOPs of the layer for one sample, multiply-add counted as 2 (`describe` counts
+    /// them with torch's FlopCounterMode). The performance model derives them when absent.
+    #[serde(default, deserialize_with = "whole_number::optional")]
+    #[schema(maximum = 1_000_000_000_000_000_000_u64)]
+    pub flops: Option<u64>,
 }
 
 /// A MiB range with the probability of each class.
@@ -637,9 +642,57 @@ pub struct UtilizationResponse {
     pub smocc: Option<f32>,
     /// DRAM active (DCGM_FI_PROF_DRAM_ACTIVE).
     pub drama: Option<f32>,
+    /// Where each figure comes from, by metric name: `learned` (a regressor trained on
+    /// measured utilization) or `roofline` (the performance model on the target GPU); a null
+    /// metric has no entry.
+    pub sources: BTreeMap<String, UtilizationSourceName>,
     /// Why each null metric is null, by metric name (`smact`, `smocc`, `drama`); a metric
     /// with a figure has no entry.
     pub null_reasons: BTreeMap<String, String>,
+}
+
+/// What a utilization figure comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum UtilizationSourceName {
+    Learned,
+    Roofline,
+}
+
+/// One training step on the target GPU, from the roofline performance model
+/// (docs/performance.md): the kernels of forward, backward (with recomputation) and the
+/// optimizer, each at the dtype's achievable peak or the DRAM bandwidth, dispatched by an
+/// eager host. Compute of one GPU of the layout; collectives are not modelled.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct PerformanceResponse {
+    /// One optimizer step (every micro-batch of it), milliseconds.
+    pub step_time_ms: f64,
+    /// Samples this GPU trains per second.
+    pub samples_per_s: f64,
+    /// Forward of every micro-batch of the step, ms.
+    pub forward_ms: f64,
+    /// Backward (recomputation included) of every micro-batch of the step, ms.
+    pub backward_ms: f64,
+    /// The optimizer's step, ms.
+    pub optimizer_ms: f64,
+    /// What bounds the step: the GPU's arithmetic, its memory bandwidth, or the host's
+    /// dispatch (the GPU waiting for work).
+    pub bound: PerformanceBoundName,
+    pub source: PerformanceSourceName,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum PerformanceBoundName {
+    Compute,
+    Memory,
+    Overhead,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum PerformanceSourceName {
+    Roofline,
 }
 
 /// Time spent on this estimate, microseconds: `total` and one entry per estimator name.
@@ -671,6 +724,12 @@ pub struct EstimateResponse {
     /// What the answer left out or assumed, e.g. a sequence estimator that reads fewer layers
     /// than the job has (the family's other estimators answer); empty when nothing was.
     pub warnings: Vec<String>,
+    /// Step time and throughput on the target GPU; null when the target's peak throughput is
+    /// unknown (`performance_null_reason` says why).
+    pub performance: Option<PerformanceResponse>,
+    /// Why `performance` is null; absent when it has figures.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub performance_null_reason: Option<String>,
 }
 
 /// The training setup an answer is for.

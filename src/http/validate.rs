@@ -165,6 +165,7 @@ pub fn to_job_noting(request: &EstimateRequest) -> Result<(Job, Vec<String>), Ap
                 name: l.name.clone(),
                 in_features: l.in_features,
                 out_features: l.out_features,
+                flops: l.flops,
             })
             .collect::<Vec<_>>()
     });

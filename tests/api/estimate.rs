@@ -42,14 +42,18 @@ async fn estimating_the_example_job_returns_every_documented_field() {
     }
     assert_eq!(body["memory"]["confidence"], 0.95);
 
-    for metric in ["smact", "smocc"] {
+    for metric in ["smact", "smocc", "drama"] {
         let value = body["utilization"][metric].as_f64().unwrap();
         assert!((0.0..=1.0).contains(&value), "{metric} = {value}");
     }
-    assert!(body["utilization"]["drama"].is_null());
-    let reasons = body["utilization"]["null_reasons"].as_object().unwrap();
-    assert_eq!(reasons.keys().collect::<Vec<_>>(), ["drama"], "{reasons:?}");
-    assert!(reasons["drama"].as_str().unwrap().contains("drama"));
+    // SMACT from the learned MLP regressor, SMOCC and DRAMA from the roofline
+    // (docs/performance.md); nothing is null.
+    assert_eq!(
+        body["utilization"]["sources"],
+        json!({"smact": "learned", "smocc": "roofline", "drama": "roofline"})
+    );
+    assert_eq!(body["utilization"]["null_reasons"], json!({}));
+    assert!(body["performance"]["step_time_ms"].as_f64().unwrap() > 0.0);
 
     let latency = body["latency_us"].as_object().unwrap();
     assert!(latency["total"].as_f64().unwrap() > 0.0);
@@ -254,9 +258,18 @@ async fn an_mlp_deeper_than_the_sequence_classifier_is_answered_without_it() {
 
 #[tokio::test]
 async fn every_null_utilization_figure_says_why() {
-    let app = spawn_app().await;
+    // A card known only by its memory: no roofline, and no learned model for CNNs.
+    let devices: std::sync::Arc<dyn gpucast::devices::GpuDevices> = std::sync::Arc::new(
+        gpucast::devices::FakeDevices::single("Imaginary GPU 9000", 30_000),
+    );
+    let app = crate::helpers::spawn_app_with_devices(
+        crate::helpers::test_config(&crate::helpers::models_dir()),
+        devices,
+    )
+    .await;
     let mut job = training_description("timm:resnet50");
     job["batch_size"] = 32.into();
+    job["gpu"] = "attached".into();
     let body: Value = app.post_json_value("/v1/estimate", &job).await;
     let utilization = body["utilization"].as_object().unwrap();
     let reasons = utilization["null_reasons"].as_object().unwrap();
@@ -264,6 +277,7 @@ async fn every_null_utilization_figure_says_why() {
         assert!(utilization[metric].is_null(), "{metric}");
         let reason = reasons[metric].as_str().unwrap();
         assert!(reason.contains(metric), "{reason}");
+        assert!(reason.contains("known only by its memory"), "{reason}");
     }
     // smact and smocc are measured for MLP jobs only: the reason says so
     for metric in ["smact", "smocc"] {
@@ -273,6 +287,10 @@ async fn every_null_utilization_figure_says_why() {
             "{reason}"
         );
     }
+    // On a catalogued card the roofline answers them all.
+    job["gpu"] = "a100-40gb".into();
+    let body: Value = app.post_json_value("/v1/estimate", &job).await;
+    assert_eq!(body["utilization"]["null_reasons"], json!({}), "{body}");
 }
 
 #[tokio::test]

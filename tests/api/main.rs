@@ -15,6 +15,7 @@ mod helpers;
 mod operations;
 mod public_setups;
 mod real_models;
+mod roofline;
 mod saved_tensors;
 mod setups;
 mod simulation;

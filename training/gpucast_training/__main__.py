@@ -25,7 +25,8 @@ import importlib
 from .data import Layout
 
 STAGES = {"mlp": "mlp", "timm": "timm", "simulated": "simulated", "golden": "golden",
-          "evaluate": "evaluate", "public-rows": "public_rows", "public-setups": "public_setups"}
+          "evaluate": "evaluate", "public-rows": "public_rows", "public-setups": "public_setups",
+          "perf-data": "perf_data"}
 ALL = ["mlp", "timm", "simulated", "golden", "evaluate"]
 
 

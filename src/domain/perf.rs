@@ -1,0 +1,1136 @@
+//! A first-principles performance model of one training step on one GPU: the kernels a PyTorch
+//! eager step launches (forward, backward, recomputation, loss, optimizer), each timed on a
+//! roofline (FLOPs at the dtype's achievable peak, or bytes at the achievable DRAM bandwidth,
+//! over the share of the SMs its thread blocks occupy), and issued by a host that needs
+//! [`Constants::host_us_per_op`] per op: when kernels are shorter than their dispatch, the GPU
+//! waits. From that timeline come the step time, samples/s, and the utilization DCGM would
+//! report: SMACT (time-weighted share of SMs with work), SMOCC (resident warps over the SM's
+//! maximum, time-weighted) and DRAMA (bytes moved over the bytes the DRAM could have moved).
+//!
+//! docs/performance.md describes the model, its constants and how it was evaluated.
+
+use super::job::{Family, Job, Layer, LayerKind};
+use super::setup::{
+    BaseWeights, Checkpointing, LoraTargets, Optimizer, OptimizerImplementation, Precision,
+    Trainable,
+};
+use super::step::{self, LayerDetail};
+use crate::devices::performance::GpuPerformance;
+
+/// The model's tunable constants. Two were fitted ([`CALIBRATED`]); the efficiencies are
+/// the commonly achieved shares of the data-sheet peaks and were left fixed.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Constants {
+    /// Host time to dispatch one op in eager PyTorch (Python, the dispatcher, autograd, the
+    /// launch itself): ~10-30 us measured on typical servers.
+    pub host_us_per_op: f64,
+    /// Host time per optimizer step outside the ops modelled: the training loop's Python,
+    /// the input batch, `zero_grad`, the loss's `.item()` synchronisation. The GPU is idle.
+    pub step_host_us: f64,
+    /// Host time per element of an MLP step's input batch, ns: making the batch and copying
+    /// it to the GPU while the GPU waits (GPUMemNet's loop draws random inputs on the host
+    /// every step). Other families pay the copy alone ([`PCIE_GB_S`]).
+    pub input_host_ns_per_element: f64,
+    /// Share of the dense tensor/CUDA-core peak large GEMMs reach (cuBLAS: 70-80 %).
+    pub compute_efficiency: f64,
+    /// Share of the DRAM bandwidth streaming kernels reach (~80-90 % in STREAM-like tests).
+    pub memory_efficiency: f64,
+}
+
+/// The constants the service answers with. `host_us_per_op` and `step_host_us` were fitted on
+/// the MLP training rows' measured SMACT and SMOCC (data/mlp/train_utilization.jsonl.gz) with
+/// leave-one-shape-out folds: `cargo run --release --example fit_roofline` prints the grid,
+/// the folds and the choice.
+pub const CALIBRATED: Constants = Constants {
+    host_us_per_op: 15.0,
+    step_host_us: 1000.0,
+    input_host_ns_per_element: 3.0,
+    compute_efficiency: 0.7,
+    memory_efficiency: 0.8,
+};
+
+/// A kernel takes at least this long on the GPU however little it does (launch latency,
+/// ramp-up and tail of a grid): ~2-4 us for an empty kernel on A100/H100.
+const KERNEL_MIN_US: f64 = 3.0;
+/// cuBLAS/cuDNN output tiles: 128x128 with 8 warps (256 threads) where that fills the GPU,
+/// else 64x64 tiles with 4 warps (what cuBLAS's heuristics pick for small problems).
+const GEMM_TILE: f64 = 128.0;
+const GEMM_SMALL_TILE: f64 = 64.0;
+const GEMM_WARPS: f64 = 8.0;
+const GEMM_SMALL_WARPS: f64 = 4.0;
+/// Register and shared-memory use let about two GEMM blocks reside per SM.
+const GEMM_BLOCKS_PER_SM: f64 = 2.0;
+/// PyTorch's elementwise kernels: 128 threads (4 warps) per block, 4 elements per thread
+/// (`aten/src/ATen/native/cuda/Loops.cuh`); blocks per SM limited by warps (and at most 32).
+const ELEMENTWISE_WARPS: f64 = 4.0;
+const ELEMENTWISE_PER_BLOCK: f64 = 512.0;
+/// `multi_tensor_apply` (foreach/fused optimizers): 512 threads per block, 65,536 elements
+/// per chunk, at most 110 tensors per launch (depth 2; fewer with more lists: taken as 48).
+const FOREACH_WARPS: f64 = 16.0;
+const FOREACH_CHUNK: f64 = 65_536.0;
+const FOREACH_TENSORS_PER_LAUNCH: f64 = 48.0;
+/// Flash/memory-efficient attention: one block per 128 query rows per head, 4 warps; head
+/// dimension taken as 64 when the head count is unknown.
+const ATTENTION_ROWS_PER_BLOCK: f64 = 128.0;
+const ATTENTION_HEAD_DIM: f64 = 64.0;
+/// Host-to-device copies of a pinned batch: ~12 GB/s effective over PCIe 4.0 x16.
+const PCIE_GB_S: f64 = 12.0;
+/// Cross-entropy: log_softmax and nll forward, their two backward kernels, on fp32 logits.
+const LOSS_KERNELS: usize = 4;
+
+/// What the model says of one training step.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Roofline {
+    /// One optimizer step: every micro-batch's forward and backward, the optimizer, the
+    /// host's fixed cost.
+    pub step_time_ms: f64,
+    pub samples_per_s: f64,
+    /// Summed over the step's micro-batches (recomputation is in backward).
+    pub forward_ms: f64,
+    pub backward_ms: f64,
+    pub optimizer_ms: f64,
+    pub bound: Bound,
+    pub smact: f64,
+    pub smocc: f64,
+    pub drama: f64,
+    /// FLOPs and DRAM bytes of one step.
+    pub flops: f64,
+    pub bytes: f64,
+}
+
+/// What bounds the step: the GPU's arithmetic, its memory, or the host's dispatch (the GPU
+/// waiting for work).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bound {
+    Compute,
+    Memory,
+    Overhead,
+}
+
+impl Bound {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Bound::Compute => "compute",
+            Bound::Memory => "memory",
+            Bound::Overhead => "overhead",
+        }
+    }
+}
+
+/// The roofline of `job` on `gpu` with the calibrated constants.
+pub fn roofline(job: &Job, gpu: &GpuPerformance) -> Roofline {
+    roofline_with(job, gpu, &CALIBRATED)
+}
+
+/// Which peak a kernel runs at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Unit {
+    /// Matrix products at the job's matmul dtype (tensor cores where it has them).
+    Matmul,
+    /// Convolutions: like matmuls, but cuDNN uses TF32 for fp32 by default
+    /// (`torch.backends.cudnn.allow_tf32 = True`), cuBLAS does not (since PyTorch 1.12).
+    Conv,
+    /// Everything else: fp32 CUDA cores.
+    Vector,
+}
+
+/// One kernel: work, and the grid that does it.
+#[derive(Debug, Clone, Copy)]
+struct Kernel {
+    flops: f64,
+    bytes: f64,
+    unit: Unit,
+    blocks: f64,
+    warps_per_block: f64,
+    /// Blocks one SM holds at once.
+    blocks_per_sm: f64,
+}
+
+fn gemm(m: f64, n: f64, k: f64, element: f64, unit: Unit, sms: f64) -> Kernel {
+    let tiles = |t: f64| (m / t).ceil().max(1.0) * (n / t).ceil().max(1.0);
+    let (blocks, warps) = if tiles(GEMM_TILE) >= sms {
+        (tiles(GEMM_TILE), GEMM_WARPS)
+    } else {
+        (tiles(GEMM_SMALL_TILE), GEMM_SMALL_WARPS)
+    };
+    Kernel {
+        flops: 2.0 * m * n * k,
+        bytes: (m * k + k * n + m * n) * element,
+        unit,
+        blocks,
+        warps_per_block: warps,
+        blocks_per_sm: GEMM_BLOCKS_PER_SM,
+    }
+}
+
+/// A memory-bound kernel over `elements`, moving `bytes`.
+fn elementwise(elements: f64, bytes: f64, max_warps: f64) -> Kernel {
+    Kernel {
+        flops: elements,
+        bytes,
+        unit: Unit::Vector,
+        blocks: (elements / ELEMENTWISE_PER_BLOCK).ceil().max(1.0),
+        warps_per_block: ELEMENTWISE_WARPS,
+        blocks_per_sm: (max_warps / ELEMENTWISE_WARPS).min(32.0),
+    }
+}
+
+/// The step's timeline: the host issues ops one after another; the GPU runs each as soon as
+/// it is issued and the previous one is done.
+struct Timeline<'a> {
+    gpu: &'a GpuPerformance,
+    constants: &'a Constants,
+    precision: Precision,
+    /// When the host has issued the last op, and when the GPU finishes it (us).
+    host: f64,
+    done: f64,
+    /// Kernel time bound by compute, by memory; SM-time share busy; warp-time share.
+    compute_us: f64,
+    memory_us: f64,
+    sm_busy: f64,
+    warps: f64,
+    flops: f64,
+    bytes: f64,
+}
+
+impl<'a> Timeline<'a> {
+    fn new(gpu: &'a GpuPerformance, constants: &'a Constants, precision: Precision) -> Self {
+        Timeline {
+            gpu,
+            constants,
+            precision,
+            host: 0.0,
+            done: 0.0,
+            compute_us: 0.0,
+            memory_us: 0.0,
+            sm_busy: 0.0,
+            warps: 0.0,
+            flops: 0.0,
+            bytes: 0.0,
+        }
+    }
+
+    /// Peak FLOP/s (10^12) of a unit at the job's precision.
+    fn peak_tflops(&self, unit: Unit) -> f64 {
+        let g = self.gpu;
+        let tf32 = g.tf32_tflops.unwrap_or(g.fp32_tflops);
+        let half = |bf16: bool| {
+            if bf16 {
+                // Before Ampere bf16 has no tensor cores: it runs at about fp32's rate.
+                g.bf16_tflops.unwrap_or(g.fp32_tflops)
+            } else {
+                g.fp16_tflops
+            }
+        };
+        match (unit, self.precision) {
+            (Unit::Vector, _) => g.fp32_tflops,
+            (Unit::Matmul, Precision::Fp32) => g.fp32_tflops,
+            (Unit::Conv, Precision::Fp32) | (_, Precision::Tf32) => tf32,
+            (_, Precision::AmpFp16 | Precision::Fp16) => half(false),
+            (_, Precision::AmpBf16 | Precision::Bf16) => half(true),
+        }
+    }
+
+    /// Issues `count` copies of `kernel`.
+    fn run(&mut self, kernel: Kernel, count: usize) {
+        let sms = f64::from(self.gpu.sm_count);
+        let active = (kernel.blocks / sms).min(1.0);
+        let compute = kernel.flops
+            / (self.peak_tflops(kernel.unit) * 1e6 * self.constants.compute_efficiency * active);
+        let memory = kernel.bytes
+            / (self.gpu.memory_bandwidth_gb_s * 1e3 * self.constants.memory_efficiency * active);
+        let duration = compute.max(memory).max(KERNEL_MIN_US);
+        // Warps resident on an active SM, over the most it holds.
+        let per_sm = (kernel.blocks / (active * sms)).min(kernel.blocks_per_sm);
+        let occupancy =
+            (per_sm * kernel.warps_per_block / f64::from(self.gpu.max_warps_per_sm)).min(1.0);
+        for _ in 0..count {
+            self.host += self.constants.host_us_per_op;
+            self.done = self.done.max(self.host) + duration;
+        }
+        let n = count as f64;
+        if compute >= memory {
+            self.compute_us += n * duration;
+        } else {
+            self.memory_us += n * duration;
+        }
+        self.sm_busy += n * duration * active;
+        self.warps += n * duration * active * occupancy;
+        self.flops += n * kernel.flops;
+        self.bytes += n * kernel.bytes;
+    }
+
+    /// Waits for the GPU (a phase boundary the host synchronises on); returns the time.
+    fn sync(&mut self) -> f64 {
+        self.host = self.done;
+        self.done
+    }
+}
+
+/// Bytes of an activation element at `precision`: fp32 unless 16-bit.
+fn activation_bytes(precision: Precision) -> f64 {
+    match precision {
+        Precision::Fp32 | Precision::Tf32 => 4.0,
+        _ => 2.0,
+    }
+}
+
+/// What the step knows of one layer.
+#[derive(Debug, Clone, Copy)]
+struct Shape {
+    /// Rows of the layer's GEMM per sample (tokens, output positions).
+    positions: f64,
+    inputs: f64,
+    outputs: f64,
+}
+
+/// A linear layer's positions and (in, out): `out_features` when given (positions =
+/// output_size / out_features), else one position (an MLP: the output is the features).
+fn linear_shape(layer: &Layer, detail: Option<&LayerDetail>, seq: Option<f64>) -> Shape {
+    let output = layer.output_size.max(1) as f64;
+    let params = layer.params.max(1) as f64;
+    match detail.and_then(|d| d.out_features) {
+        Some(out) => {
+            let out = out as f64;
+            let inputs = detail
+                .and_then(|d| d.in_features)
+                .map_or(params / out, |i| i as f64);
+            Shape {
+                positions: (output / out).max(1.0),
+                inputs,
+                outputs: out,
+            }
+        }
+        None => {
+            // A token model's linear without shapes: the sequence's positions when the output
+            // holds them; otherwise the output is the features.
+            let positions = seq.filter(|&s| output >= s * 2.0).unwrap_or(1.0);
+            let outputs = (output / positions).max(1.0);
+            Shape {
+                positions,
+                inputs: (params / outputs).max(1.0),
+                outputs,
+            }
+        }
+    }
+}
+
+/// A convolution's output positions and implicit-GEMM (in, out). Without a channel count the
+/// kernel is taken as 3x3 with as many input as output channels, so that out_channels =
+/// sqrt(params / 9) (a ResNet body's convolution); positions = output_size / out_channels.
+fn conv_shape(layer: &Layer, detail: Option<&LayerDetail>) -> Shape {
+    let params = layer.params.max(1) as f64;
+    let outputs = detail
+        .and_then(|d| d.out_features)
+        .map_or((params / 9.0).sqrt().max(1.0), |o| o as f64);
+    Shape {
+        positions: (layer.output_size.max(1) as f64 / outputs).max(1.0),
+        inputs: (params / outputs).max(1.0),
+        outputs,
+    }
+}
+
+/// The step of `job` on `gpu` with `constants`.
+pub fn roofline_with(job: &Job, gpu: &GpuPerformance, constants: &Constants) -> Roofline {
+    let setup = job.setup();
+    let layers = job.layers();
+    let details = job.layer_details();
+    let detail = |i: usize| details.get(i);
+    let precision = setup.precision;
+    let element = activation_bytes(precision);
+    let storage = precision.storage_bytes();
+    let max_warps = f64::from(gpu.max_warps_per_sm);
+    let micro = setup.micro_batch_size as f64;
+    let p = setup.parallelism;
+    // Tensor parallelism gives each GPU 1/t of every layer's outputs, context parallelism 1/c
+    // of the positions, pipeline parallelism the first 1/p of the layers (the first stage,
+    // which also holds the most activations). Collectives are not modelled.
+    let split = (p.tensor * p.context) as f64;
+    let stage = layers.len().div_ceil(p.pipeline.max(1) as usize);
+    let seq = job
+        .input_shape()
+        .filter(|s| s.len() == 1)
+        .map(|s| s[0] as f64);
+    let head = layers.iter().rposition(|l| l.kind == LayerKind::Linear);
+    let total_params: f64 = layers.iter().map(|l| l.params as f64).sum();
+
+    // Which layers train their weights, which carry LoRA adapters (as the memory step reads them).
+    let lora = setup.lora.as_ref();
+    let named_in = |i: usize, modules: &[String]| {
+        detail(i)
+            .and_then(|d| d.name.as_deref())
+            .is_some_and(|name| modules.iter().any(|m| step::within(name, m)))
+    };
+    let trains_share = |i: usize| -> f64 {
+        if layers[i].params == 0 {
+            return 0.0;
+        }
+        match (&setup.trainable, lora) {
+            (Trainable::Modules(modules), _) => f64::from(u8::from(named_in(i, modules))),
+            (_, Some(_)) => 0.0,
+            (Trainable::Params(n), None) if total_params > 0.0 => {
+                (*n as f64 / total_params).min(1.0)
+            }
+            _ => 1.0,
+        }
+    };
+    let adapted = |i: usize| -> bool {
+        let Some(lora) = lora else { return false };
+        layers[i].kind == LayerKind::Linear
+            && match &lora.targets {
+                LoraTargets::AllLinear => Some(i) != head,
+                LoraTargets::Names(targets) => detail(i)
+                    .and_then(|d| d.name.as_deref())
+                    .is_some_and(|name| targets.iter().any(|t| step::names_target(name, t))),
+            }
+    };
+    // Backward computes a layer's input gradient only when something before it trains.
+    let first_trained = (0..layers.len()).find(|&i| trains_share(i) > 0.0 || adapted(i));
+    let needs_input_grad = |i: usize| first_trained.is_some_and(|f| i > f);
+    let recomputed: Vec<std::ops::Range<usize>> = match &setup.checkpointing {
+        Checkpointing::None => Vec::new(),
+        Checkpointing::Full => step::blocks(details),
+        Checkpointing::Modules(modules) => step::modules_ranges(details, modules),
+    };
+    let mut is_recomputed = vec![false; layers.len()];
+    for range in &recomputed {
+        is_recomputed[range.clone()]
+            .iter_mut()
+            .for_each(|r| *r = true);
+    }
+    let shares: Vec<f64> = (0..layers.len()).map(trains_share).collect();
+    let adapters: Vec<bool> = (0..layers.len()).map(adapted).collect();
+    let trains_share = |i: usize| shares[i];
+    let adapted = |i: usize| adapters[i];
+
+    let mut timeline = Timeline::new(gpu, constants, precision);
+    let mut forward_us = 0.0;
+    let mut backward_us = 0.0;
+    // One micro-batch from a synchronised start; the step repeats it `accumulation` times.
+    let step = Step {
+        job,
+        micro,
+        split,
+        seq,
+        element,
+    };
+    let forward = |t: &mut Timeline, i: usize| {
+        layer_kernels(
+            t,
+            &step,
+            i,
+            Pass::Forward,
+            LayerRole {
+                adapted: adapted(i),
+                trains: 0.0,
+                input_grad: false,
+            },
+        )
+    };
+    for i in 0..stage {
+        forward(&mut timeline, i);
+    }
+    let out = layers.last().map_or(1.0, |l| l.output_size as f64) * micro;
+    timeline.run(
+        elementwise(out, 3.0 * out * 4.0, max_warps),
+        LOSS_KERNELS / 2,
+    );
+    forward_us += timeline.done;
+    let started = timeline.done;
+    timeline.run(
+        elementwise(out, 3.0 * out * 4.0, max_warps),
+        LOSS_KERNELS / 2,
+    );
+    for i in (0..stage).rev() {
+        if is_recomputed[i] {
+            forward(&mut timeline, i);
+        }
+        layer_kernels(
+            &mut timeline,
+            &step,
+            i,
+            Pass::Backward,
+            LayerRole {
+                adapted: adapted(i),
+                trains: trains_share(i),
+                input_grad: needs_input_grad(i),
+            },
+        );
+    }
+    backward_us += timeline.sync() - started;
+    let accumulation = setup.accumulation.max(1) as f64;
+    let micro_us = timeline.done;
+    // Scale the micro-batch's sums to the step.
+    let mut scaled = Sums::of(&timeline).times(accumulation);
+    forward_us *= accumulation;
+    backward_us *= accumulation;
+
+    // The optimizer step, from a synchronised start.
+    let mut optimizer = Timeline::new(gpu, constants, precision);
+    optimizer_kernels(
+        &mut optimizer,
+        job,
+        &trains_share,
+        &adapted,
+        storage,
+        max_warps,
+    );
+    let optimizer_us = optimizer.sync();
+    scaled = scaled.plus(Sums::of(&optimizer));
+
+    // The fitted host cost per input element is GPUMemNet's loop's (MLPs on random batches
+    // drawn on the host each step); CNN and transformer jobs normally load through a
+    // DataLoader whose workers prepare batches ahead, leaving the copy to the GPU.
+    let input_ns = if job.family() == Family::Mlp {
+        constants.input_host_ns_per_element
+    } else {
+        4.0 / PCIE_GB_S
+    };
+    let input_us =
+        input_elements(job) * setup.micro_batch_size as f64 * accumulation * input_ns * 1e-3;
+    let step_us = micro_us * accumulation + optimizer_us + constants.step_host_us + input_us;
+    let busy = scaled.compute_us + scaled.memory_us;
+    let idle = (step_us - busy).max(0.0);
+    let bound = if idle >= scaled.compute_us && idle >= scaled.memory_us {
+        Bound::Overhead
+    } else if scaled.compute_us >= scaled.memory_us {
+        Bound::Compute
+    } else {
+        Bound::Memory
+    };
+    let seconds = step_us * 1e-6;
+    Roofline {
+        step_time_ms: step_us * 1e-3,
+        samples_per_s: setup.micro_batch_size as f64 * accumulation / seconds,
+        forward_ms: forward_us * 1e-3,
+        backward_ms: backward_us * 1e-3,
+        optimizer_ms: optimizer_us * 1e-3,
+        bound,
+        smact: (scaled.sm_busy / step_us).clamp(0.0, 1.0),
+        smocc: (scaled.warps / step_us).clamp(0.0, 1.0),
+        drama: (scaled.bytes / (seconds * gpu.memory_bandwidth_gb_s * 1e9)).clamp(0.0, 1.0),
+        flops: scaled.flops,
+        bytes: scaled.bytes,
+    }
+}
+
+/// Elements of one sample's input: the input shape's, else the first layer's inputs.
+fn input_elements(job: &Job) -> f64 {
+    if let Some(shape) = job.input_shape() {
+        return shape.iter().map(|&d| d as f64).product();
+    }
+    let Some(first) = job.layers().first() else {
+        return 0.0;
+    };
+    let detail = job.layer_details().first();
+    match first.kind {
+        LayerKind::Linear => {
+            let s = linear_shape(first, detail, None);
+            s.positions * s.inputs
+        }
+        k if k.is_convolution() => {
+            let s = conv_shape(first, detail);
+            s.positions * s.inputs
+        }
+        _ => first.output_size as f64,
+    }
+}
+
+/// A timeline's sums.
+#[derive(Debug, Clone, Copy)]
+struct Sums {
+    compute_us: f64,
+    memory_us: f64,
+    sm_busy: f64,
+    warps: f64,
+    flops: f64,
+    bytes: f64,
+}
+
+impl Sums {
+    fn of(t: &Timeline) -> Sums {
+        Sums {
+            compute_us: t.compute_us,
+            memory_us: t.memory_us,
+            sm_busy: t.sm_busy,
+            warps: t.warps,
+            flops: t.flops,
+            bytes: t.bytes,
+        }
+    }
+
+    fn times(self, k: f64) -> Sums {
+        Sums {
+            compute_us: self.compute_us * k,
+            memory_us: self.memory_us * k,
+            sm_busy: self.sm_busy * k,
+            warps: self.warps * k,
+            flops: self.flops * k,
+            bytes: self.bytes * k,
+        }
+    }
+
+    fn plus(self, o: Sums) -> Sums {
+        Sums {
+            compute_us: self.compute_us + o.compute_us,
+            memory_us: self.memory_us + o.memory_us,
+            sm_busy: self.sm_busy + o.sm_busy,
+            warps: self.warps + o.warps,
+            flops: self.flops + o.flops,
+            bytes: self.bytes + o.bytes,
+        }
+    }
+}
+
+/// What every layer's kernels share in one micro-batch.
+#[derive(Clone, Copy)]
+struct Step<'a> {
+    job: &'a Job,
+    /// Samples per micro-batch.
+    micro: f64,
+    /// Tensor x context parallel degrees: the share of each activation one GPU holds.
+    split: f64,
+    /// The sequence length of a token model (a 1-D `input_shape`).
+    seq: Option<f64>,
+    /// Bytes of an activation element.
+    element: f64,
+}
+
+/// What a layer does in backward.
+#[derive(Clone, Copy)]
+struct LayerRole {
+    /// It carries LoRA adapters.
+    adapted: bool,
+    /// The share of its weights that train (their gradient GEMMs run).
+    trains: f64,
+    /// Its input's gradient is needed (something before it trains).
+    input_grad: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pass {
+    Forward,
+    Backward,
+}
+
+/// The width and tokens of the attention at layer `i`: from the nearest linear layer with
+/// shapes after it (the query projection), else before it (the output projection).
+fn attention_shape(job: &Job, i: usize) -> Option<(f64, f64)> {
+    let layers = job.layers();
+    let details = job.layer_details();
+    let near = (i + 1..layers.len().min(i + 8)).chain((i.saturating_sub(8)..i).rev());
+    near.filter(|&j| layers[j].kind == LayerKind::Linear)
+        .find_map(|j| {
+            let out = details.get(j)?.out_features? as f64;
+            Some((layers[j].output_size as f64 / out, out))
+        })
+        .filter(|&(tokens, _)| tokens >= 1.0)
+}
+
+/// The kernels of layer `i` for one pass over `micro` samples.
+fn layer_kernels(t: &mut Timeline, step: &Step, i: usize, pass: Pass, role: LayerRole) {
+    let Step {
+        job,
+        micro,
+        split,
+        seq,
+        element,
+    } = *step;
+    let LayerRole {
+        adapted,
+        trains,
+        input_grad,
+    } = role;
+    let layer = &job.layers()[i];
+    let detail = job.layer_details().get(i);
+    let given_flops = detail.and_then(|d| d.flops).map(|f| f as f64);
+    let sms = f64::from(t.gpu.sm_count);
+    let max_warps = f64::from(t.gpu.max_warps_per_sm);
+    let output = layer.output_size as f64 * micro / split;
+    let weights = layer.params as f64 / job.setup().parallelism.tensor as f64;
+    let forward = pass == Pass::Forward;
+    // A layer's own given FLOPs replace the derived ones (same shape, scaled work).
+    let scaled = |mut k: Kernel, derived_per_sample: f64| {
+        if let Some(f) = given_flops.filter(|_| derived_per_sample > 0.0) {
+            k.flops *= f / derived_per_sample;
+        }
+        k
+    };
+    let kind = layer.kind;
+    match kind {
+        LayerKind::Linear
+        | LayerKind::Conv1d
+        | LayerKind::Conv2d
+        | LayerKind::Conv3d
+        | LayerKind::ConvTranspose2d => {
+            let (shape, unit) = if kind == LayerKind::Linear {
+                (linear_shape(layer, detail, seq), Unit::Matmul)
+            } else {
+                (conv_shape(layer, detail), Unit::Conv)
+            };
+            // Context parallelism splits the positions, tensor parallelism the outputs.
+            let p = job.setup().parallelism;
+            let m = shape.positions * micro / p.context as f64;
+            let (n, k) = (shape.outputs / p.tensor as f64, shape.inputs);
+            let per_sample = 2.0 * shape.positions * shape.outputs * shape.inputs;
+            let base = job.setup().lora.as_ref().map(|l| l.base_weights);
+            let quantised = adapted && matches!(base, Some(BaseWeights::Nf4 | BaseWeights::Int8));
+            if forward {
+                if quantised {
+                    // Dequantise the base weight before its matmul (and again in backward).
+                    t.run(elementwise(weights, weights * 2.5, max_warps), 1);
+                } else if t.precision.is_autocast() {
+                    // Autocast casts each fp32 weight to 16 bits before the matmul.
+                    t.run(elementwise(weights, weights * 6.0, max_warps), 1);
+                }
+                t.run(scaled(gemm(m, n, k, element, unit, sms), per_sample), 1);
+            } else {
+                if quantised {
+                    t.run(elementwise(weights, weights * 2.5, max_warps), 1);
+                }
+                if input_grad {
+                    t.run(scaled(gemm(m, k, n, element, unit, sms), per_sample), 1);
+                }
+                if trains > 0.0 {
+                    let mut wgrad = scaled(gemm(k, n, m, element, unit, sms), per_sample);
+                    wgrad.flops *= trains;
+                    t.run(wgrad, 1);
+                    // The bias gradient: a reduction over the output.
+                    t.run(elementwise(output, output * element, max_warps), 1);
+                }
+            }
+            if adapted {
+                // LoRA: x @ A, then @ B, scaled and added (forward); their gradients and the
+                // input's through them (backward). Small GEMMs: dispatch-bound.
+                let rank = job.setup().lora.as_ref().map_or(8.0, |l| l.rank as f64);
+                let a = gemm(m, rank, k, element, unit, sms);
+                let b = gemm(m, n, rank, element, unit, sms);
+                let add = elementwise(m * n, 3.0 * m * n * element, max_warps);
+                if forward {
+                    t.run(a, 1);
+                    t.run(b, 1);
+                    t.run(add, 2);
+                } else {
+                    t.run(b, 2);
+                    t.run(a, 2);
+                    t.run(add, 1);
+                }
+            }
+        }
+        LayerKind::Attention => {
+            // A container holding the attention that follows it in the list is no kernel.
+            let container = job.layer_details().get(i + 1).is_some_and(|next| {
+                job.layers()[i + 1].kind == LayerKind::Attention
+                    && matches!((detail.and_then(|d| d.name.as_deref()), next.name.as_deref()),
+                        (Some(a), Some(b)) if step::within(b, a))
+            });
+            if container {
+                return;
+            }
+            match attention_shape(job, i) {
+                Some((tokens, width)) => {
+                    // Context parallelism splits the queries, tensor parallelism the heads.
+                    let p = job.setup().parallelism;
+                    let queries = tokens / p.context as f64;
+                    let width = width / p.tensor as f64;
+                    let per_sample = 4.0 * queries * tokens * width;
+                    let tokens = queries;
+                    let times = if forward { 1.0 } else { 2.5 };
+                    let heads = (width / ATTENTION_HEAD_DIM).max(1.0);
+                    let kernel = Kernel {
+                        flops: per_sample * micro * times,
+                        bytes: 4.0 * tokens * width * micro * element * times,
+                        unit: Unit::Matmul,
+                        blocks: micro * heads * (tokens / ATTENTION_ROWS_PER_BLOCK).ceil(),
+                        warps_per_block: GEMM_SMALL_WARPS,
+                        blocks_per_sm: GEMM_BLOCKS_PER_SM,
+                    };
+                    let eager = job
+                        .simulation()
+                        .and_then(|s| s.attention.as_deref())
+                        .is_some_and(|a| a == "math" || a == "eager");
+                    if eager {
+                        // Unfused: two batched GEMMs around the materialised scores (heads x
+                        // T x T), which scale, mask, softmax and dropout pass over in turn
+                        // (forward ~4 kernels of 2-3 passes; backward as many, 3 passes).
+                        let scores = heads * tokens * tokens * micro;
+                        let mut gemms = kernel;
+                        gemms.bytes = scores * element * times;
+                        let mut gemms = scaled(gemms, per_sample * times);
+                        gemms.flops /= 2.0;
+                        t.run(gemms, 2);
+                        let passes = if forward { 2.5 } else { 3.0 };
+                        t.run(elementwise(scores, passes * scores * element, max_warps), 4);
+                    } else {
+                        t.run(scaled(kernel, per_sample * times), 1);
+                    }
+                }
+                None => {
+                    let passes = if forward { 2.0 } else { 3.0 };
+                    t.run(elementwise(output, passes * output * element, max_warps), 1);
+                }
+            }
+        }
+        LayerKind::Embedding => {
+            if forward {
+                t.run(elementwise(output, 2.0 * output * element, max_warps), 1);
+            } else if trains > 0.0 {
+                // Zero the table's gradient, then scatter-add the rows (sorted indices).
+                t.run(elementwise(weights, weights * element, max_warps), 1);
+                t.run(elementwise(output, 3.0 * output * element, max_warps), 2);
+            }
+        }
+        LayerKind::Identity | LayerKind::Flatten => {}
+        _ => {
+            // Memory-bound: read the input, write the output (backward: read the output's
+            // gradient and what was saved, write the input's). Normalisations read twice
+            // (statistics, then normalise) and reduce their weights' gradients; dropout
+            // writes (reads back) a one-byte mask; pooling reads a window (2x2) per output.
+            let (passes, kernels) = match (kind, forward) {
+                (k, true) if k.is_normalisation() => {
+                    (3.0, if k == LayerKind::BatchNorm { 2 } else { 1 })
+                }
+                (k, false) if k.is_normalisation() => (4.0, 2),
+                (LayerKind::Dropout | LayerKind::DropPath, _) => (2.0 + 1.0 / element, 1),
+                (
+                    LayerKind::MaxPool
+                    | LayerKind::AvgPool
+                    | LayerKind::AdaptiveAvgPool
+                    | LayerKind::AdaptiveMaxPool,
+                    _,
+                ) => (5.0, 1),
+                (_, true) => (2.0, 1),
+                (_, false) => (3.0, 1),
+            };
+            if !forward && !input_grad && trains == 0.0 {
+                return;
+            }
+            let per = passes / kernels as f64;
+            let mut kernel = elementwise(output, per * output * element, max_warps);
+            if let Some(f) = given_flops {
+                kernel.flops = f * micro / split / kernels as f64;
+            }
+            t.run(kernel, kernels);
+        }
+    }
+}
+
+/// The optimizer's kernels over the trainable parameters of one GPU.
+fn optimizer_kernels(
+    t: &mut Timeline,
+    job: &Job,
+    trains_share: &dyn Fn(usize) -> f64,
+    adapted: &dyn Fn(usize) -> bool,
+    storage: f64,
+    max_warps: f64,
+) {
+    let setup = job.setup();
+    let layers = job.layers();
+    let p = setup.parallelism;
+    let shard = (p.tensor * p.pipeline) as f64
+        * if p.strategy.shards().0 {
+            p.data() as f64
+        } else {
+            1.0
+        };
+    let rank = setup.lora.as_ref().map_or(0.0, |l| l.rank as f64);
+    // (elements, tensors) of every trainable parameter tensor: a weight and a bias per layer
+    // (an embedding table alone), two per LoRA adapter (trained in fp32).
+    let mut base = (0.0, 0.0);
+    let mut adapters = (0.0, 0.0);
+    let mut per_tensor: Vec<f64> = Vec::new();
+    let for_loop =
+        setup.implementation == OptimizerImplementation::ForLoop || setup.optimizer.is_8bit();
+    for (i, layer) in layers.iter().enumerate() {
+        let share = trains_share(i);
+        if share > 0.0 {
+            let tensors = if layer.kind == LayerKind::Embedding {
+                1.0
+            } else {
+                2.0
+            };
+            let elements = layer.params as f64 * share / shard;
+            base.0 += elements;
+            base.1 += tensors;
+            if for_loop {
+                per_tensor.push(elements / tensors);
+                if tensors > 1.0 {
+                    per_tensor.push(elements / tensors);
+                }
+            }
+        }
+        if adapted(i) {
+            let shape = linear_shape(layer, job.layer_details().get(i), None);
+            let elements = rank * (shape.inputs + shape.outputs) / shard;
+            adapters.0 += elements;
+            adapters.1 += 2.0;
+            if for_loop {
+                per_tensor.push(rank * shape.inputs / shard);
+                per_tensor.push(rank * shape.outputs / shard);
+            }
+        }
+    }
+    // Ops per tensor, and element passes over storage-sized values (reads + writes), from
+    // torch.optim's foreach implementations (_multi_tensor_adam: lerp, mul, addcmul, sqrt,
+    // div, add, addcdiv; AdamW first scales the weights).
+    let (ops, passes) = match setup.optimizer {
+        Optimizer::Sgd => (1.0, 3.0),
+        Optimizer::Momentum => (3.0, 8.0),
+        Optimizer::Adam => (7.0, 18.0),
+        Optimizer::AdamW | Optimizer::PagedAdamW => (8.0, 20.0),
+        Optimizer::Adafactor => (10.0, 20.0),
+        // bitsandbytes: one kernel per tensor: fp32 weight and gradient, two uint8 states.
+        Optimizer::Adam8bit | Optimizer::AdamW8bit | Optimizer::PagedAdamW8bit => (1.0, 4.0),
+    };
+    let (ops, passes) = match (setup.implementation, setup.optimizer.is_8bit()) {
+        (OptimizerImplementation::Fused, false) => (1.0, 7.0),
+        _ => (ops, passes),
+    };
+    let elements = base.0 + adapters.0;
+    if elements <= 0.0 {
+        return;
+    }
+    // Bytes per element pass: the storage dtype (adapters and 8-bit keep fp32).
+    let bytes_per = (base.0 * storage + adapters.0 * 4.0) / elements;
+    if for_loop {
+        for &n in &per_tensor {
+            let per_op = elementwise(n, n * passes * bytes_per / ops, max_warps);
+            t.run(per_op, ops as usize);
+        }
+        return;
+    }
+    let tensors = base.1 + adapters.1;
+    let launches = (tensors / FOREACH_TENSORS_PER_LAUNCH)
+        .max(elements / (320.0 * FOREACH_CHUNK))
+        .ceil()
+        .max(1.0);
+    let n = elements / launches;
+    let kernel = Kernel {
+        flops: n,
+        bytes: n * passes * bytes_per / ops,
+        unit: Unit::Vector,
+        // Every tensor is at least one chunk.
+        blocks: (n / FOREACH_CHUNK)
+            .max(tensors / launches)
+            .ceil()
+            .clamp(1.0, 320.0),
+        warps_per_block: FOREACH_WARPS,
+        blocks_per_sm: (max_warps / FOREACH_WARPS).max(1.0),
+    };
+    t.run(kernel, (ops * launches) as usize);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::devices::sku::Catalogue;
+    use crate::domain::job::UncheckedLayer;
+    use crate::domain::setup::{UncheckedLora, UncheckedNames, UncheckedSetup};
+
+    fn a100() -> GpuPerformance {
+        Catalogue::builtin().by_id("a100-40gb").unwrap().performance
+    }
+
+    /// `blocks` transformer-like blocks of two linears (width x 4 width) over `tokens`
+    /// positions, named `blocks.<i>.up` / `.down`.
+    fn stack(batch: u64, blocks: usize, width: u64, tokens: u64, setup: UncheckedSetup) -> Job {
+        let mut layers = Vec::new();
+        let mut details = Vec::new();
+        for b in 0..blocks {
+            for (name, i, o) in [("up", width, 4 * width), ("down", 4 * width, width)] {
+                layers.push(UncheckedLayer {
+                    kind: "linear",
+                    output_size: tokens * o,
+                    params: i * o + o,
+                });
+                details.push(LayerDetail {
+                    name: Some(format!("blocks.{b}.{name}")),
+                    in_features: Some(i),
+                    out_features: Some(o),
+                    flops: None,
+                });
+            }
+        }
+        Job::parse(Some("transformer"), batch, layers.into_iter())
+            .unwrap()
+            .with_layer_details(details)
+            .unwrap()
+            .with_setup(&setup)
+            .unwrap()
+    }
+
+    fn plain() -> UncheckedSetup<'static> {
+        UncheckedSetup::default()
+    }
+
+    #[test]
+    fn a_large_fp32_gemm_stack_is_compute_bound_at_the_achievable_cuda_core_peak() {
+        let job = stack(64, 4, 4096, 512, plain());
+        let r = roofline(&job, &a100());
+        // 2 x params x tokens forward, twice that backward (the first layer skips its dgrad).
+        let params = 4.0 * 2.0 * (4096.0 * 16384.0);
+        let tokens = 64.0 * 512.0;
+        let ideal_s = 6.0 * params * tokens / (19.5e12 * CALIBRATED.compute_efficiency);
+        assert_eq!(r.bound, Bound::Compute);
+        let ratio = r.step_time_ms * 1e-3 / ideal_s;
+        assert!((0.85..1.05).contains(&ratio), "{ratio}");
+        assert!(r.smact > 0.9 && r.smact <= 1.0, "{}", r.smact);
+        for f in [r.smact, r.smocc, r.drama] {
+            assert!((0.0..=1.0).contains(&f));
+        }
+    }
+
+    #[test]
+    fn autocast_runs_the_same_step_on_tensor_cores_faster() {
+        let fp32 = roofline(&stack(64, 4, 4096, 512, plain()), &a100());
+        let amp = roofline(
+            &stack(
+                64,
+                4,
+                4096,
+                512,
+                UncheckedSetup {
+                    precision: Some("amp_bf16"),
+                    ..plain()
+                },
+            ),
+            &a100(),
+        );
+        assert!(
+            amp.step_time_ms * 5.0 < fp32.step_time_ms,
+            "{amp:?} {fp32:?}"
+        );
+    }
+
+    #[test]
+    fn a_tiny_job_waits_on_the_host_and_keeps_few_sms_busy() {
+        let job = Job::parse(
+            None,
+            8,
+            [
+                UncheckedLayer {
+                    kind: "linear",
+                    output_size: 16,
+                    params: 16 * 16 + 16,
+                },
+                UncheckedLayer {
+                    kind: "relu",
+                    output_size: 16,
+                    params: 0,
+                },
+            ]
+            .into_iter(),
+        )
+        .unwrap();
+        let r = roofline(&job, &a100());
+        assert_eq!(r.bound, Bound::Overhead);
+        assert!(r.smact < 0.02, "{}", r.smact);
+        assert!(r.smocc <= r.smact);
+    }
+
+    #[test]
+    fn frozen_weights_skip_their_gradient_gemms_and_recomputation_repeats_the_forward() {
+        let full = roofline(&stack(8, 4, 2048, 512, plain()), &a100());
+        let targets = ["up".to_string()];
+        let lora = roofline(
+            &stack(
+                8,
+                4,
+                2048,
+                512,
+                UncheckedSetup {
+                    lora: Some(UncheckedLora {
+                        rank: 8,
+                        alpha: None,
+                        dropout: None,
+                        target_modules: UncheckedNames::Names(&targets),
+                        base_weights: None,
+                    }),
+                    ..plain()
+                },
+            ),
+            &a100(),
+        );
+        // About 3 x forward FLOPs fully trained, about 2 x with frozen bases.
+        let ratio = lora.flops / full.flops;
+        assert!((0.6..0.72).contains(&ratio), "{ratio}");
+        let recomputed = roofline(
+            &stack(
+                8,
+                4,
+                2048,
+                512,
+                UncheckedSetup {
+                    activation_checkpointing: Some(UncheckedNames::Keyword("full")),
+                    ..plain()
+                },
+            ),
+            &a100(),
+        );
+        let ratio = recomputed.flops / full.flops;
+        assert!((1.3..1.36).contains(&ratio), "{ratio}");
+    }
+
+    #[test]
+    fn tensor_and_pipeline_parallelism_split_each_gpus_work() {
+        let one = roofline(&stack(8, 4, 4096, 512, plain()), &a100());
+        let split = |tensor: u64, pipeline: u64| {
+            roofline(
+                &stack(
+                    8,
+                    4,
+                    4096,
+                    512,
+                    UncheckedSetup {
+                        parallelism: Some(crate::domain::setup::UncheckedParallelism {
+                            world_size: Some(tensor * pipeline),
+                            tensor_parallel: Some(tensor),
+                            pipeline_parallel: Some(pipeline),
+                            ..Default::default()
+                        }),
+                        ..plain()
+                    },
+                ),
+                &a100(),
+            )
+        };
+        for (t, p) in [(2, 1), (1, 2), (2, 2)] {
+            let ratio = split(t, p).flops / one.flops * (t * p) as f64;
+            assert!((0.9..1.1).contains(&ratio), "t {t} p {p}: {ratio}");
+        }
+    }
+
+    #[test]
+    fn accumulation_repeats_the_micro_batch_and_given_flops_replace_the_derived_ones() {
+        let one = roofline(&stack(16, 2, 2048, 256, plain()), &a100());
+        let four = roofline(
+            &stack(
+                16,
+                2,
+                2048,
+                256,
+                UncheckedSetup {
+                    micro_batch_size: Some(4),
+                    gradient_accumulation_steps: Some(4),
+                    ..plain()
+                },
+            ),
+            &a100(),
+        );
+        assert!((four.flops / one.flops - 1.0).abs() < 0.01);
+        assert!(four.step_time_ms > one.step_time_ms);
+
+        let job = stack(16, 1, 2048, 256, plain());
+        let mut details = job.layer_details().to_vec();
+        let derived = 2.0 * 256.0 * 2048.0 * 8192.0;
+        for d in &mut details {
+            d.flops = Some((2.0 * derived) as u64);
+        }
+        let doubled = job.clone().with_layer_details(details).unwrap();
+        let r = roofline(&doubled, &a100());
+        let base = roofline(&job, &a100());
+        // Forward and backward GEMMs scale with the given FLOPs (the loss and bias kernels don't).
+        let ratio = r.flops / base.flops;
+        assert!((1.9..2.0).contains(&ratio), "{ratio}");
+    }
+}
