@@ -4,7 +4,9 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use crate::calibration::placement::{place, FitBasis, Placement, Target, REFERENCE_SKU};
+use crate::calibration::placement::{
+    self, place, Candidate, FitBasis, Placement, Target, REFERENCE_SKU,
+};
 use crate::domain::perf::{self, Bound, Roofline};
 use crate::domain::physics::BreakdownSource;
 use crate::domain::setup::Trainable;
@@ -14,9 +16,10 @@ use crate::estimators::manifest::EstimatorKind;
 use crate::estimators::{ClassAnswer, Estimate, EstimateError, Query};
 use crate::http::types::{
     BreakdownResponse, BreakdownSourceName, CalibrationResponse, EstimateResponse, EstimatorAnswer,
-    ExtrapolationResponse, FitBasisName, FitResponse, LatencyResponse, MemoryClassResponse,
-    MemoryResponse, ParallelismResponse, PerformanceBoundName, PerformanceResponse,
-    PerformanceSourceName, SetupResponse, UtilizationResponse, UtilizationSourceName,
+    ExtrapolationResponse, FitBasisName, FitResponse, GpuRankResponse, LatencyResponse,
+    MemoryClassResponse, MemoryResponse, ParallelismResponse, PerformanceBoundName,
+    PerformanceResponse, PerformanceSourceName, SetupResponse, UtilizationResponse,
+    UtilizationSourceName,
 };
 use crate::http::validate::ValidEstimateRequest;
 use crate::http::AppState;
@@ -37,12 +40,16 @@ pub fn answer(
     request: ValidEstimateRequest,
     started: Instant,
 ) -> Result<EstimateResponse, ApiError> {
+    if request.listed {
+        return answer_ranked(state, &request, started);
+    }
     let ValidEstimateRequest {
         job,
         confidence,
         fraction,
         target,
         warnings,
+        ..
     } = request;
     let estimate = state
         .estimators
@@ -55,18 +62,83 @@ pub fn answer(
         warnings,
         setup: setup_response(&job),
     };
-    respond(state, estimate, asked, started)
+    respond(state, estimate, asked, started, true)
+}
+
+/// Answers a request whose `gpu` is a list: the job on every card, ranked by
+/// [`placement::rank`]; the answer is the best-ranked card's, with the ranking.
+fn answer_ranked(
+    state: &AppState,
+    request: &ValidEstimateRequest,
+    started: Instant,
+) -> Result<EstimateResponse, ApiError> {
+    let job = &request.job;
+    let setup = setup_response(job);
+    let mut answers = Vec::with_capacity(1 + request.others.len());
+    for (index, target) in std::iter::once(&request.target)
+        .chain(&request.others)
+        .enumerate()
+    {
+        let estimate =
+            state
+                .estimators
+                .estimate_on(job, request.confidence.get(), target.capacity_mib);
+        let asked = Asked {
+            confidence: request.confidence,
+            fraction: request.fraction,
+            roofline: roofline(job, target),
+            target: target.clone(),
+            warnings: request.warnings.clone(),
+            setup: setup.clone(),
+        };
+        // One request counts once in the metrics: the estimates of the first card.
+        answers.push(respond(state, estimate, asked, started, index == 0)?);
+    }
+    let candidates: Vec<Candidate> = answers
+        .iter()
+        .map(|a| Candidate {
+            fits: a.fit.as_ref().is_some_and(|f| f.fits),
+            step_time_ms: a.performance.as_ref().map(|p| p.step_time_ms),
+            capacity_mib: a.fit.as_ref().map_or(0, |f| f.capacity_mib),
+            upper_bound_mib: a.memory.upper_bound_mib.unwrap_or(f64::INFINITY),
+        })
+        .collect();
+    let order = placement::rank(&candidates);
+    let ranking: Vec<GpuRankResponse> = order
+        .iter()
+        .zip(1..)
+        .map(|(&i, rank)| {
+            let a = &answers[i];
+            GpuRankResponse {
+                rank,
+                gpu: a.fit.as_ref().map_or_else(String::new, |f| f.gpu.clone()),
+                capacity_mib: candidates[i].capacity_mib,
+                fits: candidates[i].fits,
+                max_colocated: a.fit.as_ref().map_or(0, |f| f.max_colocated),
+                estimate_mib: a.memory.estimate_mib,
+                upper_bound_mib: a.memory.upper_bound_mib,
+                step_time_ms: a.performance.as_ref().map(|p| p.step_time_ms),
+                samples_per_s: a.performance.as_ref().map(|p| p.samples_per_s),
+            }
+        })
+        .collect();
+    let mut best = answers.swap_remove(order[0]);
+    best.gpu_ranking = ranking;
+    best.latency_us.total = round_1(started.elapsed().as_secs_f64() * 1e6);
+    Ok(best)
 }
 
 /// Answers valid requests as `POST /v1/estimate/batch` does, running each model once over all
 /// of them: CPU work, to be called off the async workers. In process it answers thousands of
 /// jobs without the JSON of a round trip (the physical-floor sweep of the tests does so).
+/// Items with a `gpu` list are answered one by one, each ranked.
 pub fn answer_items(
     state: &AppState,
     items: &[ValidEstimateRequest],
     started: Instant,
 ) -> Vec<Result<EstimateResponse, ApiError>> {
-    let queries: Vec<Query> = items
+    let single: Vec<&ValidEstimateRequest> = items.iter().filter(|i| !i.listed).collect();
+    let queries: Vec<Query> = single
         .iter()
         .map(|item| Query {
             job: &item.job,
@@ -74,11 +146,11 @@ pub fn answer_items(
             capacity_mib: item.target.capacity_mib,
         })
         .collect();
-    state
+    let mut singles = state
         .estimators
         .estimate_queries(&queries)
         .into_iter()
-        .zip(items)
+        .zip(single)
         .map(|(estimate, item)| {
             let asked = Asked {
                 confidence: item.confidence,
@@ -88,7 +160,16 @@ pub fn answer_items(
                 warnings: item.warnings.clone(),
                 setup: setup_response(&item.job),
             };
-            respond(state, estimate, asked, started)
+            respond(state, estimate, asked, started, true)
+        });
+    items
+        .iter()
+        .map(|item| {
+            if item.listed {
+                answer_ranked(state, item, started)
+            } else {
+                singles.next().expect("one answer per single-card item")
+            }
         })
         .collect()
 }
@@ -225,6 +306,7 @@ fn respond(
     estimate: Result<Estimate, EstimateError>,
     asked: Asked,
     started: Instant,
+    record: bool,
 ) -> Result<EstimateResponse, ApiError> {
     let Asked {
         confidence,
@@ -244,21 +326,23 @@ fn respond(
     if let Some(placement) = &placement {
         estimate.class = estimate.class_for(Some(placement.estimate_mib));
     }
-    for run in &estimate.runs {
+    if record {
+        for run in &estimate.runs {
+            state
+                .metrics
+                .inference_duration_seconds
+                .with_label_values(&[run.name.as_str()])
+                .observe(run.latency.as_secs_f64());
+        }
         state
             .metrics
-            .inference_duration_seconds
-            .with_label_values(&[run.name.as_str()])
-            .observe(run.latency.as_secs_f64());
+            .predicted_class_total
+            .with_label_values(&[
+                estimate.family.as_str(),
+                &estimate.class.class.index.to_string(),
+            ])
+            .inc();
     }
-    state
-        .metrics
-        .predicted_class_total
-        .with_label_values(&[
-            estimate.family.as_str(),
-            &estimate.class.class.index.to_string(),
-        ])
-        .inc();
     let null_reasons = utilization_null_reasons(state, &estimate);
     let utilization = utilization(
         &mut estimate.utilization,
@@ -468,6 +552,7 @@ fn to_response(
         // Set by `respond` from the roofline.
         performance: None,
         performance_null_reason: None,
+        gpu_ranking: Vec::new(),
     }
 }
 

@@ -161,6 +161,12 @@ fn record(
         let target = resolve(Some(&observation.gpu), catalogue, devices).map_err(at)?;
         // The GPU is named once, at the top: a different one inside the job is a contradiction.
         if let Some(inner) = observation.job.gpu.as_ref() {
+            // An observation is of one card: a list inside its job cannot be it.
+            let crate::http::types::GpuChoice::One(inner) = inner else {
+                return Err(at(ApiError::InvalidInput(
+                    "job.gpu: an observation is of one GPU, not a list".into(),
+                )));
+            };
             let inner =
                 resolve(Some(inner), catalogue, devices).map_err(|e| at(e.within("job.")))?;
             if inner != target {

@@ -118,9 +118,66 @@ pub struct EstimateRequest {
     pub confidence: Option<f64>,
     /// The GPU to estimate for: a catalogue GPU (`h100-80gb`, `A100 80GB`, `rtx 4090`, ...;
     /// `GET /v1/gpus` lists them), `attached` (this host's first GPU), or a card described by
-    /// its name and memory. Default: the A100 40 GB the estimators were trained on.
+    /// its name and memory. Default: the A100 40 GB the estimators were trained on. A list of
+    /// up to 16 cards ranks them (`gpu_ranking`) and answers for the best-ranked one.
     #[serde(default)]
-    pub gpu: Option<GpuRequest>,
+    pub gpu: Option<GpuChoice>,
+}
+
+/// Most cards a `gpu` list may name: enough for any cluster's kinds, bounded for the CPU.
+pub const MAX_GPU_CHOICES: usize = 16;
+
+/// One card, or a list of cards to rank.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum GpuChoice {
+    One(GpuRequest),
+    Many(Vec<GpuRequest>),
+}
+
+impl GpuChoice {
+    /// The cards asked about, in the caller's order.
+    pub fn cards(&self) -> &[GpuRequest] {
+        match self {
+            GpuChoice::One(card) => std::slice::from_ref(card),
+            GpuChoice::Many(cards) => cards,
+        }
+    }
+}
+
+impl From<GpuRequest> for GpuChoice {
+    fn from(card: GpuRequest) -> GpuChoice {
+        GpuChoice::One(card)
+    }
+}
+
+// By hand, like `GpuRequest`: a list is bounded before its items are read.
+impl<'de> Deserialize<'de> for GpuChoice {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        match serde_json::Value::deserialize(deserializer)? {
+            serde_json::Value::Array(items) => {
+                if items.is_empty() || items.len() > MAX_GPU_CHOICES {
+                    return Err(D::Error::custom(format!(
+                        "a list of GPUs holds 1 to {MAX_GPU_CHOICES} cards, got {}",
+                        items.len()
+                    )));
+                }
+                items
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, item)| {
+                        serde_json::from_value(item)
+                            .map_err(|e| D::Error::custom(format!("gpu[{i}]: {e}")))
+                    })
+                    .collect::<Result<_, _>>()
+                    .map(GpuChoice::Many)
+            }
+            one => serde_json::from_value(one)
+                .map(GpuChoice::One)
+                .map_err(D::Error::custom),
+        }
+    }
 }
 
 /// A keyword (`none`, `full`, `all-linear`) or a list of module names.
@@ -659,6 +716,25 @@ pub enum UtilizationSourceName {
     Roofline,
 }
 
+/// One card of a `gpu` list, in rank order: the cards the job fits first, fastest predicted
+/// step first, then the smaller card; then the cards it does not fit, nearest first.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct GpuRankResponse {
+    /// 1 for the card the rest of the answer is for.
+    pub rank: u32,
+    /// The card's profile key, as `fit.gpu` names it.
+    pub gpu: String,
+    pub capacity_mib: u64,
+    pub fits: bool,
+    pub max_colocated: u64,
+    /// The estimate on this card (calibrated by its profile when it has one), MiB.
+    pub estimate_mib: Option<f64>,
+    pub upper_bound_mib: Option<f64>,
+    /// The roofline's step time; null on a card known only by its memory.
+    pub step_time_ms: Option<f64>,
+    pub samples_per_s: Option<f64>,
+}
+
 /// One training step on the target GPU, from the roofline performance model
 /// (docs/performance.md): the kernels of forward, backward (with recomputation) and the
 /// optimizer, each at the dtype's achievable peak or the DRAM bandwidth, dispatched by an
@@ -730,6 +806,9 @@ pub struct EstimateResponse {
     /// Why `performance` is null; absent when it has figures.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub performance_null_reason: Option<String>,
+    /// The cards of a `gpu` list, ranked; absent when one card was asked about.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpu_ranking: Vec<GpuRankResponse>,
 }
 
 /// The training setup an answer is for.

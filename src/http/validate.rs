@@ -15,7 +15,9 @@ use crate::domain::{
 };
 use crate::domain::{LayerDetail, UncheckedSetup};
 use crate::error::ApiError;
-use crate::http::types::{EstimateRequest, GpuRequest, NamesRequest, SummaryFormatRequest};
+use crate::http::types::{
+    EstimateRequest, GpuChoice, GpuRequest, NamesRequest, SummaryFormatRequest,
+};
 
 /// Said back when a summary's saved tensors were derived rather than traced.
 pub const DERIVED_SAVED_TENSORS_WARNING: &str = "saved_tensors: derived from the summary's \
@@ -30,7 +32,13 @@ pub struct ValidEstimateRequest {
     pub job: Job,
     pub confidence: Confidence,
     pub fraction: Option<MemoryFraction>,
+    /// The card answered for: the one asked about, or the first of a list (the answer
+    /// then ranks it with `others`).
     pub target: Target,
+    /// The rest of a `gpu` list, in the caller's order.
+    pub others: Vec<Target>,
+    /// Whether `gpu` was a list (even of one card): the answer then carries its ranking.
+    pub listed: bool,
     /// What was assumed or overridden to read the request (said back as `warnings`).
     pub warnings: Vec<String>,
 }
@@ -46,14 +54,52 @@ pub fn validate(
         Confidence::parse(request.confidence).map_err(|e| ApiError::InvalidInput(e.to_string()))?;
     let fraction = MemoryFraction::parse(request.memory_fraction)
         .map_err(|e| ApiError::InvalidInput(e.to_string()))?;
-    let target = resolve(request.gpu.as_ref(), catalogue, devices)?;
+    let (target, others) = resolve_choice(request.gpu.as_ref(), catalogue, devices)?;
     Ok(ValidEstimateRequest {
         job,
         confidence,
         fraction,
         target,
+        others,
+        listed: matches!(request.gpu, Some(GpuChoice::Many(_))),
         warnings,
     })
+}
+
+/// Resolves a request's `gpu`, one card or a list, to the first card and the rest. A list
+/// naming one card twice (under any of its names) is a mistake to refuse, not to rank twice.
+fn resolve_choice(
+    choice: Option<&GpuChoice>,
+    catalogue: &Catalogue,
+    devices: &dyn GpuDevices,
+) -> Result<(Target, Vec<Target>), ApiError> {
+    let cards = match choice {
+        None => return Ok((resolve(None, catalogue, devices)?, Vec::new())),
+        Some(GpuChoice::One(card)) => {
+            return Ok((resolve(Some(card), catalogue, devices)?, Vec::new()))
+        }
+        Some(GpuChoice::Many(cards)) => cards,
+    };
+    let mut targets: Vec<Target> = Vec::with_capacity(cards.len());
+    for (index, card) in cards.iter().enumerate() {
+        let target = resolve(Some(card), catalogue, devices).map_err(|e| match e {
+            ApiError::InvalidInput(detail) => ApiError::InvalidInput(format!(
+                "gpu[{index}]{}",
+                detail.strip_prefix("gpu").unwrap_or(&detail)
+            )),
+            other => other,
+        })?;
+        if let Some(first) = targets.iter().position(|t| t.gpu == target.gpu) {
+            return Err(ApiError::InvalidInput(format!(
+                "gpu[{index}]: names '{}' again (as gpu[{first}] does)",
+                target.gpu
+            )));
+        }
+        targets.push(target);
+    }
+    let mut targets = targets.into_iter();
+    let first = targets.next().expect("a gpu list holds at least one card");
+    Ok((first, targets.collect()))
 }
 
 /// Turns a request into a validated job: from its layer list, or by parsing its summary text.

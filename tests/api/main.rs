@@ -14,6 +14,7 @@ mod gpus;
 mod helpers;
 mod operations;
 mod public_setups;
+mod ranking;
 mod real_models;
 mod roofline;
 mod saved_tensors;
