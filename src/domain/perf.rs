@@ -58,6 +58,8 @@ const GEMM_TILE: f64 = 128.0;
 const GEMM_SMALL_TILE: f64 = 64.0;
 const GEMM_WARPS: f64 = 8.0;
 const GEMM_SMALL_WARPS: f64 = 4.0;
+/// The least reduction length one split-K block takes on.
+const SPLIT_K_MIN: f64 = 256.0;
 /// Register and shared-memory use let about two GEMM blocks reside per SM.
 const GEMM_BLOCKS_PER_SM: f64 = 2.0;
 /// PyTorch's elementwise kernels: 128 threads (4 warps) per block, 4 elements per thread
@@ -148,16 +150,29 @@ struct Kernel {
 
 fn gemm(m: f64, n: f64, k: f64, element: f64, unit: Unit, sms: f64) -> Kernel {
     let tiles = |t: f64| (m / t).ceil().max(1.0) * (n / t).ceil().max(1.0);
-    let (blocks, warps) = if tiles(GEMM_TILE) >= sms {
+    let (tiles, warps) = if tiles(GEMM_TILE) >= sms {
         (tiles(GEMM_TILE), GEMM_WARPS)
     } else {
         (tiles(GEMM_SMALL_TILE), GEMM_SMALL_WARPS)
     };
+    // Split-K: when the output's tiles alone would leave SMs idle, cuBLAS and cuDNN split the
+    // reduction across blocks (a weight gradient reduces over every position of the batch),
+    // each split writing an fp32 partial product that a reduction reads back.
+    let splits = if tiles < sms {
+        (sms / tiles).ceil().min((k / SPLIT_K_MIN).floor()).max(1.0)
+    } else {
+        1.0
+    };
+    let partials = if splits > 1.0 {
+        2.0 * m * n * 4.0 * splits
+    } else {
+        0.0
+    };
     Kernel {
         flops: 2.0 * m * n * k,
-        bytes: (m * k + k * n + m * n) * element,
+        bytes: (m * k + k * n + m * n) * element + partials,
         unit,
-        blocks,
+        blocks: tiles * splits,
         warps_per_block: warps,
         blocks_per_sm: GEMM_BLOCKS_PER_SM,
     }
@@ -961,6 +976,25 @@ mod tests {
 
     fn plain() -> UncheckedSetup<'static> {
         UncheckedSetup::default()
+    }
+
+    #[test]
+    fn a_long_reduction_over_few_output_tiles_is_split_across_the_sms() {
+        // A convolution's weight gradient: 64 x 64 outputs reduced over a batch's 10^6
+        // positions. Without split-K it would be one block on one SM.
+        let sms = 108.0;
+        let wgrad = gemm(64.0, 64.0, 1e6, 4.0, Unit::Conv, sms);
+        assert!(wgrad.blocks >= sms, "{wgrad:?}");
+        assert!(
+            wgrad.bytes > (64.0 * 1e6 * 2.0 + 64.0 * 64.0) * 4.0,
+            "partials read back"
+        );
+        // A short reduction is not split (each split takes at least SPLIT_K_MIN).
+        assert_eq!(gemm(64.0, 64.0, 300.0, 4.0, Unit::Conv, sms).blocks, 1.0);
+        // Enough output tiles: no split.
+        let wide = gemm(4096.0, 4096.0, 1e6, 4.0, Unit::Matmul, sms);
+        assert_eq!(wide.blocks, 32.0 * 32.0);
+        assert_eq!(wide.bytes, (4096.0 * 1e6 * 2.0 + 4096.0 * 4096.0) * 4.0);
     }
 
     #[test]
