@@ -366,6 +366,7 @@ pub fn roofline_with(job: &Job, gpu: &GpuPerformance, constants: &Constants) -> 
         .input_shape()
         .filter(|s| s.len() == 1)
         .map(|s| s[0] as f64);
+    let inferred = inferred_linear_shapes(job);
     let head = layers.iter().rposition(|l| l.kind == LayerKind::Linear);
     let total_params: f64 = layers.iter().map(|l| l.params as f64).sum();
 
@@ -428,6 +429,7 @@ pub fn roofline_with(job: &Job, gpu: &GpuPerformance, constants: &Constants) -> 
         split,
         seq,
         element,
+        inferred: &inferred,
     };
     let forward = |t: &mut Timeline, i: usize| {
         layer_kernels(
@@ -609,6 +611,8 @@ struct Step<'a> {
     seq: Option<f64>,
     /// Bytes of an activation element.
     element: f64,
+    /// Shapes read for the linear layers that come without them.
+    inferred: &'a [Option<Shape>],
 }
 
 /// What a layer does in backward.
@@ -630,7 +634,7 @@ enum Pass {
 
 /// The width and tokens of the attention at layer `i`: from the nearest linear layer with
 /// shapes after it (the query projection), else before it (the output projection).
-fn attention_shape(job: &Job, i: usize) -> Option<(f64, f64)> {
+fn attention_shape(job: &Job, i: usize, inferred: &[Option<Shape>]) -> Option<(f64, f64)> {
     let layers = job.layers();
     let details = job.layer_details();
     let near = (i + 1..layers.len().min(i + 8)).chain((i.saturating_sub(8)..i).rev());
@@ -639,7 +643,80 @@ fn attention_shape(job: &Job, i: usize) -> Option<(f64, f64)> {
             let out = details.get(j)?.out_features? as f64;
             Some((layers[j].output_size as f64 / out, out))
         })
-        .filter(|&(tokens, _)| tokens >= 1.0)
+        .or_else(|| {
+            // No shapes: the positions read from the nearest linear before it (its query,
+            // key and value projection), the attention's output over them as its width.
+            let tokens = (i.saturating_sub(8)..i)
+                .rev()
+                .find_map(|j| inferred[j])?
+                .positions;
+            Some((tokens, layers[i].output_size as f64 / tokens))
+        })
+        .filter(|&(tokens, width)| tokens >= 1.0 && width >= 1.0)
+}
+
+/// Shapes of the linear layers that come without them (a layer list or a summary), read from
+/// their neighbours: a linear after a normalisation of width w (LayerNorm/GroupNorm weight and
+/// bias: 2w; RMSNorm: w) or after a linear of w outputs takes w inputs, and a linear after one
+/// of T positions keeps T (a ViT's 197 tokens, a window's); the reading must be whole
+/// (`params = in x out`, plus `out` with a bias; `output = positions x out`). `None` where no
+/// reading is whole: the layer then reads as one position (an MLP, whose output is its
+/// features).
+fn inferred_linear_shapes(job: &Job) -> Vec<Option<Shape>> {
+    let details = job.layer_details();
+    let mut features: Option<u64> = None;
+    let mut positions: Option<u64> = None;
+    let whole = |output: u64, params: u64, inputs: u64| -> Option<(u64, u64)> {
+        [inputs, inputs + 1].into_iter().find_map(|per_out| {
+            let out = params / per_out;
+            (out > 0 && params.is_multiple_of(per_out) && output.is_multiple_of(out)).then(|| (output / out, out))
+        })
+    };
+    job.layers()
+        .iter()
+        .enumerate()
+        .map(|(i, layer)| {
+            let (output, params) = (layer.output_size, layer.params);
+            match layer.kind {
+                LayerKind::LayerNorm | LayerKind::GroupNorm if params > 0 => {
+                    features = Some(params / 2)
+                }
+                LayerKind::RmsNorm if params > 0 => features = Some(params),
+                LayerKind::Linear if details.get(i).and_then(|d| d.out_features).is_none() => {
+                    // Inputs from the width before it; else the positions before it.
+                    let by_width = features
+                        .filter(|&w| w > 0)
+                        .and_then(|w| whole(output, params, w).map(|(t, out)| (t, w, out)));
+                    let by_positions = || {
+                        let t = positions.filter(|&t| t > 1 && output % t == 0)?;
+                        let out = output / t;
+                        // Both readings are whole when one is: take the bias's (the
+                        // other differs by one input).
+                        let inputs = if params > out && (params - out) % out == 0 {
+                            (params - out) / out
+                        } else if params % out == 0 {
+                            params / out
+                        } else {
+                            return None;
+                        };
+                        Some((t, inputs, out))
+                    };
+                    let reading = by_width.or_else(by_positions);
+                    features = reading.map(|(_, _, out)| out);
+                    positions = reading.map(|(t, _, _)| t);
+                    return reading
+                        .filter(|&(t, _, _)| t > 1)
+                        .map(|(t, inputs, out)| Shape {
+                            positions: t as f64,
+                            inputs: inputs as f64,
+                            outputs: out as f64,
+                        });
+                }
+                _ => {}
+            }
+            None
+        })
+        .collect()
 }
 
 /// The kernels of layer `i` for one pass over `micro` samples.
@@ -650,6 +727,7 @@ fn layer_kernels(t: &mut Timeline, step: &Step, i: usize, pass: Pass, role: Laye
         split,
         seq,
         element,
+        ..
     } = *step;
     let LayerRole {
         adapted,
@@ -679,7 +757,11 @@ fn layer_kernels(t: &mut Timeline, step: &Step, i: usize, pass: Pass, role: Laye
         | LayerKind::Conv3d
         | LayerKind::ConvTranspose2d => {
             let (shape, unit) = if kind == LayerKind::Linear {
-                (linear_shape(layer, detail, seq), Unit::Matmul)
+                let shape = match (detail.and_then(|d| d.out_features), step.inferred[i]) {
+                    (None, Some(shape)) => shape,
+                    _ => linear_shape(layer, detail, seq),
+                };
+                (shape, Unit::Matmul)
             } else {
                 (conv_shape(layer, detail), Unit::Conv)
             };
@@ -742,7 +824,7 @@ fn layer_kernels(t: &mut Timeline, step: &Step, i: usize, pass: Pass, role: Laye
             if container {
                 return;
             }
-            match attention_shape(job, i) {
+            match attention_shape(job, i, step.inferred) {
                 Some((tokens, width)) => {
                     // Context parallelism splits the queries, tensor parallelism the heads.
                     let p = job.setup().parallelism;
@@ -976,6 +1058,56 @@ mod tests {
 
     fn plain() -> UncheckedSetup<'static> {
         UncheckedSetup::default()
+    }
+
+    #[test]
+    fn linears_without_shapes_read_their_positions_from_their_neighbours() {
+        // A ViT block as a bare layer list: 197 tokens of width 768, then the head.
+        let (t, w) = (197u64, 768u64);
+        let layer = |kind: &'static str, output_size: u64, params: u64| UncheckedLayer {
+            kind,
+            output_size,
+            params,
+        };
+        let layers = vec![
+            layer("layer_norm", t * w, 2 * w),
+            layer("linear", t * 3 * w, w * 3 * w + 3 * w), // qkv: after the norm's width
+            layer("attention", t * w, 0),
+            layer("linear", t * w, w * w + w), // proj: the positions before it
+            layer("layer_norm", t * w, 2 * w),
+            layer("linear", t * 4 * w, w * 4 * w + 4 * w),
+            layer("gelu", t * 4 * w, 0),
+            layer("linear", t * w, 4 * w * w + w), // fc2: after fc1's width
+            layer("linear", 1000, w * 1000 + 1000), // the head on the pooled token
+        ];
+        let job = Job::parse(Some("transformer"), 8, layers.into_iter()).unwrap();
+        let shapes = inferred_linear_shapes(&job);
+        let read: Vec<Option<(f64, f64, f64)>> = shapes
+            .iter()
+            .map(|s| s.map(|s| (s.positions, s.inputs, s.outputs)))
+            .collect();
+        let (tf, wf) = (t as f64, w as f64);
+        assert_eq!(read[1], Some((tf, wf, 3.0 * wf)));
+        assert_eq!(read[3], Some((tf, wf, wf)));
+        assert_eq!(read[5], Some((tf, wf, 4.0 * wf)));
+        assert_eq!(read[7], Some((tf, 4.0 * wf, wf)));
+        assert_eq!(read[8], None, "the head reads as one position");
+        // The FLOPs follow: 197 positions of every block GEMM, forward and backward.
+        let block_flops = 2.0 * tf * (3.0 * wf * wf + wf * wf + 8.0 * wf * wf) * 8.0;
+        let r = roofline(&job, &a100());
+        assert!(r.flops > 2.5 * block_flops, "{r:?}");
+        // An MLP's linears have no such reading: one position each, as before.
+        let mlp = Job::parse(
+            None,
+            8,
+            vec![
+                layer("linear", 1173, 2346 * 1173 + 1173),
+                layer("linear", 197, 1173 * 197 + 197),
+            ]
+            .into_iter(),
+        )
+        .unwrap();
+        assert!(inferred_linear_shapes(&mlp).iter().all(Option::is_none));
     }
 
     #[test]
