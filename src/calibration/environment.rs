@@ -67,7 +67,7 @@ pub const HUBER_DELTA: f64 = 0.05;
 pub const JOB_RELATIVE_ERROR: f64 = 0.15;
 /// The prior spread of the fixed costs (the context around physics' own, the allocator's fixed
 /// cost around 0), MiB: contexts differ between environments by hundreds of MiB to a GiB. One
-/// observation of a 4 GiB job moves the context ~3/4 of its residual, of a 40 GiB job ~5 %: a
+/// observation of a 4 GiB job moves the context ~3/4 of its residual, of a 40 GiB job ~3 %: a
 /// 15 % error on a large job says little about a fixed cost.
 pub const FIXED_COST_PRIOR_MIB: f64 = 1024.0;
 /// Quantiles of `log(observed / fitted)` kept in a fit, as (key, probability).
@@ -414,11 +414,12 @@ fn solve(mut a: Vec<Vec<f64>>) -> Option<Vec<f64>> {
             return None;
         }
         a.swap(c, pivot);
-        for r in 0..m {
+        let pivot_row = a[c].clone();
+        for (r, row) in a.iter_mut().enumerate() {
             if r != c {
-                let factor = a[r][c] / a[c][c];
-                for k in c..=m {
-                    a[r][k] -= factor * a[c][k];
+                let factor = row[c] / pivot_row[c];
+                for (x, p) in row[c..].iter_mut().zip(&pivot_row[c..]) {
+                    *x -= factor * p;
                 }
             }
         }
