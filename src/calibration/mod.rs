@@ -3,11 +3,14 @@
 //!
 //! - [`profile`]: one GPU's calibration profile (offset, scale, residual quantiles) and how it
 //!   moves an estimate.
+//! - [`environment`]: what a software environment changes per category of the breakdown
+//!   (context, allocator's fixed cost, activation and cache scales), fitted from a few peaks.
 //! - [`fit`]: the robust line (Theil–Sen) and the residual quantiles behind a profile.
 //! - [`store`]: profiles by GPU, loaded at start-up and persisted atomically.
 //! - [`placement`]: the GPU an answer is for, its profile applied, whether and how many copies
 //!   of the job fit there.
 
+pub mod environment;
 pub mod fit;
 pub mod placement;
 pub mod profile;

@@ -7,6 +7,7 @@ mod calibration;
 #[path = "../common/mod.rs"]
 mod common;
 mod docs;
+mod environment;
 mod estimate;
 mod extrapolation;
 mod floor_sweep;

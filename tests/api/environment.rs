@@ -1,0 +1,349 @@
+//! Learning what an environment changes, evaluated on real cross-environment data: the
+//! published rows of public_training_memory.csv that the API expresses
+//! (data/public/setup_jobs.jsonl.gz, plus any row of data/public/jobs.jsonl.gz not in it), grouped
+//! by source (data/public/row_sources.tsv: one GitHub repository or documentation page, one
+//! environment). For each source with at least [`MIN_ROWS`] rows and each k of [`KS`] below its
+//! row count: k rows are posted as observations (every combination, or [`DRAWS`] seeded
+//! draws), the environment is fitted from the service's breakdowns of them, and the source's
+//! other rows are estimated. Each figure is compared like with like with what the source
+//! measured (device, reserved, allocated...). Beside it, today's profile line
+//! (`fit_profile` on the like-with-like totals). `cargo test --test api environment --
+//! --nocapture` prints the table docs/calibration.md quotes.
+
+use std::collections::BTreeMap;
+use std::io::BufRead;
+
+use gpucast::calibration::environment::{
+    apply_measured, fit_environment, EnvironmentSample, Measure,
+};
+use gpucast::calibration::fit::fit_profile;
+use gpucast::calibration::profile::Sample;
+use gpucast::domain::physics::Breakdown;
+use serde_json::Value;
+
+use crate::helpers::{repo_root, spawn_app};
+
+/// Sources with fewer rows are left out: one observation and too few others to estimate.
+const MIN_ROWS: usize = 4;
+/// Observations per environment.
+const KS: [usize; 3] = [1, 3, 10];
+/// Draws per source and k when the combinations are more.
+const DRAWS: usize = 60;
+const CONFIDENCE: f64 = 0.95;
+
+/// One published row answered by the service.
+struct Answered {
+    row: u64,
+    source: String,
+    measure: Measure,
+    measured_mib: f64,
+    predicted: Breakdown,
+}
+
+fn jsonl(path: &str) -> Vec<Value> {
+    let file = std::fs::File::open(repo_root().join(path)).expect(path);
+    std::io::BufReader::new(flate2::read::GzDecoder::new(file))
+        .lines()
+        .map(|line| serde_json::from_str(&line.unwrap()).unwrap())
+        .collect()
+}
+
+fn sources() -> BTreeMap<u64, String> {
+    std::fs::read_to_string(repo_root().join("data/public/row_sources.tsv"))
+        .unwrap()
+        .lines()
+        .skip(1)
+        .map(|line| {
+            let (row, source) = line.split_once('\t').unwrap();
+            (row.parse().unwrap(), source.to_string())
+        })
+        .collect()
+}
+
+fn breakdown(answer: &Value) -> Breakdown {
+    let part = |name: &str| {
+        answer["memory"]["breakdown"][name]
+            .as_f64()
+            .unwrap_or_else(|| panic!("breakdown.{name} in {answer}"))
+    };
+    Breakdown {
+        parameters: part("parameters"),
+        gradients: part("gradients"),
+        optimizer_state: part("optimizer_state"),
+        activations: part("activations"),
+        temporaries: part("temporaries"),
+        collective_buffers: part("collective_buffers"),
+        paged_optimizer_state: part("paged_optimizer_state"),
+        allocator_cache: part("allocator_cache"),
+        cuda_context: part("cuda_context"),
+    }
+}
+
+/// The service's own figure of the kind a row measured (as tests/api/public_setups.rs).
+fn like_with_like(p: &Breakdown, measure: Measure) -> f64 {
+    let device = p.total();
+    let reserved = device - p.cuda_context - p.paged_optimizer_state;
+    let allocated = reserved - p.allocator_cache;
+    match measure {
+        Measure::Device => device,
+        Measure::Reserved => reserved,
+        Measure::Allocated => allocated,
+        Measure::ReservedMinusWeights => reserved - p.parameters,
+        Measure::AllocatedMinusWeights => allocated - p.parameters,
+    }
+}
+
+async fn answered() -> (Vec<Answered>, usize) {
+    let sources = sources();
+    let mut lines = jsonl("data/public/setup_jobs.jsonl.gz");
+    let seen: Vec<Value> = lines.iter().map(|l| l["row"].clone()).collect();
+    let extra: Vec<Value> = jsonl("data/public/jobs.jsonl.gz")
+        .into_iter()
+        .filter(|l| !seen.contains(&l["row"]))
+        .collect();
+    let extra_rows = extra.len();
+    lines.extend(extra);
+    let app = spawn_app().await;
+    let mut rows = Vec::new();
+    for line in lines {
+        let response = app.post_json("/v1/estimate", &line["job"]).await;
+        let status = response.status();
+        let answer: Value = response.json().await.unwrap();
+        assert_eq!(status, 200, "row {}: {answer}", line["row"]);
+        let row = line["row"].as_u64().unwrap();
+        rows.push(Answered {
+            row,
+            source: sources[&row].clone(),
+            measure: Measure::parse(line["compare"].as_str().unwrap()).unwrap(),
+            measured_mib: line["measured_mib"].as_f64().unwrap(),
+            predicted: breakdown(&answer),
+        });
+    }
+    (rows, extra_rows)
+}
+
+/// splitmix64: a fixed-seed generator, so the draws are the same on every run.
+struct Draws(u64);
+
+impl Draws {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// `k` distinct indices below `n` (a partial Fisher–Yates shuffle).
+    fn pick(&mut self, n: usize, k: usize) -> Vec<usize> {
+        let mut all: Vec<usize> = (0..n).collect();
+        for i in 0..k {
+            let j = i + (self.next() % (n - i) as u64) as usize;
+            all.swap(i, j);
+        }
+        all.truncate(k);
+        all
+    }
+}
+
+fn combinations(n: usize, k: usize) -> Vec<Vec<usize>> {
+    if k == 0 {
+        return vec![vec![]];
+    }
+    if n < k {
+        return vec![];
+    }
+    let mut with_last = combinations(n - 1, k - 1);
+    for c in &mut with_last {
+        c.push(n - 1);
+    }
+    let mut out = combinations(n - 1, k);
+    out.extend(with_last);
+    out
+}
+
+fn choose(n: usize, k: usize) -> f64 {
+    (0..k).map(|i| (n - i) as f64 / (i + 1) as f64).product()
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    if values.is_empty() {
+        return f64::NAN;
+    }
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    if n % 2 == 1 {
+        values[n / 2]
+    } else {
+        (values[n / 2 - 1] + values[n / 2]) / 2.0
+    }
+}
+
+/// The held-out errors of one source at one k, over all its draws.
+#[derive(Default)]
+struct Errors {
+    draws: usize,
+    none: Vec<f64>,
+    profile: Vec<f64>,
+    environment: Vec<f64>,
+    /// Held-out rows measured above the environment's bound.
+    exceeded: usize,
+}
+
+fn evaluate(rows: &[&Answered], k: usize, seed: u64) -> Errors {
+    let n = rows.len();
+    let picks = if choose(n, k) <= DRAWS as f64 {
+        combinations(n, k)
+    } else {
+        let mut draws = Draws(seed);
+        (0..DRAWS).map(|_| draws.pick(n, k)).collect()
+    };
+    let mut errors = Errors {
+        draws: picks.len(),
+        ..Errors::default()
+    };
+    for pick in picks {
+        let observed: Vec<&Answered> = pick.iter().map(|&i| rows[i]).collect();
+        let environment = fit_environment(
+            &observed
+                .iter()
+                .map(|r| EnvironmentSample {
+                    predicted: r.predicted,
+                    observed_mib: r.measured_mib,
+                    measure: r.measure,
+                })
+                .collect::<Vec<_>>(),
+        );
+        let profile = fit_profile(
+            &observed
+                .iter()
+                .map(|r| Sample {
+                    predicted_mib: like_with_like(&r.predicted, r.measure),
+                    observed_mib: r.measured_mib,
+                })
+                .collect::<Vec<_>>(),
+        );
+        if std::env::var_os("GPUCAST_ENVIRONMENT_FITS").is_some() {
+            let picked: Vec<u64> = observed.iter().map(|r| r.row).collect();
+            println!("rows {picked:?}: {environment:?}");
+        }
+        for (i, row) in rows.iter().enumerate() {
+            if pick.contains(&i) {
+                continue;
+            }
+            let relative = |figure: f64| (figure / row.measured_mib - 1.0).abs();
+            let plain = like_with_like(&row.predicted, row.measure);
+            errors.none.push(relative(plain));
+            errors.profile.push(relative(
+                (profile.offset_mib + profile.scale * plain).max(1.0),
+            ));
+            let (estimate, bound) =
+                apply_measured(&environment, &row.predicted, row.measure, CONFIDENCE);
+            errors.environment.push(relative(estimate));
+            if row.measured_mib > bound {
+                errors.exceeded += 1;
+            }
+        }
+    }
+    errors
+}
+
+fn percent(values: &[f64]) -> String {
+    format!("{:.1} %", 100.0 * median(values.to_vec()))
+}
+
+#[tokio::test]
+async fn an_environment_fitted_from_three_of_its_rows_is_no_worse_on_its_other_rows_than_none() {
+    let (rows, extra_rows) = answered().await;
+    let mut by_source: BTreeMap<&str, Vec<&Answered>> = BTreeMap::new();
+    for row in &rows {
+        by_source.entry(&row.source).or_default().push(row);
+    }
+    let qualifying: Vec<(&str, Vec<&Answered>)> = by_source
+        .iter()
+        .filter(|(_, rows)| rows.len() >= MIN_ROWS)
+        .map(|(s, rows)| (*s, rows.clone()))
+        .collect();
+    println!(
+        "{} rows answered ({extra_rows} of data/public/jobs.jsonl.gz not already in \
+         setup_jobs), {} sources, {} with at least {MIN_ROWS} rows\n",
+        rows.len(),
+        by_source.len(),
+        qualifying.len()
+    );
+    println!(
+        "| source | rows | measured as | k | draws | median error: none | profile line | \
+         environment | above the environment's {CONFIDENCE} bound |"
+    );
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    let mut overall: BTreeMap<usize, (Errors, Vec<[f64; 3]>)> = BTreeMap::new();
+    for (index, (source, rows)) in qualifying.iter().enumerate() {
+        let mut measures: BTreeMap<String, usize> = BTreeMap::new();
+        for row in rows {
+            *measures.entry(format!("{:?}", row.measure)).or_default() += 1;
+        }
+        let measures: Vec<String> = measures.iter().map(|(m, n)| format!("{m} {n}")).collect();
+        for k in KS {
+            if rows.len() <= k {
+                continue;
+            }
+            let errors = evaluate(rows, k, 15 + 1000 * index as u64 + k as u64);
+            println!(
+                "| {source} | {} | {} | {k} | {} | {} | {} | {} | {:.1} % |",
+                rows.len(),
+                measures.join(", "),
+                errors.draws,
+                percent(&errors.none),
+                percent(&errors.profile),
+                percent(&errors.environment),
+                100.0 * errors.exceeded as f64 / errors.environment.len() as f64
+            );
+            let (pooled, per_source) = overall.entry(k).or_default();
+            per_source.push([
+                median(errors.none.clone()),
+                median(errors.profile.clone()),
+                median(errors.environment.clone()),
+            ]);
+            pooled.draws += errors.draws;
+            pooled.none.extend(errors.none);
+            pooled.profile.extend(errors.profile);
+            pooled.environment.extend(errors.environment);
+            pooled.exceeded += errors.exceeded;
+        }
+    }
+    for (k, (pooled, per_source)) in &overall {
+        println!(
+            "| all held-out estimates (pooled) | | | {k} | {} | {} | {} | {} | {:.1} % |",
+            pooled.draws,
+            percent(&pooled.none),
+            percent(&pooled.profile),
+            percent(&pooled.environment),
+            100.0 * pooled.exceeded as f64 / pooled.environment.len() as f64
+        );
+        let column = |c: usize| per_source.iter().map(|m| m[c]).collect::<Vec<_>>();
+        println!(
+            "| median of the {} sources' medians | | | {k} | | {} | {} | {} | |",
+            per_source.len(),
+            percent(&column(0)),
+            percent(&column(1)),
+            percent(&column(2)),
+        );
+    }
+
+    // What is stable: with 3 observations, the environment's fit does not make a source's
+    // other rows worse than no calibration, pooled over the sources, and beats today's profile
+    // line there. (Per source it does not: the sources physics already answers within ~10 %
+    // lose a little; see docs/calibration.md.)
+    let (pooled, _) = &overall[&3];
+    let environment = median(pooled.environment.clone());
+    assert!(
+        environment <= median(pooled.none.clone()),
+        "k = 3: environment {environment} vs none {}",
+        median(pooled.none.clone())
+    );
+    assert!(
+        environment <= median(pooled.profile.clone()),
+        "k = 3: environment {environment} vs the profile line {}",
+        median(pooled.profile.clone())
+    );
+}
