@@ -125,7 +125,7 @@ env -i PATH=/usr/bin:/bin HOME=/var/lib/gpucast \
     GPUCAST_LISTEN="127.0.0.1:$PORT" \
     GPUCAST_MODELS="$IMAGE/usr/share/gpucast/models" \
     ORT_DYLIB_PATH="$IMAGE/usr/local/lib/gpucast/libonnxruntime.so" \
-    GPUCAST_PROFILES="$IMAGE/var/lib/gpucast/profiles" \
+    GPUCAST_STORE_DIR="$IMAGE/var/lib/gpucast/data" \
     GPUCAST_LOG_FORMAT=json RUST_LOG=info \
     setpriv --reuid 10001 --regid 10001 --clear-groups \
     "$IMAGE/usr/local/bin/gpucast" serve >"$LOG" 2>&1 &

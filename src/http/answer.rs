@@ -42,6 +42,7 @@ pub fn answer(
         confidence,
         fraction,
         target,
+        environment,
         warnings,
     } = request;
     let estimate = state
@@ -52,6 +53,7 @@ pub fn answer(
         fraction,
         roofline: roofline(&job, &target),
         target,
+        environment,
         warnings,
         setup: setup_response(&job),
     };
@@ -85,6 +87,7 @@ pub fn answer_items(
                 fraction: item.fraction,
                 roofline: roofline(&item.job, &item.target),
                 target: item.target.clone(),
+                environment: item.environment.clone(),
                 warnings: item.warnings.clone(),
                 setup: setup_response(&item.job),
             };
@@ -98,6 +101,7 @@ struct Asked {
     confidence: Confidence,
     fraction: Option<MemoryFraction>,
     target: Target,
+    environment: Option<String>,
     warnings: Vec<String>,
     setup: SetupResponse,
     /// The performance model on the target, or why there is none.
@@ -230,16 +234,23 @@ fn respond(
         confidence,
         fraction,
         target,
+        environment,
         warnings,
         setup,
         roofline,
     } = asked;
     let on_reference = target.gpu == REFERENCE_SKU;
     let mut estimate = estimate?;
-    let placement = estimate
-        .mib
-        .as_ref()
-        .map(|answer| place(answer, target, &state.profiles, &estimate.physics, fraction));
+    let placement = estimate.mib.as_ref().map(|answer| {
+        place(
+            answer,
+            target,
+            environment.as_deref(),
+            &state.profiles,
+            &estimate.physics,
+            fraction,
+        )
+    });
     // The class contains the figure answered, which a calibration profile may have moved.
     if let Some(placement) = &placement {
         estimate.class = estimate.class_for(Some(placement.estimate_mib));
@@ -464,6 +475,7 @@ fn to_response(
             gpu: p.target.gpu.clone(),
             profile_used: p.profile_observations.is_some(),
             observations: p.profile_observations.unwrap_or(0),
+            environment: p.profile_environment.clone(),
         }),
         // Set by `respond` from the roofline.
         performance: None,

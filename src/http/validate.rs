@@ -31,6 +31,9 @@ pub struct ValidEstimateRequest {
     pub confidence: Confidence,
     pub fraction: Option<MemoryFraction>,
     pub target: Target,
+    /// The software environment the job runs in: its GPU's profile in that environment is
+    /// used when there is one.
+    pub environment: Option<String>,
     /// What was assumed or overridden to read the request (said back as `warnings`).
     pub warnings: Vec<String>,
 }
@@ -47,13 +50,22 @@ pub fn validate(
     let fraction = MemoryFraction::parse(request.memory_fraction)
         .map_err(|e| ApiError::InvalidInput(e.to_string()))?;
     let target = resolve(request.gpu.as_ref(), catalogue, devices)?;
+    let environment = environment(request.environment.as_deref())?;
     Ok(ValidEstimateRequest {
         job,
         confidence,
         fraction,
         target,
+        environment,
         warnings,
     })
+}
+
+/// An optional environment label, checked.
+pub fn environment(raw: Option<&str>) -> Result<Option<String>, ApiError> {
+    raw.map(crate::calibration::label::parse_environment)
+        .transpose()
+        .map_err(ApiError::InvalidInput)
 }
 
 /// Turns a request into a validated job: from its layer list, or by parsing its summary text.
