@@ -84,17 +84,18 @@ pub async fn observe(
     let fingerprint = key.as_ref().map(|_| idempotency::fingerprint(body.get()));
     // Parsed item by item into the typed request (not through a JSON value, which would keep
     // the last of two duplicate keys), so that errors name the field.
-    let observations: Vec<ObservationRequest> = if body.get().trim_start().starts_with('[') {
+    // Each with its job's JSON text as posted, which is what is stored.
+    let observations: Vec<Posted> = if body.get().trim_start().starts_with('[') {
         // The body already parsed as JSON: an array of values splits without error.
         let items: Vec<&RawValue> =
             serde_json::from_str(body.get()).map_err(|e| ApiError::MalformedJson(e.to_string()))?;
         items
             .iter()
             .enumerate()
-            .map(|(index, item)| parse_json(item.get().as_bytes(), &format!("[{index}]")))
+            .map(|(index, item)| posted(item.get(), &format!("[{index}]")))
             .collect::<Result<_, _>>()?
     } else {
-        vec![parse_json(body.get().as_bytes(), "")?]
+        vec![posted(body.get(), "")?]
     };
     // An empty list records nothing, and says so.
     if observations.len() > MAX_OBSERVATIONS {
@@ -138,14 +139,40 @@ pub async fn observe(
     Ok(Json(response).into_response())
 }
 
+/// An observation as parsed, with its job's JSON text as posted.
+struct Posted {
+    request: ObservationRequest,
+    job: String,
+}
+
+fn posted(text: &str, location: &str) -> Result<Posted, ApiError> {
+    #[derive(serde::Deserialize)]
+    struct JobText<'a> {
+        #[serde(borrow)]
+        job: &'a RawValue,
+    }
+    let request: ObservationRequest = parse_json(text.as_bytes(), location)?;
+    // It parsed as an observation, so it has a job.
+    let job = serde_json::from_str::<JobText>(text)
+        .map_err(|e| ApiError::MalformedJson(e.to_string()))?
+        .job
+        .get()
+        .to_string();
+    Ok(Posted { request, job })
+}
+
 /// Validates every observation first, so that a bad one records nothing; then stores them all
 /// in one transaction and re-derives the profiles they touch.
-fn record(
-    state: &AppState,
-    observations: Vec<ObservationRequest>,
-) -> Result<ObservationsResponse, ApiError> {
+fn record(state: &AppState, observations: Vec<Posted>) -> Result<ObservationsResponse, ApiError> {
     let mut batch: Vec<NewObservation> = Vec::with_capacity(observations.len());
-    for (index, observation) in observations.iter().enumerate() {
+    for (
+        index,
+        Posted {
+            request: observation,
+            job,
+        },
+    ) in observations.iter().enumerate()
+    {
         // A lone observation's fields are named as they are; a list's with their index.
         let location = if observations.len() > 1 {
             format!("[{index}].")
@@ -198,12 +225,10 @@ fn record(
                 reference.floor_mib
             ))));
         }
-        let job = serde_json::to_string(&observation.job)
-            .map_err(|e| ApiError::Internal(e.to_string()))?;
         batch.push(NewObservation {
             gpu: target.gpu,
             environment,
-            job,
+            job: job.clone(),
             observed_peak_mib: observed,
             predicted_mib: reference.predicted_mib,
             breakdown: reference.breakdown,
@@ -336,7 +361,11 @@ pub async fn watch(
     let attached = crate::http::types::GpuRequest::Name("attached".into());
     let target = resolve(Some(&attached), &state.catalogue, state.devices.as_ref())?;
     let reference = reference_figure(&state, &request.job)?;
-    let job = serde_json::to_string(&request.job).map_err(|e| ApiError::Internal(e.to_string()))?;
+    // The job as the request gave it (its absent fields left out, not written as nulls).
+    let job = serde_json::to_value(&request.job)
+        .map(without_nulls)
+        .map_err(|e| ApiError::Internal(e.to_string()))?
+        .to_string();
     let interval = Duration::from_millis(request.interval_ms.unwrap_or(200).clamp(10, 60_000));
     let max_duration =
         Duration::from_secs(request.max_seconds.unwrap_or(86_400).clamp(1, 2_592_000));
@@ -404,6 +433,21 @@ pub async fn watch(
             status: "watching".into(),
         }),
     ))
+}
+
+/// `value` without the object fields that are null.
+fn without_nulls(value: serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    match value {
+        Value::Object(map) => Value::Object(
+            map.into_iter()
+                .filter(|(_, v)| !v.is_null())
+                .map(|(k, v)| (k, without_nulls(v)))
+                .collect(),
+        ),
+        Value::Array(items) => Value::Array(items.into_iter().map(without_nulls).collect()),
+        other => other,
+    }
 }
 
 /// What the reference (uncalibrated) model says of a job, and the least it can need.
