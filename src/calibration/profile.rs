@@ -67,7 +67,8 @@ pub struct CalibrationProfile {
     pub scale: f64,
     /// Quantiles of `observed / (offset + scale × predicted) - 1`, keyed `"0.5"`, `"0.9"`, ...
     pub residual_quantiles: BTreeMap<String, f64>,
-    /// Every observation ever made for this SKU (the samples keep only the last [`MAX_SAMPLES`]).
+    /// The stored observations this profile rests on (the samples keep only the last
+    /// [`MAX_SAMPLES`]; the store keeps a bounded number per key).
     pub observations: u64,
     /// RFC 3339, UTC.
     pub updated_at: String,

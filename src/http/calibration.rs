@@ -40,7 +40,9 @@ pub async fn profiles(State(state): State<AppState>) -> Json<ProfilesResponse> {
     })
 }
 
-/// Record measured peaks of jobs on a GPU; the GPU's profile is refitted and saved.
+/// Record measured peaks of jobs on a GPU (optionally in a software `environment`), in one
+/// transaction: all or none; the profiles of the GPU and of the GPU in that environment are
+/// derived again from the stored observations.
 ///
 /// Retries: the recording is not cancelled once it has started, so a call answered 503 (the
 /// request timeout) or whose answer was lost may have been recorded. To retry safely, send an
