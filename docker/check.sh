@@ -54,8 +54,13 @@ deployment = yaml.safe_load((root / "deploy/deployment.yaml").read_text())
 container = deployment["spec"]["template"]["spec"]["containers"][0]
 assert container["readinessProbe"]["httpGet"]["path"] == "/readyz", "readiness probe is /readyz"
 assert container["livenessProbe"]["httpGet"]["path"] == "/healthz", "liveness probe is /healthz"
-if not any(m["mountPath"] == "/var/lib/gpucast/profiles" for m in container["volumeMounts"]):
-    failures.append("deployment.yaml: no volume at /var/lib/gpucast/profiles")
+database = [e for e in container["env"] if e["name"] == "GPUCAST_DATABASE_URL"]
+if not (database and "secretKeyRef" in database[0].get("valueFrom", {})):
+    failures.append("deployment.yaml: GPUCAST_DATABASE_URL does not come from a Secret")
+component = yaml.safe_load((root / "deploy/postgres/kustomization.yaml").read_text())
+for resource in component.get("resources", []):
+    if not (root / "deploy/postgres" / resource).exists():
+        failures.append(f"deploy/postgres/kustomization.yaml names {resource}, which does not exist")
 
 # COPY sources exist and the ignore file lets them through (last matching pattern wins).
 dockerfile = (root / "docker/Dockerfile").read_text()
@@ -111,7 +116,7 @@ cleanup() { [[ -n "${SERVER:-}" ]] && kill "$SERVER" 2>/dev/null; wait 2>/dev/nu
 trap cleanup EXIT
 install -D -m 0755 target/release/gpucast "$IMAGE/usr/local/bin/gpucast"
 install -D -m 0644 .cache/onnxruntime/libonnxruntime.so "$IMAGE/usr/local/lib/gpucast/libonnxruntime.so"
-mkdir -p "$IMAGE/usr/share/gpucast" "$IMAGE/var/lib/gpucast/profiles"
+mkdir -p "$IMAGE/usr/share/gpucast" "$IMAGE/var/lib/gpucast/data"
 cp -r models "$IMAGE/usr/share/gpucast/models"
 install -D -m 0755 docker/healthcheck.sh "$IMAGE/usr/local/bin/gpucast-healthcheck"
 chmod -R a+rX "$IMAGE/usr"
@@ -125,7 +130,7 @@ env -i PATH=/usr/bin:/bin HOME=/var/lib/gpucast \
     GPUCAST_LISTEN="127.0.0.1:$PORT" \
     GPUCAST_MODELS="$IMAGE/usr/share/gpucast/models" \
     ORT_DYLIB_PATH="$IMAGE/usr/local/lib/gpucast/libonnxruntime.so" \
-    GPUCAST_PROFILES="$IMAGE/var/lib/gpucast/profiles" \
+    GPUCAST_STORE_DIR="$IMAGE/var/lib/gpucast/data" \
     GPUCAST_LOG_FORMAT=json RUST_LOG=info \
     setpriv --reuid 10001 --regid 10001 --clear-groups \
     "$IMAGE/usr/local/bin/gpucast" serve >"$LOG" 2>&1 &

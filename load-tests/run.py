@@ -164,7 +164,7 @@ class Server:
             "ORT_DYLIB_PATH": str(ARGS.ort_dylib),
             "RUST_LOG": env.get("RUST_LOG", "warn"),
             # A scratch profile directory: the load test must not write into the repository.
-            "GPUCAST_PROFILES": str(log.parent / "profiles"),
+            "GPUCAST_STORE_DIR": str(log.parent / "data"),
             "GPUCAST_NO_NVML": "true",
         })
         self.base = f"http://127.0.0.1:{port}"

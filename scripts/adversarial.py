@@ -39,7 +39,7 @@ class Server:
         self.port = port
         self.process = subprocess.Popen(
             [binary, "serve", "--listen", f"127.0.0.1:{port}", "--no-nvml",
-             "--profiles", f"/tmp/gpucast-adversarial-{port}"],
+             "--data-dir", f"/tmp/gpucast-adversarial-{port}"],
             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.time() + 120
         while time.time() < deadline:

@@ -35,7 +35,7 @@ BASE="http://127.0.0.1:$PORT"
 LOG="$WORK/server.log"
 # Calibration profiles go to a scratch directory: schemathesis posts observations.
 PROFILES="$(mktemp -d)"
-GPUCAST_LISTEN="127.0.0.1:$PORT" GPUCAST_PROFILES="$PROFILES" GPUCAST_NO_NVML=true target/release/gpucast serve --models "$ROOT/models" >"$LOG" 2>&1 &
+GPUCAST_LISTEN="127.0.0.1:$PORT" GPUCAST_STORE_DIR="$PROFILES" GPUCAST_NO_NVML=true target/release/gpucast serve --models "$ROOT/models" >"$LOG" 2>&1 &
 SERVER=$!
 trap 'kill "$SERVER" 2>/dev/null || true; wait "$SERVER" 2>/dev/null || true; rm -rf "$PROFILES"' EXIT
 

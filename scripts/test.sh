@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test: the format and lint gates (cargo fmt --check, clippy with warnings as errors),
 # Rust unit and integration tests (real server on ephemeral ports, committed
-# models through ONNX Runtime), the Python feature-parity and probe tests (stdlib only), then
+# models through ONNX Runtime; the calibration store on SQLite and on a throw-away PostgreSQL), the Python feature-parity and probe tests (stdlib only), then
 # describe's tests (model walk, training-step simulation, allocator model) in a project venv
 # with pinned torch/timm/transformers (scripts/describe-venv.sh: created once, then reused).
 set -euo pipefail
@@ -21,7 +21,18 @@ if cargo clippy --version >/dev/null 2>&1 || rustup component add clippy >/dev/n
 else
     echo "warning: clippy unavailable: lint gate skipped" >&2
 fi
-cargo test --locked --all-targets
+# The calibration store's tests run against SQLite and a real PostgreSQL (Debian's package,
+# installed here when missing: CI runs as root on a fresh Debian machine), started on a
+# loopback port in a temporary directory by scripts/postgres-test.sh.
+if ! command -v initdb >/dev/null 2>&1 && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
+    else
+        echo "error: PostgreSQL binaries missing (apt-get install postgresql)" >&2
+        exit 1
+    fi
+fi
+scripts/postgres-test.sh cargo test --locked --all-targets
 python3 -m unittest discover -s training/tests -v
 python3 -m unittest discover -s probe/tests -t . -v
 DESCRIBE_PYTHON="$(scripts/describe-venv.sh)"

@@ -26,6 +26,9 @@ pub enum Command {
     Openapi,
     /// Print the layer-kind vocabulary (the committed openapi/layer_kinds.json is this output).
     LayerKinds,
+    /// The stored calibration observations.
+    #[command(subcommand)]
+    Observations(ObservationsCommand),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -95,9 +98,35 @@ pub struct ServeConfig {
     #[arg(long, env = "GPUCAST_DRAIN_TIMEOUT_SECS", default_value_t = 20)]
     pub drain_timeout_secs: u64,
 
-    /// Directory of per-GPU calibration profiles (one JSON file per SKU), created if missing.
-    #[arg(long, env = "GPUCAST_PROFILES", default_value = "profiles")]
-    pub profiles: PathBuf,
+    /// Directory of the calibration store: the SQLite database of observations
+    /// (gpucast.sqlite3, WAL), created if missing. Unused with --database-url. Profile files of
+    /// former versions (<gpu>.json, from --profiles) found here are imported into an empty
+    /// database.
+    #[arg(
+        long,
+        alias = "profiles",
+        env = "GPUCAST_STORE_DIR",
+        default_value = "gpucast-data"
+    )]
+    pub data_dir: PathBuf,
+
+    /// PostgreSQL URL (postgres://user:password@host:5432/db) of the calibration store, shared
+    /// by any number of replicas; SQLite under --data-dir when absent. Redacted in logs.
+    #[arg(long, env = "GPUCAST_DATABASE_URL")]
+    pub database_url: Option<DatabaseUrl>,
+
+    /// Seconds between refreshes of the in-memory profiles from the store (to serve what
+    /// other replicas recorded); a refresh also follows every write of this process.
+    #[arg(long, env = "GPUCAST_PROFILE_REFRESH_SECS", default_value_t = 5)]
+    pub profile_refresh_secs: u64,
+
+    /// Observations kept per GPU and environment (the newest).
+    #[arg(long, env = "GPUCAST_MAX_OBSERVATIONS_PER_KEY", default_value_t = 1000)]
+    pub max_observations_per_key: usize,
+
+    /// Observations kept in all (the oldest are dropped first).
+    #[arg(long, env = "GPUCAST_MAX_OBSERVATIONS", default_value_t = 100_000)]
+    pub max_observations: usize,
 
     /// Bearer token required by the routes that change state (calibration); none means open.
     #[arg(long, env = "GPUCAST_TOKEN")]
@@ -115,6 +144,70 @@ pub struct ServeConfig {
     /// built-in ones, or replace those with the same id. Checked at start-up.
     #[arg(long, env = "GPUCAST_GPUS")]
     pub gpus: Option<PathBuf>,
+}
+
+/// A database URL whose password never appears in logs or debug output.
+#[derive(Clone, PartialEq, Eq)]
+pub struct DatabaseUrl(String);
+
+impl DatabaseUrl {
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for DatabaseUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "DatabaseUrl({})",
+            crate::calibration::db::redact(&self.0)
+        )
+    }
+}
+
+impl std::str::FromStr for DatabaseUrl {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s.starts_with("postgres://") || s.starts_with("postgresql://") {
+            Ok(DatabaseUrl(s.to_string()))
+        } else {
+            Err("must be a postgres:// or postgresql:// URL".into())
+        }
+    }
+}
+
+/// Where `gpucast observations export` reads.
+#[derive(Debug, Clone, Args)]
+pub struct StoreArgs {
+    /// Directory of the SQLite store (as `serve --data-dir`).
+    #[arg(
+        long,
+        alias = "profiles",
+        env = "GPUCAST_STORE_DIR",
+        default_value = "gpucast-data"
+    )]
+    pub data_dir: PathBuf,
+
+    /// PostgreSQL URL of the store (as `serve --database-url`).
+    #[arg(long, env = "GPUCAST_DATABASE_URL")]
+    pub database_url: Option<DatabaseUrl>,
+}
+
+/// `gpucast observations ...`.
+#[derive(Debug, Subcommand)]
+pub enum ObservationsCommand {
+    /// Write the stored observations as JSON Lines (one observation a line: id, recorded_at,
+    /// gpu, environment, job, observed_peak_mib, predicted_mib, breakdown, source), oldest
+    /// first: extra training data for training/ (`--observations FILE`).
+    Export {
+        #[command(flatten)]
+        store: StoreArgs,
+        /// File to write (replaced); standard output when absent.
+        #[arg(long)]
+        output: Option<PathBuf>,
+    },
 }
 
 /// A secret that never appears in logs or debug output.
@@ -169,6 +262,9 @@ impl ServeConfig {
             ),
             ("--drain-timeout-secs", self.drain_timeout_secs as usize),
             ("--max-watches", self.max_watches),
+            ("--profile-refresh-secs", self.profile_refresh_secs as usize),
+            ("--max-observations-per-key", self.max_observations_per_key),
+            ("--max-observations", self.max_observations),
         ];
         for (flag, value) in positive {
             if value == 0 {
@@ -195,11 +291,15 @@ impl ServeConfig {
             header_read_timeout_secs: 5,
             body_read_timeout_secs: 5,
             drain_timeout_secs: 20,
-            profiles: std::env::temp_dir().join(format!(
-                "gpucast-profiles-{}-{}",
+            data_dir: std::env::temp_dir().join(format!(
+                "gpucast-data-{}-{}",
                 std::process::id(),
                 unique()
             )),
+            database_url: None,
+            profile_refresh_secs: 5,
+            max_observations_per_key: 1000,
+            max_observations: 100_000,
             token: None,
             max_watches: 64,
             no_nvml: true,

@@ -1,6 +1,6 @@
 use clap::Parser;
 
-use gpucast::config::{Cli, Command};
+use gpucast::config::{Cli, Command, ObservationsCommand};
 use gpucast::startup::Application;
 
 fn main() -> anyhow::Result<()> {
@@ -24,6 +24,18 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::LayerKinds => {
             let vocabulary = gpucast::domain::vocabulary::layer_vocabulary();
             println!("{}", serde_json::to_string_pretty(&vocabulary)?);
+            Ok(())
+        }
+        Command::Observations(ObservationsCommand::Export { store, output }) => {
+            let written = tokio::task::spawn_blocking(move || {
+                gpucast::calibration::export::export(
+                    &store.data_dir,
+                    store.database_url.as_ref().map(|u| u.expose()),
+                    output.as_deref(),
+                )
+            })
+            .await??;
+            eprintln!("gpucast: {written} observations exported");
             Ok(())
         }
         Command::Serve(config) => {

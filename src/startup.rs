@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
+use crate::calibration::db::Retention;
 use crate::calibration::profile::ProfileError;
 use crate::calibration::store::ProfileStore;
 use crate::config::ServeConfig;
@@ -26,6 +27,8 @@ pub struct Application {
     port: u16,
     state: AppState,
     timeouts: ConnectionTimeouts,
+    /// How often the profiles are re-derived from the store.
+    profile_refresh: Duration,
 }
 
 /// What bounds a connection rather than a request.
@@ -93,11 +96,23 @@ impl Application {
                 "NVML devices found"
             ),
         }
-        let (profiles, warnings) = ProfileStore::load(&config.profiles)?;
+        let (profiles, warnings) = {
+            let (dir, url) = (
+                config.data_dir.clone(),
+                config.database_url.as_ref().map(|u| u.expose().to_string()),
+            );
+            let retention = Retention {
+                per_key: config.max_observations_per_key,
+                total: config.max_observations,
+            };
+            tokio::task::spawn_blocking(move || ProfileStore::open(&dir, url.as_deref(), retention))
+                .await
+                .expect("opening the store does not panic")?
+        };
         for warning in &warnings {
-            tracing::warn!(%warning, "calibration profile skipped");
+            tracing::warn!(%warning, "calibration profile file skipped");
         }
-        tracing::info!(dir = %config.profiles.display(), profiles = profiles.list().len(), "calibration profiles loaded");
+        tracing::info!(store = %profiles.describe(), profiles = profiles.list().len(), "calibration profiles derived from the stored observations");
         let started = Instant::now();
         let estimators = {
             let (models, dylib, sessions) = (
@@ -127,7 +142,7 @@ impl Application {
                     .unwrap_or("unknown"),
             ])
             .set(1);
-        for profile in profiles.list() {
+        for profile in profiles.list().iter().filter(|p| p.environment.is_none()) {
             metrics.record_calibration(
                 &profile.sku,
                 profile.observations,
@@ -178,6 +193,7 @@ impl Application {
             listener,
             port,
             state,
+            profile_refresh: Duration::from_secs(config.profile_refresh_secs),
             timeouts: ConnectionTimeouts {
                 header_read: Duration::from_secs(config.header_read_timeout_secs),
                 drain: Duration::from_secs(config.drain_timeout_secs),
@@ -211,10 +227,12 @@ impl Application {
             listener,
             state,
             timeouts,
+            profile_refresh,
             ..
         } = self;
         let ready = state.ready.clone();
         let watches = Arc::clone(&state.watches);
+        let refresher = tokio::spawn(refresh_profiles(state.clone(), profile_refresh));
         let router = http::router(state);
         ready.store(true, Ordering::Release);
         tracing::info!(address = %listener.local_addr()?, "ready");
@@ -247,6 +265,7 @@ impl Application {
             });
         }
         drop(listener);
+        refresher.abort();
         ready.store(false, Ordering::Release);
         watches.stop();
         if tokio::time::timeout(timeouts.drain, connections.shutdown())
@@ -259,5 +278,35 @@ impl Application {
             );
         }
         Ok(())
+    }
+}
+
+/// Re-derives the profiles from the store every `every` (what other replicas recorded), on
+/// the blocking pool; a failed refresh keeps the profiles held and is retried next time.
+async fn refresh_profiles(state: AppState, every: Duration) {
+    let mut ticks = tokio::time::interval(every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticks.tick().await;
+    loop {
+        ticks.tick().await;
+        let profiles = Arc::clone(&state.profiles);
+        match tokio::task::spawn_blocking(move || profiles.refresh()).await {
+            Ok(Ok(true)) => {
+                for p in state
+                    .profiles
+                    .list()
+                    .iter()
+                    .filter(|p| p.environment.is_none())
+                {
+                    state
+                        .metrics
+                        .record_calibration(&p.sku, p.observations, p.scale, p.offset_mib);
+                }
+                tracing::debug!("calibration profiles refreshed from the store");
+            }
+            Ok(Ok(false)) => {}
+            Ok(Err(error)) => tracing::warn!(%error, "calibration refresh failed; profiles kept"),
+            Err(error) => tracing::warn!(%error, "calibration refresh task failed"),
+        }
     }
 }

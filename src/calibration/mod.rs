@@ -6,12 +6,18 @@
 //! - [`environment`]: what a software environment changes per category of the breakdown
 //!   (context, allocator's fixed cost, activation and cache scales), fitted from a few peaks.
 //! - [`fit`]: the robust line (Theil–Sen) and the residual quantiles behind a profile.
-//! - [`store`]: profiles by GPU, loaded at start-up and persisted atomically.
+//! - [`db`]: the stored observations (SQLite or PostgreSQL), schema migrations.
+//! - [`store`]: profiles per GPU and per GPU and environment, derived from the observations
+//!   and held in memory.
+//! - [`label`]: the environment label.
 //! - [`placement`]: the GPU an answer is for, its profile applied, whether and how many copies
 //!   of the job fit there.
 
+pub mod db;
 pub mod environment;
+pub mod export;
 pub mod fit;
+pub mod label;
 pub mod placement;
 pub mod profile;
 pub mod store;

@@ -142,6 +142,8 @@ pub struct Placement {
     pub floored: bool,
     /// Observations behind the profile used; `None` when the GPU has no profile yet.
     pub profile_observations: Option<u64>,
+    /// The environment whose profile was used; `None` for the GPU's own (or none).
+    pub profile_environment: Option<String>,
     pub fit: Fit,
     pub fit_basis: FitBasis,
 }
@@ -155,17 +157,20 @@ pub enum FitBasis {
     Simulation,
 }
 
-/// Applies the target's calibration profile (if it has one), holds the result to physics (a
-/// profile is learning too), and checks the fit against the target's capacity.
+/// Applies the target's calibration profile (if it has one: the profile of the GPU in
+/// `environment`, else the GPU's own), holds the result to physics (a profile is learning
+/// too), and checks the fit against the target's capacity.
 pub fn place(
     answer: &MibAnswer,
     target: Target,
+    environment: Option<&str>,
     profiles: &ProfileStore,
     physics: &Physics,
     fraction: Option<MemoryFraction>,
 ) -> Placement {
     let calibrated = profiles.calibrate(
         &target.gpu,
+        environment,
         answer.estimate_mib,
         Some(answer.upper_bound_mib),
     );
@@ -186,6 +191,7 @@ pub fn place(
         upper_bound_mib: settled.upper_bound_mib,
         floored: answer.floored || settled.floored,
         profile_observations,
+        profile_environment: calibrated.and_then(|c| c.environment),
         fit,
         fit_basis,
     }
@@ -480,7 +486,8 @@ mod tests {
     fn placing_holds_a_calibrated_figure_to_the_floor() {
         let dir = tempfile::tempdir().unwrap();
         let (profiles, _) = ProfileStore::load(dir.path()).unwrap();
-        for _ in 0..3 {
+        // More batches than are replayed one step at a time: the profile reaches the fit.
+        for _ in 0..=crate::calibration::store::REPLAYED_BATCHES + 3 {
             profiles.observe("h100-80gb", 10_000.0, 1_000.0).unwrap();
         }
         let target = Target::resolve(
@@ -492,6 +499,7 @@ mod tests {
         let placement = place(
             &answer(10_000.0, 11_000.0),
             target,
+            None,
             &profiles,
             &physics(),
             None,
@@ -614,6 +622,7 @@ mod tests {
         let placement = place(
             &answer(9_000.0, 20_000.0),
             target.clone(),
+            None,
             &profiles,
             &physics(),
             None,
@@ -629,6 +638,7 @@ mod tests {
         let placement = place(
             &answer(39_000.0, 90_000.0),
             target,
+            None,
             &profiles,
             &physics(),
             None,
@@ -658,6 +668,7 @@ mod tests {
         let placement = place(
             &answer(10_000.0, 11_000.0),
             target,
+            None,
             &profiles,
             &physics(),
             None,

@@ -52,17 +52,23 @@ pub struct Sample {
     pub observed_mib: f64,
 }
 
-/// What the service has learned about one SKU. Stored as `<dir>/<sku>.json`.
+/// What the service has learned about one SKU (or one SKU in one environment): derived from
+/// the stored observations. Profile files of former versions had this format.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CalibrationProfile {
     pub schema_version: u32,
     /// The profile key: a catalogue id (`a100-40gb`) or a slug of an unknown GPU's name.
     pub sku: String,
+    /// The environment whose observations this profile is fitted to; `None` for the GPU's
+    /// own profile (all its observations).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub environment: Option<String>,
     pub offset_mib: f64,
     pub scale: f64,
     /// Quantiles of `observed / (offset + scale × predicted) - 1`, keyed `"0.5"`, `"0.9"`, ...
     pub residual_quantiles: BTreeMap<String, f64>,
-    /// Every observation ever made for this SKU (the samples keep only the last [`MAX_SAMPLES`]).
+    /// The stored observations this profile rests on (the samples keep only the last
+    /// [`MAX_SAMPLES`]; the store keeps a bounded number per key).
     pub observations: u64,
     /// RFC 3339, UTC.
     pub updated_at: String,
@@ -74,6 +80,8 @@ pub struct CalibrationProfile {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Calibrated {
     pub sku: String,
+    /// The environment of the profile used; `None` when it was the GPU's own.
+    pub environment: Option<String>,
     pub estimate_mib: f64,
     pub upper_bound_mib: f64,
     /// How many observations the profile rests on.
@@ -92,6 +100,8 @@ pub enum ProfileError {
     Invalid(String),
     #[error("{path}: {source}")]
     Io { path: PathBuf, source: io::Error },
+    #[error("observation store: {0}")]
+    Store(String),
 }
 
 /// A profile file that was not loaded, and why; the service starts without it.
@@ -144,6 +154,7 @@ impl CalibrationProfile {
         CalibrationProfile {
             schema_version: SCHEMA_VERSION,
             sku: sku.to_string(),
+            environment: None,
             offset_mib,
             scale,
             residual_quantiles,
@@ -260,6 +271,7 @@ impl CalibrationProfile {
         }
         Calibrated {
             sku: self.sku.clone(),
+            environment: self.environment.clone(),
             estimate_mib,
             upper_bound_mib,
             observations: self.observations,

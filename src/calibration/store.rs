@@ -1,265 +1,368 @@
-//! Profiles by GPU, loaded from one directory at start-up and persisted atomically on every
-//! observation (one JSON file per GPU).
+//! Profiles derived from the stored observations, held in memory.
+//!
+//! Observations are the data ([`super::db`]: SQLite under `--data-dir`, or PostgreSQL shared
+//! by replicas); profiles are derived from them, per GPU and per GPU and environment, by one
+//! function ([`derive_profile`]: the observations of a key in, its profile out). Estimates
+//! read the derived profiles from memory (a map lookup under a read lock); the database is
+//! read only to refresh them: after this process's own writes, and every few seconds
+//! (`--profile-refresh-secs`) so that what other replicas record is served here too. A
+//! refresh reads a fingerprint of the table first and re-derives only keys whose rows changed.
 
-use std::collections::HashMap;
-use std::fs::{self, File};
-use std::io::{self, Write};
-use std::path::{Path, PathBuf};
-use std::sync::{Mutex, RwLock};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::sync::{Arc, Mutex, RwLock};
 
+use super::db::{
+    self, DbError, Fingerprint, FitRow, NewObservation, ObservationDb, Retention, Source,
+};
 use super::profile::{
     check_mib, valid_key, Calibrated, CalibrationProfile, ProfileError, ProfileWarning, Sample,
+    MAX_SAMPLES,
 };
 
-/// A profile after an update, and whether the update was held to the step.
+/// A profile's key: the GPU, and the environment for an environment's own profile.
+pub type ProfileKey = (String, Option<String>);
+
+/// How many of a key's most recent batches are replayed, each held to
+/// [`crate::calibration::profile::MAX_STEP`] from the profile before it; the rows before them
+/// are fitted at once as the starting point. Bounds the work of a derivation (at most nine
+/// fits) while keeping one batch from swinging a profile by more than a step.
+pub const REPLAYED_BATCHES: usize = 8;
+
+/// Observations kept by default: per GPU and environment, and in all.
+pub const DEFAULT_RETENTION: Retention = Retention {
+    per_key: MAX_SAMPLES,
+    total: 100_000,
+};
+
+/// A profile after derivation, and whether its latest batch was held to the step.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Update {
     pub profile: CalibrationProfile,
     pub limited: bool,
 }
 
-/// Profiles by SKU, loaded from and persisted to one directory.
-///
-/// Reads (`calibrate`, `get`) take a read lock for a lookup. `observe` does file I/O (write,
-/// fsync, rename, fsync of the directory): call it from `spawn_blocking`. Writers are serialised
-/// by their own mutex, so readers wait only for the final swap, never for the disk.
+/// Rows of one key and what was derived from them: re-derived only when the rows change.
+#[derive(Debug, Clone)]
+struct Derived {
+    /// (count, first id, last id) of the rows it came from.
+    rows: (usize, i64, i64),
+    update: Update,
+}
+
+/// Profiles derived from an observation database.
 #[derive(Debug)]
 pub struct ProfileStore {
-    dir: PathBuf,
-    profiles: RwLock<HashMap<String, CalibrationProfile>>,
-    writer: Mutex<()>,
+    db: Box<dyn ObservationDb>,
+    retention: Retention,
+    profiles: RwLock<Arc<HashMap<ProfileKey, Derived>>>,
+    /// The table's fingerprint at the last derivation; also serialises refreshes.
+    seen: Mutex<Option<Fingerprint>>,
+}
+
+impl From<DbError> for ProfileError {
+    fn from(e: DbError) -> ProfileError {
+        ProfileError::Store(e.to_string())
+    }
 }
 
 impl ProfileStore {
-    /// Loads every `<sku>.json` in `dir` (created if missing). A file that cannot be read,
-    /// parsed or validated, or whose name disagrees with its `sku`, is skipped with a warning;
-    /// so are temporary files left by an interrupted write. Fails only when the directory
-    /// itself cannot be created or listed.
-    pub fn load(dir: &Path) -> Result<(ProfileStore, Vec<ProfileWarning>), ProfileError> {
-        let io_error = |source| ProfileError::Io {
-            path: dir.to_path_buf(),
-            source,
-        };
-        fs::create_dir_all(dir).map_err(io_error)?;
-        let mut entries: Vec<PathBuf> = fs::read_dir(dir)
-            .map_err(io_error)?
-            .filter_map(|entry| entry.ok().map(|e| e.path()))
-            .collect();
-        entries.sort();
-        let mut profiles = HashMap::new();
-        let mut warnings = Vec::new();
-        for path in entries {
-            let name = path
-                .file_name()
-                .and_then(|n| n.to_str())
-                .unwrap_or_default();
-            if name.ends_with(".tmp") {
-                // A write torn by a crash: the profile it was replacing is still in place.
-                let reason = match fs::remove_file(&path) {
-                    Ok(()) => "temporary file left by an interrupted write; removed".to_string(),
-                    Err(e) => {
-                        format!("temporary file left by an interrupted write; not removed: {e}")
-                    }
-                };
-                warnings.push(ProfileWarning { path, reason });
-                continue;
-            }
-            if !name.ends_with(".json") || !path.is_file() {
-                continue;
-            }
-            match read_profile(&path) {
-                Ok(profile) => {
-                    profiles.insert(profile.sku.clone(), profile);
-                }
-                Err(reason) => {
-                    // Quarantined, not left to be overwritten by the next observation of that
-                    // GPU: whoever reads the warning can still see what the file held.
-                    let quarantine = dir.join(format!("{name}.rejected-{}", unix_now()));
-                    let reason = match fs::rename(&path, &quarantine) {
-                        Ok(()) => format!("{reason}; moved to {}", quarantine.display()),
-                        Err(e) => format!("{reason}; not moved: {e}"),
-                    };
-                    warnings.push(ProfileWarning { path, reason });
-                }
-            }
-        }
+    /// Opens the database (PostgreSQL when `database_url` is given, else SQLite in
+    /// `data_dir`), applies migrations, imports the profile files of a former version found in
+    /// `data_dir` into an empty database, and derives every profile. Blocks.
+    pub fn open(
+        data_dir: &Path,
+        database_url: Option<&str>,
+        retention: Retention,
+    ) -> Result<(ProfileStore, Vec<ProfileWarning>), ProfileError> {
+        let db = db::open(data_dir, database_url)?;
         let store = ProfileStore {
-            dir: dir.to_path_buf(),
-            profiles: RwLock::new(profiles),
-            writer: Mutex::new(()),
+            db,
+            retention,
+            profiles: RwLock::new(Arc::new(HashMap::new())),
+            seen: Mutex::new(None),
         };
+        let warnings = store.import_profile_files(data_dir)?;
+        store.refresh()?;
         Ok((store, warnings))
     }
 
-    pub fn dir(&self) -> &Path {
-        &self.dir
+    /// A SQLite store in `dir` with the default retention (tests, tools).
+    pub fn load(dir: &Path) -> Result<(ProfileStore, Vec<ProfileWarning>), ProfileError> {
+        ProfileStore::open(dir, None, DEFAULT_RETENTION)
     }
 
-    pub fn get(&self, sku: &str) -> Option<CalibrationProfile> {
-        self.read().get(sku).cloned()
+    /// The database, for logs.
+    pub fn describe(&self) -> String {
+        self.db.describe()
     }
 
-    /// Every profile, sorted by SKU.
+    pub fn db(&self) -> &dyn ObservationDb {
+        self.db.as_ref()
+    }
+
+    /// The GPU's own profile (all its environments' observations).
+    pub fn get(&self, gpu: &str) -> Option<CalibrationProfile> {
+        self.get_key(gpu, None)
+    }
+
+    pub fn get_key(&self, gpu: &str, environment: Option<&str>) -> Option<CalibrationProfile> {
+        self.read()
+            .get(&(gpu.to_string(), environment.map(str::to_string)))
+            .map(|d| d.update.profile.clone())
+    }
+
+    /// Every profile, by GPU, the GPU's own first and then its environments'.
     pub fn list(&self) -> Vec<CalibrationProfile> {
-        let mut all: Vec<_> = self.read().values().cloned().collect();
-        all.sort_by(|a, b| a.sku.cmp(&b.sku));
+        let map = self.read();
+        let mut all: Vec<_> = map.values().map(|d| d.update.profile.clone()).collect();
+        all.sort_by(|a, b| (&a.sku, &a.environment).cmp(&(&b.sku, &b.environment)));
         all
     }
 
-    /// `predicted_mib` (and the model's `upper_mib`) moved onto `sku`; `None` when nothing has
-    /// been learned about that SKU yet (or the prediction is not a positive finite number).
+    /// `predicted_mib` (and the model's `upper_mib`) moved onto `gpu` by the profile of
+    /// `gpu` in `environment` when there is one, else by the GPU's own; `None` when neither
+    /// exists (or the prediction is not a positive finite number). The answer names the
+    /// environment whose profile was used (`None`: the GPU's). A map lookup: no I/O.
     pub fn calibrate(
         &self,
-        sku: &str,
+        gpu: &str,
+        environment: Option<&str>,
         predicted_mib: f64,
         upper_mib: Option<f64>,
     ) -> Option<Calibrated> {
         if !(predicted_mib.is_finite() && predicted_mib > 0.0) {
             return None;
         }
-        self.read()
-            .get(sku)
-            .map(|p| p.calibrate(predicted_mib, upper_mib))
+        let map = self.read();
+        let by_environment =
+            environment.and_then(|e| map.get(&(gpu.to_string(), Some(e.to_string()))));
+        by_environment
+            .or_else(|| map.get(&(gpu.to_string(), None)))
+            .map(|d| d.update.profile.calibrate(predicted_mib, upper_mib))
     }
 
-    /// Records that a job predicted at `predicted_mib` peaked at `observed_mib` on `sku`,
-    /// refits that SKU's profile, writes it atomically and returns it. On any error the
-    /// stored profile (in memory and on disk) is unchanged. The refit is not held to a step:
-    /// the service's routes use [`ProfileStore::update`].
+    /// Records that a job predicted at `predicted_mib` peaked at `observed_mib` on `sku` (no
+    /// job description, no environment) and returns the GPU's profile. Tests and tools.
     pub fn observe(
         &self,
         sku: &str,
         predicted_mib: f64,
         observed_mib: f64,
     ) -> Result<CalibrationProfile, ProfileError> {
-        let sample = Sample {
+        let observation = NewObservation {
+            gpu: sku.to_string(),
+            environment: None,
+            job: "null".into(),
+            observed_peak_mib: observed_mib,
             predicted_mib,
-            observed_mib,
+            breakdown: "null".into(),
+            source: Source::Posted,
         };
-        Ok(self.commit(sku, &[sample], false)?.profile)
+        self.record(vec![observation])?;
+        self.get(sku)
+            .ok_or_else(|| ProfileError::Store("the observation was trimmed at once".into()))
     }
 
-    /// Records these samples on `sku` as one update: refits from every sample kept, holds the
-    /// change to [`crate::calibration::profile::MAX_STEP`] from the stored profile, writes it
-    /// atomically and returns it with whether it was held. On any error nothing changes.
-    pub fn update(&self, sku: &str, samples: &[Sample]) -> Result<Update, ProfileError> {
-        self.commit(sku, samples, true)
-    }
-
-    fn commit(&self, sku: &str, new: &[Sample], bounded: bool) -> Result<Update, ProfileError> {
-        if !valid_key(sku) {
-            return Err(ProfileError::InvalidSku(sku.to_string()));
+    /// Stores a batch of observations in one transaction (all or nothing), re-derives the
+    /// profiles and returns those the batch touched (each GPU's own, then each environment's).
+    /// Blocks: call from `spawn_blocking`.
+    pub fn record(&self, batch: Vec<NewObservation>) -> Result<Vec<Update>, ProfileError> {
+        for o in &batch {
+            if !valid_key(&o.gpu) {
+                return Err(ProfileError::InvalidSku(o.gpu.clone()));
+            }
+            if let Some(e) = &o.environment {
+                super::label::parse_environment(e).map_err(ProfileError::InvalidObservation)?;
+            }
+            check_mib("predicted_mib", o.predicted_mib)?;
+            check_mib("observed_mib", o.observed_peak_mib)?;
         }
-        for sample in new {
-            check_mib("predicted_mib", sample.predicted_mib)?;
-            check_mib("observed_mib", sample.observed_mib)?;
+        if batch.is_empty() {
+            return Ok(Vec::new());
         }
-        let _writer = self
-            .writer
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let previous = self.read().get(sku).cloned();
-        let (observations, mut samples) = match &previous {
-            Some(p) => (p.observations, p.samples.clone()),
-            None => (0, Vec::new()),
-        };
-        samples.extend_from_slice(new);
-        let fitted =
-            CalibrationProfile::fitted(sku, observations + new.len() as u64, samples, unix_now());
-        let (profile, limited) = if bounded {
-            fitted.held_to_step(previous.as_ref())
-        } else {
-            (fitted, false)
-        };
-        profile.validate()?;
-        let mut json = serde_json::to_vec_pretty(&profile)
-            .map_err(|e| ProfileError::Invalid(e.to_string()))?;
-        json.push(b'\n');
-        let path = self.dir.join(format!("{sku}.json"));
-        write_atomically(&path, &json).map_err(|source| ProfileError::Io { path, source })?;
-        self.profiles
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(sku.to_string(), profile.clone());
-        Ok(Update { profile, limited })
+        self.db.insert(&batch, self.retention)?;
+        self.refresh()?;
+        let mut keys: Vec<ProfileKey> = Vec::new();
+        for o in &batch {
+            for key in [
+                (o.gpu.clone(), None),
+                (o.gpu.clone(), o.environment.clone()),
+            ] {
+                if !keys.contains(&key) {
+                    keys.push(key);
+                }
+            }
+        }
+        let map = self.read();
+        Ok(keys
+            .iter()
+            .filter_map(|k| map.get(k).map(|d| d.update.clone()))
+            .collect())
     }
 
-    fn read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<String, CalibrationProfile>> {
-        // Writers replace whole profiles, so a poisoned map is still consistent.
+    /// Re-derives the profiles if the stored observations changed since the last time; true
+    /// when they did. Blocks: call from `spawn_blocking`.
+    pub fn refresh(&self) -> Result<bool, ProfileError> {
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let fingerprint = self.db.fingerprint()?;
+        if *seen == Some(fingerprint) {
+            return Ok(false);
+        }
+        let rows = self.db.fit_rows()?;
+        let previous = Arc::clone(&self.read());
+        let derived = derive_all(&rows, &previous);
+        *self.profiles.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(derived);
+        *seen = Some(fingerprint);
+        Ok(true)
+    }
+
+    /// Imports `<gpu>.json` profile files (the store before observations were kept) into an
+    /// empty database: their samples become observations without a job description. The files
+    /// are left in place; they are read no more once the database holds observations.
+    fn import_profile_files(&self, dir: &Path) -> Result<Vec<ProfileWarning>, ProfileError> {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return Ok(Vec::new());
+        };
+        let mut paths: Vec<_> = entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "json") && p.is_file())
+            .collect();
+        if paths.is_empty() || self.db.fingerprint()?.0 > 0 {
+            return Ok(Vec::new());
+        }
+        paths.sort();
+        let mut warnings = Vec::new();
+        for path in paths {
+            let parsed = std::fs::read(&path)
+                .map_err(|e| e.to_string())
+                .and_then(|b| {
+                    serde_json::from_slice::<CalibrationProfile>(&b).map_err(|e| e.to_string())
+                })
+                .and_then(|p| p.validate().map(|()| p).map_err(|e| e.to_string()));
+            match parsed {
+                Ok(profile) => {
+                    let batch: Vec<NewObservation> = profile
+                        .samples
+                        .iter()
+                        .map(|s: &Sample| NewObservation {
+                            gpu: profile.sku.clone(),
+                            environment: None,
+                            job: "null".into(),
+                            observed_peak_mib: s.observed_mib,
+                            predicted_mib: s.predicted_mib,
+                            breakdown: "null".into(),
+                            source: Source::Posted,
+                        })
+                        .collect();
+                    if !batch.is_empty() {
+                        self.db.insert(&batch, self.retention)?;
+                    }
+                    tracing::info!(file = %path.display(), observations = batch.len(), "profile file imported as observations");
+                }
+                Err(reason) => warnings.push(ProfileWarning {
+                    path,
+                    reason: format!("not imported: {reason}"),
+                }),
+            }
+        }
+        Ok(warnings)
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Arc<HashMap<ProfileKey, Derived>>> {
+        // Writers swap the whole map, so a poisoned lock still holds a consistent one.
         self.profiles
             .read()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
-fn read_profile(path: &Path) -> Result<CalibrationProfile, String> {
-    let bytes = fs::read(path).map_err(|e| format!("cannot read: {e}"))?;
-    let profile: CalibrationProfile =
-        serde_json::from_slice(&bytes).map_err(|e| format!("not a profile: {e}"))?;
-    profile.validate().map_err(|e| e.to_string())?;
-    let stem = path
-        .file_stem()
-        .and_then(|s| s.to_str())
-        .unwrap_or_default();
-    if stem != profile.sku {
-        return Err(format!(
-            "file name says `{stem}` but the profile is for `{}`",
-            profile.sku
-        ));
+/// Every key's profile from `rows` (oldest first), reusing `previous` for keys whose rows are
+/// unchanged.
+fn derive_all(
+    rows: &[FitRow],
+    previous: &HashMap<ProfileKey, Derived>,
+) -> HashMap<ProfileKey, Derived> {
+    let mut by_key: BTreeMap<ProfileKey, Vec<&FitRow>> = BTreeMap::new();
+    for row in rows {
+        by_key.entry((row.gpu.clone(), None)).or_default().push(row);
+        if row.environment.is_some() {
+            by_key
+                .entry((row.gpu.clone(), row.environment.clone()))
+                .or_default()
+                .push(row);
+        }
     }
-    Ok(profile)
+    by_key
+        .into_iter()
+        .map(|(key, rows)| {
+            let signature = (
+                rows.len(),
+                rows.first().map_or(0, |r| r.id),
+                rows.last().map_or(0, |r| r.id),
+            );
+            let derived = match previous.get(&key) {
+                Some(d) if d.rows == signature => d.clone(),
+                _ => Derived {
+                    rows: signature,
+                    update: derive_profile(&key.0, key.1.as_deref(), &rows),
+                },
+            };
+            (key, derived)
+        })
+        .collect()
 }
 
-/// Replaces `path` with `bytes` so that a crash at any moment leaves either the old file or
-/// the new one: write a temporary file in the same directory, fsync it, rename it over the
-/// target (atomic on POSIX), then fsync the directory so the rename itself is durable.
-pub fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    let dir = path
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let name = path
-        .file_name()
-        .and_then(|n| n.to_str())
-        .unwrap_or("profile");
-    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
-    let result = (|| {
-        let mut file = File::create(&tmp)?;
-        file.write_all(bytes)?;
-        file.sync_all()?;
-        drop(file);
-        fs::rename(&tmp, path)
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
+/// The seam: one key's observations (oldest first) in, its profile out.
+///
+/// Today an offset and scale ([`super::fit::fit_profile`]) over the newest [`MAX_SAMPLES`]
+/// observations, the last [`REPLAYED_BATCHES`] batches each held to the step from the profile
+/// before it. An environment's profile is the same fit restricted to its observations.
+pub fn derive_profile(gpu: &str, environment: Option<&str>, rows: &[&FitRow]) -> Update {
+    let rows = &rows[rows.len().saturating_sub(MAX_SAMPLES)..];
+    let updated_at = rows.iter().map(|r| r.recorded_at).max().unwrap_or(0).max(0) as u64;
+    // Batches in the order they were recorded (by their last row).
+    let mut last_id: HashMap<i64, i64> = HashMap::new();
+    for r in rows {
+        last_id.insert(r.batch_id, r.id);
     }
-    result?;
-    sync_dir(dir)
-}
-
-#[cfg(unix)]
-fn sync_dir(dir: &Path) -> io::Result<()> {
-    File::open(dir)?.sync_all()
-}
-
-#[cfg(not(unix))]
-fn sync_dir(_dir: &Path) -> io::Result<()> {
-    // Directories cannot be opened for fsync on Windows; rename there is already durable.
-    Ok(())
-}
-
-fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
+    let mut batches: Vec<(i64, i64)> = last_id.into_iter().map(|(b, id)| (id, b)).collect();
+    batches.sort_unstable();
+    let rank: HashMap<i64, usize> = batches
+        .iter()
+        .enumerate()
+        .map(|(i, (_, b))| (*b, i))
+        .collect();
+    let fit_through = |last: usize| {
+        let samples: Vec<Sample> = rows
+            .iter()
+            .filter(|r| rank[&r.batch_id] <= last)
+            .map(|r| Sample {
+                predicted_mib: r.predicted_mib,
+                observed_mib: r.observed_peak_mib,
+            })
+            .collect();
+        let mut profile =
+            CalibrationProfile::fitted(gpu, samples.len() as u64, samples, updated_at);
+        profile.environment = environment.map(str::to_string);
+        profile
+    };
+    let first = batches.len().saturating_sub(REPLAYED_BATCHES);
+    let mut profile = (first > 0).then(|| fit_through(first - 1));
+    let mut limited = false;
+    for last in first..batches.len() {
+        let (held, was_limited) = fit_through(last).held_to_step(profile.as_ref());
+        profile = Some(held);
+        limited = was_limited;
+    }
+    let profile = profile.unwrap_or_else(|| fit_through(0));
+    Update { profile, limited }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::calibration::fit::quantile;
-    use crate::calibration::profile::MAX_SAMPLES;
 
     /// A small deterministic generator (SplitMix64) so the simulations are repeatable.
     struct Rng(u64);
@@ -325,7 +428,7 @@ mod tests {
         for _ in 0..200 {
             let (truth, predicted) = job(&mut rng);
             let observed = SCALE * truth + OFFSET;
-            let answer = store.calibrate("l40s", predicted, None).unwrap();
+            let answer = store.calibrate("l40s", None, predicted, None).unwrap();
             assert_eq!(answer.observations, 30);
             unshifted.push((predicted - truth).abs() / truth);
             uncalibrated.push((predicted - observed).abs() / observed);
@@ -361,7 +464,7 @@ mod tests {
     }
 
     #[test]
-    fn observations_are_persisted_and_reloaded() {
+    fn observations_are_stored_and_profiles_derived_again_on_reopening() {
         let (dir, store) = store();
         for i in 1..=12 {
             store
@@ -372,73 +475,104 @@ mod tests {
         assert_eq!(written.observations, 12);
         assert_eq!(written.samples.len(), 12);
         assert!(written.updated_at.ends_with('Z'));
-        let files: Vec<_> = fs::read_dir(dir.path())
-            .unwrap()
-            .map(|e| e.unwrap().file_name())
-            .collect();
-        assert_eq!(
-            files,
-            vec![std::ffi::OsString::from("h100-80gb.json")],
-            "no temporary file is left"
-        );
-
+        assert!(dir.path().join(db::SQLITE_FILE).exists());
+        drop(store);
         let (reloaded, warnings) = ProfileStore::load(dir.path()).unwrap();
         assert!(warnings.is_empty(), "{warnings:?}");
         assert_eq!(reloaded.get("h100-80gb").unwrap(), written);
-        let a = store.calibrate("h100-80gb", 3000.0, Some(3500.0)).unwrap();
-        let b = reloaded
-            .calibrate("h100-80gb", 3000.0, Some(3500.0))
+        let a = reloaded
+            .calibrate("h100-80gb", None, 3000.0, Some(3500.0))
             .unwrap();
-        assert_eq!(a, b);
-        assert!((a.estimate_mib - 3800.0).abs() < 1e-6);
+        assert!((a.estimate_mib - 3800.0).abs() < 1e-6, "{a:?}");
         assert!((a.upper_bound_mib - (500.0 + 1.1 * 3500.0)).abs() < 1e-6);
-        assert_eq!(
-            store.calibrate("t4", 3000.0, None),
-            None,
-            "no profile, no calibration"
-        );
-        assert_eq!(store.calibrate("h100-80gb", f64::NAN, None), None);
+        assert_eq!(reloaded.calibrate("t4", None, 3000.0, None), None);
+        assert_eq!(reloaded.calibrate("h100-80gb", None, f64::NAN, None), None);
+    }
+
+    fn posted(
+        gpu: &str,
+        environment: Option<&str>,
+        predicted: f64,
+        observed: f64,
+    ) -> NewObservation {
+        NewObservation {
+            gpu: gpu.into(),
+            environment: environment.map(str::to_string),
+            job: "null".into(),
+            observed_peak_mib: observed,
+            predicted_mib: predicted,
+            breakdown: "null".into(),
+            source: Source::Posted,
+        }
     }
 
     #[test]
-    fn only_the_last_samples_are_kept_but_all_are_counted() {
-        let sample = |i: usize| {
-            let p = 1000.0 + (i % 50) as f64 * 100.0;
-            Sample {
-                predicted_mib: p,
-                observed_mib: p + 300.0,
-            }
-        };
-        // Start from a full profile on disk (one fit), then observe past the cap.
+    fn an_environment_has_its_own_profile_and_falls_back_to_the_gpus() {
+        let (_dir, store) = store();
+        let batch = vec![
+            posted("a100-40gb", Some("torch2.5-cu124"), 4000.0, 3000.0),
+            posted("a100-40gb", Some("torch2.1-cu118"), 4000.0, 4400.0),
+        ];
+        let updates = store.record(batch).unwrap();
+        let keys: Vec<_> = updates
+            .iter()
+            .map(|u| (u.profile.sku.as_str(), u.profile.environment.as_deref()))
+            .collect();
+        assert_eq!(
+            keys,
+            vec![
+                ("a100-40gb", None),
+                ("a100-40gb", Some("torch2.5-cu124")),
+                ("a100-40gb", Some("torch2.1-cu118"))
+            ]
+        );
+        let own = store
+            .calibrate("a100-40gb", Some("torch2.5-cu124"), 4000.0, None)
+            .unwrap();
+        assert_eq!(own.environment.as_deref(), Some("torch2.5-cu124"));
+        assert!(
+            (own.estimate_mib - 3200.0).abs() < 1e-6,
+            "held to one step: {own:?}"
+        );
+        let fallback = store
+            .calibrate("a100-40gb", Some("jax0.4"), 4000.0, None)
+            .unwrap();
+        assert_eq!(fallback.environment, None);
+        assert_eq!(fallback.observations, 2);
+        assert_eq!(store.calibrate("t4", Some("jax0.4"), 4000.0, None), None);
+        assert_eq!(store.list().len(), 3);
+    }
+
+    #[test]
+    fn only_the_newest_observations_are_kept() {
         let dir = tempfile::tempdir().unwrap();
-        let full =
-            CalibrationProfile::fitted("t4", 2_000, (0..MAX_SAMPLES).map(sample).collect(), 0);
-        fs::write(
-            dir.path().join("t4.json"),
-            serde_json::to_vec(&full).unwrap(),
-        )
-        .unwrap();
-        let (store, warnings) = ProfileStore::load(dir.path()).unwrap();
-        assert!(warnings.is_empty(), "{warnings:?}");
-        for i in 0..5 {
+        let retention = Retention {
+            per_key: 20,
+            total: 30,
+        };
+        let (store, _) = ProfileStore::open(dir.path(), None, retention).unwrap();
+        for i in 0..25 {
             store
-                .observe("t4", sample(i).predicted_mib, sample(i).observed_mib)
+                .record(vec![posted(
+                    "t4",
+                    None,
+                    1000.0 + i as f64 * 100.0,
+                    1300.0 + i as f64 * 100.0,
+                )])
                 .unwrap();
         }
         let profile = store.get("t4").unwrap();
-        assert_eq!(profile.samples.len(), MAX_SAMPLES);
-        assert_eq!(profile.observations, 2_005);
+        assert_eq!(profile.observations, 20);
         assert_eq!(
-            profile.samples[0],
-            sample(5),
-            "the oldest samples went first"
+            profile.samples[0].predicted_mib, 1500.0,
+            "the oldest went first"
         );
         assert!((profile.offset_mib - 300.0).abs() < 1e-6);
     }
 
     #[test]
-    fn bad_observations_and_keys_are_refused() {
-        let (dir, store) = store();
+    fn bad_observations_and_keys_are_refused_and_nothing_is_stored() {
+        let (_dir, store) = store();
         for (predicted, observed) in [
             (1000.0, 0.0),
             (1000.0, -5.0),
@@ -446,7 +580,12 @@ mod tests {
             (1000.0, f64::INFINITY),
             (0.0, 1000.0),
         ] {
-            let error = store.observe("t4", predicted, observed).unwrap_err();
+            let error = store
+                .record(vec![
+                    posted("t4", None, 1000.0, 1000.0),
+                    posted("t4", None, predicted, observed),
+                ])
+                .unwrap_err();
             assert!(
                 matches!(error, ProfileError::InvalidObservation(_)),
                 "{predicted} {observed}: {error}"
@@ -461,97 +600,49 @@ mod tests {
                 "{key:?}"
             );
         }
+        assert!(store
+            .record(vec![posted("t4", Some("a b"), 1000.0, 1000.0)])
+            .is_err());
         assert!(store.list().is_empty());
-        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 0);
+        assert_eq!(store.db().fingerprint().unwrap().0, 0);
     }
 
     #[test]
-    fn corrupt_torn_and_mismatched_files_are_skipped_with_a_warning() {
-        let (dir, store) = store();
-        store.observe("a100-80gb", 2000.0, 2600.0).unwrap();
-        let good = fs::read_to_string(dir.path().join("a100-80gb.json")).unwrap();
-        fs::write(dir.path().join("l4.json"), &good[..good.len() / 2]).unwrap(); // torn
-        fs::write(dir.path().join("t4.json"), "not json at all").unwrap();
-        fs::write(
-            dir.path().join("v100-16gb.json"),
-            good.replace("a100-80gb", "v100-32gb"),
+    fn profile_files_of_a_former_version_are_imported_into_an_empty_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let samples: Vec<Sample> = (1..=6)
+            .map(|i| Sample {
+                predicted_mib: 1000.0 * i as f64,
+                observed_mib: 1000.0 * i as f64 + 400.0,
+            })
+            .collect();
+        let old = CalibrationProfile::fitted("l4", 6, samples, 0);
+        std::fs::write(
+            dir.path().join("l4.json"),
+            serde_json::to_vec(&old).unwrap(),
         )
         .unwrap();
-        let bad_scale = serde_json::to_string(&CalibrationProfile {
-            sku: "l40s".into(),
-            scale: f64::MAX,
-            ..store.get("a100-80gb").unwrap()
-        })
-        .unwrap();
-        fs::write(dir.path().join("l40s.json"), bad_scale).unwrap();
-        let future = good.replace("\"schema_version\": 1", "\"schema_version\": 99");
-        fs::write(dir.path().join("h200-141gb.json"), future).unwrap();
-        fs::write(dir.path().join(".a100-80gb.json.123.tmp"), "{\"half\":").unwrap();
-        fs::write(dir.path().join("README.txt"), "not a profile").unwrap();
-
-        let (reloaded, warnings) = ProfileStore::load(dir.path()).unwrap();
-        assert_eq!(
-            reloaded
-                .list()
-                .iter()
-                .map(|p| p.sku.as_str())
-                .collect::<Vec<_>>(),
-            vec!["a100-80gb"]
-        );
-        let warned: Vec<String> = warnings
-            .iter()
-            .map(|w| w.path.file_name().unwrap().to_string_lossy().into_owned())
-            .collect();
-        assert_eq!(
-            warned,
-            vec![
-                ".a100-80gb.json.123.tmp",
-                "h200-141gb.json",
-                "l4.json",
-                "l40s.json",
-                "t4.json",
-                "v100-16gb.json"
-            ]
-        );
-        assert!(warnings.iter().all(|w| !w.reason.is_empty()));
-        assert!(warnings[1].to_string().contains("schema_version 99"));
-        // The torn write is removed, the rejected profiles are quarantined beside the good one.
-        let mut left: Vec<String> = fs::read_dir(dir.path())
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        left.sort();
-        assert_eq!(left.len(), 7, "{left:?}");
-        assert_eq!(left[0], "README.txt");
-        assert_eq!(left[1], "a100-80gb.json");
-        assert!(
-            left[2..].iter().all(|f| f.contains(".json.rejected-")),
-            "{left:?}"
-        );
+        std::fs::write(dir.path().join("t4.json"), "{ torn").unwrap();
+        let (store, warnings) = ProfileStore::load(dir.path()).unwrap();
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(warnings[0].path.ends_with("t4.json"));
+        let imported = store.get("l4").unwrap();
+        assert_eq!(imported.observations, 6);
+        assert!((imported.offset_mib - 400.0).abs() < 1e-6);
+        drop(store);
+        let (again, _) = ProfileStore::load(dir.path()).unwrap();
+        assert_eq!(again.get("l4").unwrap().observations, 6, "imported once");
     }
 
     #[test]
-    fn a_failed_write_leaves_the_old_profile_in_place() {
-        let (dir, store) = store();
-        let first = store.observe("l4", 1000.0, 1400.0).unwrap();
-        // Make the rename fail: the target becomes a non-empty directory.
-        fs::remove_file(dir.path().join("l4.json")).unwrap();
-        fs::create_dir(dir.path().join("l4.json")).unwrap();
-        fs::write(dir.path().join("l4.json").join("x"), "").unwrap();
-        let error = store.observe("l4", 2000.0, 2400.0).unwrap_err();
-        assert!(matches!(error, ProfileError::Io { .. }), "{error}");
-        assert_eq!(
-            store.get("l4").unwrap(),
-            first,
-            "memory keeps the last persisted profile"
-        );
-        let leftovers = fs::read_dir(dir.path()).unwrap().filter(|e| {
-            e.as_ref()
-                .unwrap()
-                .file_name()
-                .to_string_lossy()
-                .ends_with(".tmp")
-        });
-        assert_eq!(leftovers.count(), 0, "the temporary file is removed");
+    fn a_refresh_sees_what_another_process_wrote() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, _) = ProfileStore::load(dir.path()).unwrap();
+        let (b, _) = ProfileStore::load(dir.path()).unwrap();
+        a.observe("t4", 1000.0, 1100.0).unwrap();
+        assert!(b.get("t4").is_none());
+        assert!(b.refresh().unwrap());
+        assert_eq!(b.get("t4").unwrap().observations, 1);
+        assert!(!b.refresh().unwrap(), "nothing new");
     }
 }

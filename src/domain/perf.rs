@@ -669,7 +669,8 @@ fn inferred_linear_shapes(job: &Job) -> Vec<Option<Shape>> {
     let whole = |output: u64, params: u64, inputs: u64| -> Option<(u64, u64)> {
         [inputs, inputs + 1].into_iter().find_map(|per_out| {
             let out = params / per_out;
-            (out > 0 && params.is_multiple_of(per_out) && output.is_multiple_of(out)).then(|| (output / out, out))
+            (out > 0 && params.is_multiple_of(per_out) && output.is_multiple_of(out))
+                .then(|| (output / out, out))
         })
     };
     job.layers()

@@ -48,6 +48,7 @@ pub fn answer(
         confidence,
         fraction,
         target,
+        environment,
         warnings,
         ..
     } = request;
@@ -59,6 +60,7 @@ pub fn answer(
         fraction,
         roofline: roofline(&job, &target),
         target,
+        environment,
         warnings,
         setup: setup_response(&job),
     };
@@ -88,6 +90,7 @@ fn answer_ranked(
             fraction: request.fraction,
             roofline: roofline(job, target),
             target: target.clone(),
+            environment: request.environment.clone(),
             warnings: request.warnings.clone(),
             setup: setup.clone(),
         };
@@ -157,6 +160,7 @@ pub fn answer_items(
                 fraction: item.fraction,
                 roofline: roofline(&item.job, &item.target),
                 target: item.target.clone(),
+                environment: item.environment.clone(),
                 warnings: item.warnings.clone(),
                 setup: setup_response(&item.job),
             };
@@ -179,6 +183,7 @@ struct Asked {
     confidence: Confidence,
     fraction: Option<MemoryFraction>,
     target: Target,
+    environment: Option<String>,
     warnings: Vec<String>,
     setup: SetupResponse,
     /// The performance model on the target, or why there is none.
@@ -312,16 +317,23 @@ fn respond(
         confidence,
         fraction,
         target,
+        environment,
         warnings,
         setup,
         roofline,
     } = asked;
     let on_reference = target.gpu == REFERENCE_SKU;
     let mut estimate = estimate?;
-    let placement = estimate
-        .mib
-        .as_ref()
-        .map(|answer| place(answer, target, &state.profiles, &estimate.physics, fraction));
+    let placement = estimate.mib.as_ref().map(|answer| {
+        place(
+            answer,
+            target,
+            environment.as_deref(),
+            &state.profiles,
+            &estimate.physics,
+            fraction,
+        )
+    });
     // The class contains the figure answered, which a calibration profile may have moved.
     if let Some(placement) = &placement {
         estimate.class = estimate.class_for(Some(placement.estimate_mib));
@@ -548,6 +560,7 @@ fn to_response(
             gpu: p.target.gpu.clone(),
             profile_used: p.profile_observations.is_some(),
             observations: p.profile_observations.unwrap_or(0),
+            environment: p.profile_environment.clone(),
         }),
         // Set by `respond` from the roofline.
         performance: None,

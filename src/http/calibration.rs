@@ -10,8 +10,9 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::value::RawValue;
 
+use crate::calibration::db::{NewObservation, Source};
 use crate::calibration::placement::{CUSTOM_PREFIX, MAX_CUSTOM_PROFILES};
-use crate::calibration::profile::{CalibrationProfile, ProfileError, Sample};
+use crate::calibration::profile::{CalibrationProfile, ProfileError};
 use crate::calibration::store::Update;
 use crate::devices::watch::{AddError, WatchConfig, WatchDone};
 use crate::error::ApiError;
@@ -23,11 +24,13 @@ use crate::http::types::{
     EstimateRequest, ObservationRequest, ObservationsResponse, Problem, ProfileResponse,
     ProfilesResponse, WatchRequest, WatchResponse,
 };
-use crate::http::validate::{resolve, to_job};
+use crate::http::validate::{self, resolve, to_job};
 use crate::http::AppState;
 
 /// Observations accepted in one call.
 const MAX_OBSERVATIONS: usize = 1000;
+/// Environments with a profile of their own, per GPU.
+pub const MAX_ENVIRONMENTS_PER_GPU: usize = 32;
 
 /// Calibration profiles learned so far.
 #[utoipa::path(get, path = "/v1/calibration/profiles", tag = "devices", responses((status = 200, body = ProfilesResponse)))]
@@ -37,7 +40,9 @@ pub async fn profiles(State(state): State<AppState>) -> Json<ProfilesResponse> {
     })
 }
 
-/// Record measured peaks of jobs on a GPU; the GPU's profile is refitted and saved.
+/// Record measured peaks of jobs on a GPU (optionally in a software `environment`), in one
+/// transaction: all or none; the profiles of the GPU and of the GPU in that environment are
+/// derived again from the stored observations.
 ///
 /// Retries: the recording is not cancelled once it has started, so a call answered 503 (the
 /// request timeout) or whose answer was lost may have been recorded. To retry safely, send an
@@ -81,17 +86,18 @@ pub async fn observe(
     let fingerprint = key.as_ref().map(|_| idempotency::fingerprint(body.get()));
     // Parsed item by item into the typed request (not through a JSON value, which would keep
     // the last of two duplicate keys), so that errors name the field.
-    let observations: Vec<ObservationRequest> = if body.get().trim_start().starts_with('[') {
+    // Each with its job's JSON text as posted, which is what is stored.
+    let observations: Vec<Posted> = if body.get().trim_start().starts_with('[') {
         // The body already parsed as JSON: an array of values splits without error.
         let items: Vec<&RawValue> =
             serde_json::from_str(body.get()).map_err(|e| ApiError::MalformedJson(e.to_string()))?;
         items
             .iter()
             .enumerate()
-            .map(|(index, item)| parse_json(item.get().as_bytes(), &format!("[{index}]")))
+            .map(|(index, item)| posted(item.get(), &format!("[{index}]")))
             .collect::<Result<_, _>>()?
     } else {
-        vec![parse_json(body.get().as_bytes(), "")?]
+        vec![posted(body.get(), "")?]
     };
     // An empty list records nothing, and says so.
     if observations.len() > MAX_OBSERVATIONS {
@@ -135,15 +141,40 @@ pub async fn observe(
     Ok(Json(response).into_response())
 }
 
-/// Validates every observation first, so that a bad one records nothing; then records each
-/// GPU's observations as one update of its profile.
-fn record(
-    state: &AppState,
-    observations: Vec<ObservationRequest>,
-) -> Result<ObservationsResponse, ApiError> {
-    // By GPU, in the order the GPUs first appear.
-    let mut by_gpu: Vec<(String, Vec<Sample>)> = Vec::new();
-    for (index, observation) in observations.iter().enumerate() {
+/// An observation as parsed, with its job's JSON text as posted.
+struct Posted {
+    request: ObservationRequest,
+    job: String,
+}
+
+fn posted(text: &str, location: &str) -> Result<Posted, ApiError> {
+    #[derive(serde::Deserialize)]
+    struct JobText<'a> {
+        #[serde(borrow)]
+        job: &'a RawValue,
+    }
+    let request: ObservationRequest = parse_json(text.as_bytes(), location)?;
+    // It parsed as an observation, so it has a job.
+    let job = serde_json::from_str::<JobText>(text)
+        .map_err(|e| ApiError::MalformedJson(e.to_string()))?
+        .job
+        .get()
+        .to_string();
+    Ok(Posted { request, job })
+}
+
+/// Validates every observation first, so that a bad one records nothing; then stores them all
+/// in one transaction and re-derives the profiles they touch.
+fn record(state: &AppState, observations: Vec<Posted>) -> Result<ObservationsResponse, ApiError> {
+    let mut batch: Vec<NewObservation> = Vec::with_capacity(observations.len());
+    for (
+        index,
+        Posted {
+            request: observation,
+            job,
+        },
+    ) in observations.iter().enumerate()
+    {
         // A lone observation's fields are named as they are; a list's with their index.
         let location = if observations.len() > 1 {
             format!("[{index}].")
@@ -176,6 +207,16 @@ fn record(
                 ))));
             }
         }
+        let environment = validate::environment(observation.environment.as_deref()).map_err(at)?;
+        let inner_environment = validate::environment(observation.job.environment.as_deref())
+            .map_err(|e| at(e.within("job.")))?;
+        if inner_environment.is_some() && inner_environment != environment {
+            return Err(at(ApiError::InvalidInput(format!(
+                "job.environment: names {}, the observation {}",
+                inner_environment.as_deref().unwrap_or_default(),
+                environment.as_deref().unwrap_or("none")
+            ))));
+        }
         // No job peaks above the whole memory of the card it ran on.
         if observed > target.capacity_mib as f64 {
             return Err(at(ApiError::InvalidInput(format!(
@@ -192,64 +233,102 @@ fn record(
                 reference.floor_mib
             ))));
         }
-        let sample = Sample {
+        batch.push(NewObservation {
+            gpu: target.gpu,
+            environment,
+            job: job.clone(),
+            observed_peak_mib: observed,
             predicted_mib: reference.predicted_mib,
-            observed_mib: observed,
-        };
-        match by_gpu.iter_mut().find(|(gpu, _)| *gpu == target.gpu) {
-            Some((_, samples)) => samples.push(sample),
-            None => by_gpu.push((target.gpu, vec![sample])),
-        }
+            breakdown: reference.breakdown,
+            source: Source::Posted,
+        });
     }
-    refuse_too_many_custom_cards(state, &by_gpu)?;
-    let mut profiles = Vec::with_capacity(by_gpu.len());
+    refuse_too_many_profiles(state, &batch)?;
+    let recorded = batch.len();
+    let updates = state.profiles.record(batch).map_err(profile_error)?;
+    let mut profiles = Vec::with_capacity(updates.len());
     let mut limited = Vec::new();
-    for (gpu, samples) in &by_gpu {
-        let update = state.profiles.update(gpu, samples).map_err(profile_error)?;
+    for update in updates {
         let profile = update.profile;
-        state.metrics.record_calibration(
-            &profile.sku,
-            profile.observations,
-            profile.scale,
-            profile.offset_mib,
-        );
-        if update.limited {
-            tracing::warn!(gpu = %gpu, "calibration update held to the per-update step");
-            limited.push(profile.sku.clone());
+        if profile.environment.is_none() {
+            state.metrics.record_calibration(
+                &profile.sku,
+                profile.observations,
+                profile.scale,
+                profile.offset_mib,
+            );
+            if update.limited {
+                tracing::warn!(gpu = %profile.sku, "calibration update held to the per-update step");
+                limited.push(profile.sku.clone());
+            }
         }
         profiles.push(profile_response(&profile));
     }
     Ok(ObservationsResponse {
-        recorded: observations.len(),
+        recorded,
         profiles,
         limited,
     })
 }
 
-/// Custom cards are named by callers, so their profiles (files, metric series) are bounded:
-/// observations that would start a profile beyond [`MAX_CUSTOM_PROFILES`] are refused.
-fn refuse_too_many_custom_cards(
-    state: &AppState,
-    by_gpu: &[(String, Vec<Sample>)],
-) -> Result<(), ApiError> {
+/// Custom cards and environments are named by callers, so their profiles (metric series,
+/// memory) are bounded: observations that would start a profile beyond
+/// [`MAX_CUSTOM_PROFILES`] custom cards, or beyond [`MAX_ENVIRONMENTS_PER_GPU`] environments
+/// of one GPU, are refused.
+fn refuse_too_many_profiles(state: &AppState, batch: &[NewObservation]) -> Result<(), ApiError> {
     let is_custom = |key: &str| key.starts_with(CUSTOM_PREFIX);
-    let new = by_gpu
+    let existing = state.profiles.list();
+    let mut new_custom: Vec<&str> = batch
         .iter()
-        .filter(|(gpu, _)| is_custom(gpu) && state.profiles.get(gpu).is_none())
-        .count();
-    if new == 0 {
-        return Ok(());
+        .map(|o| o.gpu.as_str())
+        .filter(|gpu| is_custom(gpu) && !existing.iter().any(|p| p.sku == *gpu))
+        .collect();
+    new_custom.sort_unstable();
+    new_custom.dedup();
+    if !new_custom.is_empty() {
+        let mut custom: Vec<&str> = existing
+            .iter()
+            .filter(|p| is_custom(&p.sku))
+            .map(|p| p.sku.as_str())
+            .collect();
+        custom.dedup();
+        if custom.len() + new_custom.len() > MAX_CUSTOM_PROFILES {
+            return Err(ApiError::InvalidInput(format!(
+                "gpu: at most {MAX_CUSTOM_PROFILES} custom cards are calibrated; {} are already",
+                custom.len()
+            )));
+        }
     }
-    let existing = state
-        .profiles
-        .list()
-        .iter()
-        .filter(|p| is_custom(&p.sku))
-        .count();
-    if existing + new > MAX_CUSTOM_PROFILES {
-        return Err(ApiError::InvalidInput(format!(
-            "gpu: at most {MAX_CUSTOM_PROFILES} custom cards are calibrated; {existing} are already"
-        )));
+    for o in batch {
+        let Some(environment) = &o.environment else {
+            continue;
+        };
+        let known = |p: &CalibrationProfile| p.sku == o.gpu && p.environment.is_some();
+        if existing
+            .iter()
+            .any(|p| known(p) && p.environment.as_ref() == Some(environment))
+        {
+            continue;
+        }
+        let mut environments: Vec<&str> = existing
+            .iter()
+            .filter(|p| known(p))
+            .filter_map(|p| p.environment.as_deref())
+            .chain(
+                batch
+                    .iter()
+                    .filter(|b| b.gpu == o.gpu)
+                    .filter_map(|b| b.environment.as_deref()),
+            )
+            .collect();
+        environments.sort_unstable();
+        environments.dedup();
+        if environments.len() > MAX_ENVIRONMENTS_PER_GPU {
+            return Err(ApiError::InvalidInput(format!(
+                "environment: at most {MAX_ENVIRONMENTS_PER_GPU} environments are calibrated per GPU; {} has more with this call",
+                o.gpu
+            )));
+        }
     }
     Ok(())
 }
@@ -290,6 +369,11 @@ pub async fn watch(
     let attached = crate::http::types::GpuRequest::Name("attached".into());
     let target = resolve(Some(&attached), &state.catalogue, state.devices.as_ref())?;
     let reference = reference_figure(&state, &request.job)?;
+    // The job as the request gave it (its absent fields left out, not written as nulls).
+    let job = serde_json::to_value(&request.job)
+        .map(without_nulls)
+        .map_err(|e| ApiError::Internal(e.to_string()))?
+        .to_string();
     let interval = Duration::from_millis(request.interval_ms.unwrap_or(200).clamp(10, 60_000));
     let max_duration =
         Duration::from_secs(request.max_seconds.unwrap_or(86_400).clamp(1, 2_592_000));
@@ -311,12 +395,21 @@ pub async fn watch(
                 );
                 return;
             }
-            let sample = Sample {
+            let observation = NewObservation {
+                gpu: gpu.clone(),
+                environment: None,
+                job: job.clone(),
+                observed_peak_mib: peak,
                 predicted_mib: reference.predicted_mib,
-                observed_mib: peak,
+                breakdown: reference.breakdown.clone(),
+                source: Source::Watched,
             };
-            match profiles.update(&gpu, &[sample]) {
-                Ok(Update { profile, limited }) => {
+            match profiles
+                .record(vec![observation])
+                .map(|u| u.into_iter().next())
+            {
+                Ok(None) => tracing::warn!(pid, "watch recorded but no profile derived"),
+                Ok(Some(Update { profile, limited })) => {
                     metrics.record_calibration(
                         &profile.sku,
                         profile.observations,
@@ -350,6 +443,21 @@ pub async fn watch(
     ))
 }
 
+/// `value` without the object fields that are null.
+fn without_nulls(value: serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    match value {
+        Value::Object(map) => Value::Object(
+            map.into_iter()
+                .filter(|(_, v)| !v.is_null())
+                .map(|(k, v)| (k, without_nulls(v)))
+                .collect(),
+        ),
+        Value::Array(items) => Value::Array(items.into_iter().map(without_nulls).collect()),
+        other => other,
+    }
+}
+
 /// What the reference (uncalibrated) model says of a job, and the least it can need.
 struct Reference {
     /// The learned MiB figure, or the first-principles one for a family without a memory
@@ -357,6 +465,8 @@ struct Reference {
     predicted_mib: f64,
     /// Physics' floor: model state and CUDA context.
     floor_mib: f64,
+    /// The predicted figure by category, MiB, as a JSON object.
+    breakdown: String,
 }
 
 fn reference_figure(state: &AppState, request: &EstimateRequest) -> Result<Reference, ApiError> {
@@ -364,12 +474,27 @@ fn reference_figure(state: &AppState, request: &EstimateRequest) -> Result<Refer
     let estimate = state
         .estimators
         .estimate(&job, crate::domain::Confidence::DEFAULT.get())?;
+    let predicted_mib = estimate
+        .mib
+        .map(|m| m.estimate_mib)
+        .unwrap_or_else(|| estimate.mib_estimators[FIRST_PRINCIPLES]);
+    let b = estimate.physics.breakdown(predicted_mib);
+    let breakdown = serde_json::json!({
+        "parameters": b.parameters,
+        "gradients": b.gradients,
+        "optimizer_state": b.optimizer_state,
+        "activations": b.activations,
+        "temporaries": b.temporaries,
+        "collective_buffers": b.collective_buffers,
+        "paged_optimizer_state": b.paged_optimizer_state,
+        "allocator_cache": b.allocator_cache,
+        "cuda_context": b.cuda_context,
+    })
+    .to_string();
     Ok(Reference {
-        predicted_mib: estimate
-            .mib
-            .map(|m| m.estimate_mib)
-            .unwrap_or_else(|| estimate.mib_estimators[FIRST_PRINCIPLES]),
+        predicted_mib,
         floor_mib: estimate.physics.floor_mib(),
+        breakdown,
     })
 }
 
@@ -379,6 +504,10 @@ fn profile_error(e: ProfileError) -> ApiError {
         ProfileError::InvalidSku(_)
         | ProfileError::InvalidObservation(_)
         | ProfileError::Invalid(_) => ApiError::InvalidInput(e.to_string()),
+        ProfileError::Store(_) => {
+            tracing::error!(error = %e, "observation store failed");
+            ApiError::Internal(e.to_string())
+        }
         other => ApiError::Internal(other.to_string()),
     }
 }
@@ -386,6 +515,7 @@ fn profile_error(e: ProfileError) -> ApiError {
 fn profile_response(p: &CalibrationProfile) -> ProfileResponse {
     ProfileResponse {
         gpu: p.sku.clone(),
+        environment: p.environment.clone(),
         offset_mib: p.offset_mib,
         scale: p.scale,
         residual_quantiles: p.residual_quantiles.clone(),

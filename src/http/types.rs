@@ -122,6 +122,16 @@ pub struct EstimateRequest {
     /// up to 16 cards ranks them (`gpu_ranking`) and answers for the best-ranked one.
     #[serde(default)]
     pub gpu: Option<GpuChoice>,
+    /// The software environment the job runs in (e.g. `torch2.5-cu124`: 1 to 64 letters,
+    /// digits, `.`, `_`, `+`, `-`): the GPU's calibration profile in that environment is used
+    /// when there is one, else the GPU's own; `calibration.environment` says which.
+    #[serde(default)]
+    #[schema(
+        max_length = 64,
+        pattern = "^[A-Za-z0-9._+-]{1,64}$",
+        example = "torch2.5-cu124"
+    )]
+    pub environment: Option<String>,
 }
 
 /// Most cards a `gpu` list may name: enough for any cluster's kinds, bounded for the CPU.
@@ -881,6 +891,9 @@ pub struct CalibrationResponse {
     pub profile_used: bool,
     /// Observations the profile rests on (0 without a profile).
     pub observations: u64,
+    /// The environment whose profile was used; null when it was the GPU's own profile (or
+    /// none was used).
+    pub environment: Option<String>,
 }
 
 /// One measured peak of a job on a GPU.
@@ -905,6 +918,16 @@ pub struct ObservationRequest {
     /// outside is refused (422), being no reading of this job on this GPU.
     #[schema(minimum = 1)]
     pub observed_peak_mib: f64,
+    /// The software environment the job ran in (e.g. `torch2.5-cu124`: 1 to 64 letters,
+    /// digits, `.`, `_`, `+`, `-`): the observation then also teaches the GPU's profile in
+    /// that environment. The job's own `environment`, if given, must agree.
+    #[serde(default)]
+    #[schema(
+        max_length = 64,
+        pattern = "^[A-Za-z0-9._+-]{1,64}$",
+        example = "torch2.5-cu124"
+    )]
+    pub environment: Option<String>,
 }
 
 /// One observation or a list of them.
@@ -922,6 +945,9 @@ pub enum ObservationsRequest {
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct ProfileResponse {
     pub gpu: String,
+    /// The environment this profile is learned from; null for the GPU's own profile (every
+    /// observation of the GPU, whatever its environment).
+    pub environment: Option<String>,
     /// Calibrated figure = offset_mib + scale x the reference figure.
     pub offset_mib: f64,
     pub scale: f64,

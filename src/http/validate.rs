@@ -39,6 +39,9 @@ pub struct ValidEstimateRequest {
     pub others: Vec<Target>,
     /// Whether `gpu` was a list (even of one card): the answer then carries its ranking.
     pub listed: bool,
+    /// The software environment the job runs in: its GPU's profile in that environment is
+    /// used when there is one.
+    pub environment: Option<String>,
     /// What was assumed or overridden to read the request (said back as `warnings`).
     pub warnings: Vec<String>,
 }
@@ -55,6 +58,7 @@ pub fn validate(
     let fraction = MemoryFraction::parse(request.memory_fraction)
         .map_err(|e| ApiError::InvalidInput(e.to_string()))?;
     let (target, others) = resolve_choice(request.gpu.as_ref(), catalogue, devices)?;
+    let environment = environment(request.environment.as_deref())?;
     Ok(ValidEstimateRequest {
         job,
         confidence,
@@ -62,6 +66,7 @@ pub fn validate(
         target,
         others,
         listed: matches!(request.gpu, Some(GpuChoice::Many(_))),
+        environment,
         warnings,
     })
 }
@@ -100,6 +105,13 @@ fn resolve_choice(
     let mut targets = targets.into_iter();
     let first = targets.next().expect("a gpu list holds at least one card");
     Ok((first, targets.collect()))
+}
+
+/// An optional environment label, checked.
+pub fn environment(raw: Option<&str>) -> Result<Option<String>, ApiError> {
+    raw.map(crate::calibration::label::parse_environment)
+        .transpose()
+        .map_err(ApiError::InvalidInput)
 }
 
 /// Turns a request into a validated job: from its layer list, or by parsing its summary text.

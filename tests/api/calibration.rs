@@ -262,7 +262,7 @@ async fn a_watched_process_peak_becomes_an_observation() {
 }
 
 #[tokio::test]
-async fn profiles_survive_a_restart_and_a_corrupt_file_is_skipped() {
+async fn profiles_survive_a_restart_derived_from_the_stored_observations() {
     let config = test_config(&models_dir());
     let app = spawn_app_with_devices(config.clone(), Arc::new(NoDevices::new("none"))).await;
     let body = json!({"gpu": "l40s", "job": example_job(), "observed_peak_mib": 2100});
@@ -272,7 +272,10 @@ async fn profiles_survive_a_restart_and_a_corrupt_file_is_skipped() {
             .status(),
         200
     );
-    std::fs::write(config.profiles.join("t4.json"), "{ torn").unwrap();
+    assert!(
+        config.data_dir.join("gpucast.sqlite3-wal").exists(),
+        "the SQLite store is in WAL mode"
+    );
 
     let restarted = spawn_app_with_devices(config, Arc::new(NoDevices::new("none"))).await;
     let profiles: Value = restarted.get_json("/v1/calibration/profiles").await;

@@ -74,8 +74,14 @@ async fn a_custom_card_is_estimated_and_observed_under_its_own_key() {
             .any(|p| p["gpu"] == "custom-lab-card-2"),
         "{profiles}"
     );
-    let file = app.state.profiles.dir().join("custom-lab-card-2.json");
-    assert!(file.exists(), "{}", file.display());
+    assert_eq!(
+        app.state
+            .profiles
+            .get("custom-lab-card-2")
+            .unwrap()
+            .observations,
+        1
+    );
 }
 
 #[tokio::test]

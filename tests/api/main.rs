@@ -22,4 +22,5 @@ mod saved_tensors;
 mod setups;
 mod simulation;
 mod startup;
+mod store;
 mod summary;

@@ -40,6 +40,8 @@ def parser():
     p.add_argument("--timm-csv", help="default $GPUCAST_TIMM_CSV, else <data dir>/timm_a100_train.csv")
     p.add_argument("--public-csv", help="default $GPUCAST_PUBLIC_CSV, else <data dir>/public_training_memory.csv")
     p.add_argument("--simulations", help="default data/timm/simulations.jsonl.gz")
+    p.add_argument("--observations", help="JSON Lines of the service's stored observations (gpucast observations "
+                   "export): their rows whose job parses join the timm stage's training part")
     p.add_argument("--threads", type=int, help="torch threads (default: the stage's own, 1 or 2)")
     p.add_argument("--simulate", action="store_true",
                    help="public-setups: describe simulates each row's training setup (off by default)")
@@ -49,7 +51,8 @@ def parser():
 def main(argv=None):
     args = parser().parse_args(argv)
     layout = Layout(data_dir=args.data_dir, out_dir=args.out_dir, mlp_csv=args.mlp_csv, timm_csv=args.timm_csv,
-                    public_csv=args.public_csv, simulations=args.simulations)
+                    public_csv=args.public_csv, simulations=args.simulations,
+                    observations=args.observations)
     for stage in ALL if args.stage == "all" else [args.stage]:
         module = importlib.import_module("." + STAGES[stage], __package__)
         if args.simulate:

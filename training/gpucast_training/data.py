@@ -42,7 +42,8 @@ def default_data_dir():
 class Layout:
     """The input and output paths of one run (see the module doc)."""
 
-    def __init__(self, data_dir=None, out_dir=None, mlp_csv=None, timm_csv=None, public_csv=None, simulations=None):
+    def __init__(self, data_dir=None, out_dir=None, mlp_csv=None, timm_csv=None, public_csv=None, simulations=None,
+                 observations=None):
         self.data_dir = os.path.abspath(data_dir or default_data_dir())
         self.out_dir = os.path.abspath(out_dir or os.environ.get("GPUCAST_OUT_DIR") or REPO)
         self.mlp_csv = mlp_csv or os.environ.get("GPUCAST_MLP_CSV") or os.path.join(self.data_dir, MLP_CSV)
@@ -51,6 +52,9 @@ class Layout:
                            or os.path.join(self.data_dir, PUBLIC_CSV))
         # describe's simulations of the timm rows (committed; describe/scripts/simulate_timm_training_set.py)
         self.simulations = simulations or self.read("data", "timm", "simulations.jsonl.gz")
+        # The service's stored observations (`gpucast observations export`): extra training rows
+        # of the timm stage's memory regressors; None for none.
+        self.observations = observations
 
     def out(self, *parts):
         """An output path (repository-relative parts); its directory is created."""
@@ -144,6 +148,71 @@ def timm_job(description, batch_size):
     if "saved_tensors" in description:
         job["saved_tensors"] = description["saved_tensors"]
     return job
+
+
+OBSERVATION_FAMILIES = ("cnn", "transformer")
+
+
+def observation_job(job):
+    """The layer-list job of an exported observation (`gpucast observations export`), normalised
+    as timm_job writes them, or None when it does not parse: no layer list (a summary text), a
+    layer without kind / output_size / params, a batch size that is not a positive whole
+    number, or a family outside OBSERVATION_FAMILIES (inferred as the service does when absent:
+    attention makes a transformer, convolutions a CNN)."""
+    if not isinstance(job, dict):
+        return None
+    layers, batch = job.get("layers"), job.get("batch_size")
+    if not isinstance(layers, list) or not layers or not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
+        return None
+    clean = []
+    for layer in layers:
+        if not isinstance(layer, dict) or not isinstance(layer.get("kind"), str):
+            return None
+        size, params = layer.get("output_size"), layer.get("params")
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (size, params)):
+            return None
+        clean.append({"kind": layer["kind"], "output_size": size, "params": params})
+    family = job.get("family")
+    if family is None:
+        kinds = {l["kind"] for l in clean}
+        family = ("transformer" if any("attention" in k for k in kinds)
+                  else "cnn" if any(k.startswith("conv") for k in kinds) else "mlp")
+    if family not in OBSERVATION_FAMILIES:
+        return None
+    out = {"model": str(job.get("model") or "observation"), "family": family, "batch_size": batch, "layers": clean}
+    if isinstance(job.get("input_shape"), list):
+        out["input_shape"] = job["input_shape"]
+    if "saved_tensors" in job:
+        out["saved_tensors"] = job["saved_tensors"]
+    return out
+
+
+def load_observation_records(path):
+    """Records (as load_timm's) from a JSON Lines export of the service's stored observations:
+    the rows whose job parses (observation_job) and whose observed peak is a positive number.
+    Returns (records, skipped). Each observation is its own model and all share the group
+    `observations`, so they join the training part and never the held-out test split."""
+    records, skipped = [], 0
+    with open(path) as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError:
+                skipped += 1
+                continue
+            job = observation_job(row.get("job")) if isinstance(row, dict) else None
+            peak = row.get("observed_peak_mib") if job is not None else None
+            if job is None or not isinstance(peak, (int, float)) or isinstance(peak, bool) or not peak > 0:
+                skipped += 1
+                continue
+            model = "observation-%s" % row.get("id", number)
+            records.append({
+                "id": "%s@%d" % (model, job["batch_size"]), "model": model, "group": "observations",
+                "family": job["family"], "status": "ok", "batch_size": job["batch_size"], "peak": float(peak),
+                "faketensor": float("nan"), "job": job, "gpu": row.get("gpu"), "environment": row.get("environment")})
+    return records, skipped
 
 
 def load_timm(csv_path, descriptions_path):

@@ -229,6 +229,8 @@ def run(layout, threads=None):
                 "%d rows of %d models in %d held-out groups: %s. Excluded rows: %s." % (
                     info["test_rows"], info["test_models"], len(info["test_groups"]), ", ".join(info["test_groups"]),
                     info["dropped"]), "",
+                "Training rows from the service's stored observations (`--observations`): %d (%d skipped: "
+                "job does not parse)." % (info.get("observation_rows", 0), info.get("observation_rows_skipped", 0)), "",
                 "| family | median abs rel err | p90 | under (figure) | bound exceeded (0.95) | oom not fit | credible oom not fit | "
                 "mlp_ensemble acc / below | sequence acc / below | combined acc / below |",
                 "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]

@@ -28,7 +28,7 @@ from .constants import REAL_CLASS_BINS_MIB as CLASS_BINS_MIB
 from .constants import REAL_FOLDS as N_FOLDS
 from .constants import REAL_MAX_TOKENS as MAX_TOKENS
 from .constants import REAL_TEST_GROUP_FRACTION as TEST_GROUP_FRACTION
-from .data import load_mlp_records, load_timm, log, read_jsonl_gz, write_gz, write_jsonl_gz
+from .data import load_mlp_records, load_observation_records, load_timm, log, read_jsonl_gz, write_gz, write_jsonl_gz
 from .onnx_export import export_onnx, median_latency_us, onnx_session
 
 N_CLASSES = len(CLASS_BINS_MIB) + 1
@@ -468,6 +468,12 @@ def run_timm(layout, threads):
     test_groups = split_groups(records)
     train = [r for r in records if r["group"] not in test_groups]
     test = [r for r in records if r["group"] in test_groups]
+    observation_rows, observations_skipped = [], 0
+    if layout.observations:
+        observation_rows, observations_skipped = load_observation_records(layout.observations)
+        train += observation_rows
+        log("timm: %d rows from the service's observations (%s), %d skipped (job does not parse)"
+            % (len(observation_rows), layout.observations, observations_skipped))
     test_file = TEST_FILE
     write_test_file(test, layout.out(test_file))
     log("timm: %d rows (%s dropped), train %d rows / test %d rows (%d groups held out)"
@@ -582,7 +588,8 @@ def run_timm(layout, threads):
             "learned_rows": int(usable.sum()),
             "test_groups": test_groups, "n_groups": len(set(r["group"] for r in records)),
             "train_models": len(set(r["model"] for r in train)), "test_models": len(set(r["model"] for r in test)),
-            "test_file": test_file}
+            "test_file": test_file,
+            "observation_rows": len(observation_rows), "observation_rows_skipped": observations_skipped}
     return dict(info=info, cv=cv, test=test_figures, quantiles=quantiles, traced_quantiles=traced_quantiles,
                 entries=entries, traced_entries=traced_entries, token_entries=token_entries,
                 paths=paths, diffs=diffs, latency=latency, test_records=test_records)

@@ -1,0 +1,724 @@
+//! Where observations are kept: SQLite (one file under `--data-dir`, WAL) or PostgreSQL
+//! (`--database-url postgres://...`, shared by any number of replicas).
+//!
+//! Crates: `rusqlite` (bundled SQLite, so no system library is needed) and the synchronous
+//! `postgres` client (tokio-postgres underneath). Both are small, well kept and synchronous,
+//! which suits the store: every call runs on the blocking pool (`spawn_blocking`) as the
+//! profile files did, and the estimate hot path never touches the database (profiles are
+//! derived into memory). sqlx would serve both too, but brings an async pool, macros and a
+//! much larger dependency tree for four statements.
+//!
+//! Schema migrations are versioned ([`MIGRATIONS`]) and applied at start in one transaction
+//! (on PostgreSQL under an advisory lock, so replicas starting together do not race); a
+//! database newer than this build is refused.
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+/// Where an observation came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Source {
+    /// `POST /v1/calibration/observations`.
+    Posted,
+    /// A process watched through `POST /v1/calibration/watch`.
+    Watched,
+}
+
+impl Source {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::Posted => "posted",
+            Source::Watched => "watched",
+        }
+    }
+
+    fn parse(s: &str) -> Source {
+        match s {
+            "watched" => Source::Watched,
+            _ => Source::Posted,
+        }
+    }
+}
+
+/// An observation to be stored.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewObservation {
+    /// Profile key of the GPU.
+    pub gpu: String,
+    pub environment: Option<String>,
+    /// The job description as posted (JSON text).
+    pub job: String,
+    pub observed_peak_mib: f64,
+    /// The uncalibrated figure the service predicted for the job when it was observed.
+    pub predicted_mib: f64,
+    /// The predicted figure by category (JSON object, MiB: parameters, gradients, ...).
+    pub breakdown: String,
+    pub source: Source,
+}
+
+/// What a profile is derived from: one stored observation without its job description.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FitRow {
+    pub id: i64,
+    /// Observations recorded by one call share a batch.
+    pub batch_id: i64,
+    pub recorded_at: i64,
+    pub gpu: String,
+    pub environment: Option<String>,
+    pub observed_peak_mib: f64,
+    pub predicted_mib: f64,
+    /// JSON object of the predicted breakdown, MiB.
+    pub breakdown: String,
+}
+
+/// A stored observation as exported (`gpucast observations export`): one JSON line each.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExportedObservation {
+    pub id: i64,
+    /// RFC 3339, UTC.
+    pub recorded_at: String,
+    pub gpu: String,
+    pub environment: Option<String>,
+    pub job: serde_json::Value,
+    pub observed_peak_mib: f64,
+    pub predicted_mib: f64,
+    pub breakdown: serde_json::Value,
+    pub source: Source,
+}
+
+/// How many observations are kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retention {
+    /// Per GPU and environment (a GPU's own profile reads all its environments' rows): the
+    /// newest are kept.
+    pub per_key: usize,
+    /// In all: the oldest go first.
+    pub total: usize,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DbError {
+    #[error("sqlite {path}: {source}")]
+    Sqlite {
+        path: PathBuf,
+        source: rusqlite::Error,
+    },
+    #[error("postgres: {0}")]
+    Postgres(#[from] postgres::Error),
+    #[error("{0}")]
+    Other(String),
+}
+
+/// One version of the schema: its number and its statements for each backend.
+pub struct Migration {
+    pub version: i64,
+    pub sqlite: &'static str,
+    pub postgres: &'static str,
+}
+
+/// Every schema version, oldest first. Never edit a released one: add the next.
+pub const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    sqlite: "CREATE TABLE observations (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        recorded_at BIGINT NOT NULL,
+        batch_id BIGINT NOT NULL,
+        gpu TEXT NOT NULL,
+        environment TEXT,
+        job TEXT NOT NULL,
+        observed_peak_mib DOUBLE PRECISION NOT NULL,
+        predicted_mib DOUBLE PRECISION NOT NULL,
+        breakdown TEXT NOT NULL,
+        source TEXT NOT NULL
+    );
+    CREATE INDEX observations_by_key ON observations (gpu, environment, id);",
+    postgres: "CREATE TABLE observations (
+        id BIGSERIAL PRIMARY KEY,
+        recorded_at BIGINT NOT NULL,
+        batch_id BIGINT NOT NULL,
+        gpu TEXT NOT NULL,
+        environment TEXT,
+        job TEXT NOT NULL,
+        observed_peak_mib DOUBLE PRECISION NOT NULL,
+        predicted_mib DOUBLE PRECISION NOT NULL,
+        breakdown TEXT NOT NULL,
+        source TEXT NOT NULL
+    );
+    CREATE INDEX observations_by_key ON observations (gpu, environment, id);",
+}];
+
+/// Key of the advisory lock that serialises migrations across replicas.
+const MIGRATION_LOCK: i64 = 0x0067_7075_6361_7374;
+
+/// Changes whenever rows are added or removed: (count, min id, max id).
+pub type Fingerprint = (i64, i64, i64);
+
+/// The observation database. Every method blocks: call from `spawn_blocking`.
+pub trait ObservationDb: Send + Sync + std::fmt::Debug {
+    /// Stores a batch in one transaction (all or nothing), then trims to `retention`.
+    fn insert(&self, batch: &[NewObservation], retention: Retention) -> Result<(), DbError>;
+    /// Changes whenever the stored rows do.
+    fn fingerprint(&self) -> Result<Fingerprint, DbError>;
+    /// Every row as profiles need it, oldest first.
+    fn fit_rows(&self) -> Result<Vec<FitRow>, DbError>;
+    /// Every row with its job description, oldest first, handed to `each` one at a time.
+    fn export(
+        &self,
+        each: &mut dyn FnMut(ExportedObservation) -> Result<(), DbError>,
+    ) -> Result<(), DbError>;
+    /// The schema version applied.
+    fn schema_version(&self) -> Result<i64, DbError>;
+    /// For logs: the file, or the server without credentials.
+    fn describe(&self) -> String;
+}
+
+/// Opens the database named by `database_url` (PostgreSQL) or else the SQLite file in
+/// `data_dir`, applying migrations.
+pub fn open(
+    data_dir: &Path,
+    database_url: Option<&str>,
+) -> Result<Box<dyn ObservationDb>, DbError> {
+    match database_url {
+        Some(url) => Ok(Box::new(PostgresDb::open(url)?)),
+        None => Ok(Box::new(SqliteDb::open(data_dir)?)),
+    }
+}
+
+/// A batch id: unique enough across replicas (time, process, counter).
+fn new_batch_id() -> i64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let mixed = nanos
+        ^ (u64::from(std::process::id()) << 40)
+        ^ NEXT
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            .wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    (mixed >> 1) as i64
+}
+
+pub(crate) fn unix_now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+/// A stored row's text column as JSON (`null` if it is not JSON).
+fn json_or_null(text: &str) -> serde_json::Value {
+    serde_json::from_str(text).unwrap_or(serde_json::Value::Null)
+}
+
+fn timestamp(unix: i64) -> String {
+    super::profile::rfc3339(unix.max(0) as u64)
+}
+
+/// The SQLite file `<data_dir>/gpucast.sqlite3`, in WAL mode.
+#[derive(Debug)]
+pub struct SqliteDb {
+    path: PathBuf,
+    connection: Mutex<rusqlite::Connection>,
+}
+
+/// The file name of the SQLite database under `--data-dir`.
+pub const SQLITE_FILE: &str = "gpucast.sqlite3";
+
+impl SqliteDb {
+    pub fn open(data_dir: &Path) -> Result<SqliteDb, DbError> {
+        std::fs::create_dir_all(data_dir)
+            .map_err(|e| DbError::Other(format!("{}: {e}", data_dir.display())))?;
+        let path = data_dir.join(SQLITE_FILE);
+        let error = |source| DbError::Sqlite {
+            path: path.clone(),
+            source,
+        };
+        let mut connection = rusqlite::Connection::open(&path).map_err(error)?;
+        connection
+            .busy_timeout(std::time::Duration::from_secs(5))
+            .map_err(error)?;
+        // WAL: readers (an export, another process) never block the writer, and a commit is
+        // one append. synchronous=FULL: a recorded observation survives a power cut.
+        connection
+            .pragma_update(None, "journal_mode", "WAL")
+            .map_err(error)?;
+        connection
+            .pragma_update(None, "synchronous", "FULL")
+            .map_err(error)?;
+        migrate_sqlite(&mut connection).map_err(error)?;
+        Ok(SqliteDb {
+            path,
+            connection: Mutex::new(connection),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn with<T>(
+        &self,
+        f: impl FnOnce(&mut rusqlite::Connection) -> rusqlite::Result<T>,
+    ) -> Result<T, DbError> {
+        let mut connection = self.connection.lock().unwrap_or_else(|p| p.into_inner());
+        f(&mut connection).map_err(|source| DbError::Sqlite {
+            path: self.path.clone(),
+            source,
+        })
+    }
+}
+
+fn migrate_sqlite(connection: &mut rusqlite::Connection) -> rusqlite::Result<()> {
+    let tx = connection.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    tx.execute_batch(
+        "CREATE TABLE IF NOT EXISTS schema_migrations (version BIGINT PRIMARY KEY, applied_at BIGINT NOT NULL)",
+    )?;
+    let current: i64 = tx.query_row(
+        "SELECT COALESCE(MAX(version), 0) FROM schema_migrations",
+        [],
+        |r| r.get(0),
+    )?;
+    check_not_newer(current).map_err(rusqlite::Error::InvalidParameterName)?;
+    for migration in MIGRATIONS.iter().filter(|m| m.version > current) {
+        tx.execute_batch(migration.sqlite)?;
+        tx.execute(
+            "INSERT INTO schema_migrations (version, applied_at) VALUES (?1, ?2)",
+            rusqlite::params![migration.version, unix_now()],
+        )?;
+    }
+    tx.commit()
+}
+
+fn check_not_newer(current: i64) -> Result<(), String> {
+    let latest = MIGRATIONS.last().map_or(0, |m| m.version);
+    if current > latest {
+        Err(format!(
+            "the database's schema version {current} is newer than this build's ({latest}): upgrade gpucast"
+        ))
+    } else {
+        Ok(())
+    }
+}
+
+impl ObservationDb for SqliteDb {
+    fn insert(&self, batch: &[NewObservation], retention: Retention) -> Result<(), DbError> {
+        let batch_id = new_batch_id();
+        let now = unix_now();
+        self.with(|connection| {
+            let tx = connection.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+            {
+                let mut insert = tx.prepare_cached(
+                    "INSERT INTO observations (recorded_at, batch_id, gpu, environment, job, observed_peak_mib, predicted_mib, breakdown, source)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                )?;
+                for o in batch {
+                    insert.execute(rusqlite::params![
+                        now,
+                        batch_id,
+                        o.gpu,
+                        o.environment,
+                        o.job,
+                        o.observed_peak_mib,
+                        o.predicted_mib,
+                        o.breakdown,
+                        o.source.as_str()
+                    ])?;
+                }
+                let mut trim = tx.prepare_cached(
+                    "DELETE FROM observations WHERE gpu = ?1 AND environment IS ?2 AND id <=
+                       (SELECT id FROM observations WHERE gpu = ?1 AND environment IS ?2
+                        ORDER BY id DESC LIMIT 1 OFFSET ?3)",
+                )?;
+                for (gpu, environment) in keys(batch) {
+                    trim.execute(rusqlite::params![gpu, environment, retention.per_key as i64])?;
+                }
+                tx.execute(
+                    "DELETE FROM observations WHERE id <=
+                       (SELECT id FROM observations ORDER BY id DESC LIMIT 1 OFFSET ?1)",
+                    [retention.total as i64],
+                )?;
+            }
+            tx.commit()
+        })
+    }
+
+    fn fingerprint(&self) -> Result<Fingerprint, DbError> {
+        self.with(|c| {
+            c.query_row(
+                "SELECT COUNT(*), COALESCE(MIN(id), 0), COALESCE(MAX(id), 0) FROM observations",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
+        })
+    }
+
+    fn fit_rows(&self) -> Result<Vec<FitRow>, DbError> {
+        self.with(|c| {
+            let mut statement = c.prepare_cached(
+                "SELECT id, batch_id, recorded_at, gpu, environment, observed_peak_mib, predicted_mib, breakdown
+                 FROM observations ORDER BY id",
+            )?;
+            let rows = statement.query_map([], |r| {
+                Ok(FitRow {
+                    id: r.get(0)?,
+                    batch_id: r.get(1)?,
+                    recorded_at: r.get(2)?,
+                    gpu: r.get(3)?,
+                    environment: r.get(4)?,
+                    observed_peak_mib: r.get(5)?,
+                    predicted_mib: r.get(6)?,
+                    breakdown: r.get(7)?,
+                })
+            })?;
+            rows.collect()
+        })
+    }
+
+    fn export(
+        &self,
+        each: &mut dyn FnMut(ExportedObservation) -> Result<(), DbError>,
+    ) -> Result<(), DbError> {
+        let mut failed = None;
+        self.with(|c| {
+            let mut statement = c.prepare(
+                "SELECT id, recorded_at, gpu, environment, job, observed_peak_mib, predicted_mib, breakdown, source
+                 FROM observations ORDER BY id",
+            )?;
+            let mut rows = statement.query([])?;
+            while let Some(r) = rows.next()? {
+                let row = ExportedObservation {
+                    id: r.get(0)?,
+                    recorded_at: timestamp(r.get(1)?),
+                    gpu: r.get(2)?,
+                    environment: r.get(3)?,
+                    job: json_or_null(&r.get::<_, String>(4)?),
+                    observed_peak_mib: r.get(5)?,
+                    predicted_mib: r.get(6)?,
+                    breakdown: json_or_null(&r.get::<_, String>(7)?),
+                    source: Source::parse(&r.get::<_, String>(8)?),
+                };
+                if let Err(e) = each(row) {
+                    failed = Some(e);
+                    break;
+                }
+            }
+            Ok(())
+        })?;
+        failed.map_or(Ok(()), Err)
+    }
+
+    fn schema_version(&self) -> Result<i64, DbError> {
+        self.with(|c| {
+            c.query_row(
+                "SELECT COALESCE(MAX(version), 0) FROM schema_migrations",
+                [],
+                |r| r.get(0),
+            )
+        })
+    }
+
+    fn describe(&self) -> String {
+        format!("sqlite {}", self.path.display())
+    }
+}
+
+/// The distinct (gpu, environment) keys of a batch.
+fn keys(batch: &[NewObservation]) -> Vec<(String, Option<String>)> {
+    let mut keys: Vec<(String, Option<String>)> = batch
+        .iter()
+        .map(|o| (o.gpu.clone(), o.environment.clone()))
+        .collect();
+    keys.sort();
+    keys.dedup();
+    keys
+}
+
+/// A PostgreSQL database shared by replicas: one connection per process, reopened when lost.
+pub struct PostgresDb {
+    url: String,
+    client: Mutex<Option<postgres::Client>>,
+}
+
+impl std::fmt::Debug for PostgresDb {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresDb")
+            .field("server", &redact(&self.url))
+            .finish()
+    }
+}
+
+/// `postgres://user:secret@host/db` without the password (and anything before the host).
+pub fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            format!("{}://…@{}", &url[..scheme], &url[at + 1..])
+        }
+        _ => url.split('?').next().unwrap_or_default().to_string(),
+    }
+}
+
+impl PostgresDb {
+    pub fn open(url: &str) -> Result<PostgresDb, DbError> {
+        let mut client = postgres::Client::connect(url, postgres::NoTls)?;
+        migrate_postgres(&mut client)?;
+        Ok(PostgresDb {
+            url: url.to_string(),
+            client: Mutex::new(Some(client)),
+        })
+    }
+
+    fn with<T>(
+        &self,
+        f: impl FnOnce(&mut postgres::Client) -> Result<T, postgres::Error>,
+    ) -> Result<T, DbError> {
+        let mut slot = self.client.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.as_ref().is_none_or(|c| c.is_closed()) {
+            *slot = Some(postgres::Client::connect(&self.url, postgres::NoTls)?);
+        }
+        let client = slot.as_mut().expect("connected above");
+        let result = f(client);
+        if result.is_err() && client.is_closed() {
+            *slot = None;
+        }
+        Ok(result?)
+    }
+}
+
+fn migrate_postgres(client: &mut postgres::Client) -> Result<(), DbError> {
+    let mut tx = client.transaction()?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])?;
+    tx.batch_execute(
+        "CREATE TABLE IF NOT EXISTS schema_migrations (version BIGINT PRIMARY KEY, applied_at BIGINT NOT NULL)",
+    )?;
+    let current: i64 = tx
+        .query_one(
+            "SELECT COALESCE(MAX(version), 0)::BIGINT FROM schema_migrations",
+            &[],
+        )?
+        .get(0);
+    check_not_newer(current).map_err(DbError::Other)?;
+    for migration in MIGRATIONS.iter().filter(|m| m.version > current) {
+        tx.batch_execute(migration.postgres)?;
+        tx.execute(
+            "INSERT INTO schema_migrations (version, applied_at) VALUES ($1, $2)",
+            &[&migration.version, &unix_now()],
+        )?;
+    }
+    tx.commit()?;
+    Ok(())
+}
+
+impl ObservationDb for PostgresDb {
+    fn insert(&self, batch: &[NewObservation], retention: Retention) -> Result<(), DbError> {
+        let batch_id = new_batch_id();
+        let now = unix_now();
+        let (per_key, total) = (retention.per_key as i64, retention.total as i64);
+        self.with(|client| {
+            // READ COMMITTED is enough: inserts never conflict, and a trim deletes only rows
+            // beyond the bound whichever transaction sees them first.
+            let mut tx = client.transaction()?;
+            let insert = tx.prepare(
+                "INSERT INTO observations (recorded_at, batch_id, gpu, environment, job, observed_peak_mib, predicted_mib, breakdown, source)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+            )?;
+            for o in batch {
+                tx.execute(
+                    &insert,
+                    &[
+                        &now,
+                        &batch_id,
+                        &o.gpu,
+                        &o.environment,
+                        &o.job,
+                        &o.observed_peak_mib,
+                        &o.predicted_mib,
+                        &o.breakdown,
+                        &o.source.as_str(),
+                    ],
+                )?;
+            }
+            for (gpu, environment) in keys(batch) {
+                tx.execute(
+                    "DELETE FROM observations WHERE gpu = $1 AND environment IS NOT DISTINCT FROM $2 AND id <=
+                       (SELECT id FROM observations WHERE gpu = $1 AND environment IS NOT DISTINCT FROM $2
+                        ORDER BY id DESC LIMIT 1 OFFSET $3)",
+                    &[&gpu, &environment, &per_key],
+                )?;
+            }
+            tx.execute(
+                "DELETE FROM observations WHERE id <=
+                   (SELECT id FROM observations ORDER BY id DESC LIMIT 1 OFFSET $1)",
+                &[&total],
+            )?;
+            tx.commit()
+        })
+    }
+
+    fn fingerprint(&self) -> Result<Fingerprint, DbError> {
+        self.with(|c| {
+            let row = c.query_one(
+                "SELECT COUNT(*)::BIGINT, COALESCE(MIN(id), 0)::BIGINT, COALESCE(MAX(id), 0)::BIGINT FROM observations",
+                &[],
+            )?;
+            Ok((row.get(0), row.get(1), row.get(2)))
+        })
+    }
+
+    fn fit_rows(&self) -> Result<Vec<FitRow>, DbError> {
+        self.with(|c| {
+            let rows = c.query(
+                "SELECT id, batch_id, recorded_at, gpu, environment, observed_peak_mib, predicted_mib, breakdown
+                 FROM observations ORDER BY id",
+                &[],
+            )?;
+            Ok(rows
+                .iter()
+                .map(|r| FitRow {
+                    id: r.get(0),
+                    batch_id: r.get(1),
+                    recorded_at: r.get(2),
+                    gpu: r.get(3),
+                    environment: r.get(4),
+                    observed_peak_mib: r.get(5),
+                    predicted_mib: r.get(6),
+                    breakdown: r.get(7),
+                })
+                .collect())
+        })
+    }
+
+    fn export(
+        &self,
+        each: &mut dyn FnMut(ExportedObservation) -> Result<(), DbError>,
+    ) -> Result<(), DbError> {
+        let rows = self.with(|c| {
+            c.query(
+                "SELECT id, recorded_at, gpu, environment, job, observed_peak_mib, predicted_mib, breakdown, source
+                 FROM observations ORDER BY id",
+                &[],
+            )
+        })?;
+        for r in rows {
+            each(ExportedObservation {
+                id: r.get(0),
+                recorded_at: timestamp(r.get(1)),
+                gpu: r.get(2),
+                environment: r.get(3),
+                job: json_or_null(r.get(4)),
+                observed_peak_mib: r.get(5),
+                predicted_mib: r.get(6),
+                breakdown: json_or_null(r.get(7)),
+                source: Source::parse(r.get(8)),
+            })?;
+        }
+        Ok(())
+    }
+
+    fn schema_version(&self) -> Result<i64, DbError> {
+        self.with(|c| {
+            Ok(c.query_one(
+                "SELECT COALESCE(MAX(version), 0)::BIGINT FROM schema_migrations",
+                &[],
+            )?
+            .get(0))
+        })
+    }
+
+    fn describe(&self) -> String {
+        format!("postgres {}", redact(&self.url))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn observation(gpu: &str, environment: Option<&str>, observed: f64) -> NewObservation {
+        NewObservation {
+            gpu: gpu.into(),
+            environment: environment.map(str::to_string),
+            job: "{\"batch_size\":1}".into(),
+            observed_peak_mib: observed,
+            predicted_mib: 1000.0,
+            breakdown: "{}".into(),
+            source: Source::Posted,
+        }
+    }
+
+    #[test]
+    fn sqlite_is_in_wal_mode_migrated_once_and_keeps_rows_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = SqliteDb::open(dir.path()).unwrap();
+        assert_eq!(
+            db.schema_version().unwrap(),
+            MIGRATIONS.last().unwrap().version
+        );
+        let retention = Retention {
+            per_key: 3,
+            total: 5,
+        };
+        for i in 0..5 {
+            db.insert(&[observation("t4", None, 1000.0 + i as f64)], retention)
+                .unwrap();
+        }
+        db.insert(
+            &[
+                observation("t4", Some("torch2.5"), 2000.0),
+                observation("l4", None, 3000.0),
+                observation("l4", None, 3001.0),
+            ],
+            retention,
+        )
+        .unwrap();
+        let rows = db.fit_rows().unwrap();
+        assert_eq!(rows.len(), 5, "the total bound");
+        let t4: Vec<f64> = rows
+            .iter()
+            .filter(|r| r.gpu == "t4" && r.environment.is_none())
+            .map(|r| r.observed_peak_mib)
+            .collect();
+        assert_eq!(
+            t4,
+            vec![1003.0, 1004.0],
+            "the newest per key, then the total"
+        );
+        assert!(dir.path().join(format!("{SQLITE_FILE}-wal")).exists());
+        drop(db);
+        let again = SqliteDb::open(dir.path()).unwrap();
+        assert_eq!(again.fit_rows().unwrap().len(), 5);
+        let mut exported = Vec::new();
+        again
+            .export(&mut |o| {
+                exported.push(o);
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(exported.len(), 5);
+        assert_eq!(exported[0].job["batch_size"], 1);
+        assert!(exported[0].recorded_at.ends_with('Z'));
+    }
+
+    #[test]
+    fn a_newer_schema_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        drop(SqliteDb::open(dir.path()).unwrap());
+        let c = rusqlite::Connection::open(dir.path().join(SQLITE_FILE)).unwrap();
+        c.execute("INSERT INTO schema_migrations VALUES (999, 0)", [])
+            .unwrap();
+        drop(c);
+        let error = SqliteDb::open(dir.path()).unwrap_err().to_string();
+        assert!(error.contains("newer"), "{error}");
+    }
+
+    #[test]
+    fn urls_are_redacted() {
+        assert_eq!(
+            redact("postgres://gpucast:s3cret@db:5432/gpucast"),
+            "postgres://…@db:5432/gpucast"
+        );
+        assert!(!redact("postgres://u:p@h/d?sslmode=disable").contains(":p@"));
+    }
+}
