@@ -28,6 +28,22 @@ pub struct LayerDetail {
     pub flops: Option<u64>,
 }
 
+/// The activations of a model whose structure is known (built from its configuration,
+/// [`super::transformer`]), per sample, bytes at the job's precision: what the step keeps
+/// instead of the traced saved tensors scaled by a precision's share.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct KnownActivations {
+    /// Kept outside the repeated blocks (embeddings, final norm, head, loss).
+    pub outside: f64,
+    /// Kept by one repeated block (their mean).
+    pub per_block: f64,
+    pub blocks: u64,
+    /// A block's input (what a checkpointed block keeps).
+    pub block_input: f64,
+    /// What backward starts with beside them (the loss's gradients).
+    pub backward_temporaries: f64,
+}
+
 /// bitsandbytes keeps 32-bit state for parameters below this size (`min_8bit_size`).
 const MIN_8BIT_SIZE: u64 = 4096;
 /// 8-bit Adam: two uint8 states and an fp32 absmax per 256-element block of each.
@@ -353,9 +369,11 @@ pub fn analytic_step(job: &Job) -> StepMemory {
     let stream_bytes = storage;
     let outputs: Vec<f64> = layers.iter().map(|l| l.output_size as f64).collect();
     let output_total: f64 = outputs.iter().sum::<f64>().max(1.0);
-    let kept = match job.saved_tensors() {
-        Some(saved) => saved.bytes_at(setup.micro_batch_size) * kept_share,
-        None => output_total * micro * 4.0 * kept_share,
+    let known = job.known_activations();
+    let kept = match (known, job.saved_tensors()) {
+        (Some(k), _) => (k.outside + k.per_block * k.blocks as f64) * micro,
+        (None, Some(saved)) => saved.bytes_at(setup.micro_batch_size) * kept_share,
+        (None, None) => output_total * micro * 4.0 * kept_share,
     };
     let share =
         |range: &std::ops::Range<usize>| outputs[range.clone()].iter().sum::<f64>() / output_total;
@@ -366,6 +384,9 @@ pub fn analytic_step(job: &Job) -> StepMemory {
     };
     let activations = if checkpointed.is_empty() {
         kept
+    } else if let (Some(k), Checkpointing::Full) = (known, &setup.checkpointing) {
+        // Every block keeps its input; backward recomputes one block at a time.
+        (k.outside + k.blocks as f64 * k.block_input + k.per_block) * micro
     } else {
         // Each checkpointed block keeps only its input; backward recomputes one at a time.
         let inside: f64 = checkpointed.iter().map(share).sum::<f64>().min(1.0);
@@ -400,7 +421,10 @@ pub fn analytic_step(job: &Job) -> StepMemory {
     // Backward starts with the gradient of the loss's input (the logits, in fp32 for a
     // language model's loss) beside what it keeps.
     let largest_output = outputs.iter().copied().fold(0.0, f64::max);
-    let backward_temporaries = largest_output * micro * 4.0;
+    let backward_temporaries = match known {
+        Some(k) => k.backward_temporaries * micro,
+        None => largest_output * micro * 4.0,
+    };
 
     // Sharding and model parallelism.
     let p = setup.parallelism;

@@ -21,3 +21,4 @@ mod setups;
 mod simulation;
 mod startup;
 mod summary;
+mod transformer_config;
