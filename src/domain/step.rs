@@ -42,6 +42,10 @@ pub struct KnownActivations {
     pub block_input: f64,
     /// What backward starts with beside them (the loss's gradients).
     pub backward_temporaries: f64,
+    /// Of `outside`, what the loss keeps (freed once backward has passed it).
+    pub loss: f64,
+    /// Bytes kept whatever the micro-batch (autocast's 16-bit weight copies).
+    pub fixed: f64,
 }
 
 /// bitsandbytes keeps 32-bit state for parameters below this size (`min_8bit_size`).
@@ -290,9 +294,12 @@ pub fn analytic_step(job: &Job) -> StepMemory {
                 _ => {
                     // Autocast keeps a 16-bit copy of each weight a matmul saved for backward
                     // (FSDP gathers 16-bit weights instead: see the collective buffers).
+                    // (A model built from its configuration counts them with its activations,
+                    // as describe's simulation does.)
                     let cast = if precision.is_autocast()
                         && is_matmul(layer.kind)
                         && !setup.parallelism.strategy.shards().2
+                        && job.known_activations().is_none()
                     {
                         2.0
                     } else {
@@ -371,7 +378,7 @@ pub fn analytic_step(job: &Job) -> StepMemory {
     let output_total: f64 = outputs.iter().sum::<f64>().max(1.0);
     let known = job.known_activations();
     let kept = match (known, job.saved_tensors()) {
-        (Some(k), _) => (k.outside + k.per_block * k.blocks as f64) * micro,
+        (Some(k), _) => (k.outside + k.per_block * k.blocks as f64) * micro + k.fixed,
         (None, Some(saved)) => saved.bytes_at(setup.micro_batch_size) * kept_share,
         (None, None) => output_total * micro * 4.0 * kept_share,
     };
@@ -385,8 +392,16 @@ pub fn analytic_step(job: &Job) -> StepMemory {
     let activations = if checkpointed.is_empty() {
         kept
     } else if let (Some(k), Checkpointing::Full) = (known, &setup.checkpointing) {
-        // Every block keeps its input; backward recomputes one block at a time.
-        (k.outside + k.blocks as f64 * k.block_input + k.per_block) * micro
+        // Every block keeps its input. Backward starts with the loss's tensors and gradients;
+        // the first block it recomputes comes once they are freed: the larger of the two.
+        let inputs = k.outside + k.blocks as f64 * k.block_input;
+        let recomputing = inputs - k.loss + k.per_block;
+        k.fixed
+            + if recomputing > inputs + k.backward_temporaries {
+                recomputing * micro
+            } else {
+                inputs * micro
+            }
     } else {
         // Each checkpointed block keeps only its input; backward recomputes one at a time.
         let inside: f64 = checkpointed.iter().map(share).sum::<f64>().min(1.0);

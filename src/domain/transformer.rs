@@ -119,7 +119,10 @@ pub struct TransformerConfig {
     pub notes: Vec<String>,
 }
 
-fn number(config: &Map<String, Value>, keys: &[&str]) -> Result<Option<(String, f64)>, ConfigError> {
+fn number(
+    config: &Map<String, Value>,
+    keys: &[&str],
+) -> Result<Option<(String, f64)>, ConfigError> {
     for key in keys {
         match config.get(*key) {
             None | Some(Value::Null) => continue,
@@ -162,10 +165,15 @@ fn flag(config: &Map<String, Value>, key: &str) -> Result<Option<bool>, ConfigEr
 }
 
 fn text<'a>(config: &'a Map<String, Value>, keys: &[&str]) -> Option<&'a str> {
-    keys.iter().find_map(|k| config.get(*k).and_then(Value::as_str))
+    keys.iter()
+        .find_map(|k| config.get(*k).and_then(Value::as_str))
 }
 
-fn probability(config: &Map<String, Value>, keys: &[&str], default: f64) -> Result<f64, ConfigError> {
+fn probability(
+    config: &Map<String, Value>,
+    keys: &[&str],
+    default: f64,
+) -> Result<f64, ConfigError> {
     match number(config, keys)? {
         None => Ok(default),
         Some((_, v)) if (0.0..1.0).contains(&v) => Ok(v),
@@ -205,8 +213,8 @@ impl TransformerConfig {
             "gpt_neox" => Architecture::GptNeox,
             "bert" | "roberta" | "xlm-roberta" | "camembert" => Architecture::Bert,
             "t5" | "mt5" | "umt5" => Architecture::T5,
-            "llama" | "mistral" | "qwen2" | "qwen3" | "gemma" | "phi3" | "mixtral" | "qwen2_moe"
-            | "qwen3_moe" | "olmo" | "granite" | "yi" | "internlm2" | "codellama" => {
+            "llama" | "mistral" | "qwen2" | "qwen3" | "gemma" | "phi3" | "mixtral"
+            | "qwen2_moe" | "qwen3_moe" | "olmo" | "granite" | "yi" | "internlm2" | "codellama" => {
                 Architecture::Decoder
             }
             other => {
@@ -286,8 +294,13 @@ impl TransformerConfig {
                 heads * head_dim
             )));
         }
-        let kv_heads = whole(config, &["num_key_value_heads", "multi_query_group_num"], 1, heads)?
-            .unwrap_or(heads);
+        let kv_heads = whole(
+            config,
+            &["num_key_value_heads", "multi_query_group_num"],
+            1,
+            heads,
+        )?
+        .unwrap_or(heads);
         if heads % kv_heads != 0 {
             return Err(ConfigError(format!(
                 "num_key_value_heads: {kv_heads} does not divide num_attention_heads {heads}"
@@ -298,11 +311,21 @@ impl TransformerConfig {
         } else {
             0
         };
-        let experts =
-            whole(config, &["num_local_experts", "num_experts", "n_routed_experts"], 0, MAX_EXPERTS)?
-                .unwrap_or(0);
+        let experts = whole(
+            config,
+            &["num_local_experts", "num_experts", "n_routed_experts"],
+            0,
+            MAX_EXPERTS,
+        )?
+        .unwrap_or(0);
         let experts_per_token = if experts > 1 {
-            whole(config, &["num_experts_per_tok", "moe_top_k", "top_k"], 1, experts)?.unwrap_or(2)
+            whole(
+                config,
+                &["num_experts_per_tok", "moe_top_k", "top_k"],
+                1,
+                experts,
+            )?
+            .unwrap_or(2)
         } else {
             0
         };
@@ -314,7 +337,12 @@ impl TransformerConfig {
         };
         let act = text(
             config,
-            &["hidden_activation", "hidden_act", "activation_function", "feed_forward_proj"],
+            &[
+                "hidden_activation",
+                "hidden_act",
+                "activation_function",
+                "feed_forward_proj",
+            ],
         )
         .unwrap_or(match architecture {
             Architecture::Decoder => "silu",
@@ -350,12 +378,22 @@ impl TransformerConfig {
         };
         let attention_dropout = probability(
             config,
-            &["attention_dropout", "attn_pdrop", "attention_probs_dropout_prob", "dropout_rate"],
+            &[
+                "attention_dropout",
+                "attn_pdrop",
+                "attention_probs_dropout_prob",
+                "dropout_rate",
+            ],
             attention_default,
         )?;
         let hidden_dropout = probability(
             config,
-            &["resid_pdrop", "hidden_dropout_prob", "hidden_dropout", "dropout_rate"],
+            &[
+                "resid_pdrop",
+                "hidden_dropout_prob",
+                "hidden_dropout",
+                "dropout_rate",
+            ],
             hidden_default,
         )?;
         Ok(TransformerConfig {
@@ -404,6 +442,9 @@ pub struct Saved {
     pub norm: f64,
     /// Matmul inputs and outputs, MLP intermediates: the compute dtype.
     pub compute: f64,
+    /// Kept under autocast only: each linear casts its fp32 input to 16 bits on its own, so
+    /// a norm read by n projections is copied n times (once otherwise).
+    pub autocast_copies: f64,
 }
 
 impl Saved {
@@ -413,6 +454,7 @@ impl Saved {
         self.fp32 += other.fp32;
         self.norm += other.norm;
         self.compute += other.compute;
+        self.autocast_copies += other.autocast_copies;
     }
 
     fn scaled(self, by: f64) -> Saved {
@@ -422,6 +464,7 @@ impl Saved {
             fp32: self.fp32 * by,
             norm: self.norm * by,
             compute: self.compute * by,
+            autocast_copies: self.autocast_copies * by,
         }
     }
 
@@ -432,8 +475,22 @@ impl Saved {
         } else {
             2.0
         };
-        let norm = if precision.is_autocast() { 4.0 } else { compute };
-        self.int64 * 8.0 + self.mask + self.fp32 * 4.0 + self.norm * norm + self.compute * compute
+        let norm = if precision.is_autocast() {
+            4.0
+        } else {
+            compute
+        };
+        let copies = if precision.is_autocast() {
+            self.autocast_copies * 2.0
+        } else {
+            0.0
+        };
+        self.int64 * 8.0
+            + self.mask
+            + self.fp32 * 4.0
+            + self.norm * norm
+            + self.compute * compute
+            + copies
     }
 }
 
@@ -510,16 +567,19 @@ pub fn build(
     let c = &config;
     let mut warnings = c.notes.clone();
     let seq = seq_len;
-    if seq > c.positions
-        && matches!(c.architecture, Architecture::Gpt2 | Architecture::Bert)
-    {
+    if seq > c.positions && matches!(c.architecture, Architecture::Gpt2 | Architecture::Bert) {
         return Err(ConfigError(format!(
             "seq_len: {seq} is beyond the model's {} learned positions (n_positions / \
              max_position_embeddings)",
             c.positions
         )));
     }
-    let (h, l, i_size, v) = (c.hidden as f64, seq as f64, c.intermediate as f64, c.vocab as f64);
+    let (h, l, i_size, v) = (
+        c.hidden as f64,
+        seq as f64,
+        c.intermediate as f64,
+        c.vocab as f64,
+    );
     let q = (c.heads * c.head_dim) as f64;
     let kv = (c.kv_heads * c.head_dim) as f64;
     let heads = c.heads as f64;
@@ -590,24 +650,76 @@ pub fn build(
     let block_count;
     match c.architecture {
         Architecture::Decoder => {
-            b.push("model.embed_tokens".into(), LayerKind::Embedding, c.vocab * c.hidden, c.hidden, 0);
+            b.push(
+                "model.embed_tokens".into(),
+                LayerKind::Embedding,
+                c.vocab * c.hidden,
+                c.hidden,
+                0,
+            );
             for i in 0..c.layers {
                 let p = format!("model.layers.{i}");
-                b.push(format!("{p}.input_layernorm"), LayerKind::RmsNorm, c.hidden, c.hidden, 0);
-                b.push(format!("{p}.self_attn"), LayerKind::Attention, 0, c.hidden, attention_flops);
+                b.push(
+                    format!("{p}.input_layernorm"),
+                    LayerKind::RmsNorm,
+                    c.hidden,
+                    c.hidden,
+                    0,
+                );
+                b.push(
+                    format!("{p}.self_attn"),
+                    LayerKind::Attention,
+                    0,
+                    c.hidden,
+                    attention_flops,
+                );
                 let (qd, kvd) = (c.heads * c.head_dim, c.kv_heads * c.head_dim);
                 if c.fused {
-                    b.linear(format!("{p}.self_attn.qkv_proj"), c.hidden, qd + 2 * kvd, c.qkv_bias, true);
+                    b.linear(
+                        format!("{p}.self_attn.qkv_proj"),
+                        c.hidden,
+                        qd + 2 * kvd,
+                        c.qkv_bias,
+                        true,
+                    );
                 } else {
-                    b.linear(format!("{p}.self_attn.q_proj"), c.hidden, qd, c.qkv_bias, true);
-                    b.linear(format!("{p}.self_attn.k_proj"), c.hidden, kvd, c.qkv_bias, true);
-                    b.linear(format!("{p}.self_attn.v_proj"), c.hidden, kvd, c.qkv_bias, true);
+                    b.linear(
+                        format!("{p}.self_attn.q_proj"),
+                        c.hidden,
+                        qd,
+                        c.qkv_bias,
+                        true,
+                    );
+                    b.linear(
+                        format!("{p}.self_attn.k_proj"),
+                        c.hidden,
+                        kvd,
+                        c.qkv_bias,
+                        true,
+                    );
+                    b.linear(
+                        format!("{p}.self_attn.v_proj"),
+                        c.hidden,
+                        kvd,
+                        c.qkv_bias,
+                        true,
+                    );
                 }
                 b.linear(format!("{p}.self_attn.o_proj"), qd, c.hidden, false, true);
-                b.push(format!("{p}.post_attention_layernorm"), LayerKind::RmsNorm, c.hidden, c.hidden, 0);
+                b.push(
+                    format!("{p}.post_attention_layernorm"),
+                    LayerKind::RmsNorm,
+                    c.hidden,
+                    c.hidden,
+                    0,
+                );
                 let mut block = rms;
                 block.add(attention_saved(if sixteen { kv } else { q }));
                 block.add(rms);
+                // q, k and v (gate and up) read the same norm output: cast three (two) times.
+                if !c.fused {
+                    block.autocast_copies += 2.0 * h + if c.experts > 0 { 0.0 } else { h };
+                }
                 if c.experts > 0 {
                     let (e, k) = (c.experts, c.experts_per_token);
                     b.linear(format!("{p}.mlp.gate"), c.hidden, e, false, true);
@@ -619,7 +731,13 @@ pub fn build(
                         k * c.hidden,
                         2 * 3 * k * c.hidden * c.intermediate * seq,
                     );
-                    b.push(format!("{p}.mlp.experts.act_fn"), LayerKind::Silu, 0, k * c.intermediate, 0);
+                    b.push(
+                        format!("{p}.mlp.experts.act_fn"),
+                        LayerKind::Silu,
+                        0,
+                        k * c.intermediate,
+                        0,
+                    );
                     let (e, k) = (e as f64, k as f64);
                     // Router probabilities and weights, the routed copies of each token, the
                     // experts' gate-up outputs, activation and product, their outputs.
@@ -636,14 +754,38 @@ pub fn build(
                         LayerKind::Silu
                     };
                     if c.fused {
-                        b.linear(format!("{p}.mlp.gate_up_proj"), c.hidden, 2 * c.intermediate, c.mlp_bias, true);
+                        b.linear(
+                            format!("{p}.mlp.gate_up_proj"),
+                            c.hidden,
+                            2 * c.intermediate,
+                            c.mlp_bias,
+                            true,
+                        );
                         b.push(format!("{p}.mlp.activation_fn"), act, 0, c.intermediate, 0);
                     } else {
-                        b.linear(format!("{p}.mlp.gate_proj"), c.hidden, c.intermediate, c.mlp_bias, true);
+                        b.linear(
+                            format!("{p}.mlp.gate_proj"),
+                            c.hidden,
+                            c.intermediate,
+                            c.mlp_bias,
+                            true,
+                        );
                         b.push(format!("{p}.mlp.act_fn"), act, 0, c.intermediate, 0);
-                        b.linear(format!("{p}.mlp.up_proj"), c.hidden, c.intermediate, c.mlp_bias, true);
+                        b.linear(
+                            format!("{p}.mlp.up_proj"),
+                            c.hidden,
+                            c.intermediate,
+                            c.mlp_bias,
+                            true,
+                        );
                     }
-                    b.linear(format!("{p}.mlp.down_proj"), c.intermediate, c.hidden, c.mlp_bias, true);
+                    b.linear(
+                        format!("{p}.mlp.down_proj"),
+                        c.intermediate,
+                        c.hidden,
+                        c.mlp_bias,
+                        true,
+                    );
                     // Gate output, activation output, up output, their product.
                     block.add(Saved {
                         compute: 4.0 * i_size,
@@ -652,30 +794,108 @@ pub fn build(
                 }
                 blocks.add(block);
             }
-            b.push("model.norm".into(), LayerKind::RmsNorm, c.hidden, c.hidden, 0);
+            b.push(
+                "model.norm".into(),
+                LayerKind::RmsNorm,
+                c.hidden,
+                c.hidden,
+                0,
+            );
             b.linear("lm_head".into(), c.hidden, c.vocab, false, head_params);
             outside.add(rms);
             outside.add(lm_loss);
             block_count = c.layers;
         }
         Architecture::Gpt2 => {
-            b.push("transformer.wte".into(), LayerKind::Embedding, c.vocab * c.hidden, c.hidden, 0);
-            b.push("transformer.wpe".into(), LayerKind::Embedding, c.positions * c.hidden, c.hidden, 0);
-            b.push("transformer.drop".into(), LayerKind::Dropout, 0, c.hidden, 0);
+            b.push(
+                "transformer.wte".into(),
+                LayerKind::Embedding,
+                c.vocab * c.hidden,
+                c.hidden,
+                0,
+            );
+            b.push(
+                "transformer.wpe".into(),
+                LayerKind::Embedding,
+                c.positions * c.hidden,
+                c.hidden,
+                0,
+            );
+            b.push(
+                "transformer.drop".into(),
+                LayerKind::Dropout,
+                0,
+                c.hidden,
+                0,
+            );
             let resid = dropout(c.hidden_dropout);
             outside.mask += resid * h;
             for i in 0..c.layers {
                 let p = format!("transformer.h.{i}");
-                b.push(format!("{p}.ln_1"), LayerKind::LayerNorm, 2 * c.hidden, c.hidden, 0);
-                b.push(format!("{p}.attn"), LayerKind::Attention, 0, c.hidden, attention_flops);
-                b.linear(format!("{p}.attn.c_attn"), c.hidden, 3 * c.hidden, true, true);
+                b.push(
+                    format!("{p}.ln_1"),
+                    LayerKind::LayerNorm,
+                    2 * c.hidden,
+                    c.hidden,
+                    0,
+                );
+                b.push(
+                    format!("{p}.attn"),
+                    LayerKind::Attention,
+                    0,
+                    c.hidden,
+                    attention_flops,
+                );
+                b.linear(
+                    format!("{p}.attn.c_attn"),
+                    c.hidden,
+                    3 * c.hidden,
+                    true,
+                    true,
+                );
                 b.linear(format!("{p}.attn.c_proj"), c.hidden, c.hidden, true, true);
-                b.push(format!("{p}.attn.resid_dropout"), LayerKind::Dropout, 0, c.hidden, 0);
-                b.push(format!("{p}.ln_2"), LayerKind::LayerNorm, 2 * c.hidden, c.hidden, 0);
-                b.linear(format!("{p}.mlp.c_fc"), c.hidden, c.intermediate, true, true);
-                b.push(format!("{p}.mlp.act"), LayerKind::Gelu, 0, c.intermediate, 0);
-                b.linear(format!("{p}.mlp.c_proj"), c.intermediate, c.hidden, true, true);
-                b.push(format!("{p}.mlp.dropout"), LayerKind::Dropout, 0, c.hidden, 0);
+                b.push(
+                    format!("{p}.attn.resid_dropout"),
+                    LayerKind::Dropout,
+                    0,
+                    c.hidden,
+                    0,
+                );
+                b.push(
+                    format!("{p}.ln_2"),
+                    LayerKind::LayerNorm,
+                    2 * c.hidden,
+                    c.hidden,
+                    0,
+                );
+                b.linear(
+                    format!("{p}.mlp.c_fc"),
+                    c.hidden,
+                    c.intermediate,
+                    true,
+                    true,
+                );
+                b.push(
+                    format!("{p}.mlp.act"),
+                    LayerKind::Gelu,
+                    0,
+                    c.intermediate,
+                    0,
+                );
+                b.linear(
+                    format!("{p}.mlp.c_proj"),
+                    c.intermediate,
+                    c.hidden,
+                    true,
+                    true,
+                );
+                b.push(
+                    format!("{p}.mlp.dropout"),
+                    LayerKind::Dropout,
+                    0,
+                    c.hidden,
+                    0,
+                );
                 let mut block = layer_norm;
                 // The fused qkv output, the kernel's contiguous q, k and v, the output.
                 let mut attention = attention_saved(q);
@@ -691,26 +911,86 @@ pub fn build(
                 });
                 blocks.add(block);
             }
-            b.push("transformer.ln_f".into(), LayerKind::LayerNorm, 2 * c.hidden, c.hidden, 0);
+            b.push(
+                "transformer.ln_f".into(),
+                LayerKind::LayerNorm,
+                2 * c.hidden,
+                c.hidden,
+                0,
+            );
             b.linear("lm_head".into(), c.hidden, c.vocab, false, head_params);
             outside.add(layer_norm);
             outside.add(lm_loss);
             block_count = c.layers;
         }
         Architecture::GptNeox => {
-            b.push("gpt_neox.embed_in".into(), LayerKind::Embedding, c.vocab * c.hidden, c.hidden, 0);
+            b.push(
+                "gpt_neox.embed_in".into(),
+                LayerKind::Embedding,
+                c.vocab * c.hidden,
+                c.hidden,
+                0,
+            );
             let resid = dropout(c.hidden_dropout);
             outside.mask += resid * h;
             for i in 0..c.layers {
                 let p = format!("gpt_neox.layers.{i}");
-                b.push(format!("{p}.input_layernorm"), LayerKind::LayerNorm, 2 * c.hidden, c.hidden, 0);
-                b.push(format!("{p}.attention"), LayerKind::Attention, 0, c.hidden, attention_flops);
-                b.linear(format!("{p}.attention.query_key_value"), c.hidden, 3 * c.hidden, true, true);
-                b.linear(format!("{p}.attention.dense"), c.hidden, c.hidden, true, true);
-                b.push(format!("{p}.post_attention_layernorm"), LayerKind::LayerNorm, 2 * c.hidden, c.hidden, 0);
-                b.linear(format!("{p}.mlp.dense_h_to_4h"), c.hidden, c.intermediate, true, true);
-                b.push(format!("{p}.mlp.act"), LayerKind::Gelu, 0, c.intermediate, 0);
-                b.linear(format!("{p}.mlp.dense_4h_to_h"), c.intermediate, c.hidden, true, true);
+                b.push(
+                    format!("{p}.input_layernorm"),
+                    LayerKind::LayerNorm,
+                    2 * c.hidden,
+                    c.hidden,
+                    0,
+                );
+                b.push(
+                    format!("{p}.attention"),
+                    LayerKind::Attention,
+                    0,
+                    c.hidden,
+                    attention_flops,
+                );
+                b.linear(
+                    format!("{p}.attention.query_key_value"),
+                    c.hidden,
+                    3 * c.hidden,
+                    true,
+                    true,
+                );
+                b.linear(
+                    format!("{p}.attention.dense"),
+                    c.hidden,
+                    c.hidden,
+                    true,
+                    true,
+                );
+                b.push(
+                    format!("{p}.post_attention_layernorm"),
+                    LayerKind::LayerNorm,
+                    2 * c.hidden,
+                    c.hidden,
+                    0,
+                );
+                b.linear(
+                    format!("{p}.mlp.dense_h_to_4h"),
+                    c.hidden,
+                    c.intermediate,
+                    true,
+                    true,
+                );
+                b.push(
+                    format!("{p}.mlp.act"),
+                    LayerKind::Gelu,
+                    0,
+                    c.intermediate,
+                    0,
+                );
+                b.linear(
+                    format!("{p}.mlp.dense_4h_to_h"),
+                    c.intermediate,
+                    c.hidden,
+                    true,
+                    true,
+                );
                 let mut block = layer_norm;
                 block.add(attention_saved(q));
                 if c.parallel_residual {
@@ -730,18 +1010,54 @@ pub fn build(
                 });
                 blocks.add(block);
             }
-            b.push("gpt_neox.final_layer_norm".into(), LayerKind::LayerNorm, 2 * c.hidden, c.hidden, 0);
+            b.push(
+                "gpt_neox.final_layer_norm".into(),
+                LayerKind::LayerNorm,
+                2 * c.hidden,
+                c.hidden,
+                0,
+            );
             b.linear("embed_out".into(), c.hidden, c.vocab, false, head_params);
             outside.add(layer_norm);
             outside.add(lm_loss);
             block_count = c.layers;
         }
         Architecture::Bert => {
-            b.push("bert.embeddings.word_embeddings".into(), LayerKind::Embedding, c.vocab * c.hidden, c.hidden, 0);
-            b.push("bert.embeddings.position_embeddings".into(), LayerKind::Embedding, c.positions * c.hidden, c.hidden, 0);
-            b.push("bert.embeddings.token_type_embeddings".into(), LayerKind::Embedding, c.type_vocab * c.hidden, c.hidden, 0);
-            b.push("bert.embeddings.LayerNorm".into(), LayerKind::LayerNorm, 2 * c.hidden, c.hidden, 0);
-            b.push("bert.embeddings.dropout".into(), LayerKind::Dropout, 0, c.hidden, 0);
+            b.push(
+                "bert.embeddings.word_embeddings".into(),
+                LayerKind::Embedding,
+                c.vocab * c.hidden,
+                c.hidden,
+                0,
+            );
+            b.push(
+                "bert.embeddings.position_embeddings".into(),
+                LayerKind::Embedding,
+                c.positions * c.hidden,
+                c.hidden,
+                0,
+            );
+            b.push(
+                "bert.embeddings.token_type_embeddings".into(),
+                LayerKind::Embedding,
+                c.type_vocab * c.hidden,
+                c.hidden,
+                0,
+            );
+            b.push(
+                "bert.embeddings.LayerNorm".into(),
+                LayerKind::LayerNorm,
+                2 * c.hidden,
+                c.hidden,
+                0,
+            );
+            b.push(
+                "bert.embeddings.dropout".into(),
+                LayerKind::Dropout,
+                0,
+                c.hidden,
+                0,
+            );
             let resid = dropout(c.hidden_dropout);
             // Post-norm: each norm's input is a fresh sum; its output feeds the next matmuls.
             let post_norm = Saved {
@@ -754,17 +1070,78 @@ pub fn build(
             outside.add(post_norm);
             for i in 0..c.layers {
                 let p = format!("bert.encoder.layer.{i}");
-                b.push(format!("{p}.attention.self"), LayerKind::Attention, 0, c.hidden, attention_flops);
-                b.linear(format!("{p}.attention.self.query"), c.hidden, c.hidden, true, true);
-                b.linear(format!("{p}.attention.self.key"), c.hidden, c.hidden, true, true);
-                b.linear(format!("{p}.attention.self.value"), c.hidden, c.hidden, true, true);
-                b.linear(format!("{p}.attention.output.dense"), c.hidden, c.hidden, true, true);
-                b.push(format!("{p}.attention.output.LayerNorm"), LayerKind::LayerNorm, 2 * c.hidden, c.hidden, 0);
-                b.linear(format!("{p}.intermediate.dense"), c.hidden, c.intermediate, true, true);
-                b.push(format!("{p}.intermediate.intermediate_act_fn"), LayerKind::Gelu, 0, c.intermediate, 0);
-                b.linear(format!("{p}.output.dense"), c.intermediate, c.hidden, true, true);
-                b.push(format!("{p}.output.LayerNorm"), LayerKind::LayerNorm, 2 * c.hidden, c.hidden, 0);
+                b.push(
+                    format!("{p}.attention.self"),
+                    LayerKind::Attention,
+                    0,
+                    c.hidden,
+                    attention_flops,
+                );
+                b.linear(
+                    format!("{p}.attention.self.query"),
+                    c.hidden,
+                    c.hidden,
+                    true,
+                    true,
+                );
+                b.linear(
+                    format!("{p}.attention.self.key"),
+                    c.hidden,
+                    c.hidden,
+                    true,
+                    true,
+                );
+                b.linear(
+                    format!("{p}.attention.self.value"),
+                    c.hidden,
+                    c.hidden,
+                    true,
+                    true,
+                );
+                b.linear(
+                    format!("{p}.attention.output.dense"),
+                    c.hidden,
+                    c.hidden,
+                    true,
+                    true,
+                );
+                b.push(
+                    format!("{p}.attention.output.LayerNorm"),
+                    LayerKind::LayerNorm,
+                    2 * c.hidden,
+                    c.hidden,
+                    0,
+                );
+                b.linear(
+                    format!("{p}.intermediate.dense"),
+                    c.hidden,
+                    c.intermediate,
+                    true,
+                    true,
+                );
+                b.push(
+                    format!("{p}.intermediate.intermediate_act_fn"),
+                    LayerKind::Gelu,
+                    0,
+                    c.intermediate,
+                    0,
+                );
+                b.linear(
+                    format!("{p}.output.dense"),
+                    c.intermediate,
+                    c.hidden,
+                    true,
+                    true,
+                );
+                b.push(
+                    format!("{p}.output.LayerNorm"),
+                    LayerKind::LayerNorm,
+                    2 * c.hidden,
+                    c.hidden,
+                    0,
+                );
                 let mut block = attention_saved(q);
+                block.autocast_copies += 2.0 * h;
                 block.add(post_norm);
                 block.add(Saved {
                     compute: 2.0 * i_size,
@@ -773,12 +1150,36 @@ pub fn build(
                 block.add(post_norm);
                 blocks.add(block);
             }
-            b.linear("cls.predictions.transform.dense".into(), c.hidden, c.hidden, true, true);
-            b.push("cls.predictions.transform.transform_act_fn".into(), LayerKind::Gelu, 0, c.hidden, 0);
-            b.push("cls.predictions.transform.LayerNorm".into(), LayerKind::LayerNorm, 2 * c.hidden, c.hidden, 0);
+            b.linear(
+                "cls.predictions.transform.dense".into(),
+                c.hidden,
+                c.hidden,
+                true,
+                true,
+            );
+            b.push(
+                "cls.predictions.transform.transform_act_fn".into(),
+                LayerKind::Gelu,
+                0,
+                c.hidden,
+                0,
+            );
+            b.push(
+                "cls.predictions.transform.LayerNorm".into(),
+                LayerKind::LayerNorm,
+                2 * c.hidden,
+                c.hidden,
+                0,
+            );
             // The decoder's bias is its own even when the weight is tied.
             let decoder_params = if head_params { c.hidden * c.vocab } else { 0 } + c.vocab;
-            b.push("cls.predictions.decoder".into(), LayerKind::Linear, decoder_params, c.vocab, 2 * c.hidden * c.vocab * seq);
+            b.push(
+                "cls.predictions.decoder".into(),
+                LayerKind::Linear,
+                decoder_params,
+                c.vocab,
+                2 * c.hidden * c.vocab * seq,
+            );
             if let Some(d) = b.details.last_mut() {
                 d.in_features = Some(c.hidden);
                 d.out_features = Some(c.vocab);
@@ -792,7 +1193,13 @@ pub fn build(
             block_count = c.layers;
         }
         Architecture::T5 => {
-            b.push("shared".into(), LayerKind::Embedding, c.vocab * c.hidden, c.hidden, 0);
+            b.push(
+                "shared".into(),
+                LayerKind::Embedding,
+                c.vocab * c.hidden,
+                c.hidden,
+                0,
+            );
             let resid = dropout(c.hidden_dropout);
             let t5_norm = Saved {
                 norm: 2.0 * h,
@@ -817,41 +1224,132 @@ pub fn build(
             let stack = |b: &mut Builder, stack: &str, count: u64, cross: bool| {
                 for i in 0..count {
                     let p = format!("{stack}.block.{i}.layer");
-                    b.push(format!("{p}.0.layer_norm"), LayerKind::RmsNorm, c.hidden, c.hidden, 0);
-                    b.push(format!("{p}.0.SelfAttention"), LayerKind::Attention, 0, c.hidden, attention_flops);
+                    b.push(
+                        format!("{p}.0.layer_norm"),
+                        LayerKind::RmsNorm,
+                        c.hidden,
+                        c.hidden,
+                        0,
+                    );
+                    b.push(
+                        format!("{p}.0.SelfAttention"),
+                        LayerKind::Attention,
+                        0,
+                        c.hidden,
+                        attention_flops,
+                    );
                     for proj in ["q", "k", "v"] {
-                        b.linear(format!("{p}.0.SelfAttention.{proj}"), c.hidden, qd, false, true);
+                        b.linear(
+                            format!("{p}.0.SelfAttention.{proj}"),
+                            c.hidden,
+                            qd,
+                            false,
+                            true,
+                        );
                     }
                     if i == 0 {
-                        b.push(format!("{p}.0.SelfAttention.relative_attention_bias"), LayerKind::Embedding, c.relative_buckets * c.heads, c.heads * seq, 0);
+                        b.push(
+                            format!("{p}.0.SelfAttention.relative_attention_bias"),
+                            LayerKind::Embedding,
+                            c.relative_buckets * c.heads,
+                            c.heads * seq,
+                            0,
+                        );
                     }
                     b.linear(format!("{p}.0.SelfAttention.o"), qd, c.hidden, false, true);
                     let mut f = 1;
                     if cross {
-                        b.push(format!("{p}.1.layer_norm"), LayerKind::RmsNorm, c.hidden, c.hidden, 0);
-                        b.push(format!("{p}.1.EncDecAttention"), LayerKind::Attention, 0, c.hidden, attention_flops);
+                        b.push(
+                            format!("{p}.1.layer_norm"),
+                            LayerKind::RmsNorm,
+                            c.hidden,
+                            c.hidden,
+                            0,
+                        );
+                        b.push(
+                            format!("{p}.1.EncDecAttention"),
+                            LayerKind::Attention,
+                            0,
+                            c.hidden,
+                            attention_flops,
+                        );
                         for proj in ["q", "k", "v"] {
-                            b.linear(format!("{p}.1.EncDecAttention.{proj}"), c.hidden, qd, false, true);
+                            b.linear(
+                                format!("{p}.1.EncDecAttention.{proj}"),
+                                c.hidden,
+                                qd,
+                                false,
+                                true,
+                            );
                         }
-                        b.linear(format!("{p}.1.EncDecAttention.o"), qd, c.hidden, false, true);
+                        b.linear(
+                            format!("{p}.1.EncDecAttention.o"),
+                            qd,
+                            c.hidden,
+                            false,
+                            true,
+                        );
                         f = 2;
                     }
-                    b.push(format!("{p}.{f}.layer_norm"), LayerKind::RmsNorm, c.hidden, c.hidden, 0);
+                    b.push(
+                        format!("{p}.{f}.layer_norm"),
+                        LayerKind::RmsNorm,
+                        c.hidden,
+                        c.hidden,
+                        0,
+                    );
                     if c.gated {
-                        b.linear(format!("{p}.{f}.DenseReluDense.wi_0"), c.hidden, ff, false, true);
-                        b.linear(format!("{p}.{f}.DenseReluDense.wi_1"), c.hidden, ff, false, true);
+                        b.linear(
+                            format!("{p}.{f}.DenseReluDense.wi_0"),
+                            c.hidden,
+                            ff,
+                            false,
+                            true,
+                        );
+                        b.linear(
+                            format!("{p}.{f}.DenseReluDense.wi_1"),
+                            c.hidden,
+                            ff,
+                            false,
+                            true,
+                        );
                     } else {
-                        b.linear(format!("{p}.{f}.DenseReluDense.wi"), c.hidden, ff, false, true);
+                        b.linear(
+                            format!("{p}.{f}.DenseReluDense.wi"),
+                            c.hidden,
+                            ff,
+                            false,
+                            true,
+                        );
                     }
-                    b.push(format!("{p}.{f}.DenseReluDense.act"), LayerKind::Relu, 0, ff, 0);
-                    b.linear(format!("{p}.{f}.DenseReluDense.wo"), ff, c.hidden, false, true);
+                    b.push(
+                        format!("{p}.{f}.DenseReluDense.act"),
+                        LayerKind::Relu,
+                        0,
+                        ff,
+                        0,
+                    );
+                    b.linear(
+                        format!("{p}.{f}.DenseReluDense.wo"),
+                        ff,
+                        c.hidden,
+                        false,
+                        true,
+                    );
                 }
-                b.push(format!("{stack}.final_layer_norm"), LayerKind::RmsNorm, c.hidden, c.hidden, 0);
+                b.push(
+                    format!("{stack}.final_layer_norm"),
+                    LayerKind::RmsNorm,
+                    c.hidden,
+                    c.hidden,
+                    0,
+                );
             };
             stack(&mut b, "encoder", c.layers, false);
             stack(&mut b, "decoder", c.decoder_layers, true);
             b.linear("lm_head".into(), c.hidden, c.vocab, false, head_params);
             let mut encoder_block = t5_norm;
+            encoder_block.autocast_copies += 2.0 * h;
             encoder_block.add(attention);
             encoder_block.add(t5_norm);
             encoder_block.add(ffn);
@@ -860,6 +1358,7 @@ pub fn build(
             decoder_block.add(t5_norm);
             decoder_block.add(Saved {
                 compute: h,
+                autocast_copies: 3.0 * h,
                 ..Default::default()
             });
             decoder_block.add(attention);
@@ -906,6 +1405,16 @@ impl TransformerModel {
 
     /// What the analytic step reads, per sample, at `precision`.
     pub fn activations(&self, precision: Precision) -> KnownActivations {
+        self.activations_with(precision, false)
+    }
+
+    /// [`TransformerModel::activations`]; `sharded_weights`: FSDP/ZeRO-3 gather 16-bit
+    /// weights instead of autocast's cached casts.
+    pub fn activations_with(
+        &self,
+        precision: Precision,
+        sharded_weights: bool,
+    ) -> KnownActivations {
         let l = self.seq_len as f64;
         let compute = if matches!(precision, Precision::Fp32 | Precision::Tf32) {
             4.0
@@ -913,9 +1422,29 @@ impl TransformerModel {
             2.0
         };
         // A block's input: the residual stream (fp32 under autocast).
-        let stream = if precision.is_autocast() { 4.0 } else { compute };
+        let stream = if precision.is_autocast() {
+            4.0
+        } else {
+            compute
+        };
+        // The loss: the fp32 log-softmax of the logits; under autocast the 16-bit logits'
+        // log-softmax too (describe's simulation, CUDA's cross-entropy under autocast).
+        let loss = self.config.vocab as f64 * if precision.is_autocast() { 6.0 } else { 4.0 } * l;
+        // Autocast keeps a 16-bit copy of every matmul weight for the forward pass.
+        let casts = if precision.is_autocast() && !sharded_weights {
+            self.layers
+                .iter()
+                .filter(|layer| matches!(layer.kind, LayerKind::Linear | LayerKind::Other))
+                .map(|layer| layer.params as f64 * 2.0)
+                .sum::<f64>()
+        } else {
+            0.0
+        };
+        let lm = self.config.vocab as f64 * 4.0 * l;
         KnownActivations {
-            outside: self.outside.bytes(precision) * l,
+            loss,
+            fixed: casts,
+            outside: self.outside.bytes(precision) * l - lm + loss,
             per_block: self.blocks.bytes(precision) * l / self.block_count.max(1) as f64,
             blocks: self.block_count,
             block_input: self.config.hidden as f64 * stream * l,

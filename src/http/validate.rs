@@ -7,9 +7,9 @@ use crate::calibration::placement::{PlacementError, Target};
 use crate::devices::sku::Catalogue;
 use crate::devices::GpuDevices;
 use crate::domain::saved;
-use crate::domain::transformer;
 use crate::domain::setup::{UncheckedLora, UncheckedNames, UncheckedParallelism};
 use crate::domain::summary::{parse_summary, SampleShape, SummaryFormat};
+use crate::domain::transformer;
 use crate::domain::{
     echo, Confidence, Job, LayerKind, MemoryFraction, SavedTensors, SimulatedCategories,
     UncheckedLayer, UncheckedSimulation,
@@ -249,7 +249,8 @@ fn config_job(
             crate::domain::echo(family)
         )));
     }
-    let kernel = transformer::AttentionKernel::parse(request.attention.as_deref()).map_err(invalid)?;
+    let kernel =
+        transformer::AttentionKernel::parse(request.attention.as_deref()).map_err(invalid)?;
     let parsed = transformer::TransformerConfig::parse(config).map_err(invalid)?;
     // The precision picks the attention kernel: read it before building.
     let setup = unchecked_setup(request);
@@ -257,13 +258,17 @@ fn config_job(
         .map(|s| s.precision)
         .unwrap_or_default();
     let model = transformer::build(parsed, seq_len, precision, kernel).map_err(invalid)?;
-    let known = model.activations(precision);
     let mut warnings = model.warnings.clone();
-    let job = Job::from_layers(Some("transformer"), request.batch_size, model.layers)?
-        .with_layer_details(model.details)?
-        .with_setup(&setup)?
-        .with_input_shape(Some(&[seq_len]))?
-        .with_known_activations(known);
+    let job = Job::from_layers(
+        Some("transformer"),
+        request.batch_size,
+        model.layers.clone(),
+    )?
+    .with_layer_details(model.details.clone())?
+    .with_setup(&setup)?
+    .with_input_shape(Some(&[seq_len]))?;
+    let sharded_weights = job.setup().parallelism.strategy.shards().2;
+    let job = job.with_known_activations(model.activations_with(precision, sharded_weights));
     if request.optimizer.is_none() {
         warnings.push(format!(
             "optimizer: not given; {} assumed",

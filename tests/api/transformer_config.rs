@@ -141,22 +141,45 @@ async fn a_config_missing_essentials_is_refused_naming_them() {
     assert_eq!(response.status(), 422);
     let problem: Value = response.json().await.unwrap();
     let detail = problem["detail"].as_str().unwrap();
-    for key in ["num_hidden_layers", "num_attention_heads", "vocab_size", "intermediate_size"] {
+    for key in [
+        "num_hidden_layers",
+        "num_attention_heads",
+        "vocab_size",
+        "intermediate_size",
+    ] {
         assert!(detail.contains(key), "{detail}");
     }
     // Hostile sizes are bounded, and a config needs seq_len.
     for (config, field) in [
-        (json!({"hidden_size": 1_000_000, "num_hidden_layers": 2, "num_attention_heads": 2, "vocab_size": 10, "intermediate_size": 8}), "hidden_size"),
-        (json!({"hidden_size": 64, "num_hidden_layers": 100000, "num_attention_heads": 2, "vocab_size": 10, "intermediate_size": 8}), "num_hidden_layers"),
-        (json!({"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, "vocab_size": 1e12, "intermediate_size": 8}), "vocab_size"),
-        (json!({"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, "vocab_size": 10, "intermediate_size": 8, "num_local_experts": 100000}), "num_local_experts"),
-        (json!({"hidden_size": "big", "num_hidden_layers": 2, "num_attention_heads": 2, "vocab_size": 10, "intermediate_size": 8}), "hidden_size"),
+        (
+            json!({"hidden_size": 1_000_000, "num_hidden_layers": 2, "num_attention_heads": 2, "vocab_size": 10, "intermediate_size": 8}),
+            "hidden_size",
+        ),
+        (
+            json!({"hidden_size": 64, "num_hidden_layers": 100000, "num_attention_heads": 2, "vocab_size": 10, "intermediate_size": 8}),
+            "num_hidden_layers",
+        ),
+        (
+            json!({"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, "vocab_size": 1e12, "intermediate_size": 8}),
+            "vocab_size",
+        ),
+        (
+            json!({"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, "vocab_size": 10, "intermediate_size": 8, "num_local_experts": 100000}),
+            "num_local_experts",
+        ),
+        (
+            json!({"hidden_size": "big", "num_hidden_layers": 2, "num_attention_heads": 2, "vocab_size": 10, "intermediate_size": 8}),
+            "hidden_size",
+        ),
     ] {
         let body = json!({"transformer_config": config, "seq_len": 64, "batch_size": 1});
         let response = app.post_json("/v1/estimate", &body).await;
         assert_eq!(response.status(), 422, "{field}");
         let problem: Value = response.json().await.unwrap();
-        assert!(problem["detail"].as_str().unwrap().contains(field), "{problem}");
+        assert!(
+            problem["detail"].as_str().unwrap().contains(field),
+            "{problem}"
+        );
     }
     let body = json!({"transformer_config": config("gpt2"), "batch_size": 1});
     let response = app.post_json("/v1/estimate", &body).await;
@@ -169,5 +192,8 @@ async fn a_config_missing_essentials_is_refused_naming_them() {
     let response = app.post_json("/v1/estimate", &moe(512)).await;
     assert_eq!(response.status(), 422);
     let problem: Value = response.json().await.unwrap();
-    assert!(problem["detail"].as_str().unwrap().contains("4096"), "{problem}");
+    assert!(
+        problem["detail"].as_str().unwrap().contains("4096"),
+        "{problem}"
+    );
 }
