@@ -67,6 +67,8 @@ pub enum Architecture {
     Decoder,
     Gpt2,
     GptNeox,
+    /// Phi-1/Phi-2: one LayerNorm read by attention and MLP in parallel, GELU MLP.
+    Phi,
     Bert,
     T5,
 }
@@ -77,6 +79,7 @@ impl Architecture {
             Architecture::Decoder => "decoder",
             Architecture::Gpt2 => "gpt2",
             Architecture::GptNeox => "gpt_neox",
+            Architecture::Phi => "phi",
             Architecture::Bert => "bert",
             Architecture::T5 => "t5",
         }
@@ -115,6 +118,9 @@ pub struct TransformerConfig {
     pub type_vocab: u64,
     pub relative_buckets: u64,
     pub parallel_residual: bool,
+    /// A sequence-classification head (`...ForSequenceClassification`) with this many labels
+    /// instead of the language-model head.
+    pub classifier_labels: Option<u64>,
     /// What was assumed to read the configuration.
     pub notes: Vec<String>,
 }
@@ -211,6 +217,7 @@ impl TransformerConfig {
         let architecture = match model_type.as_str() {
             "gpt2" => Architecture::Gpt2,
             "gpt_neox" => Architecture::GptNeox,
+            "phi" => Architecture::Phi,
             "bert" | "roberta" | "xlm-roberta" | "camembert" => Architecture::Bert,
             "t5" | "mt5" | "umt5" => Architecture::T5,
             "llama" | "mistral" | "qwen2" | "qwen3" | "gemma" | "phi3" | "mixtral"
@@ -346,7 +353,7 @@ impl TransformerConfig {
         )
         .unwrap_or(match architecture {
             Architecture::Decoder => "silu",
-            Architecture::Gpt2 => "gelu_new",
+            Architecture::Gpt2 | Architecture::Phi => "gelu_new",
             Architecture::T5 => "relu",
             _ => "gelu",
         })
@@ -356,7 +363,8 @@ impl TransformerConfig {
             Architecture::T5 => act.starts_with("gated"),
             _ => false,
         };
-        let python_gelu = architecture == Architecture::Gpt2 && act == "gelu_new";
+        let python_gelu =
+            matches!(architecture, Architecture::Gpt2 | Architecture::Phi) && act == "gelu_new";
         let tied_default = matches!(
             architecture,
             Architecture::Gpt2 | Architecture::Bert | Architecture::T5
@@ -406,6 +414,21 @@ impl TransformerConfig {
             relative_buckets: whole(config, &["relative_attention_num_buckets"], 1, 4096)?
                 .unwrap_or(32),
             parallel_residual: flag(config, "use_parallel_residual")?.unwrap_or(true),
+            classifier_labels: if architectures.ends_with("forsequenceclassification") {
+                Some(
+                    whole(config, &["num_labels"], 1, MAX_VOCAB)?
+                        .or_else(|| {
+                            config
+                                .get("id2label")
+                                .and_then(Value::as_object)
+                                .map(|m| m.len() as u64)
+                                .filter(|&n| n > 0 && n <= MAX_VOCAB)
+                        })
+                        .unwrap_or(2),
+                )
+            } else {
+                None
+            },
             model_type,
             architecture,
             hidden,
@@ -1022,6 +1045,68 @@ pub fn build(
             outside.add(lm_loss);
             block_count = c.layers;
         }
+        Architecture::Phi => {
+            b.push(
+                "model.embed_tokens".into(),
+                LayerKind::Embedding,
+                c.vocab * c.hidden,
+                c.hidden,
+                0,
+            );
+            let resid = dropout(c.hidden_dropout);
+            outside.mask += resid * h;
+            for i in 0..c.layers {
+                let p = format!("model.layers.{i}");
+                b.push(
+                    format!("{p}.input_layernorm"),
+                    LayerKind::LayerNorm,
+                    2 * c.hidden,
+                    c.hidden,
+                    0,
+                );
+                b.push(
+                    format!("{p}.self_attn"),
+                    LayerKind::Attention,
+                    0,
+                    c.hidden,
+                    attention_flops,
+                );
+                let (qd, kvd) = (c.heads * c.head_dim, c.kv_heads * c.head_dim);
+                b.linear(format!("{p}.self_attn.q_proj"), c.hidden, qd, true, true);
+                b.linear(format!("{p}.self_attn.k_proj"), c.hidden, kvd, true, true);
+                b.linear(format!("{p}.self_attn.v_proj"), c.hidden, kvd, true, true);
+                b.linear(format!("{p}.self_attn.dense"), qd, c.hidden, true, true);
+                b.linear(format!("{p}.mlp.fc1"), c.hidden, c.intermediate, true, true);
+                b.push(
+                    format!("{p}.mlp.activation_fn"),
+                    LayerKind::Gelu,
+                    0,
+                    c.intermediate,
+                    0,
+                );
+                b.linear(format!("{p}.mlp.fc2"), c.intermediate, c.hidden, true, true);
+                let mut block = layer_norm;
+                block.autocast_copies += 3.0 * h;
+                block.add(attention_saved(if sixteen { kv } else { q }));
+                block.add(Saved {
+                    compute: if c.python_gelu { 5.0 } else { 2.0 } * i_size,
+                    mask: resid * h,
+                    ..Default::default()
+                });
+                blocks.add(block);
+            }
+            b.push(
+                "model.final_layernorm".into(),
+                LayerKind::LayerNorm,
+                2 * c.hidden,
+                c.hidden,
+                0,
+            );
+            b.linear("lm_head".into(), c.hidden, c.vocab, true, head_params);
+            outside.add(layer_norm);
+            outside.add(lm_loss);
+            block_count = c.layers;
+        }
         Architecture::Bert => {
             b.push(
                 "bert.embeddings.word_embeddings".into(),
@@ -1149,6 +1234,34 @@ pub fn build(
                 });
                 block.add(post_norm);
                 blocks.add(block);
+            }
+            if let Some(labels) = c.classifier_labels {
+                // The pooler reads the first token only; the loss is over a few labels.
+                b.linear("bert.pooler.dense".into(), c.hidden, c.hidden, true, true);
+                b.push(
+                    "bert.pooler.activation".into(),
+                    LayerKind::Tanh,
+                    0,
+                    c.hidden,
+                    0,
+                );
+                b.linear("classifier".into(), c.hidden, labels, true, true);
+                let first = b.layers.len() - 3;
+                for layer in &mut b.layers[first..] {
+                    layer.output_size /= seq.max(1);
+                }
+                let block_count = c.layers;
+                return finish(
+                    b,
+                    config,
+                    seq_len,
+                    outside,
+                    blocks,
+                    block_count,
+                    math,
+                    warnings,
+                    0.0,
+                );
             }
             b.linear(
                 "cls.predictions.transform.dense".into(),
@@ -1378,6 +1491,31 @@ pub fn build(
             block_count = c.layers + c.decoder_layers;
         }
     }
+    finish(
+        b,
+        config,
+        seq_len,
+        outside,
+        blocks,
+        block_count,
+        math,
+        warnings,
+        v,
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+fn finish(
+    b: Builder,
+    config: TransformerConfig,
+    seq_len: u64,
+    outside: Saved,
+    blocks: Saved,
+    block_count: u64,
+    math_attention: bool,
+    warnings: Vec<String>,
+    loss_classes: f64,
+) -> Result<TransformerModel, ConfigError> {
     if b.layers.len() > MAX_LAYERS {
         return Err(ConfigError(format!(
             "the model has {} modules, more than the {MAX_LAYERS} a job may have",
@@ -1385,7 +1523,7 @@ pub fn build(
         )));
     }
     Ok(TransformerModel {
-        loss_gradients: 2.0 * v,
+        loss_gradients: 2.0 * loss_classes,
         config,
         seq_len,
         layers: b.layers,
@@ -1393,7 +1531,7 @@ pub fn build(
         outside,
         blocks,
         block_count,
-        math_attention: math,
+        math_attention,
         warnings,
     })
 }
@@ -1429,7 +1567,8 @@ impl TransformerModel {
         };
         // The loss: the fp32 log-softmax of the logits; under autocast the 16-bit logits'
         // log-softmax too (describe's simulation, CUDA's cross-entropy under autocast).
-        let loss = self.config.vocab as f64 * if precision.is_autocast() { 6.0 } else { 4.0 } * l;
+        let classes = self.loss_gradients / 2.0;
+        let loss = classes * if precision.is_autocast() { 6.0 } else { 4.0 } * l;
         // Autocast keeps a 16-bit copy of every matmul weight for the forward pass.
         let casts = if precision.is_autocast() && !sharded_weights {
             self.layers
@@ -1440,7 +1579,7 @@ impl TransformerModel {
         } else {
             0.0
         };
-        let lm = self.config.vocab as f64 * 4.0 * l;
+        let lm = classes * 4.0 * l;
         KnownActivations {
             loss,
             fixed: casts,
@@ -1448,7 +1587,10 @@ impl TransformerModel {
             per_block: self.blocks.bytes(precision) * l / self.block_count.max(1) as f64,
             blocks: self.block_count,
             block_input: self.config.hidden as f64 * stream * l,
-            backward_temporaries: self.loss_gradients * compute * l,
+            // Backward starts with the loss's gradients in fp32 (of the log-softmax and of the
+            // upcast logits, as Hugging Face's causal-LM loss upcasts them), and in 16 bits
+            // the logits' own gradient beside them.
+            backward_temporaries: classes * if compute == 4.0 { 8.0 } else { 10.0 } * l,
         }
     }
 }

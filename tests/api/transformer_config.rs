@@ -197,3 +197,109 @@ async fn a_config_missing_essentials_is_refused_naming_them() {
         "{problem}"
     );
 }
+
+/// The public runs of LLMs (data/public/setup_jobs.jsonl.gz) from their configurations alone:
+/// each row's setup with `transformer_config` (tests/fixtures/transformer_configs/public/, the
+/// published config.json values) instead of its traced layers, answered by the service and
+/// compared like with like as `public_setups` does. Prints the median error per architecture
+/// and per setup family.
+#[tokio::test]
+async fn public_llm_rows_are_answered_from_their_configs() {
+    use std::collections::BTreeMap;
+    use std::io::BufRead;
+
+    use crate::public_setups::{like_with_like, median};
+
+    let app = spawn_app().await;
+    let file = std::fs::File::open(repo_root().join("data/public/setup_jobs.jsonl.gz")).unwrap();
+    let rows: Vec<Value> = std::io::BufReader::new(flate2::read::GzDecoder::new(file))
+        .lines()
+        .map(|line| serde_json::from_str(&line.unwrap()).unwrap())
+        .collect();
+    let mut by_architecture: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    let mut by_family: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    let mut refused = Vec::new();
+    let mut all = Vec::new();
+    for line in &rows {
+        let architecture = line["architecture"].as_str().unwrap_or_default();
+        let path = fixtures()
+            .join("public")
+            .join(format!("{}.json", architecture.replace('/', "__")));
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            continue;
+        };
+        let mut job = line["job"].clone();
+        let object = job.as_object_mut().unwrap();
+        let seq_len = object["input_shape"][0].clone();
+        for key in [
+            "layers",
+            "saved_tensors",
+            "simulation",
+            "summary",
+            "input_shape",
+            "family",
+        ] {
+            object.remove(key);
+        }
+        object.insert(
+            "transformer_config".into(),
+            serde_json::from_str(&text).unwrap(),
+        );
+        object.insert("seq_len".into(), seq_len);
+        let response = app.post_json("/v1/estimate", &job).await;
+        let status = response.status();
+        let answer: Value = response.json().await.unwrap();
+        if status != 200 {
+            refused.push(format!(
+                "row {} {architecture}: {}",
+                line["row"], answer["detail"]
+            ));
+            continue;
+        }
+        let measured = line["measured_mib"].as_f64().unwrap();
+        let Some((figure, _)) = like_with_like(line["compare"].as_str().unwrap(), &answer) else {
+            continue;
+        };
+        let error = figure / measured - 1.0;
+        if std::env::var("GPUCAST_PUBLIC_ROWS").is_ok() {
+            println!(
+                "row {} {architecture} {}: measured {measured:.0}, config {figure:.0} ({:+.1} %)",
+                line["row"],
+                line["families"],
+                100.0 * error
+            );
+        }
+        all.push(error.abs());
+        by_architecture
+            .entry(architecture.to_string())
+            .or_default()
+            .push(error);
+        for family in line["families"].as_array().unwrap() {
+            by_family
+                .entry(family.as_str().unwrap().to_string())
+                .or_default()
+                .push(error);
+        }
+    }
+    let print = |title: &str, groups: &BTreeMap<String, Vec<f64>>| {
+        println!("| {title} | rows | median abs error | median signed |");
+        println!("| --- | --- | --- | --- |");
+        for (name, errors) in groups {
+            println!(
+                "| {name} | {} | {:.1} % | {:+.1} % |",
+                errors.len(),
+                100.0 * median(errors.iter().map(|e| e.abs()).collect()),
+                100.0 * median(errors.clone())
+            );
+        }
+    };
+    print("architecture", &by_architecture);
+    print("setup family", &by_family);
+    println!(
+        "all {} rows answered from their configs: median abs error {:.1} %; {} refused: {refused:#?}",
+        all.len(),
+        100.0 * median(all.clone()),
+        refused.len()
+    );
+    assert!(all.len() >= 80, "{} rows", all.len());
+}
