@@ -127,42 +127,44 @@ pub fn names_target(name: &str, target: &str) -> bool {
 /// `model.layers.0..31`, a ViT's `blocks.0..11`, each ResNet stage's blocks). Each block is
 /// the range of layer indices it spans, in order.
 pub fn blocks(details: &[LayerDetail]) -> Vec<std::ops::Range<usize>> {
-    // (the prefix of the first numeric component, that component)
-    type BlockKey = Option<(String, String)>;
-    let key = |detail: &LayerDetail| -> BlockKey {
+    // (the prefix of the first numeric component, that component), borrowed from the name:
+    // no allocation per layer (an 80-layer decoder has ~900 of them).
+    type BlockKey<'a> = Option<(&'a str, &'a str)>;
+    let key = |detail: &LayerDetail| -> Option<(usize, usize)> {
         let name = detail.name.as_deref()?;
-        let mut prefix = String::new();
+        let mut start = 0;
         for part in name.split('.') {
             if !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit()) {
-                return Some((prefix, part.to_string()));
+                return Some((start, start + part.len()));
             }
-            if !prefix.is_empty() {
-                prefix.push('.');
-            }
-            prefix.push_str(part);
+            start += part.len() + 1;
         }
         None
     };
-    let keys: Vec<BlockKey> = details.iter().map(key).collect();
+    let keys: Vec<BlockKey> = details
+        .iter()
+        .map(|d| {
+            let (start, end) = key(d)?;
+            let name = d.name.as_deref()?;
+            Some((&name[..start.saturating_sub(1)], &name[start..end]))
+        })
+        .collect();
     let mut blocks: Vec<(BlockKey, std::ops::Range<usize>)> = Vec::new();
     for (i, k) in keys.iter().enumerate() {
         match blocks.last_mut() {
             Some((last, range)) if k.is_some() && last == k => range.end = i + 1,
-            _ => blocks.push((k.clone(), i..i + 1)),
+            _ => blocks.push((*k, i..i + 1)),
         }
     }
     let mut indices_per_prefix: std::collections::HashMap<&str, usize> = Default::default();
     for (k, _) in &blocks {
         if let Some((prefix, _)) = k {
-            *indices_per_prefix.entry(prefix.as_str()).or_default() += 1;
+            *indices_per_prefix.entry(prefix).or_default() += 1;
         }
     }
     blocks
         .iter()
-        .filter(|(k, _)| {
-            k.as_ref()
-                .is_some_and(|(prefix, _)| indices_per_prefix[prefix.as_str()] >= 2)
-        })
+        .filter(|(k, _)| k.is_some_and(|(prefix, _)| indices_per_prefix[prefix] >= 2))
         .map(|(_, range)| range.clone())
         .collect()
 }

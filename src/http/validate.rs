@@ -257,18 +257,23 @@ fn config_job(
     let precision = crate::domain::Setup::parse(request.batch_size.max(1), &setup)
         .map(|s| s.precision)
         .unwrap_or_default();
-    let model = transformer::build(parsed, seq_len, precision, kernel).map_err(invalid)?;
-    let mut warnings = model.warnings.clone();
+    let mut model = transformer::build(parsed, seq_len, precision, kernel).map_err(invalid)?;
+    let mut warnings = std::mem::take(&mut model.warnings);
+    // (Both before the layers move into the job: autocast's weight copies are counted from them.)
+    let (cast, gathered) = (
+        model.activations(precision),
+        model.activations_with(precision, true),
+    );
     let job = Job::from_layers(
         Some("transformer"),
         request.batch_size,
-        model.layers.clone(),
+        std::mem::take(&mut model.layers),
     )?
-    .with_layer_details(model.details.clone())?
+    .with_layer_details(std::mem::take(&mut model.details))?
     .with_setup(&setup)?
     .with_input_shape(Some(&[seq_len]))?;
     let sharded_weights = job.setup().parallelism.strategy.shards().2;
-    let job = job.with_known_activations(model.activations_with(precision, sharded_weights));
+    let job = job.with_known_activations(if sharded_weights { gathered } else { cast });
     if request.optimizer.is_none() {
         warnings.push(format!(
             "optimizer: not given; {} assumed",
