@@ -1594,3 +1594,96 @@ impl TransformerModel {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(json: serde_json::Value) -> Result<TransformerConfig, ConfigError> {
+        TransformerConfig::parse(json.as_object().unwrap())
+    }
+
+    fn llama() -> serde_json::Value {
+        serde_json::json!({
+            "model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008,
+            "num_hidden_layers": 32, "num_attention_heads": 32, "vocab_size": 32000,
+            "torch_dtype": "bfloat16", "unknown_key": [1, 2, 3]
+        })
+    }
+
+    #[test]
+    fn llama_2_7b_has_its_published_parameter_count_and_hf_module_names() {
+        let model = build(
+            config(llama()).unwrap(),
+            512,
+            Precision::Bf16,
+            AttentionKernel::Auto,
+        )
+        .unwrap();
+        // 6,738,415,616 parameters (Llama-2-7b-hf).
+        assert_eq!(model.params(), 6_738_415_616);
+        let names: Vec<&str> = model
+            .details
+            .iter()
+            .filter_map(|d| d.name.as_deref())
+            .collect();
+        assert!(names.contains(&"model.layers.0.self_attn.q_proj"));
+        assert!(names.contains(&"model.layers.31.mlp.down_proj"));
+        assert_eq!(names.last(), Some(&"lm_head"));
+        assert!(!model.math_attention);
+    }
+
+    #[test]
+    fn missing_essentials_are_named_and_numbers_bounded() {
+        let err =
+            config(serde_json::json!({"model_type": "llama", "hidden_size": 64})).unwrap_err();
+        for key in [
+            "num_hidden_layers",
+            "num_attention_heads",
+            "vocab_size",
+            "intermediate_size",
+        ] {
+            assert!(err.0.contains(key), "{err}");
+        }
+        let mut big = llama();
+        big["num_hidden_layers"] = serde_json::json!(100_000);
+        assert!(config(big).unwrap_err().0.starts_with("num_hidden_layers"));
+        let mut fraction = llama();
+        fraction["hidden_size"] = serde_json::json!(4096.5);
+        assert!(config(fraction).unwrap_err().0.starts_with("hidden_size"));
+        let mut gqa = llama();
+        gqa["num_key_value_heads"] = serde_json::json!(5);
+        assert!(config(gqa)
+            .unwrap_err()
+            .0
+            .starts_with("num_key_value_heads"));
+    }
+
+    #[test]
+    fn grouped_query_attention_in_fp32_or_eager_keeps_the_n_by_n_probabilities() {
+        let mut gqa = llama();
+        gqa["num_key_value_heads"] = serde_json::json!(8);
+        let at = |precision, kernel| {
+            build(config(gqa.clone()).unwrap(), 1024, precision, kernel)
+                .unwrap()
+                .activations(precision)
+                .per_block
+        };
+        let flash = at(Precision::Bf16, AttentionKernel::Auto);
+        let eager = at(Precision::Bf16, AttentionKernel::Eager);
+        // 32 heads x 1024 x 1024 probabilities in 16 bits, per sample.
+        assert!(
+            eager - flash > 32.0 * 1024.0 * 1024.0 * 2.0,
+            "{flash} {eager}"
+        );
+        let model = build(
+            config(gqa).unwrap(),
+            1024,
+            Precision::Fp32,
+            AttentionKernel::Auto,
+        )
+        .unwrap();
+        assert!(model.math_attention);
+        assert!(model.warnings.iter().any(|w| w.contains("math path")));
+    }
+}
