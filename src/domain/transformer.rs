@@ -538,6 +538,12 @@ pub struct TransformerModel {
     pub warnings: Vec<String>,
 }
 
+/// A product of bounded sizes that cannot overflow (FLOPs of a hostile configuration saturate,
+/// and the job's own limits then refuse them).
+fn product(factors: &[u64]) -> u64 {
+    factors.iter().fold(1u64, |p, &f| p.saturating_mul(f))
+}
+
 struct Builder {
     seq: u64,
     layers: Vec<Layer>,
@@ -565,7 +571,7 @@ impl Builder {
         } else {
             0
         };
-        let flops = 2 * inputs * outputs * self.seq;
+        let flops = product(&[2, inputs, outputs, self.seq]);
         self.layers.push(Layer {
             kind: LayerKind::Linear,
             output_size: outputs * self.seq,
@@ -620,7 +626,7 @@ pub fn build(
                 .into(),
         );
     }
-    let attention_flops = 4 * seq * seq * c.heads * c.head_dim;
+    let attention_flops = product(&[4, seq, seq, c.heads, c.head_dim]);
     let mut b = Builder {
         seq,
         layers: Vec::new(),
@@ -752,7 +758,7 @@ pub fn build(
                         LayerKind::Other,
                         expert_params,
                         k * c.hidden,
-                        2 * 3 * k * c.hidden * c.intermediate * seq,
+                        product(&[6, k, c.hidden, c.intermediate, seq]),
                     );
                     b.push(
                         format!("{p}.mlp.experts.act_fn"),
@@ -1291,7 +1297,7 @@ pub fn build(
                 LayerKind::Linear,
                 decoder_params,
                 c.vocab,
-                2 * c.hidden * c.vocab * seq,
+                product(&[2, c.hidden, c.vocab, seq]),
             );
             if let Some(d) = b.details.last_mut() {
                 d.in_features = Some(c.hidden);
@@ -1685,5 +1691,22 @@ mod tests {
         .unwrap();
         assert!(model.math_attention);
         assert!(model.warnings.iter().any(|w| w.contains("math path")));
+    }
+
+    #[test]
+    fn the_largest_accepted_sizes_do_not_overflow() {
+        let huge = serde_json::json!({
+            "model_type": "mixtral", "hidden_size": 65536, "intermediate_size": 262144,
+            "num_hidden_layers": 2, "num_attention_heads": 4096, "vocab_size": 1048576,
+            "num_local_experts": 512, "num_experts_per_tok": 512
+        });
+        let model = build(
+            config(huge).unwrap(),
+            1_000_000,
+            Precision::Fp32,
+            AttentionKernel::Eager,
+        )
+        .unwrap();
+        assert!(model.activations(Precision::Fp32).per_block.is_finite());
     }
 }
