@@ -266,8 +266,57 @@ fn http_round_trip(c: &mut Criterion) {
     });
 }
 
+/// A job from a Hugging Face config alone (issue 16): Llama-2-70B's (80 layers, 725 modules)
+/// at 4,096 tokens, bf16, LoRA: validating the request builds the model; then every
+/// estimator that applies (the analytic step and the roofline).
+fn transformer_config(c: &mut Criterion) {
+    let estimators = Estimators::load(&root().join("models"), &dylib(), 1).expect("models load");
+    let config: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            root()
+                .join("tests/fixtures/transformer_configs/public/meta-llama__Llama-2-70b-hf.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let body = serde_json::json!({
+        "transformer_config": config,
+        "seq_len": 4096,
+        "batch_size": 8,
+        "micro_batch_size": 1,
+        "gradient_accumulation_steps": 8,
+        "precision": "bf16",
+        "activation_checkpointing": "full",
+        "lora": {"rank": 16, "alpha": 32, "target_modules": ["q_proj", "v_proj"]},
+    })
+    .to_string();
+    let parse = |body: &str| -> Job {
+        let request: EstimateRequest = serde_json::from_str(body).unwrap();
+        to_job(&request).unwrap()
+    };
+    let job = parse(&body);
+    eprintln!("llama-2-70b config: {} layers", job.layers().len());
+    c.bench_function("transformer_config/llama2_70b_parse_and_build", |b| {
+        b.iter(|| parse(std::hint::black_box(&body)))
+    });
+    c.bench_function("transformer_config/llama2_70b_estimate", |b| {
+        b.iter(|| {
+            estimators
+                .estimate(std::hint::black_box(&job), 0.95)
+                .unwrap()
+        })
+    });
+    c.bench_function("transformer_config/llama2_70b_request_to_answer", |b| {
+        b.iter(|| {
+            let job = parse(std::hint::black_box(&body));
+            estimators.estimate(&job, 0.95).unwrap()
+        })
+    });
+}
+
 criterion_group!(
     benches,
+    transformer_config,
     extrapolation,
     simulated,
     in_process,

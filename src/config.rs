@@ -29,6 +29,49 @@ pub enum Command {
     /// The stored calibration observations.
     #[command(subcommand)]
     Observations(ObservationsCommand),
+    /// Answer a job description (the JSON of POST /v1/estimate) from the command line with the
+    /// committed models, no server; bad input exits 2 with the API's problem JSON.
+    Estimate(EstimateArgs),
+}
+
+/// How `gpucast estimate` prints its answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OutputFormat {
+    /// The API's JSON answer.
+    Json,
+    /// The figure, bound, fit, breakdown and step time for people.
+    Table,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct EstimateArgs {
+    /// The job description file (JSON), or `-` for standard input.
+    pub file: String,
+
+    /// A batch: `{"items": [...]}` or a JSON array of jobs, answered as POST /v1/estimate/batch.
+    #[arg(long)]
+    pub batch: bool,
+
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = OutputFormat::Json)]
+    pub format: OutputFormat,
+
+    /// Directory holding manifest.json and the ONNX models it lists.
+    #[arg(long, env = "GPUCAST_MODELS", default_value = "models")]
+    pub models: PathBuf,
+
+    /// ONNX Runtime shared library.
+    #[arg(
+        long,
+        env = "ORT_DYLIB_PATH",
+        default_value = ".cache/onnxruntime/libonnxruntime.so"
+    )]
+    pub ort_dylib: PathBuf,
+
+    /// The calibration store whose profiles move the answer: read when `--database-url` is
+    /// given or the directory holds a store; otherwise no profile applies.
+    #[command(flatten)]
+    pub store: StoreArgs,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -2,6 +2,7 @@
 //! description, before it runs.
 
 pub mod calibration;
+pub mod cli;
 pub mod config;
 pub mod devices;
 pub mod domain;

@@ -5,6 +5,10 @@ use gpucast::startup::Application;
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    if let Command::Estimate(args) = &cli.command {
+        // No runtime, no server: the answer and the exit status.
+        std::process::exit(gpucast::cli::estimate(args));
+    }
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
     // Estimates are CPU work on the blocking pool: more threads than cores only add memory
     // (each thread grows its own allocator arena) and queueing inside the OS.
@@ -38,6 +42,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             eprintln!("gpucast: {written} observations exported");
             Ok(())
         }
+        Command::Estimate(_) => unreachable!("answered before the runtime starts"),
         Command::Serve(config) => {
             gpucast::telemetry::init(config.log_format);
             tracing::info!(?config, "starting");

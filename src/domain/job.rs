@@ -436,6 +436,9 @@ pub struct Job {
     input_shape: Option<Vec<u64>>,
     saved_tensors: Option<SavedTensors>,
     simulation: Option<Simulation>,
+    /// The activations of a model built from its configuration (no learned estimator reads
+    /// such a job: the analytic step answers it).
+    known_activations: Option<step::KnownActivations>,
 }
 
 /// Why a job description was rejected. Each variant names the offending field.
@@ -530,6 +533,7 @@ impl Job {
             input_shape: None,
             saved_tensors: None,
             simulation: None,
+            known_activations: None,
         })
     }
 
@@ -852,6 +856,23 @@ impl Job {
             paged_optimizer_state_bytes: paged,
         });
         Ok(self)
+    }
+
+    /// Sets the activations of a model built from its configuration: the job is then
+    /// answered by the analytic training step alone.
+    pub fn with_known_activations(mut self, known: step::KnownActivations) -> Job {
+        self.known_activations = Some(known);
+        self
+    }
+
+    pub fn known_activations(&self) -> Option<step::KnownActivations> {
+        self.known_activations
+    }
+
+    /// Whether the learned estimators may answer: a setup they were trained on, and a job
+    /// described as they were (not built from a configuration).
+    pub fn learned_estimators_apply(&self) -> bool {
+        self.setup.within_learned() && self.known_activations.is_none()
     }
 
     pub fn saved_tensors(&self) -> Option<SavedTensors> {

@@ -10,6 +10,7 @@ pub mod saved;
 pub mod setup;
 pub mod step;
 pub mod summary;
+pub mod transformer;
 pub mod vocabulary;
 
 pub use job::{

@@ -204,7 +204,7 @@ impl Physics {
             (Some(simulation), Some(context)) => {
                 Physics::simulated(&on_most_loaded_gpu(job, simulation), context, capacity_mib)
             }
-            _ if !job.setup().within_learned() => Physics::step(job),
+            _ if !job.learned_estimators_apply() => Physics::step(job),
             _ => Physics::analytic(job),
         }
     }

@@ -28,6 +28,26 @@ pub struct LayerDetail {
     pub flops: Option<u64>,
 }
 
+/// The activations of a model whose structure is known (built from its configuration,
+/// [`super::transformer`]), per sample, bytes at the job's precision: what the step keeps
+/// instead of the traced saved tensors scaled by a precision's share.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct KnownActivations {
+    /// Kept outside the repeated blocks (embeddings, final norm, head, loss).
+    pub outside: f64,
+    /// Kept by one repeated block (their mean).
+    pub per_block: f64,
+    pub blocks: u64,
+    /// A block's input (what a checkpointed block keeps).
+    pub block_input: f64,
+    /// What backward starts with beside them (the loss's gradients).
+    pub backward_temporaries: f64,
+    /// Of `outside`, what the loss keeps (freed once backward has passed it).
+    pub loss: f64,
+    /// Bytes kept whatever the micro-batch (autocast's 16-bit weight copies).
+    pub fixed: f64,
+}
+
 /// bitsandbytes keeps 32-bit state for parameters below this size (`min_8bit_size`).
 const MIN_8BIT_SIZE: u64 = 4096;
 /// 8-bit Adam: two uint8 states and an fp32 absmax per 256-element block of each.
@@ -107,42 +127,44 @@ pub fn names_target(name: &str, target: &str) -> bool {
 /// `model.layers.0..31`, a ViT's `blocks.0..11`, each ResNet stage's blocks). Each block is
 /// the range of layer indices it spans, in order.
 pub fn blocks(details: &[LayerDetail]) -> Vec<std::ops::Range<usize>> {
-    // (the prefix of the first numeric component, that component)
-    type BlockKey = Option<(String, String)>;
-    let key = |detail: &LayerDetail| -> BlockKey {
+    // (the prefix of the first numeric component, that component), borrowed from the name:
+    // no allocation per layer (an 80-layer decoder has ~900 of them).
+    type BlockKey<'a> = Option<(&'a str, &'a str)>;
+    let key = |detail: &LayerDetail| -> Option<(usize, usize)> {
         let name = detail.name.as_deref()?;
-        let mut prefix = String::new();
+        let mut start = 0;
         for part in name.split('.') {
             if !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit()) {
-                return Some((prefix, part.to_string()));
+                return Some((start, start + part.len()));
             }
-            if !prefix.is_empty() {
-                prefix.push('.');
-            }
-            prefix.push_str(part);
+            start += part.len() + 1;
         }
         None
     };
-    let keys: Vec<BlockKey> = details.iter().map(key).collect();
+    let keys: Vec<BlockKey> = details
+        .iter()
+        .map(|d| {
+            let (start, end) = key(d)?;
+            let name = d.name.as_deref()?;
+            Some((&name[..start.saturating_sub(1)], &name[start..end]))
+        })
+        .collect();
     let mut blocks: Vec<(BlockKey, std::ops::Range<usize>)> = Vec::new();
     for (i, k) in keys.iter().enumerate() {
         match blocks.last_mut() {
             Some((last, range)) if k.is_some() && last == k => range.end = i + 1,
-            _ => blocks.push((k.clone(), i..i + 1)),
+            _ => blocks.push((*k, i..i + 1)),
         }
     }
     let mut indices_per_prefix: std::collections::HashMap<&str, usize> = Default::default();
     for (k, _) in &blocks {
         if let Some((prefix, _)) = k {
-            *indices_per_prefix.entry(prefix.as_str()).or_default() += 1;
+            *indices_per_prefix.entry(prefix).or_default() += 1;
         }
     }
     blocks
         .iter()
-        .filter(|(k, _)| {
-            k.as_ref()
-                .is_some_and(|(prefix, _)| indices_per_prefix[prefix.as_str()] >= 2)
-        })
+        .filter(|(k, _)| k.is_some_and(|(prefix, _)| indices_per_prefix[prefix] >= 2))
         .map(|(_, range)| range.clone())
         .collect()
 }
@@ -274,9 +296,12 @@ pub fn analytic_step(job: &Job) -> StepMemory {
                 _ => {
                     // Autocast keeps a 16-bit copy of each weight a matmul saved for backward
                     // (FSDP gathers 16-bit weights instead: see the collective buffers).
+                    // (A model built from its configuration counts them with its activations,
+                    // as describe's simulation does.)
                     let cast = if precision.is_autocast()
                         && is_matmul(layer.kind)
                         && !setup.parallelism.strategy.shards().2
+                        && job.known_activations().is_none()
                     {
                         2.0
                     } else {
@@ -353,9 +378,11 @@ pub fn analytic_step(job: &Job) -> StepMemory {
     let stream_bytes = storage;
     let outputs: Vec<f64> = layers.iter().map(|l| l.output_size as f64).collect();
     let output_total: f64 = outputs.iter().sum::<f64>().max(1.0);
-    let kept = match job.saved_tensors() {
-        Some(saved) => saved.bytes_at(setup.micro_batch_size) * kept_share,
-        None => output_total * micro * 4.0 * kept_share,
+    let known = job.known_activations();
+    let kept = match (known, job.saved_tensors()) {
+        (Some(k), _) => (k.outside + k.per_block * k.blocks as f64) * micro + k.fixed,
+        (None, Some(saved)) => saved.bytes_at(setup.micro_batch_size) * kept_share,
+        (None, None) => output_total * micro * 4.0 * kept_share,
     };
     let share =
         |range: &std::ops::Range<usize>| outputs[range.clone()].iter().sum::<f64>() / output_total;
@@ -366,6 +393,17 @@ pub fn analytic_step(job: &Job) -> StepMemory {
     };
     let activations = if checkpointed.is_empty() {
         kept
+    } else if let (Some(k), Checkpointing::Full) = (known, &setup.checkpointing) {
+        // Every block keeps its input. Backward starts with the loss's tensors and gradients;
+        // the first block it recomputes comes once they are freed: the larger of the two.
+        let inputs = k.outside + k.blocks as f64 * k.block_input;
+        let recomputing = inputs - k.loss + k.per_block;
+        k.fixed
+            + if recomputing > inputs + k.backward_temporaries {
+                recomputing * micro
+            } else {
+                inputs * micro
+            }
     } else {
         // Each checkpointed block keeps only its input; backward recomputes one at a time.
         let inside: f64 = checkpointed.iter().map(share).sum::<f64>().min(1.0);
@@ -400,7 +438,10 @@ pub fn analytic_step(job: &Job) -> StepMemory {
     // Backward starts with the gradient of the loss's input (the logits, in fp32 for a
     // language model's loss) beside what it keeps.
     let largest_output = outputs.iter().copied().fold(0.0, f64::max);
-    let backward_temporaries = largest_output * micro * 4.0;
+    let backward_temporaries = match known {
+        Some(k) => k.backward_temporaries * micro,
+        None => largest_output * micro * 4.0,
+    };
 
     // Sharding and model parallelism.
     let p = setup.parallelism;

@@ -108,6 +108,10 @@ pub fn bound_widening(reach: &Extrapolation) -> f64 {
 }
 
 /// Why the learned estimators sit out a job whose setup they were not trained on.
+pub const BUILT_FROM_CONFIG: &str = "learned estimators left out: the job was built from its \
+transformer_config, with its activations counted tensor by tensor; the analytic training step \
+answers it (physics)";
+
 pub const OUTSIDE_LEARNED_SETUPS: &str = "learned estimators left out: they were trained on \
 one-GPU jobs that train every parameter in fp32 or fp16 autocast with sgd, momentum, adam or \
 adamw, without checkpointing or accumulation; this job's setup is answered by physics alone \
@@ -360,7 +364,7 @@ impl Partial {
         // (`simulated_setup_quantiles`), not from widened ones.
         let widen = reach
             .as_ref()
-            .filter(|_| job.setup().within_learned())
+            .filter(|_| job.learned_estimators_apply())
             .map_or(1.0, |(reach, _)| bound_widening(reach));
         let physics = Physics::of(
             job,
@@ -373,7 +377,7 @@ impl Partial {
             if self.mib.is_none() || self.mib_precedence < SIMULATED_PRECEDENCE {
                 // Outside the learned setups the residuals measured on published jobs of
                 // those setups bound it, not the timm ones widened.
-                let quantiles = if job.setup().within_learned() {
+                let quantiles = if job.learned_estimators_apply() {
                     &model.quantiles
                 } else {
                     simulated_setup_quantiles()

@@ -180,7 +180,7 @@ impl TrainingDomain {
     pub fn locate(&self, job: &Job, aggregate: &AggregateFeatures) -> Extrapolation {
         let outside_setup = !(self.optimizers.contains(&job.optimizer())
             && self.precisions.contains(&job.precision())
-            && job.setup().within_learned());
+            && job.learned_estimators_apply());
         let distance = if outside_setup {
             None
         } else {

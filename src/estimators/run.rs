@@ -328,8 +328,10 @@ impl Estimators {
                 // says so; the family's other estimators answer.
                 // Trained on plain one-GPU jobs: another setup is physics' alone.
                 .filter(|&i| {
-                    let reason = if job_refs[i].setup().within_learned() {
+                    let reason = if job_refs[i].learned_estimators_apply() {
                         estimator.cannot_read(job_refs[i])
+                    } else if job_refs[i].known_activations().is_some() {
+                        Some(combine::BUILT_FROM_CONFIG.to_string())
                     } else {
                         Some(combine::OUTSIDE_LEARNED_SETUPS.to_string())
                     };

@@ -301,7 +301,7 @@ fn setup_response(job: &Job) -> SetupResponse {
             pipeline_parallel: p.pipeline,
             context_parallel: p.context,
         },
-        learned_estimators_apply: setup.within_learned(),
+        learned_estimators_apply: job.learned_estimators_apply(),
     }
 }
 

@@ -82,54 +82,63 @@ pub async fn estimate_batch(
         .map_err(|_| ApiError::NotReady)?;
     let items = tokio::task::spawn_blocking(move || {
         let _slot = slot;
-        let started = Instant::now();
-        // Validate every item first, then run the estimators once over all the valid ones.
-        let (mut valid, mut errors) = (
-            Vec::with_capacity(request.items.len()),
-            Vec::with_capacity(request.items.len()),
-        );
-        for (index, item) in request.items.into_iter().enumerate() {
-            let checked =
-                parse_json::<EstimateRequest>(item.get().as_bytes(), &format!("items[{index}]"))
-                    .and_then(|request| {
-                        validate(&request, &state.catalogue, state.devices.as_ref())
-                            .map_err(|e| e.within(&format!("items[{index}].")))
-                    });
-            match checked {
-                Ok(item) => {
-                    valid.push(item);
-                    errors.push(None);
-                }
-                Err(error) => errors.push(Some(error)),
-            }
-        }
-        let mut answers = answer_items(&state, &valid, started).into_iter();
-        errors
-            .into_iter()
-            .enumerate()
-            .map(|(index, error)| {
-                let outcome = match error {
-                    Some(error) => Err(error),
-                    None => answers.next().expect("one answer per valid item"),
-                };
-                match outcome {
-                    Ok(estimate) => BatchItemResponse {
-                        index,
-                        status: 200,
-                        estimate: Some(estimate),
-                        error: None,
-                    },
-                    Err(error) => BatchItemResponse {
-                        index,
-                        status: error.status().as_u16(),
-                        estimate: None,
-                        error: Some(error.problem()),
-                    },
-                }
-            })
-            .collect()
+        estimate_items(&state, request.items, Instant::now())
     })
     .await
     .map_err(|e| ApiError::Internal(format!("batch task failed: {e}")))?;
     Ok(Json(BatchResponse { items }))
+}
+
+/// Validates each item of a batch on its own, then runs the estimators once over all the
+/// valid ones: one outcome per item, in order. The batch route and `gpucast estimate --batch`
+/// answer through it.
+pub fn estimate_items(
+    state: &AppState,
+    items: Vec<Box<serde_json::value::RawValue>>,
+    started: Instant,
+) -> Vec<BatchItemResponse> {
+    let (mut valid, mut errors) = (
+        Vec::with_capacity(items.len()),
+        Vec::with_capacity(items.len()),
+    );
+    for (index, item) in items.into_iter().enumerate() {
+        let checked =
+            parse_json::<EstimateRequest>(item.get().as_bytes(), &format!("items[{index}]"))
+                .and_then(|request| {
+                    validate(&request, &state.catalogue, state.devices.as_ref())
+                        .map_err(|e| e.within(&format!("items[{index}].")))
+                });
+        match checked {
+            Ok(item) => {
+                valid.push(item);
+                errors.push(None);
+            }
+            Err(error) => errors.push(Some(error)),
+        }
+    }
+    let mut answers = answer_items(state, &valid, started).into_iter();
+    errors
+        .into_iter()
+        .enumerate()
+        .map(|(index, error)| {
+            let outcome = match error {
+                Some(error) => Err(error),
+                None => answers.next().expect("one answer per valid item"),
+            };
+            match outcome {
+                Ok(estimate) => BatchItemResponse {
+                    index,
+                    status: 200,
+                    estimate: Some(estimate),
+                    error: None,
+                },
+                Err(error) => BatchItemResponse {
+                    index,
+                    status: error.status().as_u16(),
+                    estimate: None,
+                    error: Some(error.problem()),
+                },
+            }
+        })
+        .collect()
 }

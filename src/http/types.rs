@@ -112,6 +112,18 @@ pub struct EstimateRequest {
     /// Where the description came from, e.g. `timm:resnet50` (informational).
     #[serde(default)]
     pub model: Option<String>,
+    /// A Hugging Face `config.json` (Llama, Mistral, Qwen2, Gemma, Phi-3, Mixtral-style MoE,
+    /// GPT-2, GPT-NeoX, BERT, T5) instead of `layers`: the model's layers, parameters and
+    /// activations are built from it at `seq_len` tokens (required with it). Unknown keys are
+    /// ignored; missing essentials are a 422 naming them. The analytic training step answers.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>, example = json!({"model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 32000}))]
+    pub transformer_config: Option<serde_json::Map<String, serde_json::Value>>,
+    /// With `transformer_config`: the attention kernel, `sdpa` (default: flash or
+    /// memory-efficient attention, no N x N tensors, as a GPU picks) or `eager` (the N x N
+    /// probabilities kept).
+    #[serde(default)]
+    pub attention: Option<String>,
     /// Confidence of `memory.upper_bound_mib`: the share of jobs whose true peak stays at or
     /// below it (0.5 to 0.99, default 0.95).
     #[serde(default)]

@@ -9,6 +9,7 @@ use crate::devices::GpuDevices;
 use crate::domain::saved;
 use crate::domain::setup::{UncheckedLora, UncheckedNames, UncheckedParallelism};
 use crate::domain::summary::{parse_summary, SampleShape, SummaryFormat};
+use crate::domain::transformer;
 use crate::domain::{
     echo, Confidence, Job, LayerKind, MemoryFraction, SavedTensors, SimulatedCategories,
     UncheckedLayer, UncheckedSimulation,
@@ -129,6 +130,14 @@ pub fn to_job_noting(request: &EstimateRequest) -> Result<(Job, Vec<String>), Ap
     }
     // Saved tensors derived from a summary's layers, when the request traced none.
     let mut derived = None;
+    if let Some(config) = &request.transformer_config {
+        return config_job(request, config);
+    }
+    if request.attention.is_some() {
+        return Err(ApiError::InvalidInput(
+            "attention: applies to a transformer_config job only".into(),
+        ));
+    }
     let job = match (&request.layers, &request.summary) {
         (Some(layers), None) => {
             let layers = layers.iter().map(|l| UncheckedLayer {
@@ -253,6 +262,76 @@ pub fn to_job_noting(request: &EstimateRequest) -> Result<(Job, Vec<String>), Ap
             job.family().as_str()
         ));
     }
+    if request.optimizer.is_none() {
+        warnings.push(format!(
+            "optimizer: not given; {} assumed",
+            job.optimizer().as_str()
+        ));
+    }
+    if request.precision.is_none() {
+        warnings.push(format!(
+            "precision: not given; {} assumed",
+            job.precision().as_str()
+        ));
+    }
+    Ok((job, warnings))
+}
+
+/// A job built from a Hugging Face configuration (issue 16): the layers and activations come
+/// from `domain::transformer`, the setup as for any job; the analytic step answers it.
+fn config_job(
+    request: &EstimateRequest,
+    config: &serde_json::Map<String, serde_json::Value>,
+) -> Result<(Job, Vec<String>), ApiError> {
+    let invalid = |e: transformer::ConfigError| ApiError::InvalidInput(e.to_string());
+    for (given, field) in [
+        (request.layers.is_some(), "layers"),
+        (request.summary.is_some(), "summary"),
+        (request.saved_tensors.is_some(), "saved_tensors"),
+        (request.simulation.is_some(), "simulation"),
+    ] {
+        if given {
+            return Err(ApiError::InvalidInput(format!(
+                "{field}: give either transformer_config or {field}, not both"
+            )));
+        }
+    }
+    let Some(seq_len) = request.seq_len else {
+        return Err(ApiError::InvalidInput(
+            "seq_len: required with transformer_config (tokens per sample)".into(),
+        ));
+    };
+    if let Some(family) = request.family.as_deref().filter(|f| *f != "transformer") {
+        return Err(ApiError::InvalidInput(format!(
+            "family: a transformer_config job is a transformer, got '{}'",
+            crate::domain::echo(family)
+        )));
+    }
+    let kernel =
+        transformer::AttentionKernel::parse(request.attention.as_deref()).map_err(invalid)?;
+    let parsed = transformer::TransformerConfig::parse(config).map_err(invalid)?;
+    // The precision picks the attention kernel: read it before building.
+    let setup = unchecked_setup(request);
+    let precision = crate::domain::Setup::parse(request.batch_size.max(1), &setup)
+        .map(|s| s.precision)
+        .unwrap_or_default();
+    let mut model = transformer::build(parsed, seq_len, precision, kernel).map_err(invalid)?;
+    let mut warnings = std::mem::take(&mut model.warnings);
+    // (Both before the layers move into the job: autocast's weight copies are counted from them.)
+    let (cast, gathered) = (
+        model.activations(precision),
+        model.activations_with(precision, true),
+    );
+    let job = Job::from_layers(
+        Some("transformer"),
+        request.batch_size,
+        std::mem::take(&mut model.layers),
+    )?
+    .with_layer_details(std::mem::take(&mut model.details))?
+    .with_setup(&setup)?
+    .with_input_shape(Some(&[seq_len]))?;
+    let sharded_weights = job.setup().parallelism.strategy.shards().2;
+    let job = job.with_known_activations(if sharded_weights { gathered } else { cast });
     if request.optimizer.is_none() {
         warnings.push(format!(
             "optimizer: not given; {} assumed",

@@ -24,3 +24,4 @@ mod simulation;
 mod startup;
 mod store;
 mod summary;
+mod transformer_config;

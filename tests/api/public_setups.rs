@@ -36,7 +36,7 @@ fn part(answer: &Value, category: &str) -> f64 {
 }
 
 /// gpucast's figure for what the row measured, and how far the answer's bound lies above it.
-fn like_with_like(compare: &str, answer: &Value) -> Option<(f64, f64)> {
+pub fn like_with_like(compare: &str, answer: &Value) -> Option<(f64, f64)> {
     let device = answer["memory"]["estimate_mib"].as_f64()?;
     let bound = answer["memory"]["upper_bound_mib"].as_f64()?;
     let reserved = device - part(answer, "cuda_context") - part(answer, "paged_optimizer_state");
@@ -53,7 +53,7 @@ fn like_with_like(compare: &str, answer: &Value) -> Option<(f64, f64)> {
     Some((figure, bound - device))
 }
 
-fn median(mut values: Vec<f64>) -> f64 {
+pub fn median(mut values: Vec<f64>) -> f64 {
     if values.is_empty() {
         return f64::NAN;
     }

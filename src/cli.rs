@@ -1,0 +1,247 @@
+//! `gpucast estimate FILE|-`: a job description answered from the command line with the
+//! committed models, no server. The same code path as `POST /v1/estimate` (validation, the
+//! estimators, the answer) and the same JSON; `--batch` answers as `POST /v1/estimate/batch`;
+//! bad input exits with status 2 and the problem JSON the API would return.
+
+use std::io::{Read, Write};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tokio::sync::Semaphore;
+
+use crate::calibration::db;
+use crate::calibration::store::{ProfileStore, DEFAULT_RETENTION};
+use crate::config::{EstimateArgs, OutputFormat};
+use crate::devices::sku::Catalogue;
+use crate::devices::watch::Sampler;
+use crate::devices::NoDevices;
+use crate::error::ApiError;
+use crate::estimators::Estimators;
+use crate::http::answer::answer;
+use crate::http::auth::WriteAccess;
+use crate::http::estimate::estimate_items;
+use crate::http::extract::parse_json;
+use crate::http::idempotency::{self, IdempotencyKeys};
+use crate::http::types::{BatchRequest, BatchResponse, EstimateRequest};
+use crate::http::validate::validate;
+use crate::http::{AppState, Limits};
+use crate::metrics::Metrics;
+
+/// Exit status of bad input (the problem JSON is printed).
+pub const BAD_INPUT: i32 = 2;
+/// Exit status when the models or the input file cannot be read.
+pub const FAILED: i32 = 1;
+
+/// Runs the subcommand; returns the process's exit status.
+pub fn estimate(args: &EstimateArgs) -> i32 {
+    let bytes = match read_input(&args.file) {
+        Ok(bytes) => bytes,
+        Err(e) => {
+            eprintln!("gpucast estimate: {}: {e}", args.file);
+            return FAILED;
+        }
+    };
+    let state = match offline_state(args) {
+        Ok(state) => state,
+        Err(e) => {
+            eprintln!("gpucast estimate: {e}");
+            return FAILED;
+        }
+    };
+    let started = Instant::now();
+    if args.batch {
+        match batch_items(&bytes) {
+            Ok(items) => {
+                let response = BatchResponse {
+                    items: estimate_items(&state, items, started),
+                };
+                let value = serde_json::to_value(&response).expect("answers serialise");
+                print(args.format, &value, true);
+                0
+            }
+            Err(error) => problem(error),
+        }
+    } else {
+        let outcome = parse_json::<EstimateRequest>(&bytes, "")
+            .and_then(|request| validate(&request, &state.catalogue, state.devices.as_ref()))
+            .and_then(|valid| answer(&state, valid, started));
+        match outcome {
+            Ok(response) => {
+                let value = serde_json::to_value(&response).expect("answers serialise");
+                print(args.format, &value, false);
+                0
+            }
+            Err(error) => problem(error),
+        }
+    }
+}
+
+fn read_input(file: &str) -> std::io::Result<Vec<u8>> {
+    if file == "-" {
+        let mut bytes = Vec::new();
+        std::io::stdin().read_to_end(&mut bytes)?;
+        Ok(bytes)
+    } else {
+        std::fs::read(file)
+    }
+}
+
+/// `{"items": [...]}` as the batch route takes it, or a plain JSON array of jobs.
+fn batch_items(bytes: &[u8]) -> Result<Vec<Box<serde_json::value::RawValue>>, ApiError> {
+    let starts_with_array = bytes.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[');
+    let items = if starts_with_array {
+        serde_json::from_slice::<Vec<Box<serde_json::value::RawValue>>>(bytes)
+            .map_err(|e| ApiError::MalformedJson(e.to_string()))?
+    } else {
+        parse_json::<BatchRequest>(bytes, "")?.items
+    };
+    let max = 256;
+    if items.is_empty() || items.len() > max {
+        return Err(ApiError::InvalidInput(format!(
+            "items: between 1 and {max} items are accepted, got {}",
+            items.len()
+        )));
+    }
+    Ok(items)
+}
+
+fn problem(error: ApiError) -> i32 {
+    let body = serde_json::to_string_pretty(&error.problem()).expect("problems serialise");
+    out(&format!("{body}\n"));
+    BAD_INPUT
+}
+
+/// Writes to standard output; a closed pipe (`| head`) is not an error worth a panic.
+fn out(text: &str) {
+    let _ = std::io::stdout().lock().write_all(text.as_bytes());
+}
+
+/// What the service holds, without a listener: the committed models, the built-in catalogue,
+/// the calibration profiles of the store when there is one (`--database-url`, or a store in
+/// `--data-dir`), no NVML.
+fn offline_state(args: &EstimateArgs) -> Result<AppState, String> {
+    let estimators =
+        Estimators::load(&args.models, &args.ort_dylib, 1).map_err(|e| e.to_string())?;
+    let store = &args.store;
+    let database_url = store.database_url.as_ref().map(|u| u.expose());
+    let stored = database_url.is_some() || store.data_dir.join(db::SQLITE_FILE).is_file();
+    let (profiles, _) = if stored {
+        ProfileStore::open(&store.data_dir, database_url, DEFAULT_RETENTION)
+    } else {
+        // No store: an empty one of this process's own, so nothing is created where the
+        // command runs and concurrent runs share nothing.
+        let empty = std::env::temp_dir().join(format!("gpucast-estimate-{}", std::process::id()));
+        let opened = ProfileStore::load(&empty);
+        // Read once at open: the files are not needed after.
+        let _ = std::fs::remove_dir_all(&empty);
+        opened
+    }
+    .map_err(|e| e.to_string())?;
+    let devices: Arc<dyn crate::devices::GpuDevices> = Arc::new(NoDevices::new(
+        "gpucast estimate does not read NVML: name the gpu",
+    ));
+    Ok(AppState {
+        estimators: Arc::new(estimators),
+        metrics: Arc::new(Metrics::new()),
+        ready: Arc::new(AtomicBool::new(true)),
+        limits: Limits {
+            max_body_bytes: usize::MAX,
+            max_batch_items: 256,
+            request_timeout: Duration::from_secs(3600),
+            body_read_timeout: Duration::from_secs(3600),
+        },
+        permits: Arc::new(Semaphore::new(1)),
+        batch_slots: Arc::new(Semaphore::new(1)),
+        catalogue: Arc::new(Catalogue::builtin().clone()),
+        profiles: Arc::new(profiles),
+        writes: WriteAccess::Disabled,
+        watches: Arc::new(Sampler::new(devices.clone(), 0)),
+        idempotency: Arc::new(IdempotencyKeys::new(idempotency::KEY_TTL, 1)),
+        devices,
+    })
+}
+
+fn print(format: OutputFormat, value: &Value, batch: bool) {
+    match format {
+        OutputFormat::Json => out(&format!(
+            "{}\n",
+            serde_json::to_string_pretty(value).expect("values serialise")
+        )),
+        OutputFormat::Table if batch => {
+            for item in value["items"].as_array().into_iter().flatten() {
+                out(&format!(
+                    "== item {} (status {})\n",
+                    item["index"], item["status"]
+                ));
+                match item.get("estimate").filter(|e| !e.is_null()) {
+                    Some(estimate) => out(&table(estimate)),
+                    None => out(&format!(
+                        "  {}: {}\n",
+                        item["error"]["title"].as_str().unwrap_or("error"),
+                        item["error"]["detail"].as_str().unwrap_or_default()
+                    )),
+                }
+            }
+        }
+        OutputFormat::Table => out(&table(value)),
+    }
+}
+
+fn mib(value: &Value) -> String {
+    value
+        .as_f64()
+        .map_or_else(|| "-".into(), |v| format!("{v:>10.1} MiB"))
+}
+
+/// The answer for people: the figure, its bound and fit, the breakdown, the step time.
+pub fn table(answer: &Value) -> String {
+    let memory = &answer["memory"];
+    let fit = &answer["fit"];
+    let setup = &answer["setup"];
+    let mut out = String::new();
+    let text = |v: &Value| v.as_str().map_or_else(|| v.to_string(), str::to_string);
+    out.push_str(&format!(
+        "{} job: {} {} (micro-batch {}), on {} ({} MiB)\n",
+        text(&answer["family"]),
+        text(&setup["precision"]),
+        text(&setup["optimizer"]),
+        setup["micro_batch_size"],
+        text(&fit["gpu"]),
+        fit["capacity_mib"],
+    ));
+    out.push_str(&format!(
+        "memory   {}  (bound {} at {}; {})\n",
+        mib(&memory["estimate_mib"]).trim(),
+        mib(&memory["upper_bound_mib"]).trim(),
+        memory["confidence"],
+        if fit["fits"].as_bool() == Some(true) {
+            format!("fits, {} per card", fit["max_colocated"])
+        } else {
+            "does not fit".into()
+        }
+    ));
+    out.push_str(&format!(
+        "breakdown ({}):\n",
+        text(&memory["breakdown_source"])
+    ));
+    if let Some(parts) = memory["breakdown"].as_object() {
+        for (name, value) in parts {
+            out.push_str(&format!("  {name:<24}{}\n", mib(value)));
+        }
+    }
+    let performance = &answer["performance"];
+    if performance.is_object() {
+        out.push_str(&format!(
+            "step     {:.1} ms ({} bound), {:.1} samples/s\n",
+            performance["step_time_ms"].as_f64().unwrap_or(f64::NAN),
+            text(&performance["bound"]),
+            performance["samples_per_s"].as_f64().unwrap_or(f64::NAN),
+        ));
+    }
+    for warning in answer["warnings"].as_array().into_iter().flatten() {
+        out.push_str(&format!("warning: {}\n", text(warning)));
+    }
+    out
+}

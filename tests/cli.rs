@@ -1,0 +1,120 @@
+//! `gpucast estimate`: the built binary answers job descriptions from the command line, the
+//! same JSON as the API, exit status 2 with the problem JSON on bad input.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+
+use serde_json::Value;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn gpucast(args: &[&str], stdin: Option<&[u8]>) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gpucast"))
+        .args(args)
+        .current_dir(root())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the binary runs");
+    if let Some(bytes) = stdin {
+        child.stdin.take().unwrap().write_all(bytes).unwrap();
+    }
+    drop(child.stdin.take());
+    child.wait_with_output().unwrap()
+}
+
+fn json(output: &Output) -> Value {
+    serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{e}: {}\n{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        )
+    })
+}
+
+#[test]
+fn a_job_file_is_answered_with_the_apis_json() {
+    let output = gpucast(&["estimate", "tests/fixtures/cli/llama_job.json"], None);
+    assert!(output.status.success(), "{output:?}");
+    let answer = json(&output);
+    assert_eq!(answer["family"], "transformer");
+    assert_eq!(answer["fit"]["gpu"], "h100-80gb");
+    assert_eq!(answer["memory"]["breakdown_source"], "training_step");
+    assert!(answer["memory"]["estimate_mib"].as_f64().unwrap() > 1300.0);
+}
+
+#[test]
+fn standard_input_is_read_from_a_dash() {
+    let body = std::fs::read(root().join("tests/fixtures/cli/llama_job.json")).unwrap();
+    let from_file = json(&gpucast(
+        &["estimate", "tests/fixtures/cli/llama_job.json"],
+        None,
+    ));
+    let from_stdin = json(&gpucast(&["estimate", "-"], Some(&body)));
+    assert_eq!(from_file["memory"], from_stdin["memory"]);
+}
+
+#[test]
+fn bad_input_exits_2_with_the_problem_json() {
+    let output = gpucast(&["estimate", "tests/fixtures/cli/bad_job.json"], None);
+    assert_eq!(output.status.code(), Some(2));
+    let problem = json(&output);
+    assert_eq!(problem["status"], 422);
+    assert!(problem["detail"]
+        .as_str()
+        .unwrap()
+        .contains("num_hidden_layers"));
+    let output = gpucast(&["estimate", "-"], Some(b"{not json"));
+    assert_eq!(output.status.code(), Some(2));
+    assert_eq!(json(&output)["status"], 400);
+}
+
+#[test]
+fn a_batch_gets_one_outcome_per_item_and_an_array_is_a_batch_too() {
+    let output = gpucast(
+        &["estimate", "--batch", "tests/fixtures/cli/batch.json"],
+        None,
+    );
+    assert!(output.status.success(), "{output:?}");
+    let answer = json(&output);
+    let items = answer["items"].as_array().unwrap();
+    assert_eq!(items.len(), 2);
+    assert_eq!(items[0]["status"], 200);
+    assert_eq!(items[1]["status"], 422);
+    let batch: Value = serde_json::from_slice(
+        &std::fs::read(root().join("tests/fixtures/cli/batch.json")).unwrap(),
+    )
+    .unwrap();
+    let array = serde_json::to_vec(&batch["items"]).unwrap();
+    let output = gpucast(&["estimate", "--batch", "-"], Some(&array));
+    assert_eq!(json(&output)["items"].as_array().unwrap().len(), 2);
+}
+
+#[test]
+fn the_table_format_prints_the_breakdown_for_people() {
+    let output = gpucast(
+        &[
+            "estimate",
+            "--format",
+            "table",
+            "tests/fixtures/cli/llama_job.json",
+        ],
+        None,
+    );
+    assert!(output.status.success(), "{output:?}");
+    let text = String::from_utf8(output.stdout).unwrap();
+    for expected in [
+        "memory",
+        "activations",
+        "optimizer_state",
+        "cuda_context",
+        "step",
+    ] {
+        assert!(text.contains(expected), "{text}");
+    }
+}
