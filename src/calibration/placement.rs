@@ -159,7 +159,9 @@ pub enum FitBasis {
 
 /// Applies the target's calibration profile (if it has one: the profile of the GPU in
 /// `environment`, else the GPU's own), holds the result to physics (a profile is learning
-/// too), and checks the fit against the target's capacity.
+/// too), and checks the fit against the target's capacity. An environment's profile with an
+/// environment fit applies it to physics' breakdown of the answered figure at `confidence`
+/// ([`ProfileStore::calibrate_breakdown`]); the GPU's own profile applies its line.
 pub fn place(
     answer: &MibAnswer,
     target: Target,
@@ -167,12 +169,15 @@ pub fn place(
     profiles: &ProfileStore,
     physics: &Physics,
     fraction: Option<MemoryFraction>,
+    confidence: f64,
 ) -> Placement {
-    let calibrated = profiles.calibrate(
+    let calibrated = profiles.calibrate_breakdown(
         &target.gpu,
         environment,
         answer.estimate_mib,
         Some(answer.upper_bound_mib),
+        &physics.breakdown(answer.estimate_mib),
+        confidence,
     );
     let (estimate_mib, upper_bound_mib, profile_observations) = match &calibrated {
         Some(c) => (c.estimate_mib, c.upper_bound_mib, Some(c.observations)),
@@ -503,6 +508,7 @@ mod tests {
             &profiles,
             &physics(),
             None,
+            0.95,
         );
         assert!(placement.floored, "{placement:?}");
         assert!((placement.estimate_mib - physics().floor_mib()).abs() < 1e-9);
@@ -626,6 +632,7 @@ mod tests {
             &profiles,
             &physics(),
             None,
+            0.95,
         );
         assert_eq!(
             placement.fit,
@@ -642,6 +649,7 @@ mod tests {
             &profiles,
             &physics(),
             None,
+            0.95,
         );
         assert_eq!(
             placement.fit,
@@ -672,6 +680,7 @@ mod tests {
             &profiles,
             &physics(),
             None,
+            0.95,
         );
         assert_eq!(placement.profile_observations, Some(3));
         assert!(

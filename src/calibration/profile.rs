@@ -13,6 +13,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+use super::environment::EnvironmentFit;
 use super::fit::{fit_profile, median_prediction, residual_quantiles, Fitted};
 
 /// The profile file format this code reads and writes.
@@ -74,6 +75,11 @@ pub struct CalibrationProfile {
     pub updated_at: String,
     pub updated_at_unix: u64,
     pub samples: Vec<Sample>,
+    /// What the environment changes in the breakdown ([`super::environment`]), fitted to the
+    /// observations that carry a predicted breakdown; only an environment's profile has one.
+    /// Derived like the rest, never read from a file.
+    #[serde(skip)]
+    pub environment_fit: Option<EnvironmentFit>,
 }
 
 /// A prediction moved onto one SKU by its profile.
@@ -162,6 +168,7 @@ impl CalibrationProfile {
             updated_at: rfc3339(now_unix),
             updated_at_unix: now_unix,
             samples,
+            environment_fit: None,
         }
     }
 

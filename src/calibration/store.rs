@@ -15,10 +15,12 @@ use std::sync::{Arc, Mutex, RwLock};
 use super::db::{
     self, DbError, Fingerprint, FitRow, NewObservation, ObservationDb, Retention, Source,
 };
+use super::environment::{self, EnvironmentSample};
 use super::profile::{
     check_mib, valid_key, Calibrated, CalibrationProfile, ProfileError, ProfileWarning, Sample,
-    MAX_SAMPLES,
+    MAX_SAMPLES, MAX_STEP, MIN_ESTIMATE_MIB,
 };
+use crate::domain::physics::Breakdown;
 
 /// A profile's key: the GPU, and the environment for an environment's own profile.
 pub type ProfileKey = (String, Option<String>);
@@ -140,6 +142,56 @@ impl ProfileStore {
         by_environment
             .or_else(|| map.get(&(gpu.to_string(), None)))
             .map(|d| d.update.profile.calibrate(predicted_mib, upper_mib))
+    }
+
+    /// [`Self::calibrate`] for a job whose predicted `breakdown` (physics' categories of
+    /// `predicted_mib`) is known. When the profile used is an environment's with an
+    /// [`environment::EnvironmentFit`], the estimate is the fit applied to the breakdown at
+    /// `confidence` ([`environment::apply`]), held within [`MAX_STEP`] of the environment's own
+    /// line (which each update moves by at most a step, so a batch of bad observations cannot
+    /// swing the fit's answers further than the line's); the upper bound is the larger of the
+    /// fit's and the line's, and never below the estimate. Otherwise the line, as
+    /// [`Self::calibrate`].
+    pub fn calibrate_breakdown(
+        &self,
+        gpu: &str,
+        environment: Option<&str>,
+        predicted_mib: f64,
+        upper_mib: Option<f64>,
+        breakdown: &Breakdown,
+        confidence: f64,
+    ) -> Option<Calibrated> {
+        if !(predicted_mib.is_finite() && predicted_mib > 0.0) {
+            return None;
+        }
+        let map = self.read();
+        let by_environment =
+            environment.and_then(|e| map.get(&(gpu.to_string(), Some(e.to_string()))));
+        let profile = &by_environment
+            .or_else(|| map.get(&(gpu.to_string(), None)))?
+            .update
+            .profile;
+        let line = profile.calibrate(predicted_mib, upper_mib);
+        let Some(fit) = profile
+            .environment_fit
+            .as_ref()
+            .filter(|f| profile.environment.is_some() && f.samples > 0)
+        else {
+            return Some(line);
+        };
+        let (estimate, bound) = environment::apply(fit, breakdown, confidence);
+        if !(estimate.is_finite() && bound.is_finite()) {
+            return Some(line);
+        }
+        let estimate_mib = estimate
+            .clamp(line.estimate_mib / MAX_STEP, line.estimate_mib * MAX_STEP)
+            .max(MIN_ESTIMATE_MIB);
+        let upper_bound_mib = bound.max(line.upper_bound_mib).max(estimate_mib);
+        Some(Calibrated {
+            estimate_mib,
+            upper_bound_mib,
+            ..line
+        })
     }
 
     /// Records that a job predicted at `predicted_mib` peaked at `observed_mib` on `sku` (no
@@ -355,8 +407,49 @@ pub fn derive_profile(gpu: &str, environment: Option<&str>, rows: &[&FitRow]) ->
         profile = Some(held);
         limited = was_limited;
     }
-    let profile = profile.unwrap_or_else(|| fit_through(0));
+    let mut profile = profile.unwrap_or_else(|| fit_through(0));
+    if environment.is_some() {
+        profile.environment_fit = environment_fit(rows);
+    }
     Update { profile, limited }
+}
+
+/// What an environment changes ([`environment::fit_environment`]), fitted to those of its
+/// rows (the newest [`MAX_SAMPLES`]) that carry the predicted breakdown: the observed peaks
+/// are device-level (what the probe and nvidia-smi report). Rows without one (imported from
+/// the profile files of a former version) are left out; `None` when no row has one.
+///
+/// The fit is not replayed batch by batch like the line: its parameters are held to their own
+/// ranges and shrunk toward physics by construction, and its answers are held within a step
+/// of the environment's line ([`ProfileStore::calibrate_breakdown`]), which is.
+fn environment_fit(rows: &[&FitRow]) -> Option<environment::EnvironmentFit> {
+    let samples: Vec<EnvironmentSample> = rows
+        .iter()
+        .filter_map(|r| {
+            let predicted = stored_breakdown(&r.breakdown)?;
+            Some(EnvironmentSample::device(predicted, r.observed_peak_mib))
+        })
+        .collect();
+    let fit = environment::fit_environment(&samples);
+    (fit.samples > 0).then_some(fit)
+}
+
+/// A row's predicted breakdown (a JSON object of the categories, MiB); `None` for `null`, a
+/// missing category or a value that is not a finite number.
+fn stored_breakdown(json: &str) -> Option<Breakdown> {
+    let value: serde_json::Value = serde_json::from_str(json).ok()?;
+    let category = |name: &str| value.get(name)?.as_f64().filter(|v| v.is_finite());
+    Some(Breakdown {
+        parameters: category("parameters")?,
+        gradients: category("gradients")?,
+        optimizer_state: category("optimizer_state")?,
+        activations: category("activations")?,
+        temporaries: category("temporaries")?,
+        collective_buffers: category("collective_buffers")?,
+        paged_optimizer_state: category("paged_optimizer_state")?,
+        allocator_cache: category("allocator_cache")?,
+        cuda_context: category("cuda_context")?,
+    })
 }
 
 #[cfg(test)]
@@ -541,6 +634,113 @@ mod tests {
         assert_eq!(fallback.observations, 2);
         assert_eq!(store.calibrate("t4", Some("jax0.4"), 4000.0, None), None);
         assert_eq!(store.list().len(), 3);
+    }
+
+    /// A job's predicted breakdown: `state` MiB of model state, `activations`, a cache of a
+    /// tenth of them and physics' 1,200 MiB context.
+    fn breakdown(state: f64, activations: f64) -> Breakdown {
+        Breakdown {
+            parameters: state / 4.0,
+            gradients: state / 4.0,
+            optimizer_state: state / 2.0,
+            activations,
+            temporaries: 64.0,
+            allocator_cache: 0.1 * activations,
+            cuda_context: 1200.0,
+            ..Breakdown::default()
+        }
+    }
+
+    fn breakdown_json(b: &Breakdown) -> String {
+        serde_json::json!({
+            "parameters": b.parameters,
+            "gradients": b.gradients,
+            "optimizer_state": b.optimizer_state,
+            "activations": b.activations,
+            "temporaries": b.temporaries,
+            "collective_buffers": b.collective_buffers,
+            "paged_optimizer_state": b.paged_optimizer_state,
+            "allocator_cache": b.allocator_cache,
+            "cuda_context": b.cuda_context,
+        })
+        .to_string()
+    }
+
+    #[test]
+    fn an_environment_with_a_smaller_context_moves_a_new_jobs_estimate_down_by_about_that_much() {
+        const SMALLER: f64 = 500.0;
+        let (_dir, store) = store();
+        let jobs = [
+            (800.0, 600.0),
+            (2000.0, 1500.0),
+            (1200.0, 3000.0),
+            (3000.0, 900.0),
+            (500.0, 2200.0),
+        ];
+        let batch: Vec<NewObservation> = jobs
+            .iter()
+            .map(|&(state, activations)| {
+                let b = breakdown(state, activations);
+                NewObservation {
+                    breakdown: breakdown_json(&b),
+                    ..posted(
+                        "a100-40gb",
+                        Some("torch2.5-cu124"),
+                        b.total(),
+                        b.total() - SMALLER,
+                    )
+                }
+            })
+            .collect();
+        store.record(batch).unwrap();
+
+        let own = store.get_key("a100-40gb", Some("torch2.5-cu124")).unwrap();
+        let fit = own.environment_fit.expect("an environment fit");
+        assert_eq!(fit.samples, jobs.len());
+        let context = fit.context_mib.unwrap();
+        assert!(
+            (context - (1200.0 - SMALLER)).abs() < 100.0,
+            "context {context}"
+        );
+
+        // A job none of the observations described.
+        let new = breakdown(1500.0, 2500.0);
+        let predicted = new.total();
+        let moved = store
+            .calibrate_breakdown(
+                "a100-40gb",
+                Some("torch2.5-cu124"),
+                predicted,
+                Some(predicted * 1.2),
+                &new,
+                0.95,
+            )
+            .unwrap();
+        assert_eq!(moved.environment.as_deref(), Some("torch2.5-cu124"));
+        let shift = predicted - moved.estimate_mib;
+        assert!(
+            (shift - SMALLER).abs() < 100.0,
+            "moved by {shift} MiB: {moved:?}"
+        );
+        assert!(moved.upper_bound_mib >= moved.estimate_mib);
+
+        // The GPU's own profile mixes environments: it keeps its line, without a fit.
+        let gpu = store.get("a100-40gb").unwrap();
+        assert!(gpu.environment_fit.is_none());
+        assert_eq!(
+            store.calibrate_breakdown("a100-40gb", None, predicted, None, &new, 0.95),
+            store.calibrate("a100-40gb", None, predicted, None)
+        );
+        // So does an environment whose observations carry no breakdown.
+        store
+            .record(vec![posted("a100-40gb", Some("jax0.4"), 4000.0, 3500.0)])
+            .unwrap();
+        let bare = store.get_key("a100-40gb", Some("jax0.4")).unwrap();
+        assert!(bare.environment_fit.is_none());
+        assert_eq!(
+            store.calibrate_breakdown("a100-40gb", Some("jax0.4"), predicted, None, &new, 0.95),
+            store.calibrate("a100-40gb", Some("jax0.4"), predicted, None)
+        );
     }
 
     #[test]

@@ -332,6 +332,7 @@ fn respond(
             &state.profiles,
             &estimate.physics,
             fraction,
+            confidence.get(),
         )
     });
     // The class contains the figure answered, which a calibration profile may have moved.

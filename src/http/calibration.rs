@@ -21,8 +21,8 @@ use crate::http::auth::require_write_access;
 use crate::http::extract::{parse_json, JsonBody, JsonObjectOrArray};
 use crate::http::idempotency::{self, Claim};
 use crate::http::types::{
-    EstimateRequest, ObservationRequest, ObservationsResponse, Problem, ProfileResponse,
-    ProfilesResponse, WatchRequest, WatchResponse,
+    EnvironmentFitResponse, EstimateRequest, ObservationRequest, ObservationsResponse, Problem,
+    ProfileResponse, ProfilesResponse, WatchRequest, WatchResponse,
 };
 use crate::http::validate::{self, resolve, to_job};
 use crate::http::AppState;
@@ -521,5 +521,13 @@ fn profile_response(p: &CalibrationProfile) -> ProfileResponse {
         residual_quantiles: p.residual_quantiles.clone(),
         observations: p.observations,
         updated_at: p.updated_at.clone(),
+        environment_fit: p.environment_fit.as_ref().map(|f| EnvironmentFitResponse {
+            context_mib: f.context_mib,
+            allocator_fixed_mib: f.allocator_fixed_mib,
+            activation_scale: f.activation_scale,
+            cache_scale: f.cache_scale,
+            observations: f.samples,
+            log_residual_quantiles: f.log_residual_quantiles.clone(),
+        }),
     }
 }

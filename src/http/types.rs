@@ -968,6 +968,38 @@ pub struct ProfileResponse {
     pub observations: u64,
     /// RFC 3339.
     pub updated_at: String,
+    /// What this environment changes in the breakdown, fitted to its observations that carry
+    /// a predicted breakdown; estimates in the environment apply it instead of the line
+    /// (held within a step of it). Absent for a GPU's own profile and for an environment
+    /// without such observations.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub environment_fit: Option<EnvironmentFitResponse>,
+}
+
+/// An environment's effect on the breakdown: observed ≈ model state and buffers +
+/// activation_scale x activations + cache_scale x allocator cache + allocator_fixed_mib +
+/// context_mib.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[schema(example = json!({
+    "context_mib": 812.5,
+    "allocator_fixed_mib": 0.0,
+    "activation_scale": 0.97,
+    "cache_scale": 1.0,
+    "observations": 3,
+    "log_residual_quantiles": {"0.5": 0.0, "0.9": 0.01, "0.95": 0.01, "0.99": 0.01}
+}))]
+pub struct EnvironmentFitResponse {
+    /// The environment's cost outside the allocator (CUDA context, loaded modules, library
+    /// handles), MiB; null when no observation counted it (physics' own stays).
+    pub context_mib: Option<f64>,
+    /// Fixed cost inside the allocator beyond physics' categories, MiB.
+    pub allocator_fixed_mib: f64,
+    pub activation_scale: f64,
+    pub cache_scale: f64,
+    /// The observations the fit rests on.
+    pub observations: usize,
+    /// Quantiles of log(observed / fitted), by level ("0.5", "0.95", ...).
+    pub log_residual_quantiles: BTreeMap<String, f64>,
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]

@@ -600,3 +600,94 @@ async fn a_call_answered_503_and_retried_with_its_key_is_recorded_once() {
     devices.set_list_delay(Duration::ZERO);
     assert_eq!(observations_recorded(&app).await, 1);
 }
+
+/// Three observations from an environment whose context is 500 MiB larger than physics' (all
+/// kernel images loaded eagerly, say) teach its profile an environment fit: an estimate in
+/// that environment for a job none of them described moves up, and the profiles list shows
+/// the fit. (A smaller context is the same fit, but these small jobs sit within a few hundred
+/// MiB of physics' floor, which counts physics' context: such peaks are refused.)
+#[tokio::test]
+async fn an_environment_fit_learned_from_three_observations_moves_its_estimates() {
+    const LARGER: f64 = 500.0;
+    const ENVIRONMENT: &str = "torch2.5-cu124";
+    let app = spawn_app().await;
+    let jobs: Vec<Value> = held_out_mlp_jobs()
+        .into_iter()
+        .map(|(mut job, _)| {
+            job["gpu"] = json!("l40s");
+            job["environment"] = json!(ENVIRONMENT);
+            job
+        })
+        .take(4)
+        .collect();
+    let memory = |answer: &Value| answer["memory"].clone();
+    let mut before = Vec::new();
+    for job in &jobs {
+        let answer: Value = app.post_json_value("/v1/estimate", job).await;
+        assert_eq!(answer["calibration"]["profile_used"], false);
+        before.push(memory(&answer));
+    }
+    let observations: Vec<Value> = jobs[..3]
+        .iter()
+        .zip(&before)
+        .map(|(job, m)| {
+            let mut job = job.clone();
+            job.as_object_mut().unwrap().remove("gpu");
+            job.as_object_mut().unwrap().remove("environment");
+            json!({
+                "gpu": "l40s",
+                "environment": ENVIRONMENT,
+                "job": job,
+                "observed_peak_mib": m["estimate_mib"].as_f64().unwrap() + LARGER,
+            })
+        })
+        .collect();
+    let response = app
+        .post_json("/v1/calibration/observations", &json!(observations))
+        .await;
+    assert_eq!(response.status(), 200);
+
+    let answer: Value = app.post_json_value("/v1/estimate", &jobs[3]).await;
+    assert_eq!(answer["calibration"]["environment"], ENVIRONMENT);
+    let (was, now) = (
+        before[3]["estimate_mib"].as_f64().unwrap(),
+        answer["memory"]["estimate_mib"].as_f64().unwrap(),
+    );
+    eprintln!("the fourth job: {was} MiB before, {now} MiB in the fitted environment");
+    assert!(
+        (150.0..=1.2 * LARGER).contains(&(now - was)),
+        "moved from {was} to {now} MiB"
+    );
+    assert!(answer["memory"]["upper_bound_mib"].as_f64().unwrap() >= now);
+    // The GPU's own profile (the same three observations) keeps its line, held to one step of
+    // 1.25 at its median prediction: it moves the job less than the environment's fit.
+    let mut on_gpu = jobs[3].clone();
+    on_gpu.as_object_mut().unwrap().remove("environment");
+    let line: Value = app.post_json_value("/v1/estimate", &on_gpu).await;
+    assert!(line["calibration"]["environment"].is_null(), "{line}");
+    let line = line["memory"]["estimate_mib"].as_f64().unwrap();
+    eprintln!("the GPU's line: {line} MiB");
+    assert!(was < line && line + 50.0 < now, "line {line}, fit {now}");
+
+    let profiles: Value = app.get_json("/v1/calibration/profiles").await;
+    let profiles = profiles["profiles"].as_array().unwrap();
+    let gpu = profiles
+        .iter()
+        .find(|p| p["environment"].is_null())
+        .unwrap();
+    assert!(gpu.get("environment_fit").is_none(), "{gpu}");
+    let own = profiles
+        .iter()
+        .find(|p| p["environment"] == ENVIRONMENT)
+        .unwrap();
+    let fit = &own["environment_fit"];
+    assert_eq!(fit["observations"], 3, "{own}");
+    let context = before[0]["breakdown"]["cuda_context"].as_f64();
+    assert!(
+        fit["context_mib"].as_f64().unwrap() > context.unwrap(),
+        "{fit}"
+    );
+    for key in ["allocator_fixed_mib", "activation_scale", "cache_scale"] {
+        assert!(fit[key].is_f64(), "{key}: {fit}");
+    }
+}
