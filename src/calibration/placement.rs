@@ -183,7 +183,13 @@ pub fn place(
         Some(c) => (c.estimate_mib, c.upper_bound_mib, Some(c.observations)),
         None => (answer.estimate_mib, answer.upper_bound_mib, None),
     };
-    let settled = physics.settle(estimate_mib, upper_bound_mib);
+    // An environment's fitted context replaces physics' own in the floor: a smaller context
+    // (lazy loading, a newer driver) lowers what the job can need.
+    let floor = match calibrated.as_ref().and_then(|c| c.cuda_context_mib) {
+        Some(context) => physics.floor_with_context_mib(context),
+        None => physics.floor_mib(),
+    };
+    let settled = physics.settle_above(floor, estimate_mib, upper_bound_mib);
     let (fit, fit_basis) = fit(
         target.capacity_mib,
         settled.upper_bound_mib,

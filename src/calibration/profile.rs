@@ -94,6 +94,9 @@ pub struct Calibrated {
     pub observations: u64,
     pub offset_mib: f64,
     pub scale: f64,
+    /// The CUDA context an environment's fit found, where one applied: the figure is held
+    /// to the floor with this context instead of physics' own.
+    pub cuda_context_mib: Option<f64>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -284,6 +287,7 @@ impl CalibrationProfile {
             observations: self.observations,
             offset_mib: self.offset_mib,
             scale: self.scale,
+            cuda_context_mib: None,
         }
     }
 }

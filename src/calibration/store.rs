@@ -190,6 +190,7 @@ impl ProfileStore {
         Some(Calibrated {
             estimate_mib,
             upper_bound_mib,
+            cuda_context_mib: fit.context_mib,
             ..line
         })
     }

@@ -298,7 +298,17 @@ impl Physics {
     /// Holds a figure and its bound to physics: the figure at least the floor, the bound at
     /// least the figure.
     pub fn settle(&self, estimate_mib: f64, upper_bound_mib: f64) -> Settled {
-        let floor = self.floor_mib();
+        self.settle_above(self.floor_mib(), estimate_mib, upper_bound_mib)
+    }
+
+    /// The floor with another CUDA context than physics assumes: an environment's (its
+    /// driver, CUDA and lazy loading set the context, not the job).
+    pub fn floor_with_context_mib(&self, cuda_context_mib: f64) -> f64 {
+        self.floor_mib() - self.parts.cuda_context + cuda_context_mib.max(0.0)
+    }
+
+    /// [`Physics::settle`] against `floor`.
+    pub fn settle_above(&self, floor: f64, estimate_mib: f64, upper_bound_mib: f64) -> Settled {
         let floored = estimate_mib < floor;
         let estimate_mib = estimate_mib.max(floor);
         Settled {

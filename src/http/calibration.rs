@@ -11,6 +11,7 @@ use axum::Json;
 use serde_json::value::RawValue;
 
 use crate::calibration::db::{NewObservation, Source};
+use crate::calibration::environment::CONTEXT_RANGE_MIB;
 use crate::calibration::placement::{CUSTOM_PREFIX, MAX_CUSTOM_PROFILES};
 use crate::calibration::profile::{CalibrationProfile, ProfileError};
 use crate::calibration::store::Update;
@@ -229,7 +230,7 @@ fn record(state: &AppState, observations: Vec<Posted>) -> Result<ObservationsRes
         // reading is not of this job.
         if observed < reference.floor_mib {
             return Err(at(ApiError::InvalidInput(format!(
-                "observed_peak_mib: {observed} MiB is below the job's physical floor of {:.0} MiB (model state and CUDA context)",
+                "observed_peak_mib: {observed} MiB is below the job's physical floor of {:.0} MiB (model state and the smallest CUDA context)",
                 reference.floor_mib
             ))));
         }
@@ -463,7 +464,9 @@ struct Reference {
     /// The learned MiB figure, or the first-principles one for a family without a memory
     /// regressor.
     predicted_mib: f64,
-    /// Physics' floor: model state and CUDA context.
+    /// Physics' floor: model state and the smallest CUDA context an environment has
+    /// ([`CONTEXT_RANGE_MIB`]): the context is the environment's, so an observation from
+    /// one with a smaller context than physics assumes is not refused for it.
     floor_mib: f64,
     /// The predicted figure by category, MiB, as a JSON object.
     breakdown: String,
@@ -493,7 +496,9 @@ fn reference_figure(state: &AppState, request: &EstimateRequest) -> Result<Refer
     .to_string();
     Ok(Reference {
         predicted_mib,
-        floor_mib: estimate.physics.floor_mib(),
+        floor_mib: estimate
+            .physics
+            .floor_with_context_mib(CONTEXT_RANGE_MIB.0.min(estimate.physics.parts.cuda_context)),
         breakdown,
     })
 }

@@ -691,3 +691,70 @@ async fn an_environment_fit_learned_from_three_observations_moves_its_estimates(
         assert!(fit[key].is_f64(), "{key}: {fit}");
     }
 }
+
+/// An environment with a smaller CUDA context than physics assumes (lazy loading, a newer
+/// driver): its observations sit below physics' floor, yet are real; they are accepted, and
+/// its estimates go below that floor, to its own.
+#[tokio::test]
+async fn an_environment_with_a_smaller_context_is_learned_below_physics_floor() {
+    const SMALLER: f64 = 600.0;
+    const ENVIRONMENT: &str = "torch2.9-cu129-lazy";
+    let app = spawn_app().await;
+    let jobs: Vec<Value> = held_out_mlp_jobs()
+        .into_iter()
+        .map(|(mut job, _)| {
+            job["gpu"] = json!("l40s");
+            job["environment"] = json!(ENVIRONMENT);
+            job
+        })
+        .take(4)
+        .collect();
+    let mut before = Vec::new();
+    for job in &jobs {
+        let answer: Value = app.post_json_value("/v1/estimate", job).await;
+        before.push(answer["memory"].clone());
+    }
+    let context = before[0]["breakdown"]["cuda_context"].as_f64().unwrap();
+    assert!(context > SMALLER + 256.0, "physics' context {context} MiB");
+    let observations: Vec<Value> = jobs[..3]
+        .iter()
+        .zip(&before)
+        .map(|(job, m)| {
+            let mut job = job.clone();
+            job.as_object_mut().unwrap().remove("gpu");
+            job.as_object_mut().unwrap().remove("environment");
+            json!({
+                "gpu": "l40s",
+                "environment": ENVIRONMENT,
+                "job": job,
+                "observed_peak_mib": m["estimate_mib"].as_f64().unwrap() - SMALLER,
+            })
+        })
+        .collect();
+    let response = app
+        .post_json("/v1/calibration/observations", &json!(observations))
+        .await;
+    assert_eq!(response.status(), 200, "{}", response.text().await.unwrap());
+    let answer: Value = app.post_json_value("/v1/estimate", &jobs[3]).await;
+    assert_eq!(answer["calibration"]["environment"], ENVIRONMENT);
+    let (was, now) = (
+        before[3]["estimate_mib"].as_f64().unwrap(),
+        answer["memory"]["estimate_mib"].as_f64().unwrap(),
+    );
+    eprintln!("the fourth job: {was} MiB before, {now} MiB in the smaller-context environment");
+    assert!(
+        (0.5 * SMALLER..=1.2 * SMALLER).contains(&(was - now)),
+        "moved from {was} to {now} MiB"
+    );
+    assert!(answer["memory"]["upper_bound_mib"].as_f64().unwrap() >= now);
+    // Below the model state and the smallest context, a reading is still refused.
+    let mut job = jobs[0].clone();
+    job.as_object_mut().unwrap().remove("gpu");
+    job.as_object_mut().unwrap().remove("environment");
+    let impossible = json!({"gpu": "l40s", "environment": ENVIRONMENT, "job": job,
+        "observed_peak_mib": 100});
+    let response = app
+        .post_json("/v1/calibration/observations", &impossible)
+        .await;
+    assert_eq!(response.status(), 422);
+}
