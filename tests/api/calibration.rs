@@ -606,20 +606,52 @@ async fn a_call_answered_503_and_retried_with_its_key_is_recorded_once() {
 /// that environment for a job none of them described moves up, and the profiles list shows
 /// the fit. (A smaller context is the same fit, but these small jobs sit within a few hundred
 /// MiB of physics' floor, which counts physics' context: such peaks are refused.)
+/// The first `n` held-out MLP jobs, asked about on `gpu` in `environment`.
+fn jobs_in_environment(gpu: &str, environment: &str, n: usize) -> Vec<Value> {
+    held_out_mlp_jobs()
+        .into_iter()
+        .map(|(mut job, _)| {
+            job["gpu"] = json!(gpu);
+            job["environment"] = json!(environment);
+            job
+        })
+        .take(n)
+        .collect()
+}
+
+/// Observations of `jobs` on `gpu` in `environment`, each `shift` MiB off the estimate in
+/// `answered` (the job's `memory`).
+fn observations_shifted(
+    jobs: &[Value],
+    answered: &[Value],
+    gpu: &str,
+    environment: &str,
+    shift: f64,
+) -> Value {
+    let observations: Vec<Value> = jobs
+        .iter()
+        .zip(answered)
+        .map(|(job, m)| {
+            let mut job = job.clone();
+            job.as_object_mut().unwrap().remove("gpu");
+            job.as_object_mut().unwrap().remove("environment");
+            json!({
+                "gpu": gpu,
+                "environment": environment,
+                "job": job,
+                "observed_peak_mib": m["estimate_mib"].as_f64().unwrap() + shift,
+            })
+        })
+        .collect();
+    json!(observations)
+}
+
 #[tokio::test]
 async fn an_environment_fit_learned_from_three_observations_moves_its_estimates() {
     const LARGER: f64 = 500.0;
     const ENVIRONMENT: &str = "torch2.5-cu124";
     let app = spawn_app().await;
-    let jobs: Vec<Value> = held_out_mlp_jobs()
-        .into_iter()
-        .map(|(mut job, _)| {
-            job["gpu"] = json!("l40s");
-            job["environment"] = json!(ENVIRONMENT);
-            job
-        })
-        .take(4)
-        .collect();
+    let jobs = jobs_in_environment("l40s", ENVIRONMENT, 4);
     let memory = |answer: &Value| answer["memory"].clone();
     let mut before = Vec::new();
     for job in &jobs {
@@ -627,23 +659,9 @@ async fn an_environment_fit_learned_from_three_observations_moves_its_estimates(
         assert_eq!(answer["calibration"]["profile_used"], false);
         before.push(memory(&answer));
     }
-    let observations: Vec<Value> = jobs[..3]
-        .iter()
-        .zip(&before)
-        .map(|(job, m)| {
-            let mut job = job.clone();
-            job.as_object_mut().unwrap().remove("gpu");
-            job.as_object_mut().unwrap().remove("environment");
-            json!({
-                "gpu": "l40s",
-                "environment": ENVIRONMENT,
-                "job": job,
-                "observed_peak_mib": m["estimate_mib"].as_f64().unwrap() + LARGER,
-            })
-        })
-        .collect();
+    let observations = observations_shifted(&jobs[..3], &before, "l40s", ENVIRONMENT, LARGER);
     let response = app
-        .post_json("/v1/calibration/observations", &json!(observations))
+        .post_json("/v1/calibration/observations", &observations)
         .await;
     assert_eq!(response.status(), 200);
 
@@ -700,15 +718,7 @@ async fn an_environment_with_a_smaller_context_is_learned_below_physics_floor() 
     const SMALLER: f64 = 600.0;
     const ENVIRONMENT: &str = "torch2.9-cu129-lazy";
     let app = spawn_app().await;
-    let jobs: Vec<Value> = held_out_mlp_jobs()
-        .into_iter()
-        .map(|(mut job, _)| {
-            job["gpu"] = json!("l40s");
-            job["environment"] = json!(ENVIRONMENT);
-            job
-        })
-        .take(4)
-        .collect();
+    let jobs = jobs_in_environment("l40s", ENVIRONMENT, 4);
     let mut before = Vec::new();
     for job in &jobs {
         let answer: Value = app.post_json_value("/v1/estimate", job).await;
@@ -716,23 +726,9 @@ async fn an_environment_with_a_smaller_context_is_learned_below_physics_floor() 
     }
     let context = before[0]["breakdown"]["cuda_context"].as_f64().unwrap();
     assert!(context > SMALLER + 256.0, "physics' context {context} MiB");
-    let observations: Vec<Value> = jobs[..3]
-        .iter()
-        .zip(&before)
-        .map(|(job, m)| {
-            let mut job = job.clone();
-            job.as_object_mut().unwrap().remove("gpu");
-            job.as_object_mut().unwrap().remove("environment");
-            json!({
-                "gpu": "l40s",
-                "environment": ENVIRONMENT,
-                "job": job,
-                "observed_peak_mib": m["estimate_mib"].as_f64().unwrap() - SMALLER,
-            })
-        })
-        .collect();
+    let observations = observations_shifted(&jobs[..3], &before, "l40s", ENVIRONMENT, -SMALLER);
     let response = app
-        .post_json("/v1/calibration/observations", &json!(observations))
+        .post_json("/v1/calibration/observations", &observations)
         .await;
     assert_eq!(response.status(), 200, "{}", response.text().await.unwrap());
     let answer: Value = app.post_json_value("/v1/estimate", &jobs[3]).await;
