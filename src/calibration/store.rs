@@ -435,22 +435,10 @@ fn environment_fit(rows: &[&FitRow]) -> Option<environment::EnvironmentFit> {
     (fit.samples > 0).then_some(fit)
 }
 
-/// A row's predicted breakdown (a JSON object of the categories, MiB); `None` for `null`, a
-/// missing category or a value that is not a finite number.
+/// A row's predicted breakdown (a JSON object of the categories, MiB); `None` for `null` or
+/// a missing category (JSON holds no non-finite number).
 fn stored_breakdown(json: &str) -> Option<Breakdown> {
-    let value: serde_json::Value = serde_json::from_str(json).ok()?;
-    let category = |name: &str| value.get(name)?.as_f64().filter(|v| v.is_finite());
-    Some(Breakdown {
-        parameters: category("parameters")?,
-        gradients: category("gradients")?,
-        optimizer_state: category("optimizer_state")?,
-        activations: category("activations")?,
-        temporaries: category("temporaries")?,
-        collective_buffers: category("collective_buffers")?,
-        paged_optimizer_state: category("paged_optimizer_state")?,
-        allocator_cache: category("allocator_cache")?,
-        cuda_context: category("cuda_context")?,
-    })
+    serde_json::from_str(json).ok()
 }
 
 #[cfg(test)]
@@ -653,18 +641,7 @@ mod tests {
     }
 
     fn breakdown_json(b: &Breakdown) -> String {
-        serde_json::json!({
-            "parameters": b.parameters,
-            "gradients": b.gradients,
-            "optimizer_state": b.optimizer_state,
-            "activations": b.activations,
-            "temporaries": b.temporaries,
-            "collective_buffers": b.collective_buffers,
-            "paged_optimizer_state": b.paged_optimizer_state,
-            "allocator_cache": b.allocator_cache,
-            "cuda_context": b.cuda_context,
-        })
-        .to_string()
+        serde_json::to_string(b).unwrap()
     }
 
     #[test]

@@ -13,8 +13,9 @@ const MIB: f64 = 1024.0 * 1024.0;
 /// unless a request names another GPU.
 pub const REFERENCE_CAPACITY_MIB: u64 = 40_960;
 
-/// An answered figure by category, MiB. The categories sum to the figure.
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
+/// An answered figure by category, MiB. The categories sum to the figure. Serialised as an
+/// object of the nine categories (the calibration store keeps each observation's).
+#[derive(Debug, Clone, Copy, PartialEq, Default, serde::Serialize, serde::Deserialize)]
 pub struct Breakdown {
     pub parameters: f64,
     pub gradients: f64,

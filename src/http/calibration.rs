@@ -482,18 +482,7 @@ fn reference_figure(state: &AppState, request: &EstimateRequest) -> Result<Refer
         .map(|m| m.estimate_mib)
         .unwrap_or_else(|| estimate.mib_estimators[FIRST_PRINCIPLES]);
     let b = estimate.physics.breakdown(predicted_mib);
-    let breakdown = serde_json::json!({
-        "parameters": b.parameters,
-        "gradients": b.gradients,
-        "optimizer_state": b.optimizer_state,
-        "activations": b.activations,
-        "temporaries": b.temporaries,
-        "collective_buffers": b.collective_buffers,
-        "paged_optimizer_state": b.paged_optimizer_state,
-        "allocator_cache": b.allocator_cache,
-        "cuda_context": b.cuda_context,
-    })
-    .to_string();
+    let breakdown = serde_json::to_string(&b).expect("a breakdown serialises");
     Ok(Reference {
         predicted_mib,
         floor_mib: estimate
