@@ -225,7 +225,11 @@ async fn roofline_step_times_are_reported_against_published_training_throughputs
         let index = row["row"].as_u64().unwrap();
         let model = row["model"].as_str().unwrap();
         let model: String = model.split(' ').next().unwrap().chars().take(28).collect();
-        let quote = row["quote"].as_str().unwrap();
+        // A multi-GPU row's throughput may be the whole cluster's (data/perf/PROVENANCE.md).
+        let quote = match row["throughput_of"].as_str().unwrap() {
+            "one GPU" => row["quote"].as_str().unwrap().to_string(),
+            scope => format!("{}; of {scope}", row["quote"].as_str().unwrap()),
+        };
         let Some(job) = jobs.get(&index) else {
             println!(
                 "| {index} | {model} | {} | - | {} | - | - | - | {quote} (no job: the row is not in data/public/setup_jobs.jsonl.gz) |",

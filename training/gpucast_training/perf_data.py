@@ -53,9 +53,30 @@ def train_rows(layout):
     return rows
 
 
+def least_flops_per_token(params):
+    """The least work a training step does per token: the forward pass and the input gradients
+    of backward, 2 FLOPs per parameter each (no weight gradients, no recomputation)."""
+    return 4.0 * params
+
+
+def peak_tflops(gpu_text, gpus):
+    """The highest dense 16-bit tensor peak of the catalogued cards whose name carries the
+    row's model number ("A100 (40/80GB not stated)" -> the A100s): the generous reading."""
+    match = re.search(r"\b[A-Z]?\d{3,4}\b", gpu_text)
+    if not match:
+        raise ValueError("no card model in %r" % gpu_text)
+    peaks = [max(g["fp16_tflops"], g["bf16_tflops"] or 0.0) for g in gpus
+             if re.search(r"\b%s\b" % match.group(0), g["name"])]
+    if not peaks:
+        raise ValueError("no catalogued card for %r" % gpu_text)
+    return max(peaks)
+
+
 def step_times(layout):
     with open(layout.public_csv, newline="") as handle:
         csv_rows = list(csv.DictReader(handle))
+    with open(layout.read("data", "gpus.json")) as handle:
+        gpus = json.load(handle)["gpus"]
     jobs = {line["row"]: line for line in read_jsonl_gz(layout.read("data", "public", "setup_jobs.jsonl.gz"))}
     out = []
     for index in STEP_TIME_ROWS:
@@ -76,13 +97,24 @@ def step_times(layout):
                  "throughput": value, "unit": unit, "quote": clause,
                  "batch_size": row["batch_size"], "seq_len": row["seq_len"], "in_setup_jobs": index in jobs}
         # One optimizer step of one GPU: its batch (micro-batch x accumulation) of samples, or
-        # of samples x sequence length tokens (torchtune logs tokens/s per GPU).
+        # of samples x sequence length tokens. A multi-GPU row's throughput is taken as one
+        # GPU's unless that is physically impossible (below): then it is the cluster's.
         per_step = batch if unit == "samples/s" else (batch * seq if batch and seq else None)
         entry["step_time_ms"] = round(1000.0 * per_step / value, 3) if per_step else None
         if index in jobs:
             job = jobs[index]["job"]
-            entry["step_time_ms"] = round(1000.0 * (job["batch_size"] if unit == "samples/s"
-                                                    else job["batch_size"] * job["input_shape"][0]) / value, 3)
+            per_step = job["batch_size"] if unit == "samples/s" else job["batch_size"] * job["input_shape"][0]
+            entry["step_time_ms"] = round(1000.0 * per_step / value, 3)
+        n_gpus = lead(row["n_gpus"]) or 1
+        entry["throughput_of"] = "one GPU"
+        if index in jobs and unit == "tokens/s" and n_gpus > 1:
+            params = sum(layer.get("params", 0) for layer in jobs[index]["job"]["layers"])
+            peak = peak_tflops(row["gpu"], gpus)
+            if least_flops_per_token(params) * value > peak * 1e12:
+                # One GPU cannot do that many tokens' least work a second: the cluster did.
+                entry["throughput_of"] = "all %d GPUs (one GPU's reading needs %.0f TFLOP/s; the card's peak is %.0f)" % (
+                    n_gpus, least_flops_per_token(params) * value / 1e12, peak)
+                entry["step_time_ms"] = round(entry["step_time_ms"] * n_gpus, 3)
         out.append(entry)
     return out
 
@@ -109,7 +141,10 @@ def run(layout, threads=None):
         " of `%s`, sha256 `%s`; shapes: %s" % (len(rows), os.path.basename(layout.mlp_csv), sha256(layout.mlp_csv),
                                                 ", ".join("%s %d" % kv for kv in counts.items())),
         "- `step_times.json`: rows %s of `%s`, sha256 `%s`: the throughput quoted in `notes`, as the time"
-        " of one optimizer step of one GPU (batch_size samples, or batch_size x seq_len tokens)"
+        " of one optimizer step of one GPU (batch_size samples, or batch_size x seq_len tokens); a"
+        " multi-GPU row's tokens/s is one GPU's unless one GPU could not do that many tokens' least"
+        " work (4 FLOPs per parameter per token) at the card's dense 16-bit peak, then all n_gpus'"
+        " (`throughput_of` says which)"
         % (", ".join(map(str, STEP_TIME_ROWS)), os.path.basename(layout.public_csv), sha256(layout.public_csv)),
         "",
     ]

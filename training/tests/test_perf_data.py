@@ -39,6 +39,19 @@ class PerfDataTest(unittest.TestCase):
             if r["in_setup_jobs"]:
                 self.assertGreater(r["step_time_ms"], 0)
 
+    def test_a_multi_gpu_throughput_one_gpu_could_not_reach_is_the_clusters(self):
+        with open(os.path.join(REPO, "data", "gpus.json")) as handle:
+            gpus = json.load(handle)["gpus"]
+        self.assertEqual(perf_data.peak_tflops("A100 (40/80GB not stated)", gpus), 312.0)
+        self.assertEqual(perf_data.peak_tflops("Tesla V100-SXM2 16GB", gpus), 125.0)
+        with open(os.path.join(REPO, "data", "perf", "step_times.json")) as handle:
+            rows = {r["row"]: r for r in json.load(handle)}
+        # Llama-2-70B at 3,384 tokens/s on one A100 would need 4 x 69e9 x 3,384 = 934 TFLOP/s.
+        self.assertTrue(rows[44]["throughput_of"].startswith("all 8 GPUs"))
+        self.assertAlmostEqual(rows[44]["step_time_ms"], 8 * 1000.0 * 4 * 4096 / 3384, places=0)
+        # Llama-2-7B at 1,388 tokens/s per 4090 is possible: one GPU's.
+        self.assertEqual(rows[43]["throughput_of"], "one GPU")
+
 
 if __name__ == "__main__":
     unittest.main()
