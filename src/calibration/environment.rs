@@ -483,12 +483,17 @@ fn floor_mib(p: &Breakdown, measure: Measure) -> f64 {
 }
 
 /// The log margin of the bound at `confidence`: the stored quantile at or above it (the
-/// highest stored one beyond), never below 0; with fewer than
-/// [`MIN_SAMPLES_FOR_QUANTILE_BOUND`] samples, the largest residual seen and at least
-/// [`FEW_SAMPLES_LOG_MARGIN`].
-pub fn log_margin(fit: &EnvironmentFit, confidence: f64) -> f64 {
+/// highest stored one beyond), never below 0. With fewer than
+/// [`MIN_SAMPLES_FOR_QUANTILE_BOUND`] samples the fit cannot know its own spread across jobs
+/// (its residuals are those of the jobs it was fitted on), so the margin is the largest of the
+/// residuals seen, [`FEW_SAMPLES_LOG_MARGIN`] and `prior_log_margin`: the uncalibrated bound's
+/// margin for the job, which a few observations may not narrow.
+pub fn log_margin(fit: &EnvironmentFit, confidence: f64, prior_log_margin: f64) -> f64 {
     if fit.samples < MIN_SAMPLES_FOR_QUANTILE_BOUND {
-        return fit.max_log_residual.max(FEW_SAMPLES_LOG_MARGIN);
+        return fit
+            .max_log_residual
+            .max(FEW_SAMPLES_LOG_MARGIN)
+            .max(prior_log_margin);
     }
     let level = QUANTILES
         .iter()
@@ -501,9 +506,22 @@ pub fn log_margin(fit: &EnvironmentFit, confidence: f64) -> f64 {
         .max(0.0)
 }
 
-/// The calibrated device figure of a job and its upper bound at `confidence`, MiB.
-pub fn apply(fit: &EnvironmentFit, predicted: &Breakdown, confidence: f64) -> (f64, f64) {
-    apply_measured(fit, predicted, Measure::Device, confidence)
+/// The calibrated device figure of a job and its upper bound at `confidence`, MiB;
+/// `prior_log_margin` is `ln(bound / estimate)` of the job's uncalibrated answer
+/// ([`log_margin`]).
+pub fn apply(
+    fit: &EnvironmentFit,
+    predicted: &Breakdown,
+    confidence: f64,
+    prior_log_margin: f64,
+) -> (f64, f64) {
+    apply_measured(
+        fit,
+        predicted,
+        Measure::Device,
+        confidence,
+        prior_log_margin,
+    )
 }
 
 /// [`apply`] for a figure of another kind (what a published run measured).
@@ -512,9 +530,11 @@ pub fn apply_measured(
     predicted: &Breakdown,
     measure: Measure,
     confidence: f64,
+    prior_log_margin: f64,
 ) -> (f64, f64) {
     let estimate = fitted_mib(fit, predicted, measure);
-    (estimate, estimate * log_margin(fit, confidence).exp())
+    let margin = log_margin(fit, confidence, prior_log_margin);
+    (estimate, estimate * margin.exp())
 }
 
 #[cfg(test)]
@@ -614,7 +634,7 @@ mod tests {
         let context = fit.context_mib.unwrap();
         assert!(context > 600.0 && context < 1700.0, "{fit:?}");
         let job = job(7000.0);
-        let (estimate, bound) = apply(&fit, &job, 0.95);
+        let (estimate, bound) = apply(&fit, &job, 0.95, 0.0);
         let truth = observed(&job);
         assert!(
             (estimate / truth - 1.0).abs() < 0.03,
@@ -630,8 +650,8 @@ mod tests {
         wild[4].observed_mib *= 5.0;
         let wild = fit_environment(&wild);
         for a in [1000.0, 7000.0, 18_000.0] {
-            let (c, _) = apply(&clean, &job(a), 0.95);
-            let (w, _) = apply(&wild, &job(a), 0.95);
+            let (c, _) = apply(&clean, &job(a), 0.95, 0.0);
+            let (w, _) = apply(&wild, &job(a), 0.95, 0.0);
             assert!((w / c - 1.0).abs() < 0.02, "{a}: {w} vs {c}");
         }
         assert!(
@@ -655,7 +675,7 @@ mod tests {
         // 300 MiB more in both, shrunk toward 0 by its prior.
         let fixed = fit.allocator_fixed_mib;
         assert!(fixed > 150.0 && fixed < 300.0, "{fit:?}");
-        let (estimate, _) = apply(&fit, &job(3000.0), 0.95);
+        let (estimate, _) = apply(&fit, &job(3000.0), 0.95, 0.0);
         assert!((estimate - (4100.0 + 3000.0 + 300.0 + fixed + 1700.0)).abs() < 1e-6);
     }
 
@@ -669,7 +689,7 @@ mod tests {
         };
         let mut small = job(10.0);
         small.temporaries = 0.0;
-        let (estimate, bound) = apply(&fit, &small, 0.95);
+        let (estimate, bound) = apply(&fit, &small, 0.95, 0.0);
         assert_eq!(estimate, 4000.0 + CONTEXT_RANGE_MIB.0);
         assert!(bound > estimate, "few samples: the bound keeps a margin");
         let parts = calibrated_breakdown(&fit, &small);
@@ -681,10 +701,32 @@ mod tests {
     }
 
     #[test]
+    fn a_few_observations_do_not_narrow_the_uncalibrated_bound() {
+        let samples = |n: usize| -> Vec<EnvironmentSample> {
+            (0..n)
+                .map(|i| EnvironmentSample {
+                    predicted: job(1000.0 + 500.0 * i as f64),
+                    observed_mib: job(1000.0 + 500.0 * i as f64).total(),
+                    measure: Measure::Device,
+                })
+                .collect()
+        };
+        // Three exact observations: the residuals say nothing of other jobs' spread.
+        let few = fit_environment(&samples(3));
+        assert_eq!(log_margin(&few, 0.95, 0.0), FEW_SAMPLES_LOG_MARGIN);
+        assert_eq!(log_margin(&few, 0.95, 0.4), 0.4);
+        let (estimate, bound) = apply(&few, &job(3000.0), 0.95, 0.4);
+        assert!((bound / estimate - 0.4_f64.exp()).abs() < 1e-9);
+        // Ten: the environment's own quantiles answer, whatever the prior.
+        let many = fit_environment(&samples(MIN_SAMPLES_FOR_QUANTILE_BOUND));
+        assert_eq!(log_margin(&many, 0.95, 0.4), log_margin(&many, 0.95, 0.0));
+    }
+
+    #[test]
     fn no_samples_leave_physics_as_it_is() {
         let fit = fit_environment(&[]);
         assert_eq!(fit, EnvironmentFit::default());
-        let (estimate, _) = apply(&fit, &job(3000.0), 0.95);
+        let (estimate, _) = apply(&fit, &job(3000.0), 0.95, 0.0);
         assert!((estimate - job(3000.0).total()).abs() < 1e-9);
         assert_eq!(calibrated_breakdown(&fit, &job(3000.0)), job(3000.0));
     }

@@ -179,7 +179,11 @@ impl ProfileStore {
         else {
             return Some(line);
         };
-        let (estimate, bound) = environment::apply(fit, breakdown, confidence);
+        // The uncalibrated bound's margin, which a fit on a few observations may not narrow.
+        let prior_log_margin = upper_mib
+            .filter(|u| u.is_finite() && *u > predicted_mib)
+            .map_or(0.0, |u| (u / predicted_mib).ln());
+        let (estimate, bound) = environment::apply(fit, breakdown, confidence, prior_log_margin);
         if !(estimate.is_finite() && bound.is_finite()) {
             return Some(line);
         }

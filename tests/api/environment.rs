@@ -38,6 +38,8 @@ struct Answered {
     measure: Measure,
     measured_mib: f64,
     predicted: Breakdown,
+    /// `ln(upper bound / estimate)` of the uncalibrated answer.
+    prior_log_margin: f64,
 }
 
 fn jsonl(path: &str) -> Vec<Value> {
@@ -117,6 +119,10 @@ async fn answered() -> (Vec<Answered>, usize) {
             measure: Measure::parse(line["compare"].as_str().unwrap()).unwrap(),
             measured_mib: line["measured_mib"].as_f64().unwrap(),
             predicted: breakdown(&answer),
+            prior_log_margin: (answer["memory"]["upper_bound_mib"].as_f64().unwrap()
+                / answer["memory"]["estimate_mib"].as_f64().unwrap())
+            .ln()
+            .max(0.0),
         });
     }
     (rows, extra_rows)
@@ -237,8 +243,13 @@ fn evaluate(rows: &[&Answered], k: usize, seed: u64) -> Errors {
             errors.profile.push(relative(
                 (profile.offset_mib + profile.scale * plain).max(1.0),
             ));
-            let (estimate, bound) =
-                apply_measured(&environment, &row.predicted, row.measure, CONFIDENCE);
+            let (estimate, bound) = apply_measured(
+                &environment,
+                &row.predicted,
+                row.measure,
+                CONFIDENCE,
+                row.prior_log_margin,
+            );
             errors.environment.push(relative(estimate));
             if row.measured_mib > bound {
                 errors.exceeded += 1;
@@ -346,4 +357,15 @@ async fn an_environment_fitted_from_three_of_its_rows_is_no_worse_on_its_other_r
         "k = 3: environment {environment} vs the profile line {}",
         median(pooled.profile.clone())
     );
+    // A fit on a few observations keeps the uncalibrated bound's margin: measured 6.8 % (k = 1)
+    // and 4.4 % (k = 3) of held-out rows above it, where the fit's own residuals gave 26 and 18 %.
+    for k in [1, 3] {
+        let (pooled, _) = &overall[&k];
+        let above = pooled.exceeded as f64 / pooled.environment.len() as f64;
+        assert!(
+            above <= 0.10,
+            "k = {k}: {:.1} % above the bound",
+            100.0 * above
+        );
+    }
 }
