@@ -58,6 +58,9 @@ pub struct NewObservation {
     /// The predicted figure by category (JSON object, MiB: parameters, gradients, ...).
     pub breakdown: String,
     pub source: Source,
+    /// The step time measured, ms, and the job's predicted step times across host costs
+    /// (JSON `[[host_us, ms], ...]`, [`super::step_time::curve`]); both or neither.
+    pub step_time: Option<(f64, String)>,
 }
 
 /// What a profile is derived from: one stored observation without its job description.
@@ -73,6 +76,8 @@ pub struct FitRow {
     pub predicted_mib: f64,
     /// JSON object of the predicted breakdown, MiB.
     pub breakdown: String,
+    /// The step time measured and the job's curve, where the observation had one.
+    pub step_time: Option<(f64, String)>,
 }
 
 /// A stored observation as exported (`gpucast observations export`): one JSON line each.
@@ -88,6 +93,9 @@ pub struct ExportedObservation {
     pub predicted_mib: f64,
     pub breakdown: serde_json::Value,
     pub source: Source,
+    /// The step time measured, ms, where the observation had one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step_time_ms: Option<f64>,
 }
 
 /// How many observations are kept.
@@ -121,9 +129,10 @@ pub struct Migration {
 }
 
 /// Every schema version, oldest first. Never edit a released one: add the next.
-pub const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    sqlite: "CREATE TABLE observations (
+pub const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        sqlite: "CREATE TABLE observations (
         id INTEGER PRIMARY KEY AUTOINCREMENT,
         recorded_at BIGINT NOT NULL,
         batch_id BIGINT NOT NULL,
@@ -136,7 +145,7 @@ pub const MIGRATIONS: &[Migration] = &[Migration {
         source TEXT NOT NULL
     );
     CREATE INDEX observations_by_key ON observations (gpu, environment, id);",
-    postgres: "CREATE TABLE observations (
+        postgres: "CREATE TABLE observations (
         id BIGSERIAL PRIMARY KEY,
         recorded_at BIGINT NOT NULL,
         batch_id BIGINT NOT NULL,
@@ -149,7 +158,15 @@ pub const MIGRATIONS: &[Migration] = &[Migration {
         source TEXT NOT NULL
     );
     CREATE INDEX observations_by_key ON observations (gpu, environment, id);",
-}];
+    },
+    Migration {
+        version: 2,
+        sqlite: "ALTER TABLE observations ADD COLUMN step_time_ms DOUBLE PRECISION;
+        ALTER TABLE observations ADD COLUMN step_time_curve TEXT;",
+        postgres: "ALTER TABLE observations ADD COLUMN step_time_ms DOUBLE PRECISION;
+        ALTER TABLE observations ADD COLUMN step_time_curve TEXT;",
+    },
+];
 
 /// Key of the advisory lock that serialises migrations across replicas.
 const MIGRATION_LOCK: i64 = 0x0067_7075_6361_7374;
@@ -209,6 +226,11 @@ pub(crate) fn unix_now() -> i64 {
 }
 
 /// A stored row's text column as JSON (`null` if it is not JSON).
+/// A stored step time and its curve: both or neither.
+fn step_time(ms: Option<f64>, curve: Option<String>) -> Option<(f64, String)> {
+    ms.zip(curve)
+}
+
 fn json_or_null(text: &str) -> serde_json::Value {
     serde_json::from_str(text).unwrap_or(serde_json::Value::Null)
 }
@@ -311,8 +333,8 @@ impl ObservationDb for SqliteDb {
             let tx = connection.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
             {
                 let mut insert = tx.prepare_cached(
-                    "INSERT INTO observations (recorded_at, batch_id, gpu, environment, job, observed_peak_mib, predicted_mib, breakdown, source)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                    "INSERT INTO observations (recorded_at, batch_id, gpu, environment, job, observed_peak_mib, predicted_mib, breakdown, source, step_time_ms, step_time_curve)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
                 )?;
                 for o in batch {
                     insert.execute(rusqlite::params![
@@ -324,7 +346,9 @@ impl ObservationDb for SqliteDb {
                         o.observed_peak_mib,
                         o.predicted_mib,
                         o.breakdown,
-                        o.source.as_str()
+                        o.source.as_str(),
+                        o.step_time.as_ref().map(|s| s.0),
+                        o.step_time.as_ref().map(|s| &s.1),
                     ])?;
                 }
                 let mut trim = tx.prepare_cached(
@@ -358,7 +382,7 @@ impl ObservationDb for SqliteDb {
     fn fit_rows(&self) -> Result<Vec<FitRow>, DbError> {
         self.with(|c| {
             let mut statement = c.prepare_cached(
-                "SELECT id, batch_id, recorded_at, gpu, environment, observed_peak_mib, predicted_mib, breakdown
+                "SELECT id, batch_id, recorded_at, gpu, environment, observed_peak_mib, predicted_mib, breakdown, step_time_ms, step_time_curve
                  FROM observations ORDER BY id",
             )?;
             let rows = statement.query_map([], |r| {
@@ -371,6 +395,7 @@ impl ObservationDb for SqliteDb {
                     observed_peak_mib: r.get(5)?,
                     predicted_mib: r.get(6)?,
                     breakdown: r.get(7)?,
+                    step_time: step_time(r.get(8)?, r.get(9)?),
                 })
             })?;
             rows.collect()
@@ -384,7 +409,7 @@ impl ObservationDb for SqliteDb {
         let mut failed = None;
         self.with(|c| {
             let mut statement = c.prepare(
-                "SELECT id, recorded_at, gpu, environment, job, observed_peak_mib, predicted_mib, breakdown, source
+                "SELECT id, recorded_at, gpu, environment, job, observed_peak_mib, predicted_mib, breakdown, source, step_time_ms
                  FROM observations ORDER BY id",
             )?;
             let mut rows = statement.query([])?;
@@ -399,6 +424,7 @@ impl ObservationDb for SqliteDb {
                     predicted_mib: r.get(6)?,
                     breakdown: json_or_null(&r.get::<_, String>(7)?),
                     source: Source::parse(&r.get::<_, String>(8)?),
+                    step_time_ms: r.get(9)?,
                 };
                 if let Err(e) = each(row) {
                     failed = Some(e);
@@ -521,8 +547,8 @@ impl ObservationDb for PostgresDb {
             // beyond the bound whichever transaction sees them first.
             let mut tx = client.transaction()?;
             let insert = tx.prepare(
-                "INSERT INTO observations (recorded_at, batch_id, gpu, environment, job, observed_peak_mib, predicted_mib, breakdown, source)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+                "INSERT INTO observations (recorded_at, batch_id, gpu, environment, job, observed_peak_mib, predicted_mib, breakdown, source, step_time_ms, step_time_curve)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
             )?;
             for o in batch {
                 tx.execute(
@@ -537,6 +563,8 @@ impl ObservationDb for PostgresDb {
                         &o.predicted_mib,
                         &o.breakdown,
                         &o.source.as_str(),
+                        &o.step_time.as_ref().map(|s| s.0),
+                        &o.step_time.as_ref().map(|s| s.1.as_str()),
                     ],
                 )?;
             }
@@ -570,7 +598,7 @@ impl ObservationDb for PostgresDb {
     fn fit_rows(&self) -> Result<Vec<FitRow>, DbError> {
         self.with(|c| {
             let rows = c.query(
-                "SELECT id, batch_id, recorded_at, gpu, environment, observed_peak_mib, predicted_mib, breakdown
+                "SELECT id, batch_id, recorded_at, gpu, environment, observed_peak_mib, predicted_mib, breakdown, step_time_ms, step_time_curve
                  FROM observations ORDER BY id",
                 &[],
             )?;
@@ -585,6 +613,7 @@ impl ObservationDb for PostgresDb {
                     observed_peak_mib: r.get(5),
                     predicted_mib: r.get(6),
                     breakdown: r.get(7),
+                    step_time: step_time(r.get(8), r.get(9)),
                 })
                 .collect())
         })
@@ -596,7 +625,7 @@ impl ObservationDb for PostgresDb {
     ) -> Result<(), DbError> {
         let rows = self.with(|c| {
             c.query(
-                "SELECT id, recorded_at, gpu, environment, job, observed_peak_mib, predicted_mib, breakdown, source
+                "SELECT id, recorded_at, gpu, environment, job, observed_peak_mib, predicted_mib, breakdown, source, step_time_ms
                  FROM observations ORDER BY id",
                 &[],
             )
@@ -612,6 +641,7 @@ impl ObservationDb for PostgresDb {
                 predicted_mib: r.get(6),
                 breakdown: json_or_null(r.get(7)),
                 source: Source::parse(r.get(8)),
+                step_time_ms: r.get(9),
             })?;
         }
         Ok(())
@@ -645,6 +675,7 @@ mod tests {
             predicted_mib: 1000.0,
             breakdown: "{}".into(),
             source: Source::Posted,
+            step_time: None,
         }
     }
 

@@ -9,6 +9,8 @@
 //! - [`db`]: the stored observations (SQLite or PostgreSQL), schema migrations.
 //! - [`store`]: profiles per GPU and per GPU and environment, derived from the observations
 //!   and held in memory.
+//! - [`step_time`]: the host's cost per op fitted to observed step times, the one roofline
+//!   constant that belongs to the environment.
 //! - [`label`]: the environment label.
 //! - [`placement`]: the GPU an answer is for, its profile applied, whether and how many copies
 //!   of the job fit there.
@@ -20,4 +22,5 @@ pub mod fit;
 pub mod label;
 pub mod placement;
 pub mod profile;
+pub mod step_time;
 pub mod store;

@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use super::environment::EnvironmentFit;
 use super::fit::{fit_profile, median_prediction, residual_quantiles, Fitted};
+use super::step_time::HostFit;
 
 /// The profile file format this code reads and writes.
 pub const SCHEMA_VERSION: u32 = 1;
@@ -80,6 +81,10 @@ pub struct CalibrationProfile {
     /// Derived like the rest, never read from a file.
     #[serde(skip)]
     pub environment_fit: Option<EnvironmentFit>,
+    /// The host's cost per op fitted to the observations that carry a step time
+    /// ([`super::step_time`]). Derived like the rest, never read from a file.
+    #[serde(skip)]
+    pub host_fit: Option<HostFit>,
 }
 
 /// A prediction moved onto one SKU by its profile.
@@ -172,6 +177,7 @@ impl CalibrationProfile {
             updated_at_unix: now_unix,
             samples,
             environment_fit: None,
+            host_fit: None,
         }
     }
 

@@ -20,6 +20,7 @@ use super::profile::{
     check_mib, valid_key, Calibrated, CalibrationProfile, ProfileError, ProfileWarning, Sample,
     MAX_SAMPLES, MAX_STEP, MIN_ESTIMATE_MIB,
 };
+use super::step_time::{self, HostFit, StepTimeSample};
 use crate::domain::physics::Breakdown;
 
 /// A profile's key: the GPU, and the environment for an environment's own profile.
@@ -144,6 +145,17 @@ impl ProfileStore {
             .map(|d| d.update.profile.calibrate(predicted_mib, upper_mib))
     }
 
+    /// The host cost per op fitted to the step times observed on `gpu` in `environment`, else
+    /// on `gpu` in any environment; `None` when neither profile has one. A map lookup.
+    pub fn host_fit(&self, gpu: &str, environment: Option<&str>) -> Option<HostFit> {
+        let map = self.read();
+        let of = |environment: Option<&str>| {
+            map.get(&(gpu.to_string(), environment.map(str::to_string)))
+                .and_then(|d| d.update.profile.host_fit)
+        };
+        environment.and_then(|e| of(Some(e))).or_else(|| of(None))
+    }
+
     /// [`Self::calibrate`] for a job whose predicted `breakdown` (physics' categories of
     /// `predicted_mib`) is known. When the profile used is an environment's with an
     /// [`environment::EnvironmentFit`], the estimate is the fit applied to the breakdown at
@@ -215,6 +227,7 @@ impl ProfileStore {
             predicted_mib,
             breakdown: "null".into(),
             source: Source::Posted,
+            step_time: None,
         };
         self.record(vec![observation])?;
         self.get(sku)
@@ -310,6 +323,7 @@ impl ProfileStore {
                             predicted_mib: s.predicted_mib,
                             breakdown: "null".into(),
                             source: Source::Posted,
+                            step_time: None,
                         })
                         .collect();
                     if !batch.is_empty() {
@@ -416,7 +430,24 @@ pub fn derive_profile(gpu: &str, environment: Option<&str>, rows: &[&FitRow]) ->
     if environment.is_some() {
         profile.environment_fit = environment_fit(rows);
     }
+    profile.host_fit = host_fit(rows);
     Update { profile, limited }
+}
+
+/// The host's cost per op fitted to those of the rows (the newest [`MAX_SAMPLES`]) that carry
+/// a measured step time ([`step_time::fit_host_cost`]); `None` when none does.
+fn host_fit(rows: &[&FitRow]) -> Option<HostFit> {
+    let samples: Vec<StepTimeSample> = rows
+        .iter()
+        .filter_map(|r| {
+            let (observed_ms, curve) = r.step_time.as_ref()?;
+            Some(StepTimeSample {
+                curve: serde_json::from_str(curve).ok()?,
+                observed_ms: *observed_ms,
+            })
+        })
+        .collect();
+    step_time::fit_host_cost(&samples)
 }
 
 /// What an environment changes ([`environment::fit_environment`]), fitted to those of its
@@ -589,7 +620,45 @@ mod tests {
             predicted_mib: predicted,
             breakdown: "null".into(),
             source: Source::Posted,
+            step_time: None,
         }
+    }
+
+    #[test]
+    fn step_times_observed_in_an_environment_fit_its_host_cost_and_the_gpus() {
+        let (_dir, store) = store();
+        // Dispatch-bound jobs (step = ops x host cost) observed at 45 us per op.
+        let timed = |ops: f64| {
+            let curve: Vec<[f64; 2]> = step_time::HOST_GRID_US
+                .iter()
+                .map(|&h| [h, ops * h * 1e-3])
+                .collect();
+            NewObservation {
+                step_time: Some((ops * 45.0 * 1e-3, serde_json::to_string(&curve).unwrap())),
+                ..posted("v100-16gb", Some("torch1.10"), 4000.0, 4000.0)
+            }
+        };
+        store
+            .record(vec![timed(1000.0), timed(3000.0), timed(5000.0)])
+            .unwrap();
+        store
+            .record(vec![posted("v100-16gb", Some("other"), 4000.0, 4000.0)])
+            .unwrap();
+        let fit = store.host_fit("v100-16gb", Some("torch1.10")).unwrap();
+        assert!((fit.host_us_per_op / 45.0 - 1.0).abs() < 0.1, "{fit:?}");
+        assert_eq!(fit.observations, 3);
+        // An environment without step times falls back to the GPU's fit of them all.
+        assert_eq!(
+            store.host_fit("v100-16gb", Some("other")),
+            store.host_fit("v100-16gb", None)
+        );
+        assert!(store.host_fit("v100-16gb", None).is_some());
+        assert_eq!(store.host_fit("a100-40gb", None), None);
+        // Kept across a reopening: derived from the stored rows.
+        assert_eq!(
+            store.get_key("v100-16gb", Some("torch1.10")).unwrap().host_fit,
+            Some(fit)
+        );
     }
 
     #[test]

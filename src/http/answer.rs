@@ -7,6 +7,7 @@ use std::time::Instant;
 use crate::calibration::placement::{
     self, place, Candidate, FitBasis, Placement, Target, REFERENCE_SKU,
 };
+use crate::calibration::step_time::HostFit;
 use crate::domain::perf::{self, Bound, Roofline};
 use crate::domain::physics::BreakdownSource;
 use crate::domain::setup::Trainable;
@@ -58,7 +59,7 @@ pub fn answer(
     let asked = Asked {
         confidence,
         fraction,
-        roofline: roofline(&job, &target),
+        roofline: roofline(state, &job, &target, environment.as_deref()),
         target,
         environment,
         warnings,
@@ -88,7 +89,7 @@ fn answer_ranked(
         let asked = Asked {
             confidence: request.confidence,
             fraction: request.fraction,
-            roofline: roofline(job, target),
+            roofline: roofline(state, job, target, request.environment.as_deref()),
             target: target.clone(),
             environment: request.environment.clone(),
             warnings: request.warnings.clone(),
@@ -158,7 +159,7 @@ pub fn answer_items(
             let asked = Asked {
                 confidence: item.confidence,
                 fraction: item.fraction,
-                roofline: roofline(&item.job, &item.target),
+                roofline: roofline(state, &item.job, &item.target, item.environment.as_deref()),
                 target: item.target.clone(),
                 environment: item.environment.clone(),
                 warnings: item.warnings.clone(),
@@ -187,19 +188,37 @@ struct Asked {
     warnings: Vec<String>,
     setup: SetupResponse,
     /// The performance model on the target, or why there is none.
-    roofline: Result<Roofline, String>,
+    roofline: Result<Timed, String>,
 }
 
-/// The roofline of `job` on the target, or why there is none.
-fn roofline(job: &Job, target: &Target) -> Result<Roofline, String> {
-    match &target.performance {
-        Some(gpu) => Ok(perf::roofline(job, gpu)),
-        None => Err(format!(
+/// The roofline and the host cost it was timed with.
+struct Timed {
+    roofline: Roofline,
+    /// Fitted to observed step times; `None`: the model's default.
+    host: Option<HostFit>,
+}
+
+/// The roofline of `job` on the target, timed with the host cost fitted to the step times
+/// observed on that GPU in `environment` (else in any) when there is one; or why there is none.
+fn roofline(
+    state: &AppState,
+    job: &Job,
+    target: &Target,
+    environment: Option<&str>,
+) -> Result<Timed, String> {
+    let Some(gpu) = &target.performance else {
+        return Err(format!(
             "the target GPU '{}' is known only by its memory: no peak throughput to run the \
              roofline performance model on",
             target.gpu
-        )),
-    }
+        ));
+    };
+    let host = state.profiles.host_fit(&target.gpu, environment);
+    let roofline = match &host {
+        Some(fit) => perf::roofline_with(job, gpu, &fit.constants()),
+        None => perf::roofline(job, gpu),
+    };
+    Ok(Timed { roofline, host })
 }
 
 /// Utilization figures, where each comes from and why the others are null: the learned
@@ -207,7 +226,7 @@ fn roofline(job: &Job, target: &Target) -> Result<Roofline, String> {
 /// a learned figure stays when there is no roofline.
 fn utilization(
     learned: &mut BTreeMap<String, f32>,
-    roofline: &Result<Roofline, String>,
+    roofline: &Result<Timed, String>,
     on_reference: bool,
     mut null_reasons: BTreeMap<String, String>,
 ) -> UtilizationResponse {
@@ -215,11 +234,15 @@ fn utilization(
     let mut figures: BTreeMap<&str, f32> = BTreeMap::new();
     for target in UTILIZATION_TARGETS {
         let learned_figure = learned.remove(target);
-        let roofline_figure = roofline.as_ref().ok().map(|r| match target {
-            "smact" => r.smact,
-            "smocc" => r.smocc,
-            _ => r.drama,
-        } as f32);
+        let roofline_figure = roofline
+            .as_ref()
+            .ok()
+            .map(|t| &t.roofline)
+            .map(|r| match target {
+                "smact" => r.smact,
+                "smocc" => r.smocc,
+                _ => r.drama,
+            } as f32);
         let learned_first = on_reference && LEARNED_FIRST.contains(&target);
         let chosen = match (learned_figure, roofline_figure) {
             (Some(l), _) if learned_first => Some((l, UtilizationSourceName::Learned)),
@@ -250,7 +273,8 @@ fn utilization(
     }
 }
 
-fn performance_response(r: &Roofline) -> PerformanceResponse {
+fn performance_response(timed: &Timed) -> PerformanceResponse {
+    let r = &timed.roofline;
     PerformanceResponse {
         step_time_ms: round_3(r.step_time_ms),
         samples_per_s: round_3(r.samples_per_s),
@@ -263,6 +287,12 @@ fn performance_response(r: &Roofline) -> PerformanceResponse {
             Bound::Overhead => PerformanceBoundName::Overhead,
         },
         source: PerformanceSourceName::Roofline,
+        host_us_per_op: round_3(
+            timed
+                .host
+                .map_or(perf::CALIBRATED.host_us_per_op, |h| h.host_us_per_op),
+        ),
+        host_cost_observations: timed.host.map_or(0, |h| h.observations),
     }
 }
 

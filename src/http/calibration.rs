@@ -12,8 +12,10 @@ use serde_json::value::RawValue;
 
 use crate::calibration::db::{NewObservation, Source};
 use crate::calibration::environment::CONTEXT_RANGE_MIB;
+use crate::calibration::placement::Target;
 use crate::calibration::placement::{CUSTOM_PREFIX, MAX_CUSTOM_PROFILES};
 use crate::calibration::profile::{CalibrationProfile, ProfileError};
+use crate::calibration::step_time;
 use crate::calibration::store::Update;
 use crate::devices::watch::{AddError, WatchConfig, WatchDone};
 use crate::error::ApiError;
@@ -23,7 +25,7 @@ use crate::http::extract::{parse_json, JsonBody, JsonObjectOrArray};
 use crate::http::idempotency::{self, Claim};
 use crate::http::types::{
     EnvironmentFitResponse, EstimateRequest, ObservationRequest, ObservationsResponse, Problem,
-    ProfileResponse, ProfilesResponse, WatchRequest, WatchResponse,
+    ProfileResponse, ProfilesResponse, StepTimeFitResponse, WatchRequest, WatchResponse,
 };
 use crate::http::validate::{self, resolve, to_job};
 use crate::http::AppState;
@@ -234,6 +236,11 @@ fn record(state: &AppState, observations: Vec<Posted>) -> Result<ObservationsRes
                 reference.floor_mib
             ))));
         }
+        let step_time = observation
+            .step_time_ms
+            .map(|ms| observed_step_time(ms, &target, &observation.job))
+            .transpose()
+            .map_err(at)?;
         batch.push(NewObservation {
             gpu: target.gpu,
             environment,
@@ -242,6 +249,7 @@ fn record(state: &AppState, observations: Vec<Posted>) -> Result<ObservationsRes
             predicted_mib: reference.predicted_mib,
             breakdown: reference.breakdown,
             source: Source::Posted,
+            step_time,
         });
     }
     refuse_too_many_profiles(state, &batch)?;
@@ -404,6 +412,7 @@ pub async fn watch(
                 predicted_mib: reference.predicted_mib,
                 breakdown: reference.breakdown.clone(),
                 source: Source::Watched,
+                step_time: None,
             };
             match profiles
                 .record(vec![observation])
@@ -457,6 +466,32 @@ fn without_nulls(value: serde_json::Value) -> serde_json::Value {
         Value::Array(items) => Value::Array(items.into_iter().map(without_nulls).collect()),
         other => other,
     }
+}
+
+/// A measured step time and the job's predicted step times across host costs on the card
+/// ([`step_time::curve`]), stored together; refused unless a positive number of ms up to an
+/// hour on a card with peak figures (a custom card known by its memory has no roofline).
+fn observed_step_time(
+    ms: f64,
+    target: &Target,
+    request: &EstimateRequest,
+) -> Result<(f64, String), ApiError> {
+    if !(ms.is_finite() && ms > 0.0 && ms <= step_time::MAX_STEP_TIME_MS) {
+        return Err(ApiError::InvalidInput(format!(
+            "step_time_ms: must be a positive number of ms, at most {}",
+            step_time::MAX_STEP_TIME_MS
+        )));
+    }
+    let Some(gpu) = target.performance.as_ref() else {
+        return Err(ApiError::InvalidInput(format!(
+            "step_time_ms: the GPU '{}' is known only by its memory: no performance model to \
+             learn from a step time",
+            target.gpu
+        )));
+    };
+    let job = to_job(request).map_err(|e| e.within("job."))?;
+    let curve = serde_json::to_string(&step_time::curve(&job, gpu)).expect("a curve serialises");
+    Ok((ms, curve))
 }
 
 /// What the reference (uncalibrated) model says of a job, and the least it can need.
@@ -522,6 +557,11 @@ fn profile_response(p: &CalibrationProfile) -> ProfileResponse {
             cache_scale: f.cache_scale,
             observations: f.samples,
             log_residual_quantiles: f.log_residual_quantiles.clone(),
+        }),
+        step_time_fit: p.host_fit.map(|f| StepTimeFitResponse {
+            host_us_per_op: f.host_us_per_op,
+            observations: f.observations,
+            median_error: f.median_error,
         }),
     }
 }

@@ -777,6 +777,12 @@ pub struct PerformanceResponse {
     /// dispatch (the GPU waiting for work).
     pub bound: PerformanceBoundName,
     pub source: PerformanceSourceName,
+    /// The host's time to dispatch one op that the step was timed with, microseconds: fitted
+    /// to the step times observed on this GPU in this environment (else in any) when there are
+    /// some, else the model's default (15).
+    pub host_us_per_op: f64,
+    /// Observed step times the host cost rests on; 0 for the default.
+    pub host_cost_observations: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -940,6 +946,13 @@ pub struct ObservationRequest {
         example = "torch2.5-cu124"
     )]
     pub environment: Option<String>,
+    /// The job's measured time of one optimizer step on this GPU, ms (the median of steady
+    /// steps): the observation then also teaches the environment's host cost per op, the
+    /// performance model's one environment-bound constant (`step_time_fit` in the profiles).
+    /// At most an hour; refused for a custom card known only by its memory.
+    #[serde(default)]
+    #[schema(exclusive_minimum = 0, maximum = 3600000, example = 215.0)]
+    pub step_time_ms: Option<f64>,
 }
 
 /// One observation or a list of them.
@@ -974,6 +987,24 @@ pub struct ProfileResponse {
     /// without such observations.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub environment_fit: Option<EnvironmentFitResponse>,
+    /// The host's cost per dispatched op fitted to this profile's observations that carry a
+    /// `step_time_ms`; estimates on this GPU (in this environment) time their steps with it.
+    /// Absent without such observations.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step_time_fit: Option<StepTimeFitResponse>,
+}
+
+/// The performance model's host cost fitted to observed step times.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[schema(example = json!({"host_us_per_op": 41.7, "observations": 3, "median_error": 0.06}))]
+pub struct StepTimeFitResponse {
+    /// Host time to dispatch one op (Python, dispatcher, autograd, launch), microseconds;
+    /// the model's default is 15.
+    pub host_us_per_op: f64,
+    /// Observations with a step time the fit rests on.
+    pub observations: usize,
+    /// Median of |fitted step time / observed - 1| over them.
+    pub median_error: f64,
 }
 
 /// An environment's effect on the breakdown: observed ≈ model state and buffers +
