@@ -656,7 +656,10 @@ mod tests {
         assert_eq!(store.host_fit("a100-40gb", None), None);
         // Kept across a reopening: derived from the stored rows.
         assert_eq!(
-            store.get_key("v100-16gb", Some("torch1.10")).unwrap().host_fit,
+            store
+                .get_key("v100-16gb", Some("torch1.10"))
+                .unwrap()
+                .host_fit,
             Some(fit)
         );
     }

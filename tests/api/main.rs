@@ -22,6 +22,7 @@ mod saved_tensors;
 mod setups;
 mod simulation;
 mod startup;
+mod step_time;
 mod store;
 mod summary;
 mod transformer_config;
