@@ -11,7 +11,7 @@ from typing import Optional
 
 from .budget import Budget
 from .generators import FAMILIES, generate, parse_families
-from .post import post_rows
+from .post import environment_label, post_rows
 from .runner import SubprocessExecutor, run_jobs
 from .sampler import Nvml
 from .schema import CsvWriter, row_for
@@ -71,6 +71,8 @@ def main(argv: Optional[list] = None) -> int:
                 status=outcome.status,
                 process_peak_mib=outcome.process_peak_mib,
                 train_seconds=outcome.train_seconds,
+                step_time_ms=outcome.step_time_ms,
+                environment=environment_label(outcome.environment),
             )
             writer.write(row)
             rows.append(row)

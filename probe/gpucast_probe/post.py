@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
+import re
 import urllib.error
 import urllib.request
 from typing import Callable, Optional
@@ -35,6 +36,30 @@ def api_kind(kind: str) -> str:
     return API_KINDS.get(kind, kind.lower())
 
 
+ENVIRONMENT_LABEL = re.compile(r"^[A-Za-z0-9._+-]{1,64}$")
+
+
+def environment_label(environment: Optional[dict]) -> Optional[str]:
+    """The API's environment label for what the child read (`measure.environment`): the torch
+    build, with the CUDA version when the build does not name it (`torch2.5.1+cu124`); None
+    when torch was not read. Other characters become '_'."""
+    torch = (environment or {}).get("torch")
+    if not torch:
+        return None
+    cuda = environment.get("cuda")
+    label = f"torch{torch}" + (f"-cu{cuda}" if cuda and "+cu" not in torch else "")
+    return re.sub(r"[^A-Za-z0-9._+-]", "_", label)[:64]
+
+
+def _positive(value) -> Optional[float]:
+    """A positive finite number from a row (a CSV gives text), else None."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if 0 < number < float("inf") else None
+
+
 def observation(row: dict, gpu: str) -> Optional[dict]:
     """The request body for one CSV row, or None when the row is not a usable observation
     (the job did not train to the end, no peak, or too many layers for the API)."""
@@ -55,7 +80,15 @@ def observation(row: dict, gpu: str) -> Optional[dict]:
         job["family"] = family
     else:
         job["model"] = str(row["Filename"]).split("_batch:")[0]
-    return {"gpu": gpu, "job": job, "observed_peak_mib": float(peak)}
+    body = {"gpu": gpu, "job": job, "observed_peak_mib": float(peak)}
+    # The steady step time teaches the environment's host cost per op (the API's step_time_ms).
+    step = _positive(row.get("step_time_ms"))
+    if step is not None:
+        body["step_time_ms"] = step
+    label = row.get("environment")
+    if label and ENVIRONMENT_LABEL.match(str(label)):
+        body["environment"] = str(label)
+    return body
 
 
 def post_rows(

@@ -30,7 +30,8 @@ GPUMEMNET_COLUMNS = [
 # Added: the GPU (catalogue id or driver name), the driver, DRAM activity (fraction 0..1), the
 # job family, the outcome (ok, oom, failed, timeout), the process's own peak (NVML per-process
 # used memory, MiB), and seconds trained.
-EXTRA_COLUMNS = ["gpu_sku", "driver", "drama", "family", "status", "process_peak_mib", "train_seconds"]
+EXTRA_COLUMNS = ["gpu_sku", "driver", "drama", "family", "status", "process_peak_mib", "train_seconds",
+                 "step_time_ms", "environment"]
 COLUMNS = GPUMEMNET_COLUMNS + EXTRA_COLUMNS
 
 
@@ -53,6 +54,8 @@ def row_for(
     status: str,
     process_peak_mib: Optional[int] = None,
     train_seconds: Optional[float] = None,
+    step_time_ms: Optional[float] = None,
+    environment: Optional[str] = None,
 ) -> dict:
     """One CSV row. `metrics` holds gputl, gract, smact, smocc, fp32a, drama (None: unmeasured)."""
     layers = [tuple(layer) for layer in spec.layers]
@@ -79,6 +82,8 @@ def row_for(
         "status": status,
         "process_peak_mib": process_peak_mib,
         "train_seconds": None if train_seconds is None else round(train_seconds, 1),
+        "step_time_ms": step_time_ms,
+        "environment": environment,
     }
 
 

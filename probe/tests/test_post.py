@@ -7,7 +7,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 from probe.gpucast_probe import cli
 from probe.gpucast_probe.generators import generate
-from probe.gpucast_probe.post import OBSERVATIONS_PATH, api_kind, observation, post_rows
+from probe.gpucast_probe.post import OBSERVATIONS_PATH, api_kind, environment_label, observation, post_rows
 from probe.gpucast_probe.schema import CsvWriter, row_for
 
 
@@ -65,6 +65,26 @@ class Observations(unittest.TestCase):
         self.assertEqual(job["family"], "mlp")
         self.assertTrue(all(set(layer) == {"kind", "output_size", "params"} for layer in job["layers"]))
         self.assertEqual(job["layers"][0]["kind"], "linear")
+
+    def test_the_steady_step_time_and_environment_go_with_the_observation(self):
+        row = rows(1, step_time_ms=12.5, environment="torch2.5.1+cu124")[0]
+        body = observation(row, "h200-141gb")
+        self.assertEqual(body["step_time_ms"], 12.5)
+        self.assertEqual(body["environment"], "torch2.5.1+cu124")
+        # From a CSV read back: text; an empty or bad cell is left out.
+        self.assertEqual(observation(dict(row, step_time_ms="12.5"), "l4")["step_time_ms"], 12.5)
+        for bad in ("", None, "0", "-3", "nan", "inf"):
+            self.assertNotIn("step_time_ms", observation(dict(row, step_time_ms=bad), "l4"))
+        self.assertNotIn("environment", observation(dict(row, environment="a b"), "l4"))
+        self.assertNotIn("environment", observation(dict(row, environment=""), "l4"))
+
+    def test_the_environment_label_is_the_torch_build(self):
+        self.assertEqual(environment_label({"torch": "2.5.1+cu124", "cuda": "12.4"}), "torch2.5.1+cu124")
+        self.assertEqual(environment_label({"torch": "2.5.1", "cuda": "12.4"}), "torch2.5.1-cu12.4")
+        self.assertEqual(environment_label({"torch": "2.5.1 (dev)"}), "torch2.5.1__dev_")
+        self.assertIsNone(environment_label({"torch": None}))
+        self.assertIsNone(environment_label(None))
+        self.assertEqual(len(environment_label({"torch": "9" * 100})), 64)
 
     def test_failed_or_unmeasured_rows_are_not_observations(self):
         self.assertIsNone(observation(rows(1, status="oom")[0], "l4"))
