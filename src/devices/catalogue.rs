@@ -58,6 +58,12 @@ struct EntryFile {
     bf16_tflops: Option<f64>,
     #[serde(default)]
     fp8_tflops: Option<f64>,
+    /// GPU-to-GPU bandwidth each way, GB/s (default: PCIe 4.0 x16's).
+    #[serde(default)]
+    interconnect_gb_s: Option<f64>,
+    /// What the link is (`NVLink 3: ...`), for people.
+    #[serde(default)]
+    interconnect: Option<String>,
     compute_capability: String,
     source: SourceFile,
     #[serde(default)]
@@ -218,6 +224,12 @@ fn check_entry(e: EntryFile, origin: Origin) -> Result<Sku, String> {
             positive(field, value, MAX_TFLOPS)?;
         }
     }
+    if let Some(link) = e.interconnect_gb_s {
+        positive("interconnect_gb_s", link, 1.0e5)?;
+    }
+    if let Some(link) = &e.interconnect {
+        text("interconnect", link, MAX_TEXT_CHARS)?;
+    }
     if !valid_compute_capability(&e.compute_capability) {
         return Err("compute_capability: must be `major.minor`, e.g. `8.0`".into());
     }
@@ -242,6 +254,9 @@ fn check_entry(e: EntryFile, origin: Origin) -> Result<Sku, String> {
             fp16_tflops: e.fp16_tflops,
             bf16_tflops: e.bf16_tflops,
             fp8_tflops: e.fp8_tflops,
+            interconnect_gb_s: e
+                .interconnect_gb_s
+                .unwrap_or(crate::devices::performance::DEFAULT_INTERCONNECT_GB_S),
         },
         compute_capability: e.compute_capability,
         source: Source {

@@ -139,6 +139,8 @@ pub fn performance_of(device: &GpuDevice) -> Option<GpuPerformance> {
         fp16_tflops: tflops(per.fp16 * tensor),
         bf16_tflops: per.bf16.map(|r| tflops(r * tensor)),
         fp8_tflops: per.fp8.map(|r| tflops(r * tensor)),
+        // NVML's link figures are not read: taken as PCIe 4.0 x16.
+        interconnect_gb_s: super::performance::DEFAULT_INTERCONNECT_GB_S,
     })
 }
 

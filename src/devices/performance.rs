@@ -23,4 +23,11 @@ pub struct GpuPerformance {
     pub bf16_tflops: Option<f64>,
     /// fp8 on tensor cores, dense; `None` before Ada/Hopper.
     pub fp8_tflops: Option<f64>,
+    /// GPU-to-GPU bandwidth each way within a node, 10^9 bytes/s: NVLink where the card has
+    /// it, else its PCIe link ([`DEFAULT_INTERCONNECT_GB_S`] when unknown). Data-parallel
+    /// collectives run on it.
+    pub interconnect_gb_s: f64,
 }
+
+/// PCIe 4.0 x16, each way: the link of a card whose interconnect is not known.
+pub const DEFAULT_INTERCONNECT_GB_S: f64 = 32.0;

@@ -12,7 +12,7 @@
 use super::job::{Family, Job, Layer, LayerKind};
 use super::setup::{
     BaseWeights, Checkpointing, LoraTargets, Optimizer, OptimizerImplementation, Precision,
-    Trainable,
+    Strategy, Trainable,
 };
 use super::step::{self, LayerDetail};
 use crate::devices::performance::GpuPerformance;
@@ -98,6 +98,9 @@ pub struct Roofline {
     /// FLOPs and DRAM bytes of one step.
     pub flops: f64,
     pub bytes: f64,
+    /// The step's data-parallel collectives on the interconnect, overlapped with compute or
+    /// not ([`collectives`]); only the part compute does not hide is in `step_time_ms`.
+    pub collectives_ms: f64,
 }
 
 /// What bounds the step: the GPU's arithmetic, its memory, or the host's dispatch (the GPU
@@ -107,6 +110,8 @@ pub enum Bound {
     Compute,
     Memory,
     Overhead,
+    /// Data-parallel collectives that compute does not hide.
+    Communication,
 }
 
 impl Bound {
@@ -115,6 +120,7 @@ impl Bound {
             Bound::Compute => "compute",
             Bound::Memory => "memory",
             Bound::Overhead => "overhead",
+            Bound::Communication => "communication",
         }
     }
 }
@@ -477,6 +483,18 @@ pub fn roofline_with(job: &Job, gpu: &GpuPerformance, constants: &Constants) -> 
     backward_us += timeline.sync() - started;
     let accumulation = setup.accumulation.max(1) as f64;
     let micro_us = timeline.done;
+    let collectives = collectives(
+        job,
+        gpu,
+        &shares,
+        &adapters,
+        stage,
+        Phases {
+            forward_us,
+            backward_us,
+            accumulation,
+        },
+    );
     // Scale the micro-batch's sums to the step.
     let mut scaled = Sums::of(&timeline).times(accumulation);
     forward_us *= accumulation;
@@ -505,10 +523,17 @@ pub fn roofline_with(job: &Job, gpu: &GpuPerformance, constants: &Constants) -> 
     };
     let input_us =
         input_elements(job) * setup.micro_batch_size as f64 * accumulation * input_ns * 1e-3;
-    let step_us = micro_us * accumulation + optimizer_us + constants.step_host_us + input_us;
+    let step_us = micro_us * accumulation
+        + optimizer_us
+        + constants.step_host_us
+        + input_us
+        + collectives.exposed_us;
     let busy = scaled.compute_us + scaled.memory_us;
-    let idle = (step_us - busy).max(0.0);
-    let bound = if idle >= scaled.compute_us && idle >= scaled.memory_us {
+    let idle = (step_us - busy - collectives.exposed_us).max(0.0);
+    let exposed = collectives.exposed_us;
+    let bound = if exposed >= idle && exposed >= scaled.compute_us && exposed >= scaled.memory_us {
+        Bound::Communication
+    } else if idle >= scaled.compute_us && idle >= scaled.memory_us {
         Bound::Overhead
     } else if scaled.compute_us >= scaled.memory_us {
         Bound::Compute
@@ -528,6 +553,134 @@ pub fn roofline_with(job: &Job, gpu: &GpuPerformance, constants: &Constants) -> 
         drama: (scaled.bytes / (seconds * gpu.memory_bandwidth_gb_s * 1e9)).clamp(0.0, 1.0),
         flops: scaled.flops,
         bytes: scaled.bytes,
+        collectives_ms: collectives.total_us * 1e-3,
+    }
+}
+
+/// GPUs of one node: rings of more ranks cross nodes, over [`INTER_NODE_GB_S`].
+const GPUS_PER_NODE: u64 = 8;
+/// One 200 Gb/s InfiniBand (HDR) port per GPU, each way: a ring across nodes runs at it.
+const INTER_NODE_GB_S: f64 = 25.0;
+/// Share of the link's bandwidth NCCL's ring collectives reach (bus bandwidth in nccl-tests:
+/// ~230 of NVLink 3's 300 GB/s, ~75 % on PCIe).
+const COLLECTIVE_EFFICIENCY: f64 = 0.75;
+/// A DDP bucket (25 MiB): the last one's all-reduce starts when backward ends.
+const DDP_BUCKET_BYTES: f64 = 25.0 * 1024.0 * 1024.0;
+
+/// One micro-batch's forward and backward times (us) and the micro-batches of a step.
+struct Phases {
+    forward_us: f64,
+    backward_us: f64,
+    accumulation: f64,
+}
+
+/// The data-parallel collectives of one optimizer step (us): all of them, and the part that
+/// compute does not hide.
+struct Collectives {
+    total_us: f64,
+    exposed_us: f64,
+}
+
+/// Data-parallel collectives over `d` ranks, as ring algorithms move them (each rank sends
+/// (d-1)/d of the tensor per all-gather or reduce-scatter, twice that per all-reduce), on the
+/// card's link ([`GpuPerformance::interconnect_gb_s`], or InfiniBand when the ranks span
+/// nodes) at [`COLLECTIVE_EFFICIENCY`]:
+///
+/// - DDP: one all-reduce of the trained gradients per step (accumulation runs `no_sync`),
+///   overlapped with the last micro-batch's backward but for its last bucket.
+/// - ZeRO-1/2: the gradients reduce-scattered under the last backward, the updated weights
+///   all-gathered after the optimizer (exposed).
+/// - FSDP/ZeRO-3: every micro-batch gathers the weights for forward and again for backward
+///   and reduce-scatters the gradients; prefetching hides them behind that pass's compute.
+///
+/// Tensor, pipeline and context parallelism's own traffic (activations) is not modelled.
+fn collectives(
+    job: &Job,
+    gpu: &GpuPerformance,
+    shares: &[f64],
+    adapters: &[bool],
+    stage: usize,
+    phases: Phases,
+) -> Collectives {
+    let setup = job.setup();
+    let p = setup.parallelism;
+    let d = p.data();
+    if d <= 1 || p.strategy == Strategy::None {
+        return Collectives {
+            total_us: 0.0,
+            exposed_us: 0.0,
+        };
+    }
+    let layers = &job.layers()[..stage.min(job.layers().len())];
+    let model_shard = p.tensor as f64;
+    let rank = setup.lora.as_ref().map_or(0.0, |l| l.rank as f64);
+    let quantised = setup.lora.as_ref().and_then(|l| match l.base_weights {
+        BaseWeights::Nf4 => Some(0.5),
+        BaseWeights::Int8 => Some(1.0),
+        BaseWeights::Same => None,
+    });
+    // Bytes of the weights one rank gathers and of the gradients it reduces (the latter in
+    // the storage dtype: fp32 under autocast; adapters train in fp32).
+    let storage = setup.precision.storage_bytes();
+    let (mut weight_bytes, mut gradient_bytes) = (0.0, 0.0);
+    for (i, layer) in layers.iter().enumerate() {
+        let params = layer.params as f64 / model_shard;
+        let per_weight = match quantised {
+            Some(bytes) if layer.kind == LayerKind::Linear => bytes,
+            _ => storage,
+        };
+        weight_bytes += params * per_weight;
+        gradient_bytes += params * shares[i] * storage;
+        if adapters[i] {
+            let shape = linear_shape(layer, job.layer_details().get(i), None);
+            let elements = rank * (shape.inputs + shape.outputs) / model_shard;
+            weight_bytes += elements * 4.0;
+            gradient_bytes += elements * 4.0;
+        }
+    }
+    let link = if p.world_size > GPUS_PER_NODE {
+        gpu.interconnect_gb_s.min(INTER_NODE_GB_S)
+    } else {
+        gpu.interconnect_gb_s
+    };
+    let bytes_per_us = link * 1e3 * COLLECTIVE_EFFICIENCY;
+    let ring = (d - 1) as f64 / d as f64;
+    let gather = |bytes: f64| ring * bytes / bytes_per_us;
+    let Phases {
+        forward_us,
+        backward_us,
+        accumulation,
+    } = phases;
+    match p.strategy {
+        Strategy::None => unreachable!("returned above"),
+        Strategy::Ddp => {
+            let all_reduce = 2.0 * gather(gradient_bytes);
+            let last_bucket = 2.0 * gather(gradient_bytes.min(DDP_BUCKET_BYTES));
+            Collectives {
+                total_us: all_reduce,
+                exposed_us: (all_reduce - backward_us).max(last_bucket),
+            }
+        }
+        Strategy::Zero1 | Strategy::Zero2 => {
+            let reduce = gather(gradient_bytes);
+            let weights = gather(weight_bytes);
+            Collectives {
+                total_us: reduce + weights,
+                exposed_us: (reduce - backward_us).max(0.0) + weights,
+            }
+        }
+        Strategy::Fsdp | Strategy::Zero3 => {
+            let forward = gather(weight_bytes);
+            let backward = gather(weight_bytes) + gather(gradient_bytes);
+            // The first layer's gather waits for nothing to hide behind.
+            let first = forward / layers.iter().filter(|l| l.params > 0).count().max(1) as f64;
+            let exposed =
+                (forward - forward_us).max(0.0) + first + (backward - backward_us).max(0.0);
+            Collectives {
+                total_us: (forward + backward) * accumulation,
+                exposed_us: exposed * accumulation,
+            }
+        }
     }
 }
 
@@ -1265,6 +1418,51 @@ mod tests {
             let ratio = split(t, p).flops / one.flops * (t * p) as f64;
             assert!((0.9..1.1).contains(&ratio), "t {t} p {p}: {ratio}");
         }
+    }
+
+    #[test]
+    fn data_parallel_collectives_run_on_the_cards_link_and_only_what_compute_leaves_shows() {
+        let parallel = |strategy: &'static str, world: u64| UncheckedSetup {
+            parallelism: Some(crate::domain::setup::UncheckedParallelism {
+                strategy: Some(strategy),
+                world_size: Some(world),
+                ..Default::default()
+            }),
+            ..plain()
+        };
+        let card = |id: &str| Catalogue::builtin().by_id(id).unwrap().performance;
+        // 8 blocks of 4096 x 16384: 1.07e9 fp32 parameters, 4.3 GB of gradients.
+        let small_batch = |setup| stack(1, 8, 4096, 16, setup);
+        let one = roofline(&small_batch(plain()), &card("a100-80gb"));
+        assert_eq!(one.collectives_ms, 0.0);
+        let gradients = one.flops / 6.0 / 16.0 * 4.0; // FLOPs = 6 x params x tokens
+                                                      // DDP x8: an all-reduce of 2 x 7/8 of the gradients, at 75 % of NVLink 3's 300 GB/s.
+        let nvlink = roofline(&small_batch(parallel("ddp", 8)), &card("a100-80gb"));
+        let expected_ms = 2.0 * 7.0 / 8.0 * gradients / (300e9 * 0.75) * 1e3;
+        assert!(
+            (nvlink.collectives_ms / expected_ms - 1.0).abs() < 0.05,
+            "{} vs {expected_ms}",
+            nvlink.collectives_ms
+        );
+        // The same on PCIe 4.0: nearly 10x longer, and with so little compute to hide behind,
+        // it bounds the step.
+        let pcie = roofline(&small_batch(parallel("ddp", 8)), &card("a100-80gb-pcie"));
+        assert!((pcie.collectives_ms / nvlink.collectives_ms - 300.0 / 32.0).abs() < 0.1);
+        assert_eq!(pcie.bound, Bound::Communication);
+        assert!(pcie.step_time_ms > one.step_time_ms + 0.9 * pcie.collectives_ms);
+        // Across nodes the ring runs at the InfiniBand port's 25 GB/s.
+        let nodes = roofline(&small_batch(parallel("ddp", 16)), &card("a100-80gb"));
+        assert!(nodes.collectives_ms > 10.0 * nvlink.collectives_ms);
+        // FSDP gathers weights for forward and backward and reduce-scatters gradients every
+        // micro-batch: more traffic than DDP's one all-reduce; a large batch hides it.
+        let fsdp = roofline(&small_batch(parallel("fsdp", 8)), &card("a100-80gb"));
+        assert!(fsdp.collectives_ms > nvlink.collectives_ms);
+        let big = |setup| stack(64, 8, 4096, 512, setup);
+        let alone = roofline(&big(plain()), &card("a100-80gb"));
+        let hidden = roofline(&big(parallel("fsdp", 8)), &card("a100-80gb"));
+        assert!(hidden.collectives_ms > 0.0);
+        assert!(hidden.step_time_ms < alone.step_time_ms * 1.02);
+        assert_eq!(hidden.bound, Bound::Compute);
     }
 
     #[test]

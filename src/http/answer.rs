@@ -281,10 +281,12 @@ fn performance_response(timed: &Timed) -> PerformanceResponse {
         forward_ms: round_3(r.forward_ms),
         backward_ms: round_3(r.backward_ms),
         optimizer_ms: round_3(r.optimizer_ms),
+        collectives_ms: round_3(r.collectives_ms),
         bound: match r.bound {
             Bound::Compute => PerformanceBoundName::Compute,
             Bound::Memory => PerformanceBoundName::Memory,
             Bound::Overhead => PerformanceBoundName::Overhead,
+            Bound::Communication => PerformanceBoundName::Communication,
         },
         source: PerformanceSourceName::Roofline,
         host_us_per_op: round_3(

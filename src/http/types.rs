@@ -773,8 +773,12 @@ pub struct PerformanceResponse {
     pub backward_ms: f64,
     /// The optimizer's step, ms.
     pub optimizer_ms: f64,
-    /// What bounds the step: the GPU's arithmetic, its memory bandwidth, or the host's
-    /// dispatch (the GPU waiting for work).
+    /// The step's data-parallel collectives (DDP all-reduce, ZeRO/FSDP gathers and
+    /// reduce-scatters) on the card's interconnect, ms; compute hides some or all of them, and
+    /// only the rest lengthens the step. 0 on one GPU.
+    pub collectives_ms: f64,
+    /// What bounds the step: the GPU's arithmetic, its memory bandwidth, the host's dispatch
+    /// (the GPU waiting for work), or collectives compute does not hide.
     pub bound: PerformanceBoundName,
     pub source: PerformanceSourceName,
     /// The host's time to dispatch one op that the step was timed with, microseconds: fitted
@@ -791,6 +795,7 @@ pub enum PerformanceBoundName {
     Compute,
     Memory,
     Overhead,
+    Communication,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -1363,6 +1368,9 @@ pub struct PeaksResponse {
     pub bf16_tflops: Option<f64>,
     /// Null before Ada and Hopper.
     pub fp8_tflops: Option<f64>,
+    /// GPU-to-GPU bandwidth each way within a node (NVLink, else PCIe), 10^9 bytes/s: what
+    /// data-parallel collectives run on.
+    pub interconnect_gb_s: f64,
 }
 
 impl From<&crate::devices::performance::GpuPerformance> for PeaksResponse {
@@ -1377,6 +1385,7 @@ impl From<&crate::devices::performance::GpuPerformance> for PeaksResponse {
             fp16_tflops: p.fp16_tflops,
             bf16_tflops: p.bf16_tflops,
             fp8_tflops: p.fp8_tflops,
+            interconnect_gb_s: p.interconnect_gb_s,
         }
     }
 }
@@ -1395,7 +1404,8 @@ pub struct SourceResponse {
     "memory_mib": 23034, "memory_gb": 24, "compute_capability": "8.9",
     "peaks": {"sm_count": 58, "max_warps_per_sm": 48, "boost_clock_mhz": 2040,
         "memory_bandwidth_gb_s": 300.0, "fp32_tflops": 30.3, "tf32_tflops": 60.0,
-        "fp16_tflops": 121.0, "bf16_tflops": 121.0, "fp8_tflops": 242.0},
+        "fp16_tflops": 121.0, "bf16_tflops": 121.0, "fp8_tflops": 242.0,
+        "interconnect_gb_s": 32.0},
     "source": {"title": "NVIDIA L4 Tensor Core GPU datasheet", "url": "https://www.nvidia.com/en-us/data-center/l4/"},
     "from_file": false
 }))]
