@@ -15,7 +15,7 @@ use gpucast::http::validate::to_job;
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::helpers::{models_dir, ort_dylib, repo_root};
+use crate::helpers::{median, models_dir, ort_dylib, repo_root};
 
 /// Figures are recomputed in f32 by another runtime build; allow rounding at class borders.
 const TOLERANCE: f64 = 0.005;
@@ -62,16 +62,6 @@ fn assert_close(what: &str, actual: f64, validation: &BTreeMap<String, Value>, n
         (actual - expected).abs() <= TOLERANCE,
         "{what}: {name} is {actual:.4} in Rust, {expected:.4} in the manifest"
     );
-}
-
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    let n = values.len();
-    if n % 2 == 1 {
-        values[n / 2]
-    } else {
-        (values[n / 2 - 1] + values[n / 2]) / 2.0
-    }
 }
 
 fn mean(values: impl Iterator<Item = f64>) -> f64 {

@@ -8,13 +8,9 @@ use gpucast::devices::{FakeDevices, GpuDevices, NoDevices};
 use serde_json::{json, Value};
 
 use crate::helpers::{
-    example_job, held_out_mlp_jobs, models_dir, spawn_app, spawn_app_with_devices, test_config,
+    example_job, held_out_mlp_jobs, median, models_dir, spawn_app, spawn_app_with_devices,
+    test_config,
 };
-
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
-}
 
 #[tokio::test]
 async fn without_a_driver_devices_says_so_plainly_and_estimates_still_work() {

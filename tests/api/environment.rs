@@ -21,7 +21,7 @@ use gpucast::calibration::profile::Sample;
 use gpucast::domain::physics::Breakdown;
 use serde_json::Value;
 
-use crate::helpers::{repo_root, spawn_app};
+use crate::helpers::{combinations, median, repo_root, spawn_app};
 
 /// Sources with fewer rows are left out: one observation and too few others to estimate.
 const MIN_ROWS: usize = 4;
@@ -152,37 +152,8 @@ impl Draws {
     }
 }
 
-fn combinations(n: usize, k: usize) -> Vec<Vec<usize>> {
-    if k == 0 {
-        return vec![vec![]];
-    }
-    if n < k {
-        return vec![];
-    }
-    let mut with_last = combinations(n - 1, k - 1);
-    for c in &mut with_last {
-        c.push(n - 1);
-    }
-    let mut out = combinations(n - 1, k);
-    out.extend(with_last);
-    out
-}
-
 fn choose(n: usize, k: usize) -> f64 {
     (0..k).map(|i| (n - i) as f64 / (i + 1) as f64).product()
-}
-
-fn median(mut values: Vec<f64>) -> f64 {
-    if values.is_empty() {
-        return f64::NAN;
-    }
-    values.sort_by(f64::total_cmp);
-    let n = values.len();
-    if n % 2 == 1 {
-        values[n / 2]
-    } else {
-        (values[n / 2 - 1] + values[n / 2]) / 2.0
-    }
 }
 
 /// The held-out errors of one source at one k, over all its draws.

@@ -159,3 +159,34 @@ pub fn assert_class_holds_figure(answer: &Value, what: &str) {
         "{what}: estimate {figure} MiB outside its class {lower}-{upper}"
     );
 }
+
+/// The median; NaN for no values.
+pub fn median(mut values: Vec<f64>) -> f64 {
+    if values.is_empty() {
+        return f64::NAN;
+    }
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    if n % 2 == 1 {
+        values[n / 2]
+    } else {
+        (values[n / 2 - 1] + values[n / 2]) / 2.0
+    }
+}
+
+/// Every choice of `k` of the indices below `n`.
+pub fn combinations(n: usize, k: usize) -> Vec<Vec<usize>> {
+    if k == 0 {
+        return vec![vec![]];
+    }
+    if n < k {
+        return vec![];
+    }
+    let mut with_last = combinations(n - 1, k - 1);
+    for c in &mut with_last {
+        c.push(n - 1);
+    }
+    let mut out = combinations(n - 1, k);
+    out.extend(with_last);
+    out
+}

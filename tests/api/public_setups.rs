@@ -10,6 +10,7 @@ use std::io::BufRead;
 
 use serde_json::Value;
 
+use crate::helpers::median;
 use crate::helpers::{repo_root, spawn_app};
 
 pub struct Row {
@@ -51,19 +52,6 @@ pub fn like_with_like(compare: &str, answer: &Value) -> Option<(f64, f64)> {
         _ => return None,
     };
     Some((figure, bound - device))
-}
-
-pub fn median(mut values: Vec<f64>) -> f64 {
-    if values.is_empty() {
-        return f64::NAN;
-    }
-    values.sort_by(f64::total_cmp);
-    let n = values.len();
-    if n % 2 == 1 {
-        values[n / 2]
-    } else {
-        (values[n / 2 - 1] + values[n / 2]) / 2.0
-    }
 }
 
 fn quantile(mut values: Vec<f64>, q: f64) -> f64 {

@@ -16,7 +16,7 @@ use gpucast::estimators::Estimators;
 use gpucast::http::types::EstimateRequest;
 use gpucast::http::validate::to_job;
 
-use crate::helpers::{models_dir, ort_dylib, repo_root, spawn_app};
+use crate::helpers::{median, models_dir, ort_dylib, repo_root, spawn_app};
 
 fn jsonl_gz(path: &str) -> Vec<Value> {
     let file = std::fs::File::open(repo_root().join(path)).expect(path);
@@ -29,16 +29,6 @@ fn jsonl_gz(path: &str) -> Vec<Value> {
 fn shape_of(id: &str) -> String {
     let start = id.find("_arch:").expect("an architecture shape") + "_arch:".len();
     id[start..].split('_').next().unwrap().to_string()
-}
-
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    let n = values.len();
-    if n % 2 == 1 {
-        values[n / 2]
-    } else {
-        (values[n / 2 - 1] + values[n / 2]) / 2.0
-    }
 }
 
 fn mae(values: &[f64]) -> f64 {

@@ -14,7 +14,7 @@ use gpucast::domain::perf::CALIBRATED;
 use gpucast::http::types::EstimateRequest;
 use gpucast::http::validate::to_job;
 
-use crate::helpers::{repo_root, spawn_app};
+use crate::helpers::{combinations, median, repo_root, spawn_app};
 
 const ENVIRONMENT: &str = "torch1.10-transformers4.16";
 
@@ -157,32 +157,6 @@ async fn bad_step_times_are_refused_and_record_nothing() {
     }
     let profiles = app.get_json("/v1/calibration/profiles").await;
     assert_eq!(profiles["profiles"], json!([]), "nothing was recorded");
-}
-
-fn combinations(n: usize, k: usize) -> Vec<Vec<usize>> {
-    if k == 0 {
-        return vec![vec![]];
-    }
-    if n < k {
-        return vec![];
-    }
-    let mut with_last = combinations(n - 1, k - 1);
-    for c in &mut with_last {
-        c.push(n - 1);
-    }
-    let mut out = combinations(n - 1, k);
-    out.extend(with_last);
-    out
-}
-
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    let n = values.len();
-    if n % 2 == 1 {
-        values[n / 2]
-    } else {
-        (values[n / 2 - 1] + values[n / 2]) / 2.0
-    }
 }
 
 /// Each run series (one source on one card: one environment) with k of its rows observed and

@@ -208,7 +208,8 @@ async fn public_llm_rows_are_answered_from_their_configs() {
     use std::collections::BTreeMap;
     use std::io::BufRead;
 
-    use crate::public_setups::{like_with_like, median};
+    use crate::helpers::median;
+    use crate::public_setups::like_with_like;
 
     let app = spawn_app().await;
     let file = std::fs::File::open(repo_root().join("data/public/setup_jobs.jsonl.gz")).unwrap();
