@@ -2,6 +2,7 @@
 //! nothing downstream can see an invalid one.
 
 use std::fmt;
+use std::ops::Range;
 
 use super::echo;
 use super::setup::{
@@ -432,6 +433,9 @@ pub struct Job {
     layers: Vec<Layer>,
     /// Names and linear shapes, index for index with `layers`; empty when none were given.
     details: Vec<LayerDetail>,
+    /// The repeated blocks the names show ([`step::blocks`]), found once when the names are
+    /// set: the setup's check, the step and the roofline all read them.
+    blocks: Vec<Range<usize>>,
     setup: Setup,
     input_shape: Option<Vec<u64>>,
     saved_tensors: Option<SavedTensors>,
@@ -529,6 +533,7 @@ impl Job {
             batch_size,
             layers,
             details: Vec::new(),
+            blocks: Vec::new(),
             setup: Setup::plain(batch_size),
             input_shape: None,
             saved_tensors: None,
@@ -583,6 +588,7 @@ impl Job {
         } else {
             details
         };
+        self.blocks = step::blocks(&self.details);
         Ok(self)
     }
 
@@ -623,7 +629,7 @@ impl Job {
         match &setup.checkpointing {
             Checkpointing::None => {}
             Checkpointing::Full => {
-                if step::blocks(&self.details).is_empty() {
+                if self.blocks.is_empty() {
                     return Err(SetupError::new(
                         "activation_checkpointing",
                         "full checkpoints every repeated block, and no layer names show                          repeated blocks (`<prefix>.<index>.`): name the modules instead",
@@ -898,6 +904,12 @@ impl Job {
     /// Names and linear shapes, index for index with [`Job::layers`]; empty when none given.
     pub fn layer_details(&self) -> &[LayerDetail] {
         &self.details
+    }
+
+    /// The repeated blocks of the named layers ([`step::blocks`]): each the range of layer
+    /// indices it spans, in order; empty without names.
+    pub fn blocks(&self) -> &[Range<usize>] {
+        &self.blocks
     }
 
     pub fn input_shape(&self) -> Option<&[u64]> {

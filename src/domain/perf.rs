@@ -409,13 +409,17 @@ pub fn roofline_with(job: &Job, gpu: &GpuPerformance, constants: &Constants) -> 
     // Backward computes a layer's input gradient only when something before it trains.
     let first_trained = (0..layers.len()).find(|&i| trains_share(i) > 0.0 || adapted(i));
     let needs_input_grad = |i: usize| first_trained.is_some_and(|f| i > f);
-    let recomputed: Vec<std::ops::Range<usize>> = match &setup.checkpointing {
-        Checkpointing::None => Vec::new(),
-        Checkpointing::Full => step::blocks(details),
-        Checkpointing::Modules(modules) => step::modules_ranges(details, modules),
+    let named_modules;
+    let recomputed: &[std::ops::Range<usize>] = match &setup.checkpointing {
+        Checkpointing::None => &[],
+        Checkpointing::Full => job.blocks(),
+        Checkpointing::Modules(modules) => {
+            named_modules = step::modules_ranges(details, modules);
+            &named_modules
+        }
     };
     let mut is_recomputed = vec![false; layers.len()];
-    for range in &recomputed {
+    for range in recomputed {
         is_recomputed[range.clone()]
             .iter_mut()
             .for_each(|r| *r = true);

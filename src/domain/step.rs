@@ -127,46 +127,55 @@ pub fn names_target(name: &str, target: &str) -> bool {
 /// `model.layers.0..31`, a ViT's `blocks.0..11`, each ResNet stage's blocks). Each block is
 /// the range of layer indices it spans, in order.
 pub fn blocks(details: &[LayerDetail]) -> Vec<std::ops::Range<usize>> {
-    // (the prefix of the first numeric component, that component), borrowed from the name:
-    // no allocation per layer (an 80-layer decoder has ~900 of them).
-    type BlockKey<'a> = Option<(&'a str, &'a str)>;
-    let key = |detail: &LayerDetail| -> Option<(usize, usize)> {
-        let name = detail.name.as_deref()?;
+    // Runs of layers in the same block, borrowed from the names: no allocation per layer (an
+    // 80-layer decoder has ~900 of them).
+    let mut runs: Vec<(Option<BlockName>, std::ops::Range<usize>)> = Vec::new();
+    for (i, detail) in details.iter().enumerate() {
+        let name = detail.name.as_deref().and_then(BlockName::of);
+        match runs.last_mut() {
+            // Comparing blocks is enough: a block's name holds its prefix.
+            Some((Some(last), range)) if name.is_some_and(|n| n.block == last.block) => {
+                range.end = i + 1
+            }
+            _ => runs.push((name, i..i + 1)),
+        }
+    }
+    let mut indices_per_prefix: std::collections::HashMap<&str, usize> = Default::default();
+    for name in runs.iter().filter_map(|(name, _)| name.as_ref()) {
+        *indices_per_prefix.entry(name.prefix).or_default() += 1;
+    }
+    runs.into_iter()
+        .filter(|(name, _)| name.is_some_and(|n| indices_per_prefix[n.prefix] >= 2))
+        .map(|(_, range)| range)
+        .collect()
+}
+
+/// Where a module is among the repeated blocks, borrowed from its name.
+#[derive(Clone, Copy)]
+struct BlockName<'a> {
+    /// The name up to its first numeric component (`model.layers.12`).
+    block: &'a str,
+    /// The name before that component (`model.layers`).
+    prefix: &'a str,
+}
+
+impl<'a> BlockName<'a> {
+    /// `None` for a name without a numeric component.
+    fn of(name: &'a str) -> Option<BlockName<'a>> {
+        // Split as bytes: the dot is ASCII, and splitting a `str` at a `char` pays for a
+        // UTF-8 pattern search.
         let mut start = 0;
-        for part in name.split('.') {
-            if !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit()) {
-                return Some((start, start + part.len()));
+        for part in name.as_bytes().split(|&b| b == b'.') {
+            if !part.is_empty() && part.iter().all(u8::is_ascii_digit) {
+                return Some(BlockName {
+                    block: &name[..start + part.len()],
+                    prefix: &name[..start.saturating_sub(1)],
+                });
             }
             start += part.len() + 1;
         }
         None
-    };
-    let keys: Vec<BlockKey> = details
-        .iter()
-        .map(|d| {
-            let (start, end) = key(d)?;
-            let name = d.name.as_deref()?;
-            Some((&name[..start.saturating_sub(1)], &name[start..end]))
-        })
-        .collect();
-    let mut blocks: Vec<(BlockKey, std::ops::Range<usize>)> = Vec::new();
-    for (i, k) in keys.iter().enumerate() {
-        match blocks.last_mut() {
-            Some((last, range)) if k.is_some() && last == k => range.end = i + 1,
-            _ => blocks.push((*k, i..i + 1)),
-        }
     }
-    let mut indices_per_prefix: std::collections::HashMap<&str, usize> = Default::default();
-    for (k, _) in &blocks {
-        if let Some((prefix, _)) = k {
-            *indices_per_prefix.entry(prefix).or_default() += 1;
-        }
-    }
-    blocks
-        .iter()
-        .filter(|(k, _)| k.is_some_and(|(prefix, _)| indices_per_prefix[prefix] >= 2))
-        .map(|(_, range)| range.clone())
-        .collect()
 }
 
 fn is_matmul(kind: LayerKind) -> bool {
@@ -386,10 +395,14 @@ pub fn analytic_step(job: &Job) -> StepMemory {
     };
     let share =
         |range: &std::ops::Range<usize>| outputs[range.clone()].iter().sum::<f64>() / output_total;
-    let checkpointed: Vec<std::ops::Range<usize>> = match &setup.checkpointing {
-        Checkpointing::None => Vec::new(),
-        Checkpointing::Full => blocks(details),
-        Checkpointing::Modules(modules) => modules_ranges(details, modules),
+    let named_modules;
+    let checkpointed: &[std::ops::Range<usize>] = match &setup.checkpointing {
+        Checkpointing::None => &[],
+        Checkpointing::Full => job.blocks(),
+        Checkpointing::Modules(modules) => {
+            named_modules = modules_ranges(details, modules);
+            &named_modules
+        }
     };
     let activations = if checkpointed.is_empty() {
         kept
@@ -482,7 +495,7 @@ pub fn analytic_step(job: &Job) -> StepMemory {
         // The gathered weights of the unit running and of the one prefetched, and one unit's
         // gradients before their reduce-scatter.
         Strategy::Fsdp | Strategy::Zero3 => {
-            let units = blocks(details);
+            let units = job.blocks();
             let unit_params = if units.is_empty() {
                 total_params
             } else {

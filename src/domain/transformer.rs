@@ -544,6 +544,16 @@ fn product(factors: &[u64]) -> u64 {
     factors.iter().fold(1u64, |p, &f| p.saturating_mul(f))
 }
 
+/// The module path `prefix.name`. Allocated at its exact length: an 80-layer decoder names
+/// ~900 modules, and `format!` would grow each name through the formatting machinery.
+fn dotted(prefix: &str, name: &str) -> String {
+    let mut path = String::with_capacity(prefix.len() + 1 + name.len());
+    path.push_str(prefix);
+    path.push('.');
+    path.push_str(name);
+    path
+}
+
 struct Builder {
     seq: u64,
     layers: Vec<Layer>,
@@ -627,10 +637,13 @@ pub fn build(
         );
     }
     let attention_flops = product(&[4, seq, seq, c.heads, c.head_dim]);
+    // Room for a decoder's 11 modules a block and the few around them (other layouts grow
+    // the lists as needed); never more than a job may hold, however many blocks are asked.
+    let expected = ((c.layers + c.decoder_layers) as usize * 11 + 4).min(MAX_LAYERS + 1);
     let mut b = Builder {
         seq,
-        layers: Vec::new(),
-        details: Vec::new(),
+        layers: Vec::with_capacity(expected),
+        details: Vec::with_capacity(expected),
     };
     let mut outside = Saved {
         int64: 1.0,
@@ -689,14 +702,14 @@ pub fn build(
             for i in 0..c.layers {
                 let p = format!("model.layers.{i}");
                 b.push(
-                    format!("{p}.input_layernorm"),
+                    dotted(&p, "input_layernorm"),
                     LayerKind::RmsNorm,
                     c.hidden,
                     c.hidden,
                     0,
                 );
                 b.push(
-                    format!("{p}.self_attn"),
+                    dotted(&p, "self_attn"),
                     LayerKind::Attention,
                     0,
                     c.hidden,
@@ -705,7 +718,7 @@ pub fn build(
                 let (qd, kvd) = (c.heads * c.head_dim, c.kv_heads * c.head_dim);
                 if c.fused {
                     b.linear(
-                        format!("{p}.self_attn.qkv_proj"),
+                        dotted(&p, "self_attn.qkv_proj"),
                         c.hidden,
                         qd + 2 * kvd,
                         c.qkv_bias,
@@ -713,30 +726,30 @@ pub fn build(
                     );
                 } else {
                     b.linear(
-                        format!("{p}.self_attn.q_proj"),
+                        dotted(&p, "self_attn.q_proj"),
                         c.hidden,
                         qd,
                         c.qkv_bias,
                         true,
                     );
                     b.linear(
-                        format!("{p}.self_attn.k_proj"),
+                        dotted(&p, "self_attn.k_proj"),
                         c.hidden,
                         kvd,
                         c.qkv_bias,
                         true,
                     );
                     b.linear(
-                        format!("{p}.self_attn.v_proj"),
+                        dotted(&p, "self_attn.v_proj"),
                         c.hidden,
                         kvd,
                         c.qkv_bias,
                         true,
                     );
                 }
-                b.linear(format!("{p}.self_attn.o_proj"), qd, c.hidden, false, true);
+                b.linear(dotted(&p, "self_attn.o_proj"), qd, c.hidden, false, true);
                 b.push(
-                    format!("{p}.post_attention_layernorm"),
+                    dotted(&p, "post_attention_layernorm"),
                     LayerKind::RmsNorm,
                     c.hidden,
                     c.hidden,
@@ -751,17 +764,17 @@ pub fn build(
                 }
                 if c.experts > 0 {
                     let (e, k) = (c.experts, c.experts_per_token);
-                    b.linear(format!("{p}.mlp.gate"), c.hidden, e, false, true);
+                    b.linear(dotted(&p, "mlp.gate"), c.hidden, e, false, true);
                     let expert_params = e * 3 * c.hidden * c.intermediate;
                     b.push(
-                        format!("{p}.mlp.experts"),
+                        dotted(&p, "mlp.experts"),
                         LayerKind::Other,
                         expert_params,
                         k * c.hidden,
                         product(&[6, k, c.hidden, c.intermediate, seq]),
                     );
                     b.push(
-                        format!("{p}.mlp.experts.act_fn"),
+                        dotted(&p, "mlp.experts.act_fn"),
                         LayerKind::Silu,
                         0,
                         k * c.intermediate,
@@ -784,24 +797,24 @@ pub fn build(
                     };
                     if c.fused {
                         b.linear(
-                            format!("{p}.mlp.gate_up_proj"),
+                            dotted(&p, "mlp.gate_up_proj"),
                             c.hidden,
                             2 * c.intermediate,
                             c.mlp_bias,
                             true,
                         );
-                        b.push(format!("{p}.mlp.activation_fn"), act, 0, c.intermediate, 0);
+                        b.push(dotted(&p, "mlp.activation_fn"), act, 0, c.intermediate, 0);
                     } else {
                         b.linear(
-                            format!("{p}.mlp.gate_proj"),
+                            dotted(&p, "mlp.gate_proj"),
                             c.hidden,
                             c.intermediate,
                             c.mlp_bias,
                             true,
                         );
-                        b.push(format!("{p}.mlp.act_fn"), act, 0, c.intermediate, 0);
+                        b.push(dotted(&p, "mlp.act_fn"), act, 0, c.intermediate, 0);
                         b.linear(
-                            format!("{p}.mlp.up_proj"),
+                            dotted(&p, "mlp.up_proj"),
                             c.hidden,
                             c.intermediate,
                             c.mlp_bias,
@@ -809,7 +822,7 @@ pub fn build(
                         );
                     }
                     b.linear(
-                        format!("{p}.mlp.down_proj"),
+                        dotted(&p, "mlp.down_proj"),
                         c.intermediate,
                         c.hidden,
                         c.mlp_bias,
@@ -862,64 +875,52 @@ pub fn build(
             for i in 0..c.layers {
                 let p = format!("transformer.h.{i}");
                 b.push(
-                    format!("{p}.ln_1"),
+                    dotted(&p, "ln_1"),
                     LayerKind::LayerNorm,
                     2 * c.hidden,
                     c.hidden,
                     0,
                 );
                 b.push(
-                    format!("{p}.attn"),
+                    dotted(&p, "attn"),
                     LayerKind::Attention,
                     0,
                     c.hidden,
                     attention_flops,
                 );
                 b.linear(
-                    format!("{p}.attn.c_attn"),
+                    dotted(&p, "attn.c_attn"),
                     c.hidden,
                     3 * c.hidden,
                     true,
                     true,
                 );
-                b.linear(format!("{p}.attn.c_proj"), c.hidden, c.hidden, true, true);
+                b.linear(dotted(&p, "attn.c_proj"), c.hidden, c.hidden, true, true);
                 b.push(
-                    format!("{p}.attn.resid_dropout"),
+                    dotted(&p, "attn.resid_dropout"),
                     LayerKind::Dropout,
                     0,
                     c.hidden,
                     0,
                 );
                 b.push(
-                    format!("{p}.ln_2"),
+                    dotted(&p, "ln_2"),
                     LayerKind::LayerNorm,
                     2 * c.hidden,
                     c.hidden,
                     0,
                 );
+                b.linear(dotted(&p, "mlp.c_fc"), c.hidden, c.intermediate, true, true);
+                b.push(dotted(&p, "mlp.act"), LayerKind::Gelu, 0, c.intermediate, 0);
                 b.linear(
-                    format!("{p}.mlp.c_fc"),
-                    c.hidden,
-                    c.intermediate,
-                    true,
-                    true,
-                );
-                b.push(
-                    format!("{p}.mlp.act"),
-                    LayerKind::Gelu,
-                    0,
-                    c.intermediate,
-                    0,
-                );
-                b.linear(
-                    format!("{p}.mlp.c_proj"),
+                    dotted(&p, "mlp.c_proj"),
                     c.intermediate,
                     c.hidden,
                     true,
                     true,
                 );
                 b.push(
-                    format!("{p}.mlp.dropout"),
+                    dotted(&p, "mlp.dropout"),
                     LayerKind::Dropout,
                     0,
                     c.hidden,
@@ -965,56 +966,50 @@ pub fn build(
             for i in 0..c.layers {
                 let p = format!("gpt_neox.layers.{i}");
                 b.push(
-                    format!("{p}.input_layernorm"),
+                    dotted(&p, "input_layernorm"),
                     LayerKind::LayerNorm,
                     2 * c.hidden,
                     c.hidden,
                     0,
                 );
                 b.push(
-                    format!("{p}.attention"),
+                    dotted(&p, "attention"),
                     LayerKind::Attention,
                     0,
                     c.hidden,
                     attention_flops,
                 );
                 b.linear(
-                    format!("{p}.attention.query_key_value"),
+                    dotted(&p, "attention.query_key_value"),
                     c.hidden,
                     3 * c.hidden,
                     true,
                     true,
                 );
                 b.linear(
-                    format!("{p}.attention.dense"),
+                    dotted(&p, "attention.dense"),
                     c.hidden,
                     c.hidden,
                     true,
                     true,
                 );
                 b.push(
-                    format!("{p}.post_attention_layernorm"),
+                    dotted(&p, "post_attention_layernorm"),
                     LayerKind::LayerNorm,
                     2 * c.hidden,
                     c.hidden,
                     0,
                 );
                 b.linear(
-                    format!("{p}.mlp.dense_h_to_4h"),
+                    dotted(&p, "mlp.dense_h_to_4h"),
                     c.hidden,
                     c.intermediate,
                     true,
                     true,
                 );
-                b.push(
-                    format!("{p}.mlp.act"),
-                    LayerKind::Gelu,
-                    0,
-                    c.intermediate,
-                    0,
-                );
+                b.push(dotted(&p, "mlp.act"), LayerKind::Gelu, 0, c.intermediate, 0);
                 b.linear(
-                    format!("{p}.mlp.dense_4h_to_h"),
+                    dotted(&p, "mlp.dense_4h_to_h"),
                     c.intermediate,
                     c.hidden,
                     true,
@@ -1064,33 +1059,33 @@ pub fn build(
             for i in 0..c.layers {
                 let p = format!("model.layers.{i}");
                 b.push(
-                    format!("{p}.input_layernorm"),
+                    dotted(&p, "input_layernorm"),
                     LayerKind::LayerNorm,
                     2 * c.hidden,
                     c.hidden,
                     0,
                 );
                 b.push(
-                    format!("{p}.self_attn"),
+                    dotted(&p, "self_attn"),
                     LayerKind::Attention,
                     0,
                     c.hidden,
                     attention_flops,
                 );
                 let (qd, kvd) = (c.heads * c.head_dim, c.kv_heads * c.head_dim);
-                b.linear(format!("{p}.self_attn.q_proj"), c.hidden, qd, true, true);
-                b.linear(format!("{p}.self_attn.k_proj"), c.hidden, kvd, true, true);
-                b.linear(format!("{p}.self_attn.v_proj"), c.hidden, kvd, true, true);
-                b.linear(format!("{p}.self_attn.dense"), qd, c.hidden, true, true);
-                b.linear(format!("{p}.mlp.fc1"), c.hidden, c.intermediate, true, true);
+                b.linear(dotted(&p, "self_attn.q_proj"), c.hidden, qd, true, true);
+                b.linear(dotted(&p, "self_attn.k_proj"), c.hidden, kvd, true, true);
+                b.linear(dotted(&p, "self_attn.v_proj"), c.hidden, kvd, true, true);
+                b.linear(dotted(&p, "self_attn.dense"), qd, c.hidden, true, true);
+                b.linear(dotted(&p, "mlp.fc1"), c.hidden, c.intermediate, true, true);
                 b.push(
-                    format!("{p}.mlp.activation_fn"),
+                    dotted(&p, "mlp.activation_fn"),
                     LayerKind::Gelu,
                     0,
                     c.intermediate,
                     0,
                 );
-                b.linear(format!("{p}.mlp.fc2"), c.intermediate, c.hidden, true, true);
+                b.linear(dotted(&p, "mlp.fc2"), c.intermediate, c.hidden, true, true);
                 let mut block = layer_norm;
                 block.autocast_copies += 3.0 * h;
                 block.add(attention_saved(if sixteen { kv } else { q }));
@@ -1162,70 +1157,70 @@ pub fn build(
             for i in 0..c.layers {
                 let p = format!("bert.encoder.layer.{i}");
                 b.push(
-                    format!("{p}.attention.self"),
+                    dotted(&p, "attention.self"),
                     LayerKind::Attention,
                     0,
                     c.hidden,
                     attention_flops,
                 );
                 b.linear(
-                    format!("{p}.attention.self.query"),
+                    dotted(&p, "attention.self.query"),
                     c.hidden,
                     c.hidden,
                     true,
                     true,
                 );
                 b.linear(
-                    format!("{p}.attention.self.key"),
+                    dotted(&p, "attention.self.key"),
                     c.hidden,
                     c.hidden,
                     true,
                     true,
                 );
                 b.linear(
-                    format!("{p}.attention.self.value"),
+                    dotted(&p, "attention.self.value"),
                     c.hidden,
                     c.hidden,
                     true,
                     true,
                 );
                 b.linear(
-                    format!("{p}.attention.output.dense"),
+                    dotted(&p, "attention.output.dense"),
                     c.hidden,
                     c.hidden,
                     true,
                     true,
                 );
                 b.push(
-                    format!("{p}.attention.output.LayerNorm"),
+                    dotted(&p, "attention.output.LayerNorm"),
                     LayerKind::LayerNorm,
                     2 * c.hidden,
                     c.hidden,
                     0,
                 );
                 b.linear(
-                    format!("{p}.intermediate.dense"),
+                    dotted(&p, "intermediate.dense"),
                     c.hidden,
                     c.intermediate,
                     true,
                     true,
                 );
                 b.push(
-                    format!("{p}.intermediate.intermediate_act_fn"),
+                    dotted(&p, "intermediate.intermediate_act_fn"),
                     LayerKind::Gelu,
                     0,
                     c.intermediate,
                     0,
                 );
                 b.linear(
-                    format!("{p}.output.dense"),
+                    dotted(&p, "output.dense"),
                     c.intermediate,
                     c.hidden,
                     true,
                     true,
                 );
                 b.push(
-                    format!("{p}.output.LayerNorm"),
+                    dotted(&p, "output.LayerNorm"),
                     LayerKind::LayerNorm,
                     2 * c.hidden,
                     c.hidden,
@@ -1344,74 +1339,64 @@ pub fn build(
                 for i in 0..count {
                     let p = format!("{stack}.block.{i}.layer");
                     b.push(
-                        format!("{p}.0.layer_norm"),
+                        dotted(&p, "0.layer_norm"),
                         LayerKind::RmsNorm,
                         c.hidden,
                         c.hidden,
                         0,
                     );
                     b.push(
-                        format!("{p}.0.SelfAttention"),
+                        dotted(&p, "0.SelfAttention"),
                         LayerKind::Attention,
                         0,
                         c.hidden,
                         attention_flops,
                     );
-                    for proj in ["q", "k", "v"] {
-                        b.linear(
-                            format!("{p}.0.SelfAttention.{proj}"),
-                            c.hidden,
-                            qd,
-                            false,
-                            true,
-                        );
+                    for proj in [
+                        "0.SelfAttention.q",
+                        "0.SelfAttention.k",
+                        "0.SelfAttention.v",
+                    ] {
+                        b.linear(dotted(&p, proj), c.hidden, qd, false, true);
                     }
                     if i == 0 {
                         b.push(
-                            format!("{p}.0.SelfAttention.relative_attention_bias"),
+                            dotted(&p, "0.SelfAttention.relative_attention_bias"),
                             LayerKind::Embedding,
                             c.relative_buckets * c.heads,
                             c.heads * seq,
                             0,
                         );
                     }
-                    b.linear(format!("{p}.0.SelfAttention.o"), qd, c.hidden, false, true);
-                    let mut f = 1;
+                    b.linear(dotted(&p, "0.SelfAttention.o"), qd, c.hidden, false, true);
+                    // The feed-forward sublayer follows the attention sublayers.
+                    let ffn = dotted(&p, if cross { "2" } else { "1" });
                     if cross {
                         b.push(
-                            format!("{p}.1.layer_norm"),
+                            dotted(&p, "1.layer_norm"),
                             LayerKind::RmsNorm,
                             c.hidden,
                             c.hidden,
                             0,
                         );
                         b.push(
-                            format!("{p}.1.EncDecAttention"),
+                            dotted(&p, "1.EncDecAttention"),
                             LayerKind::Attention,
                             0,
                             c.hidden,
                             attention_flops,
                         );
-                        for proj in ["q", "k", "v"] {
-                            b.linear(
-                                format!("{p}.1.EncDecAttention.{proj}"),
-                                c.hidden,
-                                qd,
-                                false,
-                                true,
-                            );
+                        for proj in [
+                            "1.EncDecAttention.q",
+                            "1.EncDecAttention.k",
+                            "1.EncDecAttention.v",
+                        ] {
+                            b.linear(dotted(&p, proj), c.hidden, qd, false, true);
                         }
-                        b.linear(
-                            format!("{p}.1.EncDecAttention.o"),
-                            qd,
-                            c.hidden,
-                            false,
-                            true,
-                        );
-                        f = 2;
+                        b.linear(dotted(&p, "1.EncDecAttention.o"), qd, c.hidden, false, true);
                     }
                     b.push(
-                        format!("{p}.{f}.layer_norm"),
+                        dotted(&ffn, "layer_norm"),
                         LayerKind::RmsNorm,
                         c.hidden,
                         c.hidden,
@@ -1419,45 +1404,33 @@ pub fn build(
                     );
                     if c.gated {
                         b.linear(
-                            format!("{p}.{f}.DenseReluDense.wi_0"),
+                            dotted(&ffn, "DenseReluDense.wi_0"),
                             c.hidden,
                             ff,
                             false,
                             true,
                         );
                         b.linear(
-                            format!("{p}.{f}.DenseReluDense.wi_1"),
+                            dotted(&ffn, "DenseReluDense.wi_1"),
                             c.hidden,
                             ff,
                             false,
                             true,
                         );
                     } else {
-                        b.linear(
-                            format!("{p}.{f}.DenseReluDense.wi"),
-                            c.hidden,
-                            ff,
-                            false,
-                            true,
-                        );
+                        b.linear(dotted(&ffn, "DenseReluDense.wi"), c.hidden, ff, false, true);
                     }
                     b.push(
-                        format!("{p}.{f}.DenseReluDense.act"),
+                        dotted(&ffn, "DenseReluDense.act"),
                         LayerKind::Relu,
                         0,
                         ff,
                         0,
                     );
-                    b.linear(
-                        format!("{p}.{f}.DenseReluDense.wo"),
-                        ff,
-                        c.hidden,
-                        false,
-                        true,
-                    );
+                    b.linear(dotted(&ffn, "DenseReluDense.wo"), ff, c.hidden, false, true);
                 }
                 b.push(
-                    format!("{stack}.final_layer_norm"),
+                    dotted(stack, "final_layer_norm"),
                     LayerKind::RmsNorm,
                     c.hidden,
                     c.hidden,
