@@ -268,7 +268,8 @@ fn http_round_trip(c: &mut Criterion) {
 
 /// A job from a Hugging Face config alone (issue 16): Llama-2-70B's (80 layers, 725 modules)
 /// at 4,096 tokens, bf16, LoRA: validating the request builds the model; then every
-/// estimator that applies (the analytic step and the roofline).
+/// estimator that applies (the analytic step) and the roofline on an A100 (the answer's
+/// `performance`).
 fn transformer_config(c: &mut Criterion) {
     let estimators = Estimators::load(&root().join("models"), &dylib(), 1).expect("models load");
     let config: serde_json::Value = serde_json::from_str(
@@ -306,10 +307,18 @@ fn transformer_config(c: &mut Criterion) {
                 .unwrap()
         })
     });
+    let a100 = gpucast::devices::sku::Catalogue::builtin()
+        .by_id("a100-80gb")
+        .unwrap()
+        .performance;
+    c.bench_function("transformer_config/llama2_70b_roofline", |b| {
+        b.iter(|| gpucast::domain::perf::roofline(std::hint::black_box(&job), &a100))
+    });
     c.bench_function("transformer_config/llama2_70b_request_to_answer", |b| {
         b.iter(|| {
             let job = parse(std::hint::black_box(&body));
-            estimators.estimate(&job, 0.95).unwrap()
+            let estimate = estimators.estimate(&job, 0.95).unwrap();
+            (estimate, gpucast::domain::perf::roofline(&job, &a100))
         })
     });
 }

@@ -212,14 +212,25 @@ struct Timeline<'a> {
     warps: f64,
     flops: f64,
     bytes: f64,
+    /// Per kernel, precomputed once: SMs and their warps, the achievable FLOP rate per
+    /// [`Unit`] (FLOP/us) and byte rate (B/us). A large model runs thousands of kernels.
+    sms: f64,
+    max_warps: f64,
+    compute_rate: [f64; 3],
+    memory_rate: f64,
 }
 
 impl<'a> Timeline<'a> {
     fn new(gpu: &'a GpuPerformance, constants: &'a Constants, precision: Precision) -> Self {
+        let rate = |unit| peak_tflops(gpu, precision, unit) * 1e6 * constants.compute_efficiency;
         Timeline {
             gpu,
             constants,
             precision,
+            sms: f64::from(gpu.sm_count),
+            max_warps: f64::from(gpu.max_warps_per_sm),
+            compute_rate: [rate(Unit::Matmul), rate(Unit::Conv), rate(Unit::Vector)],
+            memory_rate: gpu.memory_bandwidth_gb_s * 1e3 * constants.memory_efficiency,
             host: 0.0,
             done: 0.0,
             compute_us: 0.0,
@@ -232,39 +243,16 @@ impl<'a> Timeline<'a> {
     }
 
     /// Peak FLOP/s (10^12) of a unit at the job's precision.
-    fn peak_tflops(&self, unit: Unit) -> f64 {
-        let g = self.gpu;
-        let tf32 = g.tf32_tflops.unwrap_or(g.fp32_tflops);
-        let half = |bf16: bool| {
-            if bf16 {
-                // Before Ampere bf16 has no tensor cores: it runs at about fp32's rate.
-                g.bf16_tflops.unwrap_or(g.fp32_tflops)
-            } else {
-                g.fp16_tflops
-            }
-        };
-        match (unit, self.precision) {
-            (Unit::Vector, _) => g.fp32_tflops,
-            (Unit::Matmul, Precision::Fp32) => g.fp32_tflops,
-            (Unit::Conv, Precision::Fp32) | (_, Precision::Tf32) => tf32,
-            (_, Precision::AmpFp16 | Precision::Fp16) => half(false),
-            (_, Precision::AmpBf16 | Precision::Bf16) => half(true),
-        }
-    }
-
     /// Issues `count` copies of `kernel`.
     fn run(&mut self, kernel: Kernel, count: usize) {
-        let sms = f64::from(self.gpu.sm_count);
+        let sms = self.sms;
         let active = (kernel.blocks / sms).min(1.0);
-        let compute = kernel.flops
-            / (self.peak_tflops(kernel.unit) * 1e6 * self.constants.compute_efficiency * active);
-        let memory = kernel.bytes
-            / (self.gpu.memory_bandwidth_gb_s * 1e3 * self.constants.memory_efficiency * active);
+        let compute = kernel.flops / (self.compute_rate[kernel.unit as usize] * active);
+        let memory = kernel.bytes / (self.memory_rate * active);
         let duration = compute.max(memory).max(KERNEL_MIN_US);
         // Warps resident on an active SM, over the most it holds.
         let per_sm = (kernel.blocks / (active * sms)).min(kernel.blocks_per_sm);
-        let occupancy =
-            (per_sm * kernel.warps_per_block / f64::from(self.gpu.max_warps_per_sm)).min(1.0);
+        let occupancy = (per_sm * kernel.warps_per_block / self.max_warps).min(1.0);
         for _ in 0..count {
             self.host += self.constants.host_us_per_op;
             self.done = self.done.max(self.host) + duration;
@@ -285,6 +273,26 @@ impl<'a> Timeline<'a> {
     fn sync(&mut self) -> f64 {
         self.host = self.done;
         self.done
+    }
+}
+
+/// The dense peak (TFLOP/s) a kernel of `unit` runs at on `gpu` at `precision`.
+fn peak_tflops(gpu: &GpuPerformance, precision: Precision, unit: Unit) -> f64 {
+    let tf32 = gpu.tf32_tflops.unwrap_or(gpu.fp32_tflops);
+    let half = |bf16: bool| {
+        if bf16 {
+            // Before Ampere bf16 has no tensor cores: it runs at about fp32's rate.
+            gpu.bf16_tflops.unwrap_or(gpu.fp32_tflops)
+        } else {
+            gpu.fp16_tflops
+        }
+    };
+    match (unit, precision) {
+        (Unit::Vector, _) => gpu.fp32_tflops,
+        (Unit::Matmul, Precision::Fp32) => gpu.fp32_tflops,
+        (Unit::Conv, Precision::Fp32) | (_, Precision::Tf32) => tf32,
+        (_, Precision::AmpFp16 | Precision::Fp16) => half(false),
+        (_, Precision::AmpBf16 | Precision::Bf16) => half(true),
     }
 }
 
