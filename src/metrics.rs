@@ -8,10 +8,15 @@
 //! | `gpucast_inference_duration_seconds` | histogram | estimator |
 //! | `gpucast_predicted_class_total` | counter | family, class (index of the combined class) |
 //! | `gpucast_build_info` | gauge (1) | version, estimators (manifest generation time) |
-//! | `gpucast_calibration_observations` | gauge | gpu (profile key) |
-//! | `gpucast_calibration_scale` | gauge | gpu |
-//! | `gpucast_calibration_offset_mib` | gauge | gpu |
+//! | `gpucast_calibration_observations` | gauge | gpu (profile key), environment (`""`: the GPU's own profile) |
+//! | `gpucast_calibration_scale` | gauge | gpu, environment |
+//! | `gpucast_calibration_offset_mib` | gauge | gpu, environment |
+//! | `gpucast_calibration_host_us_per_op` | gauge | gpu, environment (profiles with observed step times) |
+//!
+//! The calibration labels are bounded: catalogued and attached cards, at most 256 custom
+//! ones, each with at most 32 environments.
 
+use crate::calibration::profile::CalibrationProfile;
 use prometheus::{
     Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry,
     TextEncoder,
@@ -37,6 +42,7 @@ pub struct Metrics {
     pub calibration_observations: IntGaugeVec,
     pub calibration_scale: GaugeVec,
     pub calibration_offset_mib: GaugeVec,
+    pub calibration_host_us_per_op: GaugeVec,
 }
 
 impl Metrics {
@@ -75,25 +81,30 @@ impl Metrics {
         let calibration_observations = IntGaugeVec::new(
             Opts::new(
                 "calibration_observations",
-                "Observations behind each GPU's calibration profile",
+                "Observations behind each calibration profile (a GPU's, or a GPU's in an environment)",
             ),
-            &["gpu"],
+            &["gpu", "environment"],
         )
         .expect("valid metric");
         let calibration_scale = GaugeVec::new(
-            Opts::new(
-                "calibration_scale",
-                "Scale of each GPU's calibration profile",
-            ),
-            &["gpu"],
+            Opts::new("calibration_scale", "Scale of each calibration profile"),
+            &["gpu", "environment"],
         )
         .expect("valid metric");
         let calibration_offset_mib = GaugeVec::new(
             Opts::new(
                 "calibration_offset_mib",
-                "Offset (MiB) of each GPU's calibration profile",
+                "Offset (MiB) of each calibration profile",
             ),
-            &["gpu"],
+            &["gpu", "environment"],
+        )
+        .expect("valid metric");
+        let calibration_host_us_per_op = GaugeVec::new(
+            Opts::new(
+                "calibration_host_us_per_op",
+                "Host time per dispatched op (us) fitted to each profile's observed step times",
+            ),
+            &["gpu", "environment"],
         )
         .expect("valid metric");
         for collector in [
@@ -105,6 +116,7 @@ impl Metrics {
             Box::new(calibration_observations.clone()),
             Box::new(calibration_scale.clone()),
             Box::new(calibration_offset_mib.clone()),
+            Box::new(calibration_host_us_per_op.clone()),
         ] {
             registry
                 .register(collector)
@@ -120,18 +132,31 @@ impl Metrics {
             calibration_observations,
             calibration_scale,
             calibration_offset_mib,
+            calibration_host_us_per_op,
         }
     }
 
-    /// Publishes the state of one GPU's calibration profile.
-    pub fn record_calibration(&self, gpu: &str, observations: u64, scale: f64, offset_mib: f64) {
+    /// Publishes the state of one calibration profile (a GPU's own, or a GPU's in an
+    /// environment).
+    pub fn record_calibration(&self, profile: &CalibrationProfile) {
+        let labels = [
+            profile.sku.as_str(),
+            profile.environment.as_deref().unwrap_or(""),
+        ];
         self.calibration_observations
-            .with_label_values(&[gpu])
-            .set(observations as i64);
-        self.calibration_scale.with_label_values(&[gpu]).set(scale);
+            .with_label_values(&labels)
+            .set(profile.observations as i64);
+        self.calibration_scale
+            .with_label_values(&labels)
+            .set(profile.scale);
         self.calibration_offset_mib
-            .with_label_values(&[gpu])
-            .set(offset_mib);
+            .with_label_values(&labels)
+            .set(profile.offset_mib);
+        if let Some(fit) = profile.host_fit {
+            self.calibration_host_us_per_op
+                .with_label_values(&labels)
+                .set(fit.host_us_per_op);
+        }
     }
 
     /// The text exposition format.

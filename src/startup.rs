@@ -142,13 +142,8 @@ impl Application {
                     .unwrap_or("unknown"),
             ])
             .set(1);
-        for profile in profiles.list().iter().filter(|p| p.environment.is_none()) {
-            metrics.record_calibration(
-                &profile.sku,
-                profile.observations,
-                profile.scale,
-                profile.offset_mib,
-            );
+        for profile in &profiles.list() {
+            metrics.record_calibration(profile);
         }
         let listener =
             TcpListener::bind(config.listen)
@@ -292,15 +287,8 @@ async fn refresh_profiles(state: AppState, every: Duration) {
         let profiles = Arc::clone(&state.profiles);
         match tokio::task::spawn_blocking(move || profiles.refresh()).await {
             Ok(Ok(true)) => {
-                for p in state
-                    .profiles
-                    .list()
-                    .iter()
-                    .filter(|p| p.environment.is_none())
-                {
-                    state
-                        .metrics
-                        .record_calibration(&p.sku, p.observations, p.scale, p.offset_mib);
+                for profile in &state.profiles.list() {
+                    state.metrics.record_calibration(profile);
                 }
                 tracing::debug!("calibration profiles refreshed from the store");
             }

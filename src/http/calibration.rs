@@ -259,17 +259,10 @@ fn record(state: &AppState, observations: Vec<Posted>) -> Result<ObservationsRes
     let mut limited = Vec::new();
     for update in updates {
         let profile = update.profile;
-        if profile.environment.is_none() {
-            state.metrics.record_calibration(
-                &profile.sku,
-                profile.observations,
-                profile.scale,
-                profile.offset_mib,
-            );
-            if update.limited {
-                tracing::warn!(gpu = %profile.sku, "calibration update held to the per-update step");
-                limited.push(profile.sku.clone());
-            }
+        state.metrics.record_calibration(&profile);
+        if profile.environment.is_none() && update.limited {
+            tracing::warn!(gpu = %profile.sku, "calibration update held to the per-update step");
+            limited.push(profile.sku.clone());
         }
         profiles.push(profile_response(&profile));
     }
@@ -420,12 +413,7 @@ pub async fn watch(
             {
                 Ok(None) => tracing::warn!(pid, "watch recorded but no profile derived"),
                 Ok(Some(Update { profile, limited })) => {
-                    metrics.record_calibration(
-                        &profile.sku,
-                        profile.observations,
-                        profile.scale,
-                        profile.offset_mib,
-                    );
+                    metrics.record_calibration(&profile);
                     tracing::info!(pid, gpu = %gpu, peak_mib = report.peak_mib, observations = profile.observations, limited, "watch recorded");
                 }
                 Err(e) => tracing::warn!(pid, error = %e, "watch peak not recorded"),
