@@ -128,6 +128,10 @@ pub struct Migration {
     pub postgres: &'static str,
 }
 
+/// Version 2, the same on both backends: an observation's step time and its curve.
+const ADD_STEP_TIME: &str = "ALTER TABLE observations ADD COLUMN step_time_ms DOUBLE PRECISION;
+    ALTER TABLE observations ADD COLUMN step_time_curve TEXT;";
+
 /// Every schema version, oldest first. Never edit a released one: add the next.
 pub const MIGRATIONS: &[Migration] = &[
     Migration {
@@ -161,10 +165,8 @@ pub const MIGRATIONS: &[Migration] = &[
     },
     Migration {
         version: 2,
-        sqlite: "ALTER TABLE observations ADD COLUMN step_time_ms DOUBLE PRECISION;
-        ALTER TABLE observations ADD COLUMN step_time_curve TEXT;",
-        postgres: "ALTER TABLE observations ADD COLUMN step_time_ms DOUBLE PRECISION;
-        ALTER TABLE observations ADD COLUMN step_time_curve TEXT;",
+        sqlite: ADD_STEP_TIME,
+        postgres: ADD_STEP_TIME,
     },
 ];
 

@@ -110,9 +110,7 @@ impl ProfileStore {
     }
 
     pub fn get_key(&self, gpu: &str, environment: Option<&str>) -> Option<CalibrationProfile> {
-        self.read()
-            .get(&(gpu.to_string(), environment.map(str::to_string)))
-            .map(|d| d.update.profile.clone())
+        profile(&self.read(), gpu, environment).cloned()
     }
 
     /// Every profile, by GPU, the GPU's own first and then its environments'.
@@ -138,21 +136,14 @@ impl ProfileStore {
             return None;
         }
         let map = self.read();
-        let by_environment =
-            environment.and_then(|e| map.get(&(gpu.to_string(), Some(e.to_string()))));
-        by_environment
-            .or_else(|| map.get(&(gpu.to_string(), None)))
-            .map(|d| d.update.profile.calibrate(predicted_mib, upper_mib))
+        nearest(&map, gpu, environment).map(|p| p.calibrate(predicted_mib, upper_mib))
     }
 
     /// The host cost per op fitted to the step times observed on `gpu` in `environment`, else
     /// on `gpu` in any environment; `None` when neither profile has one. A map lookup.
     pub fn host_fit(&self, gpu: &str, environment: Option<&str>) -> Option<HostFit> {
         let map = self.read();
-        let of = |environment: Option<&str>| {
-            map.get(&(gpu.to_string(), environment.map(str::to_string)))
-                .and_then(|d| d.update.profile.host_fit)
-        };
+        let of = |environment| profile(&map, gpu, environment).and_then(|p| p.host_fit);
         environment.and_then(|e| of(Some(e))).or_else(|| of(None))
     }
 
@@ -177,12 +168,7 @@ impl ProfileStore {
             return None;
         }
         let map = self.read();
-        let by_environment =
-            environment.and_then(|e| map.get(&(gpu.to_string(), Some(e.to_string()))));
-        let profile = &by_environment
-            .or_else(|| map.get(&(gpu.to_string(), None)))?
-            .update
-            .profile;
+        let profile = nearest(&map, gpu, environment)?;
         let line = profile.calibrate(predicted_mib, upper_mib);
         let Some(fit) = profile
             .environment_fit
@@ -346,6 +332,27 @@ impl ProfileStore {
             .read()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
+}
+
+/// The profile of `gpu` in `environment` (`None`: the GPU's own), if there is one.
+fn profile<'a>(
+    map: &'a HashMap<ProfileKey, Derived>,
+    gpu: &str,
+    environment: Option<&str>,
+) -> Option<&'a CalibrationProfile> {
+    map.get(&(gpu.to_string(), environment.map(str::to_string)))
+        .map(|d| &d.update.profile)
+}
+
+/// The profile an estimate of `gpu` in `environment` uses: the environment's, else the GPU's.
+fn nearest<'a>(
+    map: &'a HashMap<ProfileKey, Derived>,
+    gpu: &str,
+    environment: Option<&str>,
+) -> Option<&'a CalibrationProfile> {
+    environment
+        .and_then(|e| profile(map, gpu, Some(e)))
+        .or_else(|| profile(map, gpu, None))
 }
 
 /// Every key's profile from `rows` (oldest first), reusing `previous` for keys whose rows are

@@ -575,6 +575,16 @@ impl Builder {
         });
     }
 
+    /// A LayerNorm over `width` features: a weight and a bias.
+    fn layer_norm(&mut self, name: String, width: u64) {
+        self.push(name, LayerKind::LayerNorm, 2 * width, width, 0);
+    }
+
+    /// An RMSNorm over `width` features: a weight alone.
+    fn rms_norm(&mut self, name: String, width: u64) {
+        self.push(name, LayerKind::RmsNorm, width, width, 0);
+    }
+
     fn linear(&mut self, name: String, inputs: u64, outputs: u64, bias: bool, params: bool) {
         let count = if params {
             inputs * outputs + if bias { outputs } else { 0 }
@@ -701,13 +711,7 @@ pub fn build(
             );
             for i in 0..c.layers {
                 let p = format!("model.layers.{i}");
-                b.push(
-                    dotted(&p, "input_layernorm"),
-                    LayerKind::RmsNorm,
-                    c.hidden,
-                    c.hidden,
-                    0,
-                );
+                b.rms_norm(dotted(&p, "input_layernorm"), c.hidden);
                 b.push(
                     dotted(&p, "self_attn"),
                     LayerKind::Attention,
@@ -748,13 +752,7 @@ pub fn build(
                     );
                 }
                 b.linear(dotted(&p, "self_attn.o_proj"), qd, c.hidden, false, true);
-                b.push(
-                    dotted(&p, "post_attention_layernorm"),
-                    LayerKind::RmsNorm,
-                    c.hidden,
-                    c.hidden,
-                    0,
-                );
+                b.rms_norm(dotted(&p, "post_attention_layernorm"), c.hidden);
                 let mut block = rms;
                 block.add(attention_saved(if sixteen { kv } else { q }));
                 block.add(rms);
@@ -836,13 +834,7 @@ pub fn build(
                 }
                 blocks.add(block);
             }
-            b.push(
-                "model.norm".into(),
-                LayerKind::RmsNorm,
-                c.hidden,
-                c.hidden,
-                0,
-            );
+            b.rms_norm("model.norm".into(), c.hidden);
             b.linear("lm_head".into(), c.hidden, c.vocab, false, head_params);
             outside.add(rms);
             outside.add(lm_loss);
@@ -874,13 +866,7 @@ pub fn build(
             outside.mask += resid * h;
             for i in 0..c.layers {
                 let p = format!("transformer.h.{i}");
-                b.push(
-                    dotted(&p, "ln_1"),
-                    LayerKind::LayerNorm,
-                    2 * c.hidden,
-                    c.hidden,
-                    0,
-                );
+                b.layer_norm(dotted(&p, "ln_1"), c.hidden);
                 b.push(
                     dotted(&p, "attn"),
                     LayerKind::Attention,
@@ -903,13 +889,7 @@ pub fn build(
                     c.hidden,
                     0,
                 );
-                b.push(
-                    dotted(&p, "ln_2"),
-                    LayerKind::LayerNorm,
-                    2 * c.hidden,
-                    c.hidden,
-                    0,
-                );
+                b.layer_norm(dotted(&p, "ln_2"), c.hidden);
                 b.linear(dotted(&p, "mlp.c_fc"), c.hidden, c.intermediate, true, true);
                 b.push(dotted(&p, "mlp.act"), LayerKind::Gelu, 0, c.intermediate, 0);
                 b.linear(
@@ -941,13 +921,7 @@ pub fn build(
                 });
                 blocks.add(block);
             }
-            b.push(
-                "transformer.ln_f".into(),
-                LayerKind::LayerNorm,
-                2 * c.hidden,
-                c.hidden,
-                0,
-            );
+            b.layer_norm("transformer.ln_f".into(), c.hidden);
             b.linear("lm_head".into(), c.hidden, c.vocab, false, head_params);
             outside.add(layer_norm);
             outside.add(lm_loss);
@@ -965,13 +939,7 @@ pub fn build(
             outside.mask += resid * h;
             for i in 0..c.layers {
                 let p = format!("gpt_neox.layers.{i}");
-                b.push(
-                    dotted(&p, "input_layernorm"),
-                    LayerKind::LayerNorm,
-                    2 * c.hidden,
-                    c.hidden,
-                    0,
-                );
+                b.layer_norm(dotted(&p, "input_layernorm"), c.hidden);
                 b.push(
                     dotted(&p, "attention"),
                     LayerKind::Attention,
@@ -993,13 +961,7 @@ pub fn build(
                     true,
                     true,
                 );
-                b.push(
-                    dotted(&p, "post_attention_layernorm"),
-                    LayerKind::LayerNorm,
-                    2 * c.hidden,
-                    c.hidden,
-                    0,
-                );
+                b.layer_norm(dotted(&p, "post_attention_layernorm"), c.hidden);
                 b.linear(
                     dotted(&p, "mlp.dense_h_to_4h"),
                     c.hidden,
@@ -1034,13 +996,7 @@ pub fn build(
                 });
                 blocks.add(block);
             }
-            b.push(
-                "gpt_neox.final_layer_norm".into(),
-                LayerKind::LayerNorm,
-                2 * c.hidden,
-                c.hidden,
-                0,
-            );
+            b.layer_norm("gpt_neox.final_layer_norm".into(), c.hidden);
             b.linear("embed_out".into(), c.hidden, c.vocab, false, head_params);
             outside.add(layer_norm);
             outside.add(lm_loss);
@@ -1058,13 +1014,7 @@ pub fn build(
             outside.mask += resid * h;
             for i in 0..c.layers {
                 let p = format!("model.layers.{i}");
-                b.push(
-                    dotted(&p, "input_layernorm"),
-                    LayerKind::LayerNorm,
-                    2 * c.hidden,
-                    c.hidden,
-                    0,
-                );
+                b.layer_norm(dotted(&p, "input_layernorm"), c.hidden);
                 b.push(
                     dotted(&p, "self_attn"),
                     LayerKind::Attention,
@@ -1096,13 +1046,7 @@ pub fn build(
                 });
                 blocks.add(block);
             }
-            b.push(
-                "model.final_layernorm".into(),
-                LayerKind::LayerNorm,
-                2 * c.hidden,
-                c.hidden,
-                0,
-            );
+            b.layer_norm("model.final_layernorm".into(), c.hidden);
             b.linear("lm_head".into(), c.hidden, c.vocab, true, head_params);
             outside.add(layer_norm);
             outside.add(lm_loss);
@@ -1130,13 +1074,7 @@ pub fn build(
                 c.hidden,
                 0,
             );
-            b.push(
-                "bert.embeddings.LayerNorm".into(),
-                LayerKind::LayerNorm,
-                2 * c.hidden,
-                c.hidden,
-                0,
-            );
+            b.layer_norm("bert.embeddings.LayerNorm".into(), c.hidden);
             b.push(
                 "bert.embeddings.dropout".into(),
                 LayerKind::Dropout,
@@ -1191,13 +1129,7 @@ pub fn build(
                     true,
                     true,
                 );
-                b.push(
-                    dotted(&p, "attention.output.LayerNorm"),
-                    LayerKind::LayerNorm,
-                    2 * c.hidden,
-                    c.hidden,
-                    0,
-                );
+                b.layer_norm(dotted(&p, "attention.output.LayerNorm"), c.hidden);
                 b.linear(
                     dotted(&p, "intermediate.dense"),
                     c.hidden,
@@ -1219,13 +1151,7 @@ pub fn build(
                     true,
                     true,
                 );
-                b.push(
-                    dotted(&p, "output.LayerNorm"),
-                    LayerKind::LayerNorm,
-                    2 * c.hidden,
-                    c.hidden,
-                    0,
-                );
+                b.layer_norm(dotted(&p, "output.LayerNorm"), c.hidden);
                 let mut block = attention_saved(q);
                 block.autocast_copies += 2.0 * h;
                 block.add(post_norm);
@@ -1278,13 +1204,7 @@ pub fn build(
                 c.hidden,
                 0,
             );
-            b.push(
-                "cls.predictions.transform.LayerNorm".into(),
-                LayerKind::LayerNorm,
-                2 * c.hidden,
-                c.hidden,
-                0,
-            );
+            b.layer_norm("cls.predictions.transform.LayerNorm".into(), c.hidden);
             // The decoder's bias is its own even when the weight is tied.
             let decoder_params = if head_params { c.hidden * c.vocab } else { 0 } + c.vocab;
             b.push(
@@ -1338,13 +1258,7 @@ pub fn build(
             let stack = |b: &mut Builder, stack: &str, count: u64, cross: bool| {
                 for i in 0..count {
                     let p = format!("{stack}.block.{i}.layer");
-                    b.push(
-                        dotted(&p, "0.layer_norm"),
-                        LayerKind::RmsNorm,
-                        c.hidden,
-                        c.hidden,
-                        0,
-                    );
+                    b.rms_norm(dotted(&p, "0.layer_norm"), c.hidden);
                     b.push(
                         dotted(&p, "0.SelfAttention"),
                         LayerKind::Attention,
@@ -1372,13 +1286,7 @@ pub fn build(
                     // The feed-forward sublayer follows the attention sublayers.
                     let ffn = dotted(&p, if cross { "2" } else { "1" });
                     if cross {
-                        b.push(
-                            dotted(&p, "1.layer_norm"),
-                            LayerKind::RmsNorm,
-                            c.hidden,
-                            c.hidden,
-                            0,
-                        );
+                        b.rms_norm(dotted(&p, "1.layer_norm"), c.hidden);
                         b.push(
                             dotted(&p, "1.EncDecAttention"),
                             LayerKind::Attention,
@@ -1395,13 +1303,7 @@ pub fn build(
                         }
                         b.linear(dotted(&p, "1.EncDecAttention.o"), qd, c.hidden, false, true);
                     }
-                    b.push(
-                        dotted(&ffn, "layer_norm"),
-                        LayerKind::RmsNorm,
-                        c.hidden,
-                        c.hidden,
-                        0,
-                    );
+                    b.rms_norm(dotted(&ffn, "layer_norm"), c.hidden);
                     if c.gated {
                         b.linear(
                             dotted(&ffn, "DenseReluDense.wi_0"),
@@ -1429,13 +1331,7 @@ pub fn build(
                     );
                     b.linear(dotted(&ffn, "DenseReluDense.wo"), ff, c.hidden, false, true);
                 }
-                b.push(
-                    dotted(stack, "final_layer_norm"),
-                    LayerKind::RmsNorm,
-                    c.hidden,
-                    c.hidden,
-                    0,
-                );
+                b.rms_norm(dotted(stack, "final_layer_norm"), c.hidden);
             };
             stack(&mut b, "encoder", c.layers, false);
             stack(&mut b, "decoder", c.decoder_layers, true);

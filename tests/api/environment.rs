@@ -11,7 +11,6 @@
 //! --nocapture` prints the table docs/calibration.md quotes.
 
 use std::collections::BTreeMap;
-use std::io::BufRead;
 
 use gpucast::calibration::environment::{
     apply_measured, fit_environment, EnvironmentSample, Measure,
@@ -21,7 +20,7 @@ use gpucast::calibration::profile::Sample;
 use gpucast::domain::physics::Breakdown;
 use serde_json::Value;
 
-use crate::helpers::{combinations, median, repo_root, spawn_app};
+use crate::helpers::{combinations, jsonl_gz, median, repo_root, spawn_app};
 
 /// Sources with fewer rows are left out: one observation and too few others to estimate.
 const MIN_ROWS: usize = 4;
@@ -40,14 +39,6 @@ struct Answered {
     predicted: Breakdown,
     /// `ln(upper bound / estimate)` of the uncalibrated answer.
     prior_log_margin: f64,
-}
-
-fn jsonl(path: &str) -> Vec<Value> {
-    let file = std::fs::File::open(repo_root().join(path)).expect(path);
-    std::io::BufReader::new(flate2::read::GzDecoder::new(file))
-        .lines()
-        .map(|line| serde_json::from_str(&line.unwrap()).unwrap())
-        .collect()
 }
 
 fn sources() -> BTreeMap<u64, String> {
@@ -97,9 +88,9 @@ fn like_with_like(p: &Breakdown, measure: Measure) -> f64 {
 
 async fn answered() -> (Vec<Answered>, usize) {
     let sources = sources();
-    let mut lines = jsonl("data/public/setup_jobs.jsonl.gz");
+    let mut lines = jsonl_gz("data/public/setup_jobs.jsonl.gz");
     let seen: Vec<Value> = lines.iter().map(|l| l["row"].clone()).collect();
-    let extra: Vec<Value> = jsonl("data/public/jobs.jsonl.gz")
+    let extra: Vec<Value> = jsonl_gz("data/public/jobs.jsonl.gz")
         .into_iter()
         .filter(|l| !seen.contains(&l["row"]))
         .collect();

@@ -8,6 +8,16 @@ pub use crate::common::{
     spawn_app_with_devices, test_config, TestApp,
 };
 
+/// The JSON lines of a gzipped file of the repository (`data/...jsonl.gz`).
+pub fn jsonl_gz(path: &str) -> Vec<Value> {
+    use std::io::BufRead;
+    let file = std::fs::File::open(repo_root().join(path)).expect(path);
+    std::io::BufReader::new(flate2::read::GzDecoder::new(file))
+        .lines()
+        .map(|line| serde_json::from_str(&line.unwrap()).unwrap())
+        .collect()
+}
+
 /// Jobs of the committed MLP held-out split with their measured peaks.
 pub fn held_out_mlp_jobs() -> Vec<(Value, f64)> {
     use std::io::BufRead;
@@ -28,15 +38,7 @@ pub fn held_out_mlp_jobs() -> Vec<(Value, f64)> {
 /// (unoptimised, parsing them takes a good part of a second).
 fn descriptions() -> &'static [Value] {
     static DESCRIPTIONS: std::sync::OnceLock<Vec<Value>> = std::sync::OnceLock::new();
-    DESCRIPTIONS.get_or_init(|| {
-        use std::io::BufRead;
-        let file =
-            std::fs::File::open(repo_root().join("data/timm/descriptions.jsonl.gz")).unwrap();
-        std::io::BufReader::new(flate2::read::GzDecoder::new(file))
-            .lines()
-            .map(|line| serde_json::from_str(&line.unwrap()).unwrap())
-            .collect()
-    })
+    DESCRIPTIONS.get_or_init(|| jsonl_gz("data/timm/descriptions.jsonl.gz"))
 }
 
 pub fn training_descriptions() -> Vec<Value> {

@@ -5,7 +5,6 @@
 //! prints the tables docs/performance.md quotes.
 
 use std::collections::BTreeMap;
-use std::io::BufRead;
 
 use serde_json::{json, Value};
 
@@ -16,15 +15,7 @@ use gpucast::estimators::Estimators;
 use gpucast::http::types::EstimateRequest;
 use gpucast::http::validate::to_job;
 
-use crate::helpers::{median, models_dir, ort_dylib, repo_root, spawn_app};
-
-fn jsonl_gz(path: &str) -> Vec<Value> {
-    let file = std::fs::File::open(repo_root().join(path)).expect(path);
-    std::io::BufReader::new(flate2::read::GzDecoder::new(file))
-        .lines()
-        .map(|line| serde_json::from_str(&line.unwrap()).unwrap())
-        .collect()
-}
+use crate::helpers::{jsonl_gz, median, models_dir, ort_dylib, repo_root, spawn_app};
 
 fn shape_of(id: &str) -> String {
     let start = id.find("_arch:").expect("an architecture shape") + "_arch:".len();

@@ -4,7 +4,6 @@
 //! `cargo test --test api step_time -- --nocapture`.
 
 use std::collections::BTreeMap;
-use std::io::BufRead;
 
 use serde_json::{json, Value};
 
@@ -14,7 +13,7 @@ use gpucast::domain::perf::CALIBRATED;
 use gpucast::http::types::EstimateRequest;
 use gpucast::http::validate::to_job;
 
-use crate::helpers::{combinations, median, repo_root, spawn_app};
+use crate::helpers::{combinations, jsonl_gz, median, repo_root, spawn_app};
 
 const ENVIRONMENT: &str = "torch1.10-transformers4.16";
 
@@ -24,10 +23,8 @@ fn timed_rows() -> Vec<(u64, Value, &'static str, f64)> {
         &std::fs::read_to_string(repo_root().join("data/perf/step_times.json")).unwrap(),
     )
     .unwrap();
-    let file = std::fs::File::open(repo_root().join("data/public/setup_jobs.jsonl.gz")).unwrap();
-    let jobs: BTreeMap<u64, Value> = std::io::BufReader::new(flate2::read::GzDecoder::new(file))
-        .lines()
-        .map(|line| serde_json::from_str::<Value>(&line.unwrap()).unwrap())
+    let jobs: BTreeMap<u64, Value> = jsonl_gz("data/public/setup_jobs.jsonl.gz")
+        .into_iter()
         .map(|line| (line["row"].as_u64().unwrap(), line["job"].clone()))
         .collect();
     measured

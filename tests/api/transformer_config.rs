@@ -206,17 +206,12 @@ async fn a_config_missing_essentials_is_refused_naming_them() {
 #[tokio::test]
 async fn public_llm_rows_are_answered_from_their_configs() {
     use std::collections::BTreeMap;
-    use std::io::BufRead;
 
     use crate::helpers::median;
     use crate::public_setups::like_with_like;
 
     let app = spawn_app().await;
-    let file = std::fs::File::open(repo_root().join("data/public/setup_jobs.jsonl.gz")).unwrap();
-    let rows: Vec<Value> = std::io::BufReader::new(flate2::read::GzDecoder::new(file))
-        .lines()
-        .map(|line| serde_json::from_str(&line.unwrap()).unwrap())
-        .collect();
+    let rows = crate::helpers::jsonl_gz("data/public/setup_jobs.jsonl.gz");
     let mut by_architecture: BTreeMap<String, Vec<f64>> = BTreeMap::new();
     let mut by_family: BTreeMap<String, Vec<f64>> = BTreeMap::new();
     let mut refused = Vec::new();
