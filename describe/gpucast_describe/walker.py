@@ -183,13 +183,33 @@ class _Recorder:
         return self.layers
 
 
+class _GlobalOnly:
+    """Stands in for ``FlopCounterMode``'s ``ModuleTracker``: every FLOP goes to the
+    ``"Global"`` total only (the layers are the recorder's). The tracker's module hooks are
+    not registered: they cost time on every module call, and under ``torch.no_grad()`` they
+    fail on a module whose input is a view of a parameter (``self.latent.expand(B, -1, -1)``
+    into timm's ``AttentionPoolLatent`` query projection, in the SigLIP ViTs): such a view
+    requires grad but has no autograd node, and the tracker's ``register_multi_grad_hook``
+    raises ``AssertionError: Expected gradient function to be set``."""
+
+    parents = frozenset({"Global"})
+
+    def __enter__(self) -> "_GlobalOnly":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+
 class _LayerFlopCounter(FlopCounterMode):
     """``FlopCounterMode`` (its formulas: a multiply-add is 2 FLOPs; matmuls, convolutions
     and the attention kernels counted, elementwise ops and norms not) that also credits each
-    counted op to the recorder's innermost open layer (:meth:`_Recorder.add_flops`)."""
+    counted op to the recorder's innermost open layer (:meth:`_Recorder.add_flops`). Its
+    per-module tracking is replaced by :class:`_GlobalOnly` (only the total is read)."""
 
     def __init__(self, recorder: _Recorder):
         super().__init__(display=False)
+        self.mod_tracker = _GlobalOnly()
         self.recorder = recorder
 
     def _count_flops(self, func_packet, out, args, kwargs):

@@ -56,6 +56,19 @@ class Functional(nn.Module):
         return self.inner(F.linear(x, self.weight))
 
 
+class LatentQuery(nn.Module):
+    """timm's AttentionPoolLatent (SigLIP's head) in small: a learned latent, expanded to the
+    batch, is the input of a child linear (a view of a parameter as a module's input)."""
+
+    def __init__(self, dim=8):
+        super().__init__()
+        self.latent = nn.Parameter(torch.empty(1, 1, dim))
+        self.q = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        return x + self.q(self.latent.expand(x.shape[0], -1, -1))
+
+
 class FlopsTest(unittest.TestCase):
     def test_a_linear_layer_is_two_flops_per_weight_per_token(self):
         tokens, inputs, outputs = 7, 32, 48
@@ -123,6 +136,14 @@ class FlopsTest(unittest.TestCase):
         self.assertAlmostEqual(counter.get_total_flops() / 2e9, 1.82, delta=0.01)
         convs = [l for l in desc["layers"] if l["kind"] == "conv2d"]
         self.assertEqual(convs[0]["flops"], 2 * 7 * 7 * 3 * 64 * 112 * 112)
+
+    def test_a_view_of_a_parameter_as_a_modules_input(self):
+        # Under no_grad such a view requires grad but has no autograd node: FlopCounterMode's
+        # module tracker raised "Expected gradient function to be set" on it (issue 23)
+        desc = describe_module(on_meta(LatentQuery), [4, 8], batch_size=2)
+        self.assertEqual([(l["name"], l["params"], l["flops"]) for l in desc["layers"]],
+                         [("(root)", 8, 0), ("q", 72, 2 * 8 * 8)])
+        self.assertIn("simulation", desc)
 
     def test_flops_are_left_out_when_flop_counter_mode_counts_past_the_hook(self):
         from gpucast_describe import walker
