@@ -17,6 +17,7 @@ use crate::config::{EstimateArgs, OutputFormat};
 use crate::devices::sku::Catalogue;
 use crate::devices::watch::Sampler;
 use crate::devices::NoDevices;
+use crate::domain::uncertainty::{self, Spreads};
 use crate::error::ApiError;
 use crate::estimators::Estimators;
 use crate::http::answer::answer;
@@ -43,6 +44,20 @@ pub fn estimate(args: &EstimateArgs) -> i32 {
             return FAILED;
         }
     };
+    if let Some(path) = &args.uncertainty {
+        let spreads = std::fs::read_to_string(path)
+            .map_err(|e| e.to_string())
+            .and_then(|text| Spreads::parse(&text));
+        match spreads {
+            Ok(spreads) => {
+                uncertainty::install(spreads);
+            }
+            Err(e) => {
+                eprintln!("gpucast estimate: --uncertainty {}: {e}", path.display());
+                return FAILED;
+            }
+        }
+    }
     let state = match offline_state(args) {
         Ok(state) => state,
         Err(e) => {

@@ -68,6 +68,12 @@ pub struct EstimateArgs {
     )]
     pub ort_dylib: PathBuf,
 
+    /// Spreads of the uncertain terms (the JSON of data/uncertainty.json) to answer with
+    /// instead of the committed ones: the evaluation scores held-out sources with spreads
+    /// fitted without them.
+    #[arg(long)]
+    pub uncertainty: Option<PathBuf>,
+
     /// The calibration store whose profiles move the answer: read when `--database-url` is
     /// given or the directory holds a store; otherwise no profile applies.
     #[command(flatten)]

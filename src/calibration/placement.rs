@@ -7,6 +7,7 @@ use crate::devices::performance::GpuPerformance;
 use crate::devices::sku::{Catalogue, GpuSelector, SkuError};
 use crate::devices::{DeviceError, GpuDevices};
 use crate::domain::physics::Physics;
+use crate::domain::uncertainty::PeakDistribution;
 use crate::domain::MemoryFraction;
 use crate::estimators::MibAnswer;
 
@@ -146,6 +147,8 @@ pub struct Placement {
     pub profile_environment: Option<String>,
     pub fit: Fit,
     pub fit_basis: FitBasis,
+    /// The distribution of the peak the bound and the decision were read from.
+    pub peak: PeakDistribution,
 }
 
 /// What `fits` and `max_colocated` rest on.
@@ -168,6 +171,7 @@ pub fn place(
     environment: Option<&str>,
     profiles: &ProfileStore,
     physics: &Physics,
+    distribution: &PeakDistribution,
     fraction: Option<MemoryFraction>,
     confidence: f64,
 ) -> Placement {
@@ -190,12 +194,38 @@ pub fn place(
         None => physics.floor_mib(),
     };
     let settled = physics.settle_above(floor, estimate_mib, upper_bound_mib);
-    let (fit, fit_basis) = fit(
+    // The distribution the decision reads: the answer's, or around a calibrated figure with
+    // the spread the profile's bound implies (observations narrow or widen it).
+    let mut peak = *distribution;
+    if calibrated.is_some() {
+        peak = physics.distribution(distribution.detail, settled.estimate_mib, 1.0);
+        peak.spread = distribution.spread;
+        peak.fit_bound(confidence, settled.upper_bound_mib);
+    }
+    let (mut fit, fit_basis) = fit(
         target.capacity_mib,
         settled.upper_bound_mib,
         physics,
         fraction,
     );
+    // `fits` is the decision at the confidence: the probability of running out of memory on
+    // the card (within the cap of a memory fraction) at most 1 - confidence.
+    let room = match fraction {
+        Some(f) => {
+            let capacity = target.capacity_mib as f64;
+            (f.get() * capacity).min(capacity - physics.parts.cuda_context)
+                + physics.parts.cuda_context
+        }
+        None => target.capacity_mib as f64,
+    };
+    let oom_probability = peak.oom_probability(room);
+    fit.oom_probability = oom_probability;
+    fit.fits = oom_probability <= 1.0 - confidence + DECISION_TOLERANCE;
+    fit.max_colocated = if fit.fits {
+        fit.max_colocated.max(1)
+    } else {
+        0
+    };
     Placement {
         target,
         estimate_mib: settled.estimate_mib,
@@ -205,6 +235,7 @@ pub fn place(
         profile_environment: calibrated.and_then(|c| c.environment),
         fit,
         fit_basis,
+        peak,
     }
 }
 
@@ -255,6 +286,7 @@ pub fn fit(
             Fit {
                 fits: false,
                 max_colocated: 0,
+                oom_probability: 0.0,
             },
             basis,
         );
@@ -264,18 +296,25 @@ pub fn fit(
         Fit {
             fits: true,
             max_colocated: copies_within(capacity_mib, occupied).max_colocated.max(1),
+            oom_probability: 0.0,
         },
         basis,
     )
 }
 
 /// Whether a job fits on one GPU, and how many copies of it fit side by side.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Fit {
     pub fits: bool,
     /// floor(capacity / upper bound); 0 when one copy does not fit.
     pub max_colocated: u64,
+    /// The probability that the job runs out of memory there ([`place`] sets it; 0 before).
+    pub oom_probability: f64,
 }
+
+/// Rounding room in comparing a probability with 1 - confidence: a bound read at the
+/// confidence and a capacity equal to it are a fit.
+const DECISION_TOLERANCE: f64 = 1e-9;
 
 /// Fit of a job whose memory need is at most `upper_bound_mib` on a GPU of `capacity_mib`.
 ///
@@ -286,6 +325,7 @@ pub fn copies_within(capacity_mib: u64, upper_bound_mib: f64) -> Fit {
         return Fit {
             fits: false,
             max_colocated: 0,
+            oom_probability: 0.0,
         };
     }
     // f64 holds every capacity exactly (< 2^53); the quotient is finite and non-negative.
@@ -298,6 +338,7 @@ pub fn copies_within(capacity_mib: u64, upper_bound_mib: f64) -> Fit {
     Fit {
         fits: max_colocated >= 1,
         max_colocated,
+        oom_probability: 0.0,
     }
 }
 
@@ -340,6 +381,7 @@ pub fn rank(candidates: &[Candidate]) -> Vec<usize> {
 mod tests {
     use super::*;
     use crate::devices::{FakeDevices, NoDevices};
+    use crate::domain::uncertainty::Detail;
 
     fn answer(estimate_mib: f64, upper_bound_mib: f64) -> MibAnswer {
         MibAnswer {
@@ -413,7 +455,8 @@ mod tests {
             (
                 Fit {
                     fits: true,
-                    max_colocated: 3
+                    max_colocated: 3,
+                    oom_probability: 0.0
                 },
                 FitBasis::Simulation
             )
@@ -423,14 +466,16 @@ mod tests {
             fit_of(10_216, None),
             Fit {
                 fits: true,
-                max_colocated: 1
+                max_colocated: 1,
+                oom_probability: 0.0
             }
         );
         assert_eq!(
             fit_of(10_215, None),
             Fit {
                 fits: false,
-                max_colocated: 0
+                max_colocated: 0,
+                oom_probability: 0.0
             }
         );
     }
@@ -446,7 +491,8 @@ mod tests {
             fit_of(40_960, fraction(0.25)),
             Fit {
                 fits: true,
-                max_colocated: 3
+                max_colocated: 3,
+                oom_probability: 0.0
             }
         );
         // 0.2 x 40,960 = 8,192 MiB: the step does not run within the cap.
@@ -454,7 +500,8 @@ mod tests {
             fit_of(40_960, fraction(0.2)),
             Fit {
                 fits: false,
-                max_colocated: 0
+                max_colocated: 0,
+                oom_probability: 0.0
             }
         );
         // The whole card: one copy.
@@ -462,7 +509,8 @@ mod tests {
             fit_of(40_960, fraction(1.0)),
             Fit {
                 fits: true,
-                max_colocated: 1
+                max_colocated: 1,
+                oom_probability: 0.0
             }
         );
         // Without a simulation the bound must fit within the cap plus the context.
@@ -471,14 +519,16 @@ mod tests {
             fit(40_960, 11_540.0, &plain, fraction(0.25)).0,
             Fit {
                 fits: true,
-                max_colocated: 3
+                max_colocated: 3,
+                oom_probability: 0.0
             }
         );
         assert_eq!(
             fit(40_960, 11_541.0, &plain, fraction(0.25)).0,
             Fit {
                 fits: false,
-                max_colocated: 0
+                max_colocated: 0,
+                oom_probability: 0.0
             }
         );
         assert_eq!(
@@ -486,7 +536,8 @@ mod tests {
             (
                 Fit {
                     fits: true,
-                    max_colocated: 3
+                    max_colocated: 3,
+                    oom_probability: 0.0
                 },
                 FitBasis::UpperBound
             )
@@ -513,6 +564,7 @@ mod tests {
             None,
             &profiles,
             &physics(),
+            &physics().distribution(Detail::Layers, 10_000.0, 1.0),
             None,
             0.95,
         );
@@ -637,33 +689,25 @@ mod tests {
             None,
             &profiles,
             &physics(),
+            &physics().distribution(Detail::Layers, 9_000.0, 1.0),
             None,
             0.95,
         );
-        assert_eq!(
-            placement.fit,
-            Fit {
-                fits: true,
-                max_colocated: 4
-            }
-        );
+        assert!(placement.fit.fits && placement.fit.max_colocated == 4);
+        assert!(placement.fit.oom_probability < 1e-6, "{placement:?}");
         assert_eq!(placement.profile_observations, None);
         let placement = place(
-            &answer(39_000.0, 90_000.0),
+            &answer(200_000.0, 210_000.0),
             target,
             None,
             &profiles,
             &physics(),
+            &physics().distribution(Detail::Layers, 200_000.0, 1.0),
             None,
             0.95,
         );
-        assert_eq!(
-            placement.fit,
-            Fit {
-                fits: false,
-                max_colocated: 0
-            }
-        );
+        assert!(!placement.fit.fits && placement.fit.max_colocated == 0);
+        assert!(placement.fit.oom_probability > 0.99, "{placement:?}");
     }
 
     #[test]
@@ -685,6 +729,7 @@ mod tests {
             None,
             &profiles,
             &physics(),
+            &physics().distribution(Detail::Layers, 10_000.0, 1.0),
             None,
             0.95,
         );
@@ -702,49 +747,56 @@ mod tests {
             copies_within(40_960, 10_000.0),
             Fit {
                 fits: true,
-                max_colocated: 4
+                max_colocated: 4,
+                oom_probability: 0.0
             }
         );
         assert_eq!(
             copies_within(40_960, 10_240.0),
             Fit {
                 fits: true,
-                max_colocated: 4
+                max_colocated: 4,
+                oom_probability: 0.0
             }
         );
         assert_eq!(
             copies_within(40_960, 10_240.5),
             Fit {
                 fits: true,
-                max_colocated: 3
+                max_colocated: 3,
+                oom_probability: 0.0
             }
         );
         assert_eq!(
             copies_within(40_960, 40_960.0),
             Fit {
                 fits: true,
-                max_colocated: 1
+                max_colocated: 1,
+                oom_probability: 0.0
             }
         );
         assert_eq!(
             copies_within(40_960, 40_960.1),
             Fit {
                 fits: false,
-                max_colocated: 0
+                max_colocated: 0,
+                oom_probability: 0.0
             }
         );
         assert_eq!(
             copies_within(143_771, 1.0),
             Fit {
                 fits: true,
-                max_colocated: 143_771
+                max_colocated: 143_771,
+                oom_probability: 0.0
             }
         );
         assert_eq!(
             copies_within(0, 100.0),
             Fit {
                 fits: false,
-                max_colocated: 0
+                max_colocated: 0,
+                oom_probability: 0.0
             }
         );
     }
@@ -756,7 +808,8 @@ mod tests {
                 copies_within(40_960, bound),
                 Fit {
                     fits: false,
-                    max_colocated: 0
+                    max_colocated: 0,
+                    oom_probability: 0.0
                 },
                 "bound {bound}"
             );

@@ -11,6 +11,7 @@ use super::setup::{
 };
 pub use super::setup::{Optimizer, Precision};
 use super::step::{self, LayerDetail};
+use super::uncertainty::Detail;
 
 /// Largest layer list accepted. Real models stay far below (timm's largest ~2,000 modules);
 /// beyond this a request is absurd and would only burn CPU.
@@ -425,6 +426,10 @@ pub struct UncheckedSimulation<'a> {
     pub paged_optimizer_state_bytes: Option<u64>,
 }
 
+/// A simulation whose `trainable_params` reach this share of the layers' parameters trained
+/// them all (tied weights are counted once by describe, twice in a layer list).
+const ALL_TRAINED_SHARE: f64 = 0.5;
+
 /// A validated job description.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Job {
@@ -443,6 +448,8 @@ pub struct Job {
     /// The activations of a model built from its configuration (no learned estimator reads
     /// such a job: the analytic step answers it).
     known_activations: Option<step::KnownActivations>,
+    /// Read from a printed summary (layers and shapes from text, saved tensors derived).
+    printed: bool,
 }
 
 /// Why a job description was rejected. Each variant names the offending field.
@@ -539,6 +546,7 @@ impl Job {
             saved_tensors: None,
             simulation: None,
             known_activations: None,
+            printed: false,
         })
     }
 
@@ -781,14 +789,37 @@ impl Job {
                 format!("the simulation ran {simulated}, the job's is {job}"),
             ))
         };
-        if let Some(kind) = raw.activation_checkpointing {
-            if kind != self.setup.checkpointing.as_str() {
-                return Err(setup_mismatch(
-                    "activation_checkpointing",
-                    echo(kind),
-                    self.setup.checkpointing.as_str().into(),
-                ));
-            }
+        // A simulation that does not say ran none: describe simulates no checkpointing
+        // unless asked, and says so when asked.
+        let kind = raw.activation_checkpointing.unwrap_or("none");
+        if kind != self.setup.checkpointing.as_str() {
+            return Err(setup_mismatch(
+                "activation_checkpointing",
+                echo(kind),
+                self.setup.checkpointing.as_str().into(),
+            ));
+        }
+        // Adapters and frozen layers change the gradients, the optimizer state and what
+        // backward keeps: a simulation that trained every parameter is not of such a job, nor
+        // the other way round. describe states `trainable_params` whenever fewer train.
+        let trains_all = self.setup.trainable == Trainable::All && self.setup.lora.is_none();
+        let total_params: u64 = self.layers.iter().map(|l| l.params).sum();
+        let simulated_all = raw
+            .trainable_params
+            .is_none_or(|n| n as f64 >= ALL_TRAINED_SHARE * total_params as f64);
+        if trains_all != simulated_all {
+            let said = |all: bool| {
+                if all {
+                    "every parameter trained".to_string()
+                } else {
+                    "a subset trained (LoRA, trainable or frozen layers)".to_string()
+                }
+            };
+            return Err(setup_mismatch(
+                "trainable_params",
+                said(simulated_all),
+                said(trains_all),
+            ));
         }
         let accumulation = raw.gradient_accumulation_steps.unwrap_or(1);
         if accumulation != self.setup.accumulation {
@@ -877,6 +908,35 @@ impl Job {
 
     /// Whether the learned estimators may answer: a setup they were trained on, and a job
     /// described as they were (not built from a configuration).
+    /// Marks the job as read from a printed summary.
+    pub fn printed(mut self) -> Job {
+        self.printed = true;
+        self
+    }
+
+    /// How much of the job its figure can rest on, most first: its simulation, its
+    /// configuration, a trace, a printout, or the layers alone.
+    pub fn detail(&self) -> Detail {
+        let learned = self.setup.within_learned();
+        if self.simulation.is_some() {
+            if learned {
+                Detail::Simulation
+            } else {
+                Detail::SimulatedSetup
+            }
+        } else if self.known_activations.is_some() {
+            Detail::Config
+        } else if !learned {
+            Detail::SetupStep
+        } else if self.printed {
+            Detail::Printout
+        } else if self.saved_tensors.is_some() {
+            Detail::Traced
+        } else {
+            Detail::Layers
+        }
+    }
+
     pub fn learned_estimators_apply(&self) -> bool {
         self.setup.within_learned() && self.known_activations.is_none()
     }

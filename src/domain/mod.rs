@@ -11,6 +11,7 @@ pub mod setup;
 pub mod step;
 pub mod summary;
 pub mod transformer;
+pub mod uncertainty;
 pub mod vocabulary;
 
 pub use job::{

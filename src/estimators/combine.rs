@@ -432,12 +432,17 @@ impl Partial {
             correction_applied: self.mib.is_some() && self.mib_precedence > SIMULATED_PRECEDENCE,
             bound_widened_by: widen,
         });
-        // Whatever leads, physics holds it: never below the floor, the bound never below it.
+        // Whatever leads, physics holds it: never below the floor. The bound is the
+        // distribution of the figure's terms read at the confidence (known terms carry no
+        // width), never below the figure.
+        let mut distribution = None;
         if let Some(mib) = self.mib.as_mut() {
             let settled = physics.settle(mib.estimate_mib, mib.upper_bound_mib);
             mib.estimate_mib = settled.estimate_mib;
-            mib.upper_bound_mib = settled.upper_bound_mib;
             mib.floored = settled.floored;
+            let peak = physics.distribution(job.detail(), settled.estimate_mib, widen);
+            mib.upper_bound_mib = peak.quantile(query.confidence).max(settled.estimate_mib);
+            distribution = Some(peak);
         }
         let mut estimate = Estimate {
             family,
@@ -451,6 +456,7 @@ impl Partial {
             utilization: self.utilization,
             runs: self.runs,
             physics,
+            distribution,
             extrapolation,
             classes: classes.clone(),
             classifier_mean,

@@ -23,6 +23,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::domain::physics::Physics;
+use crate::domain::uncertainty::PeakDistribution;
 use crate::domain::{Family, Job, LayerKind, MemoryClass, MemoryClasses};
 use extrapolation::{DomainSummary, Extrapolation, TrainingDomain};
 use manifest::Manifest;
@@ -117,6 +118,9 @@ pub struct Estimate {
     /// What physics says of the job on the queried card: the floor under the figure, the
     /// categories of its breakdown, the simulated peaks.
     pub physics: Physics,
+    /// The distribution of the peak the figure and its bound are read from; `None` without a
+    /// figure.
+    pub distribution: Option<PeakDistribution>,
     /// How far a simulated job is from the data the simulation regressors were trained on, and
     /// what followed from it; `None` without a simulation or without a training domain.
     pub extrapolation: Option<ExtrapolationAnswer>,

@@ -9,8 +9,9 @@ use crate::calibration::placement::{
 };
 use crate::calibration::step_time::HostFit;
 use crate::domain::perf::{self, Bound, Roofline};
-use crate::domain::physics::BreakdownSource;
+use crate::domain::physics::{BreakdownSource, Physics};
 use crate::domain::setup::Trainable;
+use crate::domain::uncertainty::PeakDistribution;
 use crate::domain::{step, Confidence, Job, MemoryClass, MemoryFraction};
 use crate::error::ApiError;
 use crate::estimators::manifest::EstimatorKind;
@@ -18,9 +19,9 @@ use crate::estimators::{ClassAnswer, Estimate, EstimateError, Query};
 use crate::http::types::{
     BreakdownResponse, BreakdownSourceName, CalibrationResponse, EstimateResponse, EstimatorAnswer,
     ExtrapolationResponse, FitBasisName, FitResponse, GpuRankResponse, LatencyResponse,
-    MemoryClassResponse, MemoryResponse, ParallelismResponse, PerformanceBoundName,
-    PerformanceResponse, PerformanceSourceName, SetupResponse, UtilizationResponse,
-    UtilizationSourceName,
+    MemoryClassResponse, MemoryResponse, ParallelismResponse, PeakMomentName, PerformanceBoundName,
+    PerformanceResponse, PerformanceSourceName, SetupResponse, UncertaintyResponse,
+    UtilizationResponse, UtilizationSourceName,
 };
 use crate::http::validate::ValidEstimateRequest;
 use crate::http::AppState;
@@ -356,17 +357,22 @@ fn respond(
     } = asked;
     let on_reference = target.gpu == REFERENCE_SKU;
     let mut estimate = estimate?;
-    let placement = estimate.mib.as_ref().map(|answer| {
-        place(
-            answer,
-            target,
-            environment.as_deref(),
-            &state.profiles,
-            &estimate.physics,
-            fraction,
-            confidence.get(),
-        )
-    });
+    let placement = estimate
+        .mib
+        .as_ref()
+        .zip(estimate.distribution.as_ref())
+        .map(|(answer, distribution)| {
+            place(
+                answer,
+                target,
+                environment.as_deref(),
+                &state.profiles,
+                &estimate.physics,
+                distribution,
+                fraction,
+                confidence.get(),
+            )
+        });
     // The class contains the figure answered, which a calibration profile may have moved.
     if let Some(placement) = &placement {
         estimate.class = estimate.class_for(Some(placement.estimate_mib));
@@ -499,6 +505,7 @@ fn to_response(
         correction_applied: e.correction_applied,
         bound_widened_by: round_3(e.bound_widened_by),
     });
+    let moment = peak_moment(&estimate.physics);
     let Estimate {
         family,
         class,
@@ -564,6 +571,8 @@ fn to_response(
             min_capacity_mib: peaks.map(|p| round_mib(p.min_capacity_mib)),
             estimators,
             extrapolation,
+            uncertainty: placement.as_ref().map(|p| uncertainty_response(&p.peak)),
+            peak_moment: placement.as_ref().map(|_| moment),
         },
         utilization,
         latency_us: LatencyResponse {
@@ -577,6 +586,8 @@ fn to_response(
         fit: placement.as_ref().map(|p| FitResponse {
             gpu: p.target.gpu.clone(),
             capacity_mib: p.target.capacity_mib,
+            oom_probability: round_probability(p.fit.oom_probability),
+            confidence: confidence.get(),
             fits: p.fit.fits,
             max_colocated: p.fit.max_colocated,
             basis: match p.fit_basis {
@@ -600,6 +611,42 @@ fn to_response(
         performance_null_reason: None,
         gpu_ranking: Vec::new(),
     }
+}
+
+/// When in the step the peak falls, as physics sees it: at the optimizer's step when no
+/// activation is alive at the peak (weights, gradients, optimizer state and its
+/// temporaries), else at the start of backward (every activation kept, the first gradients).
+fn peak_moment(physics: &Physics) -> PeakMomentName {
+    let p = &physics.parts;
+    if p.activations <= 0.0 && p.gradients > 0.0 {
+        PeakMomentName::OptimizerStep
+    } else {
+        PeakMomentName::BackwardStart
+    }
+}
+
+/// The distribution behind a bound and a decision, as answered.
+fn uncertainty_response(peak: &PeakDistribution) -> UncertaintyResponse {
+    let t = &peak.terms;
+    UncertaintyResponse {
+        detail: peak.detail.as_str().into(),
+        known_mib: round_mib(t.known),
+        cuda_context_mib: round_mib(t.cuda_context),
+        uncertain_mib: round_mib(t.uncertain),
+        reclaimable_mib: round_mib(t.reclaimable),
+        log_sd: round_to_f64(peak.spread.log_sd, 1e4),
+        bias: round_to_f64(peak.spread.bias, 1e4),
+        cuda_context_sd_mib: round_mib(peak.context_sd),
+    }
+}
+
+/// A probability to 1e-6 (a decision compares it with 1 - confidence).
+fn round_probability(p: f64) -> f64 {
+    round_to_f64(p, 1e6)
+}
+
+fn round_to_f64(value: f64, scale: f64) -> f64 {
+    (value * scale).round() / scale
 }
 
 /// MiB figures to 0.1 MiB.

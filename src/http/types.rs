@@ -617,8 +617,9 @@ pub struct MemoryResponse {
     /// physics floor: parameters + gradients + optimizer state (+ the simulated activations at
     /// the peak) + CUDA context.
     pub estimate_mib: Option<f64>,
-    /// A peak the job stays at or below with probability `confidence` (calibrated on models
-    /// held out from training), at least `estimate_mib`; null with `estimate_mib`.
+    /// A peak the job stays at or below with probability `confidence`: `memory.uncertainty`'s
+    /// distribution read at that confidence (a calibration profile's bound where one applies),
+    /// at least `estimate_mib`; null with `estimate_mib`.
     pub upper_bound_mib: Option<f64>,
     /// Confidence of `upper_bound_mib`.
     pub confidence: f64,
@@ -646,6 +647,13 @@ pub struct MemoryResponse {
     /// loaded (`GET /v1/estimators`, `simulated.domain`).
     #[serde(default)]
     pub extrapolation: Option<ExtrapolationResponse>,
+    /// The distribution the bound and `fit.oom_probability` are read from; null with
+    /// `estimate_mib`.
+    #[serde(default)]
+    pub uncertainty: Option<UncertaintyResponse>,
+    /// When in the step the peak falls; null with `estimate_mib`.
+    #[serde(default)]
+    pub peak_moment: Option<PeakMomentName>,
 }
 
 /// A simulated job against the training domain of the regressors that correct the simulated
@@ -887,6 +895,13 @@ pub struct FitResponse {
     /// frees its cache before it fails). With `memory_fraction` f the job must also run within
     /// f x capacity.
     pub fits: bool,
+    /// The probability that the job runs out of memory on this GPU (within f x capacity with
+    /// `memory_fraction` f): the distribution of `memory.uncertainty` read at the capacity,
+    /// the allocator's reclaimable cache freed first. `fits` is true when it is at most
+    /// 1 - `confidence`.
+    pub oom_probability: f64,
+    /// The confidence `fits` was decided at (the request's).
+    pub confidence: f64,
     /// Copies of the job that fit on one such GPU: floor(capacity / what a copy occupies),
     /// which is the upper bound, or with a simulation its reserved peak plus the CUDA context,
     /// or with `memory_fraction` f the cap f x capacity plus the context; 1 for a job that fits
@@ -895,6 +910,36 @@ pub struct FitResponse {
     /// What `fits` and `max_colocated` rest on.
     #[serde(default)]
     pub basis: FitBasisName,
+}
+
+/// The distribution of the peak that `upper_bound_mib` and `fit.oom_probability` are read
+/// from: known terms (weights, gradients, optimizer state, collective buffers: counted, no
+/// width), the CUDA context (normal, `cuda_context_sd_mib`), and the uncertain terms
+/// (activations, temporaries, allocator cache: log-normal with `bias` and `log_sd`, fitted on
+/// measured peaks for the job's `detail`). The peak at standard score z is
+/// `known + context + z sd + uncertain x exp(bias + z log_sd)`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct UncertaintyResponse {
+    /// What the figure rests on: `simulation`, `config`, `traced`, `printout` or `layers`.
+    pub detail: String,
+    pub known_mib: f64,
+    pub cuda_context_mib: f64,
+    pub uncertain_mib: f64,
+    /// Of the uncertain terms, the cache the allocator frees before it fails.
+    pub reclaimable_mib: f64,
+    pub log_sd: f64,
+    pub bias: f64,
+    pub cuda_context_sd_mib: f64,
+}
+
+/// When in the training step the peak falls: `backward_start` (every activation kept, the
+/// first gradients) or `optimizer_step` (every gradient and the optimizer's temporaries, no
+/// activation: why such a breakdown shows 0 MiB of activations).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum PeakMomentName {
+    BackwardStart,
+    OptimizerStep,
 }
 
 /// `upper_bound`: the upper bound; `simulation`: the simulation's minimum capacity and

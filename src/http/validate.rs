@@ -162,7 +162,8 @@ pub fn to_job_noting(request: &EstimateRequest) -> Result<(Job, Vec<String>), Ap
                 .map_err(|e| ApiError::InvalidInput(e.to_string()))?;
             warnings.extend(parsed.warnings);
             let job =
-                Job::from_layers(request.family.as_deref(), request.batch_size, parsed.layers)?;
+                Job::from_layers(request.family.as_deref(), request.batch_size, parsed.layers)?
+                    .printed();
             if request.saved_tensors.is_none() {
                 // The traced regressors need saved tensors; a summary shows only output shapes,
                 // from which domain::saved rebuilds what backward keeps (issue 12).
