@@ -165,6 +165,8 @@ pub enum FitBasis {
 /// too), and checks the fit against the target's capacity. An environment's profile with an
 /// environment fit applies it to physics' breakdown of the answered figure at `confidence`
 /// ([`ProfileStore::calibrate_breakdown`]); the GPU's own profile applies its line.
+// Each argument is a distinct input of the decision; a struct would only rename them.
+#[allow(clippy::too_many_arguments)]
 pub fn place(
     answer: &MibAnswer,
     target: Target,

@@ -13,9 +13,9 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
 use crate::helpers::{
-    committed_manifest, committed_simulation, log_ratio_at, models_dir,
-    models_without_simulation_regressors, simulated_context_mib, simulated_log_ratio, spawn_app,
-    spawn_app_with, test_config, training_description, TestApp,
+    assert_bound_is_the_distributions_at_95, committed_manifest, committed_simulation, models_dir,
+    models_without_simulation_regressors, simulated_context_mib, spawn_app, spawn_app_with,
+    test_config, training_description, TestApp,
 };
 use crate::simulation::{
     assert_breakdown_and_floor, assert_no_simulation_regressor_answered, figure,
@@ -182,20 +182,7 @@ async fn a_job_between_near_and_far_keeps_the_correction_with_a_proportionally_w
     assert_eq!(own(&body, REGRESSOR), Some(estimate));
     // The regressor's own log ratio at 0.95 (the stand-in's quantiles are the plain CNN
     // regressor's), times 1.5.
-    let manifest = committed_manifest();
-    let plain = manifest["estimators"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|e| e["name"] == "cnn_memory_regressor")
-        .unwrap();
-    let q95 = log_ratio_at(&plain["residual_quantiles"], 0.95);
-    let expected = estimate * (1.5 * q95).exp();
-    assert!(
-        (figure(&body, "upper_bound_mib") - expected).abs() <= 1.0,
-        "{} vs {expected}: {body}",
-        figure(&body, "upper_bound_mib")
-    );
+    assert_bound_is_the_distributions_at_95(&body, 1.5);
 }
 
 #[tokio::test]
@@ -225,11 +212,7 @@ async fn a_job_far_from_the_training_data_gets_the_simulated_figure_and_a_wider_
     assert!(body["estimator_versions"].get(REGRESSOR).is_none());
     // Its own quantile (the `simulated` block's), times max_widen (the card's capacity is far
     // above).
-    let expected = simulated * (MAX_WIDEN * simulated_log_ratio(0.95)).exp();
-    assert!(
-        (figure(&body, "upper_bound_mib") - expected).abs() <= 1.0,
-        "{body}"
-    );
+    assert_bound_is_the_distributions_at_95(&body, MAX_WIDEN);
     assert_breakdown_and_floor(&body);
 }
 
@@ -428,10 +411,6 @@ async fn the_committed_correction_leads_for_a_simulated_resnet50_near_its_data_b
     );
     assert_eq!(own(&body, "simulated"), Some(simulated));
     assert_no_simulation_regressor_answered(&body);
-    let bound = (simulated * (max_widen * simulated_log_ratio(0.95)).exp()).min(40_960.0);
-    assert!(
-        (figure(&body, "upper_bound_mib") - bound).abs() <= 1.0,
-        "{bound}: {body}"
-    );
+    assert_bound_is_the_distributions_at_95(&body, max_widen);
     assert_breakdown_and_floor(&body);
 }

@@ -59,33 +59,12 @@ pub fn committed_manifest() -> Value {
         .unwrap()
 }
 
-/// The log ratio at `confidence` of a list of residual quantiles (a manifest's
-/// `residual_quantiles`).
-pub fn log_ratio_at(residual_quantiles: &Value, confidence: f64) -> f64 {
-    residual_quantiles
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|level| level["confidence"] == confidence)
-        .unwrap_or_else(|| panic!("no quantile at {confidence}: {residual_quantiles}"))["log_ratio"]
-        .as_f64()
-        .unwrap()
-}
-
 /// The committed `simulated` block's `cuda_context_mib`: what every simulated figure adds to the
 /// reserved peak.
 pub fn simulated_context_mib() -> f64 {
     committed_manifest()["simulated"]["cuda_context_mib"]
         .as_f64()
         .expect("simulated.cuda_context_mib")
-}
-
-/// The committed `simulated` block's log ratio at `confidence`.
-pub fn simulated_log_ratio(confidence: f64) -> f64 {
-    log_ratio_at(
-        &committed_manifest()["simulated"]["residual_quantiles"],
-        confidence,
-    )
 }
 
 /// Whether a manifest entry is a regressor that corrects the simulated figure.
@@ -191,4 +170,34 @@ pub fn combinations(n: usize, k: usize) -> Vec<Vec<usize>> {
     let mut out = combinations(n - 1, k);
     out.extend(with_last);
     out
+}
+
+/// Checks an answer's bound against the rule of `domain::uncertainty`: its distribution's
+/// spread is the committed one (data/uncertainty.json) for the answer's level of detail times
+/// `widen`, and the bound is that distribution read at 0.95 (rounded up).
+pub fn assert_bound_is_the_distributions_at_95(body: &Value, widen: f64) {
+    let committed: Value = serde_json::from_str(
+        &std::fs::read_to_string(repo_root().join("data/uncertainty.json")).unwrap(),
+    )
+    .unwrap();
+    let u = &body["memory"]["uncertainty"];
+    let detail = u["detail"].as_str().unwrap();
+    let level = &committed["levels"][detail];
+    let log_sd = level["log_sd"].as_f64().unwrap() * widen.max(1.0);
+    let bias = level["bias"].as_f64().unwrap();
+    assert!(
+        (u["log_sd"].as_f64().unwrap() - log_sd).abs() < 1e-3,
+        "{log_sd}: {body}"
+    );
+    let z = 1.644_853_626_951_472_2;
+    let f = |k: &str| u[k].as_f64().unwrap();
+    let bound = f("known_mib")
+        + (f("cuda_context_mib") + z * f("cuda_context_sd_mib")).max(0.0)
+        + f("uncertain_mib") * (bias + z * log_sd).exp();
+    let estimate = body["memory"]["estimate_mib"].as_f64().unwrap();
+    let answered = body["memory"]["upper_bound_mib"].as_f64().unwrap();
+    assert!(
+        (answered - bound.max(estimate).ceil()).abs() <= 1.0,
+        "{bound}: {body}"
+    );
 }
