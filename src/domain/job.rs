@@ -1307,6 +1307,19 @@ mod tests {
             sgd.with_simulation(Some(checkpointed)),
             Err(JobError::Setup(e)) if e.field == "simulation.activation_checkpointing"
         ));
+        // A simulation that trained a subset is not of a job that trains every parameter.
+        let subset = UncheckedSimulation {
+            trainable_params: Some(1),
+            ..raw.clone()
+        };
+        let sgd = job
+            .clone()
+            .with_training(Some("sgd"), Some("mixed16"))
+            .unwrap();
+        assert!(matches!(
+            sgd.clone().with_simulation(Some(subset)),
+            Err(JobError::Setup(e)) if e.field == "simulation.trainable_params"
+        ));
         // The job's default (adam, fp32) is what a simulation of sgd contradicts.
         assert!(matches!(
             job.with_simulation(Some(raw)),
