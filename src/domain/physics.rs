@@ -196,6 +196,11 @@ pub struct Physics {
     pub parts: Breakdown,
     /// The simulation's peaks on the card; `None` for an analytic breakdown.
     pub simulated: Option<SimulatedPeaks>,
+    /// For an analytic breakdown: what the optimizer's step reserves (weights, every gradient,
+    /// the state and a foreach step's temporaries, with the allocator's usual cache share, as
+    /// the training step counts them) with the context, MiB: no figure goes below it. 0 where
+    /// the breakdown already holds that moment.
+    pub optimizer_step_mib: f64,
 }
 
 impl Physics {
@@ -231,6 +236,7 @@ impl Physics {
             source: BreakdownSource::Step,
             parts,
             simulated: None,
+            optimizer_step_mib: 0.0,
         }
     }
 
@@ -256,6 +262,7 @@ impl Physics {
             source: BreakdownSource::Simulation,
             parts,
             simulated: Some(peaks),
+            optimizer_step_mib: 0.0,
         }
     }
 
@@ -272,15 +279,23 @@ impl Physics {
             allocator_cache: 0.0,
             cuda_context: FRAMEWORK_OVERHEAD_MIB,
         };
+        // The per-parameter bytes above miss the optimizer step's temporaries (a foreach
+        // step's copy of every gradient): the step model counts them.
+        let step = step::analytic_step(job);
         Physics {
             source: BreakdownSource::Analytic,
             parts,
             simulated: None,
+            optimizer_step_mib: (step.optimizer_step_bytes * (1.0 + ALLOCATOR_CACHE_SHARE)
+                + step.paged_optimizer_state)
+                / MIB
+                + FRAMEWORK_OVERHEAD_MIB,
         }
     }
 
-    /// No job needs less than its model state and the CUDA context; a simulated one also
-    /// keeps its activations at the peak (the simulation counted them byte by byte).
+    /// No job needs less than its model state and the CUDA context, nor than its optimizer's
+    /// step; a simulated one also keeps its activations at the peak (the simulation counted
+    /// them byte by byte).
     pub fn floor_mib(&self) -> f64 {
         let p = &self.parts;
         let activations = if self.source == BreakdownSource::Simulation {
@@ -288,13 +303,14 @@ impl Physics {
         } else {
             0.0
         };
-        p.parameters
+        let model_state = p.parameters
             + p.gradients
             + p.optimizer_state
             + activations
             + p.collective_buffers
             + p.paged_optimizer_state
-            + p.cuda_context
+            + p.cuda_context;
+        model_state.max(self.optimizer_step_mib)
     }
 
     /// Holds a figure and its bound to physics: the figure at least the floor, the bound at
@@ -473,8 +489,11 @@ mod tests {
         );
         assert_eq!(simulated.parts.total(), 10_240.0 + 1300.0);
         let analytic = Physics::analytic(&job());
-        // 2^20 params: 4 + 4 + 8 MiB (Adam, fp32); the activations are no part of it.
-        assert!((analytic.floor_mib() - (16.0 + FRAMEWORK_OVERHEAD_MIB)).abs() < 1e-9);
+        // 2^20 params, Adam fp32: not the 4 + 4 + 8 MiB of model state alone but the optimizer's
+        // step, which also holds foreach's 4 MiB copy of the gradients, with the cache share;
+        // the activations are no part of it.
+        let optimizer_step = 20.0 * (1.0 + ALLOCATOR_CACHE_SHARE) + FRAMEWORK_OVERHEAD_MIB;
+        assert!((analytic.floor_mib() - optimizer_step).abs() < 1e-9);
         assert!((analytic.parts.total() - analytic::first_principles_mib(&job())).abs() < 1e-9);
         // Without the manifest's context cost a simulation cannot be placed: analytic.
         assert_eq!(
@@ -536,7 +555,8 @@ mod tests {
     #[test]
     fn an_analytic_breakdown_shrinks_activations_never_the_model_state() {
         let physics = Physics::analytic(&job());
-        let floor = physics.floor_mib();
+        // Model state (4 + 4 + 8 MiB) and context: what the breakdown never shrinks.
+        let floor = 16.0 + FRAMEWORK_OVERHEAD_MIB;
         let above = physics.breakdown(floor + 100.0);
         assert_eq!((above.activations, above.temporaries), (2.0, 98.0));
         let below = physics.breakdown(floor + 1.0);

@@ -92,6 +92,9 @@ pub struct StepMemory {
     pub lora_params: f64,
     /// True when the peak is the optimizer's step rather than the start of backward.
     pub at_optimizer_step: bool,
+    /// What the allocator holds at the optimizer's step (weights, every gradient, the state
+    /// and the step's temporaries), whichever moment peaks: no step needs less.
+    pub optimizer_step_bytes: f64,
 }
 
 impl StepMemory {
@@ -556,6 +559,7 @@ pub fn analytic_step(job: &Job) -> StepMemory {
         lora_params: adapter_params,
         layout_buffers: collective,
         at_optimizer_step,
+        optimizer_step_bytes: optimizer_step,
     }
 }
 
