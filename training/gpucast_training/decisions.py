@@ -266,6 +266,22 @@ def detail_of(row, answer):
     return [answer["memory"]["uncertainty"]["detail"]] if answer and answer["memory"].get("uncertainty") else []
 
 
+def source_of(row, answer):
+    return [row["source"]]
+
+
+def kind_of(row, answer):
+    return [row["kind"]]
+
+
+def tables(pairs, groupings):
+    """One table per (title, grouping), each followed by a blank line."""
+    out = []
+    for title, keys in groupings:
+        out += [table(title, grouped(pairs, keys)), ""]
+    return out
+
+
 def report(served, held_out, committed, command):
     setups = lambda row, answer: [s for s in row["setups"]] if row["source"] not in ("timm_a100", "mlp_a100") else []
     sections = [
@@ -289,20 +305,11 @@ def report(served, held_out, committed, command):
         "fitted on every other group (`--uncertainty`), so these figures are of sources and",
         "families the spreads never saw.",
         "",
-        table("level of detail", grouped(held_out, detail_of)),
-        "",
-        table("source", grouped(held_out, lambda row, answer: [row["source"]])),
-        "",
-        table("published runs, setup", grouped(held_out, setups)),
-        "",
-        table("kind of model", grouped(held_out, lambda row, answer: [row["kind"]])),
-        "",
+        *tables(held_out, [("level of detail", detail_of), ("source", source_of),
+                           ("published runs, setup", setups), ("kind of model", kind_of)]),
         "## As served: the committed spreads (fitted on every row)",
         "",
-        table("level of detail", grouped(served, detail_of)),
-        "",
-        table("kind of model", grouped(served, lambda row, answer: [row["kind"]])),
-        "",
+        *tables(served, [("level of detail", detail_of), ("kind of model", kind_of)]),
         "## The committed spreads (data/uncertainty.json)",
         "",
         "| detail | bias (log) | log_sd | rows |",
