@@ -35,6 +35,22 @@ pub const BAD_INPUT: i32 = 2;
 /// Exit status when the models or the input file cannot be read.
 pub const FAILED: i32 = 1;
 
+/// Largest spreads file read: the committed one is under 1 KiB.
+const MAX_SPREADS_BYTES: u64 = 64 * 1024;
+
+/// A spreads file's text, refused beyond [`MAX_SPREADS_BYTES`].
+fn read_spreads(path: &std::path::Path) -> Result<String, String> {
+    let file = std::fs::File::open(path).map_err(|e| e.to_string())?;
+    let mut text = String::new();
+    file.take(MAX_SPREADS_BYTES + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| e.to_string())?;
+    if text.len() as u64 > MAX_SPREADS_BYTES {
+        return Err(format!("larger than {MAX_SPREADS_BYTES} bytes"));
+    }
+    Ok(text)
+}
+
 /// Runs the subcommand; returns the process's exit status.
 pub fn estimate(args: &EstimateArgs) -> i32 {
     let bytes = match read_input(&args.file) {
@@ -45,9 +61,7 @@ pub fn estimate(args: &EstimateArgs) -> i32 {
         }
     };
     if let Some(path) = &args.uncertainty {
-        let spreads = std::fs::read_to_string(path)
-            .map_err(|e| e.to_string())
-            .and_then(|text| Spreads::parse(&text));
+        let spreads = read_spreads(path).and_then(|text| Spreads::parse(&text));
         match spreads {
             Ok(spreads) => {
                 uncertainty::install(spreads);

@@ -118,3 +118,43 @@ fn the_table_format_prints_the_breakdown_for_people() {
         assert!(text.contains(expected), "{text}");
     }
 }
+
+#[test]
+fn other_spreads_move_the_bound_and_the_decision_not_the_figure() {
+    let job = "tests/fixtures/cli/llama_job.json";
+    let committed = json(&gpucast(&["estimate", job], None));
+    let mut spreads: Value = serde_json::from_str(
+        &std::fs::read_to_string(root().join("data/uncertainty.json")).unwrap(),
+    )
+    .unwrap();
+    for level in spreads["levels"].as_object_mut().unwrap().values_mut() {
+        level["log_sd"] = (level["log_sd"].as_f64().unwrap() * 2.0 + 0.1).into();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let wider = dir.path().join("wider.json");
+    std::fs::write(&wider, spreads.to_string()).unwrap();
+    let answer = json(&gpucast(
+        &["estimate", "--uncertainty", wider.to_str().unwrap(), job],
+        None,
+    ));
+    let memory = |a: &Value, k: &str| a["memory"][k].as_f64().unwrap();
+    assert_eq!(
+        memory(&answer, "estimate_mib"),
+        memory(&committed, "estimate_mib")
+    );
+    assert!(memory(&answer, "upper_bound_mib") > memory(&committed, "upper_bound_mib"));
+    assert!(
+        answer["fit"]["oom_probability"].as_f64().unwrap()
+            >= committed["fit"]["oom_probability"].as_f64().unwrap()
+    );
+    // A spreads file that is not one is refused, naming the flag, and nothing is answered.
+    let bad = dir.path().join("bad.json");
+    std::fs::write(&bad, r#"{"cuda_context_sd_mib": 1, "levels": {}}"#).unwrap();
+    let refused = gpucast(
+        &["estimate", "--uncertainty", bad.to_str().unwrap(), job],
+        None,
+    );
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(refused.stdout.is_empty());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("--uncertainty"));
+}
