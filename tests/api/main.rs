@@ -13,6 +13,7 @@ mod extrapolation;
 mod floor_sweep;
 mod gpus;
 mod helpers;
+mod invariants;
 mod operations;
 mod public_setups;
 mod ranking;
