@@ -282,6 +282,27 @@ def tables(pairs, groupings):
     return out
 
 
+def agreement(pairs):
+    """How far each level's figure lies from the same timm job's simulated one: the share within
+    15 % (25 % for a printout) and the median relative difference."""
+    by_job = {"timm": defaultdict(dict), "published": defaultdict(dict)}
+    for row, answer in pairs:
+        if answer is not None and row["source"] != "mlp_a100":
+            job, level = row["id"].rsplit("/", 1)
+            rows = by_job["timm" if row["source"] == "timm_a100" else "published"]
+            rows[job][level] = answer["memory"]["estimate_mib"]
+    lines = ["| level against the simulation | jobs | within | median difference |",
+             "| --- | --- | --- | --- |"]
+    for rows, level, tolerance in (("timm", "traced", 0.15), ("timm", "layers", 0.15),
+                                   ("timm", "printout", 0.25), ("published", "traced", 0.15)):
+        diffs = [abs(f[level] - f["simulation"]) / f["simulation"]
+                 for f in by_job[rows].values() if level in f and "simulation" in f]
+        within = sum(d <= tolerance for d in diffs)
+        lines.append(f"| {rows} {level} (within {tolerance:.0%}) | {len(diffs)} | "
+                     f"{100 * within / len(diffs):.1f} % | {100 * statistics.median(diffs):.1f} % |")
+    return "\n".join(lines)
+
+
 def report(served, held_out, committed, command):
     setups = lambda row, answer: [s for s in row["setups"]] if row["source"] not in ("timm_a100", "mlp_a100") else []
     sections = [
@@ -307,6 +328,14 @@ def report(served, held_out, committed, command):
         "",
         *tables(held_out, [("level of detail", detail_of), ("source", source_of),
                            ("published runs, setup", setups), ("kind of model", kind_of)]),
+        "## One job, several levels of detail",
+        "",
+        "The same job (one figure each, as served) answered from its layers, its trace or its",
+        "printout, against its simulation: timm held-out jobs, and the published runs without and",
+        "with describe's simulation of their setup:",
+        "",
+        agreement(served),
+        "",
         "## As served: the committed spreads (fitted on every row)",
         "",
         *tables(served, [("level of detail", detail_of), ("kind of model", kind_of)]),
