@@ -505,7 +505,9 @@ fn to_response(
         correction_applied: e.correction_applied,
         bound_widened_by: round_3(e.bound_widened_by),
     });
-    let moment = peak_moment(&estimate.physics);
+    let moment = placement
+        .as_ref()
+        .map(|p| peak_moment(&estimate.physics, p.estimate_mib));
     let Estimate {
         family,
         class,
@@ -572,7 +574,7 @@ fn to_response(
             estimators,
             extrapolation,
             uncertainty: placement.as_ref().map(|p| uncertainty_response(&p.peak)),
-            peak_moment: placement.as_ref().map(|_| moment),
+            peak_moment: moment,
         },
         utilization,
         latency_us: LatencyResponse {
@@ -615,10 +617,13 @@ fn to_response(
 
 /// When in the step the peak falls, as physics sees it: at the optimizer's step when no
 /// activation is alive at the peak (weights, gradients, optimizer state and its
-/// temporaries), else at the start of backward (every activation kept, the first gradients).
-fn peak_moment(physics: &Physics) -> PeakMomentName {
+/// temporaries), or when the figure is held at what the optimizer's step reserves; else at
+/// the start of backward (every activation kept, the first gradients).
+fn peak_moment(physics: &Physics, figure_mib: f64) -> PeakMomentName {
     let p = &physics.parts;
-    if p.activations <= 0.0 && p.gradients > 0.0 {
+    let held_at_optimizer_step =
+        physics.optimizer_step_mib > 0.0 && figure_mib <= physics.optimizer_step_mib + 0.05;
+    if (p.activations <= 0.0 && p.gradients > 0.0) || held_at_optimizer_step {
         PeakMomentName::OptimizerStep
     } else {
         PeakMomentName::BackwardStart

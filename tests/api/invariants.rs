@@ -3,7 +3,8 @@
 //! without their simulation) and the timm held-out families of data/timm/test.jsonl.gz.
 //!
 //! - No figure is below weights + gradients + optimizer state + the CUDA context; no bound is
-//!   below its figure; `fits` is the OOM probability at most 1 - confidence.
+//!   below its figure; `fits` is the OOM probability at most 1 - confidence; a breakdown
+//!   without activations says its peak is the optimizer's step.
 //! - Memory-saving changes within one level of detail never raise the figure nor the bound:
 //!   SGD instead of the job's optimizer; activation checkpointing of a job already outside the
 //!   learned setups; pure bf16 instead of bf16 autocast.
@@ -14,7 +15,7 @@
 use std::time::Instant;
 
 use gpucast::http::answer::answer_items;
-use gpucast::http::types::{EstimateRequest, EstimateResponse};
+use gpucast::http::types::{EstimateRequest, EstimateResponse, PeakMomentName};
 use gpucast::http::validate::{validate, ValidEstimateRequest};
 use gpucast::startup::Application;
 use serde_json::{json, Value};
@@ -57,6 +58,14 @@ fn assert_holds(label: &str, a: &EstimateResponse) {
     let known = b.parameters + b.gradients + b.optimizer_state + b.cuda_context;
     assert!(figure(a) >= known - ROUNDING_MIB, "{label}: below {known}");
     assert!(bound(a) >= figure(a), "{label}: bound below the figure");
+    // A breakdown with no activation explains itself: the peak is the optimizer's step.
+    if b.activations == 0.0 {
+        assert_eq!(
+            a.memory.peak_moment,
+            Some(PeakMomentName::OptimizerStep),
+            "{label}"
+        );
+    }
     let fit = a.fit.as_ref().unwrap();
     let decided = fit.oom_probability <= 1.0 - fit.confidence + 1e-6;
     assert_eq!(fit.fits, decided, "{label}: {fit:?}");
