@@ -9,7 +9,8 @@ of its rules here. The measured rows (all committed, derived from ../shared/data
   (tests/fixtures/summaries/printouts.jsonl.gz); `oom` rows are jobs that did not run there;
 - MLP held-out jobs (data/mlp/test.jsonl.gz, A100 40 GB), layers alone;
 - published runs (data/public/setup_jobs.jsonl.gz) on the card each ran on, with describe's
-  simulation of their setup and without it; compared like with like (allocated, reserved or
+  simulation of their setup, without it, and for LLMs from their config.json
+  (tests/fixtures/transformer_configs/public); compared like with like (allocated, reserved or
   the device total, as each source measured).
 
 The spread of each level of detail is the log-normal that the log residuals of the uncertain
@@ -121,7 +122,28 @@ def rows():
             if card is not None:
                 job["gpu"] = card
             out.append(dict(base, id=f"public{r['row']}/{detail}", request=job, card=card))
+        config = config_job(r, card)
+        if config is not None:
+            out.append(dict(base, id=f"public{r['row']}/config", request=config, card=card))
     return out
+
+
+CONFIGS = ROOT / "tests/fixtures/transformer_configs/public"
+
+
+def config_job(row, card):
+    """The published run from its model's config.json (as the hub serves it) and its setup,
+    instead of its traced layers; None when no config of that architecture is committed."""
+    path = CONFIGS / (row.get("architecture", "").replace("/", "__") + ".json")
+    if not row.get("architecture") or not path.exists():
+        return None
+    job = {k: v for k, v in row["job"].items()
+           if k not in ("layers", "saved_tensors", "simulation", "summary", "input_shape", "family")}
+    job["transformer_config"] = json.loads(path.read_text())
+    job["seq_len"] = row["job"]["input_shape"][0]
+    if card is not None:
+        job["gpu"] = card
+    return job
 
 
 def answer_all(gpucast, requests, uncertainty=None):
@@ -182,23 +204,16 @@ DETAILS = ["simulation", "simulated_setup", "config", "setup_step", "traced", "p
 
 
 def spreads(scored):
-    """Spreads per detail from (row, answer) pairs with a measurement. A model built from its
-    configuration has no measured row of its own here: it takes the spread of the published
-    runs answered without their simulation (the same transformer step, counted from layers)."""
+    """Spreads per detail from (row, answer) pairs with a measurement."""
     by_detail = defaultdict(list)
-    config = []
     for row, answer in scored:
         if row["measured"] is None or answer is None or answer["memory"].get("uncertainty") is None:
             continue
         r = residual(row, answer)
         if r is None:
             continue
-        detail = answer["memory"]["uncertainty"]["detail"]
-        by_detail[detail].append(r)
-        if detail == "setup_step":
-            config.append(r)
+        by_detail[answer["memory"]["uncertainty"]["detail"]].append(r)
     levels = {d: fit(by_detail[d]) for d in DETAILS}
-    levels["config"] = fit(config) or levels["config"]
     fallback = fit([r for rs in by_detail.values() for r in rs])
     levels = {d: levels[d] or fallback for d in DETAILS}
     return {"cuda_context_sd_mib": CONTEXT_SD_MIB, "levels": levels}
@@ -349,8 +364,8 @@ def report(served, held_out, committed, command):
         sections.append(f"| {detail} | {s['bias']} | {s['log_sd']} | {s['rows']} |")
     sections += ["", f"CUDA context: sd {committed['cuda_context_sd_mib']} MiB within one environment "
                  "(data/gpu_check: device total - reserved peak 751-771 MiB over 22 jobs on one card).",
-                 "`config` has no measured row of its own: it takes `setup_step`'s rows (the published runs",
-                 "answered without their simulation: the same training step, from layers and traced tensors).", ""]
+                 "`config`: the published runs of LLMs answered from their model's config.json",
+                 "(tests/fixtures/transformer_configs/public) and their setup.", ""]
     return "\n".join(sections)
 
 
