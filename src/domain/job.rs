@@ -908,6 +908,27 @@ impl Job {
 
     /// Whether the learned estimators may answer: a setup they were trained on, and a job
     /// described as they were (not built from a configuration).
+    /// The same layers in the plain setup (fp32, Adam, every parameter trained, one GPU, no
+    /// checkpointing or accumulation: [`Setup::plain`]), for a job outside the learned setups
+    /// that physics counts from its layers (no simulation, not built from a configuration):
+    /// the learned memory regressors answer the base, and the training step carries their
+    /// correction to the job's setup. One base for every setup of the same layers, so they all
+    /// share one correction. `None` for any other job.
+    pub fn learned_base(&self) -> Option<Job> {
+        if self.setup.within_learned() || !self.counted_from_layers() {
+            return None;
+        }
+        let mut base = self.clone();
+        base.setup = Setup::plain(self.batch_size);
+        Some(base)
+    }
+
+    /// Whether physics counts the job from its layer list alone: no simulation, not built
+    /// from a configuration.
+    pub fn counted_from_layers(&self) -> bool {
+        self.simulation.is_none() && self.known_activations.is_none()
+    }
+
     /// Marks the job as read from a printed summary.
     pub fn printed(mut self) -> Job {
         self.printed = true;

@@ -293,6 +293,16 @@ impl Physics {
         }
     }
 
+    /// The same physics with its uncertain terms (activations, temporaries, allocator cache)
+    /// multiplied by `factor`: a learned correction of what physics cannot count exactly.
+    pub fn with_uncertain_scaled(mut self, factor: f64) -> Physics {
+        let p = &mut self.parts;
+        p.activations *= factor;
+        p.temporaries *= factor;
+        p.allocator_cache *= factor;
+        self
+    }
+
     /// No job needs less than its model state and the CUDA context, nor than its optimizer's
     /// step; a simulated one also keeps its activations at the peak (the simulation counted
     /// them byte by byte).

@@ -121,6 +121,9 @@ pub struct Estimate {
     /// The distribution of the peak the figure and its bound are read from; `None` without a
     /// figure.
     pub distribution: Option<PeakDistribution>,
+    /// The trusted factor a learned answer put on the training step's uncertain terms (of the
+    /// job, or of its learned base for another setup); `None` when none applies.
+    pub base_correction: Option<f64>,
     /// How far a simulated job is from the data the simulation regressors were trained on, and
     /// what followed from it; `None` without a simulation or without a training domain.
     pub extrapolation: Option<ExtrapolationAnswer>,

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use super::combine::{self, FamilyModels, Partial};
 use super::extrapolation::Extrapolation;
-use super::manifest::{EstimatorEntry, Requirement};
+use super::manifest::{EstimatorEntry, EstimatorKind, Requirement};
 use super::onnx::{InferenceError, Model, ModelInput};
 use super::{Estimate, EstimateError, EstimatorRun, Estimators, Query};
 use crate::domain::analytic::{self, AnalyticFigures};
@@ -64,6 +64,14 @@ impl Estimator {
             "estimator '{name}' left out: it has no token for layer kind '{}' (layers[{index}])",
             layer.kind.as_str()
         ))
+    }
+
+    /// Whether this estimator answers a job's learned base ([`Job::learned_base`]) when the
+    /// job's own setup is outside the learned ones: the memory regressors that read the
+    /// layers (the simulation regressors read a simulation of the job's own setup).
+    pub fn answers_bases(&self) -> bool {
+        self.entry.kind == EstimatorKind::MemoryRegressor
+            && !self.entry.requires.contains(&Requirement::Simulation)
     }
 
     /// Whether the job carries what this estimator needs.
@@ -306,6 +314,24 @@ impl Estimators {
             .zip(&analytic)
             .map(|(job, run)| AggregateFeatures::with_analytic(job, &run.figures))
             .collect();
+        // A job of a setup the learned models were not trained on: its memory regressors
+        // answer the same layers in the nearest setup they know, and the training step carries
+        // that answer to the job's setup (`combine`, `Partial::finish`).
+        let bases: Vec<Option<Job>> = job_refs.iter().map(|job| job.learned_base()).collect();
+        let base_aggregates: Vec<Option<AggregateFeatures>> = bases
+            .iter()
+            .map(|base| {
+                base.as_ref()
+                    .map(|base| AggregateFeatures::with_analytic(base, &AnalyticFigures::of(base)))
+            })
+            .collect();
+        // What an estimator reads of a job: the job, or for a memory regressor its base.
+        let view = |i: usize, estimator: &Estimator| -> (&Job, &AggregateFeatures) {
+            match (&bases[i], &base_aggregates[i]) {
+                (Some(base), Some(features)) if estimator.answers_bases() => (base, features),
+                _ => (job_refs[i], &aggregates[i]),
+            }
+        };
         // Only simulated jobs are placed against the training domain: nothing for the others.
         let domain = self.simulated.as_ref().and_then(|s| s.domain.as_ref());
         let reaches: Vec<Option<(Extrapolation, Duration)>> = job_refs
@@ -323,13 +349,16 @@ impl Estimators {
             .collect();
         for estimator in &members {
             let applicable: Vec<usize> = (0..jobs.len())
-                .filter(|&i| estimator.applies_to(job_refs[i]))
+                .filter(|&i| estimator.applies_to(view(i, estimator).0))
                 // A sequence model that cannot read a job is left out of it, and the answer
                 // says so; the family's other estimators answer.
-                // Trained on plain one-GPU jobs: another setup is physics' alone.
+                // Trained on plain one-GPU jobs: another setup is physics', corrected by the
+                // memory regressors' answer of its base.
                 .filter(|&i| {
                     let reason = if job_refs[i].learned_estimators_apply() {
                         estimator.cannot_read(job_refs[i])
+                    } else if bases[i].is_some() && estimator.answers_bases() {
+                        None
                     } else if job_refs[i].known_activations().is_some() {
                         Some(combine::BUILT_FROM_CONFIG.to_string())
                     } else {
@@ -357,12 +386,17 @@ impl Estimators {
                 continue;
             }
             let started = Instant::now();
-            let outputs = if applicable.len() == jobs.len() {
+            let own_jobs = applicable.len() == jobs.len()
+                && (!estimator.answers_bases() || bases.iter().all(Option::is_none));
+            let outputs = if own_jobs {
                 estimator.run_many(&job_refs, &aggregates)
             } else {
-                let some_jobs: Vec<&Job> = applicable.iter().map(|&i| job_refs[i]).collect();
-                let some_aggregates: Vec<AggregateFeatures> =
-                    applicable.iter().map(|&i| aggregates[i].clone()).collect();
+                let some_jobs: Vec<&Job> =
+                    applicable.iter().map(|&i| view(i, estimator).0).collect();
+                let some_aggregates: Vec<AggregateFeatures> = applicable
+                    .iter()
+                    .map(|&i| view(i, estimator).1.clone())
+                    .collect();
                 estimator.run_many(&some_jobs, &some_aggregates)
             };
             let latency = started.elapsed() / applicable.len() as u32;
@@ -391,8 +425,10 @@ impl Estimators {
             .zip(jobs)
             .zip(reaches)
             .zip(analytic)
-            .map(|(((partial, query), reach), analytic)| {
-                partial.and_then(|state| state.finish(&models, query, analytic, reach))
+            .zip(bases)
+            .map(|((((partial, query), reach), analytic), base)| {
+                partial
+                    .and_then(|state| state.finish(&models, query, analytic, reach, base.as_ref()))
             })
             .collect()
     }

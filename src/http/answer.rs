@@ -508,6 +508,7 @@ fn to_response(
     let moment = placement
         .as_ref()
         .map(|p| peak_moment(&estimate.physics, p.estimate_mib));
+    let base_correction = estimate.base_correction;
     let Estimate {
         family,
         class,
@@ -575,6 +576,7 @@ fn to_response(
             extrapolation,
             uncertainty: placement.as_ref().map(|p| uncertainty_response(&p.peak)),
             peak_moment: moment,
+            base_correction: base_correction.map(|f| round_to_f64(f, 1e4)),
         },
         utilization,
         latency_us: LatencyResponse {

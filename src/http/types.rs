@@ -654,6 +654,14 @@ pub struct MemoryResponse {
     /// When in the step the peak falls; null with `estimate_mib`.
     #[serde(default)]
     pub peak_moment: Option<PeakMomentName>,
+    /// For a job counted from its layers: the factor (0.5 to 2) on the training step's
+    /// activations, temporaries and allocator cache that makes the step of the same layers in
+    /// the nearest learned setup (fp32 or fp16 autocast, every parameter trained, one GPU)
+    /// answer what the memory regressor answers there. Every setup of the same layers shares
+    /// it. Null for a simulated or configured job, or when the regressor's answer lies beyond
+    /// that range (the step answers alone).
+    #[serde(default)]
+    pub base_correction: Option<f64>,
 }
 
 /// A simulated job against the training domain of the regressors that correct the simulated

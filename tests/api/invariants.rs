@@ -8,6 +8,8 @@
 //! - Memory-saving changes within one level of detail never raise the figure nor the bound:
 //!   SGD instead of the job's optimizer; activation checkpointing of a job already outside the
 //!   learned setups; pure bf16 instead of bf16 autocast.
+//! - Setups of the same layers share the correction the regressors' answer of their plain
+//!   base puts on the training step (`memory.base_correction`).
 //! - The figure never shrinks as the batch grows (timm held-out jobs, traced).
 //!
 //! In process, as floor_sweep does: `answer_items` is what the batch route runs.
@@ -172,6 +174,13 @@ async fn memory_saving_changes_within_a_level_never_raise_the_figure_or_the_boun
             continue;
         }
         compared += 1;
+        // Setups of the same layers share the one correction of their plain base.
+        if before.memory.base_correction.is_some() && after.memory.base_correction.is_some() {
+            assert_eq!(
+                before.memory.base_correction, after.memory.base_correction,
+                "{label}"
+            );
+        }
         assert!(
             figure(after) <= figure(before) + ROUNDING_MIB,
             "{label}: figure {} -> {}",
