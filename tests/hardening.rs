@@ -257,3 +257,40 @@ async fn an_observation_with_a_duplicate_key_is_refused() {
         "nothing recorded"
     );
 }
+
+/// The roofline's cost follows a job's layers, never its parameter count: a 185-byte print of
+/// 4095 layers of 9 x 10^12 parameters each (a foreach optimizer step of 10^10 launches) used to
+/// hold a blocking thread for minutes. Four of them, on every card at once, must leave the
+/// service answering.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_of_absurd_parameter_count_costs_no_more_than_its_layers() {
+    let app = spawn_app_with(config()).await;
+    let text =
+        "Net(\n  (0-4094): 4095 x Linear(in_features=3000000, out_features=3000000, bias=True)\n)";
+    let bomb = serde_json::json!({
+        "summary": {"format": "module_print", "text": text},
+        "batch_size": 8,
+        "gpu": ["a100-40gb", "h100-80gb", "t4", "l4"],
+    });
+    let started = Instant::now();
+    let (a, b, c, d) = tokio::join!(
+        app.post_json("/v1/estimate", &bomb),
+        app.post_json("/v1/estimate", &bomb),
+        app.post_json("/v1/estimate", &bomb),
+        app.post_json("/v1/estimate", &bomb),
+    );
+    for response in [a, b, c, d] {
+        assert!(
+            response.status() == 200 || response.status() == 422,
+            "{}",
+            response.status()
+        );
+    }
+    let ordinary = app.post_json("/v1/estimate", &example_job()).await;
+    assert_eq!(ordinary.status(), 200);
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        started.elapsed()
+    );
+}

@@ -196,6 +196,22 @@ fn elementwise(elements: f64, bytes: f64, max_warps: f64) -> Kernel {
     }
 }
 
+/// (host, done) after issuing `n` kernels of `duration` us, each `host_op` us of host work
+/// after the last: the closed form of `host += host_op; done = max(done, host) + duration`
+/// repeated `n` times, so that a job's cost follows its layers, not its parameter count (a
+/// foreach optimizer over 10^16 elements is 10^10 launches). Unrolled, the last kernel ends at
+/// `max(done + n d, max over j of host + j h + (n - j + 1) d)`, linear in j, so the inner
+/// maximum sits at j = 1 or j = n.
+fn issue(host: f64, done: f64, host_op: f64, duration: f64, n: f64) -> (f64, f64) {
+    if n < 1.0 {
+        return (host, done);
+    }
+    let done = (done + n * duration)
+        .max(host + host_op + n * duration)
+        .max(host + n * host_op + duration);
+    (host + n * host_op, done)
+}
+
 /// The step's timeline: the host issues ops one after another; the GPU runs each as soon as
 /// it is issued and the previous one is done.
 struct Timeline<'a> {
@@ -253,11 +269,14 @@ impl<'a> Timeline<'a> {
         // Warps resident on an active SM, over the most it holds.
         let per_sm = (kernel.blocks / (active * sms)).min(kernel.blocks_per_sm);
         let occupancy = (per_sm * kernel.warps_per_block / self.max_warps).min(1.0);
-        for _ in 0..count {
-            self.host += self.constants.host_us_per_op;
-            self.done = self.done.max(self.host) + duration;
-        }
         let n = count as f64;
+        (self.host, self.done) = issue(
+            self.host,
+            self.done,
+            self.constants.host_us_per_op,
+            duration,
+            n,
+        );
         if compute >= memory {
             self.compute_us += n * duration;
         } else {
@@ -1189,6 +1208,27 @@ mod tests {
     use crate::devices::sku::Catalogue;
     use crate::domain::job::UncheckedLayer;
     use crate::domain::setup::{UncheckedLora, UncheckedNames, UncheckedSetup};
+
+    #[test]
+    fn issuing_many_kernels_at_once_matches_issuing_them_one_by_one() {
+        for (host_op, duration) in [(15.0, 3.0), (15.0, 15.0), (15.0, 40.0), (2.0, 0.5)] {
+            for (host, done) in [(0.0, 0.0), (100.0, 20.0), (10.0, 500.0)] {
+                for n in [0u32, 1, 2, 7, 300] {
+                    let (mut h, mut d) = (host, done);
+                    for _ in 0..n {
+                        h += host_op;
+                        d = f64::max(d, h) + duration;
+                    }
+                    let (ch, cd) = issue(host, done, host_op, duration, f64::from(n));
+                    assert!((ch - h).abs() < 1e-6 * h.max(1.0), "host {ch} vs {h}");
+                    assert!(
+                        (cd - d).abs() < 1e-6 * d.max(1.0),
+                        "done {cd} vs {d} ({host_op}, {duration}, {host}, {done}, {n})"
+                    );
+                }
+            }
+        }
+    }
 
     fn a100() -> GpuPerformance {
         Catalogue::builtin().by_id("a100-40gb").unwrap().performance
