@@ -90,6 +90,7 @@ def rows():
         model, status = r["job"]["model"], r["status"]
         base = dict(source="timm_a100", group="timm:" + timm_family(model), status=status,
                     measured=r["measured_peak_mib"] if status == "ok" else None, compare="device",
+                    reading=r["measured_peak_mib"],
                     kind="image", setups=["plain"], capacity=REFERENCE_CAPACITY)
         out.append(dict(base, id=r["id"] + "/traced", request=r["job"]))
         layers_only = {k: v for k, v in r["job"].items() if k != "saved_tensors"}
@@ -318,6 +319,51 @@ def agreement(pairs):
     return "\n".join(lines)
 
 
+WIDTHS = (1.0, 1.05, 1.10, 1.15, 1.25)
+
+
+def perfect_figure(pairs):
+    """What a figure equal to the measured peak, with a bound `w` times it, would refuse among
+    the rows that ran on a stated card: the floor that "ran but refused" can reach at a given
+    width. Measurements taken as allocated or reserved are put on the device's scale with the
+    answer's own context and cache."""
+    kinds = defaultdict(list)
+    for row, answer in pairs:
+        fit_ = (answer or {}).get("fit")
+        if not fit_ or row["status"] == "oom" or row["measured"] is None:
+            continue
+        figure = like_with_like(row, answer)[0]
+        on_device = row["measured"] + answer["memory"]["estimate_mib"] - figure
+        kinds[row["kind"]].append(on_device / fit_["capacity_mib"])
+    lines = ["| kind of model | rows | above 80 % of the card | " +
+             " | ".join(f"refused at bound {w:.2f}x" for w in WIDTHS) + " |",
+             "| --- | --- | --- | " + " | ".join("---" for _ in WIDTHS) + " |"]
+    for kind, shares in sorted(kinds.items()):
+        cells = [f"{100 * sum(s * w > 1 for s in shares) / len(shares):.1f} %" for w in WIDTHS]
+        lines.append(f"| {kind} | {len(shares)} | {100 * sum(s > 0.8 for s in shares) / len(shares):.1f} % | "
+                     + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def accepted_oom(pairs):
+    """The `oom` jobs answered `fits: true` at some level, with the campaign's own reading."""
+    jobs, ran = defaultdict(dict), defaultdict(set)
+    for row, answer in pairs:
+        job, level = row["id"].rsplit("/", 1)
+        if row["source"] == "timm_a100" and row["status"] == "ok":
+            model, batch = job.rsplit("@", 1)
+            ran[model].add((int(batch), row["measured"]))
+        if row["status"] == "oom" and answer and (answer.get("fit") or {}).get("fits"):
+            jobs[(job, row["reading"])][level] = answer["memory"]["estimate_mib"]
+    lines = ["| job (model@batch) | campaign reading, MiB | the model's runs that did not fail (batch: MiB) "
+             "| accepted at (estimate, MiB) |", "| --- | --- | --- | --- |"]
+    for (job, reading), levels in sorted(jobs.items()):
+        at = ", ".join(f"{level} ({figure:,.0f})" for level, figure in sorted(levels.items()))
+        runs = ", ".join(f"{b}: {m:,.0f}" for b, m in sorted(ran[job.rsplit("@", 1)[0]])) or "none"
+        lines.append(f"| {job} | {reading:,.0f} | {runs} | {at} |")
+    return "\n".join(lines)
+
+
 def report(served, held_out, committed, command):
     setups = lambda row, answer: [s for s in row["setups"]] if row["source"] not in ("timm_a100", "mlp_a100") else []
     sections = [
@@ -350,6 +396,22 @@ def report(served, held_out, committed, command):
         "with describe's simulation of their setup:",
         "",
         agreement(served),
+        "",
+        "## How far a decision can go: a perfect figure",
+        "",
+        "Ran but refused counts runs whose bound passes their card. Many published runs used",
+        "most of theirs, so even a figure equal to the measured peak refuses them once the bound",
+        "is wider than the headroom they had. The share each width would refuse, with a perfect",
+        "figure (rows that ran on a stated card):",
+        "",
+        perfect_figure(served),
+        "",
+        "## The OOM jobs accepted",
+        "",
+        "`oom` is inferred from the campaign's readings (../shared/data/README.md). The jobs",
+        "answered `fits: true` at some level of detail (held out), with the reading that marked them:",
+        "",
+        accepted_oom(held_out),
         "",
         "## As served: the committed spreads (fitted on every row)",
         "",

@@ -54,6 +54,20 @@ class LikeWithLike(unittest.TestCase):
         self.assertAlmostEqual(decisions.residual(row, a), math.log(10_000 / 5_000))
 
 
+class PerfectFigure(unittest.TestCase):
+    def test_a_run_is_refused_once_the_bound_passes_its_headroom(self):
+        pairs = []
+        for measured in (9_000, 5_000):  # 90 % and 50 % of a 10,000 MiB card
+            a = answer(measured, measured, known=0, context=0, uncertain=measured, cache=0,
+                       parameters=0)
+            a["fit"] = {"capacity_mib": 10_000}
+            pairs.append(({"compare": "device", "measured": measured, "status": "ran",
+                           "kind": "llm"}, a))
+        row = decisions.perfect_figure(pairs).splitlines()[2]
+        # rows, above 80 %, then refused at 1.00, 1.05, 1.10, 1.15, 1.25x
+        self.assertEqual(row, "| llm | 2 | 50.0 % | 0.0 % | 0.0 % | 0.0 % | 50.0 % | 50.0 % |")
+
+
 class CommittedSpreads(unittest.TestCase):
     def test_every_level_the_service_reads_is_committed(self):
         with open(os.path.join(REPO, "data", "uncertainty.json")) as f:
