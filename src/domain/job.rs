@@ -640,7 +640,9 @@ impl Job {
                 if self.blocks.is_empty() {
                     return Err(SetupError::new(
                         "activation_checkpointing",
-                        "full checkpoints every repeated block, and no layer names show                          repeated blocks (`<prefix>.<index>.`): name the modules instead",
+                        "full checkpoints every repeated block, and no layer names show repeated \
+                         blocks (`<prefix>.<index>.`, two or more indices): name the modules \
+                         instead",
                     ));
                 }
             }

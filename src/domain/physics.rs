@@ -201,6 +201,9 @@ pub struct Physics {
     /// the training step counts them) with the context, MiB: no figure goes below it. 0 where
     /// the breakdown already holds that moment.
     pub optimizer_step_mib: f64,
+    /// The step's other moment (the optimizer's step when `parts` are at the start of
+    /// backward, and the reverse); `None` for a simulation, which records its one peak.
+    pub other_moment: Option<Breakdown>,
 }
 
 impl Physics {
@@ -232,11 +235,30 @@ impl Physics {
             allocator_cache: memory.allocated() * ALLOCATOR_CACHE_SHARE / MIB,
             cuda_context: FRAMEWORK_OVERHEAD_MIB,
         };
+        let other = memory.other_moment;
+        let other_allocated = memory.allocated()
+            - memory.gradients
+            - memory.activations
+            - memory.temporaries
+            - memory.collective_buffers
+            + other.gradients
+            + other.activations
+            + other.temporaries
+            + other.collective_buffers;
+        let other_moment = Breakdown {
+            gradients: other.gradients / MIB,
+            activations: other.activations / MIB,
+            temporaries: other.temporaries / MIB,
+            collective_buffers: other.collective_buffers / MIB,
+            allocator_cache: other_allocated * ALLOCATOR_CACHE_SHARE / MIB,
+            ..parts
+        };
         Physics {
             source: BreakdownSource::Step,
             parts,
             simulated: None,
             optimizer_step_mib: 0.0,
+            other_moment: Some(other_moment),
         }
     }
 
@@ -263,6 +285,7 @@ impl Physics {
             parts,
             simulated: Some(peaks),
             optimizer_step_mib: 0.0,
+            other_moment: None,
         }
     }
 
@@ -282,6 +305,16 @@ impl Physics {
         // The per-parameter bytes above miss the optimizer step's temporaries (a foreach
         // step's copy of every gradient): the step model counts them.
         let step = step::analytic_step(job);
+        // The optimizer's step as the formula's model state holds it, with the step model's
+        // temporaries: the moment the formula's parts (at the start of backward) leave out.
+        let state = parts.parameters + parts.gradients + parts.optimizer_state;
+        let at_step = Breakdown {
+            activations: 0.0,
+            temporaries: (step.optimizer_step_bytes / MIB - state).max(0.0),
+            paged_optimizer_state: step.paged_optimizer_state / MIB,
+            allocator_cache: step.optimizer_step_bytes * ALLOCATOR_CACHE_SHARE / MIB,
+            ..parts
+        };
         Physics {
             source: BreakdownSource::Analytic,
             parts,
@@ -290,16 +323,18 @@ impl Physics {
                 + step.paged_optimizer_state)
                 / MIB
                 + FRAMEWORK_OVERHEAD_MIB,
+            other_moment: Some(at_step),
         }
     }
 
     /// The same physics with its uncertain terms (activations, temporaries, allocator cache)
     /// multiplied by `factor`: a learned correction of what physics cannot count exactly.
     pub fn with_uncertain_scaled(mut self, factor: f64) -> Physics {
-        let p = &mut self.parts;
-        p.activations *= factor;
-        p.temporaries *= factor;
-        p.allocator_cache *= factor;
+        for p in std::iter::once(&mut self.parts).chain(self.other_moment.as_mut()) {
+            p.activations *= factor;
+            p.temporaries *= factor;
+            p.allocator_cache *= factor;
+        }
         self
     }
 
@@ -361,6 +396,9 @@ impl Physics {
             terms.reclaimable = (peaks.reserved_on_card_mib - peaks.min_capacity_mib).max(0.0);
         }
         let mut distribution = PeakDistribution::new(detail, terms);
+        distribution.other = self
+            .other_moment
+            .map(|b| Terms::of(&b, b.activations + b.temporaries + b.allocator_cache));
         distribution.spread.log_sd *= widen.max(1.0);
         distribution
     }

@@ -95,6 +95,19 @@ pub struct StepMemory {
     /// What the allocator holds at the optimizer's step (weights, every gradient, the state
     /// and the step's temporaries), whichever moment peaks: no step needs less.
     pub optimizer_step_bytes: f64,
+    /// The moment that does not peak, by the categories that differ between the two (weights,
+    /// state and paged state are the same at both): its doubt may still pass the peak's.
+    pub other_moment: MomentBytes,
+}
+
+/// The categories of one moment of the step that differ between the start of backward and the
+/// optimizer's step, bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct MomentBytes {
+    pub gradients: f64,
+    pub activations: f64,
+    pub temporaries: f64,
+    pub collective_buffers: f64,
 }
 
 impl StepMemory {
@@ -536,30 +549,37 @@ pub fn analytic_step(job: &Job) -> StepMemory {
     let optimizer_step =
         weights_gpu + state_gpu + gradients_gpu + optimizer_temporaries + ddp_buckets;
     let at_optimizer_step = optimizer_step > backward;
-    let (gradients_at_peak, activations_at_peak, temporaries_at_peak, collective_at_peak) =
-        if at_optimizer_step {
-            (gradients_gpu, 0.0, optimizer_temporaries, ddp_buckets)
-        } else {
-            (
-                first_gradients,
-                activations_gpu,
-                backward_temporaries,
-                collective,
-            )
-        };
+    let at_step = MomentBytes {
+        gradients: gradients_gpu,
+        activations: 0.0,
+        temporaries: optimizer_temporaries,
+        collective_buffers: ddp_buckets,
+    };
+    let at_backward = MomentBytes {
+        gradients: first_gradients,
+        activations: activations_gpu,
+        temporaries: backward_temporaries,
+        collective_buffers: collective,
+    };
+    let (peak, other_moment) = if at_optimizer_step {
+        (at_step, at_backward)
+    } else {
+        (at_backward, at_step)
+    };
     StepMemory {
         parameters: weights_gpu,
-        gradients: gradients_at_peak,
+        gradients: peak.gradients,
         optimizer_state: state_gpu,
-        activations: activations_at_peak,
-        temporaries: temporaries_at_peak,
-        collective_buffers: collective_at_peak,
+        activations: peak.activations,
+        temporaries: peak.temporaries,
+        collective_buffers: peak.collective_buffers,
         paged_optimizer_state: paged_gpu,
         trainable_params: base_trainable + adapter_params,
         lora_params: adapter_params,
         layout_buffers: collective,
         at_optimizer_step,
         optimizer_step_bytes: optimizer_step,
+        other_moment,
     }
 }
 

@@ -198,7 +198,13 @@ const Z_RANGE: f64 = 8.0;
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PeakDistribution {
     pub detail: Detail,
+    /// The terms at the moment the figure is read at.
     pub terms: Terms,
+    /// The terms at the step's other moment (the optimizer's step when the figure is at the
+    /// start of backward, and the reverse), when physics knows both. The peak is the larger
+    /// of the two: a setup that moves the peak from one moment to the other (8-bit state
+    /// leaves activations the larger) keeps the doubt of the moment it leaves.
+    pub other: Option<Terms>,
     pub spread: Spread,
     pub context_sd: f64,
 }
@@ -209,44 +215,77 @@ impl PeakDistribution {
         PeakDistribution {
             detail,
             terms,
+            other: None,
             spread: spreads.level(detail),
             context_sd: spreads.cuda_context_sd_mib,
         }
     }
 
+    /// The moments' terms: the figure's, then the other's.
+    fn moments(&self) -> impl Iterator<Item = &Terms> {
+        std::iter::once(&self.terms).chain(self.other.as_ref())
+    }
+
+    /// The peak at standard score `z`, less what the allocator frees before it fails when
+    /// `less_reclaimable`: the larger of the moments (one doubt moves both, since both are
+    /// the same step's tensors read by the same physics).
+    fn at(&self, z: f64, less_reclaimable: bool) -> f64 {
+        self.moments()
+            .map(|t| {
+                t.at(self.spread, self.context_sd, z)
+                    - if less_reclaimable { t.reclaimable } else { 0.0 }
+            })
+            .fold(f64::NEG_INFINITY, f64::max)
+    }
+
     /// The peak the job stays at or below with probability `confidence`.
     pub fn quantile(&self, confidence: f64) -> f64 {
-        self.terms
-            .at(self.spread, self.context_sd, normal_quantile(confidence))
+        self.at(normal_quantile(confidence), false)
     }
 
     /// Sets the spread so that the quantile at `confidence` is `bound` (a calibration
     /// profile's bound), when the uncertain terms and that confidence allow it.
     pub fn fit_bound(&mut self, confidence: f64, bound: f64) {
         let z = normal_quantile(confidence);
-        let t = self.terms;
-        let rest = bound - t.known - (t.cuda_context + z * self.context_sd).max(0.0);
-        if z > 0.0 && t.uncertain > 0.0 && rest > 0.0 {
-            let log_sd = ((rest / t.uncertain).ln() - self.spread.bias) / z;
-            self.spread.log_sd = log_sd.clamp(0.0, MAX_LOG_SD);
+        if z <= 0.0 || self.moments().all(|t| t.uncertain <= 0.0) {
+            return;
         }
+        // The quantile grows with the spread at z > 0: bisect it.
+        let quantile_at = |log_sd: f64| {
+            let mut d = *self;
+            d.spread.log_sd = log_sd;
+            d.at(z, false)
+        };
+        if quantile_at(0.0) >= bound {
+            self.spread.log_sd = 0.0;
+            return;
+        }
+        let (mut low, mut high) = (0.0, MAX_LOG_SD);
+        for _ in 0..60 {
+            let mid = 0.5 * (low + high);
+            if quantile_at(mid) <= bound {
+                low = mid;
+            } else {
+                high = mid;
+            }
+        }
+        self.spread.log_sd = low;
     }
 
-    /// The probability that the job needs more than `capacity_mib` (the peak less the cache
-    /// the allocator frees before it fails).
+    /// The probability that the job needs more than `capacity_mib` (at either moment, the peak
+    /// less the cache the allocator frees before it fails).
     pub fn oom_probability(&self, capacity_mib: f64) -> f64 {
-        let room = capacity_mib + self.terms.reclaimable;
-        let at = |z: f64| self.terms.at(self.spread, self.context_sd, z);
-        if at(-Z_RANGE) > room {
+        let need = |z: f64| self.at(z, true);
+        if need(-Z_RANGE) > capacity_mib {
             return 1.0;
         }
-        if at(Z_RANGE) <= room {
+        if need(Z_RANGE) <= capacity_mib {
             return 0.0;
         }
         let (mut low, mut high) = (-Z_RANGE, Z_RANGE);
         for _ in 0..60 {
             let mid = 0.5 * (low + high);
-            if at(mid) <= room {
+            if need(mid) <= capacity_mib {
                 low = mid;
             } else {
                 high = mid;
@@ -273,6 +312,7 @@ mod tests {
         PeakDistribution {
             detail: Detail::Layers,
             terms: terms(known, uncertain),
+            other: None,
             spread: Spread {
                 bias: 0.0,
                 log_sd: 0.2,
@@ -328,5 +368,24 @@ mod tests {
             ..d
         };
         assert!(cached.oom_probability(21_000.0) < d.oom_probability(21_000.0));
+    }
+
+    /// A setup that moves the peak to the other moment (smaller state leaves the activations
+    /// the larger) keeps that moment's doubt: the bound and the OOM probability are the
+    /// larger moment's.
+    #[test]
+    fn the_peak_is_the_larger_of_the_two_moments() {
+        // At the optimizer's step: 20,000 counted, 1,000 uncertain; at the start of backward:
+        // 12,000 counted, 8,000 uncertain (the same point figure, far more doubt).
+        let mut d = distribution(20_000.0, 1_000.0);
+        let alone = d.quantile(0.95);
+        d.other = Some(terms(12_000.0, 8_000.0));
+        let backward = distribution(12_000.0, 8_000.0).quantile(0.95);
+        assert!(alone < backward);
+        assert_eq!(d.quantile(0.95), backward);
+        assert!(d.oom_probability(alone) > 0.05);
+        // The bound a profile implies is met by the larger moment.
+        d.fit_bound(0.95, backward + 500.0);
+        assert!((d.quantile(0.95) - (backward + 500.0)).abs() < 0.01);
     }
 }

@@ -11,6 +11,10 @@
 //! - Setups of the same layers share the correction the regressors' answer of their plain
 //!   base puts on the training step (`memory.base_correction`).
 //! - The figure never shrinks as the batch grows (timm held-out jobs, traced).
+//! - Jobs from config.json, the hub's and 40 random decoders: SGD, 8-bit or factored state,
+//!   checkpointing, pure bf16, LoRA, QLoRA over LoRA, more FSDP sharding, a shorter sequence
+//!   and a smaller batch never raise the figure, nor the bound within a level; accumulation
+//!   sits between one micro-batch's peak and that plus the gradients it holds.
 //!
 //! In process, as floor_sweep does: `answer_items` is what the batch route runs.
 
@@ -225,4 +229,193 @@ async fn the_figure_never_shrinks_as_the_batch_grows() {
             "model {models}: {figures:?}"
         );
     }
+}
+
+/// The hub configs of tests/fixtures/transformer_configs/public, and `count` random decoder
+/// configs of llama's shape (a fixed-seed generator, so a failure is reproducible by its label).
+fn transformer_configs(count: usize) -> Vec<(String, Value)> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/transformer_configs/public");
+    let mut configs: Vec<(String, Value)> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|entry| {
+            let path = entry.unwrap().path();
+            let text = std::fs::read_to_string(&path).unwrap();
+            (
+                path.file_name().unwrap().to_string_lossy().into_owned(),
+                serde_json::from_str(&text).unwrap(),
+            )
+        })
+        .collect();
+    configs.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut draw = |low: u64, high: u64| {
+        // xorshift64*: enough spread for shapes, no dependency.
+        state ^= state >> 12;
+        state ^= state << 25;
+        state ^= state >> 27;
+        low + state.wrapping_mul(0x2545_f491_4f6c_dd1d) % (high - low + 1)
+    };
+    for i in 0..count {
+        let heads = 1u64 << draw(2, 6);
+        let head_dim = 32 * draw(1, 4);
+        let hidden = heads * head_dim;
+        let kv_heads = heads >> draw(0, 2);
+        configs.push((
+            format!("random {i}"),
+            json!({
+                "model_type": "llama",
+                "architectures": ["LlamaForCausalLM"],
+                "hidden_size": hidden,
+                "intermediate_size": hidden * draw(2, 4) + 64 * draw(0, 8),
+                "num_hidden_layers": draw(2, 40),
+                "num_attention_heads": heads,
+                "num_key_value_heads": kv_heads,
+                "vocab_size": 1000 * draw(1, 260),
+                "tie_word_embeddings": draw(0, 1) == 1,
+                "max_position_embeddings": 8192,
+                "hidden_act": "silu",
+            }),
+        ));
+    }
+    configs
+}
+
+/// Jobs from a model's config.json (the hub's and random ones): every memory-saving change of
+/// the setup never raises the figure, nor the bound when both answers are at one level of
+/// detail; the figure never shrinks as the batch or the sequence grows.
+#[tokio::test]
+async fn config_jobs_obey_the_memory_saving_changes_and_grow_with_batch_and_sequence() {
+    let app = Application::build(&test_config(&models_dir()))
+        .await
+        .expect("the application starts");
+    let lora = json!({"rank": 16, "alpha": 32, "target_modules": "all-linear"});
+    let qlora = json!({"rank": 16, "alpha": 32, "target_modules": "all-linear",
+                       "base_weights": "nf4"});
+    let fsdp = |n: u64| json!({"strategy": "fsdp", "world_size": n});
+    // (what is saved, the job's fields before, the fields after)
+    let changes: Vec<(&str, Value, Value)> = vec![
+        ("sgd", json!({}), json!({"optimizer": "sgd"})),
+        ("8-bit state", json!({}), json!({"optimizer": "adamw_8bit"})),
+        (
+            "factored state",
+            json!({}),
+            json!({"optimizer": "adafactor"}),
+        ),
+        (
+            "checkpointing",
+            json!({}),
+            json!({"activation_checkpointing": "full"}),
+        ),
+        ("pure bf16", json!({}), json!({"precision": "bf16"})),
+        ("lora", json!({}), json!({"lora": lora})),
+        ("qlora", json!({"lora": lora}), json!({"lora": qlora})),
+        (
+            "more sharding",
+            json!({"parallelism": fsdp(2)}),
+            json!({"parallelism": fsdp(8)}),
+        ),
+        ("shorter sequence", json!({}), json!({"seq_len": 256})),
+        ("smaller batch", json!({}), json!({"batch_size": 2})),
+    ];
+    let configs = transformer_configs(40);
+    let mut labels = Vec::new();
+    let mut requests = Vec::new();
+    for (name, config) in &configs {
+        let job = json!({
+            "transformer_config": config, "batch_size": 4, "seq_len": 512,
+            "precision": "amp_bf16", "optimizer": "adamw", "gpu": "h100-80gb",
+        });
+        let with = |fields: &Value| {
+            let mut changed = job.clone();
+            for (k, v) in fields.as_object().unwrap() {
+                changed[k] = v.clone();
+            }
+            changed
+        };
+        for (change, before, after) in &changes {
+            labels.push(format!("{name}: {change}"));
+            let before = with(before);
+            let mut after_job = before.clone();
+            for (k, v) in after.as_object().unwrap() {
+                after_job[k] = v.clone();
+            }
+            requests.push(before);
+            requests.push(after_job);
+        }
+    }
+    let answers = answer(&app, &requests);
+    let mut failures = Vec::new();
+    for (label, pair) in labels.iter().zip(answers.chunks(2)) {
+        let (before, after) = (&pair[0], &pair[1]);
+        assert_holds(label, before);
+        assert_holds(label, after);
+        let level = |a: &EstimateResponse| a.memory.uncertainty.as_ref().unwrap().detail.clone();
+        if figure(after) > figure(before) + ROUNDING_MIB {
+            failures.push(format!(
+                "{label}: figure {} -> {}",
+                figure(before),
+                figure(after)
+            ));
+        }
+        if level(before) == level(after) && bound(after) > bound(before) + ROUNDING_MIB {
+            failures.push(format!(
+                "{label}: bound {} -> {}",
+                bound(before),
+                bound(after)
+            ));
+        }
+    }
+    // Accumulation holds every gradient through the next micro-batch: its peak is one
+    // micro-batch's plus at most the gradients, never below one micro-batch's, and below the
+    // whole batch's wherever the activations it saves outweigh the gradients it holds.
+    let mut requests = Vec::new();
+    for (_, config) in &configs {
+        let job = json!({
+            "transformer_config": config, "batch_size": 8, "seq_len": 512,
+            "precision": "amp_bf16", "optimizer": "adamw", "gpu": "h100-80gb",
+        });
+        let mut accumulated = job.clone();
+        accumulated["micro_batch_size"] = 2.into();
+        accumulated["gradient_accumulation_steps"] = 4.into();
+        let mut micro = job.clone();
+        micro["batch_size"] = 2.into();
+        requests.extend([job, accumulated, micro]);
+    }
+    let answers = answer(&app, &requests);
+    let mut saving = 0;
+    for ((name, _), three) in configs.iter().zip(answers.chunks(3)) {
+        let (whole, accumulated, micro) = (&three[0], &three[1], &three[2]);
+        let b = accumulated.memory.breakdown.as_ref().unwrap();
+        let gradients = b.gradients;
+        let (saved, held) = (figure(whole) - figure(micro), gradients);
+        assert!(
+            figure(micro) <= figure(accumulated) + ROUNDING_MIB
+                && figure(accumulated) <= figure(micro) + gradients + ROUNDING_MIB,
+            "{name}: micro-batch {}, accumulated {}, gradients {gradients}",
+            figure(micro),
+            figure(accumulated)
+        );
+        if saved > 2.0 * held {
+            saving += 1;
+            assert!(
+                figure(accumulated) <= figure(whole) + ROUNDING_MIB,
+                "{name}: accumulated {} above the whole batch's {}",
+                figure(accumulated),
+                figure(whole)
+            );
+        }
+    }
+    println!(
+        "{saving} of {} accumulated jobs save activations beyond twice their gradients",
+        configs.len()
+    );
+    assert!(saving >= 10, "{saving}");
+    assert!(
+        failures.is_empty(),
+        "{} of {} changes raised the answer:\n{}",
+        failures.len(),
+        labels.len(),
+        failures.join("\n")
+    );
 }

@@ -349,8 +349,10 @@ def accepted_oom(pairs):
     """The `oom` jobs answered `fits: true` at some level, with the campaign's own reading."""
     jobs, ran = defaultdict(dict), defaultdict(set)
     for row, answer in pairs:
+        if row["source"] != "timm_a100":
+            continue
         job, level = row["id"].rsplit("/", 1)
-        if row["source"] == "timm_a100" and row["status"] == "ok":
+        if row["status"] == "ok":
             model, batch = job.rsplit("@", 1)
             ran[model].add((int(batch), row["measured"]))
         if row["status"] == "oom" and answer and (answer.get("fit") or {}).get("fits"):
