@@ -245,7 +245,7 @@ pub fn place(
 ///
 /// With a simulation: the step runs where its minimum capacity fits beside the CUDA context
 /// (the allocator frees its cache before it fails), and a copy occupies its reserved peak plus
-/// the context. Without one: the job fits where its upper bound does, and a copy occupies the
+/// the context, or its upper bound where that is higher (the same distribution as the bound). Without one: the job fits where its upper bound does, and a copy occupies the
 /// bound. A `memory_fraction` f caps the allocator at f x capacity: the job must run within
 /// that cap, and a copy then occupies the cap plus the context, whatever it would reserve
 /// uncapped, since nothing lets it grow beyond (a cap of the whole card leaves room for no
@@ -261,9 +261,12 @@ pub fn fit(
     // The most the allocator can hold: what the card leaves beside the context, at most the cap.
     let cap = |f: MemoryFraction| (f.get() * capacity).min(capacity - context);
     let (fits, occupied, basis) = match (physics.simulated, fraction) {
+        // A copy occupies its reserved peak, or the bound where the doubt about the
+        // simulation (its level's spread) reaches beyond: the copy beside it cannot take back
+        // what this one reserves.
         (Some(peaks), None) => (
             peaks.runs_on_card(),
-            peaks.reserved_mib + context,
+            (peaks.reserved_mib + context).max(upper_bound_mib),
             FitBasis::Simulation,
         ),
         (Some(peaks), Some(f)) => (
@@ -450,8 +453,11 @@ mod tests {
 
     #[test]
     fn a_simulated_job_fits_by_its_minimum_capacity_and_colocates_by_its_reserved_peak() {
-        // 9,216 + 1,000 MiB needed to run; 10,240 + 1,000 MiB occupied per copy.
-        let (fit, basis) = fit(40_960, 99_999.0, &simulated(40_960), None);
+        // 9,216 + 1,000 MiB needed to run; 10,240 + 1,000 MiB occupied per copy, or the
+        // bound where the doubt reaches beyond.
+        let (wide, _) = fit(40_960, 20_000.0, &simulated(40_960), None);
+        assert_eq!(wide.max_colocated, 2);
+        let (fit, basis) = fit(40_960, 11_000.0, &simulated(40_960), None);
         assert_eq!(
             (fit, basis),
             (
