@@ -21,7 +21,7 @@ use crate::domain::uncertainty::{self, Spreads};
 use crate::error::ApiError;
 use crate::estimators::Estimators;
 use crate::http::answer::answer;
-use crate::http::auth::WriteAccess;
+use crate::http::auth::{WriteAccess, WriteHosts};
 use crate::http::estimate::estimate_items;
 use crate::http::extract::parse_json;
 use crate::http::idempotency::{self, IdempotencyKeys};
@@ -188,6 +188,8 @@ fn offline_state(args: &EstimateArgs) -> Result<AppState, String> {
         writes: WriteAccess::Disabled,
         watches: Arc::new(Sampler::new(devices.clone(), 0)),
         idempotency: Arc::new(IdempotencyKeys::new(idempotency::KEY_TTL, 1)),
+        write_hosts: Arc::new(WriteHosts::default()),
+        body_budget: Arc::new(Semaphore::new(0)),
         devices,
     })
 }

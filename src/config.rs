@@ -113,6 +113,20 @@ pub struct ServeConfig {
     #[arg(long, env = "GPUCAST_MAX_BODY_BYTES", default_value_t = 2 * 1024 * 1024)]
     pub max_body_bytes: usize,
 
+    /// Request-body bytes held at once, over every connection; a body that would pass it is
+    /// refused with 503 and Retry-After before it is read.
+    #[arg(long, env = "GPUCAST_MAX_BODY_BYTES_IN_FLIGHT", default_value_t = 64 * 1024 * 1024)]
+    pub max_body_bytes_in_flight: usize,
+
+    /// Connections open at once; one more is closed as soon as it is accepted.
+    #[arg(long, env = "GPUCAST_MAX_CONNECTIONS", default_value_t = 1024)]
+    pub max_connections: usize,
+
+    /// Host names (comma-separated) that writes may carry in `Host` and `Origin` besides the
+    /// loopback names of a loopback listener; a reachable listener checks them when given.
+    #[arg(long, env = "GPUCAST_ALLOWED_HOSTS", value_delimiter = ',')]
+    pub allowed_hosts: Vec<String>,
+
     /// Most jobs accepted in one POST /v1/estimate/batch.
     #[arg(long, env = "GPUCAST_MAX_BATCH_ITEMS", default_value_t = 256)]
     pub max_batch_items: usize,
@@ -297,6 +311,8 @@ impl ServeConfig {
         let positive = [
             ("--max-body-bytes", self.max_body_bytes),
             ("--max-batch-items", self.max_batch_items),
+            ("--max-body-bytes-in-flight", self.max_body_bytes_in_flight),
+            ("--max-connections", self.max_connections),
             ("--max-concurrent-batches", self.max_concurrent_batches),
             ("--sessions-per-model", self.sessions_per_model),
             ("--max-concurrent-requests", self.max_concurrent_requests),
@@ -320,6 +336,11 @@ impl ServeConfig {
                 return Err(format!("{flag} must be positive"));
             }
         }
+        if self.max_body_bytes_in_flight < self.max_body_bytes {
+            return Err(
+                "--max-body-bytes-in-flight must hold at least one --max-body-bytes body".into(),
+            );
+        }
         Ok(())
     }
 
@@ -332,6 +353,9 @@ impl ServeConfig {
             ort_dylib,
             log_format: LogFormat::Text,
             max_body_bytes: 2 * 1024 * 1024,
+            max_body_bytes_in_flight: 64 * 1024 * 1024,
+            max_connections: 1024,
+            allowed_hosts: Vec::new(),
             max_batch_items: 256,
             max_concurrent_batches: 1,
             sessions_per_model: 2,

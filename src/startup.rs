@@ -17,7 +17,7 @@ use crate::devices::sku::Catalogue;
 use crate::devices::watch::Sampler;
 use crate::devices::{GpuDevices, NoDevices};
 use crate::estimators::{Estimators, LoadError};
-use crate::http::auth::WriteAccess;
+use crate::http::auth::{WriteAccess, WriteHosts};
 use crate::http::idempotency::{self, IdempotencyKeys};
 use crate::http::{self, AppState, Limits};
 use crate::metrics::Metrics;
@@ -38,6 +38,8 @@ struct ConnectionTimeouts {
     header_read: Duration,
     /// A shutdown closes whatever is still open after this.
     drain: Duration,
+    /// Connections open at once; one more is closed when accepted.
+    max_connections: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -182,6 +184,10 @@ impl Application {
                 idempotency::KEY_TTL,
                 idempotency::MAX_KEYS,
             )),
+            write_hosts: Arc::new(WriteHosts::new(bound, &config.allowed_hosts)),
+            body_budget: Arc::new(Semaphore::new(
+                config.max_body_bytes_in_flight.div_ceil(1024),
+            )),
             devices,
         };
         Ok(Application {
@@ -191,6 +197,7 @@ impl Application {
             profile_refresh: Duration::from_secs(config.profile_refresh_secs),
             timeouts: ConnectionTimeouts {
                 header_read: Duration::from_secs(config.header_read_timeout_secs),
+                max_connections: config.max_connections,
                 drain: Duration::from_secs(config.drain_timeout_secs),
             },
         })
@@ -236,6 +243,7 @@ impl Application {
         connection
             .timer(TokioTimer::new())
             .header_read_timeout(timeouts.header_read);
+        let connection_slots = Arc::new(Semaphore::new(timeouts.max_connections));
         tokio::pin!(shutdown);
         loop {
             let stream = tokio::select! {
@@ -250,6 +258,13 @@ impl Application {
                 },
                 () = &mut shutdown => break,
             };
+            // Every connection holds its slot until it ends: past the cap, a new one is closed
+            // at once rather than queued in memory.
+            let Ok(slot) = connection_slots.clone().try_acquire_owned() else {
+                tracing::debug!("connection closed: --max-connections are open");
+                drop(stream);
+                continue;
+            };
             let service = TowerToHyperService::new(router.clone());
             let served =
                 connections.watch(connection.serve_connection(TokioIo::new(stream), service));
@@ -257,6 +272,7 @@ impl Application {
                 if let Err(error) = served.await {
                     tracing::debug!(%error, "connection ended with an error");
                 }
+                drop(slot);
             });
         }
         drop(listener);

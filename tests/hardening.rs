@@ -294,3 +294,125 @@ async fn a_job_of_absurd_parameter_count_costs_no_more_than_its_layers() {
         started.elapsed()
     );
 }
+
+/// What a web page can make its visitor's browser send to a loopback listener: a post without
+/// a JSON content type (a "simple" request, no preflight), one from another origin, one with
+/// cross-site fetch metadata, and one through DNS rebinding (a foreign Host). Each is refused
+/// before its body is read, and nothing is recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn browser_shaped_writes_are_refused_on_loopback() {
+    let app = spawn_app_with(config()).await;
+    let body = serde_json::json!({"gpu": "a100-40gb", "observed_peak_mib": 3000.0,
+                                  "job": example_job()})
+    .to_string();
+    let client = reqwest::Client::new();
+    let url = format!("http://127.0.0.1:{}/v1/calibration/observations", app.port);
+    type Headers<'a> = &'a [(&'a str, &'a str)];
+    let cases: [(&str, Headers, u16); 5] = [
+        ("no content type", &[], 415),
+        ("a form", &[("content-type", "text/plain")], 415),
+        (
+            "another origin",
+            &[
+                ("content-type", "application/json"),
+                ("origin", "http://evil.example"),
+            ],
+            403,
+        ),
+        (
+            "cross-site metadata",
+            &[
+                ("content-type", "application/json"),
+                ("sec-fetch-site", "cross-site"),
+            ],
+            403,
+        ),
+        (
+            "a rebound host",
+            &[
+                ("content-type", "application/json"),
+                ("host", "evil.example:8080"),
+            ],
+            403,
+        ),
+    ];
+    for (case, headers, status) in cases {
+        let mut request = client.post(&url).body(body.clone());
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let response = request.send().await.unwrap();
+        assert_eq!(response.status(), status, "{case}");
+    }
+    let profiles: serde_json::Value = app.get_json("/v1/calibration/profiles").await;
+    assert_eq!(
+        profiles["profiles"],
+        serde_json::json!([]),
+        "nothing recorded"
+    );
+    // The same post from the local origin is taken.
+    let response = client
+        .post(&url)
+        .header("content-type", "application/json")
+        .header("origin", format!("http://localhost:{}", app.port))
+        .header("sec-fetch-site", "same-origin")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+}
+
+/// Bodies take their bytes from one budget over every connection before they are read: with
+/// room for one 2 MiB body, a second body is refused at once while the first trickles, the
+/// probes and bodiless requests still answer, and the room comes back when the first is
+/// answered 408.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_in_flight_are_held_to_one_budget() {
+    let mut config = config();
+    config.max_body_bytes_in_flight = config.max_body_bytes;
+    config.body_read_timeout_secs = 2;
+    let app = spawn_app_with(config).await;
+    let port = app.port;
+    let mut trickling = blocking(move || {
+        send(
+            port,
+            b"POST /v1/estimate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 2097152\r\n\r\n{\"batch_size\": 1",
+        )
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let refused = app.post_json("/v1/estimate", &example_job()).await;
+    assert_eq!(refused.status(), 503);
+    assert!(refused.headers().contains_key("retry-after"));
+    assert_eq!(app.get("/healthz").await.status(), 200);
+    assert_eq!(app.get("/v1/gpus").await.status(), 200);
+    let (status, _) = blocking(move || status_within(&mut trickling, Duration::from_secs(8))).await;
+    assert_eq!(status, Some(408));
+    let answered = app.post_json("/v1/estimate", &example_job()).await;
+    assert_eq!(answered.status(), 200, "the budget is back");
+}
+
+/// Past --max-connections a new connection is closed at once, and one closing makes room.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_past_the_cap_are_closed_at_once() {
+    let mut config = config();
+    config.max_connections = 3;
+    let app = spawn_app_with(config).await;
+    let port = app.port;
+    let (status, took) = blocking(move || {
+        let held: Vec<TcpStream> = (0..3)
+            .map(|_| TcpStream::connect(("127.0.0.1", port)).unwrap())
+            .collect();
+        std::thread::sleep(Duration::from_millis(200));
+        let mut extra = send(port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
+        let refused = status_within(&mut extra, Duration::from_secs(3));
+        drop(held);
+        refused
+    })
+    .await;
+    assert_eq!(status, None, "closed without an answer");
+    assert!(took < Duration::from_secs(2), "{took:?}");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(app.get("/healthz").await.status(), 200);
+}

@@ -108,6 +108,93 @@ pub fn require_write_access(state: &AppState, headers: &HeaderMap) -> Result<(),
     }
 }
 
+/// The `Host` (and `Origin`) names a write may carry.
+///
+/// A web page can make its visitor's browser post to a loopback listener, and DNS rebinding
+/// can give such a request a foreign `Host` on the listener's own address. A loopback listener
+/// takes writes only for loopback names (`localhost`, 127.0.0.0/8, ::1) and the configured
+/// ones; a reachable listener (whose writes need the token) checks only the configured ones,
+/// when there are any.
+#[derive(Clone, Debug, Default)]
+pub struct WriteHosts {
+    loopback_listener: bool,
+    allowed: Vec<String>,
+}
+
+impl WriteHosts {
+    pub fn new(listening_on: SocketAddr, allowed: &[String]) -> WriteHosts {
+        WriteHosts {
+            loopback_listener: listening_on.ip().is_loopback(),
+            allowed: allowed
+                .iter()
+                .map(|h| h.trim().to_ascii_lowercase())
+                .collect(),
+        }
+    }
+
+    /// Whether `authority` (`name[:port]`, as a `Host` header or an origin carries it) names
+    /// this service.
+    pub fn allows(&self, authority: &str) -> bool {
+        let Ok(authority) = authority.parse::<axum::http::uri::Authority>() else {
+            return false;
+        };
+        let name = authority
+            .host()
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_ascii_lowercase();
+        if self.allowed.contains(&name) {
+            return true;
+        }
+        if self.loopback_listener {
+            return name == "localhost"
+                || name
+                    .parse::<std::net::IpAddr>()
+                    .is_ok_and(|ip| ip.is_loopback());
+        }
+        self.allowed.is_empty()
+    }
+}
+
+/// What a write must show before its body is read: JSON (a form post, which a page may send
+/// without asking, is not), no cross-site fetch metadata, an `Origin` (when present) and a
+/// `Host` that name this service, then the right to write ([`require_write_access`]).
+pub fn check_write_request(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
+    let json = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("application/json"));
+    if !json {
+        return Err(ApiError::UnsupportedMediaType);
+    }
+    let text = |name| headers.get(name).map(|v| v.to_str().unwrap_or(""));
+    if let Some(site) = text(header::HeaderName::from_static("sec-fetch-site")) {
+        if !matches!(site, "same-origin" | "none") {
+            return Err(ApiError::Forbidden(
+                "writes from another site's page are refused (Sec-Fetch-Site)".into(),
+            ));
+        }
+    }
+    if let Some(origin) = text(header::ORIGIN) {
+        let named = origin.parse::<axum::http::Uri>().ok().and_then(|uri| {
+            uri.authority()
+                .map(|a| state.write_hosts.allows(a.as_str()))
+        });
+        if named != Some(true) {
+            return Err(ApiError::Forbidden(
+                "writes from another origin are refused (Origin)".into(),
+            ));
+        }
+    }
+    if !text(header::HOST).is_some_and(|host| state.write_hosts.allows(host)) {
+        return Err(ApiError::Forbidden(
+            "the Host header does not name this service (add it with --allowed-hosts)".into(),
+        ));
+    }
+    require_write_access(state, headers)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -168,6 +255,36 @@ mod tests {
             WriteAccess::new(Some(ApiToken::new("t")), at("0.0.0.0:8080")),
             WriteAccess::Token(_)
         ));
+    }
+
+    #[test]
+    fn a_loopback_listener_takes_writes_for_loopback_names_only() {
+        let at = |a: &str| a.parse::<SocketAddr>().unwrap();
+        let local = WriteHosts::new(at("127.0.0.1:8080"), &[]);
+        for host in [
+            "localhost:8080",
+            "127.0.0.1:8080",
+            "127.1.2.3",
+            "[::1]:8080",
+            "LOCALHOST",
+        ] {
+            assert!(local.allows(host), "{host}");
+        }
+        for host in [
+            "evil.example:8080",
+            "evil.example",
+            "10.0.0.1:8080",
+            "",
+            "a b",
+        ] {
+            assert!(!local.allows(host), "{host}");
+        }
+        let named = WriteHosts::new(at("127.0.0.1:8080"), &["gpucast.lan".into()]);
+        assert!(named.allows("gpucast.lan:8080") && named.allows("localhost"));
+        // A reachable listener's writes need the token; a configured list still narrows them.
+        assert!(WriteHosts::new(at("0.0.0.0:8080"), &[]).allows("anything.example"));
+        let listed = WriteHosts::new(at("0.0.0.0:8080"), &["gpucast.lan".into()]);
+        assert!(listed.allows("gpucast.lan") && !listed.allows("evil.example"));
     }
 
     #[test]

@@ -34,7 +34,7 @@ use crate::devices::GpuDevices;
 use crate::domain::echo;
 use crate::error::ApiError;
 use crate::estimators::Estimators;
-use crate::http::auth::WriteAccess;
+use crate::http::auth::{check_write_request, WriteAccess, WriteHosts};
 use crate::http::idempotency::IdempotencyKeys;
 use crate::metrics::Metrics;
 
@@ -68,6 +68,10 @@ pub struct AppState {
     pub watches: Arc<Sampler>,
     /// Idempotency keys of recent observation calls and their answers.
     pub idempotency: Arc<IdempotencyKeys>,
+    /// The `Host` and `Origin` names writes may carry.
+    pub write_hosts: Arc<WriteHosts>,
+    /// Request-body bytes that may be held at once, in KiB permits.
+    pub body_budget: Arc<Semaphore>,
 }
 
 #[derive(OpenApi)]
@@ -262,9 +266,14 @@ async fn guard(State(state): State<AppState>, request: Request, next: Next) -> R
 /// that a saturated service is not restarted for being busy.
 const UNGUARDED_ROUTES: [&str; 3] = ["/healthz", "/readyz", "/metrics"];
 
-/// The body first, then a permit: a client that trickles its body holds a connection, never
-/// one of the request slots. A declared length over the limit is refused before any byte is
-/// read; a body that does not arrive in time is answered 408.
+/// The routes that change state: checked (origin, host, token) before their body is read.
+const WRITE_ROUTES: [&str; 2] = ["/v1/calibration/observations", "/v1/calibration/watch"];
+
+/// Admission before buffering: a write shows its right to write, and every body takes its
+/// bytes from the budget held over all connections, before a byte of it is read. Then the
+/// body, then a permit: a client that trickles its body holds a connection and its bytes,
+/// never one of the request slots. A declared length over the limit is refused before any
+/// byte is read; a body that does not arrive in time is answered 408.
 async fn admit(state: &AppState, route: &str, request: Request, next: Next) -> Response {
     let limit = state.limits.max_body_bytes;
     let declared = request
@@ -283,6 +292,25 @@ async fn admit(state: &AppState, route: &str, request: Request, next: Next) -> R
     if encoded {
         return ApiError::UnsupportedEncoding.into_response();
     }
+    if request.method() == axum::http::Method::POST && WRITE_ROUTES.contains(&route) {
+        if let Err(refused) = check_write_request(state, request.headers()) {
+            return refused.into_response();
+        }
+    }
+    // What the body may hold: its declared length, the limit when it is chunked.
+    let holds = axum::body::HttpBody::size_hint(request.body())
+        .exact()
+        .unwrap_or(limit as u64)
+        .min(limit as u64);
+    let _bytes_held = if holds > 0 {
+        let kib = u32::try_from(holds.div_ceil(1024)).unwrap_or(u32::MAX);
+        match state.body_budget.clone().try_acquire_many_owned(kib) {
+            Ok(permit) => Some(permit),
+            Err(_) => return ApiError::Overloaded.into_response(),
+        }
+    } else {
+        None
+    };
     let (parts, body) = request.into_parts();
     let timeout = state.limits.body_read_timeout;
     let bytes = match tokio::time::timeout(timeout, axum::body::to_bytes(body, limit)).await {
