@@ -558,7 +558,7 @@ mod tests {
         let (profiles, _) = ProfileStore::load(dir.path()).unwrap();
         // More batches than are replayed one step at a time: the profile reaches the fit.
         for _ in 0..=crate::calibration::store::REPLAYED_BATCHES + 3 {
-            profiles.observe("h100-80gb", 10_000.0, 1_000.0).unwrap();
+            profiles.observe("h100-80gb", 2_000.0, 200.0).unwrap();
         }
         let target = Target::resolve(
             Some(GpuAsk::Name("h100-80gb")),
@@ -566,13 +566,14 @@ mod tests {
             &NoDevices::new("none"),
         )
         .unwrap();
+        // Calibration reaches down to (2,000 - 1,024) / 1.5 = 651 MiB, below the 1,316 floor.
         let placement = place(
-            &answer(10_000.0, 11_000.0),
+            &answer(2_000.0, 2_200.0),
             target,
             None,
             &profiles,
             &physics(),
-            &physics().distribution(Detail::Layers, 10_000.0, 1.0),
+            &physics().distribution(Detail::Layers, 2_000.0, 1.0),
             None,
             0.95,
         );

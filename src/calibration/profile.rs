@@ -42,6 +42,28 @@ pub const SCALE_RANGE: (f64, f64) = (0.25, 4.0);
 /// once. Genuine shifts are still learned: the samples are kept whole and each update refits
 /// from all of them, so a few updates reach the fit (1.25^3 ≈ 2).
 pub const MAX_STEP: f64 = 1.25;
+/// The most calibration may move an answer, whatever was observed, however often and by
+/// whom: a factor and a fixed cost around the uncalibrated figure ([`reach`]).
+///
+/// Why: the per-update step bounds how fast a profile moves, not how far; a patient caller
+/// (or a broken probe) holding the majority of a GPU's observations would otherwise move its
+/// answers anywhere. Environments differ by a CUDA context (hundreds of MiB to a GiB) and by
+/// allocator and kernel choices (tens of per cent); a correction beyond this says the
+/// observations are of other jobs than the ones described.
+pub const MAX_TOTAL_FACTOR: f64 = 1.5;
+/// See [`MAX_TOTAL_FACTOR`], MiB.
+pub const MAX_TOTAL_SHIFT_MIB: f64 = 1024.0;
+
+/// The range `[low, high]` a calibrated figure may take around the uncalibrated `figure`:
+/// `(figure - MAX_TOTAL_SHIFT_MIB) / MAX_TOTAL_FACTOR` to
+/// `figure x MAX_TOTAL_FACTOR + MAX_TOTAL_SHIFT_MIB`.
+pub fn reach(figure: f64) -> (f64, f64) {
+    (
+        ((figure - MAX_TOTAL_SHIFT_MIB) / MAX_TOTAL_FACTOR).max(MIN_ESTIMATE_MIB),
+        figure * MAX_TOTAL_FACTOR + MAX_TOTAL_SHIFT_MIB,
+    )
+}
+
 /// Largest memory figure accepted, MiB (16 TiB: far beyond any single GPU).
 const MAX_MIB: f64 = 16.0 * 1024.0 * 1024.0;
 /// Smallest calibrated estimate, MiB: a negative offset must not produce a zero or negative need.
@@ -102,6 +124,23 @@ pub struct Calibrated {
     /// The CUDA context an environment's fit found, where one applied: the figure is held
     /// to the floor with this context instead of physics' own.
     pub cuda_context_mib: Option<f64>,
+}
+
+impl Calibrated {
+    /// Held within [`reach`] of the uncalibrated `predicted_mib` (the estimate) and
+    /// `upper_mib` (the bound, the estimate when none), the bound never below the estimate.
+    pub fn within_reach(mut self, predicted_mib: f64, upper_mib: Option<f64>) -> Calibrated {
+        let (low, high) = reach(predicted_mib);
+        self.estimate_mib = self.estimate_mib.clamp(low, high);
+        let upper = upper_mib
+            .filter(|u| u.is_finite())
+            .map_or(predicted_mib, |u| u.max(predicted_mib));
+        self.upper_bound_mib = self
+            .upper_bound_mib
+            .min(reach(upper).1)
+            .max(self.estimate_mib);
+        self
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -295,6 +334,7 @@ impl CalibrationProfile {
             scale: self.scale,
             cuda_context_mib: None,
         }
+        .within_reach(predicted_mib, upper_mib)
     }
 }
 

@@ -104,7 +104,7 @@ impl ProfileStore {
         self.db.as_ref()
     }
 
-    /// The GPU's own profile (all its environments' observations).
+    /// The GPU's own profile (its observations without an environment).
     pub fn get(&self, gpu: &str) -> Option<CalibrationProfile> {
         self.get_key(gpu, None)
     }
@@ -189,12 +189,15 @@ impl ProfileStore {
             .clamp(line.estimate_mib / MAX_STEP, line.estimate_mib * MAX_STEP)
             .max(MIN_ESTIMATE_MIB);
         let upper_bound_mib = bound.max(line.upper_bound_mib).max(estimate_mib);
-        Some(Calibrated {
-            estimate_mib,
-            upper_bound_mib,
-            cuda_context_mib: fit.context_mib,
-            ..line
-        })
+        Some(
+            Calibrated {
+                estimate_mib,
+                upper_bound_mib,
+                cuda_context_mib: fit.context_mib,
+                ..line
+            }
+            .within_reach(predicted_mib, upper_mib),
+        )
     }
 
     /// Records that a job predicted at `predicted_mib` peaked at `observed_mib` on `sku` (no
@@ -362,14 +365,13 @@ fn derive_all(
     previous: &HashMap<ProfileKey, Derived>,
 ) -> HashMap<ProfileKey, Derived> {
     let mut by_key: BTreeMap<ProfileKey, Vec<&FitRow>> = BTreeMap::new();
+    // Each observation informs its own key only: an environment's observations never move
+    // the GPU's own profile, which every other environment without a profile falls back to.
     for row in rows {
-        by_key.entry((row.gpu.clone(), None)).or_default().push(row);
-        if row.environment.is_some() {
-            by_key
-                .entry((row.gpu.clone(), row.environment.clone()))
-                .or_default()
-                .push(row);
-        }
+        by_key
+            .entry((row.gpu.clone(), row.environment.clone()))
+            .or_default()
+            .push(row);
     }
     by_key
         .into_iter()
@@ -654,12 +656,10 @@ mod tests {
         let fit = store.host_fit("v100-16gb", Some("torch1.10")).unwrap();
         assert!((fit.host_us_per_op / 45.0 - 1.0).abs() < 0.1, "{fit:?}");
         assert_eq!(fit.observations, 3);
-        // An environment without step times falls back to the GPU's fit of them all.
-        assert_eq!(
-            store.host_fit("v100-16gb", Some("other")),
-            store.host_fit("v100-16gb", None)
-        );
-        assert!(store.host_fit("v100-16gb", None).is_some());
+        // An environment's step times teach neither the GPU's own profile nor another
+        // environment, which falls back to the GPU's (here none).
+        assert_eq!(store.host_fit("v100-16gb", None), None);
+        assert_eq!(store.host_fit("v100-16gb", Some("other")), None);
         assert_eq!(store.host_fit("a100-40gb", None), None);
         // Kept across a reopening: derived from the stored rows.
         assert_eq!(
@@ -677,6 +677,8 @@ mod tests {
         let batch = vec![
             posted("a100-40gb", Some("torch2.5-cu124"), 4000.0, 3000.0),
             posted("a100-40gb", Some("torch2.1-cu118"), 4000.0, 4400.0),
+            posted("a100-40gb", None, 4000.0, 4200.0),
+            posted("a100-40gb", None, 4000.0, 4200.0),
         ];
         let updates = store.record(batch).unwrap();
         let keys: Vec<_> = updates
@@ -785,12 +787,11 @@ mod tests {
         );
         assert!(moved.upper_bound_mib >= moved.estimate_mib);
 
-        // The GPU's own profile mixes environments: it keeps its line, without a fit.
-        let gpu = store.get("a100-40gb").unwrap();
-        assert!(gpu.environment_fit.is_none());
+        // The environment's observations do not move the GPU's own profile.
+        assert!(store.get("a100-40gb").is_none());
         assert_eq!(
             store.calibrate_breakdown("a100-40gb", None, predicted, None, &new, 0.95),
-            store.calibrate("a100-40gb", None, predicted, None)
+            None
         );
         // So does an environment whose observations carry no breakdown.
         store
