@@ -53,7 +53,7 @@ fn read_spreads(path: &std::path::Path) -> Result<String, String> {
 
 /// Runs the subcommand; returns the process's exit status.
 pub fn estimate(args: &EstimateArgs) -> i32 {
-    let bytes = match read_input(&args.file) {
+    let bytes = match read_input(&args.file, args.max_body_bytes) {
         Ok(bytes) => bytes,
         Err(e) => {
             eprintln!("gpucast estimate: {}: {e}", args.file);
@@ -107,14 +107,21 @@ pub fn estimate(args: &EstimateArgs) -> i32 {
     }
 }
 
-fn read_input(file: &str) -> std::io::Result<Vec<u8>> {
-    if file == "-" {
-        let mut bytes = Vec::new();
-        std::io::stdin().read_to_end(&mut bytes)?;
-        Ok(bytes)
+/// The input, refused beyond `limit` bytes (read no further than one byte past it).
+fn read_input(file: &str, limit: usize) -> std::io::Result<Vec<u8>> {
+    let source: Box<dyn Read> = if file == "-" {
+        Box::new(std::io::stdin())
     } else {
-        std::fs::read(file)
+        Box::new(std::fs::File::open(file)?)
+    };
+    let mut bytes = Vec::new();
+    source.take(limit as u64 + 1).read_to_end(&mut bytes)?;
+    if bytes.len() > limit {
+        return Err(std::io::Error::other(format!(
+            "larger than --max-body-bytes ({limit} bytes)"
+        )));
     }
+    Ok(bytes)
 }
 
 /// `{"items": [...]}` as the batch route takes it, or a plain JSON array of jobs.

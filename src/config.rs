@@ -68,6 +68,11 @@ pub struct EstimateArgs {
     )]
     pub ort_dylib: PathBuf,
 
+    /// Largest input read, in bytes: the server's body limit, so that what the command
+    /// answers the service would take too.
+    #[arg(long, env = "GPUCAST_MAX_BODY_BYTES", default_value_t = 2 * 1024 * 1024)]
+    pub max_body_bytes: usize,
+
     /// Spreads of the uncertain terms (the JSON of data/uncertainty.json) to answer with
     /// instead of the committed ones: the evaluation scores held-out sources with spreads
     /// fitted without them.

@@ -127,12 +127,27 @@ impl ApiError {
                 tracing::error!(%detail, "internal error");
                 "an internal error occurred; it has been logged".to_string()
             }
-            other => other.to_string(),
+            other => bounded(other.to_string()),
         };
         Problem {
             title: self.title().into(),
             status: self.status().as_u16(),
             detail,
+        }
+    }
+}
+
+/// The most characters of a problem's detail a client gets back: a detail may quote the
+/// caller (serde's messages quote an unknown field's name whole), and a megabyte of name must
+/// not come back as a megabyte of answer.
+const MAX_DETAIL_CHARS: usize = 1024;
+
+fn bounded(detail: String) -> String {
+    match detail.char_indices().nth(MAX_DETAIL_CHARS) {
+        None => detail,
+        Some((cut, _)) => {
+            let rest = detail[cut..].chars().count();
+            format!("{}… ({rest} more characters)", &detail[..cut])
         }
     }
 }
@@ -177,5 +192,24 @@ impl IntoResponse for ApiError {
             );
         }
         response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_detail_quoting_the_caller_comes_back_cut_short() {
+        let name = "k".repeat(1_500_000);
+        let problem = ApiError::MalformedJson(format!("unknown field `{name}`")).problem();
+        assert!(
+            problem.detail.chars().count() < MAX_DETAIL_CHARS + 40,
+            "{}",
+            problem.detail.len()
+        );
+        assert!(problem.detail.ends_with("more characters)"));
+        let short = ApiError::MalformedJson("expected `,`".into()).problem();
+        assert_eq!(short.detail, "expected `,`");
     }
 }

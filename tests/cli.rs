@@ -158,3 +158,21 @@ fn other_spreads_move_the_bound_and_the_decision_not_the_figure() {
     assert!(refused.stdout.is_empty());
     assert!(String::from_utf8_lossy(&refused.stderr).contains("--uncertainty"));
 }
+
+#[test]
+fn input_beyond_the_body_limit_is_refused_unread() {
+    let output = gpucast(
+        &[
+            "estimate",
+            "--max-body-bytes",
+            "100",
+            "tests/fixtures/cli/llama_job.json",
+        ],
+        None,
+    );
+    assert_eq!(output.status.code(), Some(1), "{output:?}");
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("larger than --max-body-bytes"),
+        "{output:?}"
+    );
+}

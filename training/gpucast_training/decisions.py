@@ -35,6 +35,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 BATCH = 256  # the CLI's batch limit
+MAX_BODY_BYTES = 2 * 1024 * 1024  # the CLI's input limit, the server's body limit
 REFERENCE_CAPACITY = 40960
 Z95 = 1.6448536269514722
 MIN_LOG_SD = 0.02
@@ -147,11 +148,25 @@ def config_job(row, card):
     return job
 
 
+def chunks(requests):
+    """Batches the CLI takes: at most BATCH items and MAX_BODY_BYTES of JSON each."""
+    batch, size = [], 16
+    for request in requests:
+        length = len(json.dumps(request)) + 2
+        if batch and (len(batch) == BATCH or size + length > MAX_BODY_BYTES):
+            yield batch
+            batch, size = [], 16
+        batch.append(request)
+        size += length
+    if batch:
+        yield batch
+
+
 def answer_all(gpucast, requests, uncertainty=None):
     answers = []
-    for start in range(0, len(requests), BATCH):
+    for batch in chunks(requests):
         with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-            json.dump({"items": requests[start:start + BATCH]}, f)
+            json.dump({"items": batch}, f)
         command = [gpucast, "estimate", "--batch", f.name]
         if uncertainty:
             command += ["--uncertainty", uncertainty]
