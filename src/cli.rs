@@ -194,7 +194,7 @@ fn offline_state(args: &EstimateArgs) -> Result<AppState, String> {
         profiles: Arc::new(profiles),
         writes: WriteAccess::Disabled,
         watches: Arc::new(Sampler::new(devices.clone(), 0)),
-        idempotency: Arc::new(IdempotencyKeys::new(idempotency::KEY_TTL, 1)),
+        idempotency: Arc::new(IdempotencyKeys::new(idempotency::KEY_TTL, 1, 0)),
         write_hosts: Arc::new(WriteHosts::default()),
         body_budget: Arc::new(Semaphore::new(0)),
         devices,

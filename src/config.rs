@@ -196,6 +196,11 @@ pub struct ServeConfig {
     #[arg(long, env = "GPUCAST_MAX_OBSERVATIONS", default_value_t = 100_000)]
     pub max_observations: usize,
 
+    /// Bytes of stored observations (their jobs as posted, breakdowns, step-time curves) kept
+    /// in all (the oldest are dropped first).
+    #[arg(long, env = "GPUCAST_MAX_STORE_BYTES", default_value_t = 256 * 1024 * 1024)]
+    pub max_store_bytes: u64,
+
     /// Bearer token required by the routes that change state (calibration); none means open.
     #[arg(long, env = "GPUCAST_TOKEN")]
     pub token: Option<ApiToken>,
@@ -335,6 +340,10 @@ impl ServeConfig {
             ("--profile-refresh-secs", self.profile_refresh_secs as usize),
             ("--max-observations-per-key", self.max_observations_per_key),
             ("--max-observations", self.max_observations),
+            (
+                "--max-store-bytes",
+                self.max_store_bytes.min(usize::MAX as u64) as usize,
+            ),
         ];
         for (flag, value) in positive {
             if value == 0 {
@@ -378,6 +387,7 @@ impl ServeConfig {
             profile_refresh_secs: 5,
             max_observations_per_key: 1000,
             max_observations: 100_000,
+            max_store_bytes: 256 * 1024 * 1024,
             token: None,
             max_watches: 64,
             no_nvml: true,

@@ -106,6 +106,7 @@ impl Application {
             let retention = Retention {
                 per_key: config.max_observations_per_key,
                 total: config.max_observations,
+                bytes: config.max_store_bytes,
             };
             tokio::task::spawn_blocking(move || ProfileStore::open(&dir, url.as_deref(), retention))
                 .await
@@ -183,6 +184,7 @@ impl Application {
             idempotency: Arc::new(IdempotencyKeys::new(
                 idempotency::KEY_TTL,
                 idempotency::MAX_KEYS,
+                idempotency::MAX_ANSWER_BYTES,
             )),
             write_hosts: Arc::new(WriteHosts::new(bound, &config.allowed_hosts)),
             body_budget: Arc::new(Semaphore::new(

@@ -101,11 +101,14 @@ pub struct ExportedObservation {
 /// How many observations are kept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Retention {
-    /// Per GPU and environment (a GPU's own profile reads all its environments' rows): the
-    /// newest are kept.
+    /// Per GPU and environment: the newest are kept.
     pub per_key: usize,
     /// In all: the oldest go first.
     pub total: usize,
+    /// Bytes of the stored texts (job, breakdown, step-time curve) in all: the oldest go
+    /// first. A job is stored as posted, up to the body limit, so rows alone do not bound
+    /// the store.
+    pub bytes: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -168,7 +171,16 @@ pub const MIGRATIONS: &[Migration] = &[
         sqlite: ADD_STEP_TIME,
         postgres: ADD_STEP_TIME,
     },
+    Migration {
+        version: 3,
+        sqlite: ADD_BYTES,
+        postgres: ADD_BYTES,
+    },
 ];
+
+/// Each row's stored text bytes, so that retention in bytes sums a column instead of reading
+/// every job. Rows of former versions count 0 until they age out.
+const ADD_BYTES: &str = "ALTER TABLE observations ADD COLUMN bytes BIGINT NOT NULL DEFAULT 0;";
 
 /// Key of the advisory lock that serialises migrations across replicas.
 const MIGRATION_LOCK: i64 = 0x0067_7075_6361_7374;
@@ -335,8 +347,8 @@ impl ObservationDb for SqliteDb {
             let tx = connection.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
             {
                 let mut insert = tx.prepare_cached(
-                    "INSERT INTO observations (recorded_at, batch_id, gpu, environment, job, observed_peak_mib, predicted_mib, breakdown, source, step_time_ms, step_time_curve)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+                    "INSERT INTO observations (recorded_at, batch_id, gpu, environment, job, observed_peak_mib, predicted_mib, breakdown, source, step_time_ms, step_time_curve, bytes)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
                 )?;
                 for o in batch {
                     insert.execute(rusqlite::params![
@@ -351,6 +363,7 @@ impl ObservationDb for SqliteDb {
                         o.source.as_str(),
                         o.step_time.as_ref().map(|s| s.0),
                         o.step_time.as_ref().map(|s| &s.1),
+                        o.stored_bytes(),
                     ])?;
                 }
                 let mut trim = tx.prepare_cached(
@@ -366,6 +379,7 @@ impl ObservationDb for SqliteDb {
                        (SELECT id FROM observations ORDER BY id DESC LIMIT 1 OFFSET ?1)",
                     [retention.total as i64],
                 )?;
+                tx.execute(TRIM_TO_BYTES_SQLITE, [retention.bytes as i64])?;
             }
             tx.commit()
         })
@@ -454,6 +468,23 @@ impl ObservationDb for SqliteDb {
 }
 
 /// The distinct (gpu, environment) keys of a batch.
+/// Deletes the oldest rows until the newest ones' bytes fit the retention's: every row at or
+/// before the newest one whose running total (newest first) passes it.
+const TRIM_TO_BYTES_SQLITE: &str = "DELETE FROM observations WHERE id <=
+    (SELECT id FROM (SELECT id, SUM(bytes) OVER (ORDER BY id DESC) AS kept FROM observations)
+     WHERE kept > ?1 ORDER BY id DESC LIMIT 1)";
+const TRIM_TO_BYTES_POSTGRES: &str = "DELETE FROM observations WHERE id <=
+    (SELECT id FROM (SELECT id, (SUM(bytes) OVER (ORDER BY id DESC))::BIGINT AS kept FROM observations) AS running
+     WHERE kept > $1::BIGINT ORDER BY id DESC LIMIT 1)";
+
+impl NewObservation {
+    /// The bytes of its stored texts.
+    fn stored_bytes(&self) -> i64 {
+        (self.job.len() + self.breakdown.len() + self.step_time.as_ref().map_or(0, |s| s.1.len()))
+            as i64
+    }
+}
+
 fn keys(batch: &[NewObservation]) -> Vec<(String, Option<String>)> {
     let mut keys: Vec<(String, Option<String>)> = batch
         .iter()
@@ -549,8 +580,8 @@ impl ObservationDb for PostgresDb {
             // beyond the bound whichever transaction sees them first.
             let mut tx = client.transaction()?;
             let insert = tx.prepare(
-                "INSERT INTO observations (recorded_at, batch_id, gpu, environment, job, observed_peak_mib, predicted_mib, breakdown, source, step_time_ms, step_time_curve)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+                "INSERT INTO observations (recorded_at, batch_id, gpu, environment, job, observed_peak_mib, predicted_mib, breakdown, source, step_time_ms, step_time_curve, bytes)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
             )?;
             for o in batch {
                 tx.execute(
@@ -567,6 +598,7 @@ impl ObservationDb for PostgresDb {
                         &o.source.as_str(),
                         &o.step_time.as_ref().map(|s| s.0),
                         &o.step_time.as_ref().map(|s| s.1.as_str()),
+                        &o.stored_bytes(),
                     ],
                 )?;
             }
@@ -583,6 +615,7 @@ impl ObservationDb for PostgresDb {
                    (SELECT id FROM observations ORDER BY id DESC LIMIT 1 OFFSET $1)",
                 &[&total],
             )?;
+            tx.execute(TRIM_TO_BYTES_POSTGRES, &[&(retention.bytes as i64)])?;
             tx.commit()
         })
     }
@@ -681,6 +714,32 @@ mod tests {
         }
     }
 
+    /// Rows of 1 MB jobs against a 3.5 MB store: the newest three stay, whatever their count.
+    #[test]
+    fn sqlite_keeps_the_newest_observations_within_the_byte_budget() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = SqliteDb::open(dir.path()).unwrap();
+        let retention = Retention {
+            per_key: 1000,
+            total: 1000,
+            bytes: 3_500_000,
+        };
+        for i in 0..6 {
+            let big = NewObservation {
+                job: format!("{{\"pad\":\"{}\"}}", "x".repeat(1_000_000)),
+                ..observation("t4", None, 1000.0 + i as f64)
+            };
+            db.insert(&[big], retention).unwrap();
+        }
+        let kept: Vec<f64> = db
+            .fit_rows()
+            .unwrap()
+            .iter()
+            .map(|r| r.observed_peak_mib)
+            .collect();
+        assert_eq!(kept, vec![1003.0, 1004.0, 1005.0]);
+    }
+
     #[test]
     fn sqlite_is_in_wal_mode_migrated_once_and_keeps_rows_bounded() {
         let dir = tempfile::tempdir().unwrap();
@@ -692,6 +751,7 @@ mod tests {
         let retention = Retention {
             per_key: 3,
             total: 5,
+            bytes: u64::MAX >> 1,
         };
         for i in 0..5 {
             db.insert(&[observation("t4", None, 1000.0 + i as f64)], retention)

@@ -36,6 +36,7 @@ pub const REPLAYED_BATCHES: usize = 8;
 pub const DEFAULT_RETENTION: Retention = Retention {
     per_key: MAX_SAMPLES,
     total: 100_000,
+    bytes: 256 * 1024 * 1024,
 };
 
 /// A profile after derivation, and whether its latest batch was held to the step.
@@ -811,6 +812,7 @@ mod tests {
         let retention = Retention {
             per_key: 20,
             total: 30,
+            bytes: u64::MAX >> 1,
         };
         let (store, _) = ProfileStore::open(dir.path(), None, retention).unwrap();
         for i in 0..25 {

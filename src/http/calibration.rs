@@ -34,6 +34,10 @@ use crate::http::AppState;
 const MAX_OBSERVATIONS: usize = 1000;
 /// Environments with a profile of their own, per GPU.
 pub const MAX_ENVIRONMENTS_PER_GPU: usize = 32;
+/// Profiles in all (GPU and environment keys): each is a set of metric series and a fit held
+/// in memory, and the catalogue's cards times their environments would otherwise reach
+/// thousands.
+pub const MAX_PROFILES: usize = 512;
 
 /// Calibration profiles learned so far.
 #[utoipa::path(get, path = "/v1/calibration/profiles", tag = "devices", responses((status = 200, body = ProfilesResponse)))]
@@ -115,7 +119,11 @@ pub async fn observe(
                 Claim::Fresh(ticket) => break Some(ticket),
                 Claim::Replay(body) => {
                     tracing::info!(key = %key, "observations already recorded under this key; answer replayed");
-                    let mut response = Json(body.as_ref().clone()).into_response();
+                    let mut response = (
+                        [(axum::http::header::CONTENT_TYPE, "application/json")],
+                        body,
+                    )
+                        .into_response();
                     response.headers_mut().insert(
                         idempotency::REPLAYED_HEADER,
                         HeaderValue::from_static("true"),
@@ -134,7 +142,9 @@ pub async fn observe(
         let response = record(&state, observations)?;
         if let Some(ticket) = ticket {
             ticket.succeed(
-                serde_json::to_value(&response).map_err(|e| ApiError::Internal(e.to_string()))?,
+                serde_json::to_vec(&response)
+                    .map_err(|e| ApiError::Internal(e.to_string()))?
+                    .into(),
             );
         }
         Ok::<_, ApiError>(response)
@@ -276,10 +286,28 @@ fn record(state: &AppState, observations: Vec<Posted>) -> Result<ObservationsRes
 /// Custom cards and environments are named by callers, so their profiles (metric series,
 /// memory) are bounded: observations that would start a profile beyond
 /// [`MAX_CUSTOM_PROFILES`] custom cards, or beyond [`MAX_ENVIRONMENTS_PER_GPU`] environments
-/// of one GPU, are refused.
+/// of one GPU, or beyond [`MAX_PROFILES`] in all, are refused.
 fn refuse_too_many_profiles(state: &AppState, batch: &[NewObservation]) -> Result<(), ApiError> {
     let is_custom = |key: &str| key.starts_with(CUSTOM_PREFIX);
     let existing = state.profiles.list();
+    let mut new_keys: Vec<(&str, Option<&str>)> = batch
+        .iter()
+        .map(|o| (o.gpu.as_str(), o.environment.as_deref()))
+        .filter(|(gpu, environment)| {
+            !existing
+                .iter()
+                .any(|p| p.sku == *gpu && p.environment.as_deref() == *environment)
+        })
+        .collect();
+    new_keys.sort_unstable();
+    new_keys.dedup();
+    if existing.len() + new_keys.len() > MAX_PROFILES {
+        return Err(ApiError::InvalidInput(format!(
+            "gpu, environment: at most {MAX_PROFILES} profiles are kept; {} exist and this call starts {}",
+            existing.len(),
+            new_keys.len()
+        )));
+    }
     let mut new_custom: Vec<&str> = batch
         .iter()
         .map(|o| o.gpu.as_str())

@@ -7,7 +7,8 @@
 //! header, the first call with a key records and remembers its answer; a call with the same
 //! key and the same body gets that answer back (waiting for it while the first still runs); the
 //! same key with another body is refused. Keys are remembered for [`KEY_TTL`], at most
-//! [`MAX_KEYS`] of them (the oldest are forgotten first), and only in this process.
+//! [`MAX_KEYS`] of them and [`MAX_ANSWER_BYTES`] of their answers (the oldest are forgotten
+//! first), and only in this process.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -27,6 +28,9 @@ pub const REPLAYED_HEADER: &str = "idempotency-replayed";
 pub const KEY_TTL: Duration = Duration::from_secs(24 * 3600);
 /// How many keys are remembered at most.
 pub const MAX_KEYS: usize = 10_000;
+/// How many bytes of answers are remembered at most: an answer for 1,000 observations is a few
+/// MiB, and a caller with fresh keys must not grow the process without bound.
+pub const MAX_ANSWER_BYTES: usize = 32 * 1024 * 1024;
 /// The longest key accepted.
 const MAX_KEY_LEN: usize = 255;
 
@@ -34,8 +38,8 @@ const MAX_KEY_LEN: usize = 255;
 #[derive(Debug, Clone)]
 pub enum Progress {
     Running,
-    /// Recorded; the answer's JSON body.
-    Done(Arc<serde_json::Value>),
+    /// Recorded; the answer's JSON body, serialised.
+    Done(axum::body::Bytes),
 }
 
 #[derive(Debug)]
@@ -44,6 +48,8 @@ struct Entry {
     fingerprint: [u8; 32],
     created: Instant,
     progress: watch::Receiver<Progress>,
+    /// The answer's bytes once recorded.
+    bytes: usize,
 }
 
 #[derive(Debug, Default)]
@@ -52,6 +58,8 @@ struct Inner {
     /// Keys by age, oldest first (with their entry's id: a key forgotten and reused appears twice).
     order: VecDeque<(String, u64)>,
     next_id: u64,
+    /// The bytes of every remembered answer.
+    bytes: usize,
 }
 
 /// The keys seen recently and what became of their calls.
@@ -60,14 +68,15 @@ pub struct IdempotencyKeys {
     inner: Mutex<Inner>,
     ttl: Duration,
     capacity: usize,
+    max_bytes: usize,
 }
 
 /// What to do with a call that carries a key.
 pub enum Claim {
     /// First call with this key: record, then [`Ticket::succeed`].
     Fresh(Ticket),
-    /// Recorded already: answer this body again.
-    Replay(Arc<serde_json::Value>),
+    /// Recorded already: answer this body (JSON) again.
+    Replay(axum::body::Bytes),
     /// The first call with this key is still running: wait for it, then claim again.
     Wait(watch::Receiver<Progress>),
 }
@@ -83,10 +92,25 @@ pub struct Ticket {
 }
 
 impl Ticket {
-    /// The call was recorded and answered with `body`.
-    pub fn succeed(mut self, body: serde_json::Value) {
+    /// The call was recorded and answered with `body` (JSON). The oldest answers are
+    /// forgotten while the remembered ones pass the byte limit.
+    pub fn succeed(mut self, body: axum::body::Bytes) {
         self.done = true;
-        let _ = self.progress.send(Progress::Done(Arc::new(body)));
+        let size = body.len();
+        let _ = self.progress.send(Progress::Done(body));
+        let mut inner = self.keys.lock();
+        if let Some(entry) = inner.entries.get_mut(&self.key).filter(|e| e.id == self.id) {
+            entry.bytes = size;
+            inner.bytes += size;
+        }
+        while inner.bytes > self.keys.max_bytes {
+            let Some((oldest, id)) = inner.order.pop_front() else {
+                break;
+            };
+            if inner.entries.get(&oldest).is_some_and(|e| e.id == id) {
+                inner.forget(&oldest);
+            }
+        }
     }
 }
 
@@ -99,19 +123,28 @@ impl Drop for Ticket {
                 .get(&self.key)
                 .is_some_and(|e| e.id == self.id)
             {
-                inner.entries.remove(&self.key);
+                inner.forget(&self.key);
             }
             // Waiters see the sender go and claim again.
         }
     }
 }
 
+impl Inner {
+    fn forget(&mut self, key: &str) {
+        if let Some(entry) = self.entries.remove(key) {
+            self.bytes -= entry.bytes;
+        }
+    }
+}
+
 impl IdempotencyKeys {
-    pub fn new(ttl: Duration, capacity: usize) -> IdempotencyKeys {
+    pub fn new(ttl: Duration, capacity: usize, max_bytes: usize) -> IdempotencyKeys {
         IdempotencyKeys {
             inner: Mutex::new(Inner::default()),
             ttl,
             capacity,
+            max_bytes,
         }
     }
 
@@ -137,7 +170,7 @@ impl IdempotencyKeys {
             }
             inner.order.pop_front();
             if created.is_some() {
-                inner.entries.remove(&oldest);
+                inner.forget(&oldest);
             }
         }
         if let Some(entry) = inner.entries.get(key) {
@@ -147,7 +180,7 @@ impl IdempotencyKeys {
                 )));
             }
             return Ok(match &*entry.progress.borrow() {
-                Progress::Done(body) => Claim::Replay(Arc::clone(body)),
+                Progress::Done(body) => Claim::Replay(body.clone()),
                 Progress::Running => Claim::Wait(entry.progress.clone()),
             });
         }
@@ -161,6 +194,7 @@ impl IdempotencyKeys {
                 fingerprint,
                 created: now,
                 progress: receiver,
+                bytes: 0,
             },
         );
         inner.order.push_back((key.to_string(), id));
@@ -208,7 +242,11 @@ mod tests {
     use super::*;
 
     fn keys(capacity: usize) -> Arc<IdempotencyKeys> {
-        Arc::new(IdempotencyKeys::new(KEY_TTL, capacity))
+        Arc::new(IdempotencyKeys::new(KEY_TTL, capacity, MAX_ANSWER_BYTES))
+    }
+
+    fn json(value: serde_json::Value) -> axum::body::Bytes {
+        serde_json::to_vec(&value).unwrap().into()
     }
 
     #[test]
@@ -219,11 +257,11 @@ mod tests {
         };
         assert!(matches!(keys.claim("a", [1; 32]), Ok(Claim::Wait(_))));
         assert!(keys.claim("a", [2; 32]).is_err());
-        ticket.succeed(serde_json::json!({"recorded": 1}));
+        ticket.succeed(json(serde_json::json!({"recorded": 1})));
         let Ok(Claim::Replay(body)) = keys.claim("a", [1; 32]) else {
             panic!("replay")
         };
-        assert_eq!(body["recorded"], 1);
+        assert_eq!(&body[..], br#"{"recorded":1}"#);
         let Ok(Claim::Fresh(ticket)) = keys.claim("b", [1; 32]) else {
             panic!("fresh")
         };
@@ -238,10 +276,24 @@ mod tests {
             let Ok(Claim::Fresh(ticket)) = keys.claim(key, [0; 32]) else {
                 panic!("fresh")
             };
-            ticket.succeed(serde_json::json!({}));
+            ticket.succeed(json(serde_json::json!({})));
         }
         assert!(matches!(keys.claim("c", [0; 32]), Ok(Claim::Replay(_))));
         assert!(matches!(keys.claim("a", [0; 32]), Ok(Claim::Fresh(_))));
+    }
+
+    #[test]
+    fn the_oldest_answers_are_forgotten_beyond_the_byte_limit() {
+        let keys = Arc::new(IdempotencyKeys::new(KEY_TTL, 1000, 2_500));
+        for key in ["a", "b", "c"] {
+            let Ok(Claim::Fresh(ticket)) = keys.claim(key, [0; 32]) else {
+                panic!("fresh")
+            };
+            ticket.succeed(axum::body::Bytes::from(vec![b' '; 1_000]));
+        }
+        assert_eq!(keys.lock().bytes, 2_000);
+        assert!(matches!(keys.claim("a", [0; 32]), Ok(Claim::Fresh(_))));
+        assert!(matches!(keys.claim("c", [0; 32]), Ok(Claim::Replay(_))));
     }
 
     #[test]

@@ -84,7 +84,7 @@ async fn an_observation_posted_to_one_replica_is_served_by_the_other_after_a_ref
     let mut seen = Value::Null;
     for _ in 0..50 {
         seen = b.get_json("/v1/calibration/profiles").await;
-        if seen["profiles"].as_array().unwrap().len() == 2 {
+        if seen["profiles"].as_array().unwrap().len() == 1 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -100,12 +100,10 @@ async fn an_observation_posted_to_one_replica_is_served_by_the_other_after_a_ref
             )
         })
         .collect();
+    // The environment's own profile only: its observation moves no other.
     assert_eq!(
         keys,
-        vec![
-            ("l40s".to_string(), Value::Null),
-            ("l40s".to_string(), json!("torch2.5-cu124"))
-        ],
+        vec![("l40s".to_string(), json!("torch2.5-cu124"))],
         "{seen}"
     );
     let mut job = example_job();
@@ -143,18 +141,22 @@ async fn concurrent_posts_to_two_replicas_lose_nothing() {
     }
     assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
     assert_eq!(count_rows(&url).await, 40);
-    // Each replica serves all 40 after its own refresh.
+    // Each replica serves all 40 after its own refresh: 20 in the GPU's own profile, 20 in
+    // the environment's.
     for app in [&a, &b] {
         let mut observations = Value::Null;
         for _ in 0..50 {
             let profiles = app.get_json("/v1/calibration/profiles").await;
-            observations = profiles["profiles"][0]["observations"].clone();
-            if observations == 40 {
+            observations = json!([
+                profiles["profiles"][0]["observations"],
+                profiles["profiles"][1]["observations"]
+            ]);
+            if observations == json!([20, 20]) {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        assert_eq!(observations, 40);
+        assert_eq!(observations, json!([20, 20]));
     }
 }
 
@@ -195,4 +197,27 @@ async fn refused_observations_leave_no_row() {
         assert_eq!(response.status(), 422);
     }
     assert_eq!(count_rows(&url).await, 0);
+}
+
+/// Retention in bytes: jobs are stored as posted, so four posts of a job padded to ~600 KB
+/// against a 1.3 MB store keep the newest two, whatever the row limits allow.
+#[tokio::test]
+async fn the_store_keeps_the_newest_observations_within_its_bytes() {
+    let Some(url) = fresh_database().await else {
+        return;
+    };
+    let mut config = test_config(&models_dir());
+    config.database_url = Some(url.parse::<DatabaseUrl>().unwrap());
+    config.max_store_bytes = 1_300_000;
+    let app = spawn_app_with_devices(config, Arc::new(NoDevices::new("none"))).await;
+    let job = serde_json::to_string(&example_job()).unwrap();
+    let padded = format!("{}{}}}", &job[..job.len() - 1], " ".repeat(600_000));
+    for peak in [2100.0, 2101.0, 2102.0, 2103.0] {
+        let body = format!(r#"{{"gpu": "l40s", "observed_peak_mib": {peak}, "job": {padded}}}"#);
+        let response = app
+            .post_raw("/v1/calibration/observations", "application/json", body)
+            .await;
+        assert_eq!(response.status(), 200);
+    }
+    assert_eq!(count_rows(&url).await, 2);
 }
