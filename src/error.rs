@@ -38,6 +38,9 @@ pub enum ApiError {
     Timeout,
     #[error("the service is not ready")]
     NotReady,
+    /// The calibration store cannot be written now; nothing of the call was stored.
+    #[error("the calibration store is unavailable; nothing was recorded, retry later ({0})")]
+    StoreUnavailable(String),
     #[error("a valid bearer token is required")]
     Unauthorized,
     /// The request clashes with the state of the service (a process watched already).
@@ -74,9 +77,10 @@ impl ApiError {
             ApiError::UnsupportedMediaType | ApiError::UnsupportedEncoding => {
                 StatusCode::UNSUPPORTED_MEDIA_TYPE
             }
-            ApiError::Overloaded | ApiError::Timeout | ApiError::NotReady => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            ApiError::Overloaded
+            | ApiError::Timeout
+            | ApiError::NotReady
+            | ApiError::StoreUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
@@ -100,6 +104,7 @@ impl ApiError {
             ApiError::Overloaded => "Overloaded",
             ApiError::Timeout => "Timeout",
             ApiError::NotReady => "Not ready",
+            ApiError::StoreUnavailable(_) => "Store unavailable",
             ApiError::Unauthorized => "Unauthorized",
             ApiError::Forbidden(_) => "Forbidden",
             ApiError::Conflict(_) => "Conflict",

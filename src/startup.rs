@@ -113,7 +113,7 @@ impl Application {
                 .expect("opening the store does not panic")?
         };
         for warning in &warnings {
-            tracing::warn!(%warning, "calibration profile file skipped");
+            tracing::warn!(%warning, "calibration store: set aside or skipped at start");
         }
         tracing::info!(store = %profiles.describe(), profiles = profiles.list().len(), "calibration profiles derived from the stored observations");
         let started = Instant::now();

@@ -78,7 +78,9 @@ async fn an_oversized_content_length_is_refused_at_once_with_413() {
     assert!(took < Duration::from_secs(2), "took {took:?}");
 }
 
-/// Every permit taken by the test itself: the probes and the metrics still answer.
+/// Every permit taken by the test itself: the probes and the metrics still answer at once,
+/// readiness says the service cannot take estimates (so a balancer sends them elsewhere), and
+/// liveness that it lives (so nothing restarts it for being busy).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn probes_and_metrics_answer_with_every_request_slot_taken() {
     let mut config = config();
@@ -91,11 +93,14 @@ async fn probes_and_metrics_answer_with_every_request_slot_taken() {
         .acquire_many_owned(4)
         .await
         .unwrap();
-    for path in ["/healthz", "/readyz", "/metrics"] {
+    for path in ["/healthz", "/metrics"] {
         assert_eq!(app.get(path).await.status(), 200, "{path}");
     }
+    assert_eq!(app.get("/readyz").await.status(), 503);
     let refused = app.post_json("/v1/estimate", &example_job()).await;
     assert_eq!(refused.status(), 503);
+    drop(_held);
+    assert_eq!(app.get("/readyz").await.status(), 200, "ready again");
 }
 
 /// More slow bodies than request slots: they wait for their bodies without holding a slot, and

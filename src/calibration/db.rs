@@ -122,6 +122,9 @@ pub enum DbError {
     Postgres(#[from] postgres::Error),
     #[error("{0}")]
     Other(String),
+    /// The SQLite file is not a sound database.
+    #[error("damaged: {0}")]
+    Damaged(String),
 }
 
 /// One version of the schema: its number and its statements for each backend.
@@ -205,6 +208,10 @@ pub trait ObservationDb: Send + Sync + std::fmt::Debug {
     fn schema_version(&self) -> Result<i64, DbError>;
     /// For logs: the file, or the server without credentials.
     fn describe(&self) -> String;
+    /// What opening found wrong and repaired or set aside.
+    fn startup_warnings(&self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// Opens the database named by `database_url` (PostgreSQL) or else the SQLite file in
@@ -258,36 +265,57 @@ fn timestamp(unix: i64) -> String {
 pub struct SqliteDb {
     path: PathBuf,
     connection: Mutex<rusqlite::Connection>,
+    /// What opening found damaged and set aside.
+    warnings: Vec<String>,
 }
 
 /// The file name of the SQLite database under `--data-dir`.
 pub const SQLITE_FILE: &str = "gpucast.sqlite3";
 
 impl SqliteDb {
+    /// Opens (creating) the store in `data_dir`. A store that cannot be read (not a database,
+    /// or failing SQLite's quick check) is moved into `damaged-<time>/` beside it and a new
+    /// one started; a write-ahead log whose recovery would drop committed frames (garbage in
+    /// a middle frame) is copied there before SQLite recovers what it can. Either way the
+    /// service starts, and [`ObservationDb::startup_warnings`] says what happened.
     pub fn open(data_dir: &Path) -> Result<SqliteDb, DbError> {
         std::fs::create_dir_all(data_dir)
             .map_err(|e| DbError::Other(format!("{}: {e}", data_dir.display())))?;
         let path = data_dir.join(SQLITE_FILE);
-        let error = |source| DbError::Sqlite {
-            path: path.clone(),
-            source,
+        let mut warnings = Vec::new();
+        if let Some(checked) = std::fs::read(sidecar(&path, "-wal"))
+            .ok()
+            .and_then(|bytes| super::wal::check(&bytes))
+            .filter(|c| c.lost_frames > 0)
+        {
+            let kept = set_aside(data_dir, &path, false)?;
+            warnings.push(format!(
+                "the write-ahead log holds {} frames after a damaged one, which SQLite's recovery \
+                 drops (it keeps {}): the store and its log as found are copied to {}",
+                checked.lost_frames,
+                checked.recovered_frames,
+                kept.display()
+            ));
+        }
+        let connection = match connect(&path) {
+            Ok(connection) => connection,
+            Err(error) if damaged(&error) => {
+                let moved = set_aside(data_dir, &path, true)?;
+                warnings.push(format!(
+                    "the store could not be read ({error}): moved to {} and a new one started",
+                    moved.display()
+                ));
+                connect(&path)?
+            }
+            Err(error) => return Err(error),
         };
-        let mut connection = rusqlite::Connection::open(&path).map_err(error)?;
-        connection
-            .busy_timeout(std::time::Duration::from_secs(5))
-            .map_err(error)?;
-        // WAL: readers (an export, another process) never block the writer, and a commit is
-        // one append. synchronous=FULL: a recorded observation survives a power cut.
-        connection
-            .pragma_update(None, "journal_mode", "WAL")
-            .map_err(error)?;
-        connection
-            .pragma_update(None, "synchronous", "FULL")
-            .map_err(error)?;
-        migrate_sqlite(&mut connection).map_err(error)?;
+        for warning in &warnings {
+            tracing::error!(store = %path.display(), "{warning}");
+        }
         Ok(SqliteDb {
             path,
             connection: Mutex::new(connection),
+            warnings,
         })
     }
 
@@ -305,6 +333,83 @@ impl SqliteDb {
             source,
         })
     }
+}
+
+/// The file `path` with `suffix` appended (`-wal`, `-shm`).
+fn sidecar(path: &Path, suffix: &str) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(suffix);
+    PathBuf::from(name)
+}
+
+/// Opens the SQLite file in WAL mode, checks it, and migrates it.
+fn connect(path: &Path) -> Result<rusqlite::Connection, DbError> {
+    let error = |source| DbError::Sqlite {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut connection = rusqlite::Connection::open(path).map_err(error)?;
+    connection
+        .busy_timeout(std::time::Duration::from_secs(5))
+        .map_err(error)?;
+    // WAL: readers (an export, another process) never block the writer, and a commit is
+    // one append. synchronous=FULL: a recorded observation survives a power cut.
+    connection
+        .pragma_update(None, "journal_mode", "WAL")
+        .map_err(error)?;
+    connection
+        .pragma_update(None, "synchronous", "FULL")
+        .map_err(error)?;
+    let verdict: String = connection
+        .query_row("PRAGMA quick_check", [], |r| r.get(0))
+        .map_err(error)?;
+    if verdict != "ok" {
+        return Err(DbError::Damaged(format!(
+            "quick_check: {}",
+            crate::domain::echo(&verdict)
+        )));
+    }
+    migrate_sqlite(&mut connection).map_err(error)?;
+    Ok(connection)
+}
+
+/// Whether opening failed because the file is not a sound database (rather than, say, a
+/// permission or a newer schema): what setting it aside and starting anew can cure.
+fn damaged(error: &DbError) -> bool {
+    match error {
+        DbError::Damaged(_) => true,
+        DbError::Sqlite { source, .. } => matches!(
+            source.sqlite_error_code(),
+            Some(rusqlite::ErrorCode::DatabaseCorrupt | rusqlite::ErrorCode::NotADatabase)
+        ),
+        _ => false,
+    }
+}
+
+/// Copies (or moves) the store's files into a new `damaged-<unix time>` directory beside
+/// them; returns it.
+fn set_aside(data_dir: &Path, path: &Path, move_files: bool) -> Result<PathBuf, DbError> {
+    let io = |e: std::io::Error| DbError::Other(format!("setting the store aside: {e}"));
+    let mut dir = data_dir.join(format!("damaged-{}", unix_now()));
+    let mut n = 1;
+    while dir.exists() {
+        n += 1;
+        dir = data_dir.join(format!("damaged-{}-{n}", unix_now()));
+    }
+    std::fs::create_dir_all(&dir).map_err(io)?;
+    for suffix in ["", "-wal", "-shm"] {
+        let from = sidecar(path, suffix);
+        if !from.exists() {
+            continue;
+        }
+        let to = dir.join(from.file_name().unwrap_or_default());
+        if move_files {
+            std::fs::rename(&from, &to).map_err(io)?;
+        } else {
+            std::fs::copy(&from, &to).map_err(io)?;
+        }
+    }
+    Ok(dir)
 }
 
 fn migrate_sqlite(connection: &mut rusqlite::Connection) -> rusqlite::Result<()> {
@@ -465,9 +570,12 @@ impl ObservationDb for SqliteDb {
     fn describe(&self) -> String {
         format!("sqlite {}", self.path.display())
     }
+
+    fn startup_warnings(&self) -> Vec<String> {
+        self.warnings.clone()
+    }
 }
 
-/// The distinct (gpu, environment) keys of a batch.
 /// Deletes the oldest rows until the newest ones' bytes fit the retention's: every row at or
 /// before the newest one whose running total (newest first) passes it.
 const TRIM_TO_BYTES_SQLITE: &str = "DELETE FROM observations WHERE id <=
@@ -485,6 +593,7 @@ impl NewObservation {
     }
 }
 
+/// The distinct (gpu, environment) keys of a batch.
 fn keys(batch: &[NewObservation]) -> Vec<(String, Option<String>)> {
     let mut keys: Vec<(String, Option<String>)> = batch
         .iter()
@@ -701,6 +810,12 @@ impl ObservationDb for PostgresDb {
 mod tests {
     use super::*;
 
+    const DEFAULT_TEST_RETENTION: Retention = Retention {
+        per_key: 1000,
+        total: 1000,
+        bytes: u64::MAX >> 1,
+    };
+
     fn observation(gpu: &str, environment: Option<&str>, observed: f64) -> NewObservation {
         NewObservation {
             gpu: gpu.into(),
@@ -712,6 +827,72 @@ mod tests {
             source: Source::Posted,
             step_time: None,
         }
+    }
+
+    /// A file that is not a database is set aside and a new store started, not a failed start.
+    #[test]
+    fn a_damaged_store_is_set_aside_and_a_new_one_started() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(SQLITE_FILE), vec![0x5a; 8192]).unwrap();
+        let db = SqliteDb::open(dir.path()).unwrap();
+        assert_eq!(db.fit_rows().unwrap().len(), 0);
+        let warnings = db.startup_warnings();
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(warnings[0].contains("moved to"), "{warnings:?}");
+        let aside: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().starts_with("damaged-"))
+            .collect();
+        assert_eq!(aside.len(), 1);
+        assert!(aside[0].path().join(SQLITE_FILE).exists());
+    }
+
+    /// Garbage in a middle frame of the log: the store starts with what SQLite recovers, and
+    /// says how many frames recovery dropped, with copies of the files as found.
+    #[test]
+    fn a_log_that_recovery_would_cut_short_is_copied_and_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let wal = sidecar(&dir.path().join(SQLITE_FILE), "-wal");
+        let saved = dir.path().join("saved");
+        std::fs::create_dir_all(&saved).unwrap();
+        {
+            let db = SqliteDb::open(dir.path()).unwrap();
+            db.with(|c| c.pragma_update(None, "wal_autocheckpoint", 0))
+                .unwrap();
+            for i in 0..20 {
+                db.insert(
+                    &[observation("t4", None, 1000.0 + i as f64)],
+                    DEFAULT_TEST_RETENTION,
+                )
+                .unwrap();
+            }
+            // The files as a crash would leave them (the connection still open, no checkpoint).
+            for suffix in ["", "-wal"] {
+                let from = sidecar(&dir.path().join(SQLITE_FILE), suffix);
+                std::fs::copy(&from, saved.join(from.file_name().unwrap())).unwrap();
+            }
+        }
+        for suffix in ["", "-wal"] {
+            let name = format!("{SQLITE_FILE}{suffix}");
+            std::fs::copy(saved.join(&name), dir.path().join(&name)).unwrap();
+        }
+        let _ = std::fs::remove_file(sidecar(&dir.path().join(SQLITE_FILE), "-shm"));
+        let mut bytes = std::fs::read(&wal).unwrap();
+        let page = u32::from_be_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize;
+        let middle = 32 + (bytes.len() - 32) / (24 + page) / 2 * (24 + page) + 24 + 100;
+        bytes[middle] ^= 0xff;
+        std::fs::write(&wal, &bytes).unwrap();
+
+        let db = SqliteDb::open(dir.path()).unwrap();
+        let warnings = db.startup_warnings();
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(
+            warnings[0].contains("which SQLite's recovery drops"),
+            "{warnings:?}"
+        );
+        let kept = db.fit_rows().unwrap().len();
+        assert!(kept < 20, "recovery dropped rows: {kept}");
     }
 
     /// Rows of 1 MB jobs against a 3.5 MB store: the newest three stay, whatever their count.

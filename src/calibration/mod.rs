@@ -6,7 +6,9 @@
 //! - [`environment`]: what a software environment changes per category of the breakdown
 //!   (context, allocator's fixed cost, activation and cache scales), fitted from a few peaks.
 //! - [`fit`]: the robust line (Theil–Sen) and the residual quantiles behind a profile.
-//! - [`db`]: the stored observations (SQLite or PostgreSQL), schema migrations.
+//! - [`db`]: the stored observations (SQLite or PostgreSQL), schema migrations, a damaged
+//!   SQLite store set aside at start.
+//! - [`wal`]: a SQLite write-ahead log read as recovery will, to see what it would drop.
 //! - [`store`]: profiles per GPU and per GPU and environment, derived from the observations
 //!   and held in memory.
 //! - [`step_time`]: the host's cost per op fitted to observed step times, the one roofline
@@ -24,3 +26,4 @@ pub mod placement;
 pub mod profile;
 pub mod step_time;
 pub mod store;
+pub mod wal;

@@ -62,6 +62,9 @@ pub struct ProfileStore {
     profiles: RwLock<Arc<HashMap<ProfileKey, Derived>>>,
     /// The table's fingerprint at the last derivation; also serialises refreshes.
     seen: Mutex<Option<Fingerprint>>,
+    /// Why the database could not be read or written at the last try; `None` while it works.
+    /// Estimates go on with the profiles last derived.
+    fault: Mutex<Option<String>>,
 }
 
 impl From<DbError> for ProfileError {
@@ -80,13 +83,23 @@ impl ProfileStore {
         retention: Retention,
     ) -> Result<(ProfileStore, Vec<ProfileWarning>), ProfileError> {
         let db = db::open(data_dir, database_url)?;
+        let repaired: Vec<ProfileWarning> = db
+            .startup_warnings()
+            .into_iter()
+            .map(|reason| ProfileWarning {
+                path: data_dir.join(db::SQLITE_FILE),
+                reason,
+            })
+            .collect();
         let store = ProfileStore {
             db,
             retention,
             profiles: RwLock::new(Arc::new(HashMap::new())),
             seen: Mutex::new(None),
+            fault: Mutex::new(None),
         };
-        let warnings = store.import_profile_files(data_dir)?;
+        let mut warnings = repaired;
+        warnings.extend(store.import_profile_files(data_dir)?);
         store.refresh()?;
         Ok((store, warnings))
     }
@@ -94,6 +107,18 @@ impl ProfileStore {
     /// A SQLite store in `dir` with the default retention (tests, tools).
     pub fn load(dir: &Path) -> Result<(ProfileStore, Vec<ProfileWarning>), ProfileError> {
         ProfileStore::open(dir, None, DEFAULT_RETENTION)
+    }
+
+    /// Why the database failed at the last try, while it does; `None` when it works.
+    pub fn fault(&self) -> Option<String> {
+        self.fault.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Notes whether a database call worked (the store's health, for readiness and answers).
+    fn noted<T>(&self, result: Result<T, DbError>) -> Result<T, ProfileError> {
+        *self.fault.lock().unwrap_or_else(|p| p.into_inner()) =
+            result.as_ref().err().map(ToString::to_string);
+        result.map_err(ProfileError::from)
     }
 
     /// The database, for logs.
@@ -241,17 +266,17 @@ impl ProfileStore {
         if batch.is_empty() {
             return Ok(Vec::new());
         }
-        self.db.insert(&batch, self.retention)?;
-        self.refresh()?;
+        self.noted(self.db.insert(&batch, self.retention))?;
+        // Committed: whatever happens next, the call is answered as recorded (a retry would
+        // record it twice). A refresh that fails here is retried by the periodic one.
+        if let Err(error) = self.refresh() {
+            tracing::warn!(%error, "recorded, but the profiles could not be derived again yet");
+        }
         let mut keys: Vec<ProfileKey> = Vec::new();
         for o in &batch {
-            for key in [
-                (o.gpu.clone(), None),
-                (o.gpu.clone(), o.environment.clone()),
-            ] {
-                if !keys.contains(&key) {
-                    keys.push(key);
-                }
+            let key = (o.gpu.clone(), o.environment.clone());
+            if !keys.contains(&key) {
+                keys.push(key);
             }
         }
         let map = self.read();
@@ -265,11 +290,26 @@ impl ProfileStore {
     /// when they did. Blocks: call from `spawn_blocking`.
     pub fn refresh(&self) -> Result<bool, ProfileError> {
         let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
-        let fingerprint = self.db.fingerprint()?;
+        let fingerprint = self.noted(self.db.fingerprint())?;
         if *seen == Some(fingerprint) {
             return Ok(false);
         }
-        let rows = self.db.fit_rows()?;
+        let mut rows = self.noted(self.db.fit_rows())?;
+        // Keys are checked when read as when written: a row put in by hand (or by an older
+        // build) with a key this one would refuse serves no profile.
+        let stored = rows.len();
+        rows.retain(|r| {
+            valid_key(&r.gpu)
+                && r.environment
+                    .as_deref()
+                    .is_none_or(|e| super::label::parse_environment(e).is_ok())
+        });
+        if rows.len() < stored {
+            tracing::warn!(
+                skipped = stored - rows.len(),
+                "stored observations with an invalid GPU or environment key were skipped"
+            );
+        }
         let previous = Arc::clone(&self.read());
         let derived = derive_all(&rows, &previous);
         *self.profiles.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(derived);
@@ -672,6 +712,27 @@ mod tests {
         );
     }
 
+    /// Rows written past the service (by hand, by another build) are checked when read: keys
+    /// it would refuse serve no profile.
+    #[test]
+    fn stored_rows_with_invalid_keys_serve_no_profile() {
+        let (_dir, store) = store();
+        let rows = vec![
+            posted("", None, 4000.0, 4100.0),
+            posted("../../etc/passwd", None, 4000.0, 4100.0),
+            posted("t4", Some("a/b"), 4000.0, 4100.0),
+            posted("t4", None, 4000.0, 4100.0),
+        ];
+        store.db().insert(&rows, DEFAULT_RETENTION).unwrap();
+        store.refresh().unwrap();
+        let keys: Vec<_> = store
+            .list()
+            .iter()
+            .map(|p| (p.sku.clone(), p.environment.clone()))
+            .collect();
+        assert_eq!(keys, vec![("t4".to_string(), None)]);
+    }
+
     #[test]
     fn an_environment_has_its_own_profile_and_falls_back_to_the_gpus() {
         let (_dir, store) = store();
@@ -689,9 +750,9 @@ mod tests {
         assert_eq!(
             keys,
             vec![
-                ("a100-40gb", None),
                 ("a100-40gb", Some("torch2.5-cu124")),
-                ("a100-40gb", Some("torch2.1-cu118"))
+                ("a100-40gb", Some("torch2.1-cu118")),
+                ("a100-40gb", None)
             ]
         );
         let own = store

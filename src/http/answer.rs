@@ -414,6 +414,11 @@ fn respond(
         Ok(r) => response.performance = Some(performance_response(r)),
         Err(why) => response.performance_null_reason = Some(why.clone()),
     }
+    // Estimates do not need the store: while it fails they go on with the profiles last
+    // derived, and say so.
+    if let Some(calibration) = response.calibration.as_mut() {
+        calibration.profiles_stale = state.profiles.fault().is_some();
+    }
     Ok(response)
 }
 
@@ -609,6 +614,7 @@ fn to_response(
             profile_used: p.profile_observations.is_some(),
             observations: p.profile_observations.unwrap_or(0),
             environment: p.profile_environment.clone(),
+            profiles_stale: false,
         }),
         // Set by `respond` from the roofline.
         performance: None,

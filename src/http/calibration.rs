@@ -549,9 +549,9 @@ fn profile_error(e: ProfileError) -> ApiError {
         ProfileError::InvalidSku(_)
         | ProfileError::InvalidObservation(_)
         | ProfileError::Invalid(_) => ApiError::InvalidInput(e.to_string()),
-        ProfileError::Store(_) => {
-            tracing::error!(error = %e, "observation store failed");
-            ApiError::Internal(e.to_string())
+        ProfileError::Store(detail) => {
+            tracing::error!(error = %detail, "observation store failed");
+            ApiError::StoreUnavailable(crate::domain::echo(&detail))
         }
         other => ApiError::Internal(other.to_string()),
     }

@@ -23,22 +23,29 @@ pub async fn healthz() -> Json<HealthResponse> {
     })
 }
 
-/// Readiness: models loaded and not shutting down.
+/// Readiness: models loaded, not shutting down, and a request slot free for an estimate. The
+/// calibration store is reported beside, not in, the decision: estimates do not need it.
 #[utoipa::path(
     get,
     path = "/readyz",
     tag = "operations",
     responses(
-        (status = 200, description = "Ready", body = ReadyResponse),
-        (status = 503, description = "Not ready (shutting down)", body = Problem, content_type = "application/problem+json"),
+        (status = 200, description = "Ready (the store's state beside)", body = ReadyResponse),
+        (status = 503, description = "Not ready (starting, shutting down, or every request slot taken)", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn readyz(State(state): State<AppState>) -> Result<Json<ReadyResponse>, ApiError> {
-    if state.ready.load(Ordering::Acquire) {
-        Ok(Json(ReadyResponse { ready: true }))
-    } else {
-        Err(ApiError::NotReady)
+    let estimates = state.permits.available_permits() > 0;
+    if !(state.ready.load(Ordering::Acquire) && estimates) {
+        return Err(ApiError::NotReady);
     }
+    let store_error = state.profiles.fault().map(|e| crate::domain::echo(&e));
+    Ok(Json(ReadyResponse {
+        ready: true,
+        estimates,
+        store: store_error.is_none(),
+        store_error,
+    }))
 }
 
 /// Prometheus metrics, text exposition format.

@@ -970,6 +970,10 @@ pub struct CalibrationResponse {
     /// The environment whose profile was used; null when it was the GPU's own profile (or
     /// none was used).
     pub environment: Option<String>,
+    /// Present (true) while the calibration store cannot be read: the profiles are the ones
+    /// last derived, and observations since are not in them.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub profiles_stale: bool,
 }
 
 /// One measured peak of a job on a GPU.
@@ -1319,8 +1323,17 @@ pub struct HealthResponse {
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct ReadyResponse {
-    /// True once the models are loaded, false again while shutting down.
+    /// True once the models are loaded, false again while shutting down or while every
+    /// request slot is taken (estimates would be refused).
     pub ready: bool,
+    /// Whether estimates are answered now.
+    pub estimates: bool,
+    /// Whether the calibration store can be read and written. Estimates do not need it (they
+    /// go on with the profiles last derived), so it does not make the service unready.
+    pub store: bool,
+    /// Why the store cannot be used, while it cannot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store_error: Option<String>,
 }
 
 /// Non-negative whole numbers, also when a client's JSON writes them as `29440.0` (JSON Schema's

@@ -11,6 +11,8 @@ async fn health_and_readiness_answer_ok() {
     assert_eq!(response.status(), 200);
     let ready: Value = response.json().await.unwrap();
     assert_eq!(ready["ready"], true);
+    assert_eq!(ready["estimates"], true);
+    assert_eq!(ready["store"], true);
 }
 
 fn counter(metrics: &str, prefix: &str) -> f64 {

@@ -221,3 +221,90 @@ async fn the_store_keeps_the_newest_observations_within_its_bytes() {
     }
     assert_eq!(count_rows(&url).await, 2);
 }
+
+/// The database goes away under a running replica: writes are answered 503 with Retry-After
+/// (not 500) and store nothing, readiness stays true and reports the store apart, estimates go
+/// on with the profiles last derived and say so; when the database is back, so is everything.
+#[tokio::test]
+async fn a_database_outage_refuses_writes_with_503_and_estimates_go_on() {
+    let Some(url) = fresh_database().await else {
+        return;
+    };
+    let app = replica(&url, 1).await;
+    let recorded = app
+        .post_json("/v1/calibration/observations", &observation(2100.0, None))
+        .await;
+    assert_eq!(recorded.status(), 200);
+    let mut job = example_job();
+    job["gpu"] = "l40s".into();
+    let before: Value = app.post_json_value("/v1/estimate", &job).await;
+    assert_eq!(before["calibration"]["profile_used"], true);
+
+    // Take the database away: rename it, its connections cut.
+    let (base, name) = url
+        .rsplit_once('/')
+        .map(|(b, n)| (b.to_string(), n.to_string()))
+        .unwrap();
+    let admin = format!("{base}/postgres");
+    let sql = |statements: String| {
+        let admin = admin.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut client = postgres::Client::connect(&admin, postgres::NoTls).unwrap();
+            client.batch_execute(&statements).unwrap();
+        })
+    };
+    sql(format!(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}';
+         ALTER DATABASE {name} RENAME TO {name}_away;"
+    ))
+    .await
+    .unwrap();
+
+    let refused = app
+        .post_json("/v1/calibration/observations", &observation(2200.0, None))
+        .await;
+    assert_eq!(refused.status(), 503);
+    assert!(refused.headers().contains_key("retry-after"));
+    let ready = app.get("/readyz").await;
+    assert_eq!(ready.status(), 200);
+    let ready: Value = ready.json().await.unwrap();
+    assert_eq!(
+        (ready["ready"].clone(), ready["store"].clone()),
+        (json!(true), json!(false)),
+        "{ready}"
+    );
+    let during: Value = app.post_json_value("/v1/estimate", &job).await;
+    assert_eq!(
+        during["memory"]["estimate_mib"],
+        before["memory"]["estimate_mib"]
+    );
+    assert_eq!(
+        during["calibration"]["profiles_stale"], true,
+        "{}",
+        during["calibration"]
+    );
+
+    sql(format!("ALTER DATABASE {name}_away RENAME TO {name};"))
+        .await
+        .unwrap();
+    let mut status = 0;
+    for _ in 0..50 {
+        status = app
+            .post_json("/v1/calibration/observations", &observation(2300.0, None))
+            .await
+            .status()
+            .as_u16();
+        if status == 200 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(status, 200);
+    assert_eq!(
+        count_rows(&url).await,
+        2,
+        "the refused write stored nothing"
+    );
+    let ready: Value = app.get_json("/readyz").await;
+    assert_eq!(ready["store"], true);
+}
