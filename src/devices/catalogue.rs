@@ -8,7 +8,7 @@ use serde::Deserialize;
 
 use crate::calibration::profile::valid_key;
 use crate::devices::performance::GpuPerformance;
-use crate::devices::sku::{Catalogue, Origin, Sku, Source};
+use crate::devices::sku::{Catalogue, Origin, Sku, Source, Vendor};
 
 /// The built-in catalogue.
 pub const BUILTIN_JSON: &str = include_str!("../../data/gpus.json");
@@ -64,6 +64,10 @@ struct EntryFile {
     /// What the link is (`NVLink 3: ...`), for people.
     #[serde(default)]
     interconnect: Option<String>,
+    /// `nvidia` (the default) or `amd`.
+    #[serde(default)]
+    vendor: Vendor,
+    /// `major.minor` for NVIDIA, the `gfx` target for AMD (`gfx942`).
     compute_capability: String,
     source: SourceFile,
     #[serde(default)]
@@ -230,8 +234,20 @@ fn check_entry(e: EntryFile, origin: Origin) -> Result<Sku, String> {
     if let Some(link) = &e.interconnect {
         text("interconnect", link, MAX_TEXT_CHARS)?;
     }
-    if !valid_compute_capability(&e.compute_capability) {
-        return Err("compute_capability: must be `major.minor`, e.g. `8.0`".into());
+    let gfx = |v: &str| {
+        v.strip_prefix("gfx")
+            .is_some_and(|t| (3..=5).contains(&t.len()) && t.bytes().all(|b| b.is_ascii_hexdigit()))
+    };
+    match e.vendor {
+        Vendor::Nvidia if !valid_compute_capability(&e.compute_capability) => {
+            return Err("compute_capability: must be `major.minor`, e.g. `8.0`".into());
+        }
+        Vendor::Amd if !gfx(&e.compute_capability) => {
+            return Err(
+                "compute_capability: an AMD card's is its gfx target, e.g. `gfx942`".into(),
+            );
+        }
+        _ => {}
     }
     text("source.title", &e.source.title, MAX_TEXT_CHARS)?;
     text("source.url", &e.source.url, MAX_TEXT_CHARS)?;
@@ -244,6 +260,7 @@ fn check_entry(e: EntryFile, origin: Origin) -> Result<Sku, String> {
         aliases: e.aliases,
         capacity_mib: e.memory_mib,
         memory_gb: e.memory_gb,
+        vendor: e.vendor,
         performance: GpuPerformance {
             sm_count: e.sm_count,
             max_warps_per_sm: e.max_warps_per_sm,

@@ -29,8 +29,9 @@ pub struct Sku {
     pub capacity_mib: u64,
     /// The marketing memory size in GB (`40` for an A100 40GB): what users type.
     pub memory_gb: u32,
-    /// Peak throughput, for the roofline performance model.
+    /// Peak throughput, for the roofline performance model (NVIDIA cards only).
     pub performance: GpuPerformance,
+    pub vendor: Vendor,
     /// `major.minor`, e.g. `8.0`.
     pub compute_capability: String,
     /// Where the figures come from.
@@ -38,6 +39,24 @@ pub struct Sku {
     /// What is nominal or approximate about the figures.
     pub note: Option<String>,
     pub origin: Origin,
+}
+
+/// Who makes the card: the roofline models NVIDIA's kernels only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Vendor {
+    #[default]
+    Nvidia,
+    Amd,
+}
+
+impl Vendor {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Vendor::Nvidia => "nvidia",
+            Vendor::Amd => "amd",
+        }
+    }
 }
 
 /// A public document the figures were taken from.
@@ -287,16 +306,33 @@ const FORM_FACTORS: [&str; 11] = [
 ];
 
 /// Vendor and brand words: noise in any name.
-const VENDOR_WORDS: [&str; 4] = ["nvidia", "tesla", "geforce", "quadro"];
+const VENDOR_WORDS: [&str; 7] = [
+    "nvidia", "tesla", "geforce", "quadro", "amd", "instinct", "radeon",
+];
 
-/// The matching key of a name: lower-case alphanumeric tokens, vendor words dropped, `40 gb`
+/// The matching key of a name: lower-case alphanumeric tokens, split where letters turn to
+/// digits (`rtx4090` and `RTX 4090` alike, `a100` as `a 100`), vendor words dropped, `40 gb`
 /// joined to `40gb`, sorted (word order does not matter).
 fn tokens(input: &str) -> Vec<String> {
     let raw: Vec<String> = input
         .to_ascii_lowercase()
         .split(|c: char| !c.is_ascii_alphanumeric())
         .filter(|t| !t.is_empty() && !VENDOR_WORDS.contains(t))
-        .map(str::to_string)
+        .flat_map(|t| {
+            // Form factors (`sxm4`, `hbm2e`) are words of their own.
+            let cut = (!FORM_FACTORS.contains(&t))
+                .then(|| {
+                    t.bytes()
+                        .zip(t.bytes().skip(1))
+                        .position(|(a, b)| a.is_ascii_alphabetic() && b.is_ascii_digit())
+                })
+                .flatten();
+            match cut {
+                Some(i) => vec![t[..=i].to_string(), t[i + 1..].to_string()],
+                None => vec![t.to_string()],
+            }
+        })
+        .filter(|t| !VENDOR_WORDS.contains(&t.as_str()))
         .collect();
     let mut joined: Vec<String> = Vec::with_capacity(raw.len());
     for token in raw {
@@ -391,6 +427,16 @@ mod tests {
         assert_eq!(id("Tesla V100-PCIE-32GB"), "v100-32gb");
         assert_eq!(id("Tesla V100S-PCIE-32GB"), "v100-32gb");
         assert_eq!(id("NVIDIA GeForce RTX 4090"), "rtx-4090");
+        assert_eq!(id("rtx4090"), "rtx-4090");
+        assert_eq!(id("AMD Instinct MI300X"), "mi300x");
+        assert_eq!(id("mi300x"), "mi300x");
+        assert_eq!(id("MI250X"), "mi250x");
+        assert_eq!(id("mi250"), "mi250");
+        assert_eq!(id("AMD INSTINCT MI210"), "mi210");
+        assert_eq!(id("RTX4090"), "rtx-4090");
+        assert_eq!(id("rtx-4090"), "rtx-4090");
+        assert_eq!(id("a10g"), "a10g");
+        assert_eq!(id("l40s"), "l40s");
         assert_eq!(id("NVIDIA GeForce RTX 3090"), "rtx-3090");
         assert_eq!(id("NVIDIA A10G"), "a10g");
         assert_eq!(id("NVIDIA A10"), "a10");

@@ -207,6 +207,17 @@ fn roofline(
     target: &Target,
     environment: Option<&str>,
 ) -> Result<Timed, String> {
+    if state
+        .catalogue
+        .by_id(&target.gpu)
+        .is_some_and(|sku| sku.vendor == crate::devices::sku::Vendor::Amd)
+    {
+        return Err(format!(
+            "utilization on '{}' (AMD) is not modelled: the roofline follows NVIDIA's kernels \
+             (warps of 32, cuBLAS's tiles); the memory figures hold",
+            target.gpu
+        ));
+    }
     let Some(gpu) = &target.performance else {
         return Err(format!(
             "the target GPU '{}' is known only by its memory: no peak throughput to run the \

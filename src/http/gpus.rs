@@ -23,6 +23,7 @@ fn gpu_response(sku: &Sku) -> GpuResponse {
         aliases: sku.aliases.clone(),
         memory_mib: sku.capacity_mib,
         memory_gb: sku.memory_gb,
+        vendor: sku.vendor.as_str().to_string(),
         compute_capability: sku.compute_capability.clone(),
         peaks: (&sku.performance).into(),
         source: SourceResponse {

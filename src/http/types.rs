@@ -1486,6 +1486,9 @@ pub struct GpuResponse {
     pub memory_mib: u64,
     /// The marketing size, GB.
     pub memory_gb: u32,
+    /// `nvidia` or `amd`: utilization is modelled on NVIDIA cards only.
+    pub vendor: String,
+    /// `major.minor` (NVIDIA) or the gfx target (AMD).
     pub compute_capability: String,
     pub peaks: PeaksResponse,
     pub source: SourceResponse,

@@ -220,3 +220,35 @@ async fn custom_cards_with_profiles_are_bounded() {
         .unwrap()
         .is_empty());
 }
+
+/// The spellings people and drivers use resolve; AMD Instinct cards answer memory with their
+/// capacity and say utilization is not modelled for them.
+#[tokio::test]
+async fn every_spelling_resolves_and_amd_cards_answer_memory_only() {
+    let app = spawn_app().await;
+    for (name, id) in [
+        ("rtx4090", "rtx-4090"),
+        ("RTX4090", "rtx-4090"),
+        ("NVIDIA GeForce RTX 4090", "rtx-4090"),
+        ("mi300x", "mi300x"),
+        ("AMD Instinct MI250X", "mi250x"),
+    ] {
+        assert_eq!(fit_for(&app, json!(name)).await["gpu"], id, "{name}");
+    }
+    let mut job = example_job();
+    job["gpu"] = "mi300x".into();
+    let answer: Value = app.post_json_value("/v1/estimate", &job).await;
+    assert_eq!(answer["fit"]["capacity_mib"], 196_608);
+    assert!(answer["memory"]["estimate_mib"].as_f64().unwrap() > 0.0);
+    assert!(answer["performance"].is_null());
+    let why = answer["performance_null_reason"].as_str().unwrap();
+    assert!(why.contains("AMD"), "{why}");
+    let gpus: Value = app.get_json("/v1/gpus").await;
+    let amd = gpus["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|g| g["vendor"] == "amd")
+        .count();
+    assert_eq!(amd, 5);
+}
