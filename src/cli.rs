@@ -23,9 +23,9 @@ use crate::estimators::Estimators;
 use crate::http::answer::answer;
 use crate::http::auth::{WriteAccess, WriteHosts};
 use crate::http::estimate::estimate_items;
-use crate::http::extract::parse_json;
+use crate::http::extract::{parse_estimate, parse_json};
 use crate::http::idempotency::{self, IdempotencyKeys};
-use crate::http::types::{BatchRequest, BatchResponse, EstimateRequest};
+use crate::http::types::{BatchRequest, BatchResponse};
 use crate::http::validate::validate;
 use crate::http::{AppState, Limits};
 use crate::metrics::Metrics;
@@ -93,7 +93,7 @@ pub fn estimate(args: &EstimateArgs) -> i32 {
             Err(error) => problem(error),
         }
     } else {
-        let outcome = parse_json::<EstimateRequest>(&bytes, "")
+        let outcome = parse_estimate(&bytes, "")
             .and_then(|request| validate(&request, &state.catalogue, state.devices.as_ref()))
             .and_then(|valid| answer(&state, valid, started));
         match outcome {

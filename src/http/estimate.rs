@@ -7,7 +7,7 @@ use axum::Json;
 
 use crate::error::ApiError;
 use crate::http::answer::{answer, answer_items};
-use crate::http::extract::{parse_json, JsonBody};
+use crate::http::extract::{parse_estimate, EstimateBody, JsonBody};
 use crate::http::types::{
     BatchItemResponse, BatchRequest, BatchResponse, EstimateRequest, EstimateResponse, Problem,
 };
@@ -33,7 +33,7 @@ use crate::http::AppState;
 #[tracing::instrument(skip_all, fields(family, layers))]
 pub async fn estimate(
     State(state): State<AppState>,
-    JsonBody(request): JsonBody<EstimateRequest>,
+    EstimateBody(request): EstimateBody,
 ) -> Result<Json<EstimateResponse>, ApiError> {
     let started = Instant::now();
     let valid = validate(&request, &state.catalogue, state.devices.as_ref())?;
@@ -103,11 +103,10 @@ pub fn estimate_items(
     );
     for (index, item) in items.into_iter().enumerate() {
         let checked =
-            parse_json::<EstimateRequest>(item.get().as_bytes(), &format!("items[{index}]"))
-                .and_then(|request| {
-                    validate(&request, &state.catalogue, state.devices.as_ref())
-                        .map_err(|e| e.within(&format!("items[{index}].")))
-                });
+            parse_estimate(item.get().as_bytes(), &format!("items[{index}]")).and_then(|request| {
+                validate(&request, &state.catalogue, state.devices.as_ref())
+                    .map_err(|e| e.within(&format!("items[{index}].")))
+            });
         match checked {
             Ok(item) => {
                 valid.push(item);

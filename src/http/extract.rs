@@ -7,10 +7,78 @@ use axum::http::{header, StatusCode};
 use serde::de::DeserializeOwned;
 
 use crate::error::ApiError;
+use crate::http::types::EstimateRequest;
 use crate::http::AppState;
 
 /// A JSON object body.
 pub struct JsonBody<T>(pub T);
+
+/// An estimate request body, which may also be a Hugging Face `config.json` as the hub serves
+/// it with the training setup beside its keys ([`parse_estimate`]).
+pub struct EstimateBody(pub EstimateRequest);
+
+impl FromRequest<AppState> for EstimateBody {
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, state: &AppState) -> Result<Self, Self::Rejection> {
+        let bytes = body_bytes(request, state).await?;
+        parse_estimate(&bytes, "").map(EstimateBody)
+    }
+}
+
+/// Parses an estimate request. A body that is not one but holds a Hugging Face config's keys
+/// at the top (`model_type` or `architectures`, no `transformer_config`, `layers` or
+/// `summary`) is read as the request whose `transformer_config` is those keys, the request's
+/// own fields (`batch_size`, `seq_len`, `precision`, `gpu`, ...) staying beside them: the
+/// config file as downloaded, plus the setup. Tried only after the plain parse failed, so a
+/// request costs nothing more.
+pub fn parse_estimate(bytes: &[u8], prefix: &str) -> Result<EstimateRequest, ApiError> {
+    let refused = match parse_json::<EstimateRequest>(bytes, prefix) {
+        Err(refused @ ApiError::InvalidInput(_)) => refused,
+        other => return other,
+    };
+    match hub_config_request(bytes) {
+        Some(wrapped) => parse_json(&wrapped, prefix),
+        None => Err(refused),
+    }
+}
+
+/// The body with a hub config's keys moved under `transformer_config`; `None` when it is not
+/// shaped like one.
+fn hub_config_request(bytes: &[u8]) -> Option<Vec<u8>> {
+    let serde_json::Value::Object(top) = serde_json::from_slice(bytes).ok()? else {
+        return None;
+    };
+    let is_config = top.contains_key("model_type") || top.contains_key("architectures");
+    let is_request = ["transformer_config", "layers", "summary"]
+        .iter()
+        .any(|k| top.contains_key(*k));
+    if !is_config || is_request {
+        return None;
+    }
+    let fields = request_fields();
+    let (mut request, config): (serde_json::Map<_, _>, serde_json::Map<_, _>) = top
+        .into_iter()
+        .partition(|(key, _)| fields.iter().any(|f| f == key));
+    request.insert(
+        "transformer_config".into(),
+        serde_json::Value::Object(config),
+    );
+    serde_json::to_vec(&request).ok()
+}
+
+/// The field names of an estimate request, read from its schema (the one list there is).
+fn request_fields() -> &'static [String] {
+    static FIELDS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    FIELDS.get_or_init(|| {
+        use utoipa::openapi::schema::Schema;
+        use utoipa::openapi::RefOr;
+        match <EstimateRequest as utoipa::PartialSchema>::schema() {
+            RefOr::T(Schema::Object(object)) => object.properties.keys().cloned().collect(),
+            _ => Vec::new(),
+        }
+    })
+}
 
 /// A JSON body that may be one object or an array of them.
 pub struct JsonObjectOrArray<T>(pub T);

@@ -299,3 +299,43 @@ async fn public_llm_rows_are_answered_from_their_configs() {
     );
     assert!(all.len() >= 80, "{} rows", all.len());
 }
+
+/// A config.json as the hub serves it (`architectures`, `torch_dtype`, `_name_or_path` and
+/// all), the setup beside its keys: answered as the same config under `transformer_config`,
+/// alone and as a batch item.
+#[tokio::test]
+async fn a_bare_hub_config_with_the_setup_beside_it_is_a_request() {
+    let app = spawn_app().await;
+    let path =
+        repo_root().join("tests/fixtures/transformer_configs/public/meta-llama__Llama-3.2-1B.json");
+    let mut config: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    config["_name_or_path"] = "meta-llama/Llama-3.2-1B".into();
+    config["transformers_version"] = "4.45.0".into();
+    let setup = json!({"batch_size": 4, "seq_len": 1024, "precision": "bf16", "gpu": "rtx4090"});
+    let mut bare = config.clone();
+    for (k, v) in setup.as_object().unwrap() {
+        bare[k] = v.clone();
+    }
+    let mut wrapped = setup.clone();
+    wrapped["transformer_config"] = config;
+    let from_bare: Value = app.post_json_value("/v1/estimate", &bare).await;
+    let from_wrapped: Value = app.post_json_value("/v1/estimate", &wrapped).await;
+    assert!(
+        from_bare["memory"]["estimate_mib"].as_f64().is_some(),
+        "{from_bare}"
+    );
+    assert_eq!(from_bare["memory"], from_wrapped["memory"]);
+    assert_eq!(from_bare["fit"]["gpu"], "rtx-4090");
+    let batch: Value = app
+        .post_json_value("/v1/estimate/batch", &json!({"items": [bare]}))
+        .await;
+    assert_eq!(
+        batch["items"][0]["estimate"]["memory"],
+        from_wrapped["memory"]
+    );
+    // Not a config: the unknown field is still named.
+    let response = app
+        .post_json("/v1/estimate", &json!({"batch_size": 4, "hidden_sizes": 3}))
+        .await;
+    assert_eq!(response.status(), 422);
+}
