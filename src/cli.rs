@@ -53,10 +53,10 @@ fn read_spreads(path: &std::path::Path) -> Result<String, String> {
 
 /// Runs the subcommand; returns the process's exit status.
 pub fn estimate(args: &EstimateArgs) -> i32 {
-    let bytes = match read_input(&args.file, args.max_body_bytes) {
+    let bytes = match job_input(args) {
         Ok(bytes) => bytes,
         Err(e) => {
-            eprintln!("gpucast estimate: {}: {e}", args.file);
+            eprintln!("gpucast estimate: {e}");
             return FAILED;
         }
     };
@@ -105,6 +105,115 @@ pub fn estimate(args: &EstimateArgs) -> i32 {
             Err(error) => problem(error),
         }
     }
+}
+
+/// The request: the job file or `--config`'s model, with the setup flags written over it.
+fn job_input(args: &EstimateArgs) -> Result<Vec<u8>, String> {
+    let flags = &args.job;
+    let limit = args.max_body_bytes;
+    let read = |file: &str| read_input(file, limit).map_err(|e| format!("{file}: {e}"));
+    let base = match (&args.file, &flags.config) {
+        (Some(_), Some(_)) => return Err("give the job file or --config, not both".into()),
+        (None, None) => {
+            return Err("give a job file (`-` for standard input) or --config config.json".into())
+        }
+        (Some(file), None) => read(file)?,
+        (None, Some(config)) => {
+            let text = read(&config.to_string_lossy())?;
+            let config: Value = serde_json::from_slice(&text)
+                .map_err(|e| format!("--config {}: {e}", config.display()))?;
+            serde_json::to_vec(&serde_json::json!({ "transformer_config": config }))
+                .expect("a JSON value serialises")
+        }
+    };
+    let fields = setup_fields(flags);
+    if fields.is_empty() {
+        return Ok(base);
+    }
+    if args.batch {
+        return Err("the setup flags describe one job, not a --batch".into());
+    }
+    let mut job: Value = serde_json::from_slice(&base).map_err(|e| format!("the job: {e}"))?;
+    let object = job
+        .as_object_mut()
+        .ok_or("the job must be a JSON object to take the setup flags")?;
+    object.extend(fields);
+    Ok(serde_json::to_vec(&job).expect("a JSON value serialises"))
+}
+
+/// The request fields the flags set.
+fn setup_fields(flags: &crate::config::JobFlags) -> serde_json::Map<String, Value> {
+    let mut fields = serde_json::Map::new();
+    let mut set = |key: &str, value: Option<Value>| {
+        if let Some(value) = value {
+            fields.insert(key.into(), value);
+        }
+    };
+    set("batch_size", flags.batch_size.map(Value::from));
+    set("seq_len", flags.seq_len.map(Value::from));
+    set("micro_batch_size", flags.micro_batch_size.map(Value::from));
+    set(
+        "gradient_accumulation_steps",
+        flags.gradient_accumulation_steps.map(Value::from),
+    );
+    set("precision", flags.precision.clone().map(Value::from));
+    set("optimizer", flags.optimizer.clone().map(Value::from));
+    set(
+        "activation_checkpointing",
+        flags.activation_checkpointing.as_deref().map(|c| match c {
+            "none" | "full" => Value::from(c),
+            modules => Value::from(modules.split(',').map(str::trim).collect::<Vec<_>>()),
+        }),
+    );
+    set(
+        "lora",
+        flags.lora_rank.map(|rank| {
+            let targets = match flags.lora_targets.as_deref() {
+                None | Some("all-linear") => Value::from("all-linear"),
+                Some(names) => Value::from(names.split(',').map(str::trim).collect::<Vec<_>>()),
+            };
+            let mut lora = serde_json::json!({
+                "rank": rank,
+                "alpha": flags.lora_alpha.unwrap_or(2.0 * rank as f64),
+                "target_modules": targets,
+            });
+            if let Some(base) = &flags.base_weights {
+                lora["base_weights"] = Value::from(base.as_str());
+            }
+            lora
+        }),
+    );
+    set("gpu", flags.gpu.clone().map(Value::from));
+    set("confidence", flags.confidence.map(Value::from));
+    fields
+}
+
+/// `gpucast gpus`: the catalogue, as a table for people or the JSON of `GET /v1/gpus`.
+pub fn gpus(format: OutputFormat) -> i32 {
+    let catalogue = Catalogue::builtin();
+    match format {
+        OutputFormat::Json => {
+            let value = serde_json::to_value(crate::http::gpus::catalogue_response(catalogue))
+                .expect("the catalogue serialises");
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&value).expect("JSON prints")
+            );
+        }
+        OutputFormat::Table => {
+            println!("{:<16} {:>10}  {:<7} name", "id", "memory MiB", "vendor");
+            for sku in catalogue.all() {
+                println!(
+                    "{:<16} {:>10}  {:<7} {}",
+                    sku.id,
+                    sku.capacity_mib,
+                    sku.vendor.as_str(),
+                    sku.name
+                );
+            }
+        }
+    }
+    0
 }
 
 /// The input, refused beyond `limit` bytes (read no further than one byte past it).

@@ -32,6 +32,11 @@ pub enum Command {
     /// Answer a job description (the JSON of POST /v1/estimate) from the command line with the
     /// committed models, no server; bad input exits 2 with the API's problem JSON.
     Estimate(EstimateArgs),
+    /// List the GPU catalogue: the names `--gpu` and requests take.
+    Gpus {
+        #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
+        format: OutputFormat,
+    },
 }
 
 /// How `gpucast estimate` prints its answer.
@@ -45,8 +50,13 @@ pub enum OutputFormat {
 
 #[derive(Debug, Clone, Args)]
 pub struct EstimateArgs {
-    /// The job description file (JSON), or `-` for standard input.
-    pub file: String,
+    /// The job description file (JSON: a request, or a Hugging Face config.json with the setup
+    /// beside its keys), or `-` for standard input. Not needed with `--config`.
+    pub file: Option<String>,
+
+    /// The setup, written into the job (over what the file says).
+    #[command(flatten)]
+    pub job: JobFlags,
 
     /// A batch: `{"items": [...]}` or a JSON array of jobs, answered as POST /v1/estimate/batch.
     #[arg(long)]
@@ -83,6 +93,52 @@ pub struct EstimateArgs {
     /// given or the directory holds a store; otherwise no profile applies.
     #[command(flatten)]
     pub store: StoreArgs,
+}
+
+/// The common questions as flags: `gpucast estimate --config config.json --seq-len 2048
+/// --batch-size 8 --micro-batch-size 1 --precision bf16 --lora-rank 16 --base-weights nf4
+/// --gpu rtx-4090`. Each sets the request field of the same name.
+#[derive(Debug, Clone, Default, Args)]
+pub struct JobFlags {
+    /// A Hugging Face config.json, as the hub serves it: the job's model.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    #[arg(long)]
+    pub batch_size: Option<u64>,
+    #[arg(long)]
+    pub seq_len: Option<u64>,
+    #[arg(long)]
+    pub micro_batch_size: Option<u64>,
+    #[arg(long)]
+    pub gradient_accumulation_steps: Option<u64>,
+    /// fp32, tf32, amp_fp16, amp_bf16, fp16, bf16.
+    #[arg(long)]
+    pub precision: Option<String>,
+    /// sgd, momentum, adam, adamw, adafactor, adam_8bit, adamw_8bit, paged_adamw,
+    /// paged_adamw_8bit.
+    #[arg(long)]
+    pub optimizer: Option<String>,
+    /// none, full, or module names separated by commas.
+    #[arg(long)]
+    pub activation_checkpointing: Option<String>,
+    /// LoRA on every linear layer but the head (`--lora-targets` to name them) at this rank.
+    #[arg(long)]
+    pub lora_rank: Option<u64>,
+    /// LoRA alpha; twice the rank when absent.
+    #[arg(long, requires = "lora_rank")]
+    pub lora_alpha: Option<f64>,
+    /// Module names the adapters go on, separated by commas (`all-linear` by default).
+    #[arg(long, requires = "lora_rank")]
+    pub lora_targets: Option<String>,
+    /// The frozen base under LoRA: same, nf4, int8.
+    #[arg(long, requires = "lora_rank")]
+    pub base_weights: Option<String>,
+    /// A catalogue GPU (`gpucast gpus` lists them), or `attached`.
+    #[arg(long)]
+    pub gpu: Option<String>,
+    /// The confidence of the bound and of `fits` (0.5 to 0.999).
+    #[arg(long)]
+    pub confidence: Option<f64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

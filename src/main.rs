@@ -5,9 +5,11 @@ use gpucast::startup::Application;
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    if let Command::Estimate(args) = &cli.command {
+    match &cli.command {
         // No runtime, no server: the answer and the exit status.
-        std::process::exit(gpucast::cli::estimate(args));
+        Command::Estimate(args) => std::process::exit(gpucast::cli::estimate(args)),
+        Command::Gpus { format } => std::process::exit(gpucast::cli::gpus(*format)),
+        _ => {}
     }
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
     // Estimates are CPU work on the blocking pool: more threads than cores only add memory
@@ -46,7 +48,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             eprintln!("gpucast: {written} observations exported");
             Ok(())
         }
-        Command::Estimate(_) => unreachable!("answered before the runtime starts"),
+        Command::Estimate(_) | Command::Gpus { .. } => {
+            unreachable!("answered before the runtime starts")
+        }
         Command::Serve(config) => {
             gpucast::telemetry::init(config.log_format);
             tracing::info!(?config, "starting");

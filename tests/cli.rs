@@ -176,3 +176,67 @@ fn input_beyond_the_body_limit_is_refused_unread() {
         "{output:?}"
     );
 }
+
+/// The common questions as flags over a hub config answer what the same request as JSON does.
+#[test]
+fn setup_flags_over_a_config_answer_as_the_request_would() {
+    let config = "tests/fixtures/transformer_configs/public/meta-llama__Llama-3.2-1B.json";
+    let from_flags = json(&gpucast(
+        &[
+            "estimate",
+            "--config",
+            config,
+            "--seq-len",
+            "1024",
+            "--batch-size",
+            "8",
+            "--micro-batch-size",
+            "2",
+            "--gradient-accumulation-steps",
+            "4",
+            "--precision",
+            "bf16",
+            "--lora-rank",
+            "16",
+            "--base-weights",
+            "nf4",
+            "--gpu",
+            "rtx4090",
+        ],
+        None,
+    ));
+    let text = std::fs::read_to_string(root().join(config)).unwrap();
+    let request = serde_json::json!({
+        "transformer_config": serde_json::from_str::<Value>(&text).unwrap(),
+        "seq_len": 1024, "batch_size": 8, "micro_batch_size": 2, "gradient_accumulation_steps": 4,
+        "precision": "bf16",
+        "lora": {"rank": 16, "alpha": 32.0, "target_modules": "all-linear", "base_weights": "nf4"},
+        "gpu": "rtx-4090",
+    });
+    let from_json = json(&gpucast(
+        &["estimate", "-"],
+        Some(request.to_string().as_bytes()),
+    ));
+    assert!(
+        from_flags["memory"]["estimate_mib"].as_f64().is_some(),
+        "{from_flags}"
+    );
+    assert_eq!(from_flags["memory"], from_json["memory"]);
+    assert!(from_flags["setup"]["lora_params"].as_f64().unwrap() > 0.0);
+    assert_eq!(from_flags["fit"]["gpu"], "rtx-4090");
+    let neither = gpucast(&["estimate"], None);
+    assert_eq!(neither.status.code(), Some(1));
+}
+
+#[test]
+fn gpus_lists_the_catalogue() {
+    let output = gpucast(&["gpus"], None);
+    assert!(output.status.success());
+    let table = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        table.contains("rtx-4090") && table.contains("mi300x"),
+        "{table}"
+    );
+    let listed = json(&gpucast(&["gpus", "--format", "json"], None));
+    assert!(listed["gpus"].as_array().unwrap().len() >= 32);
+}

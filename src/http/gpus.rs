@@ -3,7 +3,7 @@
 use axum::extract::State;
 use axum::Json;
 
-use crate::devices::sku::{Origin, Sku};
+use crate::devices::sku::{Catalogue, Origin, Sku};
 use crate::http::types::{GpuResponse, GpusResponse, SourceResponse};
 use crate::http::AppState;
 
@@ -11,9 +11,14 @@ use crate::http::AppState;
 /// figures estimates use.
 #[utoipa::path(get, path = "/v1/gpus", tag = "devices", responses((status = 200, body = GpusResponse)))]
 pub async fn gpus(State(state): State<AppState>) -> Json<GpusResponse> {
-    Json(GpusResponse {
-        gpus: state.catalogue.all().iter().map(gpu_response).collect(),
-    })
+    Json(catalogue_response(&state.catalogue))
+}
+
+/// The catalogue as `GET /v1/gpus` (and `gpucast gpus --format json`) serve it.
+pub fn catalogue_response(catalogue: &Catalogue) -> GpusResponse {
+    GpusResponse {
+        gpus: catalogue.all().iter().map(gpu_response).collect(),
+    }
 }
 
 fn gpu_response(sku: &Sku) -> GpuResponse {
