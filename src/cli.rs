@@ -13,7 +13,7 @@ use tokio::sync::Semaphore;
 
 use crate::calibration::db;
 use crate::calibration::store::{ProfileStore, DEFAULT_RETENTION};
-use crate::config::{EstimateArgs, OutputFormat};
+use crate::config::{located, EstimateArgs, OutputFormat};
 use crate::devices::sku::Catalogue;
 use crate::devices::watch::Sampler;
 use crate::devices::NoDevices;
@@ -267,8 +267,8 @@ fn out(text: &str) {
 /// the calibration profiles of the store when there is one (`--database-url`, or a store in
 /// `--data-dir`), no NVML.
 fn offline_state(args: &EstimateArgs) -> Result<AppState, String> {
-    let estimators =
-        Estimators::load(&args.models, &args.ort_dylib, 1).map_err(|e| e.to_string())?;
+    let (models, dylib) = (located(&args.models), located(&args.ort_dylib));
+    let estimators = Estimators::load(&models, &dylib, 1).map_err(|e| e.to_string())?;
     let store = &args.store;
     let database_url = store.database_url.as_ref().map(|u| u.expose());
     let stored = database_url.is_some() || store.data_dir.join(db::SQLITE_FILE).is_file();

@@ -1,7 +1,7 @@
 //! Command line and environment configuration.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
@@ -273,6 +273,26 @@ pub struct ServeConfig {
     /// built-in ones, or replace those with the same id. Checked at start-up.
     #[arg(long, env = "GPUCAST_GPUS")]
     pub gpus: Option<PathBuf>,
+}
+
+/// Where a relative path of the committed files (`models`, `.cache/onnxruntime/...`) is:
+/// the working directory when it is there; else beside the executable (an installed copy
+/// with `models/` and `.cache/` put next to it); else the checkout the binary was built from
+/// (`cargo install --path .` keeps working from any directory while the checkout stays).
+/// The path as given when none holds it, so that errors name what was asked for.
+pub fn located(path: &Path) -> PathBuf {
+    if path.is_absolute() || path.exists() {
+        return path.to_path_buf();
+    }
+    let beside_executable = std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|dir| dir.join(path)));
+    let in_checkout = Path::new(env!("CARGO_MANIFEST_DIR")).join(path);
+    beside_executable
+        .into_iter()
+        .chain(std::iter::once(in_checkout))
+        .find(|candidate| candidate.exists())
+        .unwrap_or_else(|| path.to_path_buf())
 }
 
 /// A database URL whose password never appears in logs or debug output.

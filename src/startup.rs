@@ -119,8 +119,8 @@ impl Application {
         let started = Instant::now();
         let estimators = {
             let (models, dylib, sessions) = (
-                config.models.clone(),
-                config.ort_dylib.clone(),
+                crate::config::located(&config.models),
+                crate::config::located(&config.ort_dylib),
                 config.sessions_per_model,
             );
             tokio::task::spawn_blocking(move || Estimators::load(&models, &dylib, sessions))
@@ -128,7 +128,7 @@ impl Application {
                 .expect("model loading does not panic")?
         };
         tracing::info!(
-            models = %config.models.display(),
+            models = %crate::config::located(&config.models).display(),
             estimators = estimators.all().len(),
             elapsed_ms = started.elapsed().as_millis() as u64,
             "estimators loaded and checked"

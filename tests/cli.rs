@@ -240,3 +240,20 @@ fn gpus_lists_the_catalogue() {
     let listed = json(&gpucast(&["gpus", "--format", "json"], None));
     assert!(listed["gpus"].as_array().unwrap().len() >= 32);
 }
+
+/// Installed with `cargo install --path .`, the binary finds the committed models and ONNX
+/// Runtime from any working directory (here an empty one, without ORT_DYLIB_PATH).
+#[test]
+fn the_binary_answers_from_any_directory() {
+    let elsewhere = tempfile::tempdir().unwrap();
+    let job = root().join("tests/fixtures/cli/llama_job.json");
+    let output = Command::new(env!("CARGO_BIN_EXE_gpucast"))
+        .args(["estimate", job.to_str().unwrap()])
+        .current_dir(elsewhere.path())
+        .env_remove("ORT_DYLIB_PATH")
+        .env_remove("GPUCAST_MODELS")
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    assert!(json(&output)["memory"]["estimate_mib"].as_f64().unwrap() > 0.0);
+}
