@@ -791,6 +791,14 @@ impl Job {
                 format!("the simulation ran {simulated}, the job's is {job}"),
             ))
         };
+        // describe's simulated step keeps everything on the GPU.
+        if self.setup.offload.any() {
+            return Err(JobError::Setup(SetupError::new(
+                "offload",
+                "a simulation is of a step that keeps everything on the GPU; leave out the \
+                 simulation (the analytic step models the offload) or the offload",
+            )));
+        }
         // A simulation that does not say ran none: describe simulates no checkpointing
         // unless asked, and says so when asked.
         let kind = raw.activation_checkpointing.unwrap_or("none");

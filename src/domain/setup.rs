@@ -377,6 +377,27 @@ pub struct Setup {
     pub trainable: Trainable,
     pub lora: Option<Lora>,
     pub parallelism: Parallelism,
+    pub offload: Offload,
+}
+
+/// What lives in CPU memory instead of the GPU's (DeepSpeed ZeRO-Offload, FSDP's
+/// `CPUOffload(offload_params=True)`, torchao's `CPUOffloadOptimizer`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Offload {
+    /// The optimizer's state, and its step, run on the CPU.
+    pub optimizer_state: bool,
+    /// Each gradient is copied to the CPU as backward produces it (accumulated there).
+    pub gradients: bool,
+    /// The weights live on the CPU; each unit (a repeated block) is brought in for its
+    /// forward and backward. Implies the gradients and the optimizer state (FSDP and ZeRO-3
+    /// offload them with the parameters).
+    pub parameters: bool,
+}
+
+impl Offload {
+    pub fn any(self) -> bool {
+        self.optimizer_state || self.gradients || self.parameters
+    }
 }
 
 impl Setup {
@@ -392,6 +413,7 @@ impl Setup {
             trainable: Trainable::All,
             lora: None,
             parallelism: Parallelism::default(),
+            offload: Offload::default(),
         }
     }
 
@@ -406,6 +428,7 @@ impl Setup {
         ) && self.optimizer.is_classic()
             && self.implementation == OptimizerImplementation::Foreach
             && self.checkpointing == Checkpointing::None
+            && !self.offload.any()
             && self.accumulation == 1
             && self.trainable == Trainable::All
             && self.lora.is_none()
@@ -426,6 +449,14 @@ pub struct UncheckedSetup<'a> {
     pub trainable_modules: Option<&'a [String]>,
     pub lora: Option<UncheckedLora<'a>>,
     pub parallelism: Option<UncheckedParallelism<'a>>,
+    pub offload: Option<UncheckedOffload>,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+pub struct UncheckedOffload {
+    pub optimizer_state: Option<bool>,
+    pub gradients: Option<bool>,
+    pub parameters: Option<bool>,
 }
 
 /// A keyword (`none`, `full`, `all-linear`) or a list of names.
@@ -747,6 +778,7 @@ impl Setup {
                  (trainable.modules, e.g. a classifier head) instead of a count",
             ));
         }
+        let offload = offload(raw.offload, parallelism)?;
         Ok(Setup {
             precision,
             optimizer,
@@ -757,8 +789,40 @@ impl Setup {
             trainable,
             lora,
             parallelism,
+            offload,
         })
     }
+}
+
+/// What is offloaded. Parameters go with their gradients and optimizer state (as FSDP's
+/// `CPUOffload(offload_params=True)` and ZeRO-3's `offload_param` do), and only where the
+/// weights are sharded by units (`fsdp`, `zero3`; one GPU may run ZeRO-3 alone).
+fn offload(raw: Option<UncheckedOffload>, parallelism: Parallelism) -> Result<Offload, SetupError> {
+    let Some(raw) = raw else {
+        return Ok(Offload::default());
+    };
+    let parameters = raw.parameters.unwrap_or(false);
+    if parameters {
+        if raw.gradients == Some(false) || raw.optimizer_state == Some(false) {
+            return Err(SetupError::new(
+                "offload.parameters",
+                "offloaded parameters take their gradients and optimizer state with them \
+                 (FSDP CPUOffload, ZeRO-3 offload_param): leave those out or true",
+            ));
+        }
+        if !matches!(parallelism.strategy, Strategy::Fsdp | Strategy::Zero3) {
+            return Err(SetupError::new(
+                "offload.parameters",
+                "parameters are offloaded unit by unit by FSDP or ZeRO-3: set \
+                 parallelism.strategy to fsdp or zero3 (world_size 1 is allowed)",
+            ));
+        }
+    }
+    Ok(Offload {
+        optimizer_state: parameters || raw.optimizer_state.unwrap_or(false),
+        gradients: parameters || raw.gradients.unwrap_or(false),
+        parameters,
+    })
 }
 
 /// The micro-batch: given, or `batch_size / accumulation` (and divided by the data-parallel

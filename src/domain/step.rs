@@ -489,6 +489,21 @@ pub fn analytic_step(job: &Job) -> StepMemory {
         }
     };
     let optimizer_temporaries = optimizer_temporaries / model_parallel / by(shard_state);
+    // Offloaded to the CPU: the optimizer's state and its step (nothing of either stays);
+    // the gradients, copied out as backward makes them (one tensor on the GPU at a time);
+    // the weights, of which the GPU holds only the units gathered (the collective buffers).
+    let offload = setup.offload;
+    let (state_gpu, paged_gpu, optimizer_temporaries) = if offload.optimizer_state {
+        (0.0, 0.0, 0.0)
+    } else {
+        (state_gpu, paged_gpu, optimizer_temporaries)
+    };
+    let gradients_gpu = if offload.gradients {
+        (largest_gradient / model_parallel).min(gradients_gpu)
+    } else {
+        gradients_gpu
+    };
+    let weights_gpu = if offload.parameters { 0.0 } else { weights_gpu };
     // Tensor and context parallelism split the activations; the first pipeline stage keeps
     // up to `pipeline` micro-batches of its 1/pipeline of the layers in flight (1F1B).
     let in_flight = (p.pipeline.min(setup.accumulation.max(1))) as f64 / p.pipeline as f64;
@@ -501,7 +516,7 @@ pub fn analytic_step(job: &Job) -> StepMemory {
         2.0
     };
     let collective = match p.strategy {
-        _ if p.data() <= 1 => 0.0,
+        _ if p.data() <= 1 && !offload.parameters => 0.0,
         Strategy::None => 0.0,
         // DDP's buckets hold a flat copy of every gradient.
         Strategy::Ddp => unsharded_gradients,
@@ -534,7 +549,8 @@ pub fn analytic_step(job: &Job) -> StepMemory {
     } else {
         0.0
     };
-    let accumulating = setup.accumulation > 1;
+    // Accumulated gradients stay on the GPU between micro-batches, unless offloaded.
+    let accumulating = setup.accumulation > 1 && !offload.gradients;
     let first_gradients = if accumulating {
         gradients_gpu
     } else {

@@ -19,9 +19,9 @@ use crate::estimators::{ClassAnswer, Estimate, EstimateError, Query};
 use crate::http::types::{
     BreakdownResponse, BreakdownSourceName, CalibrationResponse, EstimateResponse, EstimatorAnswer,
     ExtrapolationResponse, FitBasisName, FitResponse, GpuRankResponse, LatencyResponse,
-    MemoryClassResponse, MemoryResponse, ParallelismResponse, PeakMomentName, PerformanceBoundName,
-    PerformanceResponse, PerformanceSourceName, SetupResponse, UncertaintyResponse,
-    UtilizationResponse, UtilizationSourceName,
+    MemoryClassResponse, MemoryResponse, OffloadResponse, ParallelismResponse, PeakMomentName,
+    PerformanceBoundName, PerformanceResponse, PerformanceSourceName, SetupResponse,
+    UncertaintyResponse, UtilizationResponse, UtilizationSourceName,
 };
 use crate::http::validate::ValidEstimateRequest;
 use crate::http::AppState;
@@ -344,6 +344,11 @@ fn setup_response(job: &Job) -> SetupResponse {
             tensor_parallel: p.tensor,
             pipeline_parallel: p.pipeline,
             context_parallel: p.context,
+        },
+        offload: OffloadResponse {
+            optimizer_state: setup.offload.optimizer_state,
+            gradients: setup.offload.gradients,
+            parameters: setup.offload.parameters,
         },
         learned_estimators_apply: job.learned_estimators_apply(),
     }

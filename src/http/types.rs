@@ -89,6 +89,10 @@ pub struct EstimateRequest {
     /// parallel degrees. The answer is for the most loaded GPU.
     #[serde(default)]
     pub parallelism: Option<ParallelismRequest>,
+    /// What lives in CPU memory instead (DeepSpeed ZeRO-Offload, FSDP `CPUOffload`, torchao's
+    /// `CPUOffloadOptimizer`).
+    #[serde(default)]
+    pub offload: Option<OffloadRequest>,
     /// Per-sample input shape, e.g. `[3, 224, 224]`: sizes the layers of a `module_print` summary
     /// with convolutions (otherwise informational for most estimators).
     #[serde(default, deserialize_with = "whole_number::optional_list")]
@@ -247,6 +251,32 @@ pub struct LoraRequest {
 
 /// The GPU layout. `world_size` = data x `tensor_parallel` x `pipeline_parallel` x
 /// `context_parallel`.
+/// CPU offload. `parameters` (FSDP `CPUOffload(offload_params=True)`, ZeRO-3
+/// `offload_param`; needs `parallelism.strategy` fsdp or zero3) takes the gradients and the
+/// optimizer state with them.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"optimizer_state": true}))]
+pub struct OffloadRequest {
+    /// The optimizer's state and step on the CPU (ZeRO-Offload, torchao CPUOffloadOptimizer).
+    #[serde(default)]
+    pub optimizer_state: Option<bool>,
+    /// Each gradient copied to the CPU as backward makes it (torchao `offload_gradients`).
+    #[serde(default)]
+    pub gradients: Option<bool>,
+    /// The weights on the CPU, each unit brought in for its forward and backward.
+    #[serde(default)]
+    pub parameters: Option<bool>,
+}
+
+/// What is offloaded, as understood.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct OffloadResponse {
+    pub optimizer_state: bool,
+    pub gradients: bool,
+    pub parameters: bool,
+}
+
 #[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 #[schema(example = json!({"strategy": "fsdp", "world_size": 8}))]
@@ -875,6 +905,7 @@ pub struct SetupResponse {
     /// Of them, LoRA adapter parameters.
     pub lora_params: u64,
     pub parallelism: ParallelismResponse,
+    pub offload: OffloadResponse,
     /// True when the learned estimators know this setup (one GPU, every parameter trained,
     /// fp32/tf32 or fp16 autocast, sgd/momentum/adam/adamw, no checkpointing or
     /// accumulation); otherwise physics answers alone.

@@ -7,7 +7,7 @@ use crate::calibration::placement::{PlacementError, Target};
 use crate::devices::sku::Catalogue;
 use crate::devices::GpuDevices;
 use crate::domain::saved;
-use crate::domain::setup::{UncheckedLora, UncheckedNames, UncheckedParallelism};
+use crate::domain::setup::{UncheckedLora, UncheckedNames, UncheckedOffload, UncheckedParallelism};
 use crate::domain::summary::{parse_summary, SampleShape, SummaryFormat};
 use crate::domain::transformer;
 use crate::domain::{
@@ -381,6 +381,11 @@ fn unchecked_setup(request: &EstimateRequest) -> UncheckedSetup<'_> {
             tensor_parallel: p.tensor_parallel,
             pipeline_parallel: p.pipeline_parallel,
             context_parallel: p.context_parallel,
+        }),
+        offload: request.offload.as_ref().map(|o| UncheckedOffload {
+            optimizer_state: o.optimizer_state,
+            gradients: o.gradients,
+            parameters: o.parameters,
         }),
     }
 }

@@ -12,8 +12,9 @@
 //!   base puts on the training step (`memory.base_correction`).
 //! - The figure never shrinks as the batch grows (timm held-out jobs, traced).
 //! - Jobs from config.json, the hub's and 40 random decoders: SGD, 8-bit or factored state,
-//!   checkpointing, pure bf16, LoRA, QLoRA over LoRA, more FSDP sharding, a shorter sequence
-//!   and a smaller batch never raise the figure, nor the bound within a level; accumulation
+//!   checkpointing, pure bf16, LoRA, QLoRA over LoRA, more FSDP sharding, CPU offload of the
+//!   optimizer state, the gradients or the parameters, a shorter sequence and a smaller batch
+//!   never raise the figure, nor the bound within a level; accumulation
 //!   sits between one micro-batch's peak and that plus the gradients it holds.
 //!
 //! In process, as floor_sweep does: `answer_items` is what the batch route runs.
@@ -316,6 +317,21 @@ async fn config_jobs_obey_the_memory_saving_changes_and_grow_with_batch_and_sequ
             json!({"parallelism": fsdp(8)}),
         ),
         ("shorter sequence", json!({}), json!({"seq_len": 256})),
+        (
+            "optimizer state offloaded",
+            json!({}),
+            json!({"offload": {"optimizer_state": true}}),
+        ),
+        (
+            "gradients offloaded",
+            json!({}),
+            json!({"offload": {"gradients": true}}),
+        ),
+        (
+            "parameters offloaded",
+            json!({"parallelism": fsdp(2)}),
+            json!({"offload": {"parameters": true}}),
+        ),
         ("smaller batch", json!({}), json!({"batch_size": 2})),
     ];
     let configs = transformer_configs(40);

@@ -750,3 +750,19 @@ fn estimators_figure(body: &Value, name: &str) -> f64 {
         .as_f64()
         .unwrap()
 }
+
+/// describe simulates a step that keeps everything on the GPU: with offload the simulation is
+/// of another setup, a 422 naming `offload`.
+#[tokio::test]
+async fn a_simulation_is_not_of_an_offloaded_step() {
+    let app = spawn_app().await;
+    let mut job = simulated_job(64);
+    job["offload"] = json!({"optimizer_state": true});
+    let response = app.post_json("/v1/estimate", &job).await;
+    assert_eq!(response.status(), 422);
+    let problem: Value = response.json().await.unwrap();
+    assert!(
+        problem["detail"].as_str().unwrap().starts_with("offload"),
+        "{problem}"
+    );
+}

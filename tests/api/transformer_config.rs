@@ -339,3 +339,66 @@ async fn a_bare_hub_config_with_the_setup_beside_it_is_a_request() {
         .await;
     assert_eq!(response.status(), 422);
 }
+
+/// CPU offload through the one step: the optimizer's state leaves the GPU; offloaded
+/// parameters leave only the gathered units (and take gradients and state along); the setup
+/// says what was understood; what cannot be offloaded, or simulated with offload, is a 422
+/// naming the field.
+#[tokio::test]
+async fn offload_moves_state_gradients_and_weights_off_the_gpu() {
+    let app = spawn_app().await;
+    let path = repo_root()
+        .join("tests/fixtures/transformer_configs/public/meta-llama__Llama-2-7b-hf.json");
+    let config: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let job = |extra: Value| {
+        let mut job = json!({"transformer_config": config, "batch_size": 1, "seq_len": 1024,
+                             "precision": "bf16", "optimizer": "adamw", "gpu": "a100-80gb",
+                             "parallelism": {"strategy": "fsdp", "world_size": 2}});
+        for (k, v) in extra.as_object().unwrap() {
+            job[k] = v.clone();
+        }
+        job
+    };
+    let breakdown = |answer: &Value, k: &str| answer["memory"]["breakdown"][k].as_f64().unwrap();
+    let plain: Value = app.post_json_value("/v1/estimate", &job(json!({}))).await;
+    let state: Value = app
+        .post_json_value(
+            "/v1/estimate",
+            &job(json!({"offload": {"optimizer_state": true}})),
+        )
+        .await;
+    let params: Value = app
+        .post_json_value(
+            "/v1/estimate",
+            &job(json!({"offload": {"parameters": true}})),
+        )
+        .await;
+    assert!(breakdown(&plain, "optimizer_state") > 1000.0, "{plain}");
+    assert_eq!(breakdown(&state, "optimizer_state"), 0.0, "{state}");
+    assert_eq!(breakdown(&params, "parameters"), 0.0, "{params}");
+    assert!(breakdown(&params, "collective_buffers") > 0.0, "{params}");
+    let figure = |a: &Value| a["memory"]["estimate_mib"].as_f64().unwrap();
+    assert!(figure(&params) < figure(&state) && figure(&state) < figure(&plain));
+    assert_eq!(
+        params["setup"]["offload"],
+        json!({"optimizer_state": true, "gradients": true, "parameters": true})
+    );
+    for (extra, field) in [
+        (
+            json!({"offload": {"parameters": true}, "parallelism": {"strategy": "ddp", "world_size": 2}}),
+            "offload.parameters",
+        ),
+        (
+            json!({"offload": {"parameters": true, "gradients": false}}),
+            "offload.parameters",
+        ),
+    ] {
+        let response = app.post_json("/v1/estimate", &job(extra)).await;
+        assert_eq!(response.status(), 422);
+        let problem: Value = response.json().await.unwrap();
+        assert!(
+            problem["detail"].as_str().unwrap().starts_with(field),
+            "{problem}"
+        );
+    }
+}
