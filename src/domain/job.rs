@@ -667,6 +667,13 @@ impl Job {
         let Some(lora) = &setup.lora else {
             return Ok(());
         };
+        if !lora.modules_to_save.is_empty() {
+            each_names_a_layer(
+                "lora.modules_to_save",
+                &lora.modules_to_save,
+                step::inside_named,
+            )?;
+        }
         let targets: Vec<usize> = match &lora.targets {
             LoraTargets::AllLinear => {
                 let linear: Vec<usize> = (0..self.layers.len())

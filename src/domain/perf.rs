@@ -1417,6 +1417,7 @@ mod tests {
                         dropout: None,
                         target_modules: UncheckedNames::Names(&targets),
                         base_weights: None,
+                        modules_to_save: None,
                     }),
                     ..plain()
                 },

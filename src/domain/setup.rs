@@ -282,6 +282,8 @@ pub struct Lora {
     pub dropout: f64,
     pub targets: LoraTargets,
     pub base_weights: BaseWeights,
+    /// PEFT's `modules_to_save`: a trained copy of each beside the frozen original.
+    pub modules_to_save: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -473,6 +475,7 @@ pub struct UncheckedLora<'a> {
     pub dropout: Option<f64>,
     pub target_modules: UncheckedNames<'a>,
     pub base_weights: Option<&'a str>,
+    pub modules_to_save: Option<&'a [String]>,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -645,12 +648,17 @@ fn lora(raw: Option<UncheckedLora<'_>>) -> Result<Option<Lora>, SetupError> {
             )
         })?,
     };
+    let modules_to_save = match raw.modules_to_save {
+        None => Vec::new(),
+        Some(list) => names("lora.modules_to_save", list)?,
+    };
     Ok(Some(Lora {
         rank: raw.rank,
         alpha,
         dropout,
         targets,
         base_weights,
+        modules_to_save,
     }))
 }
 
@@ -1004,6 +1012,7 @@ mod tests {
                 dropout: None,
                 target_modules: UncheckedNames::Names(&targets),
                 base_weights: base,
+                modules_to_save: None,
             }),
             ..Default::default()
         };
@@ -1023,6 +1032,7 @@ mod tests {
                 dropout: None,
                 target_modules: UncheckedNames::Keyword("everything"),
                 base_weights: None,
+                modules_to_save: None,
             }),
             ..Default::default()
         };
@@ -1034,6 +1044,7 @@ mod tests {
                 dropout: Some(1.0),
                 target_modules: UncheckedNames::Keyword("all-linear"),
                 base_weights: None,
+                modules_to_save: None,
             }),
             ..Default::default()
         };

@@ -138,6 +138,15 @@ pub fn names_target(name: &str, target: &str) -> bool {
             && name.as_bytes()[name.len() - target.len() - 1] == b'.')
 }
 
+/// Whether layer `name` is the module PEFT's `modules_to_save` entry `module` names, or inside
+/// it: `module` is the whole name, its last dotted components, or such components followed by
+/// more (`score` holds the layers `score`, `model.score` and `model.score.dense`).
+pub fn inside_named(name: &str, module: &str) -> bool {
+    names_target(name, module)
+        || name.starts_with(&format!("{module}."))
+        || name.contains(&format!(".{module}."))
+}
+
 /// The repeated blocks of a model: layers grouped by `prefix.<index>` at the first numeric
 /// component of their names, for every prefix with at least two indices (a decoder's
 /// `model.layers.0..31`, a ViT's `blocks.0..11`, each ResNet stage's blocks). Each block is
@@ -290,17 +299,26 @@ pub fn analytic_step(job: &Job) -> StepMemory {
         Trainable::Params(n) if total_params > 0.0 => (n as f64 / total_params).min(1.0),
         _ => 1.0,
     };
+    // PEFT's modules_to_save: a trained copy beside each frozen original.
+    let saved = |i: usize| {
+        lora.is_some_and(|l| {
+            detail(i)
+                .and_then(|d| d.name.as_deref())
+                .is_some_and(|name| l.modules_to_save.iter().any(|m| inside_named(name, m)))
+        })
+    };
     let plans: Vec<LayerPlan> = layers
         .iter()
         .enumerate()
         .map(|(i, layer)| {
             let params = layer.params as f64;
-            let base_trains = match (&setup.trainable, lora) {
-                (Trainable::Modules(modules), _) => in_modules(i, modules),
-                (_, Some(_)) => false,
-                (Trainable::Params(_), None) => true,
-                (Trainable::All, None) => true,
-            };
+            let base_trains = saved(i)
+                || match (&setup.trainable, lora) {
+                    (Trainable::Modules(modules), _) => in_modules(i, modules),
+                    (_, Some(_)) => false,
+                    (Trainable::Params(_), None) => true,
+                    (Trainable::All, None) => true,
+                };
             let trainable = if base_trains {
                 params * trainable_share
             } else {
@@ -334,7 +352,7 @@ pub fn analytic_step(job: &Job) -> StepMemory {
                     };
                     params * (storage + cast)
                 }
-            };
+            } + if saved(i) { params * storage } else { 0.0 };
             // Adafactor factors every matrix: linear weights by their shape, embedding tables
             // by a square guess (their vocabulary is not in the layer list).
             let shape = matches!(layer.kind, LayerKind::Linear | LayerKind::Embedding)

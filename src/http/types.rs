@@ -247,10 +247,13 @@ pub struct LoraRequest {
     /// The frozen base: `same` (the job's precision, default), `int8` or `nf4` (QLoRA).
     #[serde(default)]
     pub base_weights: Option<String>,
+    /// PEFT's `modules_to_save` (e.g. `["embed_tokens", "lm_head"]`, a classifier `score`):
+    /// each gets a trained copy beside the frozen original, with its gradients and optimizer
+    /// state.
+    #[serde(default)]
+    pub modules_to_save: Option<Vec<String>>,
 }
 
-/// The GPU layout. `world_size` = data x `tensor_parallel` x `pipeline_parallel` x
-/// `context_parallel`.
 /// CPU offload. `parameters` (FSDP `CPUOffload(offload_params=True)`, ZeRO-3
 /// `offload_param`; needs `parallelism.strategy` fsdp or zero3) takes the gradients and the
 /// optimizer state with them.
@@ -277,6 +280,8 @@ pub struct OffloadResponse {
     pub parameters: bool,
 }
 
+/// The GPU layout. `world_size` = data x `tensor_parallel` x `pipeline_parallel` x
+/// `context_parallel`.
 #[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 #[schema(example = json!({"strategy": "fsdp", "world_size": 8}))]

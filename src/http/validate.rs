@@ -374,6 +374,7 @@ fn unchecked_setup(request: &EstimateRequest) -> UncheckedSetup<'_> {
             dropout: l.dropout,
             target_modules: names(&l.target_modules),
             base_weights: l.base_weights.as_deref(),
+            modules_to_save: l.modules_to_save.as_deref(),
         }),
         parallelism: request.parallelism.as_ref().map(|p| UncheckedParallelism {
             strategy: p.strategy.as_deref(),

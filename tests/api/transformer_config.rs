@@ -402,3 +402,60 @@ async fn offload_moves_state_gradients_and_weights_off_the_gpu() {
         );
     }
 }
+
+/// PEFT's modules_to_save: the embeddings and the head get trained copies beside their frozen
+/// originals, each with gradients and optimizer state: the trainable count grows by their
+/// parameters, and the figure by at least copy + gradients + Adam state of them; a name that
+/// names no layer is a 422.
+#[tokio::test]
+async fn modules_to_save_add_trained_copies_with_gradients_and_state() {
+    let app = spawn_app().await;
+    let path = repo_root()
+        .join("tests/fixtures/transformer_configs/public/meta-llama__Llama-2-7b-hf.json");
+    let config: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let job = |saved: Option<Value>| {
+        let mut lora = json!({"rank": 16, "target_modules": "all-linear"});
+        if let Some(saved) = saved {
+            lora["modules_to_save"] = saved;
+        }
+        json!({"transformer_config": config, "batch_size": 1, "seq_len": 512,
+               "precision": "bf16", "optimizer": "adamw", "gpu": "a100-80gb", "lora": lora})
+    };
+    let plain: Value = app.post_json_value("/v1/estimate", &job(None)).await;
+    let saved: Value = app
+        .post_json_value(
+            "/v1/estimate",
+            &job(Some(json!(["embed_tokens", "lm_head"]))),
+        )
+        .await;
+    let trainable = |a: &Value| a["setup"]["trainable_params"].as_f64().unwrap();
+    // Llama-2-7B: 32,000 x 4,096 in the embeddings and again in the head.
+    let copied = 2.0 * 32_000.0 * 4_096.0;
+    assert!(
+        (trainable(&saved) - trainable(&plain) - copied).abs() < 1.0,
+        "{}",
+        saved["setup"]
+    );
+    let figure = |a: &Value| a["memory"]["estimate_mib"].as_f64().unwrap();
+    // Whichever moment peaks holds the bf16 copy and its two bf16 Adam moments (6 bytes a
+    // parameter); the optimizer's step holds their gradients too.
+    let at_least = copied * 6.0 / 1_048_576.0;
+    assert!(
+        figure(&saved) - figure(&plain) >= 0.95 * at_least,
+        "{} -> {}",
+        figure(&plain),
+        figure(&saved)
+    );
+    let response = app
+        .post_json("/v1/estimate", &job(Some(json!(["no_such_module"]))))
+        .await;
+    assert_eq!(response.status(), 422);
+    let problem: Value = response.json().await.unwrap();
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with("lora.modules_to_save"),
+        "{problem}"
+    );
+}
