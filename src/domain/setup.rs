@@ -380,6 +380,10 @@ pub struct Setup {
     pub lora: Option<Lora>,
     pub parallelism: Parallelism,
     pub offload: Offload,
+    /// With pure 16-bit weights: an fp32 master copy kept with the optimizer state (and
+    /// sharded with it), the step run in fp32 on it (DeepSpeed's bf16/fp16 modes, and
+    /// mixed-precision optimizers generally).
+    pub fp32_master: bool,
 }
 
 /// What lives in CPU memory instead of the GPU's (DeepSpeed ZeRO-Offload, FSDP's
@@ -416,6 +420,7 @@ impl Setup {
             lora: None,
             parallelism: Parallelism::default(),
             offload: Offload::default(),
+            fp32_master: false,
         }
     }
 
@@ -452,6 +457,7 @@ pub struct UncheckedSetup<'a> {
     pub lora: Option<UncheckedLora<'a>>,
     pub parallelism: Option<UncheckedParallelism<'a>>,
     pub offload: Option<UncheckedOffload>,
+    pub master_weights: Option<&'a str>,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -787,6 +793,26 @@ impl Setup {
             ));
         }
         let offload = offload(raw.offload, parallelism)?;
+        let fp32_master = match raw.master_weights.map(str::to_ascii_lowercase).as_deref() {
+            None | Some("none") => false,
+            Some("fp32") if precision.is_pure_16bit() => true,
+            Some("fp32") => {
+                return Err(SetupError::new(
+                    "master_weights",
+                    format!(
+                        "an fp32 master copy goes with 16-bit weights (bf16 or fp16); {} keeps \
+                         its weights in fp32 already",
+                        precision.as_str()
+                    ),
+                ))
+            }
+            Some(other) => {
+                return Err(SetupError::new(
+                    "master_weights",
+                    format!("unknown '{}' (known: none, fp32)", echo(other)),
+                ))
+            }
+        };
         Ok(Setup {
             precision,
             optimizer,
@@ -798,6 +824,7 @@ impl Setup {
             lora,
             parallelism,
             offload,
+            fp32_master,
         })
     }
 }

@@ -272,6 +272,8 @@ pub fn analytic_step(job: &Job) -> StepMemory {
     let detail = |i: usize| details.get(i);
     let precision = setup.precision;
     let storage = precision.storage_bytes();
+    // The optimizer's elements: the weights' dtype, or fp32 beside an fp32 master copy.
+    let state_storage = if setup.fp32_master { 4.0 } else { storage };
     let head = layers.iter().rposition(|l| l.kind == LayerKind::Linear);
     let total_params: f64 = layers.iter().map(|l| l.params as f64).sum();
 
@@ -361,13 +363,18 @@ pub fn analytic_step(job: &Job) -> StepMemory {
                 trainable,
                 adapters,
                 weight_bytes,
+                // An fp32 master copy of what trains goes with the state.
                 state_elements_bytes: state_bytes(
                     setup.optimizer,
                     trainable,
-                    storage,
+                    state_storage,
                     layer,
                     shape,
-                ),
+                ) + if setup.fp32_master {
+                    trainable * 4.0
+                } else {
+                    0.0
+                },
             }
         })
         .collect();
@@ -388,7 +395,9 @@ pub fn analytic_step(job: &Job) -> StepMemory {
         0.0
     };
     let state: f64 = plans.iter().map(|p| p.state_elements_bytes).sum::<f64>() + adapter_state;
-    let state_element_bytes = |p: &LayerPlan| p.trainable * storage + p.adapters * ADAPTER_BYTES;
+    let state_element_bytes =
+        |p: &LayerPlan| p.trainable * state_storage + p.adapters * ADAPTER_BYTES;
+    let gradient_bytes = |p: &LayerPlan| p.trainable * storage + p.adapters * ADAPTER_BYTES;
     // The optimizer's temporaries: foreach Adam/Adafactor take one copy of the state's size
     // (the sqrt of the second moments, for all parameters at once); the for-loop one
     // parameter's; fused kernels and bitsandbytes' none to speak of.
@@ -401,7 +410,14 @@ pub fn analytic_step(job: &Job) -> StepMemory {
             plans.iter().map(state_element_bytes).fold(0.0, f64::max)
         }
     };
-    let largest_gradient = plans.iter().map(state_element_bytes).fold(0.0, f64::max);
+    // With an fp32 master the step also takes an fp32 copy of the gradients it applies.
+    let optimizer_temporaries = optimizer_temporaries
+        + if setup.fp32_master {
+            plans.iter().map(|p| p.trainable * 4.0).sum()
+        } else {
+            0.0
+        };
+    let largest_gradient = plans.iter().map(gradient_bytes).fold(0.0, f64::max);
 
     // Activations kept for backward at the micro-batch, by layer in proportion to its output.
     let micro = setup.micro_batch_size as f64;

@@ -350,6 +350,7 @@ fn setup_response(job: &Job) -> SetupResponse {
             gradients: setup.offload.gradients,
             parameters: setup.offload.parameters,
         },
+        master_weights: if setup.fp32_master { "fp32" } else { "none" }.into(),
         learned_estimators_apply: job.learned_estimators_apply(),
     }
 }

@@ -93,6 +93,11 @@ pub struct EstimateRequest {
     /// `CPUOffloadOptimizer`).
     #[serde(default)]
     pub offload: Option<OffloadRequest>,
+    /// With `precision` bf16 or fp16: `fp32` keeps an fp32 master copy of what trains with the
+    /// optimizer state (sharded with it by ZeRO), the step run on it in fp32, as DeepSpeed's
+    /// bf16/fp16 modes do; `none` (default) steps the 16-bit weights themselves.
+    #[serde(default)]
+    pub master_weights: Option<String>,
     /// Per-sample input shape, e.g. `[3, 224, 224]`: sizes the layers of a `module_print` summary
     /// with convolutions (otherwise informational for most estimators).
     #[serde(default, deserialize_with = "whole_number::optional_list")]
@@ -911,6 +916,8 @@ pub struct SetupResponse {
     pub lora_params: u64,
     pub parallelism: ParallelismResponse,
     pub offload: OffloadResponse,
+    /// `fp32` when an fp32 master copy goes with the optimizer state, else `none`.
+    pub master_weights: String,
     /// True when the learned estimators know this setup (one GPU, every parameter trained,
     /// fp32/tf32 or fp16 autocast, sgd/momentum/adam/adamw, no checkpointing or
     /// accumulation); otherwise physics answers alone.

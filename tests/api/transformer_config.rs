@@ -459,3 +459,67 @@ async fn modules_to_save_add_trained_copies_with_gradients_and_state() {
         "{problem}"
     );
 }
+
+/// DeepSpeed's bf16 mode: 16-bit weights and gradients on every rank, an fp32 master copy with
+/// the fp32 Adam state, both sharded by ZeRO. Against the same job under amp_bf16 (fp32
+/// weights and gradients everywhere), the ZeRO-2 figure falls; against pure bf16 (no master),
+/// it rises by the master's share; an fp32 master beside fp32 weights is a 422.
+#[tokio::test]
+async fn an_fp32_master_goes_with_the_sharded_optimizer_state() {
+    let app = spawn_app().await;
+    let path =
+        repo_root().join("tests/fixtures/transformer_configs/public/meta-llama__Llama-3.2-1B.json");
+    let config: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let job = |precision: &str, master: Option<&str>| {
+        let mut job = json!({"transformer_config": config, "batch_size": 4, "seq_len": 512,
+                             "precision": precision, "optimizer": "adamw", "gpu": "a100-80gb",
+                             "parallelism": {"strategy": "zero2", "world_size": 8}});
+        if let Some(m) = master {
+            job["master_weights"] = m.into();
+        }
+        job
+    };
+    let figure = |a: &Value| a["memory"]["estimate_mib"].as_f64().unwrap();
+    let state = |a: &Value| {
+        a["memory"]["breakdown"]["optimizer_state"]
+            .as_f64()
+            .unwrap()
+    };
+    let amp: Value = app
+        .post_json_value("/v1/estimate", &job("amp_bf16", None))
+        .await;
+    let pure: Value = app
+        .post_json_value("/v1/estimate", &job("bf16", None))
+        .await;
+    let master: Value = app
+        .post_json_value("/v1/estimate", &job("bf16", Some("fp32")))
+        .await;
+    assert_eq!(master["setup"]["master_weights"], "fp32");
+    assert!(
+        figure(&master) < figure(&amp),
+        "{} vs {}",
+        figure(&master),
+        figure(&amp)
+    );
+    assert!(figure(&master) > figure(&pure));
+    // Adam's two moments in fp32 and the master: 12 bytes a parameter over 8 ranks, against
+    // pure bf16's 4 bytes over 8: three times the state.
+    assert!(
+        (state(&master) / state(&pure) - 3.0).abs() < 0.01,
+        "{} vs {}",
+        state(&master),
+        state(&pure)
+    );
+    let response = app
+        .post_json("/v1/estimate", &job("amp_bf16", Some("fp32")))
+        .await;
+    assert_eq!(response.status(), 422);
+    let problem: Value = response.json().await.unwrap();
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with("master_weights"),
+        "{problem}"
+    );
+}
