@@ -368,10 +368,10 @@ async fn browser_shaped_writes_are_refused_on_loopback() {
     assert_eq!(response.status(), 200);
 }
 
-/// Bodies take their bytes from one budget over every connection before they are read: with
-/// room for one 2 MiB body, a second body is refused at once while the first trickles, the
-/// probes and bodiless requests still answer, and the room comes back when the first is
-/// answered 408.
+/// Large bodies take their bytes from one budget over every connection before they are read:
+/// with room for one 2 MiB body, a second large body is refused at once while the first
+/// trickles, while small ones (a single estimate), the probes and bodiless requests still
+/// answer, and the room comes back when the first is answered 408.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bodies_in_flight_are_held_to_one_budget() {
     let mut config = config();
@@ -387,14 +387,17 @@ async fn bodies_in_flight_are_held_to_one_budget() {
     })
     .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let refused = app.post_json("/v1/estimate", &example_job()).await;
+    let large = serde_json::json!({"items": vec![example_job(); 400]});
+    let refused = app.post_json("/v1/estimate/batch", &large).await;
     assert_eq!(refused.status(), 503);
     assert!(refused.headers().contains_key("retry-after"));
+    let small = app.post_json("/v1/estimate", &example_job()).await;
+    assert_eq!(small.status(), 200, "a single estimate is not refused");
     assert_eq!(app.get("/healthz").await.status(), 200);
     assert_eq!(app.get("/v1/gpus").await.status(), 200);
     let (status, _) = blocking(move || status_within(&mut trickling, Duration::from_secs(8))).await;
     assert_eq!(status, Some(408));
-    let answered = app.post_json("/v1/estimate", &example_job()).await;
+    let answered = app.post_json("/v1/estimate/batch", &large).await;
     assert_eq!(answered.status(), 200, "the budget is back");
 }
 

@@ -266,6 +266,10 @@ async fn guard(State(state): State<AppState>, request: Request, next: Next) -> R
 /// that a saturated service is not restarted for being busy.
 const UNGUARDED_ROUTES: [&str; 3] = ["/healthz", "/readyz", "/metrics"];
 
+/// Bodies up to this many bytes take nothing from the shared budget: at most
+/// `--max-connections` of them are held at once (1,024 x 64 KiB = 64 MiB by default).
+const SMALL_BODY_BYTES: u64 = 64 * 1024;
+
 /// The routes that change state: checked (origin, host, token) before their body is read.
 const WRITE_ROUTES: [&str; 2] = ["/v1/calibration/observations", "/v1/calibration/watch"];
 
@@ -297,12 +301,14 @@ async fn admit(state: &AppState, route: &str, request: Request, next: Next) -> R
             return refused.into_response();
         }
     }
-    // What the body may hold: its declared length, the limit when it is chunked.
+    // What the body may hold: its declared length, the limit when it is chunked. Small bodies
+    // (every single estimate) are bounded by the connection cap instead of the shared budget,
+    // so that one caller's stalled large bodies cannot refuse everyone else's estimates.
     let holds = axum::body::HttpBody::size_hint(request.body())
         .exact()
         .unwrap_or(limit as u64)
         .min(limit as u64);
-    let _bytes_held = if holds > 0 {
+    let _bytes_held = if holds > SMALL_BODY_BYTES {
         let kib = u32::try_from(holds.div_ceil(1024)).unwrap_or(u32::MAX);
         match state.body_budget.clone().try_acquire_many_owned(kib) {
             Ok(permit) => Some(permit),
