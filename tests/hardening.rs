@@ -387,7 +387,7 @@ async fn bodies_in_flight_are_held_to_one_budget() {
     })
     .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let large = serde_json::json!({"items": vec![example_job(); 400]});
+    let large = serde_json::json!({"items": vec![example_job(); 250]});
     let refused = app.post_json("/v1/estimate/batch", &large).await;
     assert_eq!(refused.status(), 503);
     assert!(refused.headers().contains_key("retry-after"));
