@@ -46,6 +46,8 @@ pub struct KnownActivations {
     pub loss: f64,
     /// Bytes kept whatever the micro-batch (autocast's 16-bit weight copies).
     pub fixed: f64,
+    /// How the loss over the vocabulary was counted.
+    pub loss_implementation: super::transformer::LossImplementation,
 }
 
 /// bitsandbytes keeps 32-bit state for parameters below this size (`min_8bit_size`).

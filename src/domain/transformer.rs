@@ -1411,6 +1411,49 @@ fn finish(
     })
 }
 
+/// What the training loop does for the loss over the vocabulary: what it keeps for backward
+/// and what backward starts with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LossImplementation {
+    /// Hugging Face transformers' causal-LM loss (`loss_utils`): the logits upcast to fp32,
+    /// a shifted contiguous copy, cross-entropy over all of them at once; backward starts with
+    /// the fp32 gradients of the whole logits.
+    #[default]
+    UpcastFp32,
+    /// The cross-entropy taken chunk by chunk of tokens (litgpt's `chunked_cross_entropy`,
+    /// torchtune's `CEWithChunkedOutputLoss`): each chunk's log-softmax is kept, but backward
+    /// frees as it goes, so no whole-logits gradient is ever allocated.
+    Chunked,
+    /// The head and the loss fused (Liger's `FusedLinearCrossEntropy`, Apple's Cut
+    /// Cross-Entropy): the logits never exist beyond one chunk.
+    Fused,
+}
+
+impl LossImplementation {
+    pub const NAMES: &'static str = "upcast_fp32, chunked, fused";
+
+    pub fn parse(raw: Option<&str>) -> Result<LossImplementation, ConfigError> {
+        match raw.map(str::to_ascii_lowercase).as_deref() {
+            None | Some("upcast_fp32") => Ok(LossImplementation::UpcastFp32),
+            Some("chunked") => Ok(LossImplementation::Chunked),
+            Some("fused") => Ok(LossImplementation::Fused),
+            Some(other) => Err(ConfigError(format!(
+                "loss_implementation: unknown '{}' (known: {})",
+                crate::domain::echo(other),
+                Self::NAMES
+            ))),
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LossImplementation::UpcastFp32 => "upcast_fp32",
+            LossImplementation::Chunked => "chunked",
+            LossImplementation::Fused => "fused",
+        }
+    }
+}
+
 impl TransformerModel {
     pub fn params(&self) -> u64 {
         self.layers.iter().map(|l| l.params).sum()
@@ -1418,7 +1461,7 @@ impl TransformerModel {
 
     /// What the analytic step reads, per sample, at `precision`.
     pub fn activations(&self, precision: Precision) -> KnownActivations {
-        self.activations_with(precision, false)
+        self.activations_with(precision, false, LossImplementation::default())
     }
 
     /// [`TransformerModel::activations`]; `sharded_weights`: FSDP/ZeRO-3 gather 16-bit
@@ -1427,6 +1470,7 @@ impl TransformerModel {
         &self,
         precision: Precision,
         sharded_weights: bool,
+        loss_implementation: LossImplementation,
     ) -> KnownActivations {
         let l = self.seq_len as f64;
         let compute = if matches!(precision, Precision::Fp32 | Precision::Tf32) {
@@ -1443,7 +1487,10 @@ impl TransformerModel {
         // The loss: the fp32 log-softmax of the logits; under autocast the 16-bit logits'
         // log-softmax too (describe's simulation, CUDA's cross-entropy under autocast).
         let classes = self.loss_gradients / 2.0;
-        let loss = classes * if precision.is_autocast() { 6.0 } else { 4.0 } * l;
+        let loss = match loss_implementation {
+            LossImplementation::Fused => 0.0,
+            _ => classes * if precision.is_autocast() { 6.0 } else { 4.0 } * l,
+        };
         // Autocast keeps a 16-bit copy of every matmul weight for the forward pass.
         let casts = if precision.is_autocast() && !sharded_weights {
             self.layers
@@ -1465,7 +1512,14 @@ impl TransformerModel {
             // Backward starts with the loss's gradients in fp32 (of the log-softmax and of the
             // upcast logits, as Hugging Face's causal-LM loss upcasts them), and in 16 bits
             // the logits' own gradient beside them.
-            backward_temporaries: classes * if compute == 4.0 { 8.0 } else { 10.0 } * l,
+            backward_temporaries: match loss_implementation {
+                LossImplementation::UpcastFp32 => {
+                    classes * if compute == 4.0 { 8.0 } else { 10.0 } * l
+                }
+                // One chunk's gradients at a time: small beside the rest.
+                LossImplementation::Chunked | LossImplementation::Fused => 0.0,
+            },
+            loss_implementation,
         }
     }
 }

@@ -351,6 +351,9 @@ fn setup_response(job: &Job) -> SetupResponse {
             parameters: setup.offload.parameters,
         },
         master_weights: if setup.fp32_master { "fp32" } else { "none" }.into(),
+        loss_implementation: job
+            .known_activations()
+            .map(|k| k.loss_implementation.as_str().to_string()),
         learned_estimators_apply: job.learned_estimators_apply(),
     }
 }

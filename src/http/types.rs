@@ -128,6 +128,12 @@ pub struct EstimateRequest {
     #[serde(default)]
     #[schema(value_type = Option<Object>, example = json!({"model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 32000}))]
     pub transformer_config: Option<serde_json::Map<String, serde_json::Value>>,
+    /// With `transformer_config`: how the loss over the vocabulary is taken. `upcast_fp32`
+    /// (default: Hugging Face transformers' loss, the whole logits in fp32), `chunked`
+    /// (litgpt's `chunked_cross_entropy`, torchtune's `CEWithChunkedOutputLoss`) or `fused`
+    /// (Liger's fused linear cross-entropy, Cut Cross-Entropy: no logits kept).
+    #[serde(default)]
+    pub loss_implementation: Option<String>,
     /// With `transformer_config`: the attention kernel, `sdpa` (default: flash or
     /// memory-efficient attention, no N x N tensors, as a GPU picks) or `eager` (the N x N
     /// probabilities kept).
@@ -918,6 +924,9 @@ pub struct SetupResponse {
     pub offload: OffloadResponse,
     /// `fp32` when an fp32 master copy goes with the optimizer state, else `none`.
     pub master_weights: String,
+    /// For a job built from its config: how the loss over the vocabulary was counted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss_implementation: Option<String>,
     /// True when the learned estimators know this setup (one GPU, every parameter trained,
     /// fp32/tf32 or fp16 autocast, sgd/momentum/adam/adamw, no checkpointing or
     /// accumulation); otherwise physics answers alone.

@@ -138,6 +138,13 @@ pub fn to_job_noting(request: &EstimateRequest) -> Result<(Job, Vec<String>), Ap
             "attention: applies to a transformer_config job only".into(),
         ));
     }
+    if request.loss_implementation.is_some() {
+        return Err(ApiError::InvalidInput(
+            "loss_implementation: applies to a transformer_config job only (a traced job's \
+             loss is in its saved tensors: describe --loss)"
+                .into(),
+        ));
+    }
     let job = match (&request.layers, &request.summary) {
         (Some(layers), None) => {
             let layers = layers.iter().map(|l| UncheckedLayer {
@@ -319,9 +326,19 @@ fn config_job(
     let mut model = transformer::build(parsed, seq_len, precision, kernel).map_err(invalid)?;
     let mut warnings = std::mem::take(&mut model.warnings);
     // (Both before the layers move into the job: autocast's weight copies are counted from them.)
+    let loss = transformer::LossImplementation::parse(request.loss_implementation.as_deref())
+        .map_err(invalid)?;
+    if request.loss_implementation.is_none() {
+        warnings.push(format!(
+            "loss_implementation: not given; {} assumed (Hugging Face transformers' loss: fp32 \
+             logits whole); chunked (litgpt, torchtune) and fused (Liger, Cut Cross-Entropy) \
+             keep far less over a large vocabulary",
+            loss.as_str()
+        ));
+    }
     let (cast, gathered) = (
-        model.activations(precision),
-        model.activations_with(precision, true),
+        model.activations_with(precision, false, loss),
+        model.activations_with(precision, true, loss),
     );
     let job = Job::from_layers(
         Some("transformer"),

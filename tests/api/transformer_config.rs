@@ -523,3 +523,54 @@ async fn an_fp32_master_goes_with_the_sharded_optimizer_state() {
         "{problem}"
     );
 }
+
+/// The loss over a large vocabulary as the libraries take it: Llama-3's 128k vocabulary at
+/// 2 x 8,192 tokens. Hugging Face's upcast loss (the default, named in a warning) starts
+/// backward with the fp32 gradients of the whole logits; chunked (litgpt, torchtune) frees
+/// as it goes; fused (Liger) never keeps them. Each saves memory over the one before, by at
+/// least the logits' fp32 gradient; the setup says which was counted.
+#[tokio::test]
+async fn the_loss_over_a_large_vocabulary_follows_its_implementation() {
+    let app = spawn_app().await;
+    let path = repo_root()
+        .join("tests/fixtures/transformer_configs/public/meta-llama__Meta-Llama-3-8B.json");
+    let config: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let job = |loss: Option<&str>| {
+        let mut job = json!({"transformer_config": config, "batch_size": 2, "seq_len": 8192,
+                             "precision": "bf16", "optimizer": "adamw", "gpu": "h100-80gb",
+                             "activation_checkpointing": "full",
+                             "lora": {"rank": 16, "target_modules": "all-linear"}});
+        if let Some(loss) = loss {
+            job["loss_implementation"] = loss.into();
+        }
+        job
+    };
+    let upcast: Value = app.post_json_value("/v1/estimate", &job(None)).await;
+    let chunked: Value = app
+        .post_json_value("/v1/estimate", &job(Some("chunked")))
+        .await;
+    let fused: Value = app
+        .post_json_value("/v1/estimate", &job(Some("fused")))
+        .await;
+    assert_eq!(upcast["setup"]["loss_implementation"], "upcast_fp32");
+    assert_eq!(fused["setup"]["loss_implementation"], "fused");
+    assert!(upcast["warnings"]
+        .to_string()
+        .contains("loss_implementation"));
+    let figure = |a: &Value| a["memory"]["estimate_mib"].as_f64().unwrap();
+    // 2 x 8,192 tokens x 128,256 classes x 4 bytes: 8,016 MiB of fp32 logits.
+    let logits_fp32 = 2.0 * 8192.0 * 128_256.0 * 4.0 / 1_048_576.0;
+    assert!(
+        figure(&upcast) - figure(&chunked) >= logits_fp32,
+        "{} -> {}",
+        figure(&upcast),
+        figure(&chunked)
+    );
+    assert!(figure(&chunked) > figure(&fused));
+    let response = app
+        .post_json("/v1/estimate", &json!({"batch_size": 8, "layers": [{"kind": "linear", "output_size": 10, "params": 110}], "loss_implementation": "fused"}))
+        .await;
+    assert_eq!(response.status(), 422);
+    let response = app.post_json("/v1/estimate", &job(Some("sideways"))).await;
+    assert_eq!(response.status(), 422);
+}

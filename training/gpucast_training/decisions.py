@@ -19,7 +19,7 @@ terms, log((measured - known) / uncertain), follow: bias their median, log_sd su
 scored (a published source, a timm family, an MLP shape) and answer that group through the
 CLI's `--uncertainty`: leave one group out, never rows.
 
-    python -m gpucast_training decisions [--gpucast target/release/gpucast]
+    python -m gpucast_training decisions      # answers with the newest build of gpucast
 """
 
 import gzip
@@ -124,7 +124,7 @@ def rows():
             if card is not None:
                 job["gpu"] = card
             out.append(dict(base, id=f"public{r['row']}/{detail}", request=job, card=card))
-        config = config_job(r, card)
+        config = config_job(r, card, source)
         if config is not None:
             out.append(dict(base, id=f"public{r['row']}/config", request=config, card=card))
     return out
@@ -133,7 +133,18 @@ def rows():
 CONFIGS = ROOT / "tests/fixtures/transformer_configs/public"
 
 
-def config_job(row, card):
+def loss_implementation(row, source):
+    """How the run's library takes the loss over the vocabulary, from what the source says:
+    Liger kernels fuse the head with it; litgpt's fine-tuning scripts take it chunk by chunk
+    (`chunked_cross_entropy`); otherwise Hugging Face's upcast loss, the service's default."""
+    if "Liger kernels" in row.get("unmodelled", []):
+        return "fused"
+    if source == "Lightning-AI/litgpt":
+        return "chunked"
+    return None
+
+
+def config_job(row, card, source=None):
     """The published run from its model's config.json (as the hub serves it) and its setup,
     instead of its traced layers; None when no config of that architecture is committed."""
     path = CONFIGS / (row.get("architecture", "").replace("/", "__") + ".json")
@@ -143,6 +154,9 @@ def config_job(row, card):
            if k not in ("layers", "saved_tensors", "simulation", "summary", "input_shape", "family")}
     job["transformer_config"] = json.loads(path.read_text())
     job["seq_len"] = row["job"]["input_shape"][0]
+    loss = loss_implementation(row, source)
+    if loss:
+        job["loss_implementation"] = loss
     if card is not None:
         job["gpu"] = card
     return job
@@ -449,8 +463,10 @@ def report(served, held_out, committed, command):
 
 
 def run(layout=None, threads=None, gpucast=None):
-    gpucast = gpucast or next((str(p) for p in [ROOT / "target/release/gpucast", ROOT / "target/debug/gpucast"]
-                               if p.exists()), None)
+    # The newest build: a release binary left from an earlier session would answer with older
+    # code (and refuse the fields added since).
+    built = [p for p in [ROOT / "target/release/gpucast", ROOT / "target/debug/gpucast"] if p.exists()]
+    gpucast = gpucast or (str(max(built, key=lambda p: p.stat().st_mtime)) if built else None)
     if not gpucast:
         raise SystemExit("build gpucast first: cargo build --release")
     every = rows()
