@@ -646,9 +646,9 @@ fn collectives(
     let model_shard = p.tensor as f64;
     let rank = setup.lora.as_ref().map_or(0.0, |l| l.rank as f64);
     let quantised = setup.lora.as_ref().and_then(|l| match l.base_weights {
-        BaseWeights::Nf4 => Some(0.5),
+        b if b.is_4bit() => Some(0.5),
         BaseWeights::Int8 => Some(1.0),
-        BaseWeights::Same => None,
+        _ => None,
     });
     // Bytes of the weights one rank gathers and of the gradients it reduces (the latter in
     // the storage dtype: fp32 under autocast; adapters train in fp32).
@@ -956,7 +956,7 @@ fn layer_kernels(t: &mut Timeline, step: &Step, i: usize, pass: Pass, role: Laye
             let (n, k) = (shape.outputs / p.tensor as f64, shape.inputs);
             let per_sample = 2.0 * shape.positions * shape.outputs * shape.inputs;
             let base = job.setup().lora.as_ref().map(|l| l.base_weights);
-            let quantised = adapted && matches!(base, Some(BaseWeights::Nf4 | BaseWeights::Int8));
+            let quantised = adapted && base.is_some_and(|b| b.is_4bit() || b == BaseWeights::Int8);
             if forward {
                 if quantised {
                     // Dequantise the base weight before its matmul (and again in backward).
@@ -1418,6 +1418,7 @@ mod tests {
                         target_modules: UncheckedNames::Names(&targets),
                         base_weights: None,
                         modules_to_save: None,
+                        group_size: None,
                     }),
                     ..plain()
                 },

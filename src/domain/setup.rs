@@ -245,7 +245,18 @@ pub enum BaseWeights {
     Int8,
     /// QLoRA's NF4: 4 bits per weight, 8-bit block scales (64) with fp32 scales of those (256).
     Nf4,
+    /// GPTQ 4-bit (AutoGPTQ/optimum): packed int4 weights, an fp16 scale and a packed 4-bit zero
+    /// per group of inputs and output, and an int32 group index per input (`g_idx`).
+    Gptq { group_size: u64 },
+    /// AWQ 4-bit (AutoAWQ's GEMM layout): packed int4 weights, an fp16 scale and a packed 4-bit
+    /// zero per group of inputs and output.
+    Awq { group_size: u64 },
 }
+
+/// The group size of GPTQ and AWQ checkpoints unless told (both libraries' default).
+pub const DEFAULT_GROUP_SIZE: u64 = 128;
+/// The largest group: a group the size of a layer's inputs is per-channel quantisation.
+const MAX_GROUP_SIZE: u64 = 65_536;
 
 impl BaseWeights {
     pub fn parse(raw: &str) -> Option<BaseWeights> {
@@ -253,6 +264,12 @@ impl BaseWeights {
             "same" | "none" => Some(BaseWeights::Same),
             "int8" | "8bit" => Some(BaseWeights::Int8),
             "nf4" | "4bit" | "fp4" => Some(BaseWeights::Nf4),
+            "gptq_int4" | "gptq" => Some(BaseWeights::Gptq {
+                group_size: DEFAULT_GROUP_SIZE,
+            }),
+            "awq_int4" | "awq" => Some(BaseWeights::Awq {
+                group_size: DEFAULT_GROUP_SIZE,
+            }),
             _ => None,
         }
     }
@@ -262,7 +279,17 @@ impl BaseWeights {
             BaseWeights::Same => "same",
             BaseWeights::Int8 => "int8",
             BaseWeights::Nf4 => "nf4",
+            BaseWeights::Gptq { .. } => "gptq_int4",
+            BaseWeights::Awq { .. } => "awq_int4",
         }
+    }
+
+    /// Whether the base is stored in 4 bits (dequantised for each matmul).
+    pub fn is_4bit(self) -> bool {
+        matches!(
+            self,
+            BaseWeights::Nf4 | BaseWeights::Gptq { .. } | BaseWeights::Awq { .. }
+        )
     }
 }
 
@@ -482,6 +509,7 @@ pub struct UncheckedLora<'a> {
     pub target_modules: UncheckedNames<'a>,
     pub base_weights: Option<&'a str>,
     pub modules_to_save: Option<&'a [String]>,
+    pub group_size: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -650,9 +678,32 @@ fn lora(raw: Option<UncheckedLora<'_>>) -> Result<Option<Lora>, SetupError> {
         Some(name) => BaseWeights::parse(name).ok_or_else(|| {
             SetupError::new(
                 "lora.base_weights",
-                format!("unknown '{}' (known: same, int8, nf4)", echo(name)),
+                format!(
+                    "unknown '{}' (known: same, int8, nf4, gptq_int4, awq_int4)",
+                    echo(name)
+                ),
             )
         })?,
+    };
+    let base_weights = match (base_weights, raw.group_size) {
+        (base, None) => base,
+        (_, Some(g)) if !(1..=MAX_GROUP_SIZE).contains(&g) => {
+            return Err(SetupError::new(
+                "lora.group_size",
+                format!("must be between 1 and {MAX_GROUP_SIZE}, got {g}"),
+            ))
+        }
+        (BaseWeights::Gptq { .. }, Some(group_size)) => BaseWeights::Gptq { group_size },
+        (BaseWeights::Awq { .. }, Some(group_size)) => BaseWeights::Awq { group_size },
+        (base, Some(_)) => {
+            return Err(SetupError::new(
+                "lora.group_size",
+                format!(
+                    "applies to gptq_int4 and awq_int4 bases, not {}",
+                    base.as_str()
+                ),
+            ))
+        }
     };
     let modules_to_save = match raw.modules_to_save {
         None => Vec::new(),
@@ -1040,6 +1091,7 @@ mod tests {
                 target_modules: UncheckedNames::Names(&targets),
                 base_weights: base,
                 modules_to_save: None,
+                group_size: None,
             }),
             ..Default::default()
         };
@@ -1060,6 +1112,7 @@ mod tests {
                 target_modules: UncheckedNames::Keyword("everything"),
                 base_weights: None,
                 modules_to_save: None,
+                group_size: None,
             }),
             ..Default::default()
         };
@@ -1072,6 +1125,7 @@ mod tests {
                 target_modules: UncheckedNames::Keyword("all-linear"),
                 base_weights: None,
                 modules_to_save: None,
+                group_size: None,
             }),
             ..Default::default()
         };

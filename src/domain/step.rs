@@ -339,6 +339,13 @@ pub fn analytic_step(job: &Job) -> StepMemory {
                 .filter(|_| layer.kind == LayerKind::Linear && Some(i) != head && !base_trains);
             let weight_bytes = match quantised {
                 Some(BaseWeights::Nf4) => params * NF4_BYTES,
+                // Packed int4, an fp16 scale and a packed 4-bit zero per group and output; GPTQ
+                // adds an int32 group index per input.
+                Some(BaseWeights::Gptq { group_size }) => {
+                    params * (0.5 + 2.5 / group_size as f64)
+                        + linear_shape(layer, detail(i)).0 * 4.0
+                }
+                Some(BaseWeights::Awq { group_size }) => params * (0.5 + 2.5 / group_size as f64),
                 Some(BaseWeights::Int8) => params * 1.0 + linear_shape(layer, detail(i)).1 * 4.0,
                 _ => {
                     // Autocast keeps a 16-bit copy of each weight a matmul saved for backward

@@ -255,9 +255,14 @@ pub struct LoraRequest {
     /// Layer names (PEFT's rule: the whole name or its last dotted components, e.g. `q_proj`)
     /// or `all-linear` (every linear layer but the output head).
     pub target_modules: NamesRequest,
-    /// The frozen base: `same` (the job's precision, default), `int8` or `nf4` (QLoRA).
+    /// The frozen base: `same` (the job's precision, default), `int8`, `nf4` (QLoRA),
+    /// `gptq_int4` or `awq_int4` (4-bit checkpoints with group-wise scales and zeros).
     #[serde(default)]
     pub base_weights: Option<String>,
+    /// With `gptq_int4` or `awq_int4`: inputs per quantisation group (default 128).
+    #[serde(default, deserialize_with = "whole_number::optional")]
+    #[schema(minimum = 1, maximum = 65536)]
+    pub group_size: Option<u64>,
     /// PEFT's `modules_to_save` (e.g. `["embed_tokens", "lm_head"]`, a classifier `score`):
     /// each gets a trained copy beside the frozen original, with its gradients and optimizer
     /// state.

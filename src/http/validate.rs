@@ -392,6 +392,7 @@ fn unchecked_setup(request: &EstimateRequest) -> UncheckedSetup<'_> {
             target_modules: names(&l.target_modules),
             base_weights: l.base_weights.as_deref(),
             modules_to_save: l.modules_to_save.as_deref(),
+            group_size: l.group_size,
         }),
         parallelism: request.parallelism.as_ref().map(|p| UncheckedParallelism {
             strategy: p.strategy.as_deref(),

@@ -574,3 +574,58 @@ async fn the_loss_over_a_large_vocabulary_follows_its_implementation() {
     let response = app.post_json("/v1/estimate", &job(Some("sideways"))).await;
     assert_eq!(response.status(), 422);
 }
+
+/// 4-bit GPTQ and AWQ bases: packed int4 weights with fp16 scales and packed zeros per group
+/// of 128 inputs (GPTQ with an int32 index per input): about 0.52 bytes a weight, a little
+/// above NF4's 0.516, far below bf16's 2; a smaller group costs more; a group size on another
+/// base is a 422 naming it.
+#[tokio::test]
+async fn gptq_and_awq_bases_cost_their_packed_bytes() {
+    let app = spawn_app().await;
+    let path = repo_root()
+        .join("tests/fixtures/transformer_configs/public/meta-llama__Llama-2-7b-hf.json");
+    let config: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let job = |base: &str, group: Option<u64>| {
+        let mut lora = json!({"rank": 16, "target_modules": "all-linear", "base_weights": base});
+        if let Some(g) = group {
+            lora["group_size"] = g.into();
+        }
+        json!({"transformer_config": config, "batch_size": 1, "seq_len": 512,
+               "precision": "bf16", "optimizer": "adamw", "gpu": "a100-80gb", "lora": lora})
+    };
+    let weights = |a: &Value| a["memory"]["breakdown"]["parameters"].as_f64().unwrap();
+    let mut answers = Vec::new();
+    for (base, group) in [
+        ("same", None),
+        ("nf4", None),
+        ("gptq_int4", None),
+        ("awq_int4", None),
+        ("awq_int4", Some(32)),
+    ] {
+        let answer: Value = app.post_json_value("/v1/estimate", &job(base, group)).await;
+        assert!(
+            answer["memory"]["estimate_mib"].is_number(),
+            "{base}: {answer}"
+        );
+        answers.push(weights(&answer));
+    }
+    let [same, nf4, gptq, awq, awq32] = answers[..] else {
+        unreachable!()
+    };
+    assert!(
+        gptq < 0.35 * same && awq < 0.35 * same,
+        "{same} {gptq} {awq}"
+    );
+    assert!(nf4 < awq && awq < gptq, "nf4 {nf4}, awq {awq}, gptq {gptq}");
+    assert!(awq32 > awq);
+    let response = app.post_json("/v1/estimate", &job("nf4", Some(64))).await;
+    assert_eq!(response.status(), 422);
+    let problem: Value = response.json().await.unwrap();
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with("lora.group_size"),
+        "{problem}"
+    );
+}
