@@ -798,6 +798,13 @@ impl Job {
                 format!("the simulation ran {simulated}, the job's is {job}"),
             ))
         };
+        if self.setup.reference != crate::domain::setup::Reference::None {
+            return Err(JobError::Setup(SetupError::new(
+                "reference_model",
+                "a simulation is of a step without a reference model; leave out the \
+                 simulation (the analytic step adds the reference) or the reference",
+            )));
+        }
         // describe's simulated step keeps everything on the GPU.
         if self.setup.offload.any() {
             return Err(JobError::Setup(SetupError::new(

@@ -411,6 +411,30 @@ pub struct Setup {
     /// sharded with it), the step run in fp32 on it (DeepSpeed's bf16/fp16 modes, and
     /// mixed-precision optimizers generally).
     pub fp32_master: bool,
+    /// A frozen reference model beside the one that trains (DPO and its kin).
+    pub reference: Reference,
+}
+
+/// The reference model of preference training (TRL's DPO, KTO, ORPO-style trainers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Reference {
+    /// No reference model.
+    #[default]
+    None,
+    /// A frozen copy of the model's weights (TRL's `ref_model` without PEFT).
+    Copy,
+    /// The LoRA model with its adapters disabled (TRL with PEFT): no second copy.
+    AdaptersDisabled,
+}
+
+impl Reference {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reference::None => "none",
+            Reference::Copy => "copy",
+            Reference::AdaptersDisabled => "adapters_disabled",
+        }
+    }
 }
 
 /// What lives in CPU memory instead of the GPU's (DeepSpeed ZeRO-Offload, FSDP's
@@ -448,6 +472,7 @@ impl Setup {
             parallelism: Parallelism::default(),
             offload: Offload::default(),
             fp32_master: false,
+            reference: Reference::None,
         }
     }
 
@@ -463,6 +488,7 @@ impl Setup {
             && self.implementation == OptimizerImplementation::Foreach
             && self.checkpointing == Checkpointing::None
             && !self.offload.any()
+            && self.reference == Reference::None
             && self.accumulation == 1
             && self.trainable == Trainable::All
             && self.lora.is_none()
@@ -485,6 +511,7 @@ pub struct UncheckedSetup<'a> {
     pub parallelism: Option<UncheckedParallelism<'a>>,
     pub offload: Option<UncheckedOffload>,
     pub master_weights: Option<&'a str>,
+    pub reference_model: Option<&'a str>,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -864,6 +891,26 @@ impl Setup {
                 ))
             }
         };
+        let reference = match raw.reference_model.map(str::to_ascii_lowercase).as_deref() {
+            None | Some("none") => Reference::None,
+            Some("copy") => Reference::Copy,
+            Some("adapters_disabled") if lora.is_some() => Reference::AdaptersDisabled,
+            Some("adapters_disabled") => {
+                return Err(SetupError::new(
+                    "reference_model",
+                    "adapters_disabled needs lora (the reference is the base without them)",
+                ))
+            }
+            Some(other) => {
+                return Err(SetupError::new(
+                    "reference_model",
+                    format!(
+                        "unknown '{}' (known: none, copy, adapters_disabled)",
+                        echo(other)
+                    ),
+                ))
+            }
+        };
         Ok(Setup {
             precision,
             optimizer,
@@ -876,6 +923,7 @@ impl Setup {
             parallelism,
             offload,
             fp32_master,
+            reference,
         })
     }
 }

@@ -13,7 +13,7 @@
 use super::job::{Job, Layer, LayerKind, SimulatedCategories};
 use super::setup::{
     BaseWeights, Checkpointing, LoraTargets, Optimizer, OptimizerImplementation, Precision,
-    Strategy, Trainable,
+    Reference, Strategy, Trainable,
 };
 
 /// A layer's name and linear shape, when the request gave them.
@@ -228,6 +228,8 @@ struct LayerPlan {
     adapters: f64,
     /// Bytes of the base weights as stored.
     weight_bytes: f64,
+    /// Bytes of a frozen reference copy of this layer (DPO's `ref_model`).
+    reference_bytes: f64,
     /// Bytes of the optimizer state of this layer's trainable base parameters (non-adapter).
     state_elements_bytes: f64,
 }
@@ -368,10 +370,21 @@ pub fn analytic_step(job: &Job) -> StepMemory {
             // by a square guess (their vocabulary is not in the layer list).
             let shape = matches!(layer.kind, LayerKind::Linear | LayerKind::Embedding)
                 .then(|| linear_shape(layer, detail(i)));
+            // A reference copy holds the weights as the model loaded them (not a saved
+            // module's trained copy, nor autocast's casts).
+            let reference_bytes = if setup.reference == Reference::Copy {
+                match quantised {
+                    Some(BaseWeights::Same) | None => params * storage,
+                    Some(_) => weight_bytes - if saved(i) { params * storage } else { 0.0 },
+                }
+            } else {
+                0.0
+            };
             LayerPlan {
                 trainable,
                 adapters,
                 weight_bytes,
+                reference_bytes,
                 // An fp32 master copy of what trains goes with the state.
                 state_elements_bytes: state_bytes(
                     setup.optimizer,
@@ -390,8 +403,11 @@ pub fn analytic_step(job: &Job) -> StepMemory {
 
     let adapter_params: f64 = plans.iter().map(|p| p.adapters).sum();
     let base_trainable: f64 = plans.iter().map(|p| p.trainable).sum();
-    let weights: f64 =
-        plans.iter().map(|p| p.weight_bytes).sum::<f64>() + adapter_params * ADAPTER_BYTES;
+    let weights: f64 = plans
+        .iter()
+        .map(|p| p.weight_bytes + p.reference_bytes)
+        .sum::<f64>()
+        + adapter_params * ADAPTER_BYTES;
     let gradients = base_trainable * storage + adapter_params * ADAPTER_BYTES;
     let adapter_state = if adapter_params > 0.0 {
         let one = Layer {

@@ -835,8 +835,26 @@ pub fn build(
                 blocks.add(block);
             }
             b.rms_norm("model.norm".into(), c.hidden);
-            b.linear("lm_head".into(), c.hidden, c.vocab, false, head_params);
             outside.add(rms);
+            if let Some(labels) = c.classifier_labels {
+                // A reward or value model (`...ForSequenceClassification`): the score head
+                // over every position, pooled at the last token; the loss is over a few labels
+                // (a reward model's pairwise loss over one score per sequence).
+                let (hidden, layers) = (c.hidden, c.layers);
+                b.linear("score".into(), hidden, labels, false, true);
+                return finish(
+                    b,
+                    config,
+                    seq_len,
+                    outside,
+                    blocks,
+                    layers,
+                    math,
+                    warnings,
+                    labels as f64,
+                );
+            }
+            b.linear("lm_head".into(), c.hidden, c.vocab, false, head_params);
             outside.add(lm_loss);
             block_count = c.layers;
         }

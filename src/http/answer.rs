@@ -351,6 +351,7 @@ fn setup_response(job: &Job) -> SetupResponse {
             parameters: setup.offload.parameters,
         },
         master_weights: if setup.fp32_master { "fp32" } else { "none" }.into(),
+        reference_model: setup.reference.as_str().into(),
         loss_implementation: job
             .known_activations()
             .map(|k| k.loss_implementation.as_str().to_string()),

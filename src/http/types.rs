@@ -98,6 +98,12 @@ pub struct EstimateRequest {
     /// bf16/fp16 modes do; `none` (default) steps the 16-bit weights themselves.
     #[serde(default)]
     pub master_weights: Option<String>,
+    /// Preference training's reference model (TRL's DPO and kin): `copy` (a frozen copy of the
+    /// weights beside the trained ones), `adapters_disabled` (with `lora`: the base without its
+    /// adapters, no second copy) or `none` (default). Give `batch_size` in sequences (a
+    /// chosen/rejected pair is two).
+    #[serde(default)]
+    pub reference_model: Option<String>,
     /// Per-sample input shape, e.g. `[3, 224, 224]`: sizes the layers of a `module_print` summary
     /// with convolutions (otherwise informational for most estimators).
     #[serde(default, deserialize_with = "whole_number::optional_list")]
@@ -929,6 +935,8 @@ pub struct SetupResponse {
     pub offload: OffloadResponse,
     /// `fp32` when an fp32 master copy goes with the optimizer state, else `none`.
     pub master_weights: String,
+    /// `none`, `copy` or `adapters_disabled`.
+    pub reference_model: String,
     /// For a job built from its config: how the loss over the vocabulary was counted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub loss_implementation: Option<String>,

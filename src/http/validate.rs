@@ -402,6 +402,7 @@ fn unchecked_setup(request: &EstimateRequest) -> UncheckedSetup<'_> {
             context_parallel: p.context_parallel,
         }),
         master_weights: request.master_weights.as_deref(),
+        reference_model: request.reference_model.as_deref(),
         offload: request.offload.as_ref().map(|o| UncheckedOffload {
             optimizer_state: o.optimizer_state,
             gradients: o.gradients,

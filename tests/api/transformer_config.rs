@@ -629,3 +629,76 @@ async fn gptq_and_awq_bases_cost_their_packed_bytes() {
         "{problem}"
     );
 }
+
+/// A reward model (`LlamaForSequenceClassification`, one label): a score head instead of the
+/// language-model head, no logits over the vocabulary. DPO's reference: a frozen copy adds the
+/// model's weights once more (bf16: 2 bytes a parameter); with LoRA the adapters-disabled base
+/// adds none; `adapters_disabled` without LoRA is a 422.
+#[tokio::test]
+async fn reward_heads_and_reference_models() {
+    let app = spawn_app().await;
+    let path =
+        repo_root().join("tests/fixtures/transformer_configs/public/meta-llama__Llama-3.2-1B.json");
+    let config: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let job = |config: &Value, extra: Value| {
+        let mut job = json!({"transformer_config": config, "batch_size": 8, "seq_len": 1024,
+                             "precision": "bf16", "optimizer": "adamw", "gpu": "a100-80gb"});
+        for (k, v) in extra.as_object().unwrap() {
+            job[k] = v.clone();
+        }
+        job
+    };
+    let mut reward_config = config.clone();
+    reward_config["architectures"] = json!(["LlamaForSequenceClassification"]);
+    reward_config["num_labels"] = 1.into();
+    let figure = |a: &Value| a["memory"]["estimate_mib"].as_f64().unwrap();
+    let lm: Value = app
+        .post_json_value("/v1/estimate", &job(&config, json!({})))
+        .await;
+    let reward: Value = app
+        .post_json_value("/v1/estimate", &job(&reward_config, json!({})))
+        .await;
+    assert!(
+        figure(&reward) < figure(&lm),
+        "{} vs {}",
+        figure(&reward),
+        figure(&lm)
+    );
+    let params = |a: &Value| a["memory"]["breakdown"]["parameters"].as_f64().unwrap();
+    let copy: Value = app
+        .post_json_value(
+            "/v1/estimate",
+            &job(&config, json!({"reference_model": "copy"})),
+        )
+        .await;
+    assert_eq!(copy["setup"]["reference_model"], "copy");
+    // Llama-3.2-1B: 1,235,814,400 parameters (tied embeddings), 2 bytes each.
+    let copied = 1_235_814_400.0 * 2.0 / 1_048_576.0;
+    assert!(
+        (params(&copy) - params(&lm) - copied).abs() < 0.01 * copied,
+        "{} -> {}",
+        params(&lm),
+        params(&copy)
+    );
+    let lora = json!({"rank": 16, "target_modules": "all-linear"});
+    let with_lora: Value = app
+        .post_json_value("/v1/estimate", &job(&config, json!({"lora": lora})))
+        .await;
+    let disabled: Value = app
+        .post_json_value(
+            "/v1/estimate",
+            &job(
+                &config,
+                json!({"lora": lora, "reference_model": "adapters_disabled"}),
+            ),
+        )
+        .await;
+    assert_eq!(params(&disabled), params(&with_lora));
+    let response = app
+        .post_json(
+            "/v1/estimate",
+            &job(&config, json!({"reference_model": "adapters_disabled"})),
+        )
+        .await;
+    assert_eq!(response.status(), 422);
+}
