@@ -81,7 +81,7 @@ pub fn estimate(args: &EstimateArgs) -> i32 {
     };
     let started = Instant::now();
     if args.batch {
-        match batch_items(&bytes) {
+        match batch_items(&bytes, state.limits.max_batch_items) {
             Ok(items) => {
                 let response = BatchResponse {
                     items: estimate_items(&state, items, started),
@@ -234,7 +234,10 @@ fn read_input(file: &str, limit: usize) -> std::io::Result<Vec<u8>> {
 }
 
 /// `{"items": [...]}` as the batch route takes it, or a plain JSON array of jobs.
-fn batch_items(bytes: &[u8]) -> Result<Vec<Box<serde_json::value::RawValue>>, ApiError> {
+fn batch_items(
+    bytes: &[u8],
+    max: usize,
+) -> Result<Vec<Box<serde_json::value::RawValue>>, ApiError> {
     let starts_with_array = bytes.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[');
     let items = if starts_with_array {
         serde_json::from_slice::<Vec<Box<serde_json::value::RawValue>>>(bytes)
@@ -242,7 +245,6 @@ fn batch_items(bytes: &[u8]) -> Result<Vec<Box<serde_json::value::RawValue>>, Ap
     } else {
         parse_json::<BatchRequest>(bytes, "")?.items
     };
-    let max = 256;
     if items.is_empty() || items.len() > max {
         return Err(ApiError::InvalidInput(format!(
             "items: between 1 and {max} items are accepted, got {}",
@@ -293,7 +295,7 @@ fn offline_state(args: &EstimateArgs) -> Result<AppState, String> {
         ready: Arc::new(AtomicBool::new(true)),
         limits: Limits {
             max_body_bytes: usize::MAX,
-            max_batch_items: 256,
+            max_batch_items: crate::config::DEFAULT_MAX_BATCH_ITEMS,
             request_timeout: Duration::from_secs(3600),
             body_read_timeout: Duration::from_secs(3600),
         },

@@ -80,7 +80,7 @@ pub struct EstimateArgs {
 
     /// Largest input read, in bytes: the server's body limit, so that what the command
     /// answers the service would take too.
-    #[arg(long, env = "GPUCAST_MAX_BODY_BYTES", default_value_t = 2 * 1024 * 1024)]
+    #[arg(long, env = "GPUCAST_MAX_BODY_BYTES", default_value_t = DEFAULT_MAX_BODY_BYTES)]
     pub max_body_bytes: usize,
 
     /// Spreads of the uncertain terms (the JSON of data/uncertainty.json) to answer with
@@ -171,7 +171,7 @@ pub struct ServeConfig {
     pub log_format: LogFormat,
 
     /// Largest request body accepted, in bytes.
-    #[arg(long, env = "GPUCAST_MAX_BODY_BYTES", default_value_t = 2 * 1024 * 1024)]
+    #[arg(long, env = "GPUCAST_MAX_BODY_BYTES", default_value_t = DEFAULT_MAX_BODY_BYTES)]
     pub max_body_bytes: usize,
 
     /// Request-body bytes held at once, over every connection; a body that would pass it is
@@ -189,7 +189,7 @@ pub struct ServeConfig {
     pub allowed_hosts: Vec<String>,
 
     /// Most jobs accepted in one POST /v1/estimate/batch.
-    #[arg(long, env = "GPUCAST_MAX_BATCH_ITEMS", default_value_t = 256)]
+    #[arg(long, env = "GPUCAST_MAX_BATCH_ITEMS", default_value_t = DEFAULT_MAX_BATCH_ITEMS)]
     pub max_batch_items: usize,
 
     /// Batch requests estimated at once; more wait their turn (within the request timeout). A
@@ -245,16 +245,16 @@ pub struct ServeConfig {
     pub profile_refresh_secs: u64,
 
     /// Observations kept per GPU and environment (the newest).
-    #[arg(long, env = "GPUCAST_MAX_OBSERVATIONS_PER_KEY", default_value_t = 1000)]
+    #[arg(long, env = "GPUCAST_MAX_OBSERVATIONS_PER_KEY", default_value_t = crate::calibration::store::DEFAULT_RETENTION.per_key)]
     pub max_observations_per_key: usize,
 
     /// Observations kept in all (the oldest are dropped first).
-    #[arg(long, env = "GPUCAST_MAX_OBSERVATIONS", default_value_t = 100_000)]
+    #[arg(long, env = "GPUCAST_MAX_OBSERVATIONS", default_value_t = crate::calibration::store::DEFAULT_RETENTION.total)]
     pub max_observations: usize,
 
     /// Bytes of stored observations (their jobs as posted, breakdowns, step-time curves) kept
     /// in all (the oldest are dropped first).
-    #[arg(long, env = "GPUCAST_MAX_STORE_BYTES", default_value_t = 256 * 1024 * 1024)]
+    #[arg(long, env = "GPUCAST_MAX_STORE_BYTES", default_value_t = crate::calibration::store::DEFAULT_RETENTION.bytes)]
     pub max_store_bytes: u64,
 
     /// Bearer token required by the routes that change state (calibration); none means open.
@@ -274,6 +274,11 @@ pub struct ServeConfig {
     #[arg(long, env = "GPUCAST_GPUS")]
     pub gpus: Option<PathBuf>,
 }
+
+/// The largest request body, bytes (`--max-body-bytes`; `gpucast estimate` reads no more).
+pub const DEFAULT_MAX_BODY_BYTES: usize = 2 * 1024 * 1024;
+/// Jobs in one batch (`--max-batch-items`; `gpucast estimate --batch` too).
+pub const DEFAULT_MAX_BATCH_ITEMS: usize = 256;
 
 /// Where a relative path of the committed files (`models`, `.cache/onnxruntime/...`) is:
 /// the working directory when it is there; else beside the executable (an installed copy
@@ -442,11 +447,11 @@ impl ServeConfig {
             models,
             ort_dylib,
             log_format: LogFormat::Text,
-            max_body_bytes: 2 * 1024 * 1024,
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             max_body_bytes_in_flight: 64 * 1024 * 1024,
             max_connections: 1024,
             allowed_hosts: Vec::new(),
-            max_batch_items: 256,
+            max_batch_items: DEFAULT_MAX_BATCH_ITEMS,
             max_concurrent_batches: 1,
             sessions_per_model: 2,
             max_concurrent_requests: 512,
@@ -461,9 +466,9 @@ impl ServeConfig {
             )),
             database_url: None,
             profile_refresh_secs: 5,
-            max_observations_per_key: 1000,
-            max_observations: 100_000,
-            max_store_bytes: 256 * 1024 * 1024,
+            max_observations_per_key: crate::calibration::store::DEFAULT_RETENTION.per_key,
+            max_observations: crate::calibration::store::DEFAULT_RETENTION.total,
+            max_store_bytes: crate::calibration::store::DEFAULT_RETENTION.bytes,
             token: None,
             max_watches: 64,
             no_nvml: true,
