@@ -8,9 +8,9 @@ use std::io::BufRead;
 
 use gpucast::domain::features::AggregateFeatures;
 use gpucast::domain::{Family, Job};
+use gpucast::engine::validate::to_job;
 use gpucast::estimators::Estimators;
 use gpucast::http::types::EstimateRequest;
-use gpucast::http::validate::to_job;
 use gpucast::startup::Application;
 
 #[path = "../tests/common/mod.rs"]

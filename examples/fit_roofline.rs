@@ -15,8 +15,8 @@ use std::io::BufRead;
 use gpucast::devices::sku::Catalogue;
 use gpucast::domain::perf::{roofline_with, Constants, CALIBRATED};
 use gpucast::domain::Job;
+use gpucast::engine::validate::to_job;
 use gpucast::http::types::EstimateRequest;
-use gpucast::http::validate::to_job;
 
 struct Row {
     shape: String,

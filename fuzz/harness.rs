@@ -10,7 +10,7 @@ use gpucast::http::types::EstimateRequest;
 /// (a layer list, or summary text parsed into one).
 pub fn estimate_request(data: &[u8]) {
     if let Ok(request) = serde_json::from_slice::<EstimateRequest>(data) {
-        let _ = gpucast::http::validate::to_job(&request);
+        let _ = gpucast::engine::validate::to_job(&request);
     }
 }
 

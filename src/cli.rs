@@ -4,30 +4,22 @@
 //! bad input exits with status 2 and the problem JSON the API would return.
 
 use std::io::{Read, Write};
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use serde_json::Value;
-use tokio::sync::Semaphore;
 
 use crate::calibration::db;
 use crate::calibration::store::{ProfileStore, DEFAULT_RETENTION};
 use crate::config::{located, EstimateArgs, OutputFormat};
 use crate::devices::sku::Catalogue;
-use crate::devices::watch::Sampler;
 use crate::devices::NoDevices;
 use crate::domain::uncertainty::{self, Spreads};
+use crate::engine::Engine;
 use crate::error::ApiError;
 use crate::estimators::Estimators;
-use crate::http::answer::answer;
-use crate::http::auth::{WriteAccess, WriteHosts};
-use crate::http::estimate::estimate_items;
 use crate::http::extract::{parse_estimate, parse_json};
-use crate::http::idempotency::{self, IdempotencyKeys};
 use crate::http::types::{BatchRequest, BatchResponse};
-use crate::http::validate::validate;
-use crate::http::{AppState, Limits};
 use crate::metrics::Metrics;
 
 /// Exit status of bad input (the problem JSON is printed).
@@ -72,8 +64,8 @@ pub fn estimate(args: &EstimateArgs) -> i32 {
             }
         }
     }
-    let state = match offline_state(args) {
-        Ok(state) => state,
+    let engine = match offline_engine(args) {
+        Ok(engine) => engine,
         Err(e) => {
             eprintln!("gpucast estimate: {e}");
             return FAILED;
@@ -81,10 +73,10 @@ pub fn estimate(args: &EstimateArgs) -> i32 {
     };
     let started = Instant::now();
     if args.batch {
-        match batch_items(&bytes, state.limits.max_batch_items) {
+        match batch_items(&bytes, crate::config::DEFAULT_MAX_BATCH_ITEMS) {
             Ok(items) => {
                 let response = BatchResponse {
-                    items: estimate_items(&state, items, started),
+                    items: engine.estimate_items(items, started),
                 };
                 let value = serde_json::to_value(&response).expect("answers serialise");
                 print(args.format, &value, true);
@@ -93,9 +85,8 @@ pub fn estimate(args: &EstimateArgs) -> i32 {
             Err(error) => problem(error),
         }
     } else {
-        let outcome = parse_estimate(&bytes, "")
-            .and_then(|request| validate(&request, &state.catalogue, state.devices.as_ref()))
-            .and_then(|valid| answer(&state, valid, started));
+        let outcome =
+            parse_estimate(&bytes, "").and_then(|request| engine.estimate(&request, started));
         match outcome {
             Ok(response) => {
                 let value = serde_json::to_value(&response).expect("answers serialise");
@@ -265,10 +256,10 @@ fn out(text: &str) {
     let _ = std::io::stdout().lock().write_all(text.as_bytes());
 }
 
-/// What the service holds, without a listener: the committed models, the built-in catalogue,
-/// the calibration profiles of the store when there is one (`--database-url`, or a store in
+/// What an answer reads, without a server: the committed models, the built-in catalogue, the
+/// calibration profiles of the store when there is one (`--database-url`, or a store in
 /// `--data-dir`), no NVML.
-fn offline_state(args: &EstimateArgs) -> Result<AppState, String> {
+fn offline_engine(args: &EstimateArgs) -> Result<Engine, String> {
     let (models, dylib) = (located(&args.models), located(&args.ort_dylib));
     let estimators = Estimators::load(&models, &dylib, 1).map_err(|e| e.to_string())?;
     let store = &args.store;
@@ -286,29 +277,14 @@ fn offline_state(args: &EstimateArgs) -> Result<AppState, String> {
         opened
     }
     .map_err(|e| e.to_string())?;
-    let devices: Arc<dyn crate::devices::GpuDevices> = Arc::new(NoDevices::new(
-        "gpucast estimate does not read NVML: name the gpu",
-    ));
-    Ok(AppState {
+    Ok(Engine {
         estimators: Arc::new(estimators),
-        metrics: Arc::new(Metrics::new()),
-        ready: Arc::new(AtomicBool::new(true)),
-        limits: Limits {
-            max_body_bytes: usize::MAX,
-            max_batch_items: crate::config::DEFAULT_MAX_BATCH_ITEMS,
-            request_timeout: Duration::from_secs(3600),
-            body_read_timeout: Duration::from_secs(3600),
-        },
-        permits: Arc::new(Semaphore::new(1)),
-        batch_slots: Arc::new(Semaphore::new(1)),
         catalogue: Arc::new(Catalogue::builtin().clone()),
         profiles: Arc::new(profiles),
-        writes: WriteAccess::Disabled,
-        watches: Arc::new(Sampler::new(devices.clone(), 0)),
-        idempotency: Arc::new(IdempotencyKeys::new(idempotency::KEY_TTL, 1, 0)),
-        write_hosts: Arc::new(WriteHosts::default()),
-        body_budget: Arc::new(Semaphore::new(0)),
-        devices,
+        metrics: Arc::new(Metrics::new()),
+        devices: Arc::new(NoDevices::new(
+            "gpucast estimate does not read NVML: name the gpu",
+        )),
     })
 }
 

@@ -6,6 +6,7 @@ pub mod cli;
 pub mod config;
 pub mod devices;
 pub mod domain;
+pub mod engine;
 pub mod error;
 pub mod estimators;
 pub mod http;

@@ -16,6 +16,7 @@ use crate::devices::nvml::NvmlDevices;
 use crate::devices::sku::Catalogue;
 use crate::devices::watch::Sampler;
 use crate::devices::{GpuDevices, NoDevices};
+use crate::engine::Engine;
 use crate::estimators::{Estimators, LoadError};
 use crate::http::auth::{WriteAccess, WriteHosts};
 use crate::http::idempotency::{self, IdempotencyKeys};
@@ -166,8 +167,13 @@ impl Application {
             _ => tracing::info!(address = %bound, "{}", writes.describe()),
         }
         let state = AppState {
-            estimators: Arc::new(estimators),
-            metrics: Arc::new(metrics),
+            engine: Arc::new(Engine {
+                estimators: Arc::new(estimators),
+                catalogue: Arc::new(catalogue),
+                profiles: Arc::new(profiles),
+                metrics: Arc::new(metrics),
+                devices: devices.clone(),
+            }),
             ready: Arc::new(AtomicBool::new(false)),
             limits: Limits {
                 max_body_bytes: config.max_body_bytes,
@@ -177,8 +183,6 @@ impl Application {
             },
             permits: Arc::new(Semaphore::new(config.max_concurrent_requests)),
             batch_slots: Arc::new(Semaphore::new(config.max_concurrent_batches)),
-            profiles: Arc::new(profiles),
-            catalogue: Arc::new(catalogue),
             writes,
             watches: Arc::new(Sampler::new(devices.clone(), config.max_watches)),
             idempotency: Arc::new(IdempotencyKeys::new(
@@ -190,7 +194,6 @@ impl Application {
             body_budget: Arc::new(Semaphore::new(
                 config.max_body_bytes_in_flight.div_ceil(1024),
             )),
-            devices,
         };
         Ok(Application {
             listener,
@@ -302,11 +305,11 @@ async fn refresh_profiles(state: AppState, every: Duration) {
     ticks.tick().await;
     loop {
         ticks.tick().await;
-        let profiles = Arc::clone(&state.profiles);
+        let profiles = Arc::clone(&state.engine.profiles);
         match tokio::task::spawn_blocking(move || profiles.refresh()).await {
             Ok(Ok(true)) => {
-                for profile in &state.profiles.list() {
-                    state.metrics.record_calibration(profile);
+                for profile in &state.engine.profiles.list() {
+                    state.engine.metrics.record_calibration(profile);
                 }
                 tracing::debug!("calibration profiles refreshed from the store");
             }

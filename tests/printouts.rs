@@ -9,8 +9,8 @@
 use std::collections::BTreeMap;
 use std::io::Read;
 
+use gpucast::engine::validate::to_job_noting;
 use gpucast::http::types::EstimateRequest;
-use gpucast::http::validate::to_job_noting;
 use serde_json::{json, Value};
 
 const FIXTURE: &str = concat!(

@@ -18,6 +18,7 @@ use crate::calibration::profile::{CalibrationProfile, ProfileError};
 use crate::calibration::step_time;
 use crate::calibration::store::Update;
 use crate::devices::watch::{AddError, WatchConfig, WatchDone};
+use crate::engine::validate::{self, resolve, to_job};
 use crate::error::ApiError;
 use crate::estimators::FIRST_PRINCIPLES;
 use crate::http::auth::require_write_access;
@@ -27,7 +28,6 @@ use crate::http::types::{
     EnvironmentFitResponse, EstimateRequest, ObservationRequest, ObservationsResponse, Problem,
     ProfileResponse, ProfilesResponse, StepTimeFitResponse, WatchRequest, WatchResponse,
 };
-use crate::http::validate::{self, resolve, to_job};
 use crate::http::AppState;
 
 /// Observations accepted in one call.
@@ -43,7 +43,13 @@ pub const MAX_PROFILES: usize = 512;
 #[utoipa::path(get, path = "/v1/calibration/profiles", tag = "devices", responses((status = 200, body = ProfilesResponse)))]
 pub async fn profiles(State(state): State<AppState>) -> Json<ProfilesResponse> {
     Json(ProfilesResponse {
-        profiles: state.profiles.list().iter().map(profile_response).collect(),
+        profiles: state
+            .engine
+            .profiles
+            .list()
+            .iter()
+            .map(profile_response)
+            .collect(),
     })
 }
 
@@ -201,7 +207,7 @@ fn record(state: &AppState, observations: Vec<Posted>) -> Result<ObservationsRes
                 "observed_peak_mib: must be a number of MiB, at least 1".into(),
             )));
         }
-        let (catalogue, devices) = (&state.catalogue, state.devices.as_ref());
+        let (catalogue, devices) = (&state.engine.catalogue, state.engine.devices.as_ref());
         let target = resolve(Some(&observation.gpu), catalogue, devices).map_err(at)?;
         // The GPU is named once, at the top: a different one inside the job is a contradiction.
         if let Some(inner) = observation.job.gpu.as_ref() {
@@ -264,12 +270,12 @@ fn record(state: &AppState, observations: Vec<Posted>) -> Result<ObservationsRes
     }
     refuse_too_many_profiles(state, &batch)?;
     let recorded = batch.len();
-    let updates = state.profiles.record(batch).map_err(profile_error)?;
+    let updates = state.engine.profiles.record(batch).map_err(profile_error)?;
     let mut profiles = Vec::with_capacity(updates.len());
     let mut limited = Vec::new();
     for update in updates {
         let profile = update.profile;
-        state.metrics.record_calibration(&profile);
+        state.engine.metrics.record_calibration(&profile);
         if profile.environment.is_none() && update.limited {
             tracing::warn!(gpu = %profile.sku, "calibration update held to the per-update step");
             limited.push(profile.sku.clone());
@@ -289,7 +295,7 @@ fn record(state: &AppState, observations: Vec<Posted>) -> Result<ObservationsRes
 /// of one GPU, or beyond [`MAX_PROFILES`] in all, are refused.
 fn refuse_too_many_profiles(state: &AppState, batch: &[NewObservation]) -> Result<(), ApiError> {
     let is_custom = |key: &str| key.starts_with(CUSTOM_PREFIX);
-    let existing = state.profiles.list();
+    let existing = state.engine.profiles.list();
     let mut new_keys: Vec<(&str, Option<&str>)> = batch
         .iter()
         .map(|o| (o.gpu.as_str(), o.environment.as_deref()))
@@ -397,7 +403,11 @@ pub async fn watch(
     let pid = u32::try_from(request.pid)
         .map_err(|_| ApiError::InvalidInput(format!("pid: {} is not a process id", request.pid)))?;
     let attached = crate::http::types::GpuRequest::Name("attached".into());
-    let target = resolve(Some(&attached), &state.catalogue, state.devices.as_ref())?;
+    let target = resolve(
+        Some(&attached),
+        &state.engine.catalogue,
+        state.engine.devices.as_ref(),
+    )?;
     let reference = reference_figure(&state, &request.job)?;
     // The job as the request gave it (its absent fields left out, not written as nulls).
     let job = serde_json::to_value(&request.job)
@@ -409,7 +419,10 @@ pub async fn watch(
         Duration::from_secs(request.max_seconds.unwrap_or(86_400).clamp(1, 2_592_000));
     let config = WatchConfig::new(interval, max_duration);
     let (gpu, capacity_mib) = (target.gpu.clone(), target.capacity_mib);
-    let (profiles, metrics) = (Arc::clone(&state.profiles), Arc::clone(&state.metrics));
+    let (profiles, metrics) = (
+        Arc::clone(&state.engine.profiles),
+        Arc::clone(&state.engine.metrics),
+    );
     // Runs on the sampler's thread when the watch ends.
     let done: WatchDone = Box::new(move |outcome| match outcome {
         Ok(report) if report.complete() => {
@@ -526,6 +539,7 @@ struct Reference {
 fn reference_figure(state: &AppState, request: &EstimateRequest) -> Result<Reference, ApiError> {
     let job = to_job(request).map_err(|e| e.within("job."))?;
     let estimate = state
+        .engine
         .estimators
         .estimate(&job, crate::domain::Confidence::DEFAULT.get())?;
     let predicted_mib = estimate

@@ -11,7 +11,7 @@ use crate::http::AppState;
 /// The GPUs of this host, as NVML reports them.
 #[utoipa::path(get, path = "/v1/devices", tag = "devices", responses((status = 200, body = DevicesResponse)))]
 pub async fn devices(State(state): State<AppState>) -> Result<Json<DevicesResponse>, ApiError> {
-    let devices = state.devices.clone();
+    let devices = state.engine.devices.clone();
     let listed = tokio::task::spawn_blocking(move || devices.list())
         .await
         .map_err(|e| ApiError::Internal(format!("device task failed: {e}")))?;
@@ -23,7 +23,7 @@ pub async fn devices(State(state): State<AppState>) -> Result<Json<DevicesRespon
                 .into_iter()
                 .map(|d| {
                     // Read against the service's catalogue, which `--gpus` may extend.
-                    let sku = d.sku_in(&state.catalogue).map(|s| s.id.clone());
+                    let sku = d.sku_in(&state.engine.catalogue).map(|s| s.id.clone());
                     let derived_peaks = match sku {
                         Some(_) => None,
                         None => derived::performance_of(&d)

@@ -5,13 +5,11 @@ use std::time::Instant;
 use axum::extract::State;
 use axum::Json;
 
+use crate::engine::answer::answer;
+use crate::engine::validate::validate;
 use crate::error::ApiError;
-use crate::http::answer::{answer, answer_items};
-use crate::http::extract::{parse_estimate, EstimateBody, JsonBody};
-use crate::http::types::{
-    BatchItemResponse, BatchRequest, BatchResponse, EstimateRequest, EstimateResponse, Problem,
-};
-use crate::http::validate::validate;
+use crate::http::extract::{EstimateBody, JsonBody};
+use crate::http::types::{BatchRequest, BatchResponse, EstimateRequest, EstimateResponse, Problem};
 use crate::http::AppState;
 
 /// Estimate one job.
@@ -36,11 +34,12 @@ pub async fn estimate(
     EstimateBody(request): EstimateBody,
 ) -> Result<Json<EstimateResponse>, ApiError> {
     let started = Instant::now();
-    let valid = validate(&request, &state.catalogue, state.devices.as_ref())?;
+    let engine = std::sync::Arc::clone(&state.engine);
+    let valid = validate(&request, &engine.catalogue, engine.devices.as_ref())?;
     tracing::Span::current()
         .record("family", valid.job.family().as_str())
         .record("layers", valid.job.layers().len());
-    let answer = tokio::task::spawn_blocking(move || answer(&state, valid, started))
+    let answer = tokio::task::spawn_blocking(move || answer(&engine, valid, started))
         .await
         .map_err(|e| ApiError::Internal(format!("estimate task failed: {e}")))??;
     Ok(Json(answer))
@@ -82,62 +81,9 @@ pub async fn estimate_batch(
         .map_err(|_| ApiError::NotReady)?;
     let items = tokio::task::spawn_blocking(move || {
         let _slot = slot;
-        estimate_items(&state, request.items, Instant::now())
+        state.engine.estimate_items(request.items, Instant::now())
     })
     .await
     .map_err(|e| ApiError::Internal(format!("batch task failed: {e}")))?;
     Ok(Json(BatchResponse { items }))
-}
-
-/// Validates each item of a batch on its own, then runs the estimators once over all the
-/// valid ones: one outcome per item, in order. The batch route and `gpucast estimate --batch`
-/// answer through it.
-pub fn estimate_items(
-    state: &AppState,
-    items: Vec<Box<serde_json::value::RawValue>>,
-    started: Instant,
-) -> Vec<BatchItemResponse> {
-    let (mut valid, mut errors) = (
-        Vec::with_capacity(items.len()),
-        Vec::with_capacity(items.len()),
-    );
-    for (index, item) in items.into_iter().enumerate() {
-        let checked =
-            parse_estimate(item.get().as_bytes(), &format!("items[{index}]")).and_then(|request| {
-                validate(&request, &state.catalogue, state.devices.as_ref())
-                    .map_err(|e| e.within(&format!("items[{index}].")))
-            });
-        match checked {
-            Ok(item) => {
-                valid.push(item);
-                errors.push(None);
-            }
-            Err(error) => errors.push(Some(error)),
-        }
-    }
-    let mut answers = answer_items(state, &valid, started).into_iter();
-    errors
-        .into_iter()
-        .enumerate()
-        .map(|(index, error)| {
-            let outcome = match error {
-                Some(error) => Err(error),
-                None => answers.next().expect("one answer per valid item"),
-            };
-            match outcome {
-                Ok(estimate) => BatchItemResponse {
-                    index,
-                    status: 200,
-                    estimate: Some(estimate),
-                    error: None,
-                },
-                Err(error) => BatchItemResponse {
-                    index,
-                    status: error.status().as_u16(),
-                    estimate: None,
-                    error: Some(error.problem()),
-                },
-            }
-        })
-        .collect()
 }

@@ -11,7 +11,7 @@ use crate::http::AppState;
 /// figures estimates use.
 #[utoipa::path(get, path = "/v1/gpus", tag = "devices", responses((status = 200, body = GpusResponse)))]
 pub async fn gpus(State(state): State<AppState>) -> Json<GpusResponse> {
-    Json(catalogue_response(&state.catalogue))
+    Json(catalogue_response(&state.engine.catalogue))
 }
 
 /// The catalogue as `GET /v1/gpus` (and `gpucast gpus --format json`) serve it.

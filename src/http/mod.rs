@@ -1,7 +1,6 @@
 //! The HTTP API: router, shared state, the OpenAPI document and the middleware that guards
 //! every route (metrics, concurrency limit, timeout).
 
-pub mod answer;
 pub mod auth;
 pub mod calibration;
 pub mod devices;
@@ -11,7 +10,6 @@ pub mod gpus;
 pub mod idempotency;
 pub mod service;
 pub mod types;
-pub mod validate;
 
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -27,16 +25,12 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use utoipa_swagger_ui::SwaggerUi;
 
-use crate::calibration::store::ProfileStore;
-use crate::devices::sku::Catalogue;
 use crate::devices::watch::Sampler;
-use crate::devices::GpuDevices;
 use crate::domain::echo;
+use crate::engine::Engine;
 use crate::error::ApiError;
-use crate::estimators::Estimators;
 use crate::http::auth::{check_write_request, WriteAccess, WriteHosts};
 use crate::http::idempotency::IdempotencyKeys;
-use crate::metrics::Metrics;
 
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
@@ -49,8 +43,8 @@ pub struct Limits {
 
 #[derive(Clone)]
 pub struct AppState {
-    pub estimators: Arc<Estimators>,
-    pub metrics: Arc<Metrics>,
+    /// What answers read: estimators, catalogue, profiles, metrics, this host's GPUs.
+    pub engine: Arc<Engine>,
     pub ready: Arc<AtomicBool>,
     pub limits: Limits,
     /// One permit per request in flight; none left means refuse with 503 at once.
@@ -58,10 +52,6 @@ pub struct AppState {
     /// Batches estimated at once: a flood of batches waits here, and single estimates keep the
     /// other cores and ONNX Runtime sessions.
     pub batch_slots: Arc<Semaphore>,
-    pub devices: Arc<dyn GpuDevices>,
-    /// The GPU models requests can name: the built-in catalogue and `--gpus`.
-    pub catalogue: Arc<Catalogue>,
-    pub profiles: Arc<ProfileStore>,
     /// Who may call the routes that change state.
     pub writes: WriteAccess,
     /// Every process watch, on one thread; stopped on shutdown.
@@ -250,11 +240,13 @@ async fn guard(State(state): State<AppState>, request: Request, next: Next) -> R
     let status = response.status().as_u16().to_string();
     let labels = [method, route.as_str(), status.as_str()];
     state
+        .engine
         .metrics
         .http_requests_total
         .with_label_values(&labels)
         .inc();
     state
+        .engine
         .metrics
         .http_request_duration_seconds
         .with_label_values(&labels)

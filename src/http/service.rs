@@ -39,7 +39,11 @@ pub async fn readyz(State(state): State<AppState>) -> Result<Json<ReadyResponse>
     if !(state.ready.load(Ordering::Acquire) && estimates) {
         return Err(ApiError::NotReady);
     }
-    let store_error = state.profiles.fault().map(|e| crate::domain::echo(&e));
+    let store_error = state
+        .engine
+        .profiles
+        .fault()
+        .map(|e| crate::domain::echo(&e));
     Ok(Json(ReadyResponse {
         ready: true,
         estimates,
@@ -54,15 +58,16 @@ pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     (
         StatusCode::OK,
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        state.metrics.render(),
+        state.engine.metrics.render(),
     )
 }
 
 /// The loaded estimators, their provenance and validation figures.
 #[utoipa::path(get, path = "/v1/estimators", tag = "estimate", responses((status = 200, body = EstimatorsResponse)))]
 pub async fn estimators(State(state): State<AppState>) -> Json<EstimatorsResponse> {
-    let manifest = state.estimators.manifest();
+    let manifest = state.engine.estimators.manifest();
     let estimators = state
+        .engine
         .estimators
         .all()
         .iter()
@@ -122,7 +127,7 @@ pub async fn estimators(State(state): State<AppState>) -> Json<EstimatorsRespons
             domain: s
                 .domain
                 .as_ref()
-                .zip(state.estimators.simulated_domain())
+                .zip(state.engine.estimators.simulated_domain())
                 .map(|(file, loaded)| DomainInfo {
                     file: file.file.clone(),
                     sha256: file.sha256.clone(),

@@ -8,10 +8,10 @@ use std::io::{BufRead, BufReader};
 use gpucast::domain::features::{AggregateFeatures, TokenFeatures};
 use gpucast::domain::LayerKind;
 use gpucast::domain::{Family, Job, MemoryClasses, ResidualQuantiles};
+use gpucast::engine::validate::to_job;
 use gpucast::estimators::manifest::{EstimatorKind, InputSpec};
 use gpucast::estimators::{Estimate, Estimators};
 use gpucast::http::types::EstimateRequest;
-use gpucast::http::validate::to_job;
 use serde::Deserialize;
 use serde_json::Value;
 

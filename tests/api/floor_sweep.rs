@@ -3,7 +3,7 @@
 //! data/timm/simulations.jsonl.gz where that file exists (or of the file
 //! `GPUCAST_SWEEP_SIMULATIONS` names).
 //!
-//! In process, not over HTTP: the jobs go through `http::answer::answer_items`, the code the
+//! In process, not over HTTP: the jobs go through `engine::answer::answer_items`, the code the
 //! batch route runs once its items are validated (the same estimators, placement, rounding and
 //! wire types, class and breakdown), without the round trip's JSON: some 11,000 descriptions of
 //! ~30 KB each would be ~350 MB to write and parse in an unoptimised test build, and the body
@@ -13,11 +13,11 @@
 use std::io::BufRead;
 use std::time::Instant;
 
-use gpucast::http::answer::answer_items;
+use gpucast::engine::answer::answer_items;
+use gpucast::engine::validate::{validate, ValidEstimateRequest};
 use gpucast::http::types::{
     BreakdownSourceName, EstimateRequest, EstimateResponse, SimulationRequest,
 };
-use gpucast::http::validate::{validate, ValidEstimateRequest};
 use gpucast::startup::Application;
 use serde_json::Value;
 
@@ -126,7 +126,7 @@ fn assert_holds(case: &Case, answer: &EstimateResponse) {
 
 /// Answers the cases in chunks and checks every answer; returns (answers checked, floored).
 fn sweep(app: &Application, cases: &[Case]) -> (usize, usize) {
-    let state = app.state();
+    let state = &*app.state().engine;
     let mut floored = 0;
     for chunk in cases.chunks(CHUNK) {
         let items: Vec<ValidEstimateRequest> = chunk

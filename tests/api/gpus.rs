@@ -76,6 +76,7 @@ async fn a_custom_card_is_estimated_and_observed_under_its_own_key() {
     );
     assert_eq!(
         app.state
+            .engine
             .profiles
             .get("custom-lab-card-2")
             .unwrap()

@@ -21,9 +21,9 @@
 
 use std::time::Instant;
 
-use gpucast::http::answer::answer_items;
+use gpucast::engine::answer::answer_items;
+use gpucast::engine::validate::{validate, ValidEstimateRequest};
 use gpucast::http::types::{EstimateRequest, EstimateResponse, PeakMomentName};
-use gpucast::http::validate::{validate, ValidEstimateRequest};
 use gpucast::startup::Application;
 use serde_json::{json, Value};
 
@@ -34,7 +34,7 @@ const ROUNDING_MIB: f64 = 1.0;
 
 /// Answers every request (all must be valid), in batches of the route's size.
 fn answer(app: &Application, requests: &[Value]) -> Vec<EstimateResponse> {
-    let state = app.state();
+    let state = &*app.state().engine;
     let mut answers = Vec::with_capacity(requests.len());
     for chunk in requests.chunks(256) {
         let items: Vec<ValidEstimateRequest> = chunk

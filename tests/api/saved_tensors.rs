@@ -6,9 +6,9 @@ use std::io::{BufRead, BufReader};
 
 use gpucast::domain::saved;
 use gpucast::domain::Job;
+use gpucast::engine::validate::to_job;
 use gpucast::estimators::Estimators;
 use gpucast::http::types::EstimateRequest;
-use gpucast::http::validate::to_job;
 use serde_json::Value;
 
 use crate::helpers::{models_dir, ort_dylib, repo_root};

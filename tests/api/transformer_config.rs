@@ -6,8 +6,8 @@
 use serde_json::{json, Value};
 
 use gpucast::domain::step::analytic_step;
+use gpucast::engine::validate::to_job_noting;
 use gpucast::http::types::EstimateRequest;
-use gpucast::http::validate::to_job_noting;
 
 use crate::helpers::{repo_root, spawn_app};
 

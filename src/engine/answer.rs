@@ -13,6 +13,8 @@ use crate::domain::physics::{BreakdownSource, Physics};
 use crate::domain::setup::Trainable;
 use crate::domain::uncertainty::PeakDistribution;
 use crate::domain::{step, Confidence, Job, MemoryClass, MemoryFraction};
+use crate::engine::validate::ValidEstimateRequest;
+use crate::engine::Engine;
 use crate::error::ApiError;
 use crate::estimators::manifest::EstimatorKind;
 use crate::estimators::{ClassAnswer, Estimate, EstimateError, Query};
@@ -23,8 +25,6 @@ use crate::http::types::{
     PerformanceBoundName, PerformanceResponse, PerformanceSourceName, SetupResponse,
     UncertaintyResponse, UtilizationResponse, UtilizationSourceName,
 };
-use crate::http::validate::ValidEstimateRequest;
-use crate::http::AppState;
 
 /// The utilization metrics answered, each a fraction or null with a reason.
 const UTILIZATION_TARGETS: [&str; 3] = ["smact", "smocc", "drama"];
@@ -38,12 +38,12 @@ const LEARNED_FIRST: [&str; 1] = ["smact"];
 
 /// Runs the estimators (CPU work: call it off the async workers) and records metrics.
 pub fn answer(
-    state: &AppState,
+    engine: &Engine,
     request: ValidEstimateRequest,
     started: Instant,
 ) -> Result<EstimateResponse, ApiError> {
     if request.listed {
-        return answer_ranked(state, &request, started);
+        return answer_ranked(engine, &request, started);
     }
     let ValidEstimateRequest {
         job,
@@ -54,25 +54,25 @@ pub fn answer(
         warnings,
         ..
     } = request;
-    let estimate = state
+    let estimate = engine
         .estimators
         .estimate_on(&job, confidence.get(), target.capacity_mib);
     let asked = Asked {
         confidence,
         fraction,
-        roofline: roofline(state, &job, &target, environment.as_deref()),
+        roofline: roofline(engine, &job, &target, environment.as_deref()),
         target,
         environment,
         warnings,
         setup: setup_response(&job),
     };
-    respond(state, estimate, asked, started, true)
+    respond(engine, estimate, asked, started, true)
 }
 
 /// Answers a request whose `gpu` is a list: the job on every card, ranked by
 /// [`placement::rank`]; the answer is the best-ranked card's, with the ranking.
 fn answer_ranked(
-    state: &AppState,
+    engine: &Engine,
     request: &ValidEstimateRequest,
     started: Instant,
 ) -> Result<EstimateResponse, ApiError> {
@@ -84,20 +84,20 @@ fn answer_ranked(
         .enumerate()
     {
         let estimate =
-            state
+            engine
                 .estimators
                 .estimate_on(job, request.confidence.get(), target.capacity_mib);
         let asked = Asked {
             confidence: request.confidence,
             fraction: request.fraction,
-            roofline: roofline(state, job, target, request.environment.as_deref()),
+            roofline: roofline(engine, job, target, request.environment.as_deref()),
             target: target.clone(),
             environment: request.environment.clone(),
             warnings: request.warnings.clone(),
             setup: setup.clone(),
         };
         // One request counts once in the metrics: the estimates of the first card.
-        answers.push(respond(state, estimate, asked, started, index == 0)?);
+        answers.push(respond(engine, estimate, asked, started, index == 0)?);
     }
     let candidates: Vec<Candidate> = answers
         .iter()
@@ -138,7 +138,7 @@ fn answer_ranked(
 /// jobs without the JSON of a round trip (the physical-floor sweep of the tests does so).
 /// Items with a `gpu` list are answered one by one, each ranked.
 pub fn answer_items(
-    state: &AppState,
+    engine: &Engine,
     items: &[ValidEstimateRequest],
     started: Instant,
 ) -> Vec<Result<EstimateResponse, ApiError>> {
@@ -151,7 +151,7 @@ pub fn answer_items(
             capacity_mib: item.target.capacity_mib,
         })
         .collect();
-    let mut singles = state
+    let mut singles = engine
         .estimators
         .estimate_queries(&queries)
         .into_iter()
@@ -160,19 +160,19 @@ pub fn answer_items(
             let asked = Asked {
                 confidence: item.confidence,
                 fraction: item.fraction,
-                roofline: roofline(state, &item.job, &item.target, item.environment.as_deref()),
+                roofline: roofline(engine, &item.job, &item.target, item.environment.as_deref()),
                 target: item.target.clone(),
                 environment: item.environment.clone(),
                 warnings: item.warnings.clone(),
                 setup: setup_response(&item.job),
             };
-            respond(state, estimate, asked, started, true)
+            respond(engine, estimate, asked, started, true)
         });
     items
         .iter()
         .map(|item| {
             if item.listed {
-                answer_ranked(state, item, started)
+                answer_ranked(engine, item, started)
             } else {
                 singles.next().expect("one answer per single-card item")
             }
@@ -202,12 +202,12 @@ struct Timed {
 /// The roofline of `job` on the target, timed with the host cost fitted to the step times
 /// observed on that GPU in `environment` (else in any) when there is one; or why there is none.
 fn roofline(
-    state: &AppState,
+    engine: &Engine,
     job: &Job,
     target: &Target,
     environment: Option<&str>,
 ) -> Result<Timed, String> {
-    if state
+    if engine
         .catalogue
         .by_id(&target.gpu)
         .is_some_and(|sku| sku.vendor == crate::devices::sku::Vendor::Amd)
@@ -225,7 +225,7 @@ fn roofline(
             target.gpu
         ));
     };
-    let host = state.profiles.host_fit(&target.gpu, environment);
+    let host = engine.profiles.host_fit(&target.gpu, environment);
     let roofline = match &host {
         Some(fit) => perf::roofline_with(job, gpu, &fit.constants()),
         None => perf::roofline(job, gpu),
@@ -361,7 +361,7 @@ fn setup_response(job: &Job) -> SetupResponse {
 
 /// Records an estimate's metrics and turns it into the wire answer for its target GPU.
 fn respond(
-    state: &AppState,
+    engine: &Engine,
     estimate: Result<Estimate, EstimateError>,
     asked: Asked,
     started: Instant,
@@ -387,7 +387,7 @@ fn respond(
                 answer,
                 target,
                 environment.as_deref(),
-                &state.profiles,
+                &engine.profiles,
                 &estimate.physics,
                 distribution,
                 fraction,
@@ -400,13 +400,13 @@ fn respond(
     }
     if record {
         for run in &estimate.runs {
-            state
+            engine
                 .metrics
                 .inference_duration_seconds
                 .with_label_values(&[run.name.as_str()])
                 .observe(run.latency.as_secs_f64());
         }
-        state
+        engine
             .metrics
             .predicted_class_total
             .with_label_values(&[
@@ -415,7 +415,7 @@ fn respond(
             ])
             .inc();
     }
-    let null_reasons = utilization_null_reasons(state, &estimate);
+    let null_reasons = utilization_null_reasons(engine, &estimate);
     let utilization = utilization(
         &mut estimate.utilization,
         &roofline,
@@ -438,20 +438,20 @@ fn respond(
     // Estimates do not need the store: while it fails they go on with the profiles last
     // derived, and say so.
     if let Some(calibration) = response.calibration.as_mut() {
-        calibration.profiles_stale = state.profiles.fault().is_some();
+        calibration.profiles_stale = engine.profiles.fault().is_some();
     }
     Ok(response)
 }
 
 /// Why each utilization metric without a figure has none: no model for the job's family (and
 /// which families have one), or the family's model did not answer this job.
-fn utilization_null_reasons(state: &AppState, estimate: &Estimate) -> BTreeMap<String, String> {
+fn utilization_null_reasons(engine: &Engine, estimate: &Estimate) -> BTreeMap<String, String> {
     let family = estimate.family.as_str();
     UTILIZATION_TARGETS
         .iter()
         .filter(|target| !estimate.utilization.contains_key(**target))
         .map(|&target| {
-            let mut trained: Vec<&str> = state
+            let mut trained: Vec<&str> = engine
                 .estimators
                 .all()
                 .iter()
