@@ -317,10 +317,7 @@ fn peak_tflops(gpu: &GpuPerformance, precision: Precision, unit: Unit) -> f64 {
 
 /// Bytes of an activation element at `precision`: fp32 unless 16-bit.
 fn activation_bytes(precision: Precision) -> f64 {
-    match precision {
-        Precision::Fp32 | Precision::Tf32 => 4.0,
-        _ => 2.0,
-    }
+    precision.compute_bytes()
 }
 
 /// What the step knows of one layer.

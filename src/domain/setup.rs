@@ -85,6 +85,15 @@ impl Precision {
         matches!(self, Precision::Bf16 | Precision::Fp16)
     }
 
+    /// Bytes of one element a kernel computes in (activations, gathered weights): fp32
+    /// unless 16-bit (autocast or pure).
+    pub fn compute_bytes(self) -> f64 {
+        match self {
+            Precision::Fp32 | Precision::Tf32 => 4.0,
+            _ => 2.0,
+        }
+    }
+
     /// Bytes of one stored weight, gradient or optimizer-state element.
     pub fn storage_bytes(self) -> f64 {
         if self.is_pure_16bit() {

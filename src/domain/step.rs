@@ -12,8 +12,8 @@
 
 use super::job::{Job, Layer, LayerKind, SimulatedCategories};
 use super::setup::{
-    BaseWeights, Checkpointing, LoraTargets, Optimizer, OptimizerImplementation, Precision,
-    Reference, Strategy, Trainable,
+    BaseWeights, Checkpointing, LoraTargets, Optimizer, OptimizerImplementation, Reference,
+    Strategy, Trainable,
 };
 
 /// A layer's name and linear shape, when the request gave them.
@@ -446,11 +446,7 @@ pub fn analytic_step(job: &Job) -> StepMemory {
 
     // Activations kept for backward at the micro-batch, by layer in proportion to its output.
     let micro = setup.micro_batch_size as f64;
-    let compute_activation_bytes = if precision == Precision::Fp32 || precision == Precision::Tf32 {
-        4.0
-    } else {
-        2.0
-    };
+    let compute_activation_bytes = precision.compute_bytes();
     let kept_share = if precision.is_autocast() {
         AUTOCAST_KEPT_SHARE
     } else if precision.is_pure_16bit() {
@@ -569,11 +565,7 @@ pub fn analytic_step(job: &Job) -> StepMemory {
     let activations_gpu = activations / (p.tensor * p.context) as f64 * in_flight;
     let backward_temporaries = backward_temporaries / (p.tensor * p.context) as f64;
     let unsharded_gradients = gradients / model_parallel;
-    let compute_bytes = if precision == Precision::Fp32 || precision == Precision::Tf32 {
-        4.0
-    } else {
-        2.0
-    };
+    let compute_bytes = precision.compute_bytes();
     let collective = match p.strategy {
         _ if p.data() <= 1 && !offload.parameters => 0.0,
         Strategy::None => 0.0,

@@ -493,11 +493,7 @@ impl Saved {
 
     /// Bytes per token at `precision`.
     pub fn bytes(&self, precision: Precision) -> f64 {
-        let compute = if matches!(precision, Precision::Fp32 | Precision::Tf32) {
-            4.0
-        } else {
-            2.0
-        };
+        let compute = precision.compute_bytes();
         let norm = if precision.is_autocast() {
             4.0
         } else {
@@ -1491,11 +1487,7 @@ impl TransformerModel {
         loss_implementation: LossImplementation,
     ) -> KnownActivations {
         let l = self.seq_len as f64;
-        let compute = if matches!(precision, Precision::Fp32 | Precision::Tf32) {
-            4.0
-        } else {
-            2.0
-        };
+        let compute = precision.compute_bytes();
         // A block's input: the residual stream (fp32 under autocast).
         let stream = if precision.is_autocast() {
             4.0
