@@ -3,6 +3,8 @@ for `python -m gpucast_describe module:hf_models:<factory>` run from this folder
 
     cd describe/examples
     python -m gpucast_describe module:hf_models:gpt2_small --seq-len 1024 --batch-size 32
+
+A model whose config.json is at hand needs no factory: `hf:<folder or cached model id>`.
 """
 
 import transformers

@@ -4,6 +4,7 @@
     python -m gpucast_describe torchvision:resnet18 timm:vit_small_patch16_224 --batch-size 8 16 32
     python -m gpucast_describe module:my_models:build --batch-size 64 --input-shape 3,32,32
     python -m gpucast_describe module:my_models:tiny_bert --batch-size 8 --seq-len 128
+    python -m gpucast_describe hf:./my-llama --batch-size 2 --seq-len 512
 
 One line per (spec, batch size), spec-major: each line is the body of `POST /v1/estimate`.
 With --batch-body, one body for `POST /v1/estimate/batch` instead: {"items": [those lines]}.
@@ -73,7 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m gpucast_describe",
         description="Describe PyTorch models as gpucast job descriptions (JSON Lines on stdout).")
     parser.add_argument("specs", nargs="+", metavar="SPEC",
-                        help="timm:<name>, torchvision:<name> or module:<python.path:factory>")
+                        help="timm:<name>, torchvision:<name>, module:<python.path:factory> "
+                             "or hf:<model id or folder> (its config.json, from the folder or "
+                             "the local Hugging Face cache; never downloaded)")
     parser.add_argument("--batch-size", nargs="+", type=_positive, required=True, metavar="N",
                         help="one or more batch sizes")
     inputs = parser.add_mutually_exclusive_group()
