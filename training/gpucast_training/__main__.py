@@ -14,6 +14,8 @@ and, outside `all` (slow, needs describe/ and transformers):
   public-setups  data/public/setup_jobs.jsonl.gz: every row whose training setup docs/setups.md
                can express, with DeepSpeed's and accelerate's baselines (those two packages are
                needed for it only); --simulate asks describe to simulate each row's setup
+  public-offload  data/public/offload_jobs.jsonl.gz: the rows left out for CPU offload alone,
+             as jobs from their configs (stdlib only)
   decisions  data/uncertainty.json (the spreads of the uncertain terms) and docs/accuracy.md:
              figures, bounds and fit decisions of `gpucast estimate --batch` on the measured
              rows, leave one source or family out (stdlib only; needs a built gpucast)
@@ -29,7 +31,7 @@ from .data import Layout
 
 STAGES = {"mlp": "mlp", "timm": "timm", "simulated": "simulated", "golden": "golden",
           "evaluate": "evaluate", "public-rows": "public_rows", "public-setups": "public_setups",
-          "perf-data": "perf_data", "decisions": "decisions"}
+          "perf-data": "perf_data", "public-offload": "public_offload", "decisions": "decisions"}
 ALL = ["mlp", "timm", "simulated", "golden", "evaluate"]
 
 
