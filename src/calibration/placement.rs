@@ -1,7 +1,7 @@
 //! Where a job is to run: the GPU it is asked about, that GPU's calibration profile, and
 //! whether (and how many copies of) the job fits there.
 
-use crate::calibration::store::ProfileStore;
+use crate::calibration::store::ProfileSnapshot;
 use crate::devices::derived;
 use crate::devices::performance::GpuPerformance;
 use crate::devices::sku::{Catalogue, GpuSelector, SkuError};
@@ -164,14 +164,14 @@ pub enum FitBasis {
 /// `environment`, else the GPU's own), holds the result to physics (a profile is learning
 /// too), and checks the fit against the target's capacity. An environment's profile with an
 /// environment fit applies it to physics' breakdown of the answered figure at `confidence`
-/// ([`ProfileStore::calibrate_breakdown`]); the GPU's own profile applies its line.
+/// ([`ProfileSnapshot::calibrate_breakdown`]); the GPU's own profile applies its line.
 // Each argument is a distinct input of the decision; a struct would only rename them.
 #[allow(clippy::too_many_arguments)]
 pub fn place(
     answer: &MibAnswer,
     target: Target,
     environment: Option<&str>,
-    profiles: &ProfileStore,
+    profiles: &ProfileSnapshot,
     physics: &Physics,
     distribution: &PeakDistribution,
     fraction: Option<MemoryFraction>,
@@ -385,6 +385,7 @@ pub fn rank(candidates: &[Candidate]) -> Vec<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::calibration::store::ProfileStore;
     use crate::devices::{FakeDevices, NoDevices};
     use crate::domain::uncertainty::Detail;
 
@@ -571,7 +572,7 @@ mod tests {
             &answer(2_000.0, 2_200.0),
             target,
             None,
-            &profiles,
+            &profiles.snapshot(),
             &physics(),
             &physics().distribution(Detail::Layers, 2_000.0, 1.0),
             None,
@@ -696,7 +697,7 @@ mod tests {
             &answer(9_000.0, 20_000.0),
             target.clone(),
             None,
-            &profiles,
+            &profiles.snapshot(),
             &physics(),
             &physics().distribution(Detail::Layers, 9_000.0, 1.0),
             None,
@@ -709,7 +710,7 @@ mod tests {
             &answer(200_000.0, 210_000.0),
             target,
             None,
-            &profiles,
+            &profiles.snapshot(),
             &physics(),
             &physics().distribution(Detail::Layers, 200_000.0, 1.0),
             None,
@@ -736,7 +737,7 @@ mod tests {
             &answer(10_000.0, 11_000.0),
             target,
             None,
-            &profiles,
+            &profiles.snapshot(),
             &physics(),
             &physics().distribution(Detail::Layers, 10_000.0, 1.0),
             None,

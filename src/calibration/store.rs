@@ -147,10 +147,16 @@ impl ProfileStore {
         all
     }
 
-    /// `predicted_mib` (and the model's `upper_mib`) moved onto `gpu` by the profile of
-    /// `gpu` in `environment` when there is one, else by the GPU's own; `None` when neither
-    /// exists (or the prediction is not a positive finite number). The answer names the
-    /// environment whose profile was used (`None`: the GPU's). A map lookup: no I/O.
+    /// One consistent version of every profile and the store's state, taken once: what a
+    /// request reads (a refresh between two reads of the store cannot mix versions).
+    pub fn snapshot(&self) -> ProfileSnapshot {
+        ProfileSnapshot {
+            map: Arc::clone(&self.read()),
+            fault: self.fault(),
+        }
+    }
+
+    /// [`ProfileSnapshot::calibrate`] on a snapshot taken now.
     pub fn calibrate(
         &self,
         gpu: &str,
@@ -158,29 +164,16 @@ impl ProfileStore {
         predicted_mib: f64,
         upper_mib: Option<f64>,
     ) -> Option<Calibrated> {
-        if !(predicted_mib.is_finite() && predicted_mib > 0.0) {
-            return None;
-        }
-        let map = self.read();
-        nearest(&map, gpu, environment).map(|p| p.calibrate(predicted_mib, upper_mib))
+        self.snapshot()
+            .calibrate(gpu, environment, predicted_mib, upper_mib)
     }
 
-    /// The host cost per op fitted to the step times observed on `gpu` in `environment`, else
-    /// on `gpu` in any environment; `None` when neither profile has one. A map lookup.
+    /// [`ProfileSnapshot::host_fit`] on a snapshot taken now.
     pub fn host_fit(&self, gpu: &str, environment: Option<&str>) -> Option<HostFit> {
-        let map = self.read();
-        let of = |environment| profile(&map, gpu, environment).and_then(|p| p.host_fit);
-        environment.and_then(|e| of(Some(e))).or_else(|| of(None))
+        self.snapshot().host_fit(gpu, environment)
     }
 
-    /// [`Self::calibrate`] for a job whose predicted `breakdown` (physics' categories of
-    /// `predicted_mib`) is known. When the profile used is an environment's with an
-    /// [`environment::EnvironmentFit`], the estimate is the fit applied to the breakdown at
-    /// `confidence` ([`environment::apply`]), held within [`MAX_STEP`] of the environment's own
-    /// line (which each update moves by at most a step, so a batch of bad observations cannot
-    /// swing the fit's answers further than the line's); the upper bound is the larger of the
-    /// fit's and the line's, and never below the estimate. Otherwise the line, as
-    /// [`Self::calibrate`].
+    /// [`ProfileSnapshot::calibrate_breakdown`] on a snapshot taken now.
     pub fn calibrate_breakdown(
         &self,
         gpu: &str,
@@ -190,39 +183,13 @@ impl ProfileStore {
         breakdown: &Breakdown,
         confidence: f64,
     ) -> Option<Calibrated> {
-        if !(predicted_mib.is_finite() && predicted_mib > 0.0) {
-            return None;
-        }
-        let map = self.read();
-        let profile = nearest(&map, gpu, environment)?;
-        let line = profile.calibrate(predicted_mib, upper_mib);
-        let Some(fit) = profile
-            .environment_fit
-            .as_ref()
-            .filter(|f| profile.environment.is_some() && f.samples > 0)
-        else {
-            return Some(line);
-        };
-        // The uncalibrated bound's margin, which a fit on a few observations may not narrow.
-        let prior_log_margin = upper_mib
-            .filter(|u| u.is_finite() && *u > predicted_mib)
-            .map_or(0.0, |u| (u / predicted_mib).ln());
-        let (estimate, bound) = environment::apply(fit, breakdown, confidence, prior_log_margin);
-        if !(estimate.is_finite() && bound.is_finite()) {
-            return Some(line);
-        }
-        let estimate_mib = estimate
-            .clamp(line.estimate_mib / MAX_STEP, line.estimate_mib * MAX_STEP)
-            .max(MIN_ESTIMATE_MIB);
-        let upper_bound_mib = bound.max(line.upper_bound_mib).max(estimate_mib);
-        Some(
-            Calibrated {
-                estimate_mib,
-                upper_bound_mib,
-                cuda_context_mib: fit.context_mib,
-                ..line
-            }
-            .within_reach(predicted_mib, upper_mib),
+        self.snapshot().calibrate_breakdown(
+            gpu,
+            environment,
+            predicted_mib,
+            upper_mib,
+            breakdown,
+            confidence,
         )
     }
 
@@ -375,6 +342,99 @@ impl ProfileStore {
         self.profiles
             .read()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// The profiles as one request reads them ([`ProfileStore::snapshot`]).
+#[derive(Debug, Clone)]
+pub struct ProfileSnapshot {
+    map: Arc<HashMap<ProfileKey, Derived>>,
+    fault: Option<String>,
+}
+
+impl ProfileSnapshot {
+    /// True while the store cannot be read: these are the profiles last derived.
+    pub fn stale(&self) -> bool {
+        self.fault.is_some()
+    }
+
+    /// `predicted_mib` (and the model's `upper_mib`) moved onto `gpu` by the profile of
+    /// `gpu` in `environment` when there is one, else by the GPU's own; `None` when neither
+    /// exists (or the prediction is not a positive finite number). The answer names the
+    /// environment whose profile was used (`None`: the GPU's). A map lookup: no I/O.
+    pub fn calibrate(
+        &self,
+        gpu: &str,
+        environment: Option<&str>,
+        predicted_mib: f64,
+        upper_mib: Option<f64>,
+    ) -> Option<Calibrated> {
+        if !(predicted_mib.is_finite() && predicted_mib > 0.0) {
+            return None;
+        }
+        let map = &self.map;
+        nearest(map, gpu, environment).map(|p| p.calibrate(predicted_mib, upper_mib))
+    }
+
+    /// The host cost per op fitted to the step times observed on `gpu` in `environment`, else
+    /// on `gpu` in any environment; `None` when neither profile has one. A map lookup.
+    pub fn host_fit(&self, gpu: &str, environment: Option<&str>) -> Option<HostFit> {
+        let map = &self.map;
+        let of = |environment| profile(map, gpu, environment).and_then(|p| p.host_fit);
+        environment.and_then(|e| of(Some(e))).or_else(|| of(None))
+    }
+
+    /// [`Self::calibrate`] for a job whose predicted `breakdown` (physics' categories of
+    /// `predicted_mib`) is known. When the profile used is an environment's with an
+    /// [`environment::EnvironmentFit`], the estimate is the fit applied to the breakdown at
+    /// `confidence` ([`environment::apply`]), held within [`MAX_STEP`] of the environment's own
+    /// line (which each update moves by at most a step, so a batch of bad observations cannot
+    /// swing the fit's answers further than the line's); the upper bound is the larger of the
+    /// fit's and the line's, and never below the estimate. Otherwise the line, as
+    /// [`Self::calibrate`].
+    pub fn calibrate_breakdown(
+        &self,
+        gpu: &str,
+        environment: Option<&str>,
+        predicted_mib: f64,
+        upper_mib: Option<f64>,
+        breakdown: &Breakdown,
+        confidence: f64,
+    ) -> Option<Calibrated> {
+        if !(predicted_mib.is_finite() && predicted_mib > 0.0) {
+            return None;
+        }
+        let map = &self.map;
+        let profile = nearest(map, gpu, environment)?;
+        let line = profile.calibrate(predicted_mib, upper_mib);
+        let Some(fit) = profile
+            .environment_fit
+            .as_ref()
+            .filter(|f| profile.environment.is_some() && f.samples > 0)
+        else {
+            return Some(line);
+        };
+        // The uncalibrated bound's margin, which a fit on a few observations may not narrow.
+        let prior_log_margin = upper_mib
+            .filter(|u| u.is_finite() && *u > predicted_mib)
+            .map_or(0.0, |u| (u / predicted_mib).ln());
+        let (estimate, bound) = environment::apply(fit, breakdown, confidence, prior_log_margin);
+        if !(estimate.is_finite() && bound.is_finite()) {
+            return Some(line);
+        }
+        let estimate_mib = estimate
+            .clamp(line.estimate_mib / MAX_STEP, line.estimate_mib * MAX_STEP)
+            .max(MIN_ESTIMATE_MIB);
+        let upper_bound_mib = bound.max(line.upper_bound_mib).max(estimate_mib);
+        Some(
+            Calibrated {
+                estimate_mib,
+                upper_bound_mib,
+                cuda_context_mib: fit.context_mib,
+                ..line
+            }
+            .within_reach(predicted_mib, upper_mib),
+        )
     }
 }
 
@@ -710,6 +770,26 @@ mod tests {
                 .host_fit,
             Some(fit)
         );
+    }
+
+    /// A request reads one version of the profiles: a snapshot taken before a write answers
+    /// as it did, a new one with the write.
+    #[test]
+    fn a_snapshot_keeps_the_version_it_was_taken_at() {
+        let (_dir, store) = store();
+        store
+            .record(vec![posted("t4", None, 4000.0, 4400.0)])
+            .unwrap();
+        let before = store.snapshot();
+        let figure =
+            |s: &ProfileSnapshot| s.calibrate("t4", None, 4000.0, None).unwrap().estimate_mib;
+        let old = figure(&before);
+        store
+            .record(vec![posted("t4", None, 4000.0, 4800.0)])
+            .unwrap();
+        assert_eq!(figure(&before), old);
+        assert!(figure(&store.snapshot()) > old);
+        assert!(!before.stale());
     }
 
     /// Rows written past the service (by hand, by another build) are checked when read: keys

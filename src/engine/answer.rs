@@ -8,6 +8,7 @@ use crate::calibration::placement::{
     self, place, Candidate, FitBasis, Placement, Target, REFERENCE_SKU,
 };
 use crate::calibration::step_time::HostFit;
+use crate::calibration::store::ProfileSnapshot;
 use crate::domain::perf::{self, Bound, Roofline};
 use crate::domain::physics::{BreakdownSource, Physics};
 use crate::domain::setup::Trainable;
@@ -54,13 +55,16 @@ pub fn answer(
         warnings,
         ..
     } = request;
+    // The profiles as this request reads them: one version throughout.
+    let profiles = engine.profiles.snapshot();
     let estimate = engine
         .estimators
         .estimate_on(&job, confidence.get(), target.capacity_mib);
     let asked = Asked {
         confidence,
         fraction,
-        roofline: roofline(engine, &job, &target, environment.as_deref()),
+        roofline: roofline(engine, &profiles, &job, &target, environment.as_deref()),
+        profiles,
         target,
         environment,
         warnings,
@@ -78,6 +82,7 @@ fn answer_ranked(
 ) -> Result<EstimateResponse, ApiError> {
     let job = &request.job;
     let setup = setup_response(job);
+    let profiles = engine.profiles.snapshot();
     let mut answers = Vec::with_capacity(1 + request.others.len());
     for (index, target) in std::iter::once(&request.target)
         .chain(&request.others)
@@ -90,7 +95,14 @@ fn answer_ranked(
         let asked = Asked {
             confidence: request.confidence,
             fraction: request.fraction,
-            roofline: roofline(engine, job, target, request.environment.as_deref()),
+            roofline: roofline(
+                engine,
+                &profiles,
+                job,
+                target,
+                request.environment.as_deref(),
+            ),
+            profiles: profiles.clone(),
             target: target.clone(),
             environment: request.environment.clone(),
             warnings: request.warnings.clone(),
@@ -143,6 +155,8 @@ pub fn answer_items(
     started: Instant,
 ) -> Vec<Result<EstimateResponse, ApiError>> {
     let single: Vec<&ValidEstimateRequest> = items.iter().filter(|i| !i.listed).collect();
+    // One version of the profiles for the whole batch.
+    let profiles = engine.profiles.snapshot();
     let queries: Vec<Query> = single
         .iter()
         .map(|item| Query {
@@ -160,7 +174,14 @@ pub fn answer_items(
             let asked = Asked {
                 confidence: item.confidence,
                 fraction: item.fraction,
-                roofline: roofline(engine, &item.job, &item.target, item.environment.as_deref()),
+                roofline: roofline(
+                    engine,
+                    &profiles,
+                    &item.job,
+                    &item.target,
+                    item.environment.as_deref(),
+                ),
+                profiles: profiles.clone(),
                 target: item.target.clone(),
                 environment: item.environment.clone(),
                 warnings: item.warnings.clone(),
@@ -190,6 +211,8 @@ struct Asked {
     setup: SetupResponse,
     /// The performance model on the target, or why there is none.
     roofline: Result<Timed, String>,
+    /// The calibration profiles as the request read them.
+    profiles: ProfileSnapshot,
 }
 
 /// The roofline and the host cost it was timed with.
@@ -203,6 +226,7 @@ struct Timed {
 /// observed on that GPU in `environment` (else in any) when there is one; or why there is none.
 fn roofline(
     engine: &Engine,
+    profiles: &ProfileSnapshot,
     job: &Job,
     target: &Target,
     environment: Option<&str>,
@@ -225,7 +249,7 @@ fn roofline(
             target.gpu
         ));
     };
-    let host = engine.profiles.host_fit(&target.gpu, environment);
+    let host = profiles.host_fit(&target.gpu, environment);
     let roofline = match &host {
         Some(fit) => perf::roofline_with(job, gpu, &fit.constants()),
         None => perf::roofline(job, gpu),
@@ -375,6 +399,7 @@ fn respond(
         warnings,
         setup,
         roofline,
+        profiles,
     } = asked;
     let on_reference = target.gpu == REFERENCE_SKU;
     let mut estimate = estimate?;
@@ -387,7 +412,7 @@ fn respond(
                 answer,
                 target,
                 environment.as_deref(),
-                &engine.profiles,
+                &profiles,
                 &estimate.physics,
                 distribution,
                 fraction,
@@ -438,7 +463,7 @@ fn respond(
     // Estimates do not need the store: while it fails they go on with the profiles last
     // derived, and say so.
     if let Some(calibration) = response.calibration.as_mut() {
-        calibration.profiles_stale = engine.profiles.fault().is_some();
+        calibration.profiles_stale = profiles.stale();
     }
     Ok(response)
 }
