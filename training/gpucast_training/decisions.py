@@ -35,10 +35,12 @@ import tempfile
 from collections import defaultdict
 from pathlib import Path
 
+from .constants import CAPACITY_MIB
+
 ROOT = Path(__file__).resolve().parents[2]
 BATCH = 256  # the CLI's batch limit
 MAX_BODY_BYTES = 2 * 1024 * 1024  # the CLI's input limit, the server's body limit
-REFERENCE_CAPACITY = 40960
+REFERENCE_CAPACITY = CAPACITY_MIB  # the reference card's, from data/gpus.json
 Z95 = 1.6448536269514722
 MIN_LOG_SD = 0.02
 CONTEXT_SD_MIB = 64.0  # data/gpu_check: device total - reserved spans 751-771 MiB on one card
