@@ -1,0 +1,150 @@
+#!/usr/bin/env python3
+"""The floor benchmark: the service against an empty axum JSON handler (examples/json_floor.rs)
+that reads the same body and writes a reply of the same bytes, under the same load in the same
+run, at c=1 and c=32, for three jobs: the README's MLP example, a describe job with its
+simulation (a timm held-out model), and a config job (Llama-3-8B QLoRA). Prints the table and
+writes docs/floor.md. Stdlib only; needs `oha` (cargo install oha --locked).
+
+    cargo build --locked --release --bin gpucast --example json_floor
+    python3 scripts/floor-bench.py [--seconds 5]
+
+Ratios are the service over the floor: p50 latency (how many times slower) and requests per
+second (what share of the floor's throughput). One run, one machine: compare ratios, not the
+absolute figures of another run.
+"""
+
+import argparse
+import gzip
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_ready(port, path):
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=1)
+            return
+        except urllib.error.HTTPError:
+            return  # answering (405 for a GET on a POST route)
+        except Exception:
+            time.sleep(0.1)
+    raise SystemExit(f"nothing answered on port {port}")
+
+
+def jobs():
+    with open(os.path.join(ROOT, "openapi", "openapi.json")) as f:
+        schema = json.load(f)["components"]["schemas"]["EstimateRequest"]
+    mlp = schema.get("example") or schema["allOf"][0]["example"]
+    with gzip.open(os.path.join(ROOT, "data", "timm", "test_simulated.jsonl.gz"), "rt") as f:
+        simulated = json.loads(f.readline())["job"]
+    with open(os.path.join(ROOT, "tests", "fixtures", "cli", "llama_job.json")) as f:
+        config = json.load(f)
+    return [("README MLP job", mlp), ("describe job with its simulation", simulated),
+            ("config job (Llama-3-8B QLoRA)", config)]
+
+
+def post(port, body):
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/estimate", data=body, method="POST",
+                                     headers={"content-type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return response.read()
+
+
+def load(oha, port, body_file, concurrency, seconds):
+    """(p50 ms, requests per second, non-200 answers) of `seconds` of load."""
+    done = subprocess.run(
+        [oha, "-z", f"{seconds}s", "-c", str(concurrency), "-m", "POST", "-T", "application/json",
+         "-D", body_file, "--no-tui", "--output-format", "json",
+         f"http://127.0.0.1:{port}/v1/estimate"],
+        capture_output=True, text=True, check=True)
+    report = json.loads(done.stdout)
+    statuses = report.get("statusCodeDistribution", {})
+    failed = sum(n for code, n in statuses.items() if code != "200")
+    return (report["latencyPercentiles"]["p50"] * 1000, report["summary"]["requestsPerSec"], failed)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seconds", type=int, default=5)
+    parser.add_argument("--gpucast", default=os.path.join(ROOT, "target", "release", "gpucast"))
+    parser.add_argument("--floor", default=os.path.join(ROOT, "target", "release", "examples", "json_floor"))
+    parser.add_argument("--oha", default=shutil.which("oha") or os.path.expanduser("~/.cargo/bin/oha"))
+    parser.add_argument("--out", default=os.path.join(ROOT, "docs", "floor.md"))
+    args = parser.parse_args()
+    for path in (args.gpucast, args.floor, args.oha):
+        if not os.path.exists(path):
+            raise SystemExit(f"{path} is missing: cargo build --locked --release --bin gpucast "
+                             "--example json_floor; cargo install oha --locked")
+    scratch = tempfile.mkdtemp(prefix="gpucast-floor-")
+    port = free_port()
+    service = subprocess.Popen([args.gpucast, "serve", "--listen", f"127.0.0.1:{port}", "--no-nvml",
+                                "--data-dir", os.path.join(scratch, "store")],
+                               cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    rows = []
+    try:
+        wait_ready(port, "/readyz")
+        for name, job in jobs():
+            body = json.dumps(job).encode()
+            body_file = os.path.join(scratch, "body.json")
+            with open(body_file, "wb") as f:
+                f.write(body)
+            reply = post(port, body)
+            reply_file = os.path.join(scratch, "reply.json")
+            with open(reply_file, "wb") as f:
+                f.write(reply)
+            floor_port = free_port()
+            floor = subprocess.Popen([args.floor, str(floor_port), reply_file],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            try:
+                wait_ready(floor_port, "/v1/estimate")
+                for concurrency in (1, 32):
+                    # Alternate the two under load so a slow spell of the machine hits both.
+                    floor_figures = load(args.oha, floor_port, body_file, concurrency, args.seconds)
+                    service_figures = load(args.oha, port, body_file, concurrency, args.seconds)
+                    rows.append((name, len(body), len(reply), concurrency, floor_figures, service_figures))
+                    print(rows[-1], flush=True)
+            finally:
+                floor.terminate()
+                floor.wait(timeout=30)
+    finally:
+        service.terminate()
+        service.wait(timeout=60)
+        shutil.rmtree(scratch, ignore_errors=True)
+
+    lines = ["# The floor: the service against an empty JSON handler", "",
+             f"Written by `python3 scripts/floor-bench.py --seconds {args.seconds}` on "
+             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} ({os.cpu_count()} cores; release builds of "
+             "the service and of examples/json_floor.rs, which reads the same body and writes a reply of the "
+             "same bytes). Do not edit by hand. oha, "
+             f"{args.seconds} s of load per cell, the floor and the service alternating.", "",
+             "| job | body / reply bytes | c | floor p50 ms | gpucast p50 ms | p50 ratio | floor req/s | "
+             "gpucast req/s | throughput share | non-200 |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for name, body_bytes, reply_bytes, c, (f_p50, f_rps, f_bad), (s_p50, s_rps, s_bad) in rows:
+        lines.append(f"| {name} | {body_bytes:,} / {reply_bytes:,} | {c} | {f_p50:.3f} | {s_p50:.3f} | "
+                     f"{s_p50 / f_p50:.1f}x | {f_rps:,.0f} | {s_rps:,.0f} | {s_rps / f_rps:.2f} | "
+                     f"{f_bad + s_bad} |")
+    text = "\n".join(lines) + "\n"
+    with open(args.out, "w") as f:
+        f.write(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
