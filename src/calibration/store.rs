@@ -156,43 +156,6 @@ impl ProfileStore {
         }
     }
 
-    /// [`ProfileSnapshot::calibrate`] on a snapshot taken now.
-    pub fn calibrate(
-        &self,
-        gpu: &str,
-        environment: Option<&str>,
-        predicted_mib: f64,
-        upper_mib: Option<f64>,
-    ) -> Option<Calibrated> {
-        self.snapshot()
-            .calibrate(gpu, environment, predicted_mib, upper_mib)
-    }
-
-    /// [`ProfileSnapshot::host_fit`] on a snapshot taken now.
-    pub fn host_fit(&self, gpu: &str, environment: Option<&str>) -> Option<HostFit> {
-        self.snapshot().host_fit(gpu, environment)
-    }
-
-    /// [`ProfileSnapshot::calibrate_breakdown`] on a snapshot taken now.
-    pub fn calibrate_breakdown(
-        &self,
-        gpu: &str,
-        environment: Option<&str>,
-        predicted_mib: f64,
-        upper_mib: Option<f64>,
-        breakdown: &Breakdown,
-        confidence: f64,
-    ) -> Option<Calibrated> {
-        self.snapshot().calibrate_breakdown(
-            gpu,
-            environment,
-            predicted_mib,
-            upper_mib,
-            breakdown,
-            confidence,
-        )
-    }
-
     /// Records that a job predicted at `predicted_mib` peaked at `observed_mib` on `sku` (no
     /// job description, no environment) and returns the GPU's profile. Tests and tools.
     pub fn observe(
@@ -655,7 +618,10 @@ mod tests {
         for _ in 0..200 {
             let (truth, predicted) = job(&mut rng);
             let observed = SCALE * truth + OFFSET;
-            let answer = store.calibrate("l40s", None, predicted, None).unwrap();
+            let answer = store
+                .snapshot()
+                .calibrate("l40s", None, predicted, None)
+                .unwrap();
             assert_eq!(answer.observations, 30);
             unshifted.push((predicted - truth).abs() / truth);
             uncalibrated.push((predicted - observed).abs() / observed);
@@ -708,12 +674,21 @@ mod tests {
         assert!(warnings.is_empty(), "{warnings:?}");
         assert_eq!(reloaded.get("h100-80gb").unwrap(), written);
         let a = reloaded
+            .snapshot()
             .calibrate("h100-80gb", None, 3000.0, Some(3500.0))
             .unwrap();
         assert!((a.estimate_mib - 3800.0).abs() < 1e-6, "{a:?}");
         assert!((a.upper_bound_mib - (500.0 + 1.1 * 3500.0)).abs() < 1e-6);
-        assert_eq!(reloaded.calibrate("t4", None, 3000.0, None), None);
-        assert_eq!(reloaded.calibrate("h100-80gb", None, f64::NAN, None), None);
+        assert_eq!(
+            reloaded.snapshot().calibrate("t4", None, 3000.0, None),
+            None
+        );
+        assert_eq!(
+            reloaded
+                .snapshot()
+                .calibrate("h100-80gb", None, f64::NAN, None),
+            None
+        );
     }
 
     fn posted(
@@ -754,14 +729,17 @@ mod tests {
         store
             .record(vec![posted("v100-16gb", Some("other"), 4000.0, 4000.0)])
             .unwrap();
-        let fit = store.host_fit("v100-16gb", Some("torch1.10")).unwrap();
+        let fit = store
+            .snapshot()
+            .host_fit("v100-16gb", Some("torch1.10"))
+            .unwrap();
         assert!((fit.host_us_per_op / 45.0 - 1.0).abs() < 0.1, "{fit:?}");
         assert_eq!(fit.observations, 3);
         // An environment's step times teach neither the GPU's own profile nor another
         // environment, which falls back to the GPU's (here none).
-        assert_eq!(store.host_fit("v100-16gb", None), None);
-        assert_eq!(store.host_fit("v100-16gb", Some("other")), None);
-        assert_eq!(store.host_fit("a100-40gb", None), None);
+        assert_eq!(store.snapshot().host_fit("v100-16gb", None), None);
+        assert_eq!(store.snapshot().host_fit("v100-16gb", Some("other")), None);
+        assert_eq!(store.snapshot().host_fit("a100-40gb", None), None);
         // Kept across a reopening: derived from the stored rows.
         assert_eq!(
             store
@@ -836,6 +814,7 @@ mod tests {
             ]
         );
         let own = store
+            .snapshot()
             .calibrate("a100-40gb", Some("torch2.5-cu124"), 4000.0, None)
             .unwrap();
         assert_eq!(own.environment.as_deref(), Some("torch2.5-cu124"));
@@ -844,11 +823,17 @@ mod tests {
             "held to one step: {own:?}"
         );
         let fallback = store
+            .snapshot()
             .calibrate("a100-40gb", Some("jax0.4"), 4000.0, None)
             .unwrap();
         assert_eq!(fallback.environment, None);
         assert_eq!(fallback.observations, 2);
-        assert_eq!(store.calibrate("t4", Some("jax0.4"), 4000.0, None), None);
+        assert_eq!(
+            store
+                .snapshot()
+                .calibrate("t4", Some("jax0.4"), 4000.0, None),
+            None
+        );
         assert_eq!(store.list().len(), 3);
     }
 
@@ -912,6 +897,7 @@ mod tests {
         let new = breakdown(1500.0, 2500.0);
         let predicted = new.total();
         let moved = store
+            .snapshot()
             .calibrate_breakdown(
                 "a100-40gb",
                 Some("torch2.5-cu124"),
@@ -932,7 +918,9 @@ mod tests {
         // The environment's observations do not move the GPU's own profile.
         assert!(store.get("a100-40gb").is_none());
         assert_eq!(
-            store.calibrate_breakdown("a100-40gb", None, predicted, None, &new, 0.95),
+            store
+                .snapshot()
+                .calibrate_breakdown("a100-40gb", None, predicted, None, &new, 0.95),
             None
         );
         // So does an environment whose observations carry no breakdown.
@@ -942,8 +930,17 @@ mod tests {
         let bare = store.get_key("a100-40gb", Some("jax0.4")).unwrap();
         assert!(bare.environment_fit.is_none());
         assert_eq!(
-            store.calibrate_breakdown("a100-40gb", Some("jax0.4"), predicted, None, &new, 0.95),
-            store.calibrate("a100-40gb", Some("jax0.4"), predicted, None)
+            store.snapshot().calibrate_breakdown(
+                "a100-40gb",
+                Some("jax0.4"),
+                predicted,
+                None,
+                &new,
+                0.95
+            ),
+            store
+                .snapshot()
+                .calibrate("a100-40gb", Some("jax0.4"), predicted, None)
         );
     }
 

@@ -270,18 +270,7 @@ pub fn to_job_noting(request: &EstimateRequest) -> Result<(Job, Vec<String>), Ap
             job.family().as_str()
         ));
     }
-    if request.optimizer.is_none() {
-        warnings.push(format!(
-            "optimizer: not given; {} assumed",
-            job.optimizer().as_str()
-        ));
-    }
-    if request.precision.is_none() {
-        warnings.push(format!(
-            "precision: not given; {} assumed",
-            job.precision().as_str()
-        ));
-    }
+    note_defaults(request, &job, &mut warnings);
     Ok((job, warnings))
 }
 
@@ -350,6 +339,12 @@ fn config_job(
     .with_input_shape(Some(&[seq_len]))?;
     let sharded_weights = job.setup().parallelism.strategy.shards().2;
     let job = job.with_known_activations(if sharded_weights { gathered } else { cast });
+    note_defaults(request, &job, &mut warnings);
+    Ok((job, warnings))
+}
+
+/// Says which of the setup's defaults the job was answered with.
+fn note_defaults(request: &EstimateRequest, job: &Job, warnings: &mut Vec<String>) {
     if request.optimizer.is_none() {
         warnings.push(format!(
             "optimizer: not given; {} assumed",
@@ -362,7 +357,6 @@ fn config_job(
             job.precision().as_str()
         ));
     }
-    Ok((job, warnings))
 }
 
 /// The setup fields of a request, borrowed for the domain's parser.
