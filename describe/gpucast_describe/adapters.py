@@ -45,7 +45,7 @@ rather than approximated by a formula:
   arguments as ``GradientCheckpointingLayer`` does, and a Hugging Face model taking
   ``input_ids`` gets ``enable_input_require_grads()`` as ``gradient_checkpointing_enable`` gives
   it. The replacement is a bound method and the original is kept as the class's function, so
-  ``copy.deepcopy`` (``walker._on_meta``) carries working wrappers into the copy. The
+  ``copy.deepcopy`` (``meta.on_meta``) carries working wrappers into the copy. The
   recomputation runs under the torch-function modes the forward ran under (the simulation's
   GPU-kernel and autocast emulation): ``simulate`` keeps them through backward itself; for a
   plain ``loss.backward()``, which autograd runs without them, the wrapper re-enters them

@@ -17,7 +17,7 @@ Where the meta device would run other kernels than a GPU, the GPU's choice is em
 ``F.scaled_dot_product_attention`` runs with the kernel CUDA picks on an sm80+ GPU (flash
 attention for fp16/bf16 without a mask, grouped-query attention included, else the
 memory-efficient kernel, neither keeping N x N probabilities, else the math path; see
-:func:`.walker.sdpa_backend`; ``attention="math"`` forces the math path), dropout, in SDPA's
+:func:`.attention.sdpa_backend`; ``attention="math"`` forces the math path), dropout, in SDPA's
 math path too, as the fused ``native_dropout`` (a one-byte mask, not a float one), fp16 ->
 fp32 (log-)softmax as CUDA's ``half_to_float`` kernels, and ``amp_fp16`` / ``amp_bf16`` as CUDA
 autocast does it (matmuls and convolutions in 16 bits with the weights' casts cached for the
@@ -58,7 +58,8 @@ from . import allocator
 from .adapters import BASE_WEIGHTS as LORA_BASE_WEIGHTS
 from .adapters import PEFT_DEFAULT_ALPHA as LORA_DEFAULT_ALPHA
 from .adapters import apply_setup, parse_lora
-from .walker import _gpu_attention, _math_attention, _on_meta, sdpa_backend
+from .attention import _gpu_attention, _math_attention, sdpa_backend
+from .meta import on_meta
 
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw", "adafactor", "adam_8bit", "adamw_8bit",
               "paged_adamw", "paged_adamw_8bit")
@@ -68,7 +69,7 @@ PRECISIONS = ("fp32", "tf32", "amp_fp16", "amp_bf16", "bf16", "fp16")
 PRECISION_ALIASES = {"mixed16": "amp_fp16", "amp": "amp_fp16"}
 LOSSES = ("auto", "cross_entropy", "sum")
 # efficient: F.scaled_dot_product_attention with the kernel the GPU picks (flash, memory-efficient
-# or math: walker.sdpa_backend); math: always its math path (N x N probabilities kept); eager:
+# or math: attention.sdpa_backend); math: always its math path (N x N probabilities kept); eager:
 # also Hugging Face models switched to their eager attention (config._attn_implementation =
 # "eager", as transformers ran before SDPA).
 ATTENTIONS = ("efficient", "math", "eager")
@@ -1183,7 +1184,7 @@ def simulate_step(
     pure = _PURE.get(precision)
     transformed = setup["activation_checkpointing"] != "none" or setup["lora"] is not None or \
         setup["trainable"] is not None
-    model = _on_meta(module)
+    model = on_meta(module)
     if pure is not None or transformed:
         if model is module:  # the caller's module is left as it is
             model = copy.deepcopy(module)

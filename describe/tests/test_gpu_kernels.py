@@ -12,7 +12,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from gpucast_describe import allocator, simulate, simulate_step
-from gpucast_describe.walker import _gpu_attention, _math_attention, sdpa_backend
+from gpucast_describe.attention import _gpu_attention, _math_attention, sdpa_backend
 
 MIB = 1 << 20
 
