@@ -61,6 +61,13 @@ const NF4_BYTES: f64 = 0.5 + 1.0 / 64.0 + 4.0 / (64.0 * 256.0);
 const ADAPTER_BYTES: f64 = 4.0;
 /// DeepSpeed ZeRO's default `reduce_bucket_size` (elements).
 const ZERO_REDUCE_BUCKET: f64 = 5e8;
+/// DeepSpeed ZeRO-3's default `stage3_max_reuse_distance` (elements of the parameter trace): a
+/// gathered parameter whose next use lies within it is not released. Across the turn from
+/// forward to backward that keeps the last half of it gathered (forward's rest plus backward's
+/// way back to it).
+const ZERO3_MAX_REUSE_DISTANCE: f64 = 1e9;
+/// DeepSpeed ZeRO-3's default `stage3_prefetch_bucket_size` (elements gathered ahead).
+const ZERO3_PREFETCH_BUCKET: f64 = 5e7;
 /// The share of the traced fp32 saved bytes a step keeps under autocast: matmuls and
 /// convolutions save 16-bit inputs, norms, softmax and losses fp32 ones. The median, over five
 /// models, of describe's simulated autocast activations at the peak over the traced fp32 bytes
@@ -232,6 +239,8 @@ struct LayerPlan {
     reference_bytes: f64,
     /// Bytes of the optimizer state of this layer's trainable base parameters (non-adapter).
     state_elements_bytes: f64,
+    /// Bytes of this layer's quantised weight dequantised for its matmul (compute dtype).
+    dequantised_bytes: f64,
 }
 
 /// The optimizer state bytes of `elements` trainable parameters of one layer stored in
@@ -380,11 +389,19 @@ pub fn analytic_step(job: &Job) -> StepMemory {
             } else {
                 0.0
             };
+            // A quantised base is dequantised whole for each matmul, forward and backward
+            // (bitsandbytes' MatMul4Bit and int8 backward, the GPTQ/AWQ training kernels),
+            // and freed after it: one layer's at a time.
+            let dequantised_bytes = match quantised {
+                Some(BaseWeights::Same) | None => 0.0,
+                Some(_) => params * precision.compute_bytes(),
+            };
             LayerPlan {
                 trainable,
                 adapters,
                 weight_bytes,
                 reference_bytes,
+                dequantised_bytes,
                 // An fp32 master copy of what trains goes with the state.
                 state_elements_bytes: state_bytes(
                     setup.optimizer,
@@ -522,10 +539,15 @@ pub fn analytic_step(job: &Job) -> StepMemory {
     // Backward starts with the gradient of the loss's input (the logits, in fp32 for a
     // language model's loss) beside what it keeps.
     let largest_output = outputs.iter().copied().fold(0.0, f64::max);
-    let backward_temporaries = match known {
-        Some(k) => k.backward_temporaries * micro,
-        None => largest_output * micro * 4.0,
-    };
+    let dequantised = plans
+        .iter()
+        .map(|p| p.dequantised_bytes)
+        .fold(0.0, f64::max);
+    let backward_temporaries = dequantised
+        + match known {
+            Some(k) => k.backward_temporaries * micro,
+            None => largest_output * micro * 4.0,
+        };
 
     // Sharding and model parallelism.
     let p = setup.parallelism;
@@ -574,8 +596,12 @@ pub fn analytic_step(job: &Job) -> StepMemory {
         Strategy::Zero1 | Strategy::Zero2 => {
             unsharded_gradients.min(ZERO_REDUCE_BUCKET * storage.min(4.0))
         }
-        // The gathered weights of the unit running and of the one prefetched, and one unit's
-        // gradients before their reduce-scatter.
+        // FSDP: the gathered weights of the unit running and of the one prefetched, and one
+        // unit's gradients before their reduce-scatter.
+        // ZeRO-3 (DeepSpeed's defaults, stage3.py and partitioned_param_coordinator.py): the
+        // parameters kept gathered for their reuse and those prefetched, never fewer than two
+        // units, and the contiguous gradient bucket, allocated whole at start-up
+        // (`reduce_bucket_size` elements of the parameters' dtype).
         Strategy::Fsdp | Strategy::Zero3 => {
             let units = job.blocks();
             let unit_params = if units.is_empty() {
@@ -592,7 +618,14 @@ pub fn analytic_step(job: &Job) -> StepMemory {
                     .fold(0.0, f64::max)
             } / model_parallel;
             let unit_trainable = unit_params * (gradients / weights.max(1.0)).min(1.0);
-            2.0 * unit_params * compute_bytes + unit_trainable * 4.0
+            if p.strategy == Strategy::Zero3 {
+                let kept = (ZERO3_MAX_REUSE_DISTANCE / 2.0 + ZERO3_PREFETCH_BUCKET)
+                    .min(total_params / model_parallel)
+                    .max(2.0 * unit_params);
+                kept * compute_bytes + ZERO_REDUCE_BUCKET * storage
+            } else {
+                2.0 * unit_params * compute_bytes + unit_trainable * 4.0
+            }
         }
     };
     let ddp_buckets = if p.strategy == Strategy::Ddp {

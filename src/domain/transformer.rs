@@ -696,6 +696,9 @@ pub fn build(
     };
     let head_params = !c.tied;
     let block_count;
+    // The language-model head each architecture ends with, added after the match (BERT adds
+    // its own prediction head).
+    let head: Option<(&str, bool)>;
     match c.architecture {
         Architecture::Decoder => {
             b.push(
@@ -832,26 +835,7 @@ pub fn build(
             }
             b.rms_norm("model.norm".into(), c.hidden);
             outside.add(rms);
-            if let Some(labels) = c.classifier_labels {
-                // A reward or value model (`...ForSequenceClassification`): the score head
-                // over every position, pooled at the last token; the loss is over a few labels
-                // (a reward model's pairwise loss over one score per sequence).
-                let (hidden, layers) = (c.hidden, c.layers);
-                b.linear("score".into(), hidden, labels, false, true);
-                return finish(
-                    b,
-                    config,
-                    seq_len,
-                    outside,
-                    blocks,
-                    layers,
-                    math,
-                    warnings,
-                    labels as f64,
-                );
-            }
-            b.linear("lm_head".into(), c.hidden, c.vocab, false, head_params);
-            outside.add(lm_loss);
+            head = Some(("lm_head", false));
             block_count = c.layers;
         }
         Architecture::Gpt2 => {
@@ -936,9 +920,8 @@ pub fn build(
                 blocks.add(block);
             }
             b.layer_norm("transformer.ln_f".into(), c.hidden);
-            b.linear("lm_head".into(), c.hidden, c.vocab, false, head_params);
             outside.add(layer_norm);
-            outside.add(lm_loss);
+            head = Some(("lm_head", false));
             block_count = c.layers;
         }
         Architecture::GptNeox => {
@@ -1011,9 +994,8 @@ pub fn build(
                 blocks.add(block);
             }
             b.layer_norm("gpt_neox.final_layer_norm".into(), c.hidden);
-            b.linear("embed_out".into(), c.hidden, c.vocab, false, head_params);
             outside.add(layer_norm);
-            outside.add(lm_loss);
+            head = Some(("embed_out", false));
             block_count = c.layers;
         }
         Architecture::Phi => {
@@ -1061,9 +1043,8 @@ pub fn build(
                 blocks.add(block);
             }
             b.layer_norm("model.final_layernorm".into(), c.hidden);
-            b.linear("lm_head".into(), c.hidden, c.vocab, true, head_params);
             outside.add(layer_norm);
-            outside.add(lm_loss);
+            head = Some(("lm_head", true));
             block_count = c.layers;
         }
         Architecture::Bert => {
@@ -1238,6 +1219,7 @@ pub fn build(
             });
             outside.add(layer_norm);
             outside.add(lm_loss);
+            head = None;
             block_count = c.layers;
         }
         Architecture::T5 => {
@@ -1349,7 +1331,6 @@ pub fn build(
             };
             stack(&mut b, "encoder", c.layers, false);
             stack(&mut b, "decoder", c.decoder_layers, true);
-            b.linear("lm_head".into(), c.hidden, c.vocab, false, head_params);
             let mut encoder_block = t5_norm;
             encoder_block.autocast_copies += 2.0 * h;
             encoder_block.add(attention);
@@ -1376,10 +1357,48 @@ pub fn build(
                 ..Default::default()
             });
             let _ = bias;
-            outside.add(lm_loss);
+            head = Some(("lm_head", false));
             block_count = c.layers + c.decoder_layers;
         }
     }
+    // The head: the language model's over the vocabulary, or a reward or value model's
+    // (`...ForSequenceClassification`): a score over every position, pooled at the last token
+    // (T5: a two-layer head on the end-of-sequence token), with its loss over a few labels (a
+    // reward model's pairwise loss over one score per sequence).
+    let loss_classes = match c.classifier_labels {
+        Some(labels) if c.architecture == Architecture::T5 => {
+            b.linear(
+                "classification_head.dense".into(),
+                c.hidden,
+                c.hidden,
+                true,
+                true,
+            );
+            b.linear(
+                "classification_head.out_proj".into(),
+                c.hidden,
+                labels,
+                true,
+                true,
+            );
+            let first = b.layers.len() - 2;
+            for layer in &mut b.layers[first..] {
+                layer.output_size /= seq.max(1);
+            }
+            labels as f64
+        }
+        Some(labels) => {
+            b.linear("score".into(), c.hidden, labels, false, true);
+            labels as f64
+        }
+        None => {
+            if let Some((name, bias)) = head {
+                b.linear(name.into(), c.hidden, c.vocab, bias, head_params);
+                outside.add(lm_loss);
+            }
+            v
+        }
+    };
     finish(
         b,
         config,
@@ -1389,7 +1408,7 @@ pub fn build(
         block_count,
         math,
         warnings,
-        v,
+        loss_classes,
     )
 }
 

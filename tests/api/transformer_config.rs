@@ -403,6 +403,51 @@ async fn offload_moves_state_gradients_and_weights_off_the_gpu() {
     }
 }
 
+/// DeepSpeed ZeRO-3 at its defaults keeps gathered every parameter reused within half its
+/// `stage3_max_reuse_distance` (1e9) plus the prefetch bucket (5e7), and allocates its contiguous
+/// gradient bucket (`reduce_bucket_size`, 5e8 elements of the parameters' dtype) whole; FSDP
+/// gathers two units. A model smaller than the window keeps no more than all its parameters.
+#[tokio::test]
+async fn zero3_keeps_its_reuse_window_gathered_and_its_gradient_bucket_whole() {
+    let app = spawn_app().await;
+    let config = |name: &str| -> Value {
+        let path = repo_root().join(format!("tests/fixtures/transformer_configs/{name}"));
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+    };
+    let answer = |config: &Value, strategy: &str| {
+        let job = json!({"transformer_config": config, "batch_size": 1, "seq_len": 512,
+                         "precision": "bf16", "optimizer": "adamw", "gpu": "a100-80gb",
+                         "parallelism": {"strategy": strategy, "world_size": 8},
+                         "offload": {"parameters": true}});
+        let app = &app;
+        async move { app.post_json_value("/v1/estimate", &job).await }
+    };
+    let collective = |a: &Value| {
+        a["memory"]["breakdown"]["collective_buffers"]
+            .as_f64()
+            .unwrap()
+    };
+    let mib = |bytes: f64| bytes / 1048576.0;
+    let llama = config("public/meta-llama__Llama-2-7b-hf.json");
+    let zero3 = collective(&answer(&llama, "zero3").await);
+    let fsdp = collective(&answer(&llama, "fsdp").await);
+    let window = mib((0.5e9 + 5e7) * 2.0 + 5e8 * 2.0);
+    assert!((zero3 - window).abs() < 1.0, "{zero3} vs {window}");
+    // FSDP's two gathered blocks of Llama-2-7B (202M parameters each) and one block's fp32
+    // gradients.
+    assert!(fsdp < zero3 - 400.0, "{fsdp} vs {zero3}");
+    let small = answer(&config("gpt2.json"), "zero3").await;
+    let params = small["setup"]["trainable_params"].as_f64().unwrap();
+    assert!(params < 0.1e9, "{params}");
+    // A model smaller than the window: every parameter gathered, beside the whole bucket.
+    let expected = mib(params * 2.0 + 5e8 * 2.0);
+    assert!(
+        (collective(&small) - expected).abs() < 1.0,
+        "{} vs {expected}",
+        collective(&small)
+    );
+}
+
 /// PEFT's modules_to_save: the embeddings and the head get trained copies beside their frozen
 /// originals, each with gradients and optimizer state: the trainable count grows by their
 /// parameters, and the figure by at least copy + gradients + Adam state of them; a name that
@@ -577,8 +622,9 @@ async fn the_loss_over_a_large_vocabulary_follows_its_implementation() {
 
 /// 4-bit GPTQ and AWQ bases: packed int4 weights with fp16 scales and packed zeros per group
 /// of 128 inputs (GPTQ with an int32 index per input): about 0.52 bytes a weight, a little
-/// above NF4's 0.516, far below bf16's 2; a smaller group costs more; a group size on another
-/// base is a 422 naming it.
+/// above NF4's 0.516, far below bf16's 2; a smaller group costs more; every quantised base
+/// adds its largest layer dequantised to the temporaries; a group size on another base is a
+/// 422 naming it.
 #[tokio::test]
 async fn gptq_and_awq_bases_cost_their_packed_bytes() {
     let app = spawn_app().await;
@@ -594,7 +640,12 @@ async fn gptq_and_awq_bases_cost_their_packed_bytes() {
                "precision": "bf16", "optimizer": "adamw", "gpu": "a100-80gb", "lora": lora})
     };
     let weights = |a: &Value| a["memory"]["breakdown"]["parameters"].as_f64().unwrap();
+    let temporaries = |a: &Value| a["memory"]["breakdown"]["temporaries"].as_f64().unwrap();
+    // Each quantised base is dequantised one layer at a time for its matmuls: the largest,
+    // an MLP projection of 11008 x 4096, in bf16 beside backward's other temporaries.
+    let dequantised = 11008.0 * 4096.0 * 2.0 / 1048576.0;
     let mut answers = Vec::new();
+    let mut plain_temporaries = 0.0;
     for (base, group) in [
         ("same", None),
         ("nf4", None),
@@ -607,6 +658,13 @@ async fn gptq_and_awq_bases_cost_their_packed_bytes() {
             answer["memory"]["estimate_mib"].is_number(),
             "{base}: {answer}"
         );
+        assert_eq!(answer["memory"]["peak_moment"], "backward_start", "{base}");
+        if base == "same" {
+            plain_temporaries = temporaries(&answer);
+        } else {
+            let added = temporaries(&answer) - plain_temporaries;
+            assert!((added - dequantised).abs() < 0.2, "{base}: {added}");
+        }
         answers.push(weights(&answer));
     }
     let [same, nf4, gptq, awq, awq32] = answers[..] else {
@@ -628,6 +686,82 @@ async fn gptq_and_awq_bases_cost_their_packed_bytes() {
             .starts_with("lora.group_size"),
         "{problem}"
     );
+}
+
+/// Reward and value heads on every decoder family and T5 (`...ForSequenceClassification`):
+/// the language-model head (and its logits and loss over the vocabulary) gives way to a score
+/// of `num_labels` over every position (T5: `classification_head`, dense then out_proj, on the
+/// end-of-sequence token); the parameters change by exactly those heads, and the figure falls.
+#[tokio::test]
+async fn reward_heads_replace_the_language_model_head_on_every_family() {
+    let app = spawn_app().await;
+    for (fixture, reward, hidden, vocab, lm_head_params, head_params) in [
+        // GPT-2 ties its head to the embeddings: the head adds nothing of its own.
+        (
+            "gpt2.json",
+            "GPT2ForSequenceClassification",
+            512.0,
+            8000.0,
+            0.0,
+            512.0,
+        ),
+        (
+            "gpt_neox.json",
+            "GPTNeoXForSequenceClassification",
+            512.0,
+            8000.0,
+            512.0 * 8000.0,
+            512.0,
+        ),
+        // Phi's head has a bias.
+        (
+            "public/microsoft__phi-1_5.json",
+            "PhiForSequenceClassification",
+            2048.0,
+            51200.0,
+            2048.0 * 51200.0 + 51200.0,
+            2048.0,
+        ),
+        (
+            "t5.json",
+            "T5ForSequenceClassification",
+            512.0,
+            8000.0,
+            0.0,
+            512.0 * 512.0 + 512.0 + 512.0 + 1.0,
+        ),
+    ] {
+        let path = repo_root().join(format!("tests/fixtures/transformer_configs/{fixture}"));
+        let config: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let mut reward_config = config.clone();
+        reward_config["architectures"] = json!([reward]);
+        reward_config["num_labels"] = 1.into();
+        let job = |config: &Value| {
+            json!({"transformer_config": config, "batch_size": 4, "seq_len": 512,
+                   "precision": "bf16", "optimizer": "adamw", "gpu": "a100-80gb"})
+        };
+        let lm: Value = app.post_json_value("/v1/estimate", &job(&config)).await;
+        let rm: Value = app
+            .post_json_value("/v1/estimate", &job(&reward_config))
+            .await;
+        let params = |a: &Value| a["setup"]["trainable_params"].as_f64().unwrap();
+        assert_eq!(
+            params(&rm) - params(&lm),
+            head_params - lm_head_params,
+            "{fixture}: {} vs {}",
+            params(&rm),
+            params(&lm)
+        );
+        let figure = |a: &Value| a["memory"]["estimate_mib"].as_f64().unwrap();
+        // At least the fp32 logits over the vocabulary are gone.
+        let logits = 4.0 * 512.0 * vocab * 4.0 / 1048576.0;
+        assert!(
+            figure(&rm) < figure(&lm) - logits,
+            "{fixture}: {} vs {} ({hidden})",
+            figure(&rm),
+            figure(&lm)
+        );
+    }
 }
 
 /// A reward model (`LlamaForSequenceClassification`, one label): a score head instead of the
