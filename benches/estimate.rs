@@ -6,11 +6,11 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use gpucast::config::ServeConfig;
 use std::io::BufRead;
 
+use gpucast::api::types::EstimateRequest;
 use gpucast::domain::features::AggregateFeatures;
 use gpucast::domain::{Family, Job};
 use gpucast::engine::validate::to_job;
 use gpucast::estimators::Estimators;
-use gpucast::http::types::EstimateRequest;
 use gpucast::startup::Application;
 
 #[path = "../tests/common/mod.rs"]

@@ -12,11 +12,11 @@
 use std::collections::BTreeMap;
 use std::io::BufRead;
 
+use gpucast::api::types::EstimateRequest;
 use gpucast::devices::sku::Catalogue;
 use gpucast::domain::perf::{roofline_with, Constants, CALIBRATED};
 use gpucast::domain::Job;
 use gpucast::engine::validate::to_job;
-use gpucast::http::types::EstimateRequest;
 
 struct Row {
     shape: String,

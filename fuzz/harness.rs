@@ -3,8 +3,8 @@
 //! (`tests/fuzz_regressions.rs`), so a crash reproduces exactly the same way in both.
 //! Each function must never panic, whatever the bytes.
 
+use gpucast::api::types::EstimateRequest;
 use gpucast::domain::summary::{parse_summary, SampleShape, SummaryFormat};
-use gpucast::http::types::EstimateRequest;
 
 /// The JSON description path of `POST /v1/estimate`: bytes -> wire type -> validated job
 /// (a layer list, or summary text parsed into one).

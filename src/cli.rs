@@ -9,6 +9,8 @@ use std::time::Instant;
 
 use serde_json::Value;
 
+use crate::api::parse::{parse_estimate, parse_json};
+use crate::api::types::{BatchRequest, BatchResponse};
 use crate::calibration::db;
 use crate::calibration::store::{ProfileStore, DEFAULT_RETENTION};
 use crate::config::{located, EstimateArgs, OutputFormat};
@@ -18,8 +20,6 @@ use crate::domain::uncertainty::{self, Spreads};
 use crate::engine::Engine;
 use crate::error::ApiError;
 use crate::estimators::Estimators;
-use crate::http::extract::{parse_estimate, parse_json};
-use crate::http::types::{BatchRequest, BatchResponse};
 use crate::metrics::Metrics;
 
 /// Exit status of bad input (the problem JSON is printed).
@@ -184,7 +184,7 @@ pub fn gpus(format: OutputFormat) -> i32 {
     let catalogue = Catalogue::builtin();
     match format {
         OutputFormat::Json => {
-            let value = serde_json::to_value(crate::http::gpus::catalogue_response(catalogue))
+            let value = serde_json::to_value(crate::api::gpus::catalogue_response(catalogue))
                 .expect("the catalogue serialises");
             println!(
                 "{}",

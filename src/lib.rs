@@ -1,6 +1,7 @@
 //! gpucast: estimates the GPU memory and utilization of a deep-learning training job from its
 //! description, before it runs.
 
+pub mod api;
 pub mod calibration;
 pub mod cli;
 pub mod config;

@@ -9,8 +9,8 @@
 use std::collections::BTreeMap;
 use std::io::Read;
 
+use gpucast::api::types::EstimateRequest;
 use gpucast::engine::validate::to_job_noting;
-use gpucast::http::types::EstimateRequest;
 use serde_json::{json, Value};
 
 const FIXTURE: &str = concat!(

@@ -4,6 +4,13 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
+use crate::api::types::{
+    BreakdownResponse, BreakdownSourceName, CalibrationResponse, EstimateResponse, EstimatorAnswer,
+    ExtrapolationResponse, FitBasisName, FitResponse, GpuRankResponse, LatencyResponse,
+    MemoryClassResponse, MemoryResponse, OffloadResponse, ParallelismResponse, PeakMomentName,
+    PerformanceBoundName, PerformanceResponse, PerformanceSourceName, SetupResponse,
+    UncertaintyResponse, UtilizationResponse, UtilizationSourceName,
+};
 use crate::calibration::placement::{
     self, place, Candidate, FitBasis, Placement, Target, REFERENCE_SKU,
 };
@@ -19,13 +26,6 @@ use crate::engine::Engine;
 use crate::error::ApiError;
 use crate::estimators::manifest::EstimatorKind;
 use crate::estimators::{ClassAnswer, Estimate, EstimateError, Query};
-use crate::http::types::{
-    BreakdownResponse, BreakdownSourceName, CalibrationResponse, EstimateResponse, EstimatorAnswer,
-    ExtrapolationResponse, FitBasisName, FitResponse, GpuRankResponse, LatencyResponse,
-    MemoryClassResponse, MemoryResponse, OffloadResponse, ParallelismResponse, PeakMomentName,
-    PerformanceBoundName, PerformanceResponse, PerformanceSourceName, SetupResponse,
-    UncertaintyResponse, UtilizationResponse, UtilizationSourceName,
-};
 
 /// The utilization metrics answered, each a fraction or null with a reason.
 const UTILIZATION_TARGETS: [&str; 3] = ["smact", "smocc", "drama"];

@@ -13,13 +13,13 @@ pub mod validate;
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::api::parse::parse_estimate;
+use crate::api::types::{BatchItemResponse, EstimateResponse};
 use crate::calibration::store::ProfileStore;
 use crate::devices::sku::Catalogue;
 use crate::devices::GpuDevices;
 use crate::error::ApiError;
 use crate::estimators::Estimators;
-use crate::http::extract::parse_estimate;
-use crate::http::types::{BatchItemResponse, EstimateResponse};
 use crate::metrics::Metrics;
 
 /// What every answer reads.
@@ -36,7 +36,7 @@ impl Engine {
     /// One request's answer.
     pub fn estimate(
         &self,
-        request: &crate::http::types::EstimateRequest,
+        request: &crate::api::types::EstimateRequest,
         started: Instant,
     ) -> Result<EstimateResponse, ApiError> {
         let valid = validate::validate(request, &self.catalogue, self.devices.as_ref())?;

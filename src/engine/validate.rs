@@ -3,6 +3,9 @@
 //! runs. Both estimate routes and the calibration routes validate here, so the route modules
 //! need not import each other.
 
+use crate::api::types::{
+    EstimateRequest, GpuChoice, GpuRequest, NamesRequest, SummaryFormatRequest,
+};
 use crate::calibration::placement::{PlacementError, Target};
 use crate::devices::sku::Catalogue;
 use crate::devices::GpuDevices;
@@ -16,9 +19,6 @@ use crate::domain::{
 };
 use crate::domain::{LayerDetail, UncheckedSetup};
 use crate::error::ApiError;
-use crate::http::types::{
-    EstimateRequest, GpuChoice, GpuRequest, NamesRequest, SummaryFormatRequest,
-};
 
 /// Said back when a summary's saved tensors were derived rather than traced.
 pub const DERIVED_SAVED_TENSORS_WARNING: &str = "saved_tensors: derived from the summary's \

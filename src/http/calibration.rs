@@ -10,6 +10,11 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::value::RawValue;
 
+use crate::api::parse::parse_json;
+use crate::api::types::{
+    EnvironmentFitResponse, EstimateRequest, ObservationRequest, ObservationsResponse, Problem,
+    ProfileResponse, ProfilesResponse, StepTimeFitResponse, WatchRequest, WatchResponse,
+};
 use crate::calibration::db::{NewObservation, Source};
 use crate::calibration::environment::CONTEXT_RANGE_MIB;
 use crate::calibration::placement::Target;
@@ -22,12 +27,8 @@ use crate::engine::validate::{self, resolve, to_job};
 use crate::error::ApiError;
 use crate::estimators::FIRST_PRINCIPLES;
 use crate::http::auth::require_write_access;
-use crate::http::extract::{parse_json, JsonBody, JsonObjectOrArray};
+use crate::http::extract::{JsonBody, JsonObjectOrArray};
 use crate::http::idempotency::{self, Claim};
-use crate::http::types::{
-    EnvironmentFitResponse, EstimateRequest, ObservationRequest, ObservationsResponse, Problem,
-    ProfileResponse, ProfilesResponse, StepTimeFitResponse, WatchRequest, WatchResponse,
-};
 use crate::http::AppState;
 
 /// Observations accepted in one call.
@@ -69,7 +70,7 @@ pub async fn profiles(State(state): State<AppState>) -> Json<ProfilesResponse> {
     post,
     path = "/v1/calibration/observations",
     tag = "devices",
-    request_body = crate::http::types::ObservationsRequest,
+    request_body = crate::api::types::ObservationsRequest,
     params(
         ("Idempotency-Key" = Option<String>, Header, description = "Makes retries safe: a call with a key already recorded returns the original answer and records nothing again"),
     ),
@@ -212,7 +213,7 @@ fn record(state: &AppState, observations: Vec<Posted>) -> Result<ObservationsRes
         // The GPU is named once, at the top: a different one inside the job is a contradiction.
         if let Some(inner) = observation.job.gpu.as_ref() {
             // An observation is of one card: a list inside its job cannot be it.
-            let crate::http::types::GpuChoice::One(inner) = inner else {
+            let crate::api::types::GpuChoice::One(inner) = inner else {
                 return Err(at(ApiError::InvalidInput(
                     "job.gpu: an observation is of one GPU, not a list".into(),
                 )));
@@ -402,7 +403,7 @@ pub async fn watch(
     let JsonBody(request) = JsonBody::<WatchRequest>::from_request(request, &state).await?;
     let pid = u32::try_from(request.pid)
         .map_err(|_| ApiError::InvalidInput(format!("pid: {} is not a process id", request.pid)))?;
-    let attached = crate::http::types::GpuRequest::Name("attached".into());
+    let attached = crate::api::types::GpuRequest::Name("attached".into());
     let target = resolve(
         Some(&attached),
         &state.engine.catalogue,

@@ -3,9 +3,9 @@
 use axum::extract::State;
 use axum::Json;
 
+use crate::api::types::{DeviceResponse, DevicesResponse, PeaksResponse};
 use crate::devices::{derived, DeviceError};
 use crate::error::ApiError;
-use crate::http::types::{DeviceResponse, DevicesResponse, PeaksResponse};
 use crate::http::AppState;
 
 /// The GPUs of this host, as NVML reports them.

@@ -5,11 +5,11 @@ use std::time::Instant;
 use axum::extract::State;
 use axum::Json;
 
+use crate::api::types::{BatchRequest, BatchResponse, EstimateRequest, EstimateResponse, Problem};
 use crate::engine::answer::answer;
 use crate::engine::validate::validate;
 use crate::error::ApiError;
 use crate::http::extract::{EstimateBody, JsonBody};
-use crate::http::types::{BatchRequest, BatchResponse, EstimateRequest, EstimateResponse, Problem};
 use crate::http::AppState;
 
 /// Estimate one job.

@@ -1,13 +1,15 @@
-//! A JSON body extractor whose rejections are [`ApiError`]s naming the offending field, so
-//! malformed input gets the same problem-details body as every other error.
+//! JSON body extractors whose rejections are [`ApiError`]s naming the offending field, so
+//! malformed input gets the same problem-details body as every other error (the parsing itself
+//! is [`crate::api::parse`], shared with the CLI).
 
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Request};
 use axum::http::{header, StatusCode};
 use serde::de::DeserializeOwned;
 
+use crate::api::parse::{deserialize, parse_estimate, parse_json};
+use crate::api::types::EstimateRequest;
 use crate::error::ApiError;
-use crate::http::types::EstimateRequest;
 use crate::http::AppState;
 
 /// A JSON object body.
@@ -24,60 +26,6 @@ impl FromRequest<AppState> for EstimateBody {
         let bytes = body_bytes(request, state).await?;
         parse_estimate(&bytes, "").map(EstimateBody)
     }
-}
-
-/// Parses an estimate request. A body that is not one but holds a Hugging Face config's keys
-/// at the top (`model_type` or `architectures`, no `transformer_config`, `layers` or
-/// `summary`) is read as the request whose `transformer_config` is those keys, the request's
-/// own fields (`batch_size`, `seq_len`, `precision`, `gpu`, ...) staying beside them: the
-/// config file as downloaded, plus the setup. Tried only after the plain parse failed, so a
-/// request costs nothing more.
-pub fn parse_estimate(bytes: &[u8], prefix: &str) -> Result<EstimateRequest, ApiError> {
-    let refused = match parse_json::<EstimateRequest>(bytes, prefix) {
-        Err(refused @ ApiError::InvalidInput(_)) => refused,
-        other => return other,
-    };
-    match hub_config_request(bytes) {
-        Some(wrapped) => parse_json(&wrapped, prefix),
-        None => Err(refused),
-    }
-}
-
-/// The body with a hub config's keys moved under `transformer_config`; `None` when it is not
-/// shaped like one.
-fn hub_config_request(bytes: &[u8]) -> Option<Vec<u8>> {
-    let serde_json::Value::Object(top) = serde_json::from_slice(bytes).ok()? else {
-        return None;
-    };
-    let is_config = top.contains_key("model_type") || top.contains_key("architectures");
-    let is_request = ["transformer_config", "layers", "summary"]
-        .iter()
-        .any(|k| top.contains_key(*k));
-    if !is_config || is_request {
-        return None;
-    }
-    let fields = request_fields();
-    let (mut request, config): (serde_json::Map<_, _>, serde_json::Map<_, _>) = top
-        .into_iter()
-        .partition(|(key, _)| fields.iter().any(|f| f == key));
-    request.insert(
-        "transformer_config".into(),
-        serde_json::Value::Object(config),
-    );
-    serde_json::to_vec(&request).ok()
-}
-
-/// The field names of an estimate request, read from its schema (the one list there is).
-fn request_fields() -> &'static [String] {
-    static FIELDS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
-    FIELDS.get_or_init(|| {
-        use utoipa::openapi::schema::Schema;
-        use utoipa::openapi::RefOr;
-        match <EstimateRequest as utoipa::PartialSchema>::schema() {
-            RefOr::T(Schema::Object(object)) => object.properties.keys().cloned().collect(),
-            _ => Vec::new(),
-        }
-    })
 }
 
 /// A JSON body that may be one object or an array of them.
@@ -127,95 +75,4 @@ async fn body_bytes(request: Request, state: &AppState) -> Result<Bytes, ApiErro
                 ApiError::MalformedJson(rejection.body_text())
             }
         })
-}
-
-/// Parses JSON; syntax errors are malformed (400), type and value errors invalid (422), both
-/// naming the JSON path (prefixed with `prefix`) where they occurred.
-pub fn parse_json<T: DeserializeOwned>(bytes: &[u8], prefix: &str) -> Result<T, ApiError> {
-    // serde also reads structs from JSON arrays (by position); requests must be objects.
-    if let Some(&first) = bytes.iter().find(|b| !b.is_ascii_whitespace()) {
-        if first != b'{' && serde_json::from_slice::<serde::de::IgnoredAny>(bytes).is_ok() {
-            return Err(ApiError::InvalidInput(format!(
-                "{}: expected a JSON object",
-                field_name(prefix)
-            )));
-        }
-    }
-    deserialize(bytes, prefix)
-}
-
-fn deserialize<T: DeserializeOwned>(bytes: &[u8], prefix: &str) -> Result<T, ApiError> {
-    let mut deserializer = serde_json::Deserializer::from_slice(bytes);
-    let value: T =
-        serde_path_to_error::deserialize(&mut deserializer).map_err(|e| classify(&e, prefix))?;
-    deserializer.end().map_err(|e| {
-        if prefix.is_empty() && several_documents(bytes) {
-            ApiError::MalformedJson(SEVERAL_DOCUMENTS.to_string())
-        } else {
-            ApiError::MalformedJson(format!("{e}"))
-        }
-    })?;
-    Ok(value)
-}
-
-const SEVERAL_DOCUMENTS: &str = "the body holds several JSON documents (JSON Lines, such as \
-     describe's output for several batch sizes); send one job per request to /v1/estimate, or \
-     all of them as {\"items\": [...]} to /v1/estimate/batch (describe --batch-body writes that body)";
-
-/// Whether the body is a sequence of JSON documents rather than one: the error path only.
-fn several_documents(bytes: &[u8]) -> bool {
-    let mut documents =
-        serde_json::Deserializer::from_slice(bytes).into_iter::<serde::de::IgnoredAny>();
-    let mut count = 0usize;
-    for document in documents.by_ref() {
-        if document.is_err() {
-            return false;
-        }
-        count += 1;
-    }
-    count > 1
-}
-
-/// Deserializes an already parsed JSON value (a batch item).
-pub fn from_value<T: DeserializeOwned>(
-    value: serde_json::Value,
-    prefix: &str,
-) -> Result<T, ApiError> {
-    if !value.is_object() {
-        return Err(ApiError::InvalidInput(format!(
-            "{}: expected a JSON object",
-            field_name(prefix)
-        )));
-    }
-    serde_path_to_error::deserialize(value).map_err(|e| classify(&e, prefix))
-}
-
-fn field_name(prefix: &str) -> &str {
-    if prefix.is_empty() {
-        "body"
-    } else {
-        prefix
-    }
-}
-
-fn classify(error: &serde_path_to_error::Error<serde_json::Error>, prefix: &str) -> ApiError {
-    let path = error.path().to_string();
-    let field = match (prefix.is_empty(), path.as_str()) {
-        (true, ".") => "body".to_string(),
-        (true, _) => path,
-        (false, ".") => prefix.to_string(),
-        (false, _) => format!("{prefix}.{path}"),
-    };
-    let inner = error.inner();
-    // serde_json appends " at line L column C"; the path says more.
-    let message = inner.to_string();
-    let message = message
-        .split(" at line ")
-        .next()
-        .unwrap_or(&message)
-        .to_string();
-    match inner.classify() {
-        serde_json::error::Category::Data => ApiError::InvalidInput(format!("{field}: {message}")),
-        _ => ApiError::MalformedJson(format!("malformed JSON: {inner}")),
-    }
 }

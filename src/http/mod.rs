@@ -9,7 +9,6 @@ pub mod extract;
 pub mod gpus;
 pub mod idempotency;
 pub mod service;
-pub mod types;
 
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;

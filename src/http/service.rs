@@ -7,12 +7,12 @@ use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
 use axum::Json;
 
-use crate::error::ApiError;
-use crate::estimators::manifest::{CombinedEntry, InputSpec};
-use crate::http::types::{
+use crate::api::types::{
     CombinedInfo, DomainInfo, EstimatorInfo, EstimatorsResponse, HealthResponse, Problem,
     ReadyResponse, ResidualQuantileInfo, SimulatedInfo,
 };
+use crate::error::ApiError;
+use crate::estimators::manifest::{CombinedEntry, InputSpec};
 use crate::http::AppState;
 
 /// Liveness: the process serves HTTP.

@@ -13,11 +13,11 @@
 use std::io::BufRead;
 use std::time::Instant;
 
-use gpucast::engine::answer::answer_items;
-use gpucast::engine::validate::{validate, ValidEstimateRequest};
-use gpucast::http::types::{
+use gpucast::api::types::{
     BreakdownSourceName, EstimateRequest, EstimateResponse, SimulationRequest,
 };
+use gpucast::engine::answer::answer_items;
+use gpucast::engine::validate::{validate, ValidEstimateRequest};
 use gpucast::startup::Application;
 use serde_json::Value;
 

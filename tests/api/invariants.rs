@@ -21,9 +21,9 @@
 
 use std::time::Instant;
 
+use gpucast::api::types::{EstimateRequest, EstimateResponse, PeakMomentName};
 use gpucast::engine::answer::answer_items;
 use gpucast::engine::validate::{validate, ValidEstimateRequest};
-use gpucast::http::types::{EstimateRequest, EstimateResponse, PeakMomentName};
 use gpucast::startup::Application;
 use serde_json::{json, Value};
 

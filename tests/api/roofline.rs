@@ -8,12 +8,12 @@ use std::collections::BTreeMap;
 
 use serde_json::{json, Value};
 
+use gpucast::api::types::EstimateRequest;
 use gpucast::devices::performance::GpuPerformance;
 use gpucast::devices::sku::Catalogue;
 use gpucast::domain::perf::roofline;
 use gpucast::engine::validate::to_job;
 use gpucast::estimators::Estimators;
-use gpucast::http::types::EstimateRequest;
 
 use crate::helpers::{jsonl_gz, median, models_dir, ort_dylib, repo_root, spawn_app};
 

@@ -4,11 +4,11 @@
 
 use std::io::{BufRead, BufReader};
 
+use gpucast::api::types::EstimateRequest;
 use gpucast::domain::saved;
 use gpucast::domain::Job;
 use gpucast::engine::validate::to_job;
 use gpucast::estimators::Estimators;
-use gpucast::http::types::EstimateRequest;
 use serde_json::Value;
 
 use crate::helpers::{models_dir, ort_dylib, repo_root};

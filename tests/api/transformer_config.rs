@@ -5,9 +5,9 @@
 
 use serde_json::{json, Value};
 
+use gpucast::api::types::EstimateRequest;
 use gpucast::domain::step::analytic_step;
 use gpucast::engine::validate::to_job_noting;
-use gpucast::http::types::EstimateRequest;
 
 use crate::helpers::{repo_root, spawn_app};
 

@@ -1,0 +1,7 @@
+//! The wire: what clients send and receive (types kept apart from the domain's, so the API
+//! stays stable while the internals change), how untrusted JSON becomes them, and the mappings
+//! both faces (HTTP and the CLI) share.
+
+pub mod gpus;
+pub mod parse;
+pub mod types;
