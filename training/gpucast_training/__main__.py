@@ -19,6 +19,10 @@ and, outside `all` (slow, needs describe/ and transformers):
   decisions  data/uncertainty.json (the spreads of the uncertain terms) and docs/accuracy.md:
              figures, bounds and fit decisions of `gpucast estimate --batch` on the measured
              rows, leave one source or family out (stdlib only; needs a built gpucast)
+  setup-simulations  docs/setup-simulations.md: the training setups of config-path jobs
+             (modules_to_save, reward heads, reference models, loss implementations) against
+             describe's simulation of the same jobs, figures and deltas (stdlib here; describe
+             runs in .venv-describe; needs target/release/gpucast)
 
 Data and output paths: see gpucast_training/data.py (--data-dir / $GPUCAST_DATA_DIR, default
 <repository root>/../shared/data; --out-dir / $GPUCAST_OUT_DIR, default the repository root).
@@ -31,7 +35,8 @@ from .data import Layout
 
 STAGES = {"mlp": "mlp", "timm": "timm", "simulated": "simulated", "golden": "golden",
           "evaluate": "evaluate", "public-rows": "public_rows", "public-setups": "public_setups",
-          "perf-data": "perf_data", "public-offload": "public_offload", "decisions": "decisions"}
+          "perf-data": "perf_data", "public-offload": "public_offload", "decisions": "decisions",
+          "setup-simulations": "setup_simulations"}
 ALL = ["mlp", "timm", "simulated", "golden", "evaluate"]
 
 
