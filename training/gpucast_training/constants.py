@@ -3,8 +3,7 @@
 Standard library only (the stdlib stages and the tests import it).
 """
 
-import json
-import os
+from . import cards
 
 # Every split, fold shuffle and model initialisation derives from this seed (fold k: SEED + k,
 # the MLP stage's CV folds: SEED + 1000 x (k + 1)).
@@ -23,16 +22,7 @@ MLP_MAX_TOKENS = 512
 # card, the top class (40960, inf) meaning "does not fit". The card's memory is read from the
 # service's catalogue (data/gpus.json), the one place it is written.
 REFERENCE_GPU = "a100-40gb"
-
-
-def _catalogue_memory_mib(gpu):
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                        "data", "gpus.json")
-    with open(path) as f:
-        return next(card["memory_mib"] for card in json.load(f)["gpus"] if card["id"] == gpu)
-
-
-CAPACITY_MIB = _catalogue_memory_mib(REFERENCE_GPU)
+CAPACITY_MIB = cards.memory_mib(REFERENCE_GPU)
 REAL_CLASS_BINS_MIB = [8000, 16000, 24000, 32000, CAPACITY_MIB]
 REAL_FOLDS = 5
 REAL_TEST_GROUP_FRACTION = 0.15

@@ -35,6 +35,7 @@ import tempfile
 from collections import defaultdict
 from pathlib import Path
 
+from .cards import card_of
 from .constants import CAPACITY_MIB
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,22 +55,6 @@ def jsonl(path):
 def timm_family(model):
     name = model.split(":", 1)[-1]
     return re.match(r"[a-z]+", name).group(0)
-
-
-# Published rows' cards: the catalogue id, or a card described by its memory; None: not stated.
-CARDS = [
-    (r"4070 Ti SUPER", {"name": "RTX 4070 Ti SUPER", "capacity_mib": 16376}),
-    (r"A10G", "a10g"), (r"A100-SXM4-40GB|A100 40GB|2x 40GB", "a100-40gb"),
-    (r"A100 80GB|80GB implied|60 GiB peak", "a100-80gb"), (r"V100-SXM2 16GB", "v100-16gb"),
-    (r"RTX 3090", "rtx-3090"), (r"L40S", "l40s"), (r"RTX 4090", "rtx-4090"), (r"H100 80GB", "h100-80gb"),
-]
-
-
-def card_of(text):
-    for pattern, card in CARDS:
-        if re.search(pattern, text):
-            return card
-    return None
 
 
 def sources():
@@ -293,7 +278,9 @@ def metrics(pairs):
             errors.append(abs(figure - row["measured"]) / row["measured"])
             above += row["measured"] > bound
             measured += 1
-    pct = lambda a, b: f"{100 * a / b:.1f} %" if b else "-"
+    def pct(a, b):
+        return f"{100 * a / b:.1f} %" if b else "-"
+
     return {
         "rows": len(pairs), "median": pct(statistics.median(errors), 1) if errors else "-",
         "p90": pct(quantile(errors, 0.9), 1) if errors else "-", "above": pct(above, measured),
@@ -414,7 +401,9 @@ def accepted_oom(pairs):
 
 
 def report(served, held_out, committed, command):
-    setups = lambda row, answer: [s for s in row["setups"]] if row["source"] not in ("timm_a100", "mlp_a100") else []
+    def setups(row, answer):
+        return [s for s in row["setups"]] if row["source"] not in ("timm_a100", "mlp_a100") else []
+
     sections = [
         "# Accuracy and decisions",
         "",

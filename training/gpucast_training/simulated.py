@@ -40,6 +40,8 @@ from . import features as gf
 from . import manifest as mf
 from . import timm as rp
 from . import timm_models as rm
+from .cards import capacity_of, card_of
+from .combine import FAR, MAX_WIDEN, NEAR, combine
 from .constants import BOUND_CONFIDENCE, CAPACITY_MIB, FAMILIES, MIB, SEED, VERSION
 from .constants import REAL_FOLDS as N_FOLDS
 from .data import load_timm, log, read_jsonl_gz
@@ -58,10 +60,6 @@ DOMAIN_FEATURES = ["sim_reserved_mib", "sim_activations_mib", "total_params", "a
 # |log correction| < CAP: the learned part moves the simulated figure by at most x/÷ e^CAP
 # (1.35); the simulation alone is within 0.93-1.10 of the measured peak for 80 % of the rows.
 REGRESSOR = dict(members=10, hidden=32, epochs=800, lr=1e-2, weight_decay=1e-3, cap=0.3)
-# Beyond NEAR x the typical distance of a new family, the bound widens (by ratio / NEAR, at most
-# MAX_WIDEN); beyond FAR x it, or for another optimizer or precision than the data's, the
-# correction is not applied at all (the simulated figure leads).
-NEAR, FAR, MAX_WIDEN = 1.0, 2.0, 2.0
 NAMES = {family: family + "_simulated_memory_regressor" for family in FAMILIES}
 ONNX_FILE = "timm_simulated_regressor.onnx"
 DOMAIN_FILE = "simulated_domain.json"
@@ -156,28 +154,6 @@ def nearest_distances(points, queries, exclude_groups=None, groups=None, query_g
             d = np.where(groups == query_groups[i], np.inf, d)
         out[i] = d.min()
     return out
-
-
-def combine(log_learned, sim_fig, floor, distance, typical, log_q95_learned, log_q95_sim, runs_on_card,
-            capacity=CAPACITY_MIB, measured_range=True):
-    """The service's rule (src/estimators/combine.rs and mod.rs): the correction where the job
-    is near the training data, the simulated figure far from it (or for another setup); the
-    bound widens with the distance; a simulated bound is capped at the card where the step runs
-    there; the correction applies only to steps that run on the card its labels were measured on
-    (`measured_range`); then the floor holds the figure and the bound is never below the figure."""
-    ratio = distance / typical
-    widen = min(max(ratio / NEAR, 1.0), MAX_WIDEN)
-    far = ratio > FAR or not measured_range
-    if far:
-        figure = sim_fig
-        bound = figure * math.exp(log_q95_sim * widen)
-        if runs_on_card:
-            bound = max(min(bound, capacity), figure)
-    else:
-        figure = math.exp(log_learned)
-        bound = figure * math.exp(log_q95_learned * widen)
-    figure = max(figure, floor)
-    return figure, max(bound, figure), far
 
 
 def runs_on_card(job, context, capacity=CAPACITY_MIB):
@@ -370,17 +346,11 @@ def test_baselines(test, test_raws, baselines):
     }
 
 
-# Capacities as the service's catalogue has them (src/devices/sku.rs); other cards: the A100 40 GB.
-CARDS = [("v100", "16gb", 16384), ("v100", "32gb", 32768), ("a100", "80gb", 81920), ("h100", "", 81559),
-         ("h200", "", 143771), ("l40s", "", 46068), ("l4", "", 23034), ("t4", "", 15360), ("4070 ti super", "", 16376)]
-
-
 def card_capacity(name):
-    lowered = name.lower()
-    for key, size, capacity in CARDS:
-        if key in lowered and size.replace("gb", "") in lowered.replace(" ", ""):
-            return capacity
-    return CAPACITY_MIB
+    """The memory of the card a published row names (its `gpu` text): the catalogue's
+    (data/gpus.json) for the card `cards.card_of` reads there, as the decisions evaluation reads
+    the same rows; the reference card where the row does not say."""
+    return capacity_of(card_of(name)) or CAPACITY_MIB
 
 
 def evaluate_public(layout, session, entries, points, context, served):
@@ -483,7 +453,9 @@ NAMES_IN_REPORT = {
 
 
 def write_report(result, path):
-    renamed = lambda figs: {NAMES_IN_REPORT.get(k, k): v for k, v in figs.items()}
+    def renamed(figs):
+        return {NAMES_IN_REPORT.get(k, k): v for k, v in figs.items()}
+
     cv, test, public = result["cv"], result["test"], result["public"]
     lines = [
         "# Simulated training step: evaluation",
