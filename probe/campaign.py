@@ -76,8 +76,7 @@ MODELS = [
 ]
 FAMILIES = ("mlp", "cnn", "vit", "nlp")
 # MLP widths: hidden layers of each mlp-* model, then 10 classes.
-MLP_WIDTHS = {"mlp-a": [1024, 1024, 512], "mlp-b": [4096, 4096], "mlp-c": [2048, 1024, 512, 256],
-              "mlp-d": [512] * 8}
+MLP_WIDTHS = {"mlp-a": [1024, 1024, 512], "mlp-b": [4096, 4096], "mlp-c": [2048, 1024, 512, 256], "mlp-d": [512] * 8}
 MLP_CLASSES = 10
 IMAGE_CLASSES = 1000
 
@@ -92,9 +91,15 @@ def plan(dry_run: bool = False) -> List[dict]:
     for order, (model, family, shape, batches) in enumerate(MODELS):
         for rank, batch in enumerate(batches):
             for precision in PRECISIONS:
-                job = {"id": job_id(model, batch, precision), "model": model, "family": family,
-                       "input_shape": list(shape), "batch_size": batch, "precision": precision,
-                       "optimizer": OPTIMIZER}
+                job = {
+                    "id": job_id(model, batch, precision),
+                    "model": model,
+                    "family": family,
+                    "input_shape": list(shape),
+                    "batch_size": batch,
+                    "precision": precision,
+                    "optimizer": OPTIMIZER,
+                }
                 jobs.append(((FAMILIES.index(family), rank, order), shrink(job) if dry_run else job))
     # Within a family, every model at its first batch size, then at its second...: a family
     # cut short by its share of the time loses its largest batches, not whole models.
@@ -123,6 +128,7 @@ def select(jobs: List[dict], families: Optional[str], match: Optional[str], max_
 
 
 # ---------------------------------------------------------------- models (child and describe)
+
 
 def build_model(job: dict, torch):
     """The job's model, on the current default device (torch.device context), weights random."""
@@ -153,9 +159,17 @@ def build_model(job: dict, torch):
             return transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=24, n_embd=1024, n_head=16))
         if name == "llama_small":
             # a small Llama built from its configuration (no weights): grouped-query attention
-            return transformers.LlamaForCausalLM(transformers.LlamaConfig(
-                hidden_size=1024, intermediate_size=2816, num_hidden_layers=8, num_attention_heads=16,
-                num_key_value_heads=4, vocab_size=32000, max_position_embeddings=2048))
+            return transformers.LlamaForCausalLM(
+                transformers.LlamaConfig(
+                    hidden_size=1024,
+                    intermediate_size=2816,
+                    num_hidden_layers=8,
+                    num_attention_heads=16,
+                    num_key_value_heads=4,
+                    vocab_size=32000,
+                    max_position_embeddings=2048,
+                )
+            )
         return getattr(hf_models, name)()
     raise ValueError(f"unknown model {model!r}")
 
@@ -173,6 +187,7 @@ def make_batch(job: dict, torch, device: str):
 
 # ---------------------------------------------------------------- describe (CPU workers)
 
+
 def describe_job(job: dict) -> dict:
     """{"id", "description"} or {"id", "describe_error"}: describe_module on the meta device,
     with the job's batch size, precision and optimizer (its simulation included)."""
@@ -185,14 +200,21 @@ def describe_job(job: dict) -> dict:
         with torch.device("meta"):
             model = build_model(job, torch)
         description = describe_module(
-            model, job["input_shape"], job["batch_size"], name=job["model"],
-            input_dtype=input_dtype(job, torch), optimizer=job["optimizer"], precision=job["precision"])
+            model,
+            job["input_shape"],
+            job["batch_size"],
+            name=job["model"],
+            input_dtype=input_dtype(job, torch),
+            optimizer=job["optimizer"],
+            precision=job["precision"],
+        )
         return {"id": job["id"], "description": description}
-    except Exception as error:  # noqa: BLE001: the measurement stands without it
+    except Exception as error:  # noqa: BLE001 - the measurement stands without it
         return {"id": job["id"], "describe_error": f"{type(error).__name__}: {error}"[:500]}
 
 
 # ---------------------------------------------------------------- the child: jobs on the GPU
+
 
 def _emit(handle, record: dict) -> None:
     handle.write(json.dumps(record) + "\n")
@@ -247,6 +269,7 @@ def training_pieces(torch):
 
         return default_loss, make_optimizer, "gpucast_describe"
     except Exception:  # noqa: BLE001
+
         def loss(output):
             logits = getattr(output, "logits", output)
             logits = logits.reshape(-1, logits.shape[-1]).float()
@@ -303,14 +326,14 @@ def run_one(job: dict, torch, device: str, sampler_factory: Callable, steps: dic
             record["max_allocated_bytes"] = torch.cuda.max_memory_allocated()
             record["max_reserved_bytes"] = torch.cuda.max_memory_reserved()
         record["status"] = "ok"
-    except Exception as error:  # noqa: BLE001: any failure is this job's, not the campaign's
+    except Exception as error:  # noqa: BLE001 - any failure is this job's, not the campaign's
         oom = type(error).__name__ == "OutOfMemoryError" or "out of memory" in str(error)
         record["status"] = "oom" if oom else "failed"
         record["error"] = f"{type(error).__name__}: {error}"[:500]
     finally:
         if watch:
             record["nvml_used_peak_mib"] = watch.stop()
-        del model, optimizer, batch
+        model = optimizer = batch = None  # released before the cache is emptied
         gc.collect()
         if cuda:
             torch.cuda.empty_cache()
@@ -342,8 +365,10 @@ def child(jobs_path: str, result_path: str, dry_run: bool) -> int:
         sampler_factory = lambda: choose_sampler(pynvml, handle, capability)  # noqa: E731
         steps = {"warmup_steps": 3, "max_steps": 25, "min_steps": 5, "max_seconds": 1.5}
     with open(result_path, "a") as out:
-        _emit(out, {"environment": {**environment(torch, pynvml, handle),
-                                    "training_step_from": training_pieces(torch)[2]}})
+        _emit(
+            out,
+            {"environment": {**environment(torch, pynvml, handle), "training_step_from": training_pieces(torch)[2]}},
+        )
         for job in jobs:
             _emit(out, {"start": job["id"]})
             if os.environ.get("GPUCAST_CAMPAIGN_CRASH") == job["id"]:  # tests: a dying child
@@ -353,6 +378,7 @@ def child(jobs_path: str, result_path: str, dry_run: bool) -> int:
 
 
 # ---------------------------------------------------------------- the parent
+
 
 def _kill(process: subprocess.Popen) -> None:
     for sig, wait in ((signal.SIGTERM, 3), (signal.SIGKILL, 5)):
@@ -392,13 +418,17 @@ def run_family(
             if clock() >= deadline:
                 break
             attempt += 1
-            jobs_path, result_path = os.path.join(tmp, f"jobs{attempt}.json"), os.path.join(tmp, f"result{attempt}.jsonl")
+            jobs_path, result_path = (
+                os.path.join(tmp, f"jobs{attempt}.json"),
+                os.path.join(tmp, f"result{attempt}.jsonl"),
+            )
             with open(jobs_path, "w") as f:
                 json.dump(pending, f)
             stderr_path = os.path.join(tmp, f"stderr{attempt}.txt")
             with open(stderr_path, "w") as stderr:
-                process = subprocess.Popen(child_argv(jobs_path, result_path), stdout=subprocess.DEVNULL,
-                                           stderr=stderr, start_new_session=True)
+                process = subprocess.Popen(
+                    child_argv(jobs_path, result_path), stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True
+                )
             running, since, first, offset, ended = None, clock(), True, 0, None
             while True:
                 exited = process.poll() is not None
@@ -435,16 +465,21 @@ def run_family(
             with open(stderr_path) as f:
                 tail = f.read()[-800:].strip()[-500:] or None
             if running is not None:  # the job it was in is the one to blame
-                on_record({"id": running, "status": ended or "crashed", "exit_code": process.returncode,
-                           "error": tail})
+                on_record({"id": running, "status": ended or "crashed", "exit_code": process.returncode, "error": tail})
                 pending = [j for j in pending if j["id"] != running]
                 start_failures = 0
             elif ended != "deadline":  # died or hung before starting a job: twice, and the family fails
                 start_failures += 1
                 if start_failures >= 2:
                     for job in pending:
-                        on_record({"id": job["id"], "status": "failed", "exit_code": process.returncode,
-                                   "error": f"the child did not start a job: {tail}"[:500]})
+                        on_record(
+                            {
+                                "id": job["id"],
+                                "status": "failed",
+                                "exit_code": process.returncode,
+                                "error": f"the child did not start a job: {tail}"[:500],
+                            }
+                        )
                     pending = []
             if ended == "deadline":
                 break
@@ -471,7 +506,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--minutes", type=float, default=7.0, help="global deadline for the whole campaign")
     parser.add_argument("--reserve-seconds", type=float, default=20.0, help="kept at the end for writing")
     parser.add_argument("--job-seconds", type=float, default=40.0, help="one job's allowance (build, warm-up, steps)")
-    parser.add_argument("--startup-seconds", type=float, default=60.0, help="a child's start-up allowance (imports, CUDA)")
+    parser.add_argument(
+        "--startup-seconds", type=float, default=60.0, help="a child's start-up allowance (imports, CUDA)"
+    )
     parser.add_argument("--describe-workers", type=int, default=6, help="CPU processes describing the jobs; 0: none")
     parser.add_argument("--families", help=f"comma-separated subset of {','.join(FAMILIES)}")
     parser.add_argument("--match", help="comma-separated substrings of job ids to keep")
@@ -518,13 +555,20 @@ def main(argv: Optional[List[str]] = None) -> int:
     def record(result: dict) -> None:
         measurements[result["id"]] = result
         measure_file.write(result)
-        print(f"  {result['id']}: {result['status']}"
-              + (f" {result.get('step_time_ms')} ms/step" if result["status"] == "ok" else
-                 f" ({(result.get('error') or '')[:120]})"), flush=True)
+        print(
+            f"  {result['id']}: {result['status']}"
+            + (
+                f" {result.get('step_time_ms')} ms/step"
+                if result["status"] == "ok"
+                else f" ({(result.get('error') or '')[:120]})"
+            ),
+            flush=True,
+        )
 
     def child_argv(jobs_path: str, result_path: str) -> List[str]:
-        return [sys.executable, str(Path(__file__).resolve()), "--child", jobs_path, result_path] + \
-            (["--dry-run"] if args.dry_run else [])
+        return [sys.executable, str(Path(__file__).resolve()), "--child", jobs_path, result_path] + (
+            ["--dry-run"] if args.dry_run else []
+        )
 
     left = len(jobs)
     for family in FAMILIES:
@@ -534,8 +578,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         # Each family gets its share of the time left (by job count), so one that runs slow
         # loses its own last jobs, not the families after it; time it leaves goes to them.
         share = time.monotonic() + (deadline - time.monotonic()) * len(family_jobs) / left
-        run_family(family_jobs, child_argv, min(deadline, share), args.job_seconds, args.startup_seconds,
-                   record, on_environment=lambda env: environment.update(env) if not environment else None)
+        run_family(
+            family_jobs,
+            child_argv,
+            min(deadline, share),
+            args.job_seconds,
+            args.startup_seconds,
+            record,
+            on_environment=lambda env: environment.update(env) if not environment else None,
+        )
         left -= len(family_jobs)
     measure_file.close()
 
@@ -552,21 +603,33 @@ def main(argv: Optional[List[str]] = None) -> int:
         pool.join()
     describe_file.close()
 
-    provenance = {**environment, "date": started_wall.isoformat(timespec="seconds"),
-                  "dry_run": args.dry_run, "optimizer": OPTIMIZER}
+    provenance = {
+        **environment,
+        "date": started_wall.isoformat(timespec="seconds"),
+        "dry_run": args.dry_run,
+        "optimizer": OPTIMIZER,
+    }
     with open(out / "jobs.jsonl", "w") as f:
         for job in jobs:
             described = descriptions.get(job["id"], {"describe_error": "not finished before the deadline"})
-            line = {"job": job, "measurement": measurements.get(job["id"]),
-                    **{k: v for k, v in described.items() if k != "id"}, "provenance": provenance}
+            line = {
+                "job": job,
+                "measurement": measurements.get(job["id"]),
+                **{k: v for k, v in described.items() if k != "id"},
+                "provenance": provenance,
+            }
             f.write(json.dumps(line) + "\n")
     counts: Dict[str, int] = {}
     for m in measurements.values():
         counts[m["status"]] = counts.get(m["status"], 0) + 1
-    summary = {"provenance": provenance, "jobs": len(jobs), "by_status": counts,
-               "described": sum("description" in d for d in descriptions.values()),
-               "seconds": round(time.monotonic() - started, 1),
-               "settings": {k: v for k, v in vars(args).items() if k not in ("child", "out")}}
+    summary = {
+        "provenance": provenance,
+        "jobs": len(jobs),
+        "by_status": counts,
+        "described": sum("description" in d for d in descriptions.values()),
+        "seconds": round(time.monotonic() - started, 1),
+        "settings": {k: v for k, v in vars(args).items() if k not in ("child", "out")},
+    }
     (out / "campaign.json").write_text(json.dumps(summary, indent=1) + "\n")
     print(json.dumps({k: summary[k] for k in ("jobs", "by_status", "described", "seconds")}), flush=True)
     return 0

@@ -61,8 +61,7 @@ class Server:
     to (else discarded). `must_start`: exit the suite when it does not become ready (else
     `ready` says whether it did)."""
 
-    def __init__(self, binary, port, data_dir=None, extra_args=(), log=None, must_start=True,
-                 ready_timeout=120):
+    def __init__(self, binary, port, data_dir=None, extra_args=(), log=None, must_start=True, ready_timeout=120):
         self.port = port
         self.data_dir = data_dir or f"/tmp/gpucast-adversarial-{port}"
         if self.data_dir not in DATA_DIRS:
@@ -70,9 +69,11 @@ class Server:
         self.log = log
         stderr = open(log, "ab") if log else subprocess.DEVNULL
         self.process = subprocess.Popen(
-            [binary, "serve", "--listen", f"127.0.0.1:{port}", "--no-nvml",
-             "--data-dir", self.data_dir, *extra_args],
-            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr)
+            [binary, "serve", "--listen", f"127.0.0.1:{port}", "--no-nvml", "--data-dir", self.data_dir, *extra_args],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+        )
         if log:
             stderr.close()
         self.ready = False
@@ -115,8 +116,9 @@ class Server:
 
 def request(port, method, path, body=None, timeout=30):
     data = json.dumps(body).encode() if isinstance(body, (dict, list)) else body
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method=method,
-                                 headers={"content-type": "application/json"})
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}{path}", data=data, method=method, headers={"content-type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(req, timeout=timeout) as response:
             response.read()
@@ -133,8 +135,7 @@ def call(port, method, path, body=None, headers=None, timeout=60):
     data = json.dumps(body).encode() if isinstance(body, (dict, list)) else body
     sent = {"content-type": "application/json"}
     sent.update(headers or {})
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method=method,
-                                 headers=sent)
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method=method, headers=sent)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as response:
             return response.status, response.read(), {k.lower(): v for k, v in response.headers.items()}
@@ -188,7 +189,7 @@ def raw_http(port, method, path, headers, body=b"", timeout=30):
             if size == 0:
                 break
             decoded += rest[:size]
-            rest = rest[size + 2:]
+            rest = rest[size + 2 :]
         rest = decoded
     parts = status_line.split(" ")
     return (int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else "garbled"), answer, rest
@@ -232,8 +233,15 @@ CURRENT = {"attack": None, "server": None}
 
 def target(name, passed, measured, asserted=True, attack=None):
     """Records one target: `asserted` ones fail the run; the others are reported only."""
-    TARGETS.append({"attack": attack or CURRENT["attack"], "target": name, "passed": bool(passed),
-                    "asserted": asserted, "measured": measured})
+    TARGETS.append(
+        {
+            "attack": attack or CURRENT["attack"],
+            "target": name,
+            "passed": bool(passed),
+            "asserted": asserted,
+            "measured": measured,
+        }
+    )
 
 
 def expect_statuses(statuses, allowed, ignore=()):
@@ -241,8 +249,11 @@ def expect_statuses(statuses, allowed, ignore=()):
     `ignore` are measurements, not statuses) is in `allowed`."""
     counted = {k: v for k, v in statuses.items() if not str(k).startswith(tuple(ignore))}
     unexpected = {k: v for k, v in counted.items() if str(k).split(" ")[0] not in allowed}
-    target(f"statuses all in {{{', '.join(sorted(allowed))}}}", bool(counted) and not unexpected,
-           f"{dict(sorted(counted.items()))}" + (f"; unexpected: {unexpected}" if unexpected else ""))
+    target(
+        f"statuses all in {{{', '.join(sorted(allowed))}}}",
+        bool(counted) and not unexpected,
+        f"{dict(sorted(counted.items()))}" + (f"; unexpected: {unexpected}" if unexpected else ""),
+    )
 
 
 def run_attack(server, name, attack):
@@ -255,8 +266,8 @@ def run_attack(server, name, attack):
     processes = multiprocessing.get_context("spawn")
     legitimate_stop, legitimate_results = processes.Event(), processes.Queue()
     legitimate = processes.Process(
-        target=legitimate_client,
-        args=(server.port, example_job(), legitimate_stop, legitimate_results), daemon=True)
+        target=legitimate_client, args=(server.port, example_job(), legitimate_stop, legitimate_results), daemon=True
+    )
     legitimate.start()
     time.sleep(1.0)  # the client is estimating before the attack starts
 
@@ -298,8 +309,11 @@ def run_attack(server, name, attack):
     # back near the baseline: polled for up to 5 s
     settle_deadline = time.time() + 5
     rss_after = server.rss_mib()
-    while rss_after > rss_before + RSS_SETTLE_MARGIN_MIB and time.time() < settle_deadline \
-            and server.process.poll() is None:
+    while (
+        rss_after > rss_before + RSS_SETTLE_MARGIN_MIB
+        and time.time() < settle_deadline
+        and server.process.poll() is None
+    ):
         time.sleep(0.25)
         rss_after = server.rss_mib()
     report = {
@@ -310,30 +324,40 @@ def run_attack(server, name, attack):
         "rss_before_mib": round(rss_before, 1),
         "rss_peak_mib": round(max(rss), 1),
         "rss_after_mib": round(rss_after, 1),
-        "legitimate": {"answered": len(latencies), "errors": errors,
-                       "p50_ms": round(percentile(latencies, 0.5) or 0, 1),
-                       "p99_ms": round(percentile(latencies, 0.99) or 0, 1)},
+        "legitimate": {
+            "answered": len(latencies),
+            "errors": errors,
+            "p50_ms": round(percentile(latencies, 0.5) or 0, 1),
+            "p99_ms": round(percentile(latencies, 0.99) or 0, 1),
+        },
         "healthz_failures": health_failures[0],
     }
     if crashed:
         report["crashed"] = crashed
         target("the attack ran to its end", False, crashed)
-    target(f"peak RSS <= {RSS_PEAK_TARGET_MIB} MiB", max(rss) <= RSS_PEAK_TARGET_MIB,
-           f"{max(rss):.1f} MiB")
-    target(f"RSS back near the baseline (within {RSS_SETTLE_MARGIN_MIB} MiB, within 5 s)",
-           rss_after <= rss_before + RSS_SETTLE_MARGIN_MIB,
-           f"{rss_before:.1f} -> {rss_after:.1f} MiB")
+    target(f"peak RSS <= {RSS_PEAK_TARGET_MIB} MiB", max(rss) <= RSS_PEAK_TARGET_MIB, f"{max(rss):.1f} MiB")
+    target(
+        f"RSS back near the baseline (within {RSS_SETTLE_MARGIN_MIB} MiB, within 5 s)",
+        rss_after <= rss_before + RSS_SETTLE_MARGIN_MIB,
+        f"{rss_before:.1f} -> {rss_after:.1f} MiB",
+    )
     target("legitimate client: no errors", not errors, f"{errors or 'none'}")
     target("/healthz never failed", health_failures[0] == 0, f"{health_failures[0]} failures")
-    target("legitimate p99 <= 50 ms", (percentile(latencies, 0.99) or 0) <= 50,
-           f"p99 {report['legitimate']['p99_ms']} ms over {len(latencies)} calls", asserted=False)
+    target(
+        "legitimate p99 <= 50 ms",
+        (percentile(latencies, 0.99) or 0) <= 50,
+        f"p99 {report['legitimate']['p99_ms']} ms over {len(latencies)} calls",
+        asserted=False,
+    )
     print(json.dumps(report), flush=True)
     return report
 
 
 def maximal_batch():
-    layers = [{"kind": "linear", "output_size": 1024, "params": 1049600},
-              {"kind": "relu", "output_size": 1024, "params": 0}] * 256
+    layers = [
+        {"kind": "linear", "output_size": 1024, "params": 1049600},
+        {"kind": "relu", "output_size": 1024, "params": 0},
+    ] * 256
     items, body = [], b""
     while True:
         candidate = json.dumps({"items": items + [{"batch_size": 64, "layers": layers}]}).encode()
@@ -381,8 +405,10 @@ def slow_bodies(port, connections=520):
     socks = []
     for _ in range(connections):
         sock = socket.create_connection(("127.0.0.1", port))
-        sock.sendall(b"POST /v1/estimate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: 100000\r\n\r\n{\"batch_size\":1")
+        sock.sendall(
+            b"POST /v1/estimate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b'Content-Length: 100000\r\n\r\n{"batch_size":1'
+        )
         socks.append(sock)
     statuses = collections.Counter(read_status(s, 30) for s in socks)
     for sock in socks:
@@ -393,12 +419,15 @@ def slow_bodies(port, connections=520):
 def huge_content_length(port):
     def one():
         sock = socket.create_connection(("127.0.0.1", port))
-        sock.sendall(b"POST /v1/estimate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: 1000000000000\r\n\r\n")
+        sock.sendall(
+            b"POST /v1/estimate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 1000000000000\r\n\r\n"
+        )
         started = time.time()
         status = read_status(sock, 15)
         sock.close()
         return f"{status} in {'<1' if time.time() - started < 1 else '>=1'} s"
+
     return concurrently(20, one)
 
 
@@ -463,8 +492,11 @@ def sigterm_with_half_header(binary):
     server.process.send_signal(signal.SIGTERM)
     try:
         server.process.wait(timeout=60)
-        result = {"attack": "sigterm_with_half_sent_header", "exit_seconds": round(time.time() - started, 1),
-                  "exit_code": server.process.returncode}
+        result = {
+            "attack": "sigterm_with_half_sent_header",
+            "exit_seconds": round(time.time() - started, 1),
+            "exit_code": server.process.returncode,
+        }
     except subprocess.TimeoutExpired:
         server.process.kill()
         result = {"attack": "sigterm_with_half_sent_header", "exit_seconds": None, "killed_after": 60}
@@ -475,6 +507,7 @@ def sigterm_with_half_header(binary):
 
 # -- attacks added by the hardening issue -------------------------------------------------------
 
+
 def held_bodies(port, connections=600, length=2 * MIB):
     """600 sockets each declare a 2 MiB body, send all of it but 8 bytes, and stall. The budget
     (--max-body-bytes-in-flight, 64 MiB) admits 32 and refuses the rest with 503 before reading;
@@ -482,8 +515,10 @@ def held_bodies(port, connections=600, length=2 * MIB):
     one small estimate is sent then to see what any other caller gets."""
     server = CURRENT["server"]
     baseline = server.rss_mib()
-    head = (f"POST /v1/estimate HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n").encode()
+    head = (
+        f"POST /v1/estimate HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n"
+    ).encode()
     body = memoryview(b"[" + b" " * (length - 9))  # length - 8 bytes: never complete
     socks, sent_at, offset, answers = {}, {}, {}, {}
     poller = select.poll()
@@ -499,8 +534,11 @@ def held_bodies(port, connections=600, length=2 * MIB):
     while len(answers) < len(socks) and time.time() < deadline:
         if probe is None and all(offset[fd] >= len(body) for fd in socks if fd not in answers):
             status, _, headers = call(port, "POST", "/v1/estimate", example_job(), timeout=10)
-            probe = {"status": status, "retry_after": headers.get("retry-after"),
-                     "seconds_into_the_hold": round(time.time() - min(sent_at.values()), 2)}
+            probe = {
+                "status": status,
+                "retry_after": headers.get("retry-after"),
+                "seconds_into_the_hold": round(time.time() - min(sent_at.values()), 2),
+            }
         for fd, events in poller.poll(200):
             sock = socks[fd]
             if fd in answers:
@@ -510,7 +548,7 @@ def held_bodies(port, connections=600, length=2 * MIB):
                     data = sock.recv(4096)
                 except BlockingIOError:
                     data = None
-                except OSError as error:
+                except OSError:
                     answers[fd] = ("reset", time.time() - sent_at[fd], False)
                     poller.unregister(fd)
                     continue
@@ -522,7 +560,7 @@ def held_bodies(port, connections=600, length=2 * MIB):
                     continue
             if events & select.POLLOUT:
                 try:
-                    offset[fd] += sock.send(body[offset[fd]:offset[fd] + 65536])
+                    offset[fd] += sock.send(body[offset[fd] : offset[fd] + 65536])
                 except BlockingIOError:
                     pass
                 except OSError:
@@ -548,25 +586,37 @@ def held_bodies(port, connections=600, length=2 * MIB):
         "bodies_sent_to_the_stall": bodies_sent,
         "503_with_retry_after": sum(1 for a in refused if a[2]),
         "503_max_seconds": round(max((a[1] for a in refused), default=0), 2),
-        "408_seconds": [round(min((a[1] for a in timed_out), default=0), 1),
-                        round(max((a[1] for a in timed_out), default=0), 1)],
+        "408_seconds": [
+            round(min((a[1] for a in timed_out), default=0), 1),
+            round(max((a[1] for a in timed_out), default=0), 1),
+        ],
         "small_estimate_during_the_hold": probe,
     }
     budget_bodies = 64 * MIB // length
-    target("every socket answered 503 or 408", all(a[0] in ("503", "408") for a in answers.values())
-           and len(answers) == connections, dict(statuses))
+    target(
+        "every socket answered 503 or 408",
+        all(a[0] in ("503", "408") for a in answers.values()) and len(answers) == connections,
+        dict(statuses),
+    )
     # "At once": well before the 5 s body timeout that an admitted body would wait for (600
     # sockets opened together on 2 cores take about a second to be answered at all).
-    target("503s come at once (< 2 s, before any body timeout) with Retry-After",
-           refused and measured["503_max_seconds"] < 2 and measured["503_with_retry_after"] == len(refused),
-           f"{len(refused)} x 503, slowest {measured['503_max_seconds']} s, "
-           f"{measured['503_with_retry_after']} with Retry-After")
-    target(f"mostly 503: at most {budget_bodies} bodies (64 MiB / 2 MiB) admitted and answered 408",
-           len(timed_out) <= budget_bodies, f"{len(timed_out)} x 408 after "
-           f"{measured['408_seconds'][0]}-{measured['408_seconds'][1]} s")
-    target(f"RSS 5 s after the sockets close within {RSS_SETTLE_MARGIN_MIB} MiB of the baseline",
-           after <= baseline + RSS_SETTLE_MARGIN_MIB, f"{baseline:.1f} -> {after:.1f} MiB "
-           f"({round(time.time() - closed_at, 1)} s after closing; {peak_so_far:.1f} MiB at closing)")
+    target(
+        "503s come at once (< 2 s, before any body timeout) with Retry-After",
+        refused and measured["503_max_seconds"] < 2 and measured["503_with_retry_after"] == len(refused),
+        f"{len(refused)} x 503, slowest {measured['503_max_seconds']} s, "
+        f"{measured['503_with_retry_after']} with Retry-After",
+    )
+    target(
+        f"mostly 503: at most {budget_bodies} bodies (64 MiB / 2 MiB) admitted and answered 408",
+        len(timed_out) <= budget_bodies,
+        f"{len(timed_out)} x 408 after {measured['408_seconds'][0]}-{measured['408_seconds'][1]} s",
+    )
+    target(
+        f"RSS 5 s after the sockets close within {RSS_SETTLE_MARGIN_MIB} MiB of the baseline",
+        after <= baseline + RSS_SETTLE_MARGIN_MIB,
+        f"{baseline:.1f} -> {after:.1f} MiB "
+        f"({round(time.time() - closed_at, 1)} s after closing; {peak_so_far:.1f} MiB at closing)",
+    )
     return statuses, measured
 
 
@@ -587,11 +637,18 @@ def cpu_bomb(port, concurrent=4):
         return status
 
     statuses = concurrently(concurrent, one)
-    measured = {"gpus_listed": len(gpus), "text_bytes": len(BOMB.encode()),
-                "body_bytes": len(json.dumps(body).encode()), "seconds": sorted(seconds)}
+    measured = {
+        "gpus_listed": len(gpus),
+        "text_bytes": len(BOMB.encode()),
+        "body_bytes": len(json.dumps(body).encode()),
+        "seconds": sorted(seconds),
+    }
     expect_statuses(statuses, {"200", "422"})
-    target("the bomb answered within 5 s", seconds and max(seconds) <= 5,
-           f"slowest {max(seconds, default=None)} s of {len(seconds)}")
+    target(
+        "the bomb answered within 5 s",
+        seconds and max(seconds) <= 5,
+        f"slowest {max(seconds, default=None)} s of {len(seconds)}",
+    )
     return statuses, measured
 
 
@@ -605,8 +662,7 @@ def observation(job, peak, gpu="a100-40gb", environment=None):
 def job_floor(port, job, gpu="a100-40gb"):
     """The job's physical floor as the service states it, read from the refusal of a 1 MiB
     peak (a refusal records nothing)."""
-    status, problem = call_json(port, "POST", "/v1/calibration/observations",
-                                observation(job, 1, gpu))
+    status, problem = call_json(port, "POST", "/v1/calibration/observations", observation(job, 1, gpu))
     found = re.search(r"floor of ([0-9.]+) MiB", (problem or {}).get("detail", ""))
     if status != 422 or not found:
         raise RuntimeError(f"no floor in the refusal of a 1 MiB peak: {status} {problem}")
@@ -637,10 +693,12 @@ def adaptive_poisoning(port, rounds=30, per_post=250):
     for card, _ in cards:
         for environment in (None, "attacker"):
             answer = estimate(port, dict(job, gpu=card, **({"environment": environment} if environment else {})))
-            readme_before[(card, environment)] = (answer["memory"]["estimate_mib"],
-                                                  answer["memory"]["upper_bound_mib"],
-                                                  answer["fit"]["fits"],
-                                                  answer["calibration"]["profile_used"])
+            readme_before[(card, environment)] = (
+                answer["memory"]["estimate_mib"],
+                answer["memory"]["upper_bound_mib"],
+                answer["fit"]["fits"],
+                answer["calibration"]["profile_used"],
+            )
     victims = []
     for batch in (8, 256, 2048):
         for environment in (None, "attacker"):
@@ -649,11 +707,23 @@ def adaptive_poisoning(port, rounds=30, per_post=250):
                 victim_job["environment"] = environment
             answer = estimate(port, victim_job)
             u, b = answer["memory"]["estimate_mib"], answer["memory"]["upper_bound_mib"]
-            victims.append({"batch_size": batch, "environment": environment, "job": victim_job,
-                            "u": u, "b": b, "lo": (u - 1024) / 1.5, "hi": 1.5 * u + 1024,
-                            "bound_hi": 1.5 * max(b, u) + 1024, "min": u, "max": u, "max_bound": b,
-                            "calibrated_at_start": answer["calibration"]["profile_used"],
-                            "violations": []})
+            victims.append(
+                {
+                    "batch_size": batch,
+                    "environment": environment,
+                    "job": victim_job,
+                    "u": u,
+                    "b": b,
+                    "lo": (u - 1024) / 1.5,
+                    "hi": 1.5 * u + 1024,
+                    "bound_hi": 1.5 * max(b, u) + 1024,
+                    "min": u,
+                    "max": u,
+                    "max_bound": b,
+                    "calibrated_at_start": answer["calibration"]["profile_used"],
+                    "violations": [],
+                }
+            )
     up_job, down_job = dict(job, batch_size=1), dict(job, batch_size=16384)
     down_peak = job_floor(port, down_job) + 1
     pushes = {"up": observation(up_job, 40000), "down": observation(down_job, down_peak)}
@@ -679,12 +749,16 @@ def adaptive_poisoning(port, rounds=30, per_post=250):
             worst.append(round(m / victim["u"], 3))
         history.append({"round": round_ + 1, "push": direction, "estimate_over_u": worst})
     profiles = call_json(port, "GET", "/v1/calibration/profiles")[1]["profiles"]
-    a100 = {p["environment"]: (round(p["offset_mib"], 1), round(p["scale"], 3), p["observations"])
-            for p in profiles if p["gpu"] == "a100-40gb"}
+    a100 = {
+        p["environment"]: (round(p["offset_mib"], 1), round(p["scale"], 3), p["observations"])
+        for p in profiles
+        if p["gpu"] == "a100-40gb"
+    }
     # every card at its capacity, ten times
     tiny = {"batch_size": 1, "layers": [{"kind": "linear", "output_size": 8, "params": 72}]}
-    catalogue = [observation(tiny, memory, card, environment)
-                 for card, memory in cards for environment in (None, "attacker")]
+    catalogue = [
+        observation(tiny, memory, card, environment) for card, memory in cards for environment in (None, "attacker")
+    ]
     for _ in range(10):
         status, _ = call_json(port, "POST", "/v1/calibration/observations", catalogue)
         statuses[f"{status} catalogue-at-capacity"] += 1
@@ -694,39 +768,63 @@ def adaptive_poisoning(port, rounds=30, per_post=250):
         m, bound = answer["memory"]["estimate_mib"], answer["memory"]["upper_bound_mib"]
         if fits and not answer["fit"]["fits"]:
             flips.append(f"{card}/{environment or 'no-env'}")
-        if card != "a100-40gb" and (not (u - 1024) / 1.5 <= m <= 1.5 * u + 1024
-                                    or bound > 1.5 * max(b, u) + 1024):
+        if card != "a100-40gb" and (not (u - 1024) / 1.5 <= m <= 1.5 * u + 1024 or bound > 1.5 * max(b, u) + 1024):
             outside.append(f"{card}/{environment or 'no-env'}: {u} -> {m} MiB (bound {b} -> {bound})")
     measured = {
-        "rounds": rounds, "observations_per_post": per_post, "down_peak_mib": down_peak,
+        "rounds": rounds,
+        "observations_per_post": per_post,
+        "down_peak_mib": down_peak,
         "pushes": collections.Counter(h["push"] for h in history),
         "posts_limited": limited,
         "moved_fraction_of_reach": {d: round(v, 3) for d, v in moved.items()},
-        "victims": [{"batch_size": v["batch_size"], "environment": v["environment"],
-                     "u_mib": v["u"], "reach_mib": [round(v["lo"], 1), round(v["hi"], 1)],
-                     "seen_mib": [v["min"], v["max"]], "bound_mib": v["b"],
-                     "max_bound_mib": v["max_bound"], "bound_reach_mib": round(v["bound_hi"], 1),
-                     "violations": v["violations"][:5]} for v in victims],
-        "a100_profiles_after": {str(k): {"offset_mib": v[0], "scale": v[1], "observations": v[2]}
-                                for k, v in a100.items()},
+        "victims": [
+            {
+                "batch_size": v["batch_size"],
+                "environment": v["environment"],
+                "u_mib": v["u"],
+                "reach_mib": [round(v["lo"], 1), round(v["hi"], 1)],
+                "seen_mib": [v["min"], v["max"]],
+                "bound_mib": v["b"],
+                "max_bound_mib": v["max_bound"],
+                "bound_reach_mib": round(v["bound_hi"], 1),
+                "violations": v["violations"][:5],
+            }
+            for v in victims
+        ],
+        "a100_profiles_after": {
+            str(k): {"offset_mib": v[0], "scale": v[1], "observations": v[2]} for k, v in a100.items()
+        },
         "history": history,
         "catalogue_cards": len(cards),
         "fit_flips": flips,
         "cards_outside_reach": outside,
     }
     expect_statuses(statuses, {"200"})
-    target("victims calibrated by nothing before the attack",
-           not any(v["calibrated_at_start"] for v in victims),
-           f"{sum(v['calibrated_at_start'] for v in victims)} of {len(victims)} used a profile")
-    target("poisoning: every victim within its reach after every round",
-           not any(v["violations"] for v in victims),
-           "; ".join(f"batch {v['batch_size']}/{v['environment'] or 'no-env'}: "
-                     f"{v['min']}..{v['max']} in [{v['lo']:.0f}, {v['hi']:.0f}]"
-                     f"{' VIOLATED' if v['violations'] else ''}" for v in victims))
-    target("catalogue at capacity: no README-job fit flips from true to false", not flips,
-           f"{len(flips)} flips of {len(readme_before)} card/environment pairs: {flips or 'none'}")
-    target("catalogue at capacity: every other card within its reach", not outside,
-           f"{len(outside)} outside: {outside[:3] or 'none'}")
+    target(
+        "victims calibrated by nothing before the attack",
+        not any(v["calibrated_at_start"] for v in victims),
+        f"{sum(v['calibrated_at_start'] for v in victims)} of {len(victims)} used a profile",
+    )
+    target(
+        "poisoning: every victim within its reach after every round",
+        not any(v["violations"] for v in victims),
+        "; ".join(
+            f"batch {v['batch_size']}/{v['environment'] or 'no-env'}: "
+            f"{v['min']}..{v['max']} in [{v['lo']:.0f}, {v['hi']:.0f}]"
+            f"{' VIOLATED' if v['violations'] else ''}"
+            for v in victims
+        ),
+    )
+    target(
+        "catalogue at capacity: no README-job fit flips from true to false",
+        not flips,
+        f"{len(flips)} flips of {len(readme_before)} card/environment pairs: {flips or 'none'}",
+    )
+    target(
+        "catalogue at capacity: every other card within its reach",
+        not outside,
+        f"{len(outside)} outside: {outside[:3] or 'none'}",
+    )
     return statuses, measured
 
 
@@ -741,20 +839,31 @@ def idempotency_churn(port, calls=200, per_call=990, time_limit=240):
     for i in range(calls):
         if time.time() - started > time_limit:
             break
-        status, _, _ = call(port, "POST", "/v1/calibration/observations", body,
-                            {"Idempotency-Key": f"churn-{run}-{i}"}, timeout=120)
+        status, _, _ = call(
+            port, "POST", "/v1/calibration/observations", body, {"Idempotency-Key": f"churn-{run}-{i}"}, timeout=120
+        )
         statuses[str(status)] += 1
         made += 1
-    replay_status, _, replay_headers = call(port, "POST", "/v1/calibration/observations", body,
-                                            {"Idempotency-Key": f"churn-{run}-0"}, timeout=120)
-    measured = {"calls_planned": calls, "calls_made": made, "observations_per_call": per_call,
-                "body_bytes": len(body), "seconds": round(time.time() - started, 1),
-                "scaled_down": made < calls,
-                "replay_of_the_first_key": f"{replay_status}, Idempotency-Replayed: "
-                                           f"{replay_headers.get('idempotency-replayed')}"}
+    replay_status, _, replay_headers = call(
+        port, "POST", "/v1/calibration/observations", body, {"Idempotency-Key": f"churn-{run}-0"}, timeout=120
+    )
+    measured = {
+        "calls_planned": calls,
+        "calls_made": made,
+        "observations_per_call": per_call,
+        "body_bytes": len(body),
+        "seconds": round(time.time() - started, 1),
+        "scaled_down": made < calls,
+        "replay_of_the_first_key": f"{replay_status}, Idempotency-Replayed: "
+        f"{replay_headers.get('idempotency-replayed')}",
+    }
     expect_statuses(statuses, {"200"})
-    target("all planned calls made within the time limit", made == calls,
-           f"{made} of {calls} calls in {measured['seconds']} s", asserted=False)
+    target(
+        "all planned calls made within the time limit",
+        made == calls,
+        f"{made} of {calls} calls in {measured['seconds']} s",
+        asserted=False,
+    )
     return statuses, measured
 
 
@@ -763,8 +872,10 @@ def cross_site_writes(port):
     http://evil.example, Sec-Fetch-Site: cross-site, Host evil.example:PORT; to both write
     routes. All refused (415/403), nothing recorded."""
     job = example_job()
-    bodies = {"/v1/calibration/observations": json.dumps(observation(job, 2000)).encode(),
-              "/v1/calibration/watch": json.dumps({"pid": 4242, "job": job}).encode()}
+    bodies = {
+        "/v1/calibration/observations": json.dumps(observation(job, 2000)).encode(),
+        "/v1/calibration/watch": json.dumps({"pid": 4242, "job": job}).encode(),
+    }
     json_type = ("Content-Type", "application/json")
     cases = {
         "no Content-Type": ([], "415"),
@@ -784,17 +895,21 @@ def cross_site_writes(port):
                 wrong.append(f"{path} {case}: {status}, expected {expected}")
     after = call(port, "GET", "/v1/calibration/profiles")[1]
     # the control: the same hand-written request, same-origin, reaches validation (422)
-    control, _, _ = raw_http(port, "POST", "/v1/calibration/observations",
-                             [json_type, ("Origin", f"http://127.0.0.1:{port}")],
-                             json.dumps(observation(job, 1)).encode())
-    measured = {"answers": got, "profiles_unchanged": before == after,
-                "control_same_origin_invalid_peak": control}
-    target("cross-site writes refused with the expected 415/403", not wrong,
-           "; ".join(wrong) or f"{dict(statuses)}")
-    target("cross-site writes recorded nothing (GET /v1/calibration/profiles unchanged)",
-           before == after, f"{len(before)} -> {len(after)} bytes")
-    target("control: a same-origin hand-written write reaches validation (422)", control == 422,
-           f"{control}")
+    control, _, _ = raw_http(
+        port,
+        "POST",
+        "/v1/calibration/observations",
+        [json_type, ("Origin", f"http://127.0.0.1:{port}")],
+        json.dumps(observation(job, 1)).encode(),
+    )
+    measured = {"answers": got, "profiles_unchanged": before == after, "control_same_origin_invalid_peak": control}
+    target("cross-site writes refused with the expected 415/403", not wrong, "; ".join(wrong) or f"{dict(statuses)}")
+    target(
+        "cross-site writes recorded nothing (GET /v1/calibration/profiles unchanged)",
+        before == after,
+        f"{len(before)} -> {len(after)} bytes",
+    )
+    target("control: a same-origin hand-written write reaches validation (422)", control == 422, f"{control}")
     return statuses, measured
 
 
@@ -809,33 +924,47 @@ def profile_key_churn(port, environments_per_gpu=40):
     for card, _ in cards:
         for e in range(environments_per_gpu):
             posts += 1
-            status, answer = call_json(port, "POST", "/v1/calibration/observations",
-                                       observation(tiny, 1024, card, f"churn-{e}"))
+            status, answer = call_json(
+                port, "POST", "/v1/calibration/observations", observation(tiny, 1024, card, f"churn-{e}")
+            )
             statuses[str(status)] += 1
             if status != 200:
                 detail = (answer or {}).get("detail", "")
-                kind = ("total" if "512" in detail else "per-gpu" if "32" in detail else "other")
+                kind = "total" if "512" in detail else "per-gpu" if "32" in detail else "other"
                 reasons[kind] += 1
-                first.setdefault(kind, {"post": posts, "gpu": card, "environment": f"churn-{e}",
-                                        "status": status, "detail": detail[:300]})
+                first.setdefault(
+                    kind,
+                    {"post": posts, "gpu": card, "environment": f"churn-{e}", "status": status, "detail": detail[:300]},
+                )
     profiles = call_json(port, "GET", "/v1/calibration/profiles")[1]["profiles"]
     per_gpu = collections.Counter(p["gpu"] for p in profiles if p["environment"])
     metrics_after = len(call(port, "GET", "/metrics")[1])
-    measured = {"posts": posts, "profiles_before": profiles_before, "profiles_after": len(profiles),
-                "most_environments_on_one_gpu": max(per_gpu.values(), default=0),
-                "refusals_by_reason": dict(reasons), "first_refusal": first,
-                "metrics_bytes": [metrics_before, metrics_after]}
+    measured = {
+        "posts": posts,
+        "profiles_before": profiles_before,
+        "profiles_after": len(profiles),
+        "most_environments_on_one_gpu": max(per_gpu.values(), default=0),
+        "refusals_by_reason": dict(reasons),
+        "first_refusal": first,
+        "metrics_bytes": [metrics_before, metrics_after],
+    }
     expect_statuses(statuses, {"200", "422"})
-    target("profiles bounded: at most 512 in all, 32 environments per GPU",
-           len(profiles) <= 512 and max(per_gpu.values(), default=0) <= 32 and reasons,
-           f"{len(profiles)} profiles, at most {max(per_gpu.values(), default=0)} environments "
-           f"on one GPU; first refusals: "
-           + "; ".join(f"{k} at post {v['post']} ({v['gpu']}/{v['environment']})" for k, v in first.items()))
+    target(
+        "profiles bounded: at most 512 in all, 32 environments per GPU",
+        len(profiles) <= 512 and max(per_gpu.values(), default=0) <= 32 and reasons,
+        f"{len(profiles)} profiles, at most {max(per_gpu.values(), default=0)} environments "
+        f"on one GPU; first refusals: "
+        + "; ".join(f"{k} at post {v['post']} ({v['gpu']}/{v['environment']})" for k, v in first.items()),
+    )
     created = len(profiles) - profiles_before
-    target("/metrics grows by less than 64 KB", metrics_after - metrics_before < 65536,
-           f"{metrics_before} -> {metrics_after} bytes "
-           f"({(metrics_after - metrics_before) / max(created, 1):.0f} bytes per profile created, "
-           f"{created} created; bounded by the 512-profile limit)", asserted=False)
+    target(
+        "/metrics grows by less than 64 KB",
+        metrics_after - metrics_before < 65536,
+        f"{metrics_before} -> {metrics_after} bytes "
+        f"({(metrics_after - metrics_before) / max(created, 1):.0f} bytes per profile created, "
+        f"{created} created; bounded by the 512-profile limit)",
+        asserted=False,
+    )
     return statuses, measured
 
 
@@ -843,8 +972,11 @@ def unknown_field_echo(port):
     """A body whose one unknown key is 1.5 MB long: the problem's detail must not echo it."""
     body = b'{"batch_size": 1, "' + b"x" * 1_500_000 + b'": 1}'
     status, answer, _ = call(port, "POST", "/v1/estimate", body)
-    measured = {"body_bytes": len(body), "answer_bytes": len(answer),
-                "answer_start": answer[:160].decode(errors="replace")}
+    measured = {
+        "body_bytes": len(body),
+        "answer_bytes": len(answer),
+        "answer_start": answer[:160].decode(errors="replace"),
+    }
     expect_statuses({str(status): 1}, {"400", "422"})
     target("the echo under 4 KB", len(answer) < 4096, f"{len(answer)} bytes for a {len(body)}-byte body")
     return collections.Counter({str(status): 1}), measured
@@ -866,21 +998,30 @@ def store_bytes(port, posts=60, size=1_900_000, limit=32 * MIB):
 
     def sizes():
         path = os.path.join(server.data_dir, "gpucast.sqlite3")
-        return {suffix or "db": os.path.getsize(path + suffix) if os.path.exists(path + suffix) else None
-                for suffix in ("", "-wal")}
+        return {
+            suffix or "db": os.path.getsize(path + suffix) if os.path.exists(path + suffix) else None
+            for suffix in ("", "-wal")
+        }
 
     running = sizes()
     profiles = call_json(port, "GET", "/v1/calibration/profiles")[1]["profiles"]
-    kept = max((p["observations"] for p in profiles if p["gpu"] == "a100-40gb"
-                and p["environment"] is None), default=0)
-    measured = {"posts": posts, "body_bytes": len(body), "max_store_bytes": limit,
-                "bytes_posted": posts * len(body), "observations_kept": kept,
-                "sqlite_bytes": running["db"], "wal_bytes": running["-wal"]}
+    kept = max((p["observations"] for p in profiles if p["gpu"] == "a100-40gb" and p["environment"] is None), default=0)
+    measured = {
+        "posts": posts,
+        "body_bytes": len(body),
+        "max_store_bytes": limit,
+        "bytes_posted": posts * len(body),
+        "observations_kept": kept,
+        "sqlite_bytes": running["db"],
+        "wal_bytes": running["-wal"],
+    }
     expect_statuses(statuses, {"200"})
     on_disk = (running["db"] or 0) + (running["-wal"] or 0)
-    target("store on disk (sqlite + WAL) <= 2 x --max-store-bytes", on_disk <= 2 * limit,
-           f"sqlite {running['db']} + WAL {running['-wal']} = {on_disk} bytes for "
-           f"{posts * len(body)} posted")
+    target(
+        "store on disk (sqlite + WAL) <= 2 x --max-store-bytes",
+        on_disk <= 2 * limit,
+        f"sqlite {running['db']} + WAL {running['-wal']} = {on_disk} bytes for {posts * len(body)} posted",
+    )
     return statuses, measured
 
 
@@ -906,8 +1047,9 @@ def store_faults(binary):
     shutil.rmtree(data_dir, ignore_errors=True)
     server = Server(binary, port, data_dir)
     peak = estimate(port, dict(job, gpu="a100-40gb"))["memory"]["estimate_mib"]
-    acknowledged = sum(call(port, "POST", "/v1/calibration/observations",
-                            observation(job, peak + i))[0] == 200 for i in range(20))
+    acknowledged = sum(
+        call(port, "POST", "/v1/calibration/observations", observation(job, peak + i))[0] == 200 for i in range(20)
+    )
     server.stop(signal.SIGKILL)
     wal = os.path.join(data_dir, "gpucast.sqlite3-wal")
     a = {"acknowledged": acknowledged}
@@ -933,23 +1075,36 @@ def store_faults(binary):
     a["start_seconds"] = round(time.time() - started, 1)
     if server.ready:
         profiles = call_json(port, "GET", "/v1/calibration/profiles")[1]["profiles"]
-        a["observations_counted"] = sum(p["observations"] for p in profiles
-                                        if p["gpu"] == "a100-40gb" and p["environment"] is None)
+        a["observations_counted"] = sum(
+            p["observations"] for p in profiles if p["gpu"] == "a100-40gb" and p["environment"] is None
+        )
     server.stop()
     with open(log, errors="replace") as handle:
         stderr = handle.read()
     os.remove(log)
     warning = [line for line in stderr.splitlines() if "which SQLite's recovery drops" in line]
     a["warning"] = warning[0][-400:] if warning else None
-    a["damaged_dirs"] = {d: sorted(os.listdir(os.path.join(data_dir, d)))
-                         for d in sorted(os.listdir(data_dir)) if d.startswith("damaged-")}
+    a["damaged_dirs"] = {
+        d: sorted(os.listdir(os.path.join(data_dir, d)))
+        for d in sorted(os.listdir(data_dir))
+        if d.startswith("damaged-")
+    }
     report["wal_damaged_middle_frame"] = a
-    target("WAL damage: the store had a WAL of 3+ frames to damage", a.get("frames", 0) >= 3,
-           f"{a.get('frames')} frames, {a.get('wal_bytes')} bytes")
-    target("WAL damage: the warning ('which SQLite's recovery drops') reported on stderr",
-           bool(warning), (warning[0][-200:] if warning else "absent"))
-    target("WAL damage: the service started and the log was set aside in damaged-*",
-           server.ready and bool(a["damaged_dirs"]), f"started {server.ready}, {a['damaged_dirs']}")
+    target(
+        "WAL damage: the store had a WAL of 3+ frames to damage",
+        a.get("frames", 0) >= 3,
+        f"{a.get('frames')} frames, {a.get('wal_bytes')} bytes",
+    )
+    target(
+        "WAL damage: the warning ('which SQLite's recovery drops') reported on stderr",
+        bool(warning),
+        (warning[0][-200:] if warning else "absent"),
+    )
+    target(
+        "WAL damage: the service started and the log was set aside in damaged-*",
+        server.ready and bool(a["damaged_dirs"]),
+        f"started {server.ready}, {a['damaged_dirs']}",
+    )
     # (b)
     port = free_port()
     data_dir = f"/tmp/gpucast-adversarial-garbage-{port}"
@@ -971,13 +1126,18 @@ def store_faults(binary):
     os.remove(log)
     error_lines = [line for line in stderr.splitlines() if "could not be read" in line]
     b["error_logged"] = error_lines[0][-300:] if error_lines else None
-    b["damaged_dirs"] = {d: sorted(os.listdir(os.path.join(data_dir, d)))
-                         for d in sorted(os.listdir(data_dir)) if d.startswith("damaged-")}
+    b["damaged_dirs"] = {
+        d: sorted(os.listdir(os.path.join(data_dir, d)))
+        for d in sorted(os.listdir(data_dir))
+        if d.startswith("damaged-")
+    }
     report["garbage_store"] = b
     ready_ok = bool(server.readyz and server.readyz[0] == 200)
-    target("garbage store: the service started, /readyz 200, the file moved to damaged-*",
-           server.ready and ready_ok and bool(b["damaged_dirs"]),
-           f"started {server.ready}, /readyz {server.readyz}, {b['damaged_dirs']}")
+    target(
+        "garbage store: the service started, /readyz 200, the file moved to damaged-*",
+        server.ready and ready_ok and bool(b["damaged_dirs"]),
+        f"started {server.ready}, /readyz {server.readyz}, {b['damaged_dirs']}",
+    )
     print(json.dumps(report), flush=True)
     return report
 
@@ -996,8 +1156,7 @@ def cli_oversized_input(binary, size=50 * MIB):
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     started = time.time()
-    child = subprocess.Popen([binary, "estimate", path], cwd=ROOT, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE)
+    child = subprocess.Popen([binary, "estimate", path], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         stdout, stderr = child.communicate(timeout=120)
     except subprocess.TimeoutExpired:
@@ -1007,20 +1166,30 @@ def cli_oversized_input(binary, size=50 * MIB):
     children_maxrss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     os.remove(path)
     stderr_text = stderr.decode(errors="replace").strip()
-    report = {"attack": "cli_oversized_input", "file_bytes": size,
-              "exit_code": child.returncode, "seconds": round(seconds, 2),
-              "stderr": stderr_text[-400:], "stdout_bytes": len(stdout),
-              "max_rss_mib": round(children_maxrss / 1024, 1),
-              "rusage_children_before_mib": round(before / 1024, 1),
-              "this_interpreter_max_rss_mib": round(own / 1024, 1)}
+    report = {
+        "attack": "cli_oversized_input",
+        "file_bytes": size,
+        "exit_code": child.returncode,
+        "seconds": round(seconds, 2),
+        "stderr": stderr_text[-400:],
+        "stdout_bytes": len(stdout),
+        "max_rss_mib": round(children_maxrss / 1024, 1),
+        "rusage_children_before_mib": round(before / 1024, 1),
+        "this_interpreter_max_rss_mib": round(own / 1024, 1),
+    }
     print(json.dumps(report), flush=True)
-    target("the CLI refused: exit 1 with 'larger than --max-body-bytes'",
-           child.returncode == 1 and "larger than --max-body-bytes" in stderr_text,
-           f"exit {child.returncode} in {seconds:.2f} s: {stderr_text[-160:]}")
-    target(f"CLI max RSS <= {RSS_PEAK_TARGET_MIB} MiB",
-           children_maxrss / 1024 <= RSS_PEAK_TARGET_MIB, f"{children_maxrss / 1024:.1f} MiB "
-           "(RUSAGE_CHILDREN, before any other child was reaped; it includes up to "
-           f"{own / 1024:.1f} MiB of this interpreter's pre-exec image)")
+    target(
+        "the CLI refused: exit 1 with 'larger than --max-body-bytes'",
+        child.returncode == 1 and "larger than --max-body-bytes" in stderr_text,
+        f"exit {child.returncode} in {seconds:.2f} s: {stderr_text[-160:]}",
+    )
+    target(
+        f"CLI max RSS <= {RSS_PEAK_TARGET_MIB} MiB",
+        children_maxrss / 1024 <= RSS_PEAK_TARGET_MIB,
+        f"{children_maxrss / 1024:.1f} MiB "
+        "(RUSAGE_CHILDREN, before any other child was reaped; it includes up to "
+        f"{own / 1024:.1f} MiB of this interpreter's pre-exec image)",
+    )
     return report
 
 
@@ -1037,17 +1206,17 @@ SENT = {
     "held_bodies_600x2MiB": "600 sockets: Content-Length 2097152, 2 MiB minus 8 bytes of body, then silence",
     "cpu_bomb_4x16gpu": "4 concurrent module prints of 4095 x Linear(3e6, 3e6), batch 8, 16 GPU ids",
     "cross_site_writes": "POST to both write routes with no Content-Type, text/plain, Origin "
-                         "http://evil.example, Sec-Fetch-Site cross-site, Host evil.example:PORT",
+    "http://evil.example, Sec-Fetch-Site cross-site, Host evil.example:PORT",
     "unknown_field_echo": "POST /v1/estimate whose one unknown key is 1.5 MB long",
     "adaptive_poisoning": "30 rounds of 2 x 250 observations pushing the README job's profile the way "
-                          "it moved least (batch 1 at 40,000 MiB or batch 16,384 at its floor + 1), "
-                          "without and with environment `attacker`; then 10 lists of every card at capacity",
+    "it moved least (batch 1 at 40,000 MiB or batch 16,384 at its floor + 1), "
+    "without and with environment `attacker`; then 10 lists of every card at capacity",
     "idempotency_churn_200x990": "200 calls of 990 valid observations, each with a fresh Idempotency-Key",
     "profile_key_churn": "single observations on 40 environments of every catalogue GPU",
     "store_bytes": "60 valid observations padded with whitespace to ~1.9 MB, "
-                   "to a server with --max-store-bytes 33554432",
+    "to a server with --max-store-bytes 33554432",
     "store_faults": "(a) 20 observations, SIGKILL, bytes flipped in a middle WAL frame, restart; "
-                    "(b) gpucast.sqlite3 overwritten with garbage, restart",
+    "(b) gpucast.sqlite3 overwritten with garbage, restart",
     "cli_oversized_input": "`gpucast estimate` on a 50 MB file",
     "sigterm_with_half_sent_header": "SIGTERM while a socket holds half a request header",
 }
@@ -1056,14 +1225,27 @@ SENT = {
 def brief(value, limit=400):
     text = value if isinstance(value, str) else json.dumps(value, separators=(", ", ": "))
     text = text.replace("|", "\\|").replace("\n", " ")
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def came_back(report):
     """What came back, in a line: statuses and the attack's own measurements."""
-    keep = {k: v for k, v in report.items() if k not in (
-        "attack", "seconds", "attacker_statuses", "measured", "rss_before_mib", "rss_peak_mib",
-        "rss_after_mib", "legitimate", "healthz_failures")}
+    keep = {
+        k: v
+        for k, v in report.items()
+        if k
+        not in (
+            "attack",
+            "seconds",
+            "attacker_statuses",
+            "measured",
+            "rss_before_mib",
+            "rss_peak_mib",
+            "rss_after_mib",
+            "legitimate",
+            "healthz_failures",
+        )
+    }
     measured = dict(report.get("measured") or {})
     measured.pop("history", None)
     measured.pop("answers", None)
@@ -1072,7 +1254,9 @@ def came_back(report):
             f"batch {v['batch_size']}/{v['environment'] or 'no-env'}: u {v['u_mib']}, seen "
             f"{v['seen_mib'][0]}..{v['seen_mib'][1]} in [{v['reach_mib'][0]}, {v['reach_mib'][1]}], "
             f"bound up to {v['max_bound_mib']} of {v['bound_reach_mib']}"
-            f"{', VIOLATED' if v['violations'] else ''}" for v in measured["victims"]]
+            f"{', VIOLATED' if v['violations'] else ''}"
+            for v in measured["victims"]
+        ]
     parts = []
     if "attacker_statuses" in report:
         parts.append(f"statuses {brief(report['attacker_statuses'], 300)}")
@@ -1107,19 +1291,28 @@ def write_page(path, command, binary, reports, failed):
     for report in reports:
         name = report["attack"]
         legitimate = report.get("legitimate")
-        lines += [f"### {name}", "", "| | |", "|---|---|",
-                  f"| sent | {brief(SENT.get(name, '-'))} |",
-                  f"| came back | {came_back(report)} |"]
+        lines += [
+            f"### {name}",
+            "",
+            "| | |",
+            "|---|---|",
+            f"| sent | {brief(SENT.get(name, '-'))} |",
+            f"| came back | {came_back(report)} |",
+        ]
         if "rss_peak_mib" in report:
-            lines.append(f"| peak RSS | {report['rss_peak_mib']} MiB (before {report['rss_before_mib']}, "
-                         f"after {report['rss_after_mib']}) |")
+            lines.append(
+                f"| peak RSS | {report['rss_peak_mib']} MiB (before {report['rss_before_mib']}, "
+                f"after {report['rss_after_mib']}) |"
+            )
         elif "max_rss_mib" in report:
             lines.append(f"| peak RSS | {report['max_rss_mib']} MiB (the CLI process) |")
         else:
             lines.append("| peak RSS | - (servers of its own, restarted) |")
         if legitimate:
-            lines.append(f"| legitimate | p50 {legitimate['p50_ms']} ms, p99 {legitimate['p99_ms']} ms, "
-                         f"{legitimate['answered']} answered, errors {brief(legitimate['errors'] or 'none')} |")
+            lines.append(
+                f"| legitimate | p50 {legitimate['p50_ms']} ms, p99 {legitimate['p99_ms']} ms, "
+                f"{legitimate['answered']} answered, errors {brief(legitimate['errors'] or 'none')} |"
+            )
             lines.append(f"| /healthz failures | {report['healthz_failures']} |")
         else:
             lines += ["| legitimate | - |", "| /healthz failures | - |"]
@@ -1128,8 +1321,11 @@ def write_page(path, command, binary, reports, failed):
         lines.append("")
     lines += ["## Targets", "", "| attack | target | measured | result |", "|---|---|---|---|"]
     for t in TARGETS:
-        result = ("pass" if t["passed"] else "FAIL") if t["asserted"] else \
-            ("pass" if t["passed"] else "missed") + " (reported only)"
+        result = (
+            ("pass" if t["passed"] else "FAIL")
+            if t["asserted"]
+            else ("pass" if t["passed"] else "missed") + " (reported only)"
+        )
         lines.append(f"| {t['attack']} | {brief(t['target'], 200)} | {brief(t['measured'], 300)} | {result} |")
     lines.append("")
     with open(path, "w") as handle:
@@ -1156,8 +1352,7 @@ def check_existing(report):
     elif name == "watch_flood_4000":
         expect_statuses(statuses, {"409"}, ignore=("threads",))
         threads = [k for k in statuses if k.startswith("threads")]
-        target("no thread left behind", threads and threads[0].split()[1] == threads[0].split()[3],
-               threads)
+        target("no thread left behind", threads and threads[0].split()[1] == threads[0].split()[3], threads)
 
 
 def main():
@@ -1171,19 +1366,26 @@ def main():
     server = Server(binary, free_port())
     SERVER_PID[0] = server.process.pid
     try:
-        for name, attack in [("batch_flood_8x2MiB", batch_flood), ("slow_bodies_520", slow_bodies),
-                             ("content_length_1e12_x20", huge_content_length),
-                             ("odd_methods_2000", odd_methods), ("half_sent_headers_200", half_headers),
-                             ("poison_calibration_40", poison_calibration),
-                             ("watch_flood_4000", watch_flood)]:
+        for name, attack in [
+            ("batch_flood_8x2MiB", batch_flood),
+            ("slow_bodies_520", slow_bodies),
+            ("content_length_1e12_x20", huge_content_length),
+            ("odd_methods_2000", odd_methods),
+            ("half_sent_headers_200", half_headers),
+            ("poison_calibration_40", poison_calibration),
+            ("watch_flood_4000", watch_flood),
+        ]:
             reports.append(run_attack(server, name, attack))
             check_existing(reports[-1])
-        for name, attack in [("held_bodies_600x2MiB", held_bodies), ("cpu_bomb_4x16gpu", cpu_bomb),
-                             ("cross_site_writes", cross_site_writes),
-                             ("unknown_field_echo", unknown_field_echo),
-                             ("adaptive_poisoning", adaptive_poisoning),
-                             ("idempotency_churn_200x990", idempotency_churn),
-                             ("profile_key_churn", profile_key_churn)]:
+        for name, attack in [
+            ("held_bodies_600x2MiB", held_bodies),
+            ("cpu_bomb_4x16gpu", cpu_bomb),
+            ("cross_site_writes", cross_site_writes),
+            ("unknown_field_echo", unknown_field_echo),
+            ("adaptive_poisoning", adaptive_poisoning),
+            ("idempotency_churn_200x990", idempotency_churn),
+            ("profile_key_churn", profile_key_churn),
+        ]:
             reports.append(run_attack(server, name, attack))
     finally:
         server.stop()
@@ -1196,15 +1398,17 @@ def main():
     try:
         reports.append(store_faults(binary))
     except Exception as error:
-        target("the attack ran to its end", False, f"{type(error).__name__}: {error}",
-               attack="store_faults")
+        target("the attack ran to its end", False, f"{type(error).__name__}: {error}", attack="store_faults")
         reports.append({"attack": "store_faults", "crashed": f"{type(error).__name__}: {error}"})
     reports.append(sigterm_with_half_header(binary))
     sigterm = reports[-1]
-    target("SIGTERM with a half-sent header: exits within the drain timeout (20 s)",
-           sigterm.get("exit_seconds") is not None and sigterm["exit_seconds"] <= 20,
-           f"{sigterm.get('exit_seconds')} s, exit {sigterm.get('exit_code')}", asserted=False,
-           attack="sigterm_with_half_sent_header")
+    target(
+        "SIGTERM with a half-sent header: exits within the drain timeout (20 s)",
+        sigterm.get("exit_seconds") is not None and sigterm["exit_seconds"] <= 20,
+        f"{sigterm.get('exit_seconds')} s, exit {sigterm.get('exit_code')}",
+        asserted=False,
+        attack="sigterm_with_half_sent_header",
+    )
     for data_dir in DATA_DIRS:
         if data_dir.startswith("/tmp/gpucast-adversarial-"):
             shutil.rmtree(data_dir, ignore_errors=True)
@@ -1213,10 +1417,18 @@ def main():
     shown = os.path.relpath(binary_path, ROOT) if binary_path.startswith(ROOT + os.sep) else binary
     suite_seconds = round(time.time() - suite_started, 1)
     with open(out, "w") as handle:
-        json.dump({"binary": shown, "command": command,
-                   "suite_seconds": suite_seconds, "attacks": reports, "targets": TARGETS,
-                   "failed_targets": [f"{t['attack']}: {t['target']}" for t in failed]},
-                  handle, indent=1)
+        json.dump(
+            {
+                "binary": shown,
+                "command": command,
+                "suite_seconds": suite_seconds,
+                "attacks": reports,
+                "targets": TARGETS,
+                "failed_targets": [f"{t['attack']}: {t['target']}" for t in failed],
+            },
+            handle,
+            indent=1,
+        )
         handle.write("\n")
     page = os.path.join(ROOT, "docs", "hardening.md")
     write_page(page, command, shown, reports, failed)

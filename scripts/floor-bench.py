@@ -55,13 +55,17 @@ def jobs():
         simulated = json.loads(f.readline())["job"]
     with open(os.path.join(ROOT, "tests", "fixtures", "cli", "llama_job.json")) as f:
         config = json.load(f)
-    return [("README MLP job", mlp), ("describe job with its simulation", simulated),
-            ("config job (Llama-3-8B QLoRA)", config)]
+    return [
+        ("README MLP job", mlp),
+        ("describe job with its simulation", simulated),
+        ("config job (Llama-3-8B QLoRA)", config),
+    ]
 
 
 def post(port, body):
-    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/estimate", data=body, method="POST",
-                                     headers={"content-type": "application/json"})
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/estimate", data=body, method="POST", headers={"content-type": "application/json"}
+    )
     with urllib.request.urlopen(request, timeout=30) as response:
         return response.read()
 
@@ -69,10 +73,27 @@ def post(port, body):
 def load(oha, port, body_file, concurrency, seconds):
     """(p50 ms, requests per second, non-200 answers) of `seconds` of load."""
     done = subprocess.run(
-        [oha, "-z", f"{seconds}s", "-c", str(concurrency), "-m", "POST", "-T", "application/json",
-         "-D", body_file, "--no-tui", "--output-format", "json",
-         f"http://127.0.0.1:{port}/v1/estimate"],
-        capture_output=True, text=True, check=True)
+        [
+            oha,
+            "-z",
+            f"{seconds}s",
+            "-c",
+            str(concurrency),
+            "-m",
+            "POST",
+            "-T",
+            "application/json",
+            "-D",
+            body_file,
+            "--no-tui",
+            "--output-format",
+            "json",
+            f"http://127.0.0.1:{port}/v1/estimate",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     report = json.loads(done.stdout)
     statuses = report.get("statusCodeDistribution", {})
     failed = sum(n for code, n in statuses.items() if code != "200")
@@ -89,13 +110,26 @@ def main():
     args = parser.parse_args()
     for path in (args.gpucast, args.floor, args.oha):
         if not os.path.exists(path):
-            raise SystemExit(f"{path} is missing: cargo build --locked --release --bin gpucast "
-                             "--example json_floor; cargo install oha --locked")
+            raise SystemExit(
+                f"{path} is missing: cargo build --locked --release --bin gpucast "
+                "--example json_floor; cargo install oha --locked"
+            )
     scratch = tempfile.mkdtemp(prefix="gpucast-floor-")
     port = free_port()
-    service = subprocess.Popen([args.gpucast, "serve", "--listen", f"127.0.0.1:{port}", "--no-nvml",
-                                "--data-dir", os.path.join(scratch, "store")],
-                               cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    service = subprocess.Popen(
+        [
+            args.gpucast,
+            "serve",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--no-nvml",
+            "--data-dir",
+            os.path.join(scratch, "store"),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     rows = []
     try:
         wait_ready(port, "/readyz")
@@ -109,8 +143,9 @@ def main():
             with open(reply_file, "wb") as f:
                 f.write(reply)
             floor_port = free_port()
-            floor = subprocess.Popen([args.floor, str(floor_port), reply_file],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            floor = subprocess.Popen(
+                [args.floor, str(floor_port), reply_file], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
             try:
                 wait_ready(floor_port, "/v1/estimate")
                 for concurrency in (1, 32):
@@ -127,19 +162,25 @@ def main():
         service.wait(timeout=60)
         shutil.rmtree(scratch, ignore_errors=True)
 
-    lines = ["# The floor: the service against an empty JSON handler", "",
-             f"Written by `python3 scripts/floor-bench.py --seconds {args.seconds}` on "
-             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} ({os.cpu_count()} cores; release builds of "
-             "the service and of examples/json_floor.rs, which reads the same body and writes a reply of the "
-             "same bytes). Do not edit by hand. oha, "
-             f"{args.seconds} s of load per cell, the floor and the service alternating.", "",
-             "| job | body / reply bytes | c | floor p50 ms | gpucast p50 ms | p50 ratio | floor req/s | "
-             "gpucast req/s | throughput share | non-200 |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        "# The floor: the service against an empty JSON handler",
+        "",
+        f"Written by `python3 scripts/floor-bench.py --seconds {args.seconds}` on "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} ({os.cpu_count()} cores; release builds of "
+        "the service and of examples/json_floor.rs, which reads the same body and writes a reply of the "
+        "same bytes). Do not edit by hand. oha, "
+        f"{args.seconds} s of load per cell, the floor and the service alternating.",
+        "",
+        "| job | body / reply bytes | c | floor p50 ms | gpucast p50 ms | p50 ratio | floor req/s | "
+        "gpucast req/s | throughput share | non-200 |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for name, body_bytes, reply_bytes, c, (f_p50, f_rps, f_bad), (s_p50, s_rps, s_bad) in rows:
-        lines.append(f"| {name} | {body_bytes:,} / {reply_bytes:,} | {c} | {f_p50:.3f} | {s_p50:.3f} | "
-                     f"{s_p50 / f_p50:.1f}x | {f_rps:,.0f} | {s_rps:,.0f} | {s_rps / f_rps:.2f} | "
-                     f"{f_bad + s_bad} |")
+        lines.append(
+            f"| {name} | {body_bytes:,} / {reply_bytes:,} | {c} | {f_p50:.3f} | {s_p50:.3f} | "
+            f"{s_p50 / f_p50:.1f}x | {f_rps:,.0f} | {s_rps:,.0f} | {s_rps / f_rps:.2f} | "
+            f"{f_bad + s_bad} |"
+        )
     text = "\n".join(lines) + "\n"
     with open(args.out, "w") as f:
         f.write(text)

@@ -8,6 +8,7 @@ first `_` or digit) is held out in turn, the best alternative on the other famil
 scored on it. Prints the held-out figure per family and derived / traced per model family.
 Needs numpy. Usage: python scripts/saved_tensors_check.py
 """
+
 import collections
 import gzip
 import itertools
@@ -19,10 +20,31 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-KEEPS_INPUT = {"linear", "conv1d", "conv2d", "conv3d", "conv_transpose2d", "batch_norm", "layer_norm",
-               "group_norm", "instance_norm", "rms_norm", "gelu", "silu", "mish", "softplus", "elu", "selu",
-               "hardswish", "hardsigmoid", "prelu", "max_pool", "avg_pool", "adaptive_avg_pool",
-               "adaptive_max_pool"}
+KEEPS_INPUT = {
+    "linear",
+    "conv1d",
+    "conv2d",
+    "conv3d",
+    "conv_transpose2d",
+    "batch_norm",
+    "layer_norm",
+    "group_norm",
+    "instance_norm",
+    "rms_norm",
+    "gelu",
+    "silu",
+    "mish",
+    "softplus",
+    "elu",
+    "selu",
+    "hardswish",
+    "hardsigmoid",
+    "prelu",
+    "max_pool",
+    "avg_pool",
+    "adaptive_avg_pool",
+    "adaptive_max_pool",
+}
 KEEPS_OUTPUT = {"relu", "sigmoid", "tanh", "softmax"}
 NORMS = {"batch_norm", "layer_norm", "group_norm", "instance_norm", "rms_norm"}
 PASSES_ON = {"identity", "flatten", "dropout", "drop_path"}
@@ -71,8 +93,12 @@ def derive(layers, input_elements, c):
         gate = kind in ("sigmoid", "hardsigmoid")
         # A convolution or norm right after a norm, as wide as it, starts a parallel branch
         # (a downsample shortcut, a RepVGG branch) on the block input, which is already kept.
-        branch = (c["branch"] and prev_kind in NORMS and sizes[cur] == out_size
-                  and (kind in NORMS or kind in ("conv1d", "conv2d", "conv3d")))
+        branch = (
+            c["branch"]
+            and prev_kind in NORMS
+            and sizes[cur] == out_size
+            and (kind in NORMS or kind in ("conv1d", "conv2d", "conv3d"))
+        )
         prev_kind = kind
         new = push(out_size)
         if kind in keeps_in and not branch:
@@ -87,13 +113,29 @@ def derive(layers, input_elements, c):
     return sum(sizes[i] for i in kept) + extra
 
 
-CHOSEN = dict(attention=3, max_pool_indices=2, other_with_params=1, gate=True, relu6="input",
-              leaky_relu="output", holder="vectors", branch=True)
-GRID = [dict(attention=a, max_pool_indices=i, other_with_params=o, gate=g, relu6=r, leaky_relu=l,
-             holder=h, branch=b)
-        for a, i, o, g, r, l, h, b in itertools.product([2, 3, 4], [0, 2], [0, 1, 2], [True, False],
-                                                     ["input", "output"], ["input", "output"],
-                                                     [0, 1, 2, "vectors"], [False, True])]
+CHOSEN = dict(
+    attention=3,
+    max_pool_indices=2,
+    other_with_params=1,
+    gate=True,
+    relu6="input",
+    leaky_relu="output",
+    holder="vectors",
+    branch=True,
+)
+GRID = [
+    dict(attention=a, max_pool_indices=i, other_with_params=o, gate=g, relu6=r, leaky_relu=l, holder=h, branch=b)
+    for a, i, o, g, r, l, h, b in itertools.product(
+        [2, 3, 4],
+        [0, 2],
+        [0, 1, 2],
+        [True, False],
+        ["input", "output"],
+        ["input", "output"],
+        [0, 1, 2, "vectors"],
+        [False, True],
+    )
+]
 
 
 def family_of(model):
@@ -106,8 +148,16 @@ def main():
     train = [d for d in descriptions if d["model"] not in test]
 
     def log_errors(c, models):
-        return np.array([abs(math.log(4 * derive(m["layers"], math.prod(m["input_shape"]), c)
-                                      / m["saved_tensors"]["per_sample_bytes"])) for m in models])
+        return np.array(
+            [
+                abs(
+                    math.log(
+                        4 * derive(m["layers"], math.prod(m["input_shape"]), c) / m["saved_tensors"]["per_sample_bytes"]
+                    )
+                )
+                for m in models
+            ]
+        )
 
     errors = np.array([log_errors(c, train) for c in GRID])
     groups = collections.defaultdict(list)
@@ -125,16 +175,25 @@ def main():
     kinds = np.array([m["family"] for m in train])
     for family in ("cnn", "transformer"):
         sel = kinds == family
-        print(f"{family}: held out by architecture family, median |log ratio| "
-              f"{np.median(held_out[sel]):.4f}, p90 {np.percentile(held_out[sel], 90):.4f}")
-    for name, models in (("training", train), ("test (not tuned on)",
-                                               [d for d in descriptions if d["model"] in test])):
+        print(
+            f"{family}: held out by architecture family, median |log ratio| "
+            f"{np.median(held_out[sel]):.4f}, p90 {np.percentile(held_out[sel], 90):.4f}"
+        )
+    for name, models in (("training", train), ("test (not tuned on)", [d for d in descriptions if d["model"] in test])):
         for family in ("cnn", "transformer"):
-            ratios = np.array([4 * derive(m["layers"], math.prod(m["input_shape"]), CHOSEN)
-                               / m["saved_tensors"]["per_sample_bytes"]
-                               for m in models if m["family"] == family])
-            print(f"{name} {family} ({len(ratios)}): derived / traced median {np.median(ratios):.3f}, "
-                  f"p10 {np.percentile(ratios, 10):.3f}, p90 {np.percentile(ratios, 90):.3f}")
+            ratios = np.array(
+                [
+                    4
+                    * derive(m["layers"], math.prod(m["input_shape"]), CHOSEN)
+                    / m["saved_tensors"]["per_sample_bytes"]
+                    for m in models
+                    if m["family"] == family
+                ]
+            )
+            print(
+                f"{name} {family} ({len(ratios)}): derived / traced median {np.median(ratios):.3f}, "
+                f"p10 {np.percentile(ratios, 10):.3f}, p90 {np.percentile(ratios, 90):.3f}"
+            )
 
 
 if __name__ == "__main__":

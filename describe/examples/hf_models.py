@@ -27,16 +27,26 @@ def bert_base_mlm():
 
 def bert_large_classifier():
     """BERT-large (336 M) with a 2-label sequence-classification head."""
-    return transformers.BertForSequenceClassification(transformers.BertConfig(
-        hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096,
-        num_labels=2))
+    return transformers.BertForSequenceClassification(
+        transformers.BertConfig(
+            hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096, num_labels=2
+        )
+    )
 
 
 def tinyllama():
     """TinyLlama-1.1B's published configuration: 22 layers, width 2048, 32 heads sharing 4 KV heads."""
-    return transformers.LlamaForCausalLM(transformers.LlamaConfig(
-        hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
-        num_key_value_heads=4, vocab_size=32000, max_position_embeddings=2048))
+    return transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(
+            hidden_size=2048,
+            intermediate_size=5632,
+            num_hidden_layers=22,
+            num_attention_heads=32,
+            num_key_value_heads=4,
+            vocab_size=32000,
+            max_position_embeddings=2048,
+        )
+    )
 
 
 def t5_small():

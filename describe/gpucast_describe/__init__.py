@@ -3,8 +3,7 @@
 from .kinds import CANONICAL_KINDS, is_attention, kind_of
 from .simulate import SimulationError, simulate_step
 from .specs import ResolvedSpec, SpecError, describe_spec, describe_spec_batches, resolve_spec
-from .walker import (describe_module, infer_family, total_params, trace_saved_tensors,
-                     with_batch_size)
+from .walker import describe_module, infer_family, total_params, trace_saved_tensors, with_batch_size
 
 __all__ = [
     "CANONICAL_KINDS",

@@ -99,10 +99,22 @@ HEAD_NAMES = ("lm_head", "score", "classifier", "head", "fc", "output")
 
 # bitsandbytes.functional.get_4bit_type("nf4")
 NF4_CODE = (
-    -1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453,
-    -0.28444138169288635, -0.18477343022823334, -0.09105003625154495, 0.0,
-    0.07958029955625534, 0.16093020141124725, 0.24611230194568634, 0.33791524171829224,
-    0.44070982933044434, 0.5626170039176941, 0.7229568362236023, 1.0,
+    -1.0,
+    -0.6961928009986877,
+    -0.5250730514526367,
+    -0.39491748809814453,
+    -0.28444138169288635,
+    -0.18477343022823334,
+    -0.09105003625154495,
+    0.0,
+    0.07958029955625534,
+    0.16093020141124725,
+    0.24611230194568634,
+    0.33791524171829224,
+    0.44070982933044434,
+    0.5626170039176941,
+    0.7229568362236023,
+    1.0,
 )
 
 _HALF = (torch.float16, torch.bfloat16)
@@ -147,8 +159,12 @@ def _linear_shape(module: nn.Module) -> Optional[Tuple[int, int]]:
 
 def _is_conv1d(module: nn.Module) -> bool:
     weight = getattr(module, "weight", None)
-    return type(module).__name__ == "Conv1D" and isinstance(getattr(module, "nf", None), int) \
-        and isinstance(weight, torch.Tensor) and weight.dim() == 2
+    return (
+        type(module).__name__ == "Conv1D"
+        and isinstance(getattr(module, "nf", None), int)
+        and isinstance(weight, torch.Tensor)
+        and weight.dim() == 2
+    )
 
 
 def _weight_out_in(module: nn.Module) -> torch.Tensor:
@@ -340,13 +356,13 @@ class _Int8Matmul(torch.autograd.Function):
         if layer.weight.is_meta:
             rows = x.reshape(-1, x.shape[-1])
             half = rows if rows.dtype == torch.float16 else rows.to(torch.float16)
-            ca = torch.empty(half.shape, dtype=torch.int8, device=x.device)      # int8 rows
+            ca = torch.empty(half.shape, dtype=torch.int8, device=x.device)  # int8 rows
             sca = torch.empty(half.shape[:1], dtype=torch.float32, device=x.device)  # row scales
             del half
-            accumulated = torch.empty((rows.shape[0], layer.out_features), dtype=torch.int32,
-                                      device=x.device)
-            output = torch.empty((rows.shape[0], layer.out_features), dtype=x.dtype,
-                                 device=x.device)  # int8_mm_dequant, bias fused
+            accumulated = torch.empty((rows.shape[0], layer.out_features), dtype=torch.int32, device=x.device)
+            output = torch.empty(
+                (rows.shape[0], layer.out_features), dtype=x.dtype, device=x.device
+            )  # int8_mm_dequant, bias fused
             del accumulated, ca, sca
             output = output.reshape(*x.shape[:-1], layer.out_features)
         else:
@@ -400,8 +416,7 @@ class LoraLinear(nn.Module):
         weight = base.weight
         quantised = isinstance(base, _QuantizedLinear)
         dtype = torch.float32 if quantised else adapter_dtype(weight.dtype)
-        self.variant = "int8" if isinstance(base, Linear8bitLt) else \
-            "nf4" if isinstance(base, Linear4bit) else "same"
+        self.variant = "int8" if isinstance(base, Linear8bitLt) else "nf4" if isinstance(base, Linear4bit) else "same"
         self.in_features, self.out_features = in_features, out_features
         self.rank, self.scaling = rank, alpha / rank
         self.base_layer = base
@@ -483,6 +498,7 @@ def _in_modes(function, modes: List[Any]):
     re-enters autocast; a mode's ``clear_cast_cache`` then drops the casts the recomputation
     cached, as leaving that autocast region does on a GPU (what the recomputed block saved
     for its backward keeps them alive)."""
+
     def run(*args: Any, **kwargs: Any) -> Any:
         active = _function_modes()
         missing = [m for m in modes if not any(m is a for a in active)]
@@ -498,6 +514,7 @@ def _in_modes(function, modes: List[Any]):
                     clear = getattr(mode, "clear_cast_cache", None)
                     if callable(clear):
                         clear()
+
     return run
 
 
@@ -506,8 +523,7 @@ def _checkpointed_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     own module): ``checkpoint(original, *args, use_reentrant=False, **kwargs)`` when training
     with autograd on, the original otherwise."""
     inner = self.__dict__["_gpucast_checkpointed_inner"]
-    original = (lambda *a, **k: inner(self, *a, **k)) if isinstance(inner, types.FunctionType) \
-        else inner
+    original = (lambda *a, **k: inner(self, *a, **k)) if isinstance(inner, types.FunctionType) else inner
     if not (self.training and torch.is_grad_enabled()):
         return original(*args, **kwargs)
     modes = _function_modes()
@@ -672,23 +688,27 @@ def parse_lora(lora: Any) -> Dict[str, Any]:
             try:
                 re.compile(targets)
             except re.error as exc:
-                raise ValueError(f"lora.target_modules: {targets!r} is not a regular "
-                                 f"expression: {exc}") from None
-    elif isinstance(targets, (list, tuple)) and targets and \
-            all(isinstance(t, str) and t for t in targets):
+                raise ValueError(f"lora.target_modules: {targets!r} is not a regular expression: {exc}") from None
+    elif isinstance(targets, (list, tuple)) and targets and all(isinstance(t, str) and t for t in targets):
         targets = list(dict.fromkeys(targets))
     else:
-        raise ValueError("lora.target_modules: must be a non-empty list of module names, "
-                         f"\"{ALL_LINEAR}\" or a regular expression, got {targets!r}")
+        raise ValueError(
+            "lora.target_modules: must be a non-empty list of module names, "
+            f'"{ALL_LINEAR}" or a regular expression, got {targets!r}'
+        )
     base = lora.get("base_weights", "same")
     if base not in BASE_WEIGHTS:
-        raise ValueError(f"lora.base_weights: must be one of {', '.join(BASE_WEIGHTS)}, "
-                         f"got {base!r}")
+        raise ValueError(f"lora.base_weights: must be one of {', '.join(BASE_WEIGHTS)}, got {base!r}")
     dropout = lora.get("dropout", 0.0)
     if not _number(dropout) or not 0.0 <= dropout < 1.0:
         raise ValueError(f"lora.dropout: must be a number in [0, 1), got {dropout!r}")
-    return {"rank": rank, "alpha": float(alpha), "target_modules": targets,
-            "base_weights": base, "dropout": float(dropout)}
+    return {
+        "rank": rank,
+        "alpha": float(alpha),
+        "target_modules": targets,
+        "base_weights": base,
+        "dropout": float(dropout),
+    }
 
 
 def _parse_trainable(trainable: Any) -> Optional[List[str]]:
@@ -698,30 +718,43 @@ def _parse_trainable(trainable: Any) -> Optional[List[str]]:
         if set(trainable) == {"modules"}:
             trainable = trainable["modules"]
         else:
-            raise ValueError("trainable: the simulation needs module names "
-                             f"({{\"modules\": [...]}} or a list), got {trainable!r}")
-    if isinstance(trainable, str) or not isinstance(trainable, (list, tuple)) or \
-            not all(isinstance(p, str) and p for p in trainable):
+            raise ValueError(
+                f'trainable: the simulation needs module names ({{"modules": [...]}} or a list), got {trainable!r}'
+            )
+    if (
+        isinstance(trainable, str)
+        or not isinstance(trainable, (list, tuple))
+        or not all(isinstance(p, str) and p for p in trainable)
+    ):
         raise ValueError(f"trainable: must be a list of module names, got {trainable!r}")
     return list(dict.fromkeys(trainable))
 
 
-def _lora_targets(model: nn.Module, named: List[Tuple[str, nn.Module]], spec: Dict[str, Any]
-                  ) -> List[str]:
+def _lora_targets(model: nn.Module, named: List[Tuple[str, nn.Module]], spec: Dict[str, Any]) -> List[str]:
     """The targeted modules' names, checked: linear, rank within their dimensions."""
     targets = spec["target_modules"]
-    inside_mha = {id(child) for module in model.modules()
-                  if isinstance(module, nn.MultiheadAttention) for child in module.children()}
-    inside_lora = {id(child) for module in model.modules() if isinstance(module, LoraLinear)
-                   for child in module.modules()}
+    inside_mha = {
+        id(child)
+        for module in model.modules()
+        if isinstance(module, nn.MultiheadAttention)
+        for child in module.children()
+    }
+    inside_lora = {
+        id(child) for module in model.modules() if isinstance(module, LoraLinear) for child in module.modules()
+    }
     if targets == ALL_LINEAR:
         head = _output_head(model)
-        chosen = [name for name, module in named
-                  if name and _linear_shape(module) is not None and module is not head
-                  and id(module) not in inside_mha and id(module) not in inside_lora]
+        chosen = [
+            name
+            for name, module in named
+            if name
+            and _linear_shape(module) is not None
+            and module is not head
+            and id(module) not in inside_mha
+            and id(module) not in inside_lora
+        ]
         if not chosen:
-            raise ValueError(f"lora.target_modules: \"{ALL_LINEAR}\" found no linear layer "
-                             "besides the output head")
+            raise ValueError(f'lora.target_modules: "{ALL_LINEAR}" found no linear layer besides the output head')
     else:
         if isinstance(targets, str):  # PEFT: a string is a regular expression, full match
             pattern = re.compile(targets)
@@ -731,35 +764,34 @@ def _lora_targets(model: nn.Module, named: List[Tuple[str, nn.Module]], spec: Di
         else:
             chosen, missing = [], []
             for target in targets:
-                matches = [name for name, _ in named
-                           if name == target or name.endswith("." + target)]
+                matches = [name for name, _ in named if name == target or name.endswith("." + target)]
                 if not matches:
                     missing.append(target)
                 chosen += matches
             if missing:
-                raise ValueError(f"lora.target_modules: {', '.join(map(repr, missing))} "
-                                 "names no module of the model")
+                raise ValueError(f"lora.target_modules: {', '.join(map(repr, missing))} names no module of the model")
             chosen = list(dict.fromkeys(chosen))
         modules = dict(named)
         for name in chosen:
             module = modules[name]
             if _linear_shape(module) is None or id(module) in inside_lora:
-                raise ValueError(f"lora.target_modules: {name!r} is a "
-                                 f"{type(module).__name__}, not a linear layer")
+                raise ValueError(f"lora.target_modules: {name!r} is a {type(module).__name__}, not a linear layer")
             if id(module) in inside_mha:
-                raise ValueError(f"lora.target_modules: {name!r} belongs to an "
-                                 "nn.MultiheadAttention, which reads its weight directly")
+                raise ValueError(
+                    f"lora.target_modules: {name!r} belongs to an "
+                    "nn.MultiheadAttention, which reads its weight directly"
+                )
     modules = dict(named)
     for name in chosen:
         in_features, out_features = _linear_shape(modules[name])
         if spec["rank"] > min(in_features, out_features):
-            raise ValueError(f"lora.rank: {spec['rank']} exceeds the smaller dimension of "
-                             f"{name!r} ({in_features} -> {out_features})")
+            raise ValueError(
+                f"lora.rank: {spec['rank']} exceeds the smaller dimension of {name!r} ({in_features} -> {out_features})"
+            )
     return chosen
 
 
-def _quantized_names(model: nn.Module, named: List[Tuple[str, nn.Module]],
-                     trainable: Optional[List[str]]) -> List[str]:
+def _quantized_names(model: nn.Module, named: List[Tuple[str, nn.Module]], trainable: Optional[List[str]]) -> List[str]:
     """The linear layers a bitsandbytes-quantised load converts: all but the output head, the
     module of the last parameter and tied linears (transformers' get_keys_to_not_convert), and
     (here) those the setup trains."""
@@ -777,10 +809,15 @@ def _quantized_names(model: nn.Module, named: List[Tuple[str, nn.Module]],
     if last_owner is not None:
         keep.add(id(last_owner))
     chosen = []
-    inside_mha = {id(child) for module in model.modules()
-                  if isinstance(module, nn.MultiheadAttention) for child in module.children()}
-    adapters = {id(m) for module in model.modules() if isinstance(module, LoraLinear)
-                for m in (module.lora_A, module.lora_B)}
+    inside_mha = {
+        id(child)
+        for module in model.modules()
+        if isinstance(module, nn.MultiheadAttention)
+        for child in module.children()
+    }
+    adapters = {
+        id(m) for module in model.modules() if isinstance(module, LoraLinear) for m in (module.lora_A, module.lora_B)
+    }
     for name, module in named:
         if not name or _linear_shape(module) is None or isinstance(module, _QuantizedLinear):
             continue
@@ -800,31 +837,33 @@ def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
     setattr(parent, child, new)
 
 
-def _checkpoint_names(model: nn.Module, named: List[Tuple[str, nn.Module]], value: Any
-                      ) -> List[str]:
+def _checkpoint_names(model: nn.Module, named: List[Tuple[str, nn.Module]], value: Any) -> List[str]:
     if value is None or (isinstance(value, str) and value == "none"):
         return []
     if isinstance(value, str) and value == "full":
         blocks = repeated_blocks(model)
         if not blocks:
-            raise ValueError("activation_checkpointing: \"full\" found no repeated blocks in "
-                             f"{type(model).__name__} (name the modules to checkpoint)")
+            raise ValueError(
+                'activation_checkpointing: "full" found no repeated blocks in '
+                f"{type(model).__name__} (name the modules to checkpoint)"
+            )
         return blocks
-    if isinstance(value, str) or not isinstance(value, (list, tuple)) or \
-            not all(isinstance(n, str) for n in value):
-        raise ValueError("activation_checkpointing: must be \"none\", \"full\" or a list of "
-                         f"module names, got {value!r}")
+    if isinstance(value, str) or not isinstance(value, (list, tuple)) or not all(isinstance(n, str) for n in value):
+        raise ValueError(f'activation_checkpointing: must be "none", "full" or a list of module names, got {value!r}')
     known = {name for name, _ in named if name}
     missing = [n for n in value if n not in known]
     if missing:
-        raise ValueError(f"activation_checkpointing: {', '.join(map(repr, missing))} names no "
-                         "module of the model")
+        raise ValueError(f"activation_checkpointing: {', '.join(map(repr, missing))} names no module of the model")
     return list(dict.fromkeys(value))
 
 
-def apply_setup(model: nn.Module, *, activation_checkpointing: Any = "none",
-                lora: Optional[Dict[str, Any]] = None,
-                trainable: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+def apply_setup(
+    model: nn.Module,
+    *,
+    activation_checkpointing: Any = "none",
+    lora: Optional[Dict[str, Any]] = None,
+    trainable: Optional[Sequence[str]] = None,
+) -> Dict[str, Any]:
     """Applies a training setup to ``model`` in place (normally a meta copy) and returns
     ``{"trainable_params": int, "lora_params": int, "checkpointed": [module names]}``.
 
@@ -852,11 +891,9 @@ def apply_setup(model: nn.Module, *, activation_checkpointing: Any = "none",
         known.update(name for name, _ in model.named_parameters(remove_duplicate=False))
         missing = [p for p in prefixes if p not in known]
         if missing:
-            raise ValueError(f"trainable: {', '.join(map(repr, missing))} names no module "
-                             "of the model")
+            raise ValueError(f"trainable: {', '.join(map(repr, missing))} names no module of the model")
     targets = _lora_targets(model, named, spec) if spec is not None else []
-    quantize = _quantized_names(model, named, prefixes) \
-        if spec is not None and spec["base_weights"] != "same" else []
+    quantize = _quantized_names(model, named, prefixes) if spec is not None and spec["base_weights"] != "same" else []
     to_checkpoint = _checkpoint_names(model, named, activation_checkpointing)
 
     adapters: List[nn.Parameter] = []
@@ -876,12 +913,10 @@ def apply_setup(model: nn.Module, *, activation_checkpointing: Any = "none",
                 replaced[name] = Linear4bit(base, code2)
             _replace(model, name, replaced[name])
         for name in targets:
-            wrapper = LoraLinear(replaced.get(name, modules[name]), spec["rank"],
-                                 spec["alpha"], spec["dropout"])
+            wrapper = LoraLinear(replaced.get(name, modules[name]), spec["rank"], spec["alpha"], spec["dropout"])
             _replace(model, name, wrapper)
         # every adapter of the model (those of an earlier application too)
-        adapters = [p for m in model.modules() if isinstance(m, LoraLinear)
-                    for p in (m.lora_A.weight, m.lora_B.weight)]
+        adapters = [p for m in model.modules() if isinstance(m, LoraLinear) for p in (m.lora_A.weight, m.lora_B.weight)]
 
     if prefixes is not None or spec is not None:
         adapter_ids = {id(p) for p in adapters}

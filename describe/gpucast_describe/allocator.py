@@ -90,8 +90,7 @@ class Block:
     and may be handed out again), as the C++ allocator reuses its ``Block`` structs.
     """
 
-    __slots__ = ("size", "segment", "offset", "small", "allocated", "requested", "category",
-                 "prev", "next", "key")
+    __slots__ = ("size", "segment", "offset", "small", "allocated", "requested", "category", "prev", "next", "key")
 
     def __init__(self, size, segment, offset, small):
         self.size = size  # bytes this block spans (what allocated_bytes counts)
@@ -107,8 +106,10 @@ class Block:
 
     def __repr__(self):
         state = "allocated" if self.allocated else "free"
-        return (f"Block(size={self.size}, segment={self.segment}, offset={self.offset}, "
-                f"{'small' if self.small else 'large'}, {state})")
+        return (
+            f"Block(size={self.size}, segment={self.segment}, offset={self.offset}, "
+            f"{'small' if self.small else 'large'}, {state})"
+        )
 
 
 class Allocator:
@@ -256,7 +257,8 @@ class Allocator:
                 raise OutOfMemory(
                     f"cannot allocate a {seg_size}-byte segment for a {size}-byte block: "
                     f"{self._reserved} bytes reserved ({self._allocated} allocated), "
-                    f"capacity {cap}")
+                    f"capacity {cap}"
+                )
         seg = self._next_segment
         self._next_segment = seg + 1
         block = Block(seg_size, seg, 0, small)
@@ -363,8 +365,7 @@ def _validate(events) -> list:
             raise ValueError(f"event {index}: not a tuple: {event!r}") from None
         if kind == ALLOC:
             if n != 4:
-                raise ValueError(f"event {index}: expected (ALLOC, id, nbytes, category), "
-                                 f"got {event!r}")
+                raise ValueError(f"event {index}: expected (ALLOC, id, nbytes, category), got {event!r}")
             _, ident, nbytes, _ = event
             if type(nbytes) is not int:
                 try:
@@ -372,15 +373,13 @@ def _validate(events) -> list:
                         raise TypeError
                     nbytes = operator.index(nbytes)  # an integer type such as numpy's
                 except TypeError:
-                    raise ValueError(f"event {index}: size must be an int, got {nbytes!r}"
-                                     ) from None
+                    raise ValueError(f"event {index}: size must be an int, got {nbytes!r}") from None
                 events[index] = (ALLOC, ident, nbytes, event[3])  # our copy, plain int
             if nbytes < 0:
                 raise ValueError(f"event {index}: negative size {nbytes} for id {ident!r}")
             try:
                 if ident in live:
-                    raise ValueError(f"event {index}: id {ident!r} allocated twice (it is "
-                                     "still live)")
+                    raise ValueError(f"event {index}: id {ident!r} allocated twice (it is still live)")
             except TypeError:
                 raise ValueError(f"event {index}: id {ident!r} is not hashable") from None
             live.add(ident)
@@ -391,8 +390,9 @@ def _validate(events) -> list:
             try:
                 live.remove(ident)
             except (KeyError, TypeError):
-                raise ValueError(f"event {index}: free of unknown id {ident!r} (never "
-                                 "allocated, or already freed)") from None
+                raise ValueError(
+                    f"event {index}: free of unknown id {ident!r} (never allocated, or already freed)"
+                ) from None
         else:
             raise ValueError(f"event {index}: unknown event kind {kind!r}")
     return events
@@ -438,8 +438,9 @@ def _run(events: list, capacity_bytes, track_breakdown: bool, segment_log=None) 
     )
 
 
-def _advance(allocator: Allocator, live: dict, events: list, start: int, stop: int,
-             segment_log=None, above=None) -> int:
+def _advance(
+    allocator: Allocator, live: dict, events: list, start: int, stop: int, segment_log=None, above=None
+) -> int:
     """Replays ``events[start:stop]`` on an allocator without a capacity, as ``malloc`` and
     ``free`` would (the same blocks, pools and segments) but keeping none of the statistics a
     search does not read (allocated and requested bytes, peaks, categories); ``segment_log``
@@ -623,8 +624,7 @@ def _min_capacity(events: list, unlimited: ReplayResult, log: list, granularity:
             allocator, live = _clone(*state)
             _advance(allocator, live, events, at, index)
             allocator.release_cached()  # the refusal: what every capacity here does
-            found = node.children[index] = _Continuation(
-                index, _clone(allocator, live), [], (allocator, live, index))
+            found = node.children[index] = _Continuation(index, _clone(allocator, live), [], (allocator, live, index))
         return found
 
     def runs(k):

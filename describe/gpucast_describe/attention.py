@@ -10,7 +10,7 @@ The layer walk's saved-tensor trace (:mod:`.walker`) and the simulated training 
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 import torch.nn as nn
@@ -34,8 +34,9 @@ _FLASH_HEAD_DIM_ALIGNMENT = 8
 
 
 def _dense_meta(tensor: Any) -> bool:
-    return isinstance(tensor, torch.Tensor) and tensor.is_meta and \
-        tensor.layout == torch.strided and not tensor.is_nested
+    return (
+        isinstance(tensor, torch.Tensor) and tensor.is_meta and tensor.layout == torch.strided and not tensor.is_nested
+    )
 
 
 def _can_use_flash(query, key, value, attn_mask, is_causal, enable_gqa) -> bool:
@@ -81,8 +82,9 @@ def _can_use_efficient(query, key, value, attn_mask) -> bool:
     return all(t.stride(-1) == 1 for t in tensors)
 
 
-def sdpa_backend(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
-                 scale=None, enable_gqa=False) -> Optional[str]:
+def sdpa_backend(
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
+) -> Optional[str]:
     """The kernel CUDA runs ``F.scaled_dot_product_attention`` with on an sm80+ GPU (A100,
     H100/H200), for meta tensors: ``"flash"``, ``"efficient"`` or ``"math"``.
 
@@ -104,8 +106,12 @@ def sdpa_backend(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fal
     if not query.is_floating_point() or key.dtype != query.dtype or value.dtype != query.dtype:
         return None
     if attn_mask is not None:
-        if is_causal or not _dense_meta(attn_mask) or attn_mask.dim() > 4 or \
-                attn_mask.dtype not in (torch.bool, query.dtype):
+        if (
+            is_causal
+            or not _dense_meta(attn_mask)
+            or attn_mask.dim() > 4
+            or attn_mask.dtype not in (torch.bool, query.dtype)
+        ):
             return None
     if _can_use_flash(query, key, value, attn_mask, is_causal, enable_gqa):
         return "flash"
@@ -127,12 +133,12 @@ def _flash_attention(query, key, value, dropout_p=0.0, is_causal=False, scale=No
     if pad:
         query, key, value = (nn.functional.pad(t, (0, pad)) for t in (query, key, value))
     output = torch.ops.aten._scaled_dot_product_flash_attention(
-        query, key, value, float(dropout_p), bool(is_causal), False, scale=float(scale))[0]
+        query, key, value, float(dropout_p), bool(is_causal), False, scale=float(scale)
+    )[0]
     return output[..., :head_dim] if pad else output
 
 
-def _efficient_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
-                         scale=None):
+def _efficient_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
     """``at::scaled_dot_product_attention``'s memory-efficient branch, for inputs
     :func:`sdpa_backend` sends there: ``aten._scaled_dot_product_efficient_attention`` (meta
     kernels and an autograd formula, so autograd saves what it would on the GPU: q, k, v,
@@ -149,29 +155,30 @@ def _efficient_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_ca
         bias = attn_mask
         if bias.dtype == torch.bool:
             bias = torch.zeros(bias.shape, dtype=query.dtype, device=bias.device).masked_fill(
-                bias.logical_not(), -math.inf)
-        aligned = bias.stride(-1) == 1 and all(
-            bias.stride(i) % _BIAS_ALIGNMENT == 0 for i in range(bias.dim() - 1))
+                bias.logical_not(), -math.inf
+            )
+        aligned = bias.stride(-1) == 1 and all(bias.stride(i) % _BIAS_ALIGNMENT == 0 for i in range(bias.dim() - 1))
         if not aligned:
             last = bias.shape[-1]
             bias = nn.functional.pad(bias, (0, _BIAS_ALIGNMENT - last % _BIAS_ALIGNMENT))
             bias = bias[..., :last]
         bias = bias.expand(b, h, l, s)
-    compute_log_sumexp = torch.is_grad_enabled() and any(
-        t.requires_grad for t in (query, key, value))
+    compute_log_sumexp = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
     return torch.ops.aten._scaled_dot_product_efficient_attention(
-        query, key, value, bias, compute_log_sumexp, float(dropout_p), bool(is_causal),
-        scale=scale)[0]
+        query, key, value, bias, compute_log_sumexp, float(dropout_p), bool(is_causal), scale=scale
+    )[0]
 
 
 def _additive_mask(mask, dtype):
     """``convert_boolean_attn_mask``: 0 where a boolean mask is true, -inf where false."""
-    return torch.where(mask, torch.scalar_tensor(0.0, dtype=dtype, device=mask.device),
-                       torch.scalar_tensor(-math.inf, dtype=dtype, device=mask.device))
+    return torch.where(
+        mask,
+        torch.scalar_tensor(0.0, dtype=dtype, device=mask.device),
+        torch.scalar_tensor(-math.inf, dtype=dtype, device=mask.device),
+    )
 
 
-def _math_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
-                    scale=None, enable_gqa=False):
+def _math_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
     """``aten._scaled_dot_product_attention_math`` op for op, with CUDA's dropout: there
     ``at::dropout`` is the fused ``native_dropout`` (a 1-byte mask kept for backward) where
     the meta device's composite keeps a float noise tensor (4 bytes an element of the N x N
@@ -186,16 +193,17 @@ def _math_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=
     if attn_mask is not None and attn_mask.dtype == torch.bool:
         attn_mask = _additive_mask(attn_mask, origin_dtype)
     query_acc, key_acc, value_acc = query, key, value
-    if origin_dtype in (torch.float16, torch.bfloat16) and \
-            not torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed():
+    if (
+        origin_dtype in (torch.float16, torch.bfloat16)
+        and not torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed()
+    ):
         query_acc, key_acc, value_acc = (t.to(torch.float32) for t in (query, key, value))
     negative = scale is not None and scale < 0.0
     factor = math.sqrt(abs(scale) if scale is not None else 1.0 / math.sqrt(query.shape[-1]))
     scaled_query = query_acc * (-factor if negative else factor)
     if is_causal:
         l, s = scaled_query.shape[-2], key_acc.shape[-2]
-        attn_mask = _additive_mask(
-            torch.ones(l, s, dtype=torch.bool, device=query.device).tril(), scaled_query.dtype)
+        attn_mask = _additive_mask(torch.ones(l, s, dtype=torch.bool, device=query.device).tril(), scaled_query.dtype)
     key_expanded, value_expanded = key_acc, value_acc
     heads, key_heads, value_heads = query.shape[-3], key.shape[-3], value.shape[-3]
     if enable_gqa and not heads == key_heads == value_heads:
@@ -212,8 +220,7 @@ def _math_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=
     return torch.matmul(attn, value_expanded).to(origin_dtype)
 
 
-def _gpu_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
-                   scale=None, enable_gqa=False):
+def _gpu_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
     """``F.scaled_dot_product_attention`` as CUDA runs it on an sm80+ GPU: the kernel
     :func:`sdpa_backend` picks, flash (:func:`_flash_attention`) or memory-efficient
     (:func:`_efficient_attention`), whose autograd formulas keep no N x N probabilities; the
@@ -221,15 +228,13 @@ def _gpu_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=F
     Returns None (the caller makes the normal call, the math path on meta tensors) for the
     math path without dropout, which is the same on meta, and for what :func:`sdpa_backend`
     does not take."""
-    backend = sdpa_backend(query, key, value, attn_mask, dropout_p, is_causal, scale,
-                           enable_gqa)
+    backend = sdpa_backend(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     if backend == "flash":
         return _flash_attention(query, key, value, dropout_p, is_causal, scale)
     if backend == "efficient":
         return _efficient_attention(query, key, value, attn_mask, dropout_p, is_causal, scale)
     if backend == "math" and dropout_p > 0.0:
-        return _math_attention(query, key, value, attn_mask, dropout_p, is_causal, scale,
-                               enable_gqa)
+        return _math_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     return None
 
 

@@ -13,35 +13,91 @@ import torch.nn as nn
 
 # The canonical vocabulary accepted by the gpucast service (src/domain/job.rs).
 CANONICAL_KINDS = (
-    "linear", "conv1d", "conv2d", "conv3d", "conv_transpose2d",
-    "batch_norm", "layer_norm", "group_norm", "instance_norm", "rms_norm",
-    "dropout", "drop_path",
-    "relu", "relu6", "leaky_relu", "prelu", "elu", "selu", "gelu", "silu", "mish",
-    "softplus", "tanh", "sigmoid", "hardswish", "hardsigmoid", "softmax", "identity",
-    "max_pool", "avg_pool", "adaptive_avg_pool", "adaptive_max_pool",
-    "embedding", "attention", "flatten", "upsample", "other",
+    "linear",
+    "conv1d",
+    "conv2d",
+    "conv3d",
+    "conv_transpose2d",
+    "batch_norm",
+    "layer_norm",
+    "group_norm",
+    "instance_norm",
+    "rms_norm",
+    "dropout",
+    "drop_path",
+    "relu",
+    "relu6",
+    "leaky_relu",
+    "prelu",
+    "elu",
+    "selu",
+    "gelu",
+    "silu",
+    "mish",
+    "softplus",
+    "tanh",
+    "sigmoid",
+    "hardswish",
+    "hardsigmoid",
+    "softmax",
+    "identity",
+    "max_pool",
+    "avg_pool",
+    "adaptive_avg_pool",
+    "adaptive_max_pool",
+    "embedding",
+    "attention",
+    "flatten",
+    "upsample",
+    "other",
 )
 
 CONV_KINDS = frozenset({"conv1d", "conv2d", "conv3d", "conv_transpose2d"})
 
 _CLASSES_BY_KIND = {
-    "linear": ["Linear", "LazyLinear", "NonDynamicallyQuantizableLinear", "Bilinear",
-               "Conv1D"],  # Hugging Face's GPT-2 "Conv1D" is a transposed linear layer
+    "linear": [
+        "Linear",
+        "LazyLinear",
+        "NonDynamicallyQuantizableLinear",
+        "Bilinear",
+        "Conv1D",
+    ],  # Hugging Face's GPT-2 "Conv1D" is a transposed linear layer
     "conv1d": ["Conv1d", "LazyConv1d"],
     "conv2d": ["Conv2d", "LazyConv2d", "CondConv2d"],
     "conv3d": ["Conv3d", "LazyConv3d"],
     "conv_transpose2d": ["ConvTranspose2d", "LazyConvTranspose2d"],
-    "batch_norm": ["BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm",
-                   "LazyBatchNorm1d", "LazyBatchNorm2d", "LazyBatchNorm3d",
-                   "FrozenBatchNorm2d", "SplitBatchNorm2d"],
+    "batch_norm": [
+        "BatchNorm1d",
+        "BatchNorm2d",
+        "BatchNorm3d",
+        "SyncBatchNorm",
+        "LazyBatchNorm1d",
+        "LazyBatchNorm2d",
+        "LazyBatchNorm3d",
+        "FrozenBatchNorm2d",
+        "SplitBatchNorm2d",
+    ],
     "layer_norm": ["LayerNorm", "LayerNorm2d", "LayerNorm3d", "LayerNormFp32"],
     "group_norm": ["GroupNorm", "GroupNorm1"],
-    "instance_norm": ["InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d",
-                      "LazyInstanceNorm1d", "LazyInstanceNorm2d", "LazyInstanceNorm3d"],
-    "rms_norm": ["RMSNorm", "RmsNorm", "RmsNorm2d", "RmsNormFp32", "RmsNorm2dFp32",
-                 "LlamaRMSNorm", "T5LayerNorm"],
-    "dropout": ["Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "AlphaDropout",
-                "FeatureAlphaDropout", "DropBlock2d", "PatchDropout"],
+    "instance_norm": [
+        "InstanceNorm1d",
+        "InstanceNorm2d",
+        "InstanceNorm3d",
+        "LazyInstanceNorm1d",
+        "LazyInstanceNorm2d",
+        "LazyInstanceNorm3d",
+    ],
+    "rms_norm": ["RMSNorm", "RmsNorm", "RmsNorm2d", "RmsNormFp32", "RmsNorm2dFp32", "LlamaRMSNorm", "T5LayerNorm"],
+    "dropout": [
+        "Dropout",
+        "Dropout1d",
+        "Dropout2d",
+        "Dropout3d",
+        "AlphaDropout",
+        "FeatureAlphaDropout",
+        "DropBlock2d",
+        "PatchDropout",
+    ],
     "drop_path": ["DropPath", "StochasticDepth"],
     "relu": ["ReLU"],
     "relu6": ["ReLU6"],
@@ -49,8 +105,15 @@ _CLASSES_BY_KIND = {
     "prelu": ["PReLU"],
     "elu": ["ELU", "CELU"],
     "selu": ["SELU"],
-    "gelu": ["GELU", "GELUTanh", "QuickGELU", "GELUActivation", "NewGELUActivation",
-             "FastGELUActivation", "QuickGELUActivation"],
+    "gelu": [
+        "GELU",
+        "GELUTanh",
+        "QuickGELU",
+        "GELUActivation",
+        "NewGELUActivation",
+        "FastGELUActivation",
+        "QuickGELUActivation",
+    ],
     "silu": ["SiLU", "Swish", "SwishMe", "SiLUActivation"],
     "mish": ["Mish", "MishMe"],
     "softplus": ["Softplus"],
@@ -62,10 +125,8 @@ _CLASSES_BY_KIND = {
     "identity": ["Identity"],
     "max_pool": ["MaxPool1d", "MaxPool2d", "MaxPool3d", "MaxPool2dSame"],
     "avg_pool": ["AvgPool1d", "AvgPool2d", "AvgPool3d", "AvgPool2dSame"],
-    "adaptive_avg_pool": ["AdaptiveAvgPool1d", "AdaptiveAvgPool2d", "AdaptiveAvgPool3d",
-                          "FastAdaptiveAvgPool"],
-    "adaptive_max_pool": ["AdaptiveMaxPool1d", "AdaptiveMaxPool2d", "AdaptiveMaxPool3d",
-                          "FastAdaptiveMaxPool"],
+    "adaptive_avg_pool": ["AdaptiveAvgPool1d", "AdaptiveAvgPool2d", "AdaptiveAvgPool3d", "FastAdaptiveAvgPool"],
+    "adaptive_max_pool": ["AdaptiveMaxPool1d", "AdaptiveMaxPool2d", "AdaptiveMaxPool3d", "FastAdaptiveMaxPool"],
     "embedding": ["Embedding", "EmbeddingBag"],
     "attention": ["MultiheadAttention"],
     "flatten": ["Flatten"],
@@ -75,13 +136,19 @@ _CLASSES_BY_KIND = {
 KIND_BY_CLASS_NAME = {cls: kind for kind, names in _CLASSES_BY_KIND.items() for cls in names}
 
 # Self-attention (token-mixing) modules of timm whose class names do not end in "Attention".
-EXTRA_ATTENTION_CLASSES = frozenset({
-    "ClassAttn", "TalkingHeadAttn",              # cait
-    "HaloAttn", "BottleneckAttn", "LambdaLayer",  # halonet / botnet / lambda resnets
-    "LocallyGroupedAttn", "GlobalSubSampleAttn",  # twins
-    "CrossCovarianceAttn",                       # xcit / edgenext
-    "FactorAttnConvRelPosEnc",                   # coat
-})
+EXTRA_ATTENTION_CLASSES = frozenset(
+    {
+        "ClassAttn",
+        "TalkingHeadAttn",  # cait
+        "HaloAttn",
+        "BottleneckAttn",
+        "LambdaLayer",  # halonet / botnet / lambda resnets
+        "LocallyGroupedAttn",
+        "GlobalSubSampleAttn",  # twins
+        "CrossCovarianceAttn",  # xcit / edgenext
+        "FactorAttnConvRelPosEnc",  # coat
+    }
+)
 
 # Last resort for unknown classes: (substring of the lower-cased class name, kind).
 _NAME_PATTERNS = (

@@ -54,15 +54,23 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from . import allocator
+
 # LoRA's base formats and default alpha are the adapters module's (LORA_* for the CLI).
-from .adapters import BASE_WEIGHTS as LORA_BASE_WEIGHTS
-from .adapters import PEFT_DEFAULT_ALPHA as LORA_DEFAULT_ALPHA
 from .adapters import apply_setup, parse_lora
 from .attention import _gpu_attention, _math_attention, sdpa_backend
 from .meta import on_meta
 
-OPTIMIZERS = ("sgd", "momentum", "adam", "adamw", "adafactor", "adam_8bit", "adamw_8bit",
-              "paged_adamw", "paged_adamw_8bit")
+OPTIMIZERS = (
+    "sgd",
+    "momentum",
+    "adam",
+    "adamw",
+    "adafactor",
+    "adam_8bit",
+    "adamw_8bit",
+    "paged_adamw",
+    "paged_adamw_8bit",
+)
 PAGED_OPTIMIZERS = ("paged_adamw", "paged_adamw_8bit")
 OPTIMIZER_IMPLEMENTATIONS = ("foreach", "fused", "for_loop")
 PRECISIONS = ("fp32", "tf32", "amp_fp16", "amp_bf16", "bf16", "fp16")
@@ -149,8 +157,7 @@ class _StepRecorder(TorchDispatchMode):
             return
         self.events.append((allocator.FREE, ident))
         # Freed within the phase that made it: a temporary, whatever it was provisionally.
-        if self._born_in.get(ident) == self.phase and self.category[ident] in (
-                "activations", "optimizer_state"):
+        if self._born_in.get(ident) == self.phase and self.category[ident] in ("activations", "optimizer_state"):
             self.category[ident] = "temporaries"
 
     # -- a forward/backward pass recorded once, replayed for the second step ------------------
@@ -158,8 +165,9 @@ class _StepRecorder(TorchDispatchMode):
     def mark(self) -> tuple:
         return (len(self.events), self._next_id)
 
-    def capture_pass(self, mark: tuple, params: List[nn.Parameter],
-                     once: Sequence[torch.Tensor] = ()) -> Optional[Dict[str, Any]]:
+    def capture_pass(
+        self, mark: tuple, params: List[nn.Parameter], once: Sequence[torch.Tensor] = ()
+    ) -> Optional[Dict[str, Any]]:
         """The events of the pass since ``mark`` as a template :meth:`replay_pass` repeats, or
         None when the pass is not self-contained: it must free only storages it made, and
         leave alive only the parameters' new gradients (their shapes kept, to be made again)
@@ -184,9 +192,12 @@ class _StepRecorder(TorchDispatchMode):
             if ident <= first_id:  # accumulated into a gradient of an earlier pass
                 continue
             shape, stride = tuple(grad.shape), tuple(grad.stride())
-            if ident in grads or type(grad) is not torch.Tensor or grad.storage_offset() or \
-                    grad.untyped_storage().nbytes() != \
-                    _spanned_bytes(shape, stride, grad.element_size()):
+            if (
+                ident in grads
+                or type(grad) is not torch.Tensor
+                or grad.storage_offset()
+                or grad.untyped_storage().nbytes() != _spanned_bytes(shape, stride, grad.element_size())
+            ):
                 return None
             grads[ident] = (index, shape, stride, grad.dtype)
         once_ids = {self._live.get(t.untyped_storage()._cdata) for t in once}
@@ -233,8 +244,7 @@ class _StepRecorder(TorchDispatchMode):
             self.category[ident] = category
 
     def labelled_events(self) -> List[tuple]:
-        return [(e[0], e[1], e[2], self.category[e[1]]) if e[0] == allocator.ALLOC else e
-                for e in self.events]
+        return [(e[0], e[1], e[2], self.category[e[1]]) if e[0] == allocator.ALLOC else e for e in self.events]
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
@@ -260,8 +270,7 @@ class _StepRecorder(TorchDispatchMode):
             # parameter) is not run. The result is what the op returns: nothing, or self.
             return args[0] if in_place == "self" else None
         if func is _LOCAL_SCALAR and self.fake_scalars and args[0].is_meta:
-            return True if args[0].dtype is torch.bool else \
-                1.0 if args[0].is_floating_point() else 1
+            return True if args[0].dtype is torch.bool else 1.0 if args[0].is_floating_point() else 1
         fast = _FAST_META.get(func)
         if fast is not None and all(t.is_meta for t in args if isinstance(t, torch.Tensor)):
             out = fast(*args, **kwargs)
@@ -302,18 +311,27 @@ def _in_place_kind(func) -> Any:
     try:
         schema = func._schema
         name = schema.name.split("::")[-1]
-        if not schema.is_mutable or torch.Tag.inplace_view in func.tags or \
-                name in _NOT_IN_PLACE_ONLY or "resize" in name or \
-                any(argument.is_out for argument in schema.arguments):
+        if (
+            not schema.is_mutable
+            or torch.Tag.inplace_view in func.tags
+            or name in _NOT_IN_PLACE_ONLY
+            or "resize" in name
+            or any(argument.is_out for argument in schema.arguments)
+        ):
             return False
         returns = schema.returns
         if not returns:
             return "void"
         first = schema.arguments[0] if schema.arguments else None
-        if len(returns) == 1 and returns[0].alias_info is not None and \
-                returns[0].alias_info.is_write and first is not None and \
-                first.alias_info is not None and first.alias_info.is_write and \
-                returns[0].alias_info.before_set == first.alias_info.before_set:
+        if (
+            len(returns) == 1
+            and returns[0].alias_info is not None
+            and returns[0].alias_info.is_write
+            and first is not None
+            and first.alias_info is not None
+            and first.alias_info.is_write
+            and returns[0].alias_info.before_set == first.alias_info.before_set
+        ):
             return "self"
     except Exception:
         pass
@@ -331,13 +349,11 @@ def _all_meta(values) -> bool:
     return True
 
 
-_PHASE_CATEGORY = {_FORWARD: "activations", _BACKWARD: "temporaries",
-                   _OPTIMIZER: "optimizer_state"}
+_PHASE_CATEGORY = {_FORWARD: "activations", _BACKWARD: "temporaries", _OPTIMIZER: "optimizer_state"}
 _LOCAL_SCALAR = torch.ops.aten._local_scalar_dense.default
 _NO_TORCH_FUNCTION = torch._C.DisableTorchFunction
 # In-place kernels without a meta kernel that allocate nothing on a GPU: skipped
-_IN_PLACE_WITHOUT_META = {torch.ops.aten._fused_sgd_.default,
-                          torch.ops.aten._fused_sgd_.tensor_lr}
+_IN_PLACE_WITHOUT_META = {torch.ops.aten._fused_sgd_.default, torch.ops.aten._fused_sgd_.tensor_lr}
 
 # -- memoised meta kernels ---------------------------------------------------------------------
 #
@@ -357,8 +373,7 @@ MEMOISE_META_KERNELS = True  # tests switch it off to compare
 REUSE_PASSES = True
 _NOT_MEMOISED = object()
 _MEMO_RETURNS = {"Tensor", "List[Tensor]", "Optional[Tensor]", "List[Optional[Tensor]]"}
-_MEMO_SCALARS = {int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout,
-                 torch.memory_format}
+_MEMO_SCALARS = {int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format}
 _MEMOISABLE: Dict[Any, bool] = {}
 
 
@@ -371,9 +386,11 @@ def _memoisable(func) -> bool:
     if known is None:
         try:
             schema = func._schema
-            known = (not schema.is_mutable and bool(schema.returns) and
-                     all(r.alias_info is None and str(r.type) in _MEMO_RETURNS
-                         for r in schema.returns))
+            known = (
+                not schema.is_mutable
+                and bool(schema.returns)
+                and all(r.alias_info is None and str(r.type) in _MEMO_RETURNS for r in schema.returns)
+            )
         except Exception:
             known = False
         _MEMOISABLE[func] = known
@@ -397,8 +414,7 @@ def _memo_key(func, args, kwargs) -> Optional[tuple]:
     if not _memoisable(func):
         return None
     try:
-        return (func, _arg_key(args),
-                tuple([(name, _arg_key(v)) for name, v in kwargs.items()]) if kwargs else ())
+        return (func, _arg_key(args), tuple([(name, _arg_key(v)) for name, v in kwargs.items()]) if kwargs else ())
     except _NoMemo:
         return None
 
@@ -410,8 +426,7 @@ def _spanned_bytes(shape, stride, itemsize: int) -> int:
 
 
 def _storages(value: Any) -> set:
-    return {t.untyped_storage()._cdata for t in tree_flatten(value)[0]
-            if isinstance(t, torch.Tensor) and t.is_meta}
+    return {t.untyped_storage()._cdata for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor) and t.is_meta}
 
 
 def _outputs_made(out: Any, args, kwargs) -> Any:
@@ -423,13 +438,16 @@ def _outputs_made(out: Any, args, kwargs) -> Any:
         if leaf is None:
             made.append(None)
             continue
-        if type(leaf) is not torch.Tensor or not leaf.is_meta or \
-                leaf.layout is not torch.strided or leaf.storage_offset() != 0:
+        if (
+            type(leaf) is not torch.Tensor
+            or not leaf.is_meta
+            or leaf.layout is not torch.strided
+            or leaf.storage_offset() != 0
+        ):
             return _NOT_MEMOISED
         storage = leaf.untyped_storage()
         shape, stride = tuple(leaf.shape), tuple(leaf.stride())
-        if storage._cdata in seen or \
-                storage.nbytes() != _spanned_bytes(shape, stride, leaf.element_size()):
+        if storage._cdata in seen or storage.nbytes() != _spanned_bytes(shape, stride, leaf.element_size()):
             return _NOT_MEMOISED
         seen.add(storage._cdata)
         made.append((shape, stride, leaf.dtype))
@@ -440,8 +458,7 @@ def _outputs_made(out: Any, args, kwargs) -> Any:
 
 def _remake(made: tuple) -> Any:
     spec, metas = made
-    leaves = [None if m is None else
-              torch.empty_strided(m[0], m[1], dtype=m[2], device="meta") for m in metas]
+    leaves = [None if m is None else torch.empty_strided(m[0], m[1], dtype=m[2], device="meta") for m in metas]
     return leaves[0] if spec is None else tree_unflatten(leaves, spec)
 
 
@@ -456,14 +473,21 @@ def _like_or_none(tensor: Optional[torch.Tensor], wanted: bool) -> Optional[torc
 
 def _batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps):
     statistics = _statistics_dtype(input)
-    return (torch.empty_like(input), torch.empty([input.shape[1]], dtype=statistics, device=input.device),
-            torch.empty([input.shape[1]], dtype=statistics, device=input.device))
+    return (
+        torch.empty_like(input),
+        torch.empty([input.shape[1]], dtype=statistics, device=input.device),
+        torch.empty([input.shape[1]], dtype=statistics, device=input.device),
+    )
 
 
-def _batch_norm_backward(grad_out, input, weight, running_mean, running_var, save_mean, save_invstd,
-                         train, eps, output_mask):
-    return (_like_or_none(input, output_mask[0]), _like_or_none(weight, output_mask[1]),
-            _like_or_none(weight, output_mask[2]))
+def _batch_norm_backward(
+    grad_out, input, weight, running_mean, running_var, save_mean, save_invstd, train, eps, output_mask
+):
+    return (
+        _like_or_none(input, output_mask[0]),
+        _like_or_none(weight, output_mask[1]),
+        _like_or_none(weight, output_mask[2]),
+    )
 
 
 def _layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
@@ -471,15 +495,20 @@ def _layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
     shape = list(input.shape[:kept]) + [1] * len(normalized_shape)
     statistics = _statistics_dtype(input)
     # The output is contiguous whatever the input's strides (strides decide later copies).
-    return (torch.empty(input.shape, dtype=input.dtype, device=input.device),
-            torch.empty(shape, dtype=statistics, device=input.device),
-            torch.empty(shape, dtype=statistics, device=input.device))
+    return (
+        torch.empty(input.shape, dtype=input.dtype, device=input.device),
+        torch.empty(shape, dtype=statistics, device=input.device),
+        torch.empty(shape, dtype=statistics, device=input.device),
+    )
 
 
 def _layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask):
     # The input's gradient takes the strides of the incoming gradient.
-    return (torch.empty_like(grad_out, dtype=input.dtype) if output_mask[0] else None,
-            _like_or_none(weight, output_mask[1]), _like_or_none(bias, output_mask[2]))
+    return (
+        torch.empty_like(grad_out, dtype=input.dtype) if output_mask[0] else None,
+        _like_or_none(weight, output_mask[1]),
+        _like_or_none(bias, output_mask[2]),
+    )
 
 
 # Meta kernels PyTorch implements as Python decompositions, about half of a CNN's or a fifth of a
@@ -505,8 +534,7 @@ def _gpu_math_attention(*args, **kwargs):
     """SDPA forced onto the math path (``attention="math"``) as CUDA runs it: the same as on
     meta but for dropout (a 1-byte mask kept, not a float noise tensor); None, the normal
     call, without dropout or for arguments :func:`sdpa_backend` does not take."""
-    names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale",
-             "enable_gqa")
+    names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
     bound = {**dict(zip(names, args)), **kwargs}
     if bound.get("dropout_p", 0.0) <= 0.0 or sdpa_backend(**bound) is None:
         return None
@@ -515,16 +543,49 @@ def _gpu_math_attention(*args, **kwargs):
 
 # Autocast's lists (aten/src/ATen/autocast_mode.cpp), for the functions models call.
 _LOWER_PRECISION = {
-    F.linear, F.conv1d, F.conv2d, F.conv3d, F.conv_transpose1d, F.conv_transpose2d,
-    F.conv_transpose3d, F.scaled_dot_product_attention, torch.matmul, torch.mm, torch.bmm,
-    torch.addmm, torch.baddbmm, torch.addbmm, torch.einsum, torch.Tensor.matmul,
-    torch.Tensor.__matmul__, torch.Tensor.mm, torch.Tensor.bmm, F.prelu,
+    F.linear,
+    F.conv1d,
+    F.conv2d,
+    F.conv3d,
+    F.conv_transpose1d,
+    F.conv_transpose2d,
+    F.conv_transpose3d,
+    F.scaled_dot_product_attention,
+    torch.matmul,
+    torch.mm,
+    torch.bmm,
+    torch.addmm,
+    torch.baddbmm,
+    torch.addbmm,
+    torch.einsum,
+    torch.Tensor.matmul,
+    torch.Tensor.__matmul__,
+    torch.Tensor.mm,
+    torch.Tensor.bmm,
+    F.prelu,
 }
 _FULL_PRECISION = {
-    F.softmax, F.log_softmax, F.cross_entropy, F.nll_loss, F.layer_norm, F.group_norm,
-    F.mse_loss, F.binary_cross_entropy_with_logits, torch.softmax, torch.log_softmax,
-    torch.Tensor.softmax, torch.Tensor.log_softmax, F.normalize, torch.cumsum, torch.exp,
-    torch.log, torch.pow, torch.Tensor.pow, torch.sum, torch.Tensor.sum, torch.norm,
+    F.softmax,
+    F.log_softmax,
+    F.cross_entropy,
+    F.nll_loss,
+    F.layer_norm,
+    F.group_norm,
+    F.mse_loss,
+    F.binary_cross_entropy_with_logits,
+    torch.softmax,
+    torch.log_softmax,
+    torch.Tensor.softmax,
+    torch.Tensor.log_softmax,
+    F.normalize,
+    torch.cumsum,
+    torch.exp,
+    torch.log,
+    torch.pow,
+    torch.Tensor.pow,
+    torch.sum,
+    torch.Tensor.sum,
+    torch.norm,
 }
 
 
@@ -539,14 +600,19 @@ def _half_to_float_softmax(func, args, kwargs, autocast: bool) -> Optional[torch
     backward writes the fp16 gradient directly (no fp32 one then cast). The meta device
     converts the input first. Under autocast (fp32 list, ``fp32_set_opt_dtype``) a call
     without ``dtype`` gets ``dtype=float32``. None (the normal call) otherwise."""
-    names = ("input", "dim", "_stacklevel", "dtype") if func in (F.softmax, F.log_softmax) \
-        else ("input", "dim", "dtype")
+    names = (
+        ("input", "dim", "_stacklevel", "dtype") if func in (F.softmax, F.log_softmax) else ("input", "dim", "dtype")
+    )
     bound = {**dict(zip(names, args)), **kwargs}
     if len(args) > len(names) or set(bound) - set(names):
         return None
     tensor, dim, dtype = bound.get("input"), bound.get("dim"), bound.get("dtype")
-    if not isinstance(tensor, torch.Tensor) or tensor.device.type != "meta" or \
-            not isinstance(dim, int) or tensor.dtype != torch.float16:
+    if (
+        not isinstance(tensor, torch.Tensor)
+        or tensor.device.type != "meta"
+        or not isinstance(dim, int)
+        or tensor.dtype != torch.float16
+    ):
         return None
     if dtype is None and autocast:
         dtype = torch.float32
@@ -563,24 +629,31 @@ def _autocast_cross_entropy(args, kwargs, cast: Callable) -> Optional[torch.Tens
     16-bit log-probabilities; for fp16 not the ``half_to_float`` kernel, which only an fp32
     ``dtype`` takes) and ``nll_loss``, which autocast runs in fp32 on a cast copy of them
     (kept for backward with the 16-bit ones). None (the caller's handling) otherwise."""
-    names = ("input", "target", "weight", "size_average", "ignore_index", "reduce",
-             "reduction", "label_smoothing")
+    names = ("input", "target", "weight", "size_average", "ignore_index", "reduce", "reduction", "label_smoothing")
     bound = {**dict(zip(names, args)), **kwargs}
     if len(args) > len(names) or set(bound) - set(names):
         return None
     logits, target = bound.get("input"), bound.get("target")
-    if not isinstance(logits, torch.Tensor) or not isinstance(target, torch.Tensor) or \
-            logits.device.type != "meta" or logits.dtype not in (torch.float16, torch.bfloat16) \
-            or logits.dim() != 2 or target.is_floating_point():
+    if (
+        not isinstance(logits, torch.Tensor)
+        or not isinstance(target, torch.Tensor)
+        or logits.device.type != "meta"
+        or logits.dtype not in (torch.float16, torch.bfloat16)
+        or logits.dim() != 2
+        or target.is_floating_point()
+    ):
         return None
-    if bound.get("label_smoothing", 0.0) or bound.get("size_average") is not None or \
-            bound.get("reduce") is not None:
+    if bound.get("label_smoothing", 0.0) or bound.get("size_average") is not None or bound.get("reduce") is not None:
         return None
     log_probs = torch.log_softmax(logits, 1, dtype=logits.dtype)
     weight = cast(bound.get("weight"), torch.float32)
-    return F.nll_loss(cast(log_probs, torch.float32), target, weight,
-                      ignore_index=bound.get("ignore_index", -100),
-                      reduction=bound.get("reduction", "mean"))
+    return F.nll_loss(
+        cast(log_probs, torch.float32),
+        target,
+        weight,
+        ignore_index=bound.get("ignore_index", -100),
+        reduction=bound.get("reduction", "mean"),
+    )
 
 
 def _recomputing() -> bool:
@@ -633,8 +706,12 @@ class _GpuKernelMode(TorchFunctionMode):
         self._cast_cache.clear()
 
     def _cast(self, value: Any, dtype: torch.dtype) -> Any:
-        if not isinstance(value, torch.Tensor) or not value.is_floating_point() or \
-                value.dtype == dtype or value.dtype == torch.float64:
+        if (
+            not isinstance(value, torch.Tensor)
+            or not value.is_floating_point()
+            or value.dtype == dtype
+            or value.dtype == torch.float64
+        ):
             return value
         cacheable = self.caching and value.is_leaf and value.requires_grad
         if cacheable and id(value) in self._cast_cache:
@@ -669,8 +746,11 @@ class _GpuKernelMode(TorchFunctionMode):
                 return output
         if func is F.scaled_dot_product_attention:
             try:
-                output = _gpu_attention(*args, **kwargs) if self.efficient_attention else \
-                    _gpu_math_attention(*args, **kwargs)
+                output = (
+                    _gpu_attention(*args, **kwargs)
+                    if self.efficient_attention
+                    else _gpu_math_attention(*args, **kwargs)
+                )
             except (TypeError, RuntimeError, NotImplementedError):
                 output = None
             if output is not None:
@@ -697,8 +777,9 @@ def _logits(output: Any) -> Any:
 
 
 def _all_outputs_sum(output: Any) -> torch.Tensor:
-    tensors = [t for t in tree_flatten(output)[0]
-               if isinstance(t, torch.Tensor) and t.is_floating_point() and t.requires_grad]
+    tensors = [
+        t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor) and t.is_floating_point() and t.requires_grad
+    ]
     if not tensors:
         raise SimulationError("the model's output has no tensor that needs a gradient")
     total = tensors[0].sum()
@@ -713,8 +794,13 @@ def default_loss(output: Any, loss: str = "auto") -> torch.Tensor:
     if loss not in LOSSES:
         raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
     logits = _logits(output)
-    if loss in ("auto", "cross_entropy") and logits is not None and logits.is_floating_point() \
-            and logits.dim() in (2, 3) and logits.shape[-1] > 1:
+    if (
+        loss in ("auto", "cross_entropy")
+        and logits is not None
+        and logits.is_floating_point()
+        and logits.dim() in (2, 3)
+        and logits.shape[-1] > 1
+    ):
         classes = logits.shape[-1]
         flat = logits.reshape(-1, classes)
         targets = torch.zeros(flat.shape[0], dtype=torch.int64, device=logits.device)
@@ -734,8 +820,10 @@ BNB_PAGED_MIN_NUMEL = 100_000  # get_state_buffer pages only buffers of 1e5 elem
 BNB_QMAP_SIZE = 256  # the signed and unsigned dynamic quantisation maps, fp32
 
 _BNB = {  # name -> (optim_bits, paged)
-    "adam_8bit": (8, False), "adamw_8bit": (8, False),
-    "paged_adamw": (32, True), "paged_adamw_8bit": (8, True),
+    "adam_8bit": (8, False),
+    "adamw_8bit": (8, False),
+    "paged_adamw": (32, True),
+    "paged_adamw_8bit": (8, True),
 }
 
 
@@ -756,11 +844,9 @@ class _FusedAdam(torch.optim.Adam):
                     continue
                 state["step"] = torch.zeros((), dtype=torch.float32, device=param.device)
                 state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
-                state["exp_avg_sq"] = torch.zeros_like(param,
-                                                       memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
                 if group["amsgrad"]:
-                    state["max_exp_avg_sq"] = torch.zeros_like(
-                        param, memory_format=torch.preserve_format)
+                    state["max_exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
         return super().step(closure)
 
 
@@ -781,9 +867,18 @@ class BitsAndBytesAdam(torch.optim.Optimizer):
       ``paged_bytes``; the absmax, the maps and smaller buffers are ordinary device tensors.
     """
 
-    def __init__(self, params, *, optim_bits: int = 8, paged: bool = False, lr: float = 1e-3,
-                 betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
-                 untracked: Optional[Callable[[], Any]] = None):
+    def __init__(
+        self,
+        params,
+        *,
+        optim_bits: int = 8,
+        paged: bool = False,
+        lr: float = 1e-3,
+        betas=(0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        untracked: Optional[Callable[[], Any]] = None,
+    ):
         if optim_bits not in (8, 32):
             raise ValueError(f"optim_bits must be 8 or 32, got {optim_bits!r}")
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
@@ -807,8 +902,7 @@ class BitsAndBytesAdam(torch.optim.Optimizer):
             state["state2"] = self._buffer(param, torch.float32)
             return
         if self._qmaps is None:
-            self._qmaps = tuple(torch.zeros(BNB_QMAP_SIZE, dtype=torch.float32,
-                                            device=param.device) for _ in range(2))
+            self._qmaps = tuple(torch.zeros(BNB_QMAP_SIZE, dtype=torch.float32, device=param.device) for _ in range(2))
         state["state1"] = self._buffer(param, torch.uint8)
         state["qmap1"] = self._qmaps[0]
         state["state2"] = self._buffer(param, torch.uint8)
@@ -834,8 +928,13 @@ class BitsAndBytesAdam(torch.optim.Optimizer):
         return loss
 
 
-def make_optimizer(name: str, params: List[nn.Parameter], implementation: str = "foreach",
-                   *, untracked: Optional[Callable[[], Any]] = None) -> torch.optim.Optimizer:
+def make_optimizer(
+    name: str,
+    params: List[nn.Parameter],
+    implementation: str = "foreach",
+    *,
+    untracked: Optional[Callable[[], Any]] = None,
+) -> torch.optim.Optimizer:
     """The optimizer as a GPU runs it: PyTorch's with its ``foreach`` implementation (the GPU
     default), ``fused`` or ``for_loop`` (``foreach=False``); Adafactor is PyTorch's
     (``torch.optim.Adafactor``, factored second moments); the bitsandbytes ones are
@@ -843,9 +942,9 @@ def make_optimizer(name: str, params: List[nn.Parameter], implementation: str = 
     implementation = _check_implementation(name, implementation)
     if name in _BNB:
         bits, paged = _BNB[name]
-        return BitsAndBytesAdam(params, optim_bits=bits, paged=paged,
-                                weight_decay=1e-2 if "adamw" in name else 0.0,
-                                untracked=untracked)
+        return BitsAndBytesAdam(
+            params, optim_bits=bits, paged=paged, weight_decay=1e-2 if "adamw" in name else 0.0, untracked=untracked
+        )
     foreach, fused = implementation == "foreach", implementation == "fused"
     if name in ("sgd", "momentum"):
         momentum = 0.9 if name == "momentum" else 0.0
@@ -869,16 +968,18 @@ def make_optimizer(name: str, params: List[nn.Parameter], implementation: str = 
 
 def _check_implementation(optimizer: str, implementation: str) -> str:
     if implementation not in OPTIMIZER_IMPLEMENTATIONS:
-        raise ValueError(f"optimizer_implementation must be one of {OPTIMIZER_IMPLEMENTATIONS},"
-                         f" got {implementation!r}")
+        raise ValueError(f"optimizer_implementation must be one of {OPTIMIZER_IMPLEMENTATIONS}, got {implementation!r}")
     # bitsandbytes updates each tensor in one kernel of its own: `fused` names it as well as
     # the default does (the service reads it so too); there is no for-loop.
     if optimizer in _BNB and implementation == "for_loop":
-        raise ValueError(f"optimizer_implementation: {optimizer} (bitsandbytes) runs its own "
-                         f"fused kernels, there is no {implementation} implementation to choose")
+        raise ValueError(
+            f"optimizer_implementation: {optimizer} (bitsandbytes) runs its own "
+            f"fused kernels, there is no {implementation} implementation to choose"
+        )
     if optimizer == "adafactor" and implementation == "fused":
-        raise ValueError("optimizer_implementation: torch.optim.Adafactor has no fused "
-                         "implementation (foreach or for_loop)")
+        raise ValueError(
+            "optimizer_implementation: torch.optim.Adafactor has no fused implementation (foreach or for_loop)"
+        )
     return implementation
 
 
@@ -893,7 +994,7 @@ class _LossScaler:
     GradScaler's ``unscale_``, fp16 gradients are unscaled here: GradScaler refuses them outside
     fused optimizers, custom loss scalers of pure-fp16 training do not.)"""
 
-    INIT_SCALE = 2.0 ** 16
+    INIT_SCALE = 2.0**16
 
     def __init__(self, recorder: "_StepRecorder"):
         self.recorder = recorder
@@ -902,8 +1003,7 @@ class _LossScaler:
 
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
         if self.scale_tensor is None:  # _lazy_init_scale_growth_tracker
-            self.scale_tensor = torch.full((), self.INIT_SCALE, dtype=torch.float32,
-                                           device=loss.device)
+            self.scale_tensor = torch.full((), self.INIT_SCALE, dtype=torch.float32, device=loss.device)
             self.growth_tracker = torch.full((), 0, dtype=torch.int32, device=loss.device)
             for tensor in (self.scale_tensor, self.growth_tracker):
                 self.recorder.relabel(tensor, "optimizer_state")  # kept across steps
@@ -912,8 +1012,9 @@ class _LossScaler:
     def state(self) -> tuple:
         return () if self.scale_tensor is None else (self.scale_tensor, self.growth_tracker)
 
-    def _unscale(self, opt: torch.optim.Optimizer, inv_scale: torch.Tensor,
-                 found_inf: torch.Tensor) -> Dict[Any, torch.Tensor]:
+    def _unscale(
+        self, opt: torch.optim.Optimizer, inv_scale: torch.Tensor, found_inf: torch.Tensor
+    ) -> Dict[Any, torch.Tensor]:
         groups: Dict[tuple, List[torch.Tensor]] = {}
         for group in opt.param_groups:
             for param in group["params"]:
@@ -926,7 +1027,8 @@ class _LossScaler:
                     per_device_found[device] = found_inf.to(device=device, copy=True)
                     per_device_inv[device] = inv_scale.to(device=device, copy=True)
                 torch._amp_foreach_non_finite_check_and_unscale_(
-                    grads, per_device_found[device], per_device_inv[device])
+                    grads, per_device_found[device], per_device_inv[device]
+                )
         return per_device_found
 
     def step(self, opt: torch.optim.Optimizer) -> None:
@@ -954,8 +1056,7 @@ class _LossScaler:
         combined = found[0]
         for other in found[1:]:
             combined += other
-        torch._amp_update_scale_(self.scale_tensor, self.growth_tracker, combined,
-                                 2.0, 0.5, 2000)
+        torch._amp_update_scale_(self.scale_tensor, self.growth_tracker, combined, 2.0, 0.5, 2000)
         del found, combined
         self.found_inf = {}
 
@@ -967,17 +1068,20 @@ def canonical_precision(precision: str) -> str:
     """The precision's canonical name (``mixed16`` and ``amp`` are ``amp_fp16``)."""
     name = PRECISION_ALIASES.get(precision, precision)
     if name not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS} (or "
-                         f"{tuple(PRECISION_ALIASES)}), got {precision!r}")
+        raise ValueError(f"precision must be one of {PRECISIONS} (or {tuple(PRECISION_ALIASES)}), got {precision!r}")
     return name
 
 
-def normalise_setup(*, optimizer: str = "adam", precision: str = "fp32",
-                    optimizer_implementation: str = "foreach",
-                    gradient_accumulation_steps: int = 1,
-                    activation_checkpointing: Any = "none",
-                    lora: Optional[Dict[str, Any]] = None,
-                    trainable: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+def normalise_setup(
+    *,
+    optimizer: str = "adam",
+    precision: str = "fp32",
+    optimizer_implementation: str = "foreach",
+    gradient_accumulation_steps: int = 1,
+    activation_checkpointing: Any = "none",
+    lora: Optional[Dict[str, Any]] = None,
+    trainable: Optional[Sequence[str]] = None,
+) -> Dict[str, Any]:
     """The training setup checked and in canonical form (what a description and its
     simulation emit): ``{"optimizer", "precision", "optimizer_implementation",
     "gradient_accumulation_steps", "activation_checkpointing": "none" | "full" | [names],
@@ -990,34 +1094,49 @@ def normalise_setup(*, optimizer: str = "adam", precision: str = "fp32",
     precision = canonical_precision(precision)
     _check_implementation(optimizer, optimizer_implementation)
     if precision == "fp16" and optimizer in ("adam_8bit", "adamw_8bit", "paged_adamw_8bit"):
-        raise ValueError(f"optimizer: {optimizer} (8-bit states) is not run with pure fp16 "
-                         "weights; use bf16 or amp_fp16")
+        raise ValueError(
+            f"optimizer: {optimizer} (8-bit states) is not run with pure fp16 weights; use bf16 or amp_fp16"
+        )
     steps = gradient_accumulation_steps
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"gradient_accumulation_steps must be a positive integer, got {steps!r}")
     checkpointing = activation_checkpointing
     if isinstance(checkpointing, str):
         if checkpointing not in ("none", "full"):
-            raise ValueError("activation_checkpointing must be \"none\", \"full\" or a list of "
-                             f"module names, got {checkpointing!r}")
-    elif isinstance(checkpointing, (list, tuple)) and checkpointing and \
-            all(isinstance(n, str) and n for n in checkpointing):
+            raise ValueError(
+                f'activation_checkpointing must be "none", "full" or a list of module names, got {checkpointing!r}'
+            )
+    elif (
+        isinstance(checkpointing, (list, tuple))
+        and checkpointing
+        and all(isinstance(n, str) and n for n in checkpointing)
+    ):
         checkpointing = list(checkpointing)
     else:
-        raise ValueError("activation_checkpointing must be \"none\", \"full\" or a non-empty "
-                         f"list of module names, got {checkpointing!r}")
+        raise ValueError(
+            'activation_checkpointing must be "none", "full" or a non-empty '
+            f"list of module names, got {checkpointing!r}"
+        )
     if lora is not None:
         lora = _normalise_lora(lora)
     if trainable is not None:
-        if isinstance(trainable, str) or not isinstance(trainable, (list, tuple)) or \
-                not trainable or not all(isinstance(n, str) and n for n in trainable):
-            raise ValueError(f"trainable must be a non-empty list of module names, got "
-                             f"{trainable!r}")
+        if (
+            isinstance(trainable, str)
+            or not isinstance(trainable, (list, tuple))
+            or not trainable
+            or not all(isinstance(n, str) and n for n in trainable)
+        ):
+            raise ValueError(f"trainable must be a non-empty list of module names, got {trainable!r}")
         trainable = list(trainable)
-    return {"optimizer": optimizer, "precision": precision,
-            "optimizer_implementation": optimizer_implementation,
-            "gradient_accumulation_steps": steps, "activation_checkpointing": checkpointing,
-            "lora": lora, "trainable": trainable}
+    return {
+        "optimizer": optimizer,
+        "precision": precision,
+        "optimizer_implementation": optimizer_implementation,
+        "gradient_accumulation_steps": steps,
+        "activation_checkpointing": checkpointing,
+        "lora": lora,
+        "trainable": trainable,
+    }
 
 
 def _normalise_lora(lora: Any) -> Dict[str, Any]:
@@ -1027,22 +1146,31 @@ def _normalise_lora(lora: Any) -> Dict[str, Any]:
     spec = parse_lora(lora)
     targets = spec["target_modules"]
     if isinstance(targets, str) and targets != "all-linear":
-        raise ValueError("lora.target_modules must be \"all-linear\" or a non-empty list of "
-                         f"module names, got {targets!r}")
+        raise ValueError(
+            f'lora.target_modules must be "all-linear" or a non-empty list of module names, got {targets!r}'
+        )
     alpha = spec["alpha"]
-    normalised = {"rank": spec["rank"], "alpha": int(alpha) if alpha.is_integer() else alpha,
-                  "target_modules": targets, "base_weights": spec["base_weights"]}
+    normalised = {
+        "rank": spec["rank"],
+        "alpha": int(alpha) if alpha.is_integer() else alpha,
+        "target_modules": targets,
+        "base_weights": spec["base_weights"],
+    }
     # PEFT's lora_dropout: the dropped input of each adapted layer is kept for backward.
     if spec["dropout"]:
         normalised["dropout"] = spec["dropout"]
     return normalised
 
 
-def _apply_setup(model: nn.Module, checkpointing: Any, lora: Optional[Dict[str, Any]],
-                 trainable: Optional[List[str]]) -> None:
-    apply_setup(model, activation_checkpointing=checkpointing,
-                lora=None if lora is None else {**lora, "dropout": lora.get("dropout", 0.0)},
-                trainable=trainable)
+def _apply_setup(
+    model: nn.Module, checkpointing: Any, lora: Optional[Dict[str, Any]], trainable: Optional[List[str]]
+) -> None:
+    apply_setup(
+        model,
+        activation_checkpointing=checkpointing,
+        lora=None if lora is None else {**lora, "dropout": lora.get("dropout", 0.0)},
+        trainable=trainable,
+    )
 
 
 class _gc_frozen:
@@ -1169,21 +1297,23 @@ def simulate_step(
     """
     lora_dropout = lora.get("dropout", 0.0) if isinstance(lora, dict) else 0.0
     setup = normalise_setup(
-        optimizer=optimizer, precision=precision,
+        optimizer=optimizer,
+        precision=precision,
         optimizer_implementation=optimizer_implementation,
         gradient_accumulation_steps=gradient_accumulation_steps,
         activation_checkpointing=activation_checkpointing,
-        lora={k: v for k, v in lora.items() if k != "dropout"} if isinstance(lora, dict)
-        else lora,
-        trainable=trainable)
+        lora={k: v for k, v in lora.items() if k != "dropout"} if isinstance(lora, dict) else lora,
+        trainable=trainable,
+    )
     precision = setup["precision"]
     if attention not in ATTENTIONS:
         raise ValueError(f"attention must be one of {ATTENTIONS}, got {attention!r}")
     if batch_size < 1:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
     pure = _PURE.get(precision)
-    transformed = setup["activation_checkpointing"] != "none" or setup["lora"] is not None or \
-        setup["trainable"] is not None
+    transformed = (
+        setup["activation_checkpointing"] != "none" or setup["lora"] is not None or setup["trainable"] is not None
+    )
     model = on_meta(module)
     if pure is not None or transformed:
         if model is module:  # the caller's module is left as it is
@@ -1194,8 +1324,7 @@ def simulate_step(
             lora_spec = setup["lora"]
             if lora_spec is not None:
                 lora_spec = {**lora_spec, "dropout": lora_dropout}
-            _apply_setup(model, setup["activation_checkpointing"], lora_spec,
-                         setup["trainable"])
+            _apply_setup(model, setup["activation_checkpointing"], lora_spec, setup["trainable"])
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise SimulationError("the model has no trainable parameters")
@@ -1210,8 +1339,10 @@ def simulate_step(
         if pure is None:
             return made
         leaves, spec = tree_flatten(made)
-        return tree_unflatten([leaf.to(pure) if isinstance(leaf, torch.Tensor) and
-                               leaf.is_floating_point() else leaf for leaf in leaves], spec)
+        return tree_unflatten(
+            [leaf.to(pure) if isinstance(leaf, torch.Tensor) and leaf.is_floating_point() else leaf for leaf in leaves],
+            spec,
+        )
 
     accumulation = setup["gradient_accumulation_steps"]
     recorder = _StepRecorder()
@@ -1219,8 +1350,7 @@ def simulate_step(
     state = {id(s): s for s in [*model.parameters(), *model.buffers()]}
     for tensor in state.values():
         recorder.track(tensor, "parameters")
-    opt = make_optimizer(setup["optimizer"], params, setup["optimizer_implementation"],
-                         untracked=recorder.untracked)
+    opt = make_optimizer(setup["optimizer"], params, setup["optimizer_implementation"], untracked=recorder.untracked)
     scaler = _LossScaler(recorder) if precision == "fp16" else None
     modes = _batch_norms_trainable_at(model, batch_size)
     attention_configs = _hf_attention(model, "eager" if attention == "eager" else None)
@@ -1254,7 +1384,8 @@ def simulate_step(
                         recorder.relabel(param.grad, "gradients")
                     if step == 0 and REUSE_PASSES:
                         templates[micro] = recorder.capture_pass(
-                            mark, params, once=scaler.state() if scaler is not None else ())
+                            mark, params, once=scaler.state() if scaler is not None else ()
+                        )
                 recorder.phase = _OPTIMIZER
                 recorder.fake_scalars = True
                 if scaler is not None:
@@ -1279,8 +1410,7 @@ def simulate_step(
     del opt, scaler
     events = recorder.labelled_events()
     result, min_capacity = allocator.replay_with_min_capacity(events)
-    breakdown = {category: int(result.breakdown_at_peak.get(category, 0))
-                 for category in CATEGORIES}
+    breakdown = {category: int(result.breakdown_at_peak.get(category, 0)) for category in CATEGORIES}
     simulation: Dict[str, Any] = {"batch_size": int(batch_size), "optimizer": setup["optimizer"]}
     if setup["optimizer_implementation"] != "foreach":
         simulation["optimizer_implementation"] = setup["optimizer_implementation"]
@@ -1290,21 +1420,22 @@ def simulate_step(
         simulation["activation_checkpointing"] = setup["activation_checkpointing"]
     if accumulation > 1:
         simulation["gradient_accumulation_steps"] = accumulation
-    simulation.update({
-        "trainable_params": int(sum(p.numel() for p in params)),
-        "allocated_peak_bytes": int(result.allocated_peak_bytes),
-        "reserved_peak_bytes": int(result.reserved_peak_bytes),
-        "min_capacity_bytes": int(min_capacity),
-        "breakdown_at_peak": breakdown,
-    })
+    simulation.update(
+        {
+            "trainable_params": int(sum(p.numel() for p in params)),
+            "allocated_peak_bytes": int(result.allocated_peak_bytes),
+            "reserved_peak_bytes": int(result.reserved_peak_bytes),
+            "min_capacity_bytes": int(min_capacity),
+            "breakdown_at_peak": breakdown,
+        }
+    )
     if setup["optimizer"] in PAGED_OPTIMIZERS:
         simulation["paged_optimizer_state_bytes"] = int(paged_bytes)
     simulation["interpolated"] = False
     return simulation
 
 
-def interpolate_simulation(low: Dict[str, Any], high: Dict[str, Any],
-                           batch_size: int) -> Dict[str, Any]:
+def interpolate_simulation(low: Dict[str, Any], high: Dict[str, Any], batch_size: int) -> Dict[str, Any]:
     """The ``simulation`` at ``batch_size`` interpolated linearly between two simulations of
     the same job at batch sizes around it (``interpolated: true``). Peaks grow about linearly
     with the batch (activations do, the model state does not), so between two simulated batch
@@ -1318,8 +1449,7 @@ def interpolate_simulation(low: Dict[str, Any], high: Dict[str, Any],
     def at(a: float, b: float) -> int:
         return int(round(a + (b - a) * weight))
 
-    breakdown = {c: at(low["breakdown_at_peak"][c], high["breakdown_at_peak"][c])
-                 for c in CATEGORIES}
+    breakdown = {c: at(low["breakdown_at_peak"][c], high["breakdown_at_peak"][c]) for c in CATEGORIES}
     allocated = at(low["allocated_peak_bytes"], high["allocated_peak_bytes"])
     breakdown["temporaries"] += allocated - sum(breakdown.values())
     if breakdown["temporaries"] < 0:  # cannot happen with consistent inputs; keep the sum
@@ -1327,6 +1457,12 @@ def interpolate_simulation(low: Dict[str, Any], high: Dict[str, Any],
         breakdown["temporaries"] = 0
     min_capacity = max(allocated, at(low["min_capacity_bytes"], high["min_capacity_bytes"]))
     reserved = max(min_capacity, at(low["reserved_peak_bytes"], high["reserved_peak_bytes"]))
-    return {**low, "batch_size": int(batch_size), "allocated_peak_bytes": allocated,
-            "reserved_peak_bytes": reserved, "min_capacity_bytes": min_capacity,
-            "breakdown_at_peak": breakdown, "interpolated": True}
+    return {
+        **low,
+        "batch_size": int(batch_size),
+        "allocated_peak_bytes": allocated,
+        "reserved_peak_bytes": reserved,
+        "min_capacity_bytes": min_capacity,
+        "breakdown_at_peak": breakdown,
+        "interpolated": True,
+    }

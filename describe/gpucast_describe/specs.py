@@ -39,7 +39,8 @@ def _split(spec: str) -> tuple:
     if not sep or prefix not in SPEC_PREFIXES or not rest:
         raise SpecError(
             f"bad spec {spec!r}: expected timm:<name>, torchvision:<name>, "
-            f"module:<python.path:factory> or hf:<model id or folder>")
+            f"module:<python.path:factory> or hf:<model id or folder>"
+        )
     return prefix, rest
 
 
@@ -52,8 +53,7 @@ def _build_timm(name: str) -> ResolvedSpec:
         raise SpecError(f"timm has no model named {name!r}")
     with torch.device("meta"):
         module = timm.create_model(name, pretrained=False)
-    cfg: Dict[str, Any] = getattr(module, "pretrained_cfg", None) or \
-        getattr(module, "default_cfg", None) or {}
+    cfg: Dict[str, Any] = getattr(module, "pretrained_cfg", None) or getattr(module, "default_cfg", None) or {}
     input_size = cfg.get("input_size")
     return ResolvedSpec(f"timm:{name}", module, list(input_size) if input_size else None)
 
@@ -62,8 +62,7 @@ def _build_torchvision(name: str) -> ResolvedSpec:
     try:
         import torchvision
     except ImportError as exc:
-        raise SpecError("torchvision is not installed (pip install ./describe[torchvision])") \
-            from exc
+        raise SpecError("torchvision is not installed (pip install ./describe[torchvision])") from exc
     try:
         builder = torchvision.models.get_model_builder(name)
     except ValueError as exc:
@@ -102,8 +101,12 @@ def _hf_local_path(target: str) -> Optional[str]:
         return path
     if os.path.isfile(path):
         return path
-    if (target.startswith((".", "~", "/", os.sep)) or target.endswith(".json")
-            or target.count("/") > 1 or (os.sep != "/" and os.sep in target)):
+    if (
+        target.startswith((".", "~", "/", os.sep))
+        or target.endswith(".json")
+        or target.count("/") > 1
+        or (os.sep != "/" and os.sep in target)
+    ):
         raise SpecError(f"hf:{target}: no such folder or file")
     return None
 
@@ -123,7 +126,8 @@ def _hf_cached_folder(target: str) -> str:
         raise SpecError(
             f"hf:{target}: not in the local Hugging Face cache; download it with "
             f"`hf download {target} config.json` (only the configuration is read) "
-            f"or give a folder holding config.json")
+            f"or give a folder holding config.json"
+        )
     return os.path.dirname(found)
 
 
@@ -154,15 +158,14 @@ def _build_hf(target: str) -> ResolvedSpec:
         raise SpecError("transformers is not installed (pip install ./describe[hf])") from exc
     source = local if local is not None else _hf_cached_folder(target)
     try:  # trust_remote_code=False: custom code is refused, never fetched nor prompted for
-        config = transformers.AutoConfig.from_pretrained(
-            source, local_files_only=True, trust_remote_code=False)
+        config = transformers.AutoConfig.from_pretrained(source, local_files_only=True, trust_remote_code=False)
     except OSError as exc:
         raise SpecError(f"hf:{target}: cannot read its config.json: {exc}") from exc
     except ValueError as exc:  # an unknown model_type, custom code
         raise SpecError(f"hf:{target}: {exc}") from exc
     if getattr(config, "pad_token_id", None) is None and any(
-            name.endswith("ForSequenceClassification")
-            for name in getattr(config, "architectures", None) or ()):
+        name.endswith("ForSequenceClassification") for name in getattr(config, "architectures", None) or ()
+    ):
         # Without one, transformers' classifiers refuse batches above 1. Fine-tuning sets
         # one (commonly the eos token); its value does not matter on meta.
         eos = getattr(config, "eos_token_id", None)
@@ -177,8 +180,7 @@ def _build_hf(target: str) -> ResolvedSpec:
 def resolve_spec(spec: str) -> ResolvedSpec:
     """Build the model named by ``spec`` on the meta device."""
     prefix, rest = _split(spec)
-    builders = {"timm": _build_timm, "torchvision": _build_torchvision,
-                "module": _build_factory, "hf": _build_hf}
+    builders = {"timm": _build_timm, "torchvision": _build_torchvision, "module": _build_factory, "hf": _build_hf}
     return builders[prefix](rest)
 
 
@@ -198,8 +200,7 @@ def describe_spec(
     else the spec's default (timm: the model's pretrained_cfg ``input_size``; torchvision:
     3x224x224; module: and hf: none, so one of the two is required).
     """
-    return describe_spec_batches(spec, [batch_size], input_shape, seq_len, family,
-                                 **training)[0]
+    return describe_spec_batches(spec, [batch_size], input_shape, seq_len, family, **training)[0]
 
 
 def describe_spec_batches(
@@ -228,10 +229,18 @@ def describe_spec_batches(
         shape = resolved.default_input_shape
     else:
         raise SpecError(f"{spec}: no default input shape, give --input-shape or --seq-len")
-    description = describe_module(resolved.module, shape, batch_sizes[0], family=family,
-                                  name=resolved.spec, input_dtype=dtype, simulation=False,
-                                  **training)
+    description = describe_module(
+        resolved.module,
+        shape,
+        batch_sizes[0],
+        family=family,
+        name=resolved.spec,
+        input_dtype=dtype,
+        simulation=False,
+        **training,
+    )
     model = resolved.module if simulation else None
-    return [with_batch_size(description, batch, model=model, input_dtype=dtype, loss=loss,
-                            attention=attention)
-            for batch in batch_sizes]
+    return [
+        with_batch_size(description, batch, model=model, input_dtype=dtype, loss=loss, attention=attention)
+        for batch in batch_sizes
+    ]

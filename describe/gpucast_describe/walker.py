@@ -220,8 +220,7 @@ def _saved_bytes(model: nn.Module, example: torch.Tensor) -> int:
     every other storage is counted once however many tensors or ops save it. The packed tensors
     are held until the end, so no storage is freed (and its address reused) during the pass.
     """
-    state = {_storage_key_and_bytes(t)[0]
-             for t in [*model.parameters(), *model.buffers()]}
+    state = {_storage_key_and_bytes(t)[0] for t in [*model.parameters(), *model.buffers()]}
     held: List[torch.Tensor] = []
     sizes: Dict[tuple, int] = {}
 
@@ -232,11 +231,16 @@ def _saved_bytes(model: nn.Module, example: torch.Tensor) -> int:
             sizes[key] = nbytes
         return tensor
 
-    with torch.inference_mode(False), torch.enable_grad(), _GpuAttentionMode(), \
-            torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+    with (
+        torch.inference_mode(False),
+        torch.enable_grad(),
+        _GpuAttentionMode(),
+        torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor),
+    ):
         output = model(example)
     total = sum(sizes.values())
-    del output, held
+    del output
+    held.clear()
     return int(total)
 
 
@@ -287,8 +291,7 @@ def trace_saved_tensors(
         _training_mode(model)
         try:
             saved = {
-                batch: _saved_bytes(
-                    model, torch.empty([batch, *input_shape], dtype=input_dtype, device="meta"))
+                batch: _saved_bytes(model, torch.empty([batch, *input_shape], dtype=input_dtype, device="meta"))
                 for batch in (small, large)
             }
         finally:
@@ -296,8 +299,11 @@ def trace_saved_tensors(
                 submodule.training = training
     except Exception as exc:  # the description is still useful without the field
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        print(f"warning: {name or type(model).__name__}: saved_tensors not traced: "
-              f"{type(exc).__name__}: {message}"[:500], file=sys.stderr, flush=True)
+        print(
+            f"warning: {name or type(model).__name__}: saved_tensors not traced: {type(exc).__name__}: {message}"[:500],
+            file=sys.stderr,
+            flush=True,
+        )
         return None
     per_sample = max(0, round((saved[large] - saved[small]) / (large - small)))
     fixed = max(0, saved[small] - small * per_sample)
@@ -355,10 +361,14 @@ def describe_module(
     if batch_size < 1:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
     setup = normalise_setup(
-        optimizer=optimizer, precision=precision,
+        optimizer=optimizer,
+        precision=precision,
         optimizer_implementation=optimizer_implementation,
         gradient_accumulation_steps=gradient_accumulation_steps,
-        activation_checkpointing=activation_checkpointing, lora=lora, trainable=trainable)
+        activation_checkpointing=activation_checkpointing,
+        lora=lora,
+        trainable=trainable,
+    )
     input_shape = [int(d) for d in input_shape]
     if any(d < 1 for d in input_shape):
         raise ValueError(f"input_shape must be positive, got {input_shape}")
@@ -382,9 +392,12 @@ def describe_module(
         # FLOPs are left out rather than emitted as zeros.
         for layer in layers:
             del layer["flops"]
-        print(f"warning: {name or type(module).__name__}: per-layer flops not counted "
-              f"(FlopCounterMode total {counter.get_total_flops()}, credited {credited})",
-              file=sys.stderr, flush=True)
+        print(
+            f"warning: {name or type(module).__name__}: per-layer flops not counted "
+            f"(FlopCounterMode total {counter.get_total_flops()}, credited {credited})",
+            file=sys.stderr,
+            flush=True,
+        )
 
     description = {
         "model": name or type(module).__name__,
@@ -393,8 +406,7 @@ def describe_module(
         "input_shape": input_shape,
         "layers": layers,
     }
-    saved_tensors = trace_saved_tensors(model, input_shape, input_dtype,
-                                        name=description["model"])
+    saved_tensors = trace_saved_tensors(model, input_shape, input_dtype, name=description["model"])
     if saved_tensors is not None:
         description["saved_tensors"] = saved_tensors
     description["optimizer"] = setup["optimizer"]
@@ -411,8 +423,9 @@ def describe_module(
         description["trainable"] = {"modules": setup["trainable"]}
     description = with_batch_size(description, batch_size)
     if simulation:
-        return with_batch_size(description, batch_size, model=model, input_dtype=input_dtype,
-                               loss=loss, attention=attention)
+        return with_batch_size(
+            description, batch_size, model=model, input_dtype=input_dtype, loss=loss, attention=attention
+        )
     return description
 
 
@@ -463,12 +476,15 @@ def with_batch_size(
         return result
     try:
         result["simulation"] = simulate_step(
-            model, description["input_shape"], batch_size, input_dtype, loss=loss,
-            attention=attention, **setup)
+            model, description["input_shape"], batch_size, input_dtype, loss=loss, attention=attention, **setup
+        )
     except SimulationError as exc:
         result.pop("simulation", None)
-        print(f"warning: {description.get('model')}: simulation not run at batch "
-              f"{batch_size}: {exc}"[:500], file=sys.stderr, flush=True)
+        print(
+            f"warning: {description.get('model')}: simulation not run at batch {batch_size}: {exc}"[:500],
+            file=sys.stderr,
+            flush=True,
+        )
     return result
 
 

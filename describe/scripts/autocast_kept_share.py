@@ -28,25 +28,37 @@ class LossOf(torch.nn.Module):
 
 def llama():
     import transformers
-    config = transformers.LlamaConfig(hidden_size=1024, num_hidden_layers=4, num_attention_heads=16,
-                                      num_key_value_heads=4, intermediate_size=2816, vocab_size=32000)
+
+    config = transformers.LlamaConfig(
+        hidden_size=1024,
+        num_hidden_layers=4,
+        num_attention_heads=16,
+        num_key_value_heads=4,
+        intermediate_size=2816,
+        vocab_size=32000,
+    )
     return LossOf(transformers.LlamaForCausalLM(config))
 
 
 def gpt2():
     import transformers
+
     return LossOf(transformers.GPT2LMHeadModel(transformers.GPT2Config(n_embd=768, n_layer=4, n_head=12)))
 
 
 def timm_model(name):
     import timm
+
     return lambda: timm.create_model(name)
 
 
-CASES = [("llama (4 layers)", llama, [512], torch.int64), ("gpt2 (4 layers)", gpt2, [512], torch.int64),
-         ("vit_base_patch16_224", timm_model("vit_base_patch16_224"), [3, 224, 224], torch.float32),
-         ("resnet50", timm_model("resnet50"), [3, 224, 224], torch.float32),
-         ("convnext_tiny", timm_model("convnext_tiny"), [3, 224, 224], torch.float32)]
+CASES = [
+    ("llama (4 layers)", llama, [512], torch.int64),
+    ("gpt2 (4 layers)", gpt2, [512], torch.int64),
+    ("vit_base_patch16_224", timm_model("vit_base_patch16_224"), [3, 224, 224], torch.float32),
+    ("resnet50", timm_model("resnet50"), [3, 224, 224], torch.float32),
+    ("convnext_tiny", timm_model("convnext_tiny"), [3, 224, 224], torch.float32),
+]
 
 
 def main():
@@ -61,9 +73,12 @@ def main():
         saved = description["saved_tensors"]
         traced = saved["per_sample_bytes"] * 8 + saved["fixed_bytes"]
         # The constant scales the traced fp32 bytes: amp / traced is the share it stands for.
-        print(f"{name}: traced {traced >> 20} MiB, simulated activations fp32 {peaks['fp32'] >> 20} MiB, "
-              f"amp_fp16 {peaks['amp_fp16'] >> 20} MiB; amp / traced {peaks['amp_fp16'] / traced:.3f}, "
-              f"amp / fp32 {peaks['amp_fp16'] / peaks['fp32']:.3f}", flush=True)
+        print(
+            f"{name}: traced {traced >> 20} MiB, simulated activations fp32 {peaks['fp32'] >> 20} MiB, "
+            f"amp_fp16 {peaks['amp_fp16'] >> 20} MiB; amp / traced {peaks['amp_fp16'] / traced:.3f}, "
+            f"amp / fp32 {peaks['amp_fp16'] / peaks['fp32']:.3f}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -35,9 +35,11 @@ def walk_seconds(model, shape, dtype, repeats):
     for _ in range(repeats + 1):
         for flops in (False, True):
             start = time.perf_counter()
-            with walker._Recorder(model) as recorder, \
-                    (walker._LayerFlopCounter(recorder) if flops else contextlib.nullcontext()), \
-                    torch.no_grad():
+            with (
+                walker._Recorder(model) as recorder,
+                walker._LayerFlopCounter(recorder) if flops else contextlib.nullcontext(),
+                torch.no_grad(),
+            ):
                 model(example)
             times[flops].append(time.perf_counter() - start)
     return statistics.median(times[False][1:]), statistics.median(times[True][1:])
@@ -45,11 +47,13 @@ def walk_seconds(model, shape, dtype, repeats):
 
 def resnet50():
     import timm
+
     return timm.create_model("resnet50"), [3, 224, 224], torch.float32
 
 
 def gpt2_small():
     import hf_models
+
     return hf_models.gpt2_small(), [1024], torch.int64
 
 
@@ -58,8 +62,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    print("| model | walk without flops (s) | walk with flops (s) | walk + saved tensors (s) "
-          "| with simulation at 32 (s) | layers with flops |")
+    print(
+        "| model | walk without flops (s) | walk with flops (s) | walk + saved tensors (s) "
+        "| with simulation at 32 (s) | layers with flops |"
+    )
     print("| --- | --- | --- | --- | --- | --- |")
     for name, build in (("timm resnet50", resnet50), ("HF GPT-2 small", gpt2_small)):
         with torch.device("meta"):

@@ -32,27 +32,40 @@ from gpucast_describe import simulate_step  # noqa: E402
 
 def timm(name):
     import timm as t
+
     return lambda: t.create_model(name)
 
 
 def gpt2(layers, width, heads):
     def build():
         import transformers
+
         return transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=layers, n_embd=width, n_head=heads))
+
     return build
 
 
 def bert_base():
     import transformers
+
     return transformers.BertForMaskedLM(transformers.BertConfig())
 
 
 def llama_3_8b():
     import transformers
-    return transformers.LlamaForCausalLM(transformers.LlamaConfig(
-        hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
-        intermediate_size=14336, vocab_size=128256, tie_word_embeddings=False,
-        max_position_embeddings=8192))
+
+    return transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(
+            hidden_size=4096,
+            num_hidden_layers=32,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            intermediate_size=14336,
+            vocab_size=128256,
+            tie_word_embeddings=False,
+            max_position_embeddings=8192,
+        )
+    )
 
 
 LORA = {"rank": 16, "alpha": 32, "target_modules": "all-linear"}
@@ -60,21 +73,29 @@ LLAMA_SETUPS = [
     ("fp32 adamw", dict(precision="fp32", optimizer="adamw")),
     ("bf16 adamw", dict(precision="bf16", optimizer="adamw")),
     ("amp_bf16 adamw", dict(precision="amp_bf16", optimizer="adamw")),
-    ("bf16 adamw, accumulation 4", dict(precision="bf16", optimizer="adamw",
-                                        gradient_accumulation_steps=4)),
-    ("amp_bf16 adamw, accumulation 4", dict(precision="amp_bf16", optimizer="adamw",
-                                            gradient_accumulation_steps=4)),
-    ("bf16 adamw, checkpointing full", dict(precision="bf16", optimizer="adamw",
-                                            activation_checkpointing="full")),
-    ("amp_bf16 adamw, checkpointing full", dict(precision="amp_bf16", optimizer="adamw",
-                                                activation_checkpointing="full")),
+    ("bf16 adamw, accumulation 4", dict(precision="bf16", optimizer="adamw", gradient_accumulation_steps=4)),
+    ("amp_bf16 adamw, accumulation 4", dict(precision="amp_bf16", optimizer="adamw", gradient_accumulation_steps=4)),
+    ("bf16 adamw, checkpointing full", dict(precision="bf16", optimizer="adamw", activation_checkpointing="full")),
+    (
+        "amp_bf16 adamw, checkpointing full",
+        dict(precision="amp_bf16", optimizer="adamw", activation_checkpointing="full"),
+    ),
     ("bf16 LoRA r16 all-linear, adamw", dict(precision="bf16", optimizer="adamw", lora=LORA)),
-    ("bf16 QLoRA nf4 r16, checkpointing full, paged_adamw",
-     dict(precision="bf16", optimizer="paged_adamw", activation_checkpointing="full",
-          lora={**LORA, "base_weights": "nf4"})),
-    ("amp_bf16 adamw_8bit, accumulation 4, checkpointing full",
-     dict(precision="amp_bf16", optimizer="adamw_8bit", gradient_accumulation_steps=4,
-          activation_checkpointing="full")),
+    (
+        "bf16 QLoRA nf4 r16, checkpointing full, paged_adamw",
+        dict(
+            precision="bf16",
+            optimizer="paged_adamw",
+            activation_checkpointing="full",
+            lora={**LORA, "base_weights": "nf4"},
+        ),
+    ),
+    (
+        "amp_bf16 adamw_8bit, accumulation 4, checkpointing full",
+        dict(
+            precision="amp_bf16", optimizer="adamw_8bit", gradient_accumulation_steps=4, activation_checkpointing="full"
+        ),
+    ),
 ]
 
 
@@ -82,10 +103,11 @@ def bench_llama(repeats):
     with torch.device("meta"):
         model = llama_3_8b()
     params = sum(p.numel() for p in model.parameters())
-    print("Llama-3-8B (%.2f B parameters), 2048 tokens, micro-batch 1, %d repeats after a "
-          "warm-up\n" % (params / 1e9, repeats))
-    print("| setup | simulation (median) | CPU (median) | allocated peak | reserved peak | "
-          "trainable |")
+    print(
+        "Llama-3-8B (%.2f B parameters), 2048 tokens, micro-batch 1, %d repeats after a "
+        "warm-up\n" % (params / 1e9, repeats)
+    )
+    print("| setup | simulation (median) | CPU (median) | allocated peak | reserved peak | trainable |")
     print("| --- | --- | --- | --- | --- | --- |")
     for name, setup in LLAMA_SETUPS:
         simulate_step(model, [2048], 1, torch.int64, **setup)
@@ -95,10 +117,18 @@ def bench_llama(repeats):
             sim = simulate_step(model, [2048], 1, torch.int64, **setup)
             times.append(time.perf_counter() - started)
             cpu.append(time.process_time() - started_cpu)
-        print("| %s | %.2f s | %.2f s | %.0f MiB | %.0f MiB | %d |" % (
-            name, statistics.median(times), statistics.median(cpu),
-            sim["allocated_peak_bytes"] / 2 ** 20, sim["reserved_peak_bytes"] / 2 ** 20,
-            sim["trainable_params"]), flush=True)
+        print(
+            "| %s | %.2f s | %.2f s | %.0f MiB | %.0f MiB | %d |"
+            % (
+                name,
+                statistics.median(times),
+                statistics.median(cpu),
+                sim["allocated_peak_bytes"] / 2**20,
+                sim["reserved_peak_bytes"] / 2**20,
+                sim["trainable_params"],
+            ),
+            flush=True,
+        )
 
 
 CASES = [
@@ -114,8 +144,9 @@ CASES = [
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--llama-8b", action="store_true",
-                        help="Llama-3-8B in the training setups instead of the model list")
+    parser.add_argument(
+        "--llama-8b", action="store_true", help="Llama-3-8B in the training setups instead of the model list"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.llama_8b:
@@ -133,9 +164,18 @@ def main():
             started = time.perf_counter()
             sim = simulate_step(model, shape, batch, dtype)
             times.append(time.perf_counter() - started)
-        print("| %s | %d | %.0f M | %.2f s | %.0f MiB | %.0f MiB |" % (
-            name, batch, params / 1e6, statistics.median(times), sim["allocated_peak_bytes"] / 2 ** 20,
-            sim["reserved_peak_bytes"] / 2 ** 20), flush=True)
+        print(
+            "| %s | %d | %.0f M | %.2f s | %.0f MiB | %.0f MiB |"
+            % (
+                name,
+                batch,
+                params / 1e6,
+                statistics.median(times),
+                sim["allocated_peak_bytes"] / 2**20,
+                sim["reserved_peak_bytes"] / 2**20,
+            ),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

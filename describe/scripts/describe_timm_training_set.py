@@ -77,8 +77,7 @@ def describe_one(name: str) -> tuple:
         raise ValueError("no input_size in the model's pretrained_cfg")
     captured = io.StringIO()
     with contextlib.redirect_stderr(captured):
-        description = describe_module(resolved.module, resolved.default_input_shape, 1,
-                                      name=resolved.spec)
+        description = describe_module(resolved.module, resolved.default_input_shape, 1, name=resolved.spec)
     warnings = captured.getvalue().strip()
     if warnings:
         print(warnings, file=sys.stderr, flush=True)
@@ -90,9 +89,19 @@ def describe_one(name: str) -> tuple:
     return description, warnings
 
 
-def write_provenance(path: Path, *, command: str, csv_path: Path, csv_sha: str, n_models: int,
-                     described: dict, failures: dict, untraced: dict, timings: dict,
-                     wall_s: float) -> None:
+def write_provenance(
+    path: Path,
+    *,
+    command: str,
+    csv_path: Path,
+    csv_sha: str,
+    n_models: int,
+    described: dict,
+    failures: dict,
+    untraced: dict,
+    timings: dict,
+    wall_s: float,
+) -> None:
     import timm
 
     times = sorted(timings.values())
@@ -143,22 +152,28 @@ def write_provenance(path: Path, *, command: str, csv_path: Path, csv_sha: str, 
         "- families: " + ", ".join(f"{k} {v}" for k, v in sorted(families.items())),
     ]
     if n_layers:
-        lines.append(f"- layers per model: min {min(n_layers)}, median "
-                     f"{int(statistics.median(n_layers))}, max {max(n_layers)}")
-    lines.append("- every description's layer `params` sum to the model's parameter count "
-                 "(checked per model)")
+        lines.append(
+            f"- layers per model: min {min(n_layers)}, median {int(statistics.median(n_layers))}, max {max(n_layers)}"
+        )
+    lines.append("- every description's layer `params` sum to the model's parameter count (checked per model)")
     traced = [d["saved_tensors"] for d in described.values() if "saved_tensors" in d]
-    lines.append(f"- `saved_tensors`: in {len(traced)} of {len(described)} descriptions"
-                 + (f" ({len(untraced)} without, see below)" if untraced else ""))
+    lines.append(
+        f"- `saved_tensors`: in {len(traced)} of {len(described)} descriptions"
+        + (f" ({len(untraced)} without, see below)" if untraced else "")
+    )
     if traced:
-        mib = 2 ** 20
+        mib = 2**20
         per_sample = sorted(t["per_sample_bytes"] / mib for t in traced)
         fixed = sorted(t["fixed_bytes"] / mib for t in traced)
-        lines.append(f"  - per_sample_bytes: min {per_sample[0]:.1f} MiB, median "
-                     f"{statistics.median(per_sample):.1f} MiB, max {per_sample[-1]:.1f} MiB")
-        lines.append(f"  - fixed_bytes: above 1 MiB in {sum(f > 1 for f in fixed)} models, "
-                     f"median {statistics.median(fixed):.2f} MiB, max {fixed[-1]:.1f} MiB "
-                     "(e.g. weights standardised in the forward pass)")
+        lines.append(
+            f"  - per_sample_bytes: min {per_sample[0]:.1f} MiB, median "
+            f"{statistics.median(per_sample):.1f} MiB, max {per_sample[-1]:.1f} MiB"
+        )
+        lines.append(
+            f"  - fixed_bytes: above 1 MiB in {sum(f > 1 for f in fixed)} models, "
+            f"median {statistics.median(fixed):.2f} MiB, max {fixed[-1]:.1f} MiB "
+            "(e.g. weights standardised in the forward pass)"
+        )
     if times:
         lines += [
             f"- time per model (build + layer walk + saved-tensor trace + check, 1 CPU "
@@ -190,8 +205,7 @@ def main() -> int:
 
     torch.set_num_threads(1)
     signal.signal(signal.SIGALRM, _on_alarm)
-    command = "python " + " ".join(shlex.quote(a) for a in
-                                   [os.path.relpath(__file__, REPO), *sys.argv[1:]])
+    command = "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(__file__, REPO), *sys.argv[1:]])
 
     models = distinct_models(args.csv)
     n_models = len(models)
@@ -211,11 +225,12 @@ def main() -> int:
             status = f"{len(described[name]['layers'])} layers"
             if "saved_tensors" in described[name]:
                 saved = described[name]["saved_tensors"]
-                status += (f", saved {saved['per_sample_bytes'] / 2**20:.1f} MiB/sample"
-                           f" + {saved['fixed_bytes'] / 2**20:.1f} MiB")
+                status += (
+                    f", saved {saved['per_sample_bytes'] / 2**20:.1f} MiB/sample"
+                    f" + {saved['fixed_bytes'] / 2**20:.1f} MiB"
+                )
             else:
-                untraced[name] = (warnings.splitlines()[-1] if warnings
-                                  else "no saved_tensors")[:300]
+                untraced[name] = (warnings.splitlines()[-1] if warnings else "no saved_tensors")[:300]
                 status += ", no saved_tensors"
         except (Exception, ModelTimeout) as exc:  # record and move on
             reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
@@ -225,21 +240,29 @@ def main() -> int:
         finally:
             signal.alarm(0)
         timings[name] = time.perf_counter() - t0
-        print(f"[{i}/{len(models)}] {name}: {status} ({timings[name]:.2f} s)",
-              file=sys.stderr, flush=True)
+        print(f"[{i}/{len(models)}] {name}: {status} ({timings[name]:.2f} s)", file=sys.stderr, flush=True)
 
     args.out.mkdir(parents=True, exist_ok=True)
     out_file = args.out / "descriptions.jsonl.gz"
-    with open(out_file, "wb") as raw, \
-            gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as handle:
+    with open(out_file, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as handle:
         for name in sorted(described):
             handle.write((json.dumps(described[name], separators=(",", ":")) + "\n").encode())
-    write_provenance(args.out / "PROVENANCE.md", command=command, csv_path=args.csv,
-                     csv_sha=sha256_of(args.csv), n_models=n_models, described=described,
-                     failures=failures, untraced=untraced, timings=timings,
-                     wall_s=time.perf_counter() - started)
-    print(f"wrote {out_file}: {len(described)} described, {len(failures)} failed, "
-          f"{len(untraced)} without saved_tensors", file=sys.stderr)
+    write_provenance(
+        args.out / "PROVENANCE.md",
+        command=command,
+        csv_path=args.csv,
+        csv_sha=sha256_of(args.csv),
+        n_models=n_models,
+        described=described,
+        failures=failures,
+        untraced=untraced,
+        timings=timings,
+        wall_s=time.perf_counter() - started,
+    )
+    print(
+        f"wrote {out_file}: {len(described)} described, {len(failures)} failed, {len(untraced)} without saved_tensors",
+        file=sys.stderr,
+    )
     return 0
 
 

@@ -39,18 +39,42 @@ JOBS = [
     ("timm convnext_tiny", "timm:convnext_tiny", [3, 224, 224], 32, "adam", "fp32", "efficient"),
     ("timm efficientnet_b0", "timm:efficientnet_b0", [3, 224, 224], 64, "adam", "fp32", "efficient"),
     ("timm mobilenetv3_large_100", "timm:mobilenetv3_large_100", [3, 224, 224], 128, "adam", "fp32", "efficient"),
-    ("timm swin_tiny_patch4_window7_224", "timm:swin_tiny_patch4_window7_224", [3, 224, 224], 32, "adam", "fp32", "efficient"),
+    (
+        "timm swin_tiny_patch4_window7_224",
+        "timm:swin_tiny_patch4_window7_224",
+        [3, 224, 224],
+        32,
+        "adam",
+        "fp32",
+        "efficient",
+    ),
     ("timm deit_small_patch16_224", "timm:deit_small_patch16_224", [3, 224, 224], 64, "adam", "fp32", "efficient"),
     ("timm densenet121", "timm:densenet121", [3, 224, 224], 32, "adam", "fp32", "efficient"),
     ("timm regnety_016", "timm:regnety_016", [3, 224, 224], 64, "adam", "fp32", "efficient"),
     ("torchvision vgg16", "torchvision:vgg16", [3, 224, 224], 64, "adam", "fp32", "efficient"),
     ("torchvision resnet50 sgd", "torchvision:resnet50", [3, 224, 224], 32, "sgd", "fp32", "efficient"),
-    ("torchvision resnet50 momentum mixed16", "torchvision:resnet50", [3, 224, 224], 64, "momentum", "mixed16", "efficient"),
+    (
+        "torchvision resnet50 momentum mixed16",
+        "torchvision:resnet50",
+        [3, 224, 224],
+        64,
+        "momentum",
+        "mixed16",
+        "efficient",
+    ),
     ("torchvision vit_l_16", "torchvision:vit_l_16", [3, 224, 224], 8, "adamw", "fp32", "efficient"),
     ("HF BERT-base MLM 128 tokens", "module:hf_models:bert_base_mlm", [128], 32, "adamw", "fp32", "efficient"),
     ("HF BERT-base MLM 128 tokens eager", "module:hf_models:bert_base_mlm", [128], 32, "adamw", "fp32", "eager"),
     ("HF BERT-base MLM mixed16", "module:hf_models:bert_base_mlm", [128], 32, "adamw", "mixed16", "efficient"),
-    ("HF BERT-large classifier 512 tokens", "module:hf_models:bert_large_classifier", [512], 4, "adamw", "fp32", "efficient"),
+    (
+        "HF BERT-large classifier 512 tokens",
+        "module:hf_models:bert_large_classifier",
+        [512],
+        4,
+        "adamw",
+        "fp32",
+        "efficient",
+    ),
     ("HF GPT-2 small 512 tokens", "module:hf_models:gpt2_small", [512], 8, "adamw", "fp32", "efficient"),
     ("HF GPT-2 XL 512 tokens", "module:hf_models:gpt2_xl", [512], 2, "adam", "fp32", "efficient"),
     ("HF TinyLlama 1.1B 1024 tokens mixed16", "module:hf_models:tinyllama", [1024], 4, "adamw", "mixed16", "efficient"),
@@ -62,6 +86,7 @@ def measure(index, device, dry_run):
     """One job trained for real (in this process); returns the readings."""
     import torch
     from gpucast_describe.simulate import default_loss, make_optimizer
+
     name, spec, shape, batch, optimizer, precision, attention = JOBS[index]
     if dry_run:
         batch = 2
@@ -84,8 +109,11 @@ def measure(index, device, dry_run):
             inputs = torch.randint(0, 1000, [batch, *shape], device=device)
         else:
             inputs = torch.randn([batch, *shape], device=device)
-        with torch.autocast(device_type=device, dtype=torch.float16 if device == "cuda" else torch.bfloat16,
-                            enabled=precision == "mixed16"):
+        with torch.autocast(
+            device_type=device,
+            dtype=torch.float16 if device == "cuda" else torch.bfloat16,
+            enabled=precision == "mixed16",
+        ):
             loss = default_loss(model(inputs))
         loss.backward()
         opt.step()
@@ -96,9 +124,17 @@ def measure(index, device, dry_run):
         torch.cuda.synchronize()
         result["max_allocated_bytes"] = torch.cuda.max_memory_allocated()
         result["max_reserved_bytes"] = torch.cuda.max_memory_reserved()
-        used = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits",
-                               "-i", os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]],
-                              capture_output=True, text=True)
+        used = subprocess.run(
+            [
+                "nvidia-smi",
+                "--query-gpu=memory.used",
+                "--format=csv,noheader,nounits",
+                "-i",
+                os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0],
+            ],
+            capture_output=True,
+            text=True,
+        )
         result["nvidia_smi_used_mib"] = float(used.stdout.strip().splitlines()[0]) if used.returncode == 0 else None
         result["gpu"] = torch.cuda.get_device_name(0)
     return result
@@ -107,8 +143,13 @@ def measure(index, device, dry_run):
 def baseline(device):
     """The environment and what a bare CUDA context costs (one 1-byte tensor, read by nvidia-smi)."""
     import torch
-    versions = {"python": sys.version.split()[0], "torch": torch.__version__, "cuda": torch.version.cuda,
-                "cudnn": torch.backends.cudnn.version()}
+
+    versions = {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version(),
+    }
     for name in ("timm", "torchvision", "transformers"):
         try:
             versions[name] = __import__(name).__version__
@@ -118,8 +159,11 @@ def baseline(device):
     if device == "cuda":
         torch.zeros(1, device="cuda")
         torch.cuda.synchronize()
-        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,memory.used,driver_version",
-                              "--format=csv,noheader,nounits"], capture_output=True, text=True)
+        smi = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,memory.total,memory.used,driver_version", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+        )
         result["nvidia_smi"] = smi.stdout.strip()
         result["gpu"] = torch.cuda.get_device_name(0)
     return result
@@ -129,11 +173,14 @@ def _build_real(spec):
     prefix, _, rest = spec.partition(":")
     if prefix == "timm":
         import timm
+
         return timm.create_model(rest, pretrained=False)
     if prefix == "torchvision":
         import torchvision
+
         return torchvision.models.get_model(rest, weights=None)
     import importlib
+
     module_path, _, attr = rest.partition(":")
     return getattr(importlib.import_module(module_path), attr)()
 
@@ -141,11 +188,11 @@ def _build_real(spec):
 def simulate(index):
     import torch
     from gpucast_describe import resolve_spec, simulate_step
+
     name, spec, shape, batch, optimizer, precision, attention = JOBS[index]
     module = resolve_spec(spec).module
     dtype = torch.int64 if len(shape) == 1 else torch.float32
-    return simulate_step(module, shape, batch, dtype, optimizer=optimizer, precision=precision,
-                         attention=attention)
+    return simulate_step(module, shape, batch, dtype, optimizer=optimizer, precision=precision, attention=attention)
 
 
 def main():
@@ -154,8 +201,9 @@ def main():
     parser.add_argument("--dry-run", action="store_true")
     parser.add_argument("--only", type=int, help="the first N jobs")
     parser.add_argument("--job", type=int, help=argparse.SUPPRESS)  # the child's job index
-    parser.add_argument("--context-mib", type=float, default=None,
-                        help="CUDA context for the device column (default: the manifest's)")
+    parser.add_argument(
+        "--context-mib", type=float, default=None, help="CUDA context for the device column (default: the manifest's)"
+    )
     args = parser.parse_args()
     device = "cpu" if args.dry_run else "cuda"
     if args.job is not None:  # child: train one job and print its readings
@@ -168,17 +216,28 @@ def main():
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     lines = []
-    child = subprocess.run([sys.executable, __file__, "--job", "-1"] + (["--dry-run"] if args.dry_run else []),
-                           capture_output=True, text=True, timeout=300)
-    environment = (json.loads(child.stdout.strip().splitlines()[-1]) if child.returncode == 0
-                   else {"error": (child.stderr.strip().splitlines() or ["?"])[-1][:300]})
+    child = subprocess.run(
+        [sys.executable, __file__, "--job", "-1"] + (["--dry-run"] if args.dry_run else []),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    environment = (
+        json.loads(child.stdout.strip().splitlines()[-1])
+        if child.returncode == 0
+        else {"error": (child.stderr.strip().splitlines() or ["?"])[-1][:300]}
+    )
     print(json.dumps({"environment": environment}), flush=True)
     (out / "gpu_environment.json").write_text(json.dumps(environment, indent=1) + "\n")
     jobs = range(len(JOBS) if args.only is None else min(args.only, len(JOBS)))
     for index in jobs:
         name = JOBS[index][0]
-        child = subprocess.run([sys.executable, __file__, "--job", str(index)] + (["--dry-run"] if args.dry_run else []),
-                               capture_output=True, text=True, timeout=600)
+        child = subprocess.run(
+            [sys.executable, __file__, "--job", str(index)] + (["--dry-run"] if args.dry_run else []),
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         if child.returncode != 0:
             measured = {"error": (child.stderr.strip().splitlines() or ["?"])[-1][:300]}
         else:
@@ -187,27 +246,48 @@ def main():
             simulated = simulate(index)
         except Exception as error:
             simulated = {"error": repr(error)[:300]}
-        line = {"job": name, "spec": JOBS[index][1], "batch": JOBS[index][3], "optimizer": JOBS[index][4],
-                "precision": JOBS[index][5], "attention": JOBS[index][6], "measured": measured,
-                "simulation": simulated}
+        line = {
+            "job": name,
+            "spec": JOBS[index][1],
+            "batch": JOBS[index][3],
+            "optimizer": JOBS[index][4],
+            "precision": JOBS[index][5],
+            "attention": JOBS[index][6],
+            "measured": measured,
+            "simulation": simulated,
+        }
         lines.append(line)
         print(json.dumps(line), flush=True)
         with open(out / "gpu_check.jsonl", "a" if index else "w") as handle:  # kept if a later job hangs
             handle.write(json.dumps(line) + "\n")
-    mib = 2 ** 20
-    table = ["| job | batch | allocated: simulated / measured | reserved: simulated / measured | "
-             "device: reserved + %.0f context / nvidia-smi |" % context, "| --- | --- | --- | --- | --- |"]
+    mib = 2**20
+    table = [
+        "| job | batch | allocated: simulated / measured | reserved: simulated / measured | "
+        "device: reserved + %.0f context / nvidia-smi |" % context,
+        "| --- | --- | --- | --- | --- |",
+    ]
     for line in lines:
         m, s = line["measured"], line["simulation"]
         if "max_allocated_bytes" not in m or "allocated_peak_bytes" not in s:
-            table.append("| %s | %d | %s | | |" % (line["job"], line["batch"],
-                                                   m.get("error") or s.get("error") or "dry run"))
+            table.append(
+                "| %s | %d | %s | | |" % (line["job"], line["batch"], m.get("error") or s.get("error") or "dry run")
+            )
             continue
-        table.append("| %s | %d | %.0f / %.0f (%+.1f %%) | %.0f / %.0f (%+.1f %%) | %.0f / %s |" % (
-            line["job"], line["batch"], s["allocated_peak_bytes"] / mib, m["max_allocated_bytes"] / mib,
-            100 * (s["allocated_peak_bytes"] / m["max_allocated_bytes"] - 1), s["reserved_peak_bytes"] / mib,
-            m["max_reserved_bytes"] / mib, 100 * (s["reserved_peak_bytes"] / m["max_reserved_bytes"] - 1),
-            s["reserved_peak_bytes"] / mib + context, m.get("nvidia_smi_used_mib")))
+        table.append(
+            "| %s | %d | %.0f / %.0f (%+.1f %%) | %.0f / %.0f (%+.1f %%) | %.0f / %s |"
+            % (
+                line["job"],
+                line["batch"],
+                s["allocated_peak_bytes"] / mib,
+                m["max_allocated_bytes"] / mib,
+                100 * (s["allocated_peak_bytes"] / m["max_allocated_bytes"] - 1),
+                s["reserved_peak_bytes"] / mib,
+                m["max_reserved_bytes"] / mib,
+                100 * (s["reserved_peak_bytes"] / m["max_reserved_bytes"] - 1),
+                s["reserved_peak_bytes"] / mib + context,
+                m.get("nvidia_smi_used_mib"),
+            )
+        )
     (out / "gpu_check.md").write_text("\n".join(table) + "\n")
     print("\n".join(table))
     return 0

@@ -62,10 +62,8 @@ SEQ_LEN = 128
 KERAS_LINE_LENGTH = 100
 SEED = 0
 
-TOOLS_VISION = ["torchsummary", "torchinfo", "torchinfo:depth=10", "print", "print_counts",
-                "print_counts_dataparallel"]
-TOOLS_TEXT = ["torchsummary", "torchinfo", "torchinfo:depth=10", "print", "print_counts",
-              "print_counts_dataparallel"]
+TOOLS_VISION = ["torchsummary", "torchinfo", "torchinfo:depth=10", "print", "print_counts", "print_counts_dataparallel"]
+TOOLS_TEXT = ["torchsummary", "torchinfo", "torchinfo:depth=10", "print", "print_counts", "print_counts_dataparallel"]
 TOOLS_TIMM_TEST = ["torchsummary", "torchinfo", "print"]
 
 
@@ -90,13 +88,15 @@ def time_limit(seconds: int):
 
 # in-place value writers (tensor methods and torch.nn.init functions); metadata calls such
 # as requires_grad_ are not among them and still run
-_INIT_OPS = frozenset("""
+_INIT_OPS = frozenset(
+    """
     uniform_ normal_ trunc_normal_ erfinv_ exponential_ log_normal_ cauchy_ geometric_ random_
     bernoulli_ fill_ zero_ copy_ mul_ add_ sub_ div_ clamp_ clamp_min_ clamp_max_ sqrt_ abs_
     neg_ exp_ log_ fmod_ remainder_ masked_fill_ index_fill_ scatter_ index_copy_ t_
     constant_ ones_ zeros_ eye_ dirac_ xavier_uniform_ xavier_normal_ kaiming_uniform_
     kaiming_normal_ orthogonal_ sparse_ trunc_normal_tf_ variance_scaling_ lecun_normal_
-""".split())
+""".split()
+)
 
 
 class SkipParamInit(TorchFunctionMode):
@@ -123,6 +123,7 @@ def seed_all(seed: int = SEED) -> None:
 # --------------------------------------------------------------------------------------
 # print_counts: print(model) annotated as GPUMemNet's test pipeline writes module prints
 # --------------------------------------------------------------------------------------
+
 
 def _addindent(s_: str, num_spaces: int) -> str:
     """torch.nn.modules.module._addindent of torch 2.x."""
@@ -220,10 +221,15 @@ def print_counts_text(model: nn.Module) -> tuple:
     counter = _Counter()
     body = counter.annotated(model)
     total, trainable = footer_counts(model)
-    text = (body + "\n" + "=" * 41 + "\n"
-            + f"Total params: {total:,}\n"
-            + f"Trainable params: {trainable:,}\n"
-            + f"Non-trainable params: {total - trainable:,}\n")
+    text = (
+        body
+        + "\n"
+        + "=" * 41
+        + "\n"
+        + f"Total params: {total:,}\n"
+        + f"Trainable params: {trainable:,}\n"
+        + f"Non-trainable params: {total - trainable:,}\n"
+    )
     note = ""
     if counter.custom_repr:
         note = "own __repr__ printed unannotated inside: " + ", ".join(sorted(counter.custom_repr))
@@ -233,6 +239,7 @@ def print_counts_text(model: nn.Module) -> tuple:
 # --------------------------------------------------------------------------------------
 # tools
 # --------------------------------------------------------------------------------------
+
 
 def captured(fn) -> str:
     buf = io.StringIO()
@@ -256,6 +263,7 @@ def run_tool(tool: str, model, spec: dict) -> tuple:
         return captured(lambda: print(text, end="")), note
     if name == "torchsummary":
         import torchsummary
+
         if spec["input_shape"] is not None:
             size = tuple(spec["input_shape"])
         else:
@@ -266,6 +274,7 @@ def run_tool(tool: str, model, spec: dict) -> tuple:
         return text, "; ".join(notes)
     if name == "torchinfo":
         import torchinfo
+
         kwargs = {"verbose": 0, "device": "cpu"}
         if opt:
             key, _, val = opt.partition("=")
@@ -292,17 +301,22 @@ def first_line(exc: BaseException) -> str:
 # model specs
 # --------------------------------------------------------------------------------------
 
+
 def tv_builder(name):
     def build():
         import torchvision
+
         return torchvision.models.get_model(name, weights=None)
+
     return build
 
 
 def timm_builder(name):
     def build():
         import timm
+
         return timm.create_model(name, pretrained=False)
+
     return build
 
 
@@ -312,6 +326,7 @@ def long_ids(*names):
         if len(names) == 1:
             return ids
         return {n: ids.clone() for n in names}
+
     return make
 
 
@@ -321,46 +336,88 @@ def transformers_specs() -> list:
     def cfg_model(model_cls, cfg_cls, **cfg):
         def build():
             return getattr(tf, model_cls)(getattr(tf, cfg_cls)(**cfg))
+
         return build
 
-    text = dict(input_shape=None, seq_len=SEQ_LEN, family="transformer", tools=TOOLS_TEXT,
-                input_data=long_ids("input_ids"))
+    text = dict(
+        input_shape=None, seq_len=SEQ_LEN, family="transformer", tools=TOOLS_TEXT, input_data=long_ids("input_ids")
+    )
     specs = [
-        dict(model="bert-base", build=cfg_model("BertModel", "BertConfig"),
-             cfg="BertModel(BertConfig())", **text),
-        dict(model="gpt2", build=cfg_model("GPT2LMHeadModel", "GPT2Config"),
-             cfg="GPT2LMHeadModel(GPT2Config()), lm_head tied to wte", **text),
-        dict(model="gpt2-large", build=cfg_model("GPT2LMHeadModel", "GPT2Config", n_embd=1280,
-                                                 n_layer=36, n_head=20),
-             cfg="GPT2LMHeadModel(GPT2Config(n_embd=1280, n_layer=36, n_head=20)), tied lm_head,"
-                 " built on the meta device", meta=True,
-             **{**text, "tools": ["print_counts"]}),
-        dict(model="t5-small",
-             build=cfg_model("T5ForConditionalGeneration", "T5Config", d_model=512, d_ff=2048,
-                             num_layers=6, num_heads=8),
-             cfg="T5ForConditionalGeneration(T5Config(d_model=512, d_ff=2048, num_layers=6,"
-                 " num_heads=8)); torchinfo gets input_ids and decoder_input_ids",
-             **{**text, "input_data": long_ids("input_ids", "decoder_input_ids")}),
-        dict(model="roberta-base",
-             build=cfg_model("RobertaModel", "RobertaConfig", vocab_size=50265,
-                             max_position_embeddings=514, type_vocab_size=1, pad_token_id=1,
-                             bos_token_id=0, eos_token_id=2, layer_norm_eps=1e-5),
-             cfg="RobertaModel(RobertaConfig(vocab_size=50265, max_position_embeddings=514,"
-                 " type_vocab_size=1, pad_token_id=1, bos_token_id=0, eos_token_id=2,"
-                 " layer_norm_eps=1e-5))", **text),
-        dict(model="distilbert-base", build=cfg_model("DistilBertModel", "DistilBertConfig"),
-             cfg="DistilBertModel(DistilBertConfig())", **text),
-        dict(model="llama-small",
-             build=cfg_model("LlamaForCausalLM", "LlamaConfig", hidden_size=512,
-                             intermediate_size=1376, num_hidden_layers=4, num_attention_heads=8,
-                             num_key_value_heads=4, vocab_size=32000),
-             cfg="LlamaForCausalLM(LlamaConfig(hidden_size=512, intermediate_size=1376,"
-                 " num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,"
-                 " vocab_size=32000))", **text),
-        dict(model="vit-base", build=cfg_model("ViTModel", "ViTConfig"),
-             cfg="ViTModel(ViTConfig()), pixel_values 3x224x224",
-             input_shape=[3, 224, 224], seq_len=None, family="transformer", tools=TOOLS_VISION,
-             input_data=None),
+        dict(model="bert-base", build=cfg_model("BertModel", "BertConfig"), cfg="BertModel(BertConfig())", **text),
+        dict(
+            model="gpt2",
+            build=cfg_model("GPT2LMHeadModel", "GPT2Config"),
+            cfg="GPT2LMHeadModel(GPT2Config()), lm_head tied to wte",
+            **text,
+        ),
+        dict(
+            model="gpt2-large",
+            build=cfg_model("GPT2LMHeadModel", "GPT2Config", n_embd=1280, n_layer=36, n_head=20),
+            cfg="GPT2LMHeadModel(GPT2Config(n_embd=1280, n_layer=36, n_head=20)), tied lm_head,"
+            " built on the meta device",
+            meta=True,
+            **{**text, "tools": ["print_counts"]},
+        ),
+        dict(
+            model="t5-small",
+            build=cfg_model(
+                "T5ForConditionalGeneration", "T5Config", d_model=512, d_ff=2048, num_layers=6, num_heads=8
+            ),
+            cfg="T5ForConditionalGeneration(T5Config(d_model=512, d_ff=2048, num_layers=6,"
+            " num_heads=8)); torchinfo gets input_ids and decoder_input_ids",
+            **{**text, "input_data": long_ids("input_ids", "decoder_input_ids")},
+        ),
+        dict(
+            model="roberta-base",
+            build=cfg_model(
+                "RobertaModel",
+                "RobertaConfig",
+                vocab_size=50265,
+                max_position_embeddings=514,
+                type_vocab_size=1,
+                pad_token_id=1,
+                bos_token_id=0,
+                eos_token_id=2,
+                layer_norm_eps=1e-5,
+            ),
+            cfg="RobertaModel(RobertaConfig(vocab_size=50265, max_position_embeddings=514,"
+            " type_vocab_size=1, pad_token_id=1, bos_token_id=0, eos_token_id=2,"
+            " layer_norm_eps=1e-5))",
+            **text,
+        ),
+        dict(
+            model="distilbert-base",
+            build=cfg_model("DistilBertModel", "DistilBertConfig"),
+            cfg="DistilBertModel(DistilBertConfig())",
+            **text,
+        ),
+        dict(
+            model="llama-small",
+            build=cfg_model(
+                "LlamaForCausalLM",
+                "LlamaConfig",
+                hidden_size=512,
+                intermediate_size=1376,
+                num_hidden_layers=4,
+                num_attention_heads=8,
+                num_key_value_heads=4,
+                vocab_size=32000,
+            ),
+            cfg="LlamaForCausalLM(LlamaConfig(hidden_size=512, intermediate_size=1376,"
+            " num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,"
+            " vocab_size=32000))",
+            **text,
+        ),
+        dict(
+            model="vit-base",
+            build=cfg_model("ViTModel", "ViTConfig"),
+            cfg="ViTModel(ViTConfig()), pixel_values 3x224x224",
+            input_shape=[3, 224, 224],
+            seq_len=None,
+            family="transformer",
+            tools=TOOLS_VISION,
+            input_data=None,
+        ),
     ]
     for s in specs:
         s["model"] = "transformers:" + s["model"]
@@ -371,21 +428,46 @@ def transformers_specs() -> list:
 
 def zoo_specs() -> list:
     specs = []
-    tv = ["resnet50", "mobilenet_v2", "vgg16", "vit_b_16", "efficientnet_b0", "densenet121",
-          "convnext_tiny", "swin_t", "regnet_y_400mf", "squeezenet1_0"]
+    tv = [
+        "resnet50",
+        "mobilenet_v2",
+        "vgg16",
+        "vit_b_16",
+        "efficientnet_b0",
+        "densenet121",
+        "convnext_tiny",
+        "swin_t",
+        "regnet_y_400mf",
+        "squeezenet1_0",
+    ]
     for name in tv:
-        specs.append(dict(set="zoo", kind="torch", model=f"torchvision:{name}",
-                          build=tv_builder(name), input_shape=[3, 224, 224], seq_len=None,
-                          family="transformer" if name in ("vit_b_16", "swin_t") else "cnn",
-                          tools=TOOLS_VISION, cfg=f"torchvision.models.get_model({name!r},"
-                                                  " weights=None)"))
-    for name in ["resnet50", "vit_small_patch16_224", "convnext_nano", "efficientnet_b0",
-                 "deit_tiny_patch16_224"]:
-        specs.append(dict(set="zoo", kind="torch", model=f"timm:{name}", build=timm_builder(name),
-                          input_shape=[3, 224, 224], seq_len=None,
-                          family="transformer" if name.startswith(("vit", "deit")) else "cnn",
-                          tools=TOOLS_VISION,
-                          cfg=f"timm.create_model({name!r}, pretrained=False)"))
+        specs.append(
+            dict(
+                set="zoo",
+                kind="torch",
+                model=f"torchvision:{name}",
+                build=tv_builder(name),
+                input_shape=[3, 224, 224],
+                seq_len=None,
+                family="transformer" if name in ("vit_b_16", "swin_t") else "cnn",
+                tools=TOOLS_VISION,
+                cfg=f"torchvision.models.get_model({name!r}, weights=None)",
+            )
+        )
+    for name in ["resnet50", "vit_small_patch16_224", "convnext_nano", "efficientnet_b0", "deit_tiny_patch16_224"]:
+        specs.append(
+            dict(
+                set="zoo",
+                kind="torch",
+                model=f"timm:{name}",
+                build=timm_builder(name),
+                input_shape=[3, 224, 224],
+                seq_len=None,
+                family="transformer" if name.startswith(("vit", "deit")) else "cnn",
+                tools=TOOLS_VISION,
+                cfg=f"timm.create_model({name!r}, pretrained=False)",
+            )
+        )
     specs += transformers_specs()
     specs += keras_specs()
     return specs
@@ -395,28 +477,36 @@ def keras_specs() -> list:
     def app(name):
         def build():
             import keras
+
             return getattr(keras.applications, name)(weights=None, input_shape=(224, 224, 3))
+
         return build
 
     def mlp():
         import keras
-        return keras.Sequential([
-            keras.Input(shape=(784,)),
-            keras.layers.Dense(512, activation="relu"),
-            keras.layers.Dense(256, activation="relu"),
-            keras.layers.Dense(10, activation="softmax"),
-        ], name="mlp")
+
+        return keras.Sequential(
+            [
+                keras.Input(shape=(784,)),
+                keras.layers.Dense(512, activation="relu"),
+                keras.layers.Dense(256, activation="relu"),
+                keras.layers.Dense(10, activation="softmax"),
+            ],
+            name="mlp",
+        )
 
     def tiny_transformer():
         import keras
         from keras import layers
+
         vocab, d, heads, ff = 10000, 128, 4, 512
 
         class PositionEmbedding(layers.Layer):
             # learned positions added to the token embeddings (keras has no such layer)
             def build(self, input_shape):
-                self.positions = self.add_weight(shape=tuple(input_shape[1:]),
-                                                 initializer="random_normal", name="positions")
+                self.positions = self.add_weight(
+                    shape=tuple(input_shape[1:]), initializer="random_normal", name="positions"
+                )
 
             def call(self, x):
                 return x + self.positions
@@ -425,35 +515,54 @@ def keras_specs() -> list:
         x = layers.Embedding(vocab, d, name="token_embedding")(tokens)
         x = PositionEmbedding(name="position_embedding")(x)
         for i in range(2):
-            att = layers.MultiHeadAttention(num_heads=heads, key_dim=d // heads,
-                                            name=f"attention_{i}")(x, x)
-            x = layers.LayerNormalization(epsilon=1e-6, name=f"norm_{i}_a")(
-                layers.Add(name=f"add_{i}_a")([x, att]))
+            att = layers.MultiHeadAttention(num_heads=heads, key_dim=d // heads, name=f"attention_{i}")(x, x)
+            x = layers.LayerNormalization(epsilon=1e-6, name=f"norm_{i}_a")(layers.Add(name=f"add_{i}_a")([x, att]))
             h = layers.Dense(ff, activation="gelu", name=f"ffn_{i}_in")(x)
             h = layers.Dense(d, name=f"ffn_{i}_out")(h)
-            x = layers.LayerNormalization(epsilon=1e-6, name=f"norm_{i}_b")(
-                layers.Add(name=f"add_{i}_b")([x, h]))
+            x = layers.LayerNormalization(epsilon=1e-6, name=f"norm_{i}_b")(layers.Add(name=f"add_{i}_b")([x, h]))
         x = layers.GlobalAveragePooling1D(name="pool")(x)
         out = layers.Dense(2, activation="softmax", name="classifier")(x)
         return keras.Model(tokens, out, name="tiny_transformer")
 
     specs = []
     for name, fam in [("ResNet50", "cnn"), ("MobileNetV2", "cnn"), ("VGG16", "cnn")]:
-        specs.append(dict(model=f"keras:{name}", build=app(name), input_shape=[224, 224, 3],
-                          seq_len=None, family=fam, notes="channels last",
-                          cfg=f"keras.applications.{name}(weights=None,"
-                              " input_shape=(224, 224, 3))"))
-    specs.append(dict(model="keras:mlp_784_512_256_10", build=mlp, input_shape=[784],
-                      seq_len=None, family="mlp", notes="",
-                      cfg="Sequential: Input(784), Dense 512 relu, Dense 256 relu,"
-                          " Dense 10 softmax"))
-    specs.append(dict(model="keras:tiny_transformer", build=tiny_transformer, input_shape=None,
-                      seq_len=SEQ_LEN, family="transformer", notes="",
-                      cfg="functional: token Embedding (10000 x 128) + learned positions (a custom layer,"
-                          " 128 x 128), 2 x"
-                          " [MultiHeadAttention(4 heads, key_dim 32), Add, LayerNormalization,"
-                          " Dense 512 gelu, Dense 128, Add, LayerNormalization],"
-                          " GlobalAveragePooling1D, Dense 2 softmax"))
+        specs.append(
+            dict(
+                model=f"keras:{name}",
+                build=app(name),
+                input_shape=[224, 224, 3],
+                seq_len=None,
+                family=fam,
+                notes="channels last",
+                cfg=f"keras.applications.{name}(weights=None, input_shape=(224, 224, 3))",
+            )
+        )
+    specs.append(
+        dict(
+            model="keras:mlp_784_512_256_10",
+            build=mlp,
+            input_shape=[784],
+            seq_len=None,
+            family="mlp",
+            notes="",
+            cfg="Sequential: Input(784), Dense 512 relu, Dense 256 relu, Dense 10 softmax",
+        )
+    )
+    specs.append(
+        dict(
+            model="keras:tiny_transformer",
+            build=tiny_transformer,
+            input_shape=None,
+            seq_len=SEQ_LEN,
+            family="transformer",
+            notes="",
+            cfg="functional: token Embedding (10000 x 128) + learned positions (a custom layer,"
+            " 128 x 128), 2 x"
+            " [MultiHeadAttention(4 heads, key_dim 32), Add, LayerNormalization,"
+            " Dense 512 gelu, Dense 128, Add, LayerNormalization],"
+            " GlobalAveragePooling1D, Dense 2 softmax",
+        )
+    )
     for s in specs:
         s.update(set="zoo", kind="keras", tools=["keras"])
     return specs
@@ -472,10 +581,19 @@ def timm_test_specs() -> list:
     specs = []
     for model, (shape, family) in sorted(models.items()):
         name = model.split(":", 1)[1]
-        specs.append(dict(set="timm_test", kind="torch", model=model, build=timm_builder(name),
-                          input_shape=shape, seq_len=None, family=family,
-                          tools=TOOLS_TIMM_TEST,
-                          cfg=f"timm.create_model({name!r}, pretrained=False)"))
+        specs.append(
+            dict(
+                set="timm_test",
+                kind="torch",
+                model=model,
+                build=timm_builder(name),
+                input_shape=shape,
+                seq_len=None,
+                family=family,
+                tools=TOOLS_TIMM_TEST,
+                cfg=f"timm.create_model({name!r}, pretrained=False)",
+            )
+        )
     return specs
 
 
@@ -483,10 +601,19 @@ def timm_test_specs() -> list:
 # runners
 # --------------------------------------------------------------------------------------
 
+
 def row_of(spec, tool, text, params, notes) -> dict:
-    return {"set": spec["set"], "model": spec["model"], "tool": tool, "family": spec["family"],
-            "text": text, "input_shape": spec["input_shape"], "seq_len": spec["seq_len"],
-            "params": int(params), "notes": notes}
+    return {
+        "set": spec["set"],
+        "model": spec["model"],
+        "tool": tool,
+        "family": spec["family"],
+        "text": text,
+        "input_shape": spec["input_shape"],
+        "seq_len": spec["seq_len"],
+        "params": int(params),
+        "notes": notes,
+    }
 
 
 def run_torch_spec(spec, rows, problems, timings):
@@ -541,8 +668,7 @@ def run_torch_spec(spec, rows, problems, timings):
             continue
         size = len(text.encode("utf-8"))
         if size > MAX_TEXT_BYTES:
-            problems.append((spec, tool, f"printout is {size:,} bytes, over the 1 MiB limit;"
-                                         " skipped"))
+            problems.append((spec, tool, f"printout is {size:,} bytes, over the 1 MiB limit; skipped"))
             continue
         rows.append(row_of(spec, name, text, params, notes))
     del model
@@ -551,6 +677,7 @@ def run_torch_spec(spec, rows, problems, timings):
 
 def run_keras_spec(spec, rows, problems, timings):
     import keras
+
     keras.backend.clear_session()  # layer-name counters restart: names are reproducible
     keras.utils.set_random_seed(SEED)
     t0 = time.monotonic()
@@ -573,6 +700,7 @@ def run_keras_spec(spec, rows, problems, timings):
 # output
 # --------------------------------------------------------------------------------------
 
+
 def write_jsonl_gz(path: Path, rows: list) -> None:
     raw = io.BytesIO()
     with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=9) as gz:
@@ -583,9 +711,9 @@ def write_jsonl_gz(path: Path, rows: list) -> None:
 
 def versions() -> list:
     import importlib.metadata as md
+
     out = [("python", platform.python_version()), ("torch", torch.__version__)]
-    for pkg in ["torchvision", "timm", "transformers", "torchinfo", "torchsummary", "keras",
-                "rich", "numpy"]:
+    for pkg in ["torchvision", "timm", "transformers", "torchinfo", "torchsummary", "keras", "rich", "numpy"]:
         try:
             out.append((pkg, md.version(pkg)))
         except md.PackageNotFoundError:
@@ -595,6 +723,7 @@ def versions() -> list:
 
 def _total(text: str):
     import re
+
     m = re.search(r"Total params: ([\d,]+)", text)
     return int(m.group(1).replace(",", "")) if m else None
 
@@ -602,60 +731,79 @@ def _total(text: str):
 def format_notes(rows) -> list:
     """Facts about the stored texts, computed from them."""
     from collections import Counter
+
     out = []
     ts = [r for r in rows if r["tool"] == "torchsummary"]
     ts_off = [r for r in ts if _total(r["text"]) != r["params"]]
     ts_lists = sorted({r["model"] for r in ts if "[[" in r["text"]})
-    ts_wide = [r for r in ts if any(len(line.split()[0]) > 20 for line in r["text"].splitlines()
-                                    if "-" in line[:22] and line.strip().endswith(tuple("0123456789"))
-                                    and not line.startswith(("Total", "Trainable", "Non-",
-                                                             "Input", "Forward", "Params",
-                                                             "Estimated")))]
-    out.append(f"- torchsummary: Total params differs from the model's parameter count in"
-               f" {len(ts_off)} of {len(ts)} rows (only `weight`/`bias` attributes are counted,"
-               " per call); rows whose layer name (`Class-index`) is longer than 20 characters"
-               f" push the row's columns right ({len(ts_wide)} rows): split on whitespace after"
-               " the shape's closing bracket, not on columns. Output shapes may be a list of"
-               " shapes, `[[-1, 16, 40], [-1, 197, 640]]`, for modules returning tuples"
-               f" ({', '.join(ts_lists) or 'none'}).")
+    ts_wide = [
+        r
+        for r in ts
+        if any(
+            len(line.split()[0]) > 20
+            for line in r["text"].splitlines()
+            if "-" in line[:22]
+            and line.strip().endswith(tuple("0123456789"))
+            and not line.startswith(("Total", "Trainable", "Non-", "Input", "Forward", "Params", "Estimated"))
+        )
+    ]
+    out.append(
+        f"- torchsummary: Total params differs from the model's parameter count in"
+        f" {len(ts_off)} of {len(ts)} rows (only `weight`/`bias` attributes are counted,"
+        " per call); rows whose layer name (`Class-index`) is longer than 20 characters"
+        f" push the row's columns right ({len(ts_wide)} rows): split on whitespace after"
+        " the shape's closing bracket, not on columns. Output shapes may be a list of"
+        " shapes, `[[-1, 16, 40], [-1, 197, 640]]`, for modules returning tuples"
+        f" ({', '.join(ts_lists) or 'none'})."
+    )
     ti = [r for r in rows if r["tool"] == "torchinfo"]
     widths = Counter(len(r["text"].splitlines()[0]) for r in ti)
-    ti_off = sorted({f"{r['model']} ({_total(r['text']):,} vs {r['params']:,})" for r in ti
-                     if _total(r["text"]) != r["params"]})
+    ti_off = sorted(
+        {f"{r['model']} ({_total(r['text']):,} vs {r['params']:,})" for r in ti if _total(r["text"]) != r["params"]}
+    )
     units = sum("Total mult-adds (Units." in r["text"] for r in ti)
-    out.append(f"- torchinfo: the table is {', '.join(f'{w}' for w in sorted(widths))} characters"
-               " wide (the first column widens with depth and name length); nesting is drawn"
-               " with `├─`, `│    └─` and `│    │    └─`, each row ending `Class: depth-index`;"
-               " a row whose children are shown carries only the parameters it holds itself"
-               " (`--` when none; torchvision's VisionTransformer row shows 768, its class"
-               " token), a row at the depth limit carries its whole subtree; modules that did"
-               " not run show `--` as output shape. With torchinfo"
-               f" 1.8.0 on Python {platform.python_version()} the mult-adds line reads `Total"
-               f" mult-adds (Units.GIGABYTES): 4.09` (an enum formatting change; older Pythons"
-               f" print `(G)`): {units} of {len(ti)} rows. Total params counts a tied tensor"
-               " once per module that ran with it: " + ("; ".join(ti_off) or "none") + ".")
+    out.append(
+        f"- torchinfo: the table is {', '.join(f'{w}' for w in sorted(widths))} characters"
+        " wide (the first column widens with depth and name length); nesting is drawn"
+        " with `├─`, `│    └─` and `│    │    └─`, each row ending `Class: depth-index`;"
+        " a row whose children are shown carries only the parameters it holds itself"
+        " (`--` when none; torchvision's VisionTransformer row shows 768, its class"
+        " token), a row at the depth limit carries its whole subtree; modules that did"
+        " not run show `--` as output shape. With torchinfo"
+        f" 1.8.0 on Python {platform.python_version()} the mult-adds line reads `Total"
+        f" mult-adds (Units.GIGABYTES): 4.09` (an enum formatting change; older Pythons"
+        f" print `(G)`): {units} of {len(ti)} rows. Total params counts a tied tensor"
+        " once per module that ran with it: " + ("; ".join(ti_off) or "none") + "."
+    )
     pc = [r for r in rows if r["tool"] == "print_counts"]
-    pc_off = sorted({f"{r['model']} ({_total(r['text']):,} vs {r['params']:,})" for r in pc
-                     if _total(r["text"]) != r["params"]})
-    out.append("- print / print_counts: torch 2.15 prints `LayerNorm((768,), eps=1e-12,"
-               " elementwise_affine=True, bias=True)` (older torch: without `bias=True`, as in"
-               " bert_base_module_print.txt) and `BatchNorm2d(..., affine=True, bias=True,"
-               " track_running_stats=True)`; only `nn.ModuleList` collapses repeats, never"
-               " `nn.Sequential`. print_counts footers above the distinct count (tied"
-               " weights): " + ("; ".join(pc_off) or "none") + ".")
-    out.append("- keras: rich box drawing (`┏━┳┓`, `┡━╇┩`, `│`, `├─┼┤`, `└─┴┘`), a rule between"
-               " every two layers, cells wrapped onto continuation lines (the layer's class"
-               " in parentheses often lands on the second line) and cut with `…` when they do"
-               " not fit; functional models have a fourth column `Connected to`; the footer"
-               " lines start with a space and give sizes: ` Total params: 25,636,712 (97.80 MB)`;"
-               " Total includes non-trainable weights (batch-norm moving statistics).")
+    pc_off = sorted(
+        {f"{r['model']} ({_total(r['text']):,} vs {r['params']:,})" for r in pc if _total(r["text"]) != r["params"]}
+    )
+    out.append(
+        "- print / print_counts: torch 2.15 prints `LayerNorm((768,), eps=1e-12,"
+        " elementwise_affine=True, bias=True)` (older torch: without `bias=True`, as in"
+        " bert_base_module_print.txt) and `BatchNorm2d(..., affine=True, bias=True,"
+        " track_running_stats=True)`; only `nn.ModuleList` collapses repeats, never"
+        " `nn.Sequential`. print_counts footers above the distinct count (tied"
+        " weights): " + ("; ".join(pc_off) or "none") + "."
+    )
+    out.append(
+        "- keras: rich box drawing (`┏━┳┓`, `┡━╇┩`, `│`, `├─┼┤`, `└─┴┘`), a rule between"
+        " every two layers, cells wrapped onto continuation lines (the layer's class"
+        " in parentheses often lands on the second line) and cut with `…` when they do"
+        " not fit; functional models have a fourth column `Connected to`; the footer"
+        " lines start with a space and give sizes: ` Total params: 25,636,712 (97.80 MB)`;"
+        " Total includes non-trainable weights (batch-norm moving statistics)."
+    )
     return out
 
 
 def write_md(path: Path, rows, problems, timings, specs, wall_s, gz_path: Path) -> None:
     from collections import Counter
-    by = Counter((r["set"], r["tool"], r["notes"] if r["tool"] == "torchinfo" and
-                  "depth=" in r["notes"] else "") for r in rows)
+
+    by = Counter(
+        (r["set"], r["tool"], r["notes"] if r["tool"] == "torchinfo" and "depth=" in r["notes"] else "") for r in rows
+    )
     models_per_set = Counter(s["set"] for s in specs)
     L = []
     w = L.append
@@ -674,10 +822,11 @@ def write_md(path: Path, rows, problems, timings, specs, wall_s, gz_path: Path) 
     w("")
     w(f"- generated: {datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()}")
     w("- versions: " + ", ".join(f"{k} {v}" for k, v in versions()))
-    w(f"- CPU only, {torch.get_num_threads()} torch threads; no weights were downloaded: torchvision"
-      " `weights=None`, timm `pretrained=False`, transformers `Model(Config(...))` (gpt2-large")
-    w("  on the meta device, it is only printed), keras applications `weights=None`; seed"
-      f" {SEED} before each model.")
+    w(
+        f"- CPU only, {torch.get_num_threads()} torch threads; no weights were downloaded: torchvision"
+        " `weights=None`, timm `pretrained=False`, transformers `Model(Config(...))` (gpt2-large"
+    )
+    w(f"  on the meta device, it is only printed), keras applications `weights=None`; seed {SEED} before each model.")
     w("- torch models are built without their random parameter init: while the model is built,")
     w("  in-place value writes on an `nn.Parameter` (`uniform_`, `normal_`, `erfinv_`, the")
     w("  `torch.nn.init` functions, ...) are skipped by a `TorchFunctionMode`, buffers are computed")
@@ -685,14 +834,18 @@ def write_md(path: Path, rows, problems, timings, specs, wall_s, gz_path: Path) 
     w("  instead of 30 s). No printout depends on the weights' values: runs with ordinary random")
     w("  init gave byte-identical texts for all 150 torch rows compared (31 models: the torch zoo")
     w("  and 9 timm_test models, the largest among them).")
-    w(f"- wall time: {wall_s / 60:.1f} min; each tool call limited to {TOOL_TIMEOUT_S} s, each"
-      f" build to {BUILD_TIMEOUT_S} s")
+    w(
+        f"- wall time: {wall_s / 60:.1f} min; each tool call limited to {TOOL_TIMEOUT_S} s, each"
+        f" build to {BUILD_TIMEOUT_S} s"
+    )
     try:
         shown = gz_path.resolve().relative_to(REPO)
     except ValueError:
         shown = gz_path
-    w(f"- output: `{shown}`, {gz_path.stat().st_size:,} bytes, {len(rows)}"
-      " rows, sorted by set, model, tool, notes; gzip with mtime 0")
+    w(
+        f"- output: `{shown}`, {gz_path.stat().st_size:,} bytes, {len(rows)}"
+        " rows, sorted by set, model, tool, notes; gzip with mtime 0"
+    )
     w("")
     w("## Rows")
     w("")
@@ -716,8 +869,10 @@ def write_md(path: Path, rows, problems, timings, specs, wall_s, gz_path: Path) 
     w("")
     w("## Tools")
     w("")
-    w("- `torchsummary`: `torchsummary.summary(model, input_shape, device=\"cpu\")`"
-      " (torchsummary 1.5.1; stdout captured; run under `torch.no_grad()`, model in eval mode).")
+    w(
+        '- `torchsummary`: `torchsummary.summary(model, input_shape, device="cpu")`'
+        " (torchsummary 1.5.1; stdout captured; run under `torch.no_grad()`, model in eval mode)."
+    )
     w("  It feeds `torch.rand(2, *input_shape)` (float) and prints one row per call of every")
     w("  module that is not the model itself, an `nn.Sequential` or an `nn.ModuleList`")
     w("  (containers included, so rows nest without any marker); `Param #` counts only the")
@@ -726,7 +881,7 @@ def write_md(path: Path, rows, problems, timings, specs, wall_s, gz_path: Path) 
     w("  twice. Output shapes start with -1 (the batch); a module returning a tuple gets a list")
     w("  of shapes. Token models (float ids) are tried too and fail in the embedding.")
     w("- `torchinfo`: `str(torchinfo.summary(model, input_size=(1, *input_shape), verbose=0,")
-    w("  device=\"cpu\"))` (default depth 3, eval mode, no_grad), printed; token models get")
+    w('  device="cpu"))` (default depth 3, eval mode, no_grad), printed; token models get')
     w("  `input_data=` a long tensor of zeros `(1, 128)` (T5: a dict with `input_ids` and")
     w("  `decoder_input_ids`). A second row with `notes` `depth=10` passes `depth=10` (zoo only).")
     w("- `print`: `print(model)`.")
@@ -750,8 +905,7 @@ def write_md(path: Path, rows, problems, timings, specs, wall_s, gz_path: Path) 
     w("- `print_counts_dataparallel`: the same of `torch.nn.DataParallel(model)` (constructed on")
     w("  this CPU-only machine, it keeps the module and `device_ids=[]`): the root is")
     w("  `DataParallel(` with one child `(module): ...`, every line indented two more spaces.")
-    w(f"- `keras`: keras 3 with `KERAS_BACKEND=torch`, `model.summary(line_length={KERAS_LINE_LENGTH},"
-      " print_fn=...)`;")
+    w(f"- `keras`: keras 3 with `KERAS_BACKEND=torch`, `model.summary(line_length={KERAS_LINE_LENGTH}, print_fn=...)`;")
     w("  with a `print_fn`, keras renders through rich without a terminal or colours and hands")
     w("  the whole captured text over at once; it is stored as printed. `keras.backend.clear_session()`")
     w("  before each model keeps the auto-generated layer names reproducible.")
@@ -776,8 +930,7 @@ def write_md(path: Path, rows, problems, timings, specs, wall_s, gz_path: Path) 
         w("")
         w("| set | model | tool | reason |")
         w("|---|---|---|---|")
-        for spec, tool, reason in sorted(problems, key=lambda p: (p[0]["set"], p[0]["model"],
-                                                                  p[1])):
+        for spec, tool, reason in sorted(problems, key=lambda p: (p[0]["set"], p[0]["model"], p[1])):
             reason = reason.replace("|", "\\|").replace("\n", " ")
             w(f"| {spec['set']} | `{spec['model']}` | {tool} | {reason} |")
     w("")
@@ -792,16 +945,16 @@ def write_md(path: Path, rows, problems, timings, specs, wall_s, gz_path: Path) 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", nargs="*", help="run only models whose name contains one of these")
-    ap.add_argument("--out-dir", type=Path, help="where to write (default: the fixtures"
-                                                 " directory; a temp dir with --only)")
+    ap.add_argument(
+        "--out-dir", type=Path, help="where to write (default: the fixtures directory; a temp dir with --only)"
+    )
     args = ap.parse_args()
     torch.set_num_threads(min(2, os.cpu_count() or 1))
     torch.set_flush_denormal(True)
     specs = zoo_specs() + timm_test_specs()
     if args.only:
         specs = [s for s in specs if any(o in s["model"] for o in args.only)]
-    out_dir = args.out_dir or (Path(tempfile.mkdtemp(prefix="printouts-")) if args.only
-                               else FIXTURES)
+    out_dir = args.out_dir or (Path(tempfile.mkdtemp(prefix="printouts-")) if args.only else FIXTURES)
     out_dir.mkdir(parents=True, exist_ok=True)
     rows, problems, timings = [], [], []
     t0 = time.monotonic()
@@ -811,8 +964,7 @@ def main() -> int:
             run_keras_spec(spec, rows, problems, timings)
         else:
             run_torch_spec(spec, rows, problems, timings)
-        print(f"[{i}/{len(specs)}] {spec['model']} {time.monotonic() - ts:.1f} s",
-              file=sys.stderr, flush=True)
+        print(f"[{i}/{len(specs)}] {spec['model']} {time.monotonic() - ts:.1f} s", file=sys.stderr, flush=True)
     wall = time.monotonic() - t0
     rows.sort(key=lambda r: (r["set"], r["model"], r["tool"], r["notes"]))
     gz_path = out_dir / "printouts.jsonl.gz"

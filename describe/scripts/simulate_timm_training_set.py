@@ -70,8 +70,10 @@ def simulate_model(item: tuple) -> tuple:
     started = time.perf_counter()
     try:
         resolved = resolve_spec(f"timm:{name}")
-        runs = {batch: simulate_step(resolved.module, resolved.default_input_shape, batch)
-                for batch in sorted(set(simulated) | {min(batch_sizes), max(batch_sizes)})}
+        runs = {
+            batch: simulate_step(resolved.module, resolved.default_input_shape, batch)
+            for batch in sorted(set(simulated) | {min(batch_sizes), max(batch_sizes)})
+        }
         simulations = {}
         for batch in batch_sizes:
             if batch in runs:
@@ -95,24 +97,21 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--limit", type=int)
     parser.add_argument("--models")
-    parser.add_argument("--simulate", default="8,128",
-                        help="batch sizes simulated; the others are interpolated")
+    parser.add_argument("--simulate", default="8,128", help="batch sizes simulated; the others are interpolated")
     args = parser.parse_args()
-    command = "python " + " ".join(shlex.quote(a) for a in
-                                   [os.path.relpath(__file__, REPO), *sys.argv[1:]])
+    command = "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(__file__, REPO), *sys.argv[1:]])
     todo = batches_by_model(args.csv)
     if args.models:
         wanted = set(args.models.split(","))
         todo = {m: b for m, b in todo.items() if m in wanted}
     if args.limit:
-        todo = dict(list(todo.items())[:args.limit])
+        todo = dict(list(todo.items())[: args.limit])
     simulated = [int(b) for b in args.simulate.split(",")]
     items = [(name, batches, simulated) for name, batches in todo.items()]
     started = time.perf_counter()
     results, failures, timings = {}, {}, {}
     with multiprocessing.get_context("fork").Pool(args.workers, maxtasksperchild=20) as pool:
-        for i, (name, sims, error, seconds) in enumerate(
-                pool.imap_unordered(simulate_model, items)):
+        for i, (name, sims, error, seconds) in enumerate(pool.imap_unordered(simulate_model, items)):
             timings[name] = seconds
             if error:
                 failures[name] = error
@@ -128,17 +127,23 @@ def main() -> int:
             handle.write((json.dumps(line, separators=(",", ":")) + "\n").encode())
     import timm
     import torch
+
     sha = hashlib.sha256(args.csv.read_bytes()).hexdigest()
     per_batch = [t / len(todo[n]) for n, t in timings.items() if n in results]
     lines = [
-        "# data/timm/simulations.jsonl.gz: provenance", "",
+        "# data/timm/simulations.jsonl.gz: provenance",
+        "",
         "The `simulation` field of every timm model of the training CSV at each batch size it was",
         "measured at (batch sizes " + args.simulate + " simulated, the others interpolated",
         "between them, marked `interpolated: true`): two training steps (fp32, Adam as its foreach implementation, cross-entropy",
         "on the class logits) on the meta device, replayed through gpucast_describe's model of the",
         "CUDA caching allocator (see describe/README.md). Same figures as",
-        "`python -m gpucast_describe timm:<name> --batch-size <b>`.", "",
-        "```", command, "```", "",
+        "`python -m gpucast_describe timm:<name> --batch-size <b>`.",
+        "",
+        "```",
+        command,
+        "```",
+        "",
         f"- generated: {datetime.now(timezone.utc).replace(microsecond=0).isoformat()}",
         f"- source: `{args.csv}`, sha256 `{sha}`",
         f"- python {platform.python_version()}, torch {torch.__version__}, timm {timm.__version__}",
@@ -147,9 +152,11 @@ def main() -> int:
     ]
     if per_batch:
         per_batch.sort()
-        lines.append(f"- seconds per model and batch size (build included): median "
-                     f"{statistics.median(per_batch):.2f}, p90 "
-                     f"{per_batch[int(0.9 * (len(per_batch) - 1))]:.2f}, max {per_batch[-1]:.2f}")
+        lines.append(
+            f"- seconds per model and batch size (build included): median "
+            f"{statistics.median(per_batch):.2f}, p90 "
+            f"{per_batch[int(0.9 * (len(per_batch) - 1))]:.2f}, max {per_batch[-1]:.2f}"
+        )
     lines += ["", "## Failures", ""]
     lines += [f"- `{n}`: {r}" for n, r in sorted(failures.items())] or ["None."]
     (args.out / "SIMULATIONS.md").write_text("\n".join(lines) + "\n")

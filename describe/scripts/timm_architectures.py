@@ -71,8 +71,7 @@ def model_modules() -> dict:
     """timm model name -> its entrypoint module."""
     import timm
 
-    return {name: module for module in timm.list_modules()
-            for name in timm.list_models(module=module)}
+    return {name: module for module in timm.list_modules() for name in timm.list_models(module=module)}
 
 
 def read_list(path: Path = DEFAULT_LIST) -> list:
@@ -100,8 +99,7 @@ def size_of(name: str) -> tuple:
 def select(out: Path, timeout_s: int) -> int:
     import timm
 
-    command = "python " + " ".join(shlex.quote(a) for a in
-                                   [os.path.relpath(__file__, REPO), *sys.argv[1:]])
+    command = "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(__file__, REPO), *sys.argv[1:]])
     chosen, unbuildable = [], []
     started = time.perf_counter()
     for module in sorted(timm.list_modules()):
@@ -117,8 +115,7 @@ def select(out: Path, timeout_s: int) -> int:
             continue
         best = min(sizes, key=lambda n: (*sizes[n], n))
         chosen.append((module, best, *sizes[best], len(sizes)))
-        print(f"{module}: {best} ({sizes[best][0]:,} params, of {len(sizes)} models)",
-              file=sys.stderr, flush=True)
+        print(f"{module}: {best} ({sizes[best][0]:,} params, of {len(sizes)} models)", file=sys.stderr, flush=True)
     lines = [
         "# One timm model per timm architecture (model-entrypoint) module: the one with the",
         "# fewest parameters (ties: fewer input pixels, then the name), built on meta.",
@@ -148,15 +145,13 @@ def check(name: str, batch_size: int) -> str:
         return "no input_size in the model's pretrained_cfg"
     captured = io.StringIO()
     with contextlib.redirect_stderr(captured):
-        description = describe_module(resolved.module, resolved.default_input_shape,
-                                      batch_size, name=resolved.spec)
+        description = describe_module(resolved.module, resolved.default_input_shape, batch_size, name=resolved.spec)
     warnings = " | ".join(captured.getvalue().strip().splitlines())
     if "saved_tensors" not in description or "simulation" not in description:
         return warnings or "saved_tensors or simulation missing"
     layer_params = sum(layer["params"] for layer in description["layers"])
     if layer_params != total_params(resolved.module):
-        return f"layer params sum to {layer_params}, the model has " \
-               f"{total_params(resolved.module)}"
+        return f"layer params sum to {layer_params}, the model has {total_params(resolved.module)}"
     return ""
 
 
@@ -176,16 +171,27 @@ def sweep(models: list, batch_size: int, timeout_s: int, jsonl) -> int:
             reason = f"{type(exc).__name__}: {text}"
         seconds = time.perf_counter() - t0
         failures += bool(reason)
-        print(f"[{i}/{len(models)}] {modules.get(name)} {name}: "
-              f"{'FAILED ' + reason[:400] if reason else 'ok'} ({seconds:.1f} s)",
-              file=sys.stderr, flush=True)
+        print(
+            f"[{i}/{len(models)}] {modules.get(name)} {name}: "
+            f"{'FAILED ' + reason[:400] if reason else 'ok'} ({seconds:.1f} s)",
+            file=sys.stderr,
+            flush=True,
+        )
         if jsonl is not None:
-            jsonl.write(json.dumps({"model": name, "module": modules.get(name), "ok": not reason,
-                                    "reason": reason[:1000], "seconds": round(seconds, 2)})
-                        + "\n")
+            jsonl.write(
+                json.dumps(
+                    {
+                        "model": name,
+                        "module": modules.get(name),
+                        "ok": not reason,
+                        "reason": reason[:1000],
+                        "seconds": round(seconds, 2),
+                    }
+                )
+                + "\n"
+            )
             jsonl.flush()
-    print(f"{len(models)} models, {failures} failed, {time.perf_counter() - started:.0f} s",
-          file=sys.stderr)
+    print(f"{len(models)} models, {failures} failed, {time.perf_counter() - started:.0f} s", file=sys.stderr)
     return 1 if failures else 0
 
 
@@ -216,7 +222,7 @@ def main() -> int:
     if args.skip:
         skip = set(args.skip.split(","))
         models = [m for m in models if m not in skip]
-    with (open(args.jsonl, "a") if args.jsonl else contextlib.nullcontext()) as jsonl:
+    with open(args.jsonl, "a") if args.jsonl else contextlib.nullcontext() as jsonl:
         return sweep(models, args.batch_size, args.timeout_s, jsonl)
 
 

@@ -3,6 +3,7 @@
 $OUT/probe.json): which SDPA kernel CUDA picks per dtype/mask/GQA case (the grad_fn), what
 autocast keeps around an fp16 cross-entropy/softmax, and what holding the model output through
 backward costs (BERT-base MLM, GPT-2 small, one step)."""
+
 import json
 import os
 import sys
@@ -96,8 +97,13 @@ def mem_probe(fn):
     y.backward()
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated()
-    res = {"chain": names, "x_mib": (after_x - base) / 2**20, "kept_after_forward_mib": (fwd - after_x) / 2**20,
-           "peak_over_x_mib": (peak - after_x) / 2**20, "grad_dtype": str(x.grad.dtype)}
+    res = {
+        "chain": names,
+        "x_mib": (after_x - base) / 2**20,
+        "kept_after_forward_mib": (fwd - after_x) / 2**20,
+        "peak_over_x_mib": (peak - after_x) / 2**20,
+        "grad_dtype": str(x.grad.dtype),
+    }
     del x, y
     return res
 
@@ -117,25 +123,40 @@ save()
 # HF models (transformers of this image): SDPA kernels per call, small shapes.
 try:
     import transformers
+
     R["transformers"] = transformers.__version__
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
     import hf_models
+
     seen = []
     real = F.scaled_dot_product_attention
 
     def spy(*a, **k):
         out = real(*a, **k)
         m = k.get("attn_mask", a[3] if len(a) > 3 else None)
-        seen.append((chain(out, 1)[0] if out.grad_fn is not None else None, str(a[0].dtype), tuple(a[0].shape), tuple(a[1].shape),
-                     None if m is None else (str(m.dtype), tuple(m.shape), tuple(m.stride())), bool(k.get("enable_gqa", False)),
-                     k.get("dropout_p", 0.0), k.get("is_causal", False)))
+        seen.append(
+            (
+                chain(out, 1)[0] if out.grad_fn is not None else None,
+                str(a[0].dtype),
+                tuple(a[0].shape),
+                tuple(a[1].shape),
+                None if m is None else (str(m.dtype), tuple(m.shape), tuple(m.stride())),
+                bool(k.get("enable_gqa", False)),
+                k.get("dropout_p", 0.0),
+                k.get("is_causal", False),
+            )
+        )
         return out
 
     F.scaled_dot_product_attention = spy
     torch.nn.functional.scaled_dot_product_attention = spy
     R["hf"] = {}
-    for name, seq, amp in (("bert_base_mlm", 128, False), ("bert_base_mlm", 128, True), ("t5_small", 128, False),
-                           ("gpt2_small", 128, False)):
+    for name, seq, amp in (
+        ("bert_base_mlm", 128, False),
+        ("bert_base_mlm", 128, True),
+        ("t5_small", 128, False),
+        ("gpt2_small", 128, False),
+    ):
         seen.clear()
         with torch.device(dev):
             model = getattr(hf_models, name)()
@@ -156,6 +177,7 @@ save()
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 try:
     from gpucast_describe.simulate import default_loss
+
     R["hold_output"] = {}
     for name, batch, seq in (("bert_base_mlm", 32, 128), ("gpt2_small", 8, 512)):
         for hold in (False, True):

@@ -16,8 +16,15 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from gpucast_describe import simulate_step
-from gpucast_describe.adapters import (Linear4bit, Linear8bitLt, LoraLinear, _dynamic_map,
-                                       apply_setup, is_checkpointed, repeated_blocks)
+from gpucast_describe.adapters import (
+    Linear4bit,
+    Linear8bitLt,
+    LoraLinear,
+    _dynamic_map,
+    apply_setup,
+    is_checkpointed,
+    repeated_blocks,
+)
 
 try:
     import transformers
@@ -48,8 +55,7 @@ class LiveStorages(TorchDispatchMode):
     def __init__(self, *models):
         super().__init__()
         # storages that exist already (parameters, buffers) are not counted, nor their views
-        self.known = {t.untyped_storage()._cdata for m in models
-                      for t in [*m.parameters(), *m.buffers()]}
+        self.known = {t.untyped_storage()._cdata for m in models for t in [*m.parameters(), *m.buffers()]}
         self.live = {}
         self.born = []  # (phase, nbytes, dtype)
         self.phase = "forward"
@@ -209,25 +215,22 @@ def lora_linear_count(model):
 class LoraParametersTest(unittest.TestCase):
     def test_adapters_are_rank_times_in_plus_out_per_target(self):
         model = on_meta(ToyTransformer)  # q: 64 -> 64, v: 64 -> 32 (grouped keys/values)
-        result = apply_setup(model, lora={"rank": 8, "alpha": 16,
-                                          "target_modules": ["q_proj", "v_proj"]})
+        result = apply_setup(model, lora={"rank": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]})
         expected = 4 * (8 * (64 + 64) + 8 * (64 + 32))
         self.assertEqual(result["lora_params"], expected)
         self.assertEqual(result["trainable_params"], expected)  # the base is frozen
         self.assertEqual(lora_linear_count(model), 8)
         v = model.layers[0].attn.v_proj
-        self.assertEqual(tuple(v.lora_A.weight.shape), (8, 64))   # A [rank, in]
-        self.assertEqual(tuple(v.lora_B.weight.shape), (32, 8))   # B [out, rank]
+        self.assertEqual(tuple(v.lora_A.weight.shape), (8, 64))  # A [rank, in]
+        self.assertEqual(tuple(v.lora_B.weight.shape), (32, 8))  # B [out, rank]
         self.assertAlmostEqual(v.scaling, 2.0)
         self.assertEqual(result["checkpointed"], [])
 
     def test_only_adapters_train_and_frozen_parameters_get_no_gradient(self):
         torch.manual_seed(0)
         model = ToyTransformer()
-        result = apply_setup(model, lora={"rank": 4, "alpha": 8, "target_modules": ["q_proj"]},
-                             trainable=["lm_head"])
-        self.assertEqual(result["trainable_params"],
-                         result["lora_params"] + model.lm_head.weight.numel())
+        result = apply_setup(model, lora={"rank": 4, "alpha": 8, "target_modules": ["q_proj"]}, trainable=["lm_head"])
+        self.assertEqual(result["trainable_params"], result["lora_params"] + model.lm_head.weight.numel())
         model(torch.randint(0, 64, (2, 16))).float().pow(2).mean().backward()
         for name, param in model.named_parameters():
             if "lora_" in name or name.startswith("lm_head"):
@@ -280,8 +283,7 @@ class LoraParametersTest(unittest.TestCase):
         self.assertNotIsInstance(model[1].out_proj, LoraLinear)
         self.assertIsInstance(model[2], LoraLinear)  # no head by name: a linear like others
         with self.assertRaisesRegex(ValueError, "^lora.target_modules"):
-            apply_setup(nn.Sequential(nn.MultiheadAttention(8, 2)),
-                        lora={"rank": 2, "target_modules": ["out_proj"]})
+            apply_setup(nn.Sequential(nn.MultiheadAttention(8, 2)), lora={"rank": 2, "target_modules": ["out_proj"]})
 
     def test_targets_match_whole_name_components(self):
         model = on_meta(ToyTransformer)
@@ -299,15 +301,14 @@ class LoraParametersTest(unittest.TestCase):
         kept = {}
         for p in (0.0, 0.1):
             model = on_meta(ToyTransformer)
-            apply_setup(model, lora={"rank": 4, "target_modules": ["q_proj", "v_proj"],
-                                     "dropout": p})
-            self.assertIsInstance(model.layers[0].attn.q_proj.lora_dropout,
-                                  nn.Dropout if p else nn.Identity)
+            apply_setup(model, lora={"rank": 4, "target_modules": ["q_proj", "v_proj"], "dropout": p})
+            self.assertIsInstance(model.layers[0].attn.q_proj.lora_dropout, nn.Dropout if p else nn.Identity)
             tracker = LiveStorages(model)
             with tracker:
                 loss = model(torch.zeros(b, n, dtype=torch.int64, device="meta")).sum()
-                kept[p] = [nbytes for nbytes, dtype in tracker.alive()
-                           if dtype == torch.float32 and nbytes == b * n * dim * 4]
+                kept[p] = [
+                    nbytes for nbytes, dtype in tracker.alive() if dtype == torch.float32 and nbytes == b * n * dim * 4
+                ]
             del loss
         # without dropout lora_A keeps the input the base keeps too; with it, each of the
         # 8 targets keeps its own dropped input
@@ -316,22 +317,21 @@ class LoraParametersTest(unittest.TestCase):
         plain = on_meta(ToyTransformer)
         apply_setup(plain, lora={"rank": 4, "target_modules": ["q_proj", "v_proj"]})
         dropped = on_meta(ToyTransformer)
-        apply_setup(dropped, lora={"rank": 4, "target_modules": ["q_proj", "v_proj"],
-                                   "dropout": 0.1})
-        gap = simulate_step(dropped, [n], b, torch.int64)["allocated_peak_bytes"] - \
-            simulate_step(plain, [n], b, torch.int64)["allocated_peak_bytes"]
+        apply_setup(dropped, lora={"rank": 4, "target_modules": ["q_proj", "v_proj"], "dropout": 0.1})
+        gap = (
+            simulate_step(dropped, [n], b, torch.int64)["allocated_peak_bytes"]
+            - simulate_step(plain, [n], b, torch.int64)["allocated_peak_bytes"]
+        )
         self.assertGreater(gap, 4 * b * n * dim * 5)
 
     def test_pure_16_bit_training_keeps_an_fp32_copy_of_each_targets_input(self):
-        b, n, dim = 8, 128, 64
+        b, n = 8, 128
         for base_weights in ("same", "int8", "nf4"):
             model = on_meta(ToyTransformer).to(torch.bfloat16)
-            apply_setup(model, lora={"rank": 4, "target_modules": ["q_proj"],
-                                     "base_weights": base_weights})
+            apply_setup(model, lora={"rank": 4, "target_modules": ["q_proj"], "base_weights": base_weights})
             inputs = []
             for layer in model.layers:
-                layer.attn.q_proj.lora_A.register_forward_hook(
-                    lambda module, args, out: inputs.append(args[0]))
+                layer.attn.q_proj.lora_A.register_forward_hook(lambda module, args, out: inputs.append(args[0]))
             tracker = LiveStorages(model)
             with tracker:
                 loss = model(torch.zeros(b, n, dtype=torch.int64, device="meta")).sum()
@@ -351,20 +351,26 @@ class LoraParametersTest(unittest.TestCase):
 class LoraOnHuggingFaceTest(unittest.TestCase):
     def test_llama_3_8b_q_v_rank_16_matches_peft(self):
         config = transformers.LlamaConfig(
-            hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-            num_attention_heads=32, num_key_value_heads=8, vocab_size=128256)
+            hidden_size=4096,
+            intermediate_size=14336,
+            num_hidden_layers=32,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            vocab_size=128256,
+        )
         model = on_meta(lambda: transformers.LlamaForCausalLM(config))
         start = time.perf_counter()
-        result = apply_setup(model, lora={"rank": 16, "alpha": 32,
-                                          "target_modules": ["q_proj", "v_proj"]})
+        result = apply_setup(model, lora={"rank": 16, "alpha": 32, "target_modules": ["q_proj", "v_proj"]})
         self.assertLess(time.perf_counter() - start, 5.0)
         self.assertEqual(result["lora_params"], 6_815_744)  # PEFT's print_trainable_parameters
         self.assertEqual(result["trainable_params"], 6_815_744)
         model = on_meta(lambda: transformers.LlamaForCausalLM(config))
         start = time.perf_counter()
-        result = apply_setup(model, lora={"rank": 16, "target_modules": "all-linear",
-                                          "base_weights": "nf4"},
-                             activation_checkpointing="full")
+        result = apply_setup(
+            model,
+            lora={"rank": 16, "target_modules": "all-linear", "base_weights": "nf4"},
+            activation_checkpointing="full",
+        )
         self.assertLess(time.perf_counter() - start, 5.0)
         self.assertEqual(result["lora_params"], 41_943_040)  # PEFT, all-linear r=16
         self.assertEqual(len(result["checkpointed"]), 32)
@@ -381,12 +387,11 @@ class LoraOnHuggingFaceTest(unittest.TestCase):
         self.assertEqual(result["lora_params"], 2 * per_block)
 
     def test_all_linear_on_bert_classifier_leaves_the_classifier(self):
-        config = transformers.BertConfig(num_hidden_layers=2, hidden_size=64,
-                                         num_attention_heads=4, intermediate_size=128,
-                                         vocab_size=500)
+        config = transformers.BertConfig(
+            num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128, vocab_size=500
+        )
         model = on_meta(lambda: transformers.BertForSequenceClassification(config))
-        apply_setup(model, lora={"rank": 4, "target_modules": "all-linear"},
-                    trainable=["classifier"])
+        apply_setup(model, lora={"rank": 4, "target_modules": "all-linear"}, trainable=["classifier"])
         self.assertNotIsInstance(model.classifier, LoraLinear)
         self.assertTrue(model.classifier.weight.requires_grad)
         self.assertIsInstance(model.bert.encoder.layer[0].attention.self.query, LoraLinear)
@@ -418,13 +423,12 @@ def state_bytes(module):
 
 class QuantisedBaseTest(unittest.TestCase):
     def test_nf4_bytes_are_half_a_byte_per_weight_plus_double_quantised_absmax(self):
-        model = on_meta(lambda: nn.Sequential(nn.Linear(4096, 4096), nn.Linear(4096, 4096),
-                                              nn.Linear(4096, 10)))
+        model = on_meta(lambda: nn.Sequential(nn.Linear(4096, 4096), nn.Linear(4096, 4096), nn.Linear(4096, 10)))
         apply_setup(model, lora={"rank": 8, "target_modules": ["0"], "base_weights": "nf4"})
         n = 4096 * 4096
         base = model[0].base_layer
         self.assertIsInstance(base, Linear4bit)
-        self.assertIsInstance(model[1], Linear4bit)   # quantised although not a target
+        self.assertIsInstance(model[1], Linear4bit)  # quantised although not a target
         self.assertNotIsInstance(model[2], Linear4bit)  # the head stays in full precision
         b = state_bytes(base)
         self.assertEqual(b["weight"], n // 2)
@@ -449,18 +453,17 @@ class QuantisedBaseTest(unittest.TestCase):
     def test_quantised_model_parameters_shrink(self):
         def build():
             return on_meta(ToyTransformer)
+
         sizes = {}
         for base in ("same", "int8", "nf4"):
             model = build()
-            apply_setup(model, lora={"rank": 2, "target_modules": ["q_proj"],
-                                     "base_weights": base})
-            sizes[base] = sum(t.numel() * t.element_size()
-                              for t in [*model.parameters(), *model.buffers()])
+            apply_setup(model, lora={"rank": 2, "target_modules": ["q_proj"], "base_weights": base})
+            sizes[base] = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
         linear_weights = 4 * (64 * 64 * 2 + 64 * 32 * 2 + 64 * 256 * 2)
-        self.assertAlmostEqual(sizes["same"] - sizes["int8"], linear_weights * 3, delta=
-                               linear_weights * 0.05)  # 4 -> 1 byte (+ row scales)
-        self.assertAlmostEqual(sizes["same"] - sizes["nf4"], linear_weights * 3.5,
-                               delta=linear_weights * 0.05)
+        self.assertAlmostEqual(
+            sizes["same"] - sizes["int8"], linear_weights * 3, delta=linear_weights * 0.05
+        )  # 4 -> 1 byte (+ row scales)
+        self.assertAlmostEqual(sizes["same"] - sizes["nf4"], linear_weights * 3.5, delta=linear_weights * 0.05)
 
     def test_quantised_weights_dequantise_close_to_the_original(self):
         torch.manual_seed(0)
@@ -485,8 +488,11 @@ class QuantisedBaseTest(unittest.TestCase):
         for base_weights in ("int8", "nf4"):
             torch.manual_seed(0)
             model = Projection(dim=128)
-            apply_setup(model, lora={"rank": 4, "target_modules": ["big"],
-                                     "base_weights": base_weights}, trainable=["inp", "out"])
+            apply_setup(
+                model,
+                lora={"rank": 4, "target_modules": ["big"], "base_weights": base_weights},
+                trainable=["inp", "out"],
+            )
             x = torch.randn(6, 128)
             model(x).pow(2).mean().backward()
             self.assertIsNotNone(model.big.lora_A.weight.grad)
@@ -497,8 +503,7 @@ class QuantisedBaseTest(unittest.TestCase):
     def test_nf4_dequantised_weight_is_a_temporary_of_forward_and_backward(self):
         dim, batch = 1024, 4
         model = on_meta(lambda: Projection(dim)).to(torch.bfloat16)
-        apply_setup(model, lora={"rank": 8, "target_modules": ["big"], "base_weights": "nf4"},
-                    trainable=["inp", "out"])
+        apply_setup(model, lora={"rank": 8, "target_modules": ["big"], "base_weights": "nf4"}, trainable=["inp", "out"])
         tracker = LiveStorages(model)
         weight16 = dim * dim * 2
         with tracker:
@@ -506,9 +511,8 @@ class QuantisedBaseTest(unittest.TestCase):
             after_forward = tracker.bytes()
             tracker.phase = "backward"
             loss.backward()
-        sizes = [(phase, nbytes) for phase, nbytes, dtype in tracker.born
-                 if dtype == torch.bfloat16]
-        self.assertIn(("forward", weight16), sizes)   # dequantised for the matmul
+        sizes = [(phase, nbytes) for phase, nbytes, dtype in tracker.born if dtype == torch.bfloat16]
+        self.assertIn(("forward", weight16), sizes)  # dequantised for the matmul
         self.assertIn(("backward", weight16), sizes)  # and again for grad-input
         # ... but not kept between the two: what forward leaves is far below one weight
         self.assertLess(after_forward, weight16 / 4)
@@ -516,26 +520,25 @@ class QuantisedBaseTest(unittest.TestCase):
     def test_nf4_simulated_step_keeps_no_dequantised_weight_as_activation(self):
         dim = 2048
         model = on_meta(lambda: Projection(dim))
-        apply_setup(model, lora={"rank": 8, "target_modules": ["big"], "base_weights": "nf4"},
-                    trainable=["inp", "out"])
+        apply_setup(model, lora={"rank": 8, "target_modules": ["big"], "base_weights": "nf4"}, trainable=["inp", "out"])
         sim = simulate_step(model, [dim], 4, optimizer="sgd")
         self.assertLess(sim["breakdown_at_peak"]["activations"], dim * dim * 4 / 8)
-        params = sum(rounded(t.numel() * t.element_size())
-                     for t in [*model.parameters(), *model.buffers()])
+        params = sum(rounded(t.numel() * t.element_size()) for t in [*model.parameters(), *model.buffers()])
         self.assertEqual(sim["breakdown_at_peak"]["parameters"], params)
 
     def test_int8_keeps_the_input_and_quantises_it_in_forward(self):
         dim, batch = 1024, 64
         model = on_meta(lambda: Projection(dim)).to(torch.float16)
-        apply_setup(model, lora={"rank": 8, "target_modules": ["big"], "base_weights": "int8"},
-                    trainable=["inp", "out"])
+        apply_setup(
+            model, lora={"rank": 8, "target_modules": ["big"], "base_weights": "int8"}, trainable=["inp", "out"]
+        )
         tracker = LiveStorages(model)
         with tracker:
             loss = model(torch.zeros(batch, dim, dtype=torch.float16, device="meta")).sum()
             tracker.phase = "backward"
             loss.backward()
         born = [(p, n, d) for p, n, d in tracker.born]
-        self.assertIn(("forward", batch * dim, torch.int8), born)       # int8 rows
+        self.assertIn(("forward", batch * dim, torch.int8), born)  # int8 rows
         self.assertIn(("forward", batch * dim * 4, torch.int32), born)  # int32 accumulator
         self.assertIn(("backward", dim * dim * 2, torch.float16), born)  # weight rebuilt
 
@@ -543,35 +546,43 @@ class QuantisedBaseTest(unittest.TestCase):
         for base_weights in ("int8", "nf4"):
             for precision in ("fp32", "mixed16"):
                 model = on_meta(ToyTransformer)
-                apply_setup(model, lora={"rank": 4, "target_modules": "all-linear",
-                                         "base_weights": base_weights, "dropout": 0.05},
-                            activation_checkpointing="full")
+                apply_setup(
+                    model,
+                    lora={"rank": 4, "target_modules": "all-linear", "base_weights": base_weights, "dropout": 0.05},
+                    activation_checkpointing="full",
+                )
                 sim = simulate_step(model, [32], 2, torch.int64, precision=precision)
                 self.assertGreater(sim["allocated_peak_bytes"], 0)
 
     @unittest.skipIf(transformers is None, "transformers is not installed")
     def test_hugging_face_quantisation_keeps_the_head_and_tied_weights(self):
-        config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128,
-                                          num_hidden_layers=2, num_attention_heads=4,
-                                          num_key_value_heads=2, vocab_size=300)
+        config = transformers.LlamaConfig(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=300,
+        )
         model = on_meta(lambda: transformers.LlamaForCausalLM(config))
-        apply_setup(model, lora={"rank": 4, "target_modules": ["q_proj", "v_proj"],
-                                 "base_weights": "nf4"})
+        apply_setup(model, lora={"rank": 4, "target_modules": ["q_proj", "v_proj"], "base_weights": "nf4"})
         layer = model.model.layers[0]
         self.assertIsInstance(layer.self_attn.q_proj.base_layer, Linear4bit)
-        self.assertIsInstance(layer.self_attn.k_proj, Linear4bit)   # not a target, quantised
+        self.assertIsInstance(layer.self_attn.k_proj, Linear4bit)  # not a target, quantised
         self.assertIsInstance(layer.mlp.down_proj, Linear4bit)
         self.assertNotIsInstance(model.lm_head, Linear4bit)
-        gpt2 = on_meta(lambda: transformers.GPT2LMHeadModel(
-            transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=100)))
+        gpt2 = on_meta(
+            lambda: transformers.GPT2LMHeadModel(
+                transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=100)
+            )
+        )
         apply_setup(gpt2, lora={"rank": 2, "target_modules": ["c_attn"], "base_weights": "int8"})
         self.assertIsInstance(gpt2.transformer.h[0].mlp.c_fc, Linear8bitLt)
         self.assertEqual(tuple(gpt2.transformer.h[0].mlp.c_fc.weight.shape), (128, 32))
         self.assertIs(gpt2.lm_head.weight, gpt2.transformer.wte.weight)  # still tied
 
     def test_applying_twice_quantises_no_adapter(self):
-        model = on_meta(lambda: nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 64),
-                                              nn.Linear(64, 4)))
+        model = on_meta(lambda: nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 64), nn.Linear(64, 4)))
         apply_setup(model, lora={"rank": 2, "target_modules": ["0"], "base_weights": "nf4"})
         apply_setup(model, lora={"rank": 2, "target_modules": ["1"], "base_weights": "nf4"})
         result = apply_setup(model, lora={"rank": 2, "target_modules": ["2"]})
@@ -643,21 +654,16 @@ class ValidationTest(unittest.TestCase):
         apply_setup(on_meta(ToyTransformer), lora={"rank": 32, "target_modules": ["v_proj"]})
 
     def test_targets_that_name_no_linear_layer(self):
-        self.assert_refused("lora.target_modules",
-                            lora={"rank": 2, "target_modules": ["q_proj", "w_proj"]})
-        self.assert_refused("lora.target_modules",
-                            lora={"rank": 2, "target_modules": ["proj"]})  # no suffix match
+        self.assert_refused("lora.target_modules", lora={"rank": 2, "target_modules": ["q_proj", "w_proj"]})
+        self.assert_refused("lora.target_modules", lora={"rank": 2, "target_modules": ["proj"]})  # no suffix match
         self.assert_refused("lora.target_modules", lora={"rank": 2, "target_modules": ["attn"]})
         self.assert_refused("lora.target_modules", lora={"rank": 2, "target_modules": []})
         self.assert_refused("lora.target_modules", lora={"rank": 2, "target_modules": "nothing"})
 
     def test_other_lora_fields(self):
-        self.assert_refused("lora.base_weights",
-                            lora={"rank": 2, "target_modules": ["q_proj"], "base_weights": "fp8"})
-        self.assert_refused("lora.dropout",
-                            lora={"rank": 2, "target_modules": ["q_proj"], "dropout": 1.0})
-        self.assert_refused("lora.alpha",
-                            lora={"rank": 2, "target_modules": ["q_proj"], "alpha": -1})
+        self.assert_refused("lora.base_weights", lora={"rank": 2, "target_modules": ["q_proj"], "base_weights": "fp8"})
+        self.assert_refused("lora.dropout", lora={"rank": 2, "target_modules": ["q_proj"], "dropout": 1.0})
+        self.assert_refused("lora.alpha", lora={"rank": 2, "target_modules": ["q_proj"], "alpha": -1})
         self.assert_refused("lora.rnak", lora={"rnak": 2, "target_modules": ["q_proj"]})
         self.assert_refused("lora", lora=[2])
 
@@ -673,9 +679,12 @@ class ValidationTest(unittest.TestCase):
         self.assert_refused("trainable", trainable={"params": 1000})
 
     def test_a_refusal_after_valid_fields_changes_nothing(self):
-        self.assert_refused("activation_checkpointing",
-                            lora={"rank": 2, "target_modules": ["q_proj"], "base_weights": "nf4"},
-                            trainable=["lm_head"], activation_checkpointing=["nope"])
+        self.assert_refused(
+            "activation_checkpointing",
+            lora={"rank": 2, "target_modules": ["q_proj"], "base_weights": "nf4"},
+            trainable=["lm_head"],
+            activation_checkpointing=["nope"],
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -685,27 +694,47 @@ class ValidationTest(unittest.TestCase):
 
 class FullCheckpointingRuleTest(unittest.TestCase):
     def test_toy_rules(self):
-        self.assertEqual(repeated_blocks(on_meta(ToyTransformer)),
-                         [f"layers.{i}" for i in range(4)])
+        self.assertEqual(repeated_blocks(on_meta(ToyTransformer)), [f"layers.{i}" for i in range(4)])
         # a ModuleList inside a block is a part of it: the layers, not the experts
         self.assertEqual(repeated_blocks(MoeModel()), ["layers.0", "layers.1", "layers.2"])
         # stages holding Sequential blocks: block by block (timm's granularity); a stage whose
         # blocks are one (no stack inside) is checkpointed whole
-        self.assertEqual(repeated_blocks(StagedModel()),
-                         ["stages.0.blocks.0", "stages.0.blocks.1", "stages.1.blocks.0",
-                          "stages.1.blocks.1", "stages.1.blocks.2", "stages.2"])
+        self.assertEqual(
+            repeated_blocks(StagedModel()),
+            [
+                "stages.0.blocks.0",
+                "stages.0.blocks.1",
+                "stages.1.blocks.0",
+                "stages.1.blocks.1",
+                "stages.1.blocks.2",
+                "stages.2",
+            ],
+        )
         # leaves of one class are no blocks
         self.assertEqual(repeated_blocks(nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))), [])
 
     @unittest.skipIf(transformers is None, "transformers is not installed")
     def test_hugging_face_llama_and_bert(self):
-        llama = on_meta(lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(
-            hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
-            num_key_value_heads=2, vocab_size=100)))
+        llama = on_meta(
+            lambda: transformers.LlamaForCausalLM(
+                transformers.LlamaConfig(
+                    hidden_size=64,
+                    intermediate_size=128,
+                    num_hidden_layers=3,
+                    num_attention_heads=4,
+                    num_key_value_heads=2,
+                    vocab_size=100,
+                )
+            )
+        )
         self.assertEqual(repeated_blocks(llama), [f"model.layers.{i}" for i in range(3)])
-        bert = on_meta(lambda: transformers.BertForMaskedLM(transformers.BertConfig(
-            num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128,
-            vocab_size=100)))
+        bert = on_meta(
+            lambda: transformers.BertForMaskedLM(
+                transformers.BertConfig(
+                    num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128, vocab_size=100
+                )
+            )
+        )
         self.assertEqual(repeated_blocks(bert), ["bert.encoder.layer.0", "bert.encoder.layer.1"])
 
     @unittest.skipIf(timm is None, "timm is not installed")
@@ -713,8 +742,7 @@ class FullCheckpointingRuleTest(unittest.TestCase):
         vit = on_meta(lambda: timm.create_model("vit_tiny_patch16_224"))
         self.assertEqual(repeated_blocks(vit), [f"blocks.{i}" for i in range(12)])
         resnet = on_meta(lambda: timm.create_model("resnet50"))
-        expected = [f"layer{s}.{b}" for s, depth in zip(range(1, 5), (3, 4, 6, 3))
-                    for b in range(depth)]
+        expected = [f"layer{s}.{b}" for s, depth in zip(range(1, 5), (3, 4, 6, 3)) for b in range(depth)]
         self.assertEqual(repeated_blocks(resnet), expected)
         result = apply_setup(resnet, activation_checkpointing="full")
         self.assertEqual(result["checkpointed"], expected)
@@ -730,8 +758,7 @@ class CheckpointingTest(unittest.TestCase):
 
     def test_simulated_activations_drop_to_block_inputs_plus_one_block(self):
         shape = [self.seq, self.dim]
-        plain = simulate_step(on_meta(lambda: WideStack(self.dim, self.depth)), shape,
-                              self.batch, optimizer="sgd")
+        plain = simulate_step(on_meta(lambda: WideStack(self.dim, self.depth)), shape, self.batch, optimizer="sgd")
         model = on_meta(lambda: WideStack(self.dim, self.depth))
         result = apply_setup(model, activation_checkpointing="full")
         self.assertEqual(result["checkpointed"], [f"blocks.{i}" for i in range(self.depth)])
@@ -741,10 +768,8 @@ class CheckpointingTest(unittest.TestCase):
         self.assertGreater(per_block, 8 * inputs)  # the toy's physics: blocks keep ~10 inputs
         state = 2 * sum(rounded(p.numel() * 4) for p in model.parameters())  # weights + grads
         # checkpointed: the block inputs, one block recomputed with its gradients' temporaries
-        self.assertLess(ckpt["allocated_peak_bytes"],
-                        state + self.depth * inputs + 1.5 * per_block)
-        self.assertGreater(plain["allocated_peak_bytes"] - ckpt["allocated_peak_bytes"],
-                           (self.depth - 3) * per_block)
+        self.assertLess(ckpt["allocated_peak_bytes"], state + self.depth * inputs + 1.5 * per_block)
+        self.assertGreater(plain["allocated_peak_bytes"] - ckpt["allocated_peak_bytes"], (self.depth - 3) * per_block)
 
     def test_block_internals_are_freed_after_forward_and_recomputed_in_backward(self):
         inputs = self.block_input_bytes()
@@ -770,8 +795,7 @@ class CheckpointingTest(unittest.TestCase):
         self.assertLess(kept["full"], (self.depth + 1.5) * inputs)
         self.assertGreater(kept["none"], 8 * self.depth * inputs)
         # backward allocates each block's internals again
-        self.assertGreater(kept["full_backward_births"] - kept["none_backward_births"],
-                           self.depth * 8 * inputs)
+        self.assertGreater(kept["full_backward_births"] - kept["none_backward_births"], self.depth * 8 * inputs)
 
     def test_gradients_are_unchanged(self):
         torch.manual_seed(0)
@@ -814,23 +838,28 @@ class CheckpointingTest(unittest.TestCase):
 
     def test_lora_inside_checkpointed_blocks(self):
         model = on_meta(ToyTransformer)
-        result = apply_setup(model, lora={"rank": 4, "target_modules": ["q_proj", "v_proj"]},
-                             activation_checkpointing="full")
+        result = apply_setup(
+            model, lora={"rank": 4, "target_modules": ["q_proj", "v_proj"]}, activation_checkpointing="full"
+        )
         self.assertEqual(len(result["checkpointed"]), 4)
         ckpt = simulate_step(model, [128], 8, torch.int64)
         model = on_meta(ToyTransformer)
         apply_setup(model, lora={"rank": 4, "target_modules": ["q_proj", "v_proj"]})
         plain = simulate_step(model, [128], 8, torch.int64)
-        self.assertLess(ckpt["breakdown_at_peak"]["activations"],
-                        plain["breakdown_at_peak"]["activations"])
+        self.assertLess(ckpt["breakdown_at_peak"]["activations"], plain["breakdown_at_peak"]["activations"])
 
 
 @unittest.skipIf(transformers is None, "transformers is not installed")
 class HuggingFaceCheckpointingTest(unittest.TestCase):
     def build(self):
-        config = transformers.LlamaConfig(hidden_size=128, intermediate_size=512,
-                                          num_hidden_layers=4, num_attention_heads=4,
-                                          num_key_value_heads=2, vocab_size=128)
+        config = transformers.LlamaConfig(
+            hidden_size=128,
+            intermediate_size=512,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=128,
+        )
         return on_meta(lambda: transformers.LlamaForCausalLM(config))
 
     def test_llama_step_with_full_checkpointing(self):
@@ -848,9 +877,11 @@ class HuggingFaceCheckpointingTest(unittest.TestCase):
 
     def test_llama_qlora_step_with_checkpointing_runs(self):
         model = self.build()
-        result = apply_setup(model, lora={"rank": 8, "target_modules": "all-linear",
-                                          "base_weights": "nf4"},
-                             activation_checkpointing="full")
+        result = apply_setup(
+            model,
+            lora={"rank": 8, "target_modules": "all-linear", "base_weights": "nf4"},
+            activation_checkpointing="full",
+        )
         self.assertEqual(result["trainable_params"], result["lora_params"])
         sim = simulate_step(model, [64], 2, torch.int64)
         self.assertGreater(sim["allocated_peak_bytes"], 0)

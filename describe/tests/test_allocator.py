@@ -14,8 +14,7 @@ import random
 import sys
 import unittest
 
-_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                     "gpucast_describe", "allocator.py")
+_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "gpucast_describe", "allocator.py")
 _NAME = "_gpucast_describe_allocator_under_test"
 if _NAME in sys.modules:
     A = sys.modules[_NAME]
@@ -39,8 +38,10 @@ def free(ident):
 
 def layout(allocator):
     """[(segment size, [(offset, size, allocated), ...]), ...] by segment id."""
-    return [(size, [(b.offset, b.size, b.allocated) for b in blocks])
-            for _, size, _, blocks in sorted(allocator.segments(), key=lambda s: s[0])]
+    return [
+        (size, [(b.offset, b.size, b.allocated) for b in blocks])
+        for _, size, _, blocks in sorted(allocator.segments(), key=lambda s: s[0])
+    ]
 
 
 class RoundingTest(unittest.TestCase):
@@ -119,8 +120,7 @@ class PoolTest(unittest.TestCase):
     def test_large_request_gets_its_own_segment_rounded_to_2mib(self):
         a = A.Allocator()
         h = a.malloc(12 * MiB)  # >= 10 MiB: a 12 MiB segment, exactly used
-        self.assertEqual((a.reserved_bytes, a.allocated_bytes, h.size), (12 * MiB, 12 * MiB,
-                                                                          12 * MiB))
+        self.assertEqual((a.reserved_bytes, a.allocated_bytes, h.size), (12 * MiB, 12 * MiB, 12 * MiB))
         # 11 MiB + 1 -> 11 MiB + 512 -> segment rounded up to 12 MiB; the remainder
         # 1 MiB - 512 is not > 1 MiB, so the whole 12 MiB block is allocated
         h = a.malloc(11 * MiB + 1)
@@ -149,8 +149,9 @@ class PoolTest(unittest.TestCase):
         # 18.5 MiB: remainder 1.5 MiB > 1 MiB, split
         h = a.malloc(18 * MiB + 512 * KiB)
         self.assertEqual(a.allocated_bytes, 18 * MiB + 512 * KiB)
-        self.assertEqual(layout(a), [(20 * MiB, [(0, 18 * MiB + 512 * KiB, True),
-                                                 (18 * MiB + 512 * KiB, 1536 * KiB, False)])])
+        self.assertEqual(
+            layout(a), [(20 * MiB, [(0, 18 * MiB + 512 * KiB, True), (18 * MiB + 512 * KiB, 1536 * KiB, False)])]
+        )
 
     def test_pools_never_share_blocks(self):
         a = A.Allocator()
@@ -209,8 +210,9 @@ class BestFitAndMergeTest(unittest.TestCase):
         x, y, z = (a.malloc(3 * MiB) for _ in range(3))  # @0, @3, @6; 11 MiB free @9
         a.free(x)
         a.free(z)  # merges with the free tail: 14 MiB @6
-        self.assertEqual(layout(a), [(20 * MiB, [(0, 3 * MiB, False), (3 * MiB, 3 * MiB, True),
-                                                 (6 * MiB, 14 * MiB, False)])])
+        self.assertEqual(
+            layout(a), [(20 * MiB, [(0, 3 * MiB, False), (3 * MiB, 3 * MiB, True), (6 * MiB, 14 * MiB, False)])]
+        )
         a.free(y)  # merges with both: one free 20 MiB block
         self.assertEqual(layout(a), [(20 * MiB, [(0, 20 * MiB, False)])])
         self.assertEqual(a.releasable_bytes, 20 * MiB)
@@ -221,10 +223,13 @@ class BestFitAndMergeTest(unittest.TestCase):
         self.assertEqual((a.reserved_bytes, a.allocated_bytes), (20 * MiB, 18 * MiB))
 
     def test_fragmentation_forces_a_new_segment(self):
-        events = [alloc("a", 4 * MiB), alloc("b", 4 * MiB),  # 20 MiB segment: 4 @0, 4 @4
-                  alloc("c", 12 * MiB),  # the free tail 12 MiB @8 fits exactly: segment full
-                  free("a"),  # a 4 MiB hole @0; 4 MiB of the segment free in all
-                  alloc("d", 6 * MiB)]  # no free block >= 6 MiB: a new 20 MiB segment
+        events = [
+            alloc("a", 4 * MiB),
+            alloc("b", 4 * MiB),  # 20 MiB segment: 4 @0, 4 @4
+            alloc("c", 12 * MiB),  # the free tail 12 MiB @8 fits exactly: segment full
+            free("a"),  # a 4 MiB hole @0; 4 MiB of the segment free in all
+            alloc("d", 6 * MiB),
+        ]  # no free block >= 6 MiB: a new 20 MiB segment
         r = A.replay(events)
         self.assertEqual(r.reserved_peak_bytes, 40 * MiB)
         # allocated: 4, 8, 20, 16, then 4 + 12 + 6 = 22 MiB
@@ -249,18 +254,24 @@ class CapacityTest(unittest.TestCase):
         self.assertEqual(r.n_segments_peak, 1)
 
     def test_oom_reports_the_event_index_and_stops(self):
-        events = [alloc("a", 12 * MiB),  # kept: segment 0 cannot be released
-                  alloc("b", 24 * MiB),  # 12 + 24 = 36 > 32, nothing to release: oom here
-                  free("a"), alloc("c", 100 * MiB)]  # never replayed
+        events = [
+            alloc("a", 12 * MiB),  # kept: segment 0 cannot be released
+            alloc("b", 24 * MiB),  # 12 + 24 = 36 > 32, nothing to release: oom here
+            free("a"),
+            alloc("c", 100 * MiB),
+        ]  # never replayed
         r = A.replay(events, capacity_bytes=32 * MiB)
         self.assertTrue(r.oom)
         self.assertEqual(r.oom_event_index, 1)
         self.assertEqual((r.allocated_peak_bytes, r.reserved_peak_bytes), (12 * MiB, 12 * MiB))
 
     def test_partly_used_segments_are_not_released(self):
-        events = [alloc("a", 1536 * KiB), alloc("b", 1536 * KiB),  # one 20 MiB segment
-                  free("a"),  # segment 0 still holds b: not releasable
-                  alloc("c", 22 * MiB)]  # a 22 MiB segment: 20 + 22 = 42 MiB
+        events = [
+            alloc("a", 1536 * KiB),
+            alloc("b", 1536 * KiB),  # one 20 MiB segment
+            free("a"),  # segment 0 still holds b: not releasable
+            alloc("c", 22 * MiB),
+        ]  # a 22 MiB segment: 20 + 22 = 42 MiB
         self.assertEqual(A.replay(events, 41 * MiB).oom_event_index, 3)
         r = A.replay(events, 42 * MiB)
         self.assertFalse(r.oom)
@@ -296,8 +307,7 @@ class CapacityTest(unittest.TestCase):
 
 class MinCapacityTest(unittest.TestCase):
     def test_fragmentation_needs_more_than_the_allocated_peak(self):
-        events = [alloc("a", 4 * MiB), alloc("b", 4 * MiB), alloc("c", 12 * MiB), free("a"),
-                  alloc("d", 6 * MiB)]
+        events = [alloc("a", 4 * MiB), alloc("b", 4 * MiB), alloc("c", 12 * MiB), free("a"), alloc("d", 6 * MiB)]
         # allocated peak 22 MiB, but d needs a second 20 MiB segment while segment 0 holds b
         # and c (nothing releasable): 40 MiB
         self.assertEqual(A.replay(events).allocated_peak_bytes, 22 * MiB)
@@ -313,20 +323,21 @@ class MinCapacityTest(unittest.TestCase):
         self.assertEqual(A.min_capacity_bytes(events, granularity=5 * MiB), 25 * MiB)
 
     def test_not_monotone_and_the_answer_always_runs(self):
-        events = [alloc("a", 5 * MiB),  # segment 0: 20 MiB (5 used, 15 free)
-                  alloc("b", 41 * MiB),  # segment 1: 42 MiB (remainder 1 MiB: unsplit)
-                  alloc("c", 58 * MiB),  # segment 2: 58 MiB; reserved 120
-                  free("b"),  # segment 1 entirely free
-                  alloc("d", 48 * MiB),
-                  alloc("e", 16 * MiB),
-                  free("c"),  # segment 2 entirely free
-                  alloc("f", 82 * MiB)]
+        events = [
+            alloc("a", 5 * MiB),  # segment 0: 20 MiB (5 used, 15 free)
+            alloc("b", 41 * MiB),  # segment 1: 42 MiB (remainder 1 MiB: unsplit)
+            alloc("c", 58 * MiB),  # segment 2: 58 MiB; reserved 120
+            free("b"),  # segment 1 entirely free
+            alloc("d", 48 * MiB),
+            alloc("e", 16 * MiB),
+            free("c"),  # segment 2 entirely free
+            alloc("f", 82 * MiB),
+        ]
         # capacity C >= 168: d gets a new segment (168 reserved); e is carved from segment 1;
         #   f: 168 + 82 > C, releasing segment 2 leaves 110 + 82 = 192 -> runs iff C >= 192
         # capacity C < 168: d releases segment 1 first (78 + 48 = 126); e gets its own 16 MiB
         #   segment (142); f releases segment 2: 84 + 82 = 166 -> runs iff 166 <= C < 168
-        for capacity_mib, oom in ((165, True), (166, False), (167, False), (168, True),
-                                  (191, True), (192, False)):
+        for capacity_mib, oom in ((165, True), (166, False), (167, False), (168, True), (191, True), (192, False)):
             r = A.replay(events, capacity_mib * MiB)
             self.assertEqual(r.oom, oom, capacity_mib)
             if oom:
@@ -355,24 +366,27 @@ class MinCapacityTest(unittest.TestCase):
                     events.append(free(live.pop(rng.randrange(len(live)))))
                 else:
                     n += 1
-                    size = rng.choice([rng.randint(1, 2 * MiB), rng.randint(1, 30 * MiB),
-                                       rng.randint(100, 4000)])
+                    size = rng.choice([rng.randint(1, 2 * MiB), rng.randint(1, 30 * MiB), rng.randint(100, 4000)])
                     events.append(alloc(n, size))
                     live.append(n)
             for granularity in (2 * MiB, 5 * MiB, 512 * KiB):
-                self.assertEqual(A.min_capacity_bytes(events, granularity),
-                                 A._min_capacity_by_replays(events, granularity),
-                                 (seed, granularity))
+                self.assertEqual(
+                    A.min_capacity_bytes(events, granularity),
+                    A._min_capacity_by_replays(events, granularity),
+                    (seed, granularity),
+                )
 
 
 class BreakdownTest(unittest.TestCase):
     def test_breakdown_is_taken_at_the_first_peak_and_sums_to_it(self):
-        events = [alloc("p", 12 * MiB, "param"),  # 12 MiB segment
-                  alloc("a", 19 * MiB, "activation"),  # 20 MiB block, unsplit: allocated 32
-                  free("a"),
-                  alloc("g", 19 * MiB + 512 * KiB, "grad"),  # reuses the 20 MiB block: 32 again
-                  free("p"),
-                  alloc("s", 1 * KiB, "scratch")]
+        events = [
+            alloc("p", 12 * MiB, "param"),  # 12 MiB segment
+            alloc("a", 19 * MiB, "activation"),  # 20 MiB block, unsplit: allocated 32
+            free("a"),
+            alloc("g", 19 * MiB + 512 * KiB, "grad"),  # reuses the 20 MiB block: 32 again
+            free("p"),
+            alloc("s", 1 * KiB, "scratch"),
+        ]
         r = A.replay(events)
         self.assertEqual(r.allocated_peak_bytes, 32 * MiB)
         # first reached at event 1 (not at event 3, where grad replaces activation); the
@@ -383,8 +397,11 @@ class BreakdownTest(unittest.TestCase):
         self.assertEqual(r.requested_peak_bytes, 31 * MiB + 512 * KiB)
 
     def test_breakdown_leaves_out_categories_freed_before_the_peak(self):
-        events = [alloc("t", 1 * KiB, "temp"), free("t"),
-                  alloc("w", 2 * KiB, "param")]  # peak 2 KiB, temp holds 0 there
+        events = [
+            alloc("t", 1 * KiB, "temp"),
+            free("t"),
+            alloc("w", 2 * KiB, "param"),
+        ]  # peak 2 KiB, temp holds 0 there
         self.assertEqual(A.replay(events).breakdown_at_peak, {"param": 2 * KiB})
 
 
@@ -403,8 +420,7 @@ class ValidationTest(unittest.TestCase):
         self.assert_invalid([(ALLOC, "a", 10)], 0)  # no category
         self.assert_invalid([("realloc", "a")], 0)
         # the whole stream is checked, also past the point where the replay would stop
-        self.assert_invalid([alloc("a", 12 * MiB), alloc("b", 24 * MiB), free("zzz")], 2,
-                            capacity=32 * MiB)
+        self.assert_invalid([alloc("a", 12 * MiB), alloc("b", 24 * MiB), free("zzz")], 2, capacity=32 * MiB)
         with self.assertRaisesRegex(ValueError, r"^event 0\b"):
             A.min_capacity_bytes([free("a")])
 
@@ -433,8 +449,11 @@ class InvariantTest(unittest.TestCase):
                 a.free(live.pop(rng.randrange(len(live))))
             else:
                 r = rng.random()
-                n = rng.randint(0, 4 * KiB) if r < 0.4 else (
-                    rng.randint(0, 3 * MiB) if r < 0.8 else rng.randint(0, 40 * MiB))
+                n = (
+                    rng.randint(0, 4 * KiB)
+                    if r < 0.4
+                    else (rng.randint(0, 3 * MiB) if r < 0.8 else rng.randint(0, 40 * MiB))
+                )
                 live.append(a.malloc(n))
             if step % 50:
                 continue
@@ -447,14 +466,13 @@ class InvariantTest(unittest.TestCase):
             self.assertLessEqual(a.allocated_bytes, a.reserved_bytes)
             for _, size, _, bs in segments:
                 # blocks tile their segment, and no two free blocks are neighbours (merged)
-                self.assertEqual([b.offset for b in bs],
-                                 [sum(x.size for x in bs[:i]) for i in range(len(bs))])
+                self.assertEqual([b.offset for b in bs], [sum(x.size for x in bs[:i]) for i in range(len(bs))])
                 self.assertEqual(sum(b.size for b in bs), size)
                 for left, right in zip(bs, bs[1:]):
                     self.assertTrue(left.allocated or right.allocated)
-            self.assertEqual(a.releasable_bytes,
-                             sum(size for _, size, _, bs in segments
-                                 if len(bs) == 1 and not bs[0].allocated))
+            self.assertEqual(
+                a.releasable_bytes, sum(size for _, size, _, bs in segments if len(bs) == 1 and not bs[0].allocated)
+            )
 
 
 if __name__ == "__main__":

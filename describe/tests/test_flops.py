@@ -93,8 +93,9 @@ class FlopsTest(unittest.TestCase):
         self.assertEqual(by_name["proj"]["flops"], 2 * dim * dim * n)
 
     def test_elementwise_and_norm_layers_count_zero(self):
-        model = on_meta(lambda: nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8), nn.GELU(),
-                                              nn.Dropout(0.1), nn.BatchNorm1d(8)))
+        model = on_meta(
+            lambda: nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8), nn.GELU(), nn.Dropout(0.1), nn.BatchNorm1d(8))
+        )
         desc = describe(model, [8])
         self.assertEqual([l["flops"] for l in desc["layers"]], [2 * 8 * 8, 0, 0, 0, 0])
 
@@ -108,14 +109,12 @@ class FlopsTest(unittest.TestCase):
                 return self.fc(self.fc(x))
 
         desc = describe(on_meta(Twice), [8])
-        self.assertEqual([(l["params"], l["flops"]) for l in desc["layers"]],
-                         [(72, 128), (0, 128)])
+        self.assertEqual([(l["params"], l["flops"]) for l in desc["layers"]], [(72, 128), (0, 128)])
 
     def test_a_functional_weight_goes_to_its_modules_other_layer(self):
         desc = describe(on_meta(Functional), [8])
         other = [l for l in desc["layers"] if l["kind"] == "other"]
-        self.assertEqual([(l["name"], l["params"], l["flops"]) for l in other],
-                         [("(root)", 16 * 8, 2 * 16 * 8)])
+        self.assertEqual([(l["name"], l["params"], l["flops"]) for l in other], [("(root)", 16 * 8, 2 * 16 * 8)])
 
     def test_flops_are_per_sample_and_the_same_for_every_batch_size(self):
         model = on_meta(lambda: nn.Linear(4, 4))
@@ -141,8 +140,9 @@ class FlopsTest(unittest.TestCase):
         # Under no_grad such a view requires grad but has no autograd node: FlopCounterMode's
         # module tracker raised "Expected gradient function to be set" on it (issue 23)
         desc = describe_module(on_meta(LatentQuery), [4, 8], batch_size=2)
-        self.assertEqual([(l["name"], l["params"], l["flops"]) for l in desc["layers"]],
-                         [("(root)", 8, 0), ("q", 72, 2 * 8 * 8)])
+        self.assertEqual(
+            [(l["name"], l["params"], l["flops"]) for l in desc["layers"]], [("(root)", 8, 0), ("q", 72, 2 * 8 * 8)]
+        )
         self.assertIn("simulation", desc)
 
     def test_flops_are_left_out_when_flop_counter_mode_counts_past_the_hook(self):

@@ -25,11 +25,11 @@ def on_meta(factory):
 def qkv(dtype, heads=8, kv_heads=None, length=256, keys=None, head_dim=64, grad=False):
     keys = keys or length
     kv_heads = kv_heads or heads
+
     def empty(*shape):
         return torch.empty(shape, device="meta", dtype=dtype, requires_grad=grad)
 
-    return (empty(2, heads, length, head_dim), empty(2, kv_heads, keys, head_dim),
-            empty(2, kv_heads, keys, head_dim))
+    return (empty(2, heads, length, head_dim), empty(2, kv_heads, keys, head_dim), empty(2, kv_heads, keys, head_dim))
 
 
 def saved_bytes(fn):
@@ -108,17 +108,14 @@ class GqaFlashAttentionTest(unittest.TestCase):
         out = _gpu_attention(q, k, v, is_causal=True, enable_gqa=True)
         self.assertEqual(type(out.grad_fn).__name__, "ScaledDotProductFlashAttentionBackward0")
         self.assertEqual(tuple(out.shape), (2, 32, n, 64))
-        nbytes, shapes = saved_bytes(
-            lambda: _gpu_attention(q, k, v, is_causal=True, enable_gqa=True))
+        nbytes, shapes = saved_bytes(lambda: _gpu_attention(q, k, v, is_causal=True, enable_gqa=True))
         self.assertIn((2, 4, n, 64), shapes)  # k and v as they are
         self.assertFalse([s for s in shapes if s[-2:] == (n, n)])
         # q and the output [2, 32, N, 64], k and v [2, 4, N, 64] in fp16, the log-sum-exp
         # [2, 32, N] in fp32, the RNG state (16 + 8 bytes); nothing N x N
-        self.assertEqual(nbytes, 2 * (2 * 32 * n * 64 * 2) + 2 * (2 * 4 * n * 64 * 2)
-                         + 2 * 32 * n * 4 + 16 + 8)
+        self.assertEqual(nbytes, 2 * (2 * 32 * n * 64 * 2) + 2 * (2 * 4 * n * 64 * 2) + 2 * 32 * n * 4 + 16 + 8)
         # what the math path (expanded k/v, N x N probabilities) would keep instead
-        math_bytes, _ = saved_bytes(lambda: F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, enable_gqa=True))
+        math_bytes, _ = saved_bytes(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True))
         self.assertGreater(math_bytes, 2 * 32 * n * n * 4)
 
     def test_flash_pads_head_dimensions_to_eight(self):
@@ -147,8 +144,10 @@ class GqaFlashAttentionTest(unittest.TestCase):
                 return self.out(y.transpose(1, 2).reshape(b, n, -1))
 
         model = on_meta(GqaBlock)
-        peaks = {n: simulate_step(model, [n], 8, torch.int64, precision="mixed16")[
-            "breakdown_at_peak"]["activations"] for n in (1024, 2048)}
+        peaks = {
+            n: simulate_step(model, [n], 8, torch.int64, precision="mixed16")["breakdown_at_peak"]["activations"]
+            for n in (1024, 2048)
+        }
         # math: 8 x 8 heads x N x N fp32 probabilities would quadruple; flash doubles
         self.assertLess(peaks[2048] / peaks[1024], 2.2)
 
@@ -160,27 +159,27 @@ class MathPathDropoutTest(unittest.TestCase):
         def events(fn, dtype, mask, causal, gqa, scale):
             q = torch.empty(2, 4, 16, 8, device="meta", dtype=dtype, requires_grad=True)
             kv_heads, keys = (2 if gqa else 4), (16 if causal else 24)
-            k, v = (torch.empty(2, kv_heads, keys, 8, device="meta", dtype=dtype,
-                                requires_grad=True) for _ in range(2))
-            attn_mask = {None: None,
-                         "bool": torch.empty(16, keys, dtype=torch.bool, device="meta"),
-                         "float": torch.empty(2, 1, 16, keys, dtype=dtype, device="meta")}[mask]
+            k, v = (torch.empty(2, kv_heads, keys, 8, device="meta", dtype=dtype, requires_grad=True) for _ in range(2))
+            attn_mask = {
+                None: None,
+                "bool": torch.empty(16, keys, dtype=torch.bool, device="meta"),
+                "float": torch.empty(2, 1, 16, keys, dtype=dtype, device="meta"),
+            }[mask]
             recorder = simulate._StepRecorder()
             with recorder:
                 recorder.phase = "forward"
-                out = fn(q, k, v, attn_mask=attn_mask, dropout_p=0.0, is_causal=causal,
-                         scale=scale, enable_gqa=gqa)
+                out = fn(q, k, v, attn_mask=attn_mask, dropout_p=0.0, is_causal=causal, scale=scale, enable_gqa=gqa)
                 recorder.phase = "backward"
                 out.sum().backward()
                 del out
             return [e[:1] + e[2:] for e in recorder.labelled_events()]
 
-        for case in itertools.product((torch.float32, torch.float16), (None, "bool", "float"),
-                                      (False, True), (False, True), (None, -0.5)):
+        for case in itertools.product(
+            (torch.float32, torch.float16), (None, "bool", "float"), (False, True), (False, True), (None, -0.5)
+        ):
             if case[1] and case[2]:
                 continue
-            self.assertEqual(events(_math_attention, *case),
-                             events(F.scaled_dot_product_attention, *case), case)
+            self.assertEqual(events(_math_attention, *case), events(F.scaled_dot_product_attention, *case), case)
 
     def test_dropout_keeps_a_one_byte_mask(self):
         # A mask not contiguous in its last dimension (T5's position bias in transformers
@@ -238,8 +237,11 @@ class Fp16SoftmaxTest(unittest.TestCase):
 
     def test_softmax_reads_fp16_without_an_fp32_copy(self):
         # H200: only the fp32 output is kept (476.91 MiB), the input gradient is fp16.
-        for fn in (lambda x: torch.softmax(x, -1), lambda x: F.log_softmax(x, dim=-1),
-                   lambda x: x.softmax(-1, dtype=torch.float32)):
+        for fn in (
+            lambda x: torch.softmax(x, -1),
+            lambda x: F.log_softmax(x, dim=-1),
+            lambda x: x.softmax(-1, dtype=torch.float32),
+        ):
             kept, peak, grad_dtype = self.run_probe(lambda x: fn(x).sum())
             self.assertAlmostEqual(kept, 476.91, delta=0.01)
             # no fp32 input copy or fp32 gradient: the output and the fp16 gradient

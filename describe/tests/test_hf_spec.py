@@ -23,9 +23,15 @@ except ImportError:
     transformers = None
 
 TINY_LLAMA = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
-    "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-    "num_key_value_heads": 4, "vocab_size": 1000, "torch_dtype": "bfloat16",
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "vocab_size": 1000,
+    "torch_dtype": "bfloat16",
 }
 
 
@@ -58,13 +64,15 @@ class NoNetwork:
             def call(*args, **kwargs):
                 self.attempts.append(what)
                 raise OSError(f"network disabled in this test ({what})")
+
             return call
 
-        self.patches = [mock.patch.object(socket.socket, "connect", refuse("connect")),
-                        mock.patch.object(socket.socket, "connect_ex", refuse("connect_ex")),
-                        mock.patch.object(socket, "getaddrinfo", refuse("getaddrinfo")),
-                        mock.patch.object(socket, "create_connection",
-                                          refuse("create_connection"))]
+        self.patches = [
+            mock.patch.object(socket.socket, "connect", refuse("connect")),
+            mock.patch.object(socket.socket, "connect_ex", refuse("connect_ex")),
+            mock.patch.object(socket, "getaddrinfo", refuse("getaddrinfo")),
+            mock.patch.object(socket, "create_connection", refuse("create_connection")),
+        ]
         for patch in self.patches:
             patch.start()
         return self
@@ -116,8 +124,9 @@ class HfSpecTest(unittest.TestCase):
         self.assertEqual(desc["family"], "transformer")
         self.assertEqual(sum(l["kind"] == "attention" for l in desc["layers"]), 2)
         self.assertEqual(desc["layers"][-1]["output_size"], 16 * 1000)
-        self.assertEqual(sum(l["params"] for l in desc["layers"]),
-                         total_params(resolve_spec(f"hf:{self.llama}").module))
+        self.assertEqual(
+            sum(l["params"] for l in desc["layers"]), total_params(resolve_spec(f"hf:{self.llama}").module)
+        )
         self.assertEqual(desc["simulation"]["batch_size"], 2)
 
     def test_needs_seq_len(self):
@@ -130,8 +139,9 @@ class HfSpecTest(unittest.TestCase):
         self.assertIsInstance(resolved.module, transformers.LlamaForCausalLM)
 
     def test_sequence_classification_gets_a_score_head(self):
-        folder = write_config(os.path.join(self.tmp.name, "reward"),
-                              architectures=["LlamaForSequenceClassification"], num_labels=3)
+        folder = write_config(
+            os.path.join(self.tmp.name, "reward"), architectures=["LlamaForSequenceClassification"], num_labels=3
+        )
         resolved = resolve_spec(f"hf:{folder}")
         self.assertIsInstance(resolved.module, transformers.LlamaForSequenceClassification)
         self.assertEqual(resolved.module.score.out_features, 3)
@@ -152,8 +162,16 @@ class HfSpecTest(unittest.TestCase):
         folder = os.path.join(self.tmp.name, "vit")
         os.makedirs(folder)
         with open(os.path.join(folder, "config.json"), "w") as out:
-            json.dump({"model_type": "vit", "hidden_size": 32, "num_hidden_layers": 1,
-                       "num_attention_heads": 2, "intermediate_size": 64}, out)
+            json.dump(
+                {
+                    "model_type": "vit",
+                    "hidden_size": 32,
+                    "num_hidden_layers": 1,
+                    "num_attention_heads": 2,
+                    "intermediate_size": 64,
+                },
+                out,
+            )
         self.assertIsInstance(resolve_spec(f"hf:{folder}").module, transformers.ViTModel)
 
     def test_unknown_model_type(self):
@@ -168,10 +186,12 @@ class HfSpecTest(unittest.TestCase):
 
     def test_cached_id_resolves_offline(self):
         from_pretrained = transformers.AutoConfig.from_pretrained
-        with mock.patch.object(huggingface_hub.constants, "HF_HUB_CACHE", self.cache), \
-                mock.patch.object(transformers.AutoConfig, "from_pretrained",
-                                  side_effect=from_pretrained) as spy, \
-                self.online_hub(), NoNetwork() as network:
+        with (
+            mock.patch.object(huggingface_hub.constants, "HF_HUB_CACHE", self.cache),
+            mock.patch.object(transformers.AutoConfig, "from_pretrained", side_effect=from_pretrained) as spy,
+            self.online_hub(),
+            NoNetwork() as network,
+        ):
             resolved = resolve_spec("hf:gpucast-tests/tiny-llama-cached")
         self.assertEqual(network.attempts, [])
         # read from the cache's snapshot folder, never through the hub's download path
@@ -185,10 +205,12 @@ class HfSpecTest(unittest.TestCase):
 
     def test_uncached_id_is_a_spec_error_without_network(self):
         from_pretrained = transformers.AutoConfig.from_pretrained
-        with mock.patch.object(huggingface_hub.constants, "HF_HUB_CACHE", self.cache), \
-                mock.patch.object(transformers.AutoConfig, "from_pretrained",
-                                  side_effect=from_pretrained) as spy, \
-                self.online_hub(), NoNetwork() as network:
+        with (
+            mock.patch.object(huggingface_hub.constants, "HF_HUB_CACHE", self.cache),
+            mock.patch.object(transformers.AutoConfig, "from_pretrained", side_effect=from_pretrained) as spy,
+            self.online_hub(),
+            NoNetwork() as network,
+        ):
             for spec in ("hf:gpucast-tests/no-such-model-xyz", "hf:gpt2"):
                 with self.assertRaises(SpecError, msg=spec) as caught:
                     resolve_spec(spec)
@@ -206,11 +228,12 @@ class HfSpecTest(unittest.TestCase):
         empty = os.path.join(self.tmp.name, "empty")
         os.makedirs(empty, exist_ok=True)
         with self.online_hub(), NoNetwork() as network:
-            for spec, expected in ((f"hf:{empty}", "no config.json"),
-                                   (f"hf:{os.path.join(self.tmp.name, 'missing')}",
-                                    "no such folder"),
-                                   ("hf:./no/such/folder", "no such folder"),
-                                   ("hf:", "bad spec")):
+            for spec, expected in (
+                (f"hf:{empty}", "no config.json"),
+                (f"hf:{os.path.join(self.tmp.name, 'missing')}", "no such folder"),
+                ("hf:./no/such/folder", "no such folder"),
+                ("hf:", "bad spec"),
+            ):
                 with self.assertRaises(SpecError, msg=spec) as caught:
                     resolve_spec(spec)
                 self.assertIn(expected, str(caught.exception), spec)
@@ -233,17 +256,28 @@ class HfSpecCliTest(unittest.TestCase):
             cache = os.path.join(tmp, "hub")
             write_cached(cache, "gpucast-tests/tiny-llama-cached")
             with mock.patch.dict(os.environ, {"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": cache}):
-                result = run_cli(f"hf:{folder}", "hf:gpucast-tests/tiny-llama-cached",
-                                 "hf:gpucast-tests/no-such-model-xyz",
-                                 "--seq-len", "512", "--batch-size", "2", "4")
+                result = run_cli(
+                    f"hf:{folder}",
+                    "hf:gpucast-tests/tiny-llama-cached",
+                    "hf:gpucast-tests/no-such-model-xyz",
+                    "--seq-len",
+                    "512",
+                    "--batch-size",
+                    "2",
+                    "4",
+                )
         self.assertEqual(result.returncode, 1, result.stderr)
-        self.assertIn("hf:gpucast-tests/no-such-model-xyz: not in the local Hugging Face cache",
-                      result.stderr)
+        self.assertIn("hf:gpucast-tests/no-such-model-xyz: not in the local Hugging Face cache", result.stderr)
         bodies = lines(result.stdout)
-        self.assertEqual([(b["model"], b["batch_size"]) for b in bodies],
-                         [(f"hf:{folder}", 2), (f"hf:{folder}", 4),
-                          ("hf:gpucast-tests/tiny-llama-cached", 2),
-                          ("hf:gpucast-tests/tiny-llama-cached", 4)])
+        self.assertEqual(
+            [(b["model"], b["batch_size"]) for b in bodies],
+            [
+                (f"hf:{folder}", 2),
+                (f"hf:{folder}", 4),
+                ("hf:gpucast-tests/tiny-llama-cached", 2),
+                ("hf:gpucast-tests/tiny-llama-cached", 4),
+            ],
+        )
         self.assertEqual(bodies[0]["input_shape"], [512])
         self.assertEqual(bodies[0]["layers"], bodies[2]["layers"])
 

@@ -11,8 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import toy_models
-from gpucast_describe import SimulationError, describe_module, simulate, simulate_step, \
-    with_batch_size
+from gpucast_describe import describe_module, simulate, simulate_step, with_batch_size
 from gpucast_describe import allocator
 from _streams import assert_same_stream
 from test_cli import lines, run_cli
@@ -92,9 +91,10 @@ class PrecisionTest(unittest.TestCase):
         # 16 bits, pure bf16 everything; the fp32 batch stays fp32 under autocast.
         model = on_meta(lambda: nn.Sequential(*[nn.Linear(1024, 1024) for _ in range(8)]))
         fp32 = simulate_step(model, [1024], 4096, optimizer="sgd", loss="sum")
-        amp = {precision: simulate_step(model, [1024], 4096, optimizer="sgd", loss="sum",
-                                        precision=precision)
-               for precision in ("amp_fp16", "amp_bf16", "bf16")}
+        amp = {
+            precision: simulate_step(model, [1024], 4096, optimizer="sgd", loss="sum", precision=precision)
+            for precision in ("amp_fp16", "amp_bf16", "bf16")
+        }
         self.assertLess(peak(amp["amp_fp16"], "activations"), 0.9 * peak(fp32, "activations"))
         self.assertEqual(amp["amp_bf16"]["breakdown_at_peak"], amp["amp_fp16"]["breakdown_at_peak"])
         self.assertEqual(peak(amp["amp_fp16"], "parameters"), peak(fp32, "parameters"))
@@ -103,8 +103,9 @@ class PrecisionTest(unittest.TestCase):
     def test_tf32_is_fp32_memory(self):
         fp32, tf32 = wide(), wide(precision="tf32")
         self.assertEqual(tf32["precision"], "tf32")
-        self.assertEqual({k: v for k, v in tf32.items() if k != "precision"},
-                         {k: v for k, v in fp32.items() if k != "precision"})
+        self.assertEqual(
+            {k: v for k, v in tf32.items() if k != "precision"}, {k: v for k, v in fp32.items() if k != "precision"}
+        )
 
     def test_mixed16_is_amp_fp16(self):
         mixed, amp = wide(precision="mixed16"), wide(precision="amp_fp16")
@@ -154,12 +155,10 @@ class SoftmaxUnderPurePrecisionTest(unittest.TestCase):
         recorder = simulate._StepRecorder()
         target = torch.zeros(512, dtype=torch.int64, device="meta")
         with recorder, simulate._GpuKernelMode(True, torch.bfloat16):
-            logits = torch.empty(512, 1000, device="meta", dtype=torch.bfloat16,
-                                 requires_grad=True)
+            logits = torch.empty(512, 1000, device="meta", dtype=torch.bfloat16, requires_grad=True)
             recorder.track(logits, "parameters")
             loss = F.cross_entropy(logits, target)
-            kept = [e[2] for e in recorder.events[1:] if e[0] == allocator.ALLOC and
-                    e[1] in recorder._live.values()]
+            kept = [e[2] for e in recorder.events[1:] if e[0] == allocator.ALLOC and e[1] in recorder._live.values()]
         del loss
         self.assertIn(512 * 1000 * 2, kept)  # bf16 log-probabilities
         self.assertIn(512 * 1000 * 4, kept)  # their fp32 copy for nll_loss
@@ -173,8 +172,7 @@ class OptimizerTest(unittest.TestCase):
         # two uint8 states, two fp32 absmax per 256-element block, the two 256-value maps
         self.assertEqual(peak(eight, "optimizer_state"), 2 * WEIGHT + 2 * 4 * blocks + 2 * 1024)
         self.assertLess(peak(eight, "optimizer_state"), 0.26 * peak(adam, "optimizer_state"))
-        self.assertEqual(wide(optimizer="adamw_8bit")["breakdown_at_peak"],
-                         eight["breakdown_at_peak"])
+        self.assertEqual(wide(optimizer="adamw_8bit")["breakdown_at_peak"], eight["breakdown_at_peak"])
 
     def test_8_bit_state_only_from_4096_elements(self):
         class Small(nn.Module):
@@ -194,8 +192,7 @@ class OptimizerTest(unittest.TestCase):
         adamw, paged = wide(optimizer="adamw"), wide(optimizer="paged_adamw")
         self.assertEqual(paged["paged_optimizer_state_bytes"], 8 * WEIGHT)
         self.assertEqual(peak(paged, "optimizer_state"), 0)
-        self.assertLessEqual(paged["allocated_peak_bytes"],
-                             adamw["allocated_peak_bytes"] - 8 * WEIGHT)
+        self.assertLessEqual(paged["allocated_peak_bytes"], adamw["allocated_peak_bytes"] - 8 * WEIGHT)
         self.assertNotIn("paged_optimizer_state_bytes", adamw)
         paged8 = wide(optimizer="paged_adamw_8bit")
         self.assertEqual(paged8["paged_optimizer_state_bytes"], 2 * WEIGHT)
@@ -211,8 +208,7 @@ class OptimizerTest(unittest.TestCase):
     def test_adafactor_factors_second_moments_of_matrices(self):
         adam, adafactor = wide(optimizer="adam"), wide(optimizer="adafactor")
         self.assertEqual(peak(adafactor, "optimizer_state"), 2 * 2048 * 4)  # a row, a column
-        self.assertLess(peak(adafactor, "optimizer_state"),
-                        0.001 * peak(adam, "optimizer_state"))
+        self.assertLess(peak(adafactor, "optimizer_state"), 0.001 * peak(adam, "optimizer_state"))
 
     def test_fused_has_fewer_temporaries_than_foreach(self):
         foreach = wide(optimizer="adam")
@@ -222,8 +218,7 @@ class OptimizerTest(unittest.TestCase):
         # foreach's _foreach_sqrt copies the second moments; the fused kernel copies nothing
         self.assertGreaterEqual(peak(foreach, "temporaries"), 4 * WEIGHT)
         self.assertLess(peak(fused, "temporaries"), MIB)
-        self.assertLessEqual(fused["allocated_peak_bytes"],
-                             foreach["allocated_peak_bytes"] - 4 * WEIGHT + MIB)
+        self.assertLessEqual(fused["allocated_peak_bytes"], foreach["allocated_peak_bytes"] - 4 * WEIGHT + MIB)
         # its state: the two moments and a step tensor on the device
         self.assertEqual(peak(fused, "optimizer_state"), 8 * WEIGHT + 512)
         sgd = wide(optimizer="momentum", optimizer_implementation="fused")
@@ -231,11 +226,9 @@ class OptimizerTest(unittest.TestCase):
 
     def test_for_loop_holds_a_parameter_at_a_time(self):
         layer = 1024 * 1024 * 4
-        model = on_meta(lambda: nn.Sequential(*[nn.Linear(1024, 1024, bias=False)
-                                                for _ in range(4)]))
+        model = on_meta(lambda: nn.Sequential(*[nn.Linear(1024, 1024, bias=False) for _ in range(4)]))
         foreach = simulate_step(model, [1024], 2, optimizer="adam")
-        loop = simulate_step(model, [1024], 2, optimizer="adam",
-                             optimizer_implementation="for_loop")
+        loop = simulate_step(model, [1024], 2, optimizer="adam", optimizer_implementation="for_loop")
         self.assertGreaterEqual(peak(foreach, "temporaries"), 4 * layer)  # every sqrt at once
         # sqrt and its quotient for one parameter, the previous quotient not yet released
         self.assertLessEqual(peak(loop, "temporaries"), 3 * layer)
@@ -243,19 +236,18 @@ class OptimizerTest(unittest.TestCase):
 
     def test_refused_combinations_name_the_field(self):
         for setup, field in (
-                (dict(optimizer="adafactor", optimizer_implementation="fused"),
-                 "optimizer_implementation"),
-                (dict(optimizer="adam_8bit", optimizer_implementation="for_loop"),
-                 "optimizer_implementation"),
-                (dict(optimizer="adamw_8bit", precision="fp16"), "optimizer"),
-                (dict(optimizer="lion"), "optimizer"),
-                (dict(precision="fp8"), "precision"),
-                (dict(optimizer_implementation="cuda"), "optimizer_implementation"),
-                (dict(gradient_accumulation_steps=0), "gradient_accumulation_steps"),
-                (dict(activation_checkpointing="some"), "activation_checkpointing"),
-                (dict(lora={"rank": 0}), "lora.rank"),
-                (dict(lora={"rank": 4, "base_weights": "nf8"}), "lora.base_weights"),
-                (dict(trainable="head"), "trainable")):
+            (dict(optimizer="adafactor", optimizer_implementation="fused"), "optimizer_implementation"),
+            (dict(optimizer="adam_8bit", optimizer_implementation="for_loop"), "optimizer_implementation"),
+            (dict(optimizer="adamw_8bit", precision="fp16"), "optimizer"),
+            (dict(optimizer="lion"), "optimizer"),
+            (dict(precision="fp8"), "precision"),
+            (dict(optimizer_implementation="cuda"), "optimizer_implementation"),
+            (dict(gradient_accumulation_steps=0), "gradient_accumulation_steps"),
+            (dict(activation_checkpointing="some"), "activation_checkpointing"),
+            (dict(lora={"rank": 0}), "lora.rank"),
+            (dict(lora={"rank": 4, "base_weights": "nf8"}), "lora.base_weights"),
+            (dict(trainable="head"), "trainable"),
+        ):
             with self.assertRaises(ValueError, msg=setup) as caught:
                 wide(**setup)
             self.assertIn(field, str(caught.exception), setup)
@@ -265,13 +257,11 @@ class AccumulationTest(unittest.TestCase):
     """Activations dominate (batch 4096 through a 256 -> 2048 -> 256 MLP)."""
 
     def setUp(self):
-        self.model = on_meta(lambda: nn.Sequential(nn.Linear(256, 2048), nn.ReLU(),
-                                                   nn.Linear(2048, 256)))
+        self.model = on_meta(lambda: nn.Sequential(nn.Linear(256, 2048), nn.ReLU(), nn.Linear(2048, 256)))
         self.grads = sum(-(-p.numel() * 4 // 512) * 512 for p in self.model.parameters())
 
     def run_with(self, steps):
-        return simulate_step(self.model, [256], 4096, optimizer="sgd",
-                             gradient_accumulation_steps=steps)
+        return simulate_step(self.model, [256], 4096, optimizer="sgd", gradient_accumulation_steps=steps)
 
     def test_the_second_backward_accumulates_into_live_gradients(self):
         one, two = self.run_with(1), self.run_with(2)
@@ -280,16 +270,19 @@ class AccumulationTest(unittest.TestCase):
         # the second micro-batch runs with every gradient alive, beside its activations
         self.assertEqual(peak(two, "gradients"), self.grads)
         self.assertGreaterEqual(peak(two, "activations"), 0.9 * peak(one, "activations"))
-        self.assertGreaterEqual(two["allocated_peak_bytes"],
-                                peak(one, "parameters") + self.grads + peak(one, "activations"))
+        self.assertGreaterEqual(
+            two["allocated_peak_bytes"], peak(one, "parameters") + self.grads + peak(one, "activations")
+        )
         self.assertGreater(two["allocated_peak_bytes"], one["allocated_peak_bytes"])
 
     def test_further_micro_batches_change_nothing(self):
         two, four = self.run_with(2), self.run_with(4)
         self.assertEqual(four["gradient_accumulation_steps"], 4)
         self.assertEqual(four["batch_size"], 4096)  # the micro-batch
-        self.assertEqual({k: v for k, v in four.items() if k != "gradient_accumulation_steps"},
-                         {k: v for k, v in two.items() if k != "gradient_accumulation_steps"})
+        self.assertEqual(
+            {k: v for k, v in four.items() if k != "gradient_accumulation_steps"},
+            {k: v for k, v in two.items() if k != "gradient_accumulation_steps"},
+        )
         self.assertNotIn("gradient_accumulation_steps", self.run_with(1))
 
 
@@ -302,23 +295,34 @@ class PassReuseTest(unittest.TestCase):
 
     def test_same_stream(self):
         self.streams(on_meta(toy_models.tiny_cnn), [3, 32, 32], 8, gradient_accumulation_steps=2)
-        self.streams(on_meta(toy_models.tiny_token_model), [64], 4, torch.int64,
-                     precision="fp16", optimizer="adamw", gradient_accumulation_steps=3)
-        self.streams(on_meta(Stack), [256], 64, precision="amp_bf16",
-                     optimizer_implementation="fused")
+        self.streams(
+            on_meta(toy_models.tiny_token_model),
+            [64],
+            4,
+            torch.int64,
+            precision="fp16",
+            optimizer="adamw",
+            gradient_accumulation_steps=3,
+        )
+        self.streams(on_meta(Stack), [256], 64, precision="amp_bf16", optimizer_implementation="fused")
 
     def test_same_stream_with_transforms(self):
-        self.streams(on_meta(Stack), [256], 64, precision="amp_fp16",
-                     activation_checkpointing="full", gradient_accumulation_steps=2,
-                     lora={"rank": 4, "target_modules": ["up", "down"], "base_weights": "nf4"})
+        self.streams(
+            on_meta(Stack),
+            [256],
+            64,
+            precision="amp_fp16",
+            activation_checkpointing="full",
+            gradient_accumulation_steps=2,
+            lora={"rank": 4, "target_modules": ["up", "down"], "base_weights": "nf4"},
+        )
 
 
 class TransformTest(unittest.TestCase):
     def test_lora_trains_only_the_adapters(self):
         model = on_meta(Stack)
         full = simulate_step(model, [256], 64)
-        lora = simulate_step(model, [256], 64,
-                             lora={"rank": 8, "target_modules": ["up", "down"]})
+        lora = simulate_step(model, [256], 64, lora={"rank": 8, "target_modules": ["up", "down"]})
         adapters = 4 * (8 * (256 + 1024) + 8 * (1024 + 256))
         self.assertEqual(lora["trainable_params"], adapters)
         self.assertEqual(full["trainable_params"], sum(p.numel() for p in model.parameters()))
@@ -337,22 +341,21 @@ class TransformTest(unittest.TestCase):
         model = on_meta(Stack)
         for precision in ("fp32", "amp_fp16", "amp_bf16", "bf16"):
             plain = simulate_step(model, [256], 2048, optimizer="sgd", precision=precision)
-            checkpointed = simulate_step(model, [256], 2048, optimizer="sgd", precision=precision,
-                                         activation_checkpointing="full")
+            checkpointed = simulate_step(
+                model, [256], 2048, optimizer="sgd", precision=precision, activation_checkpointing="full"
+            )
             self.assertEqual(checkpointed["activation_checkpointing"], "full")
-            self.assertLess(checkpointed["allocated_peak_bytes"],
-                            0.6 * plain["allocated_peak_bytes"], precision)
-        named = simulate_step(model, [256], 2048, optimizer="sgd",
-                              activation_checkpointing=["blocks.0", "blocks.1"])
+            self.assertLess(checkpointed["allocated_peak_bytes"], 0.6 * plain["allocated_peak_bytes"], precision)
+        named = simulate_step(model, [256], 2048, optimizer="sgd", activation_checkpointing=["blocks.0", "blocks.1"])
         self.assertEqual(named["activation_checkpointing"], ["blocks.0", "blocks.1"])
         self.assertNotIn("activation_checkpointing", plain)
 
     def test_qlora_base_is_four_bit(self):
         model = on_meta(Stack)
         full = simulate_step(model, [256], 8, precision="bf16")
-        qlora = simulate_step(model, [256], 8, precision="bf16",
-                              lora={"rank": 4, "target_modules": "all-linear",
-                                    "base_weights": "nf4"})
+        qlora = simulate_step(
+            model, [256], 8, precision="bf16", lora={"rank": 4, "target_modules": "all-linear", "base_weights": "nf4"}
+        )
         self.assertLess(peak(qlora, "parameters"), 0.5 * peak(full, "parameters"))
 
     def test_names_that_name_no_module_are_refused(self):
@@ -363,26 +366,48 @@ class TransformTest(unittest.TestCase):
 
 class OutputContractTest(unittest.TestCase):
     DEFAULT_SIMULATION = {
-        "batch_size", "optimizer", "precision", "attention", "trainable_params",
-        "allocated_peak_bytes", "reserved_peak_bytes", "min_capacity_bytes",
-        "breakdown_at_peak", "interpolated"}
+        "batch_size",
+        "optimizer",
+        "precision",
+        "attention",
+        "trainable_params",
+        "allocated_peak_bytes",
+        "reserved_peak_bytes",
+        "min_capacity_bytes",
+        "breakdown_at_peak",
+        "interpolated",
+    }
 
     def test_default_setup_adds_only_trainable_params(self):
         model = on_meta(toy_models.mlp)
         description = describe_module(model, [20], 32)
-        self.assertEqual(set(description), {
-            "model", "family", "batch_size", "input_shape", "layers", "saved_tensors",
-            "optimizer", "precision", "simulation"})
+        self.assertEqual(
+            set(description),
+            {
+                "model",
+                "family",
+                "batch_size",
+                "input_shape",
+                "layers",
+                "saved_tensors",
+                "optimizer",
+                "precision",
+                "simulation",
+            },
+        )
         self.assertEqual(set(description["simulation"]), self.DEFAULT_SIMULATION)
-        self.assertEqual(description["simulation"]["trainable_params"],
-                         sum(p.numel() for p in model.parameters()))
+        self.assertEqual(description["simulation"]["trainable_params"], sum(p.numel() for p in model.parameters()))
 
     def test_setup_fields_at_the_top_level(self):
         model = on_meta(toy_models.tiny_token_model)
-        setup = dict(precision="mixed16", optimizer="adamw", optimizer_implementation="fused",
-                     gradient_accumulation_steps=4)
-        setup.update(activation_checkpointing=["attn"], trainable=["head"],
-                     lora={"rank": 4, "alpha": 16.0, "target_modules": ["qkv"]})
+        setup = dict(
+            precision="mixed16", optimizer="adamw", optimizer_implementation="fused", gradient_accumulation_steps=4
+        )
+        setup.update(
+            activation_checkpointing=["attn"],
+            trainable=["head"],
+            lora={"rank": 4, "alpha": 16.0, "target_modules": ["qkv"]},
+        )
         description = describe_module(model, [32], 8, input_dtype=torch.int64, **setup)
         self.assertEqual(description["precision"], "amp_fp16")
         self.assertEqual(description["optimizer_implementation"], "fused")
@@ -391,13 +416,15 @@ class OutputContractTest(unittest.TestCase):
         self.assertEqual(description["batch_size"], 32)
         sim = description["simulation"]
         self.assertEqual(sim["batch_size"], 8)
-        self.assertEqual((sim["precision"], sim["optimizer_implementation"],
-                          sim["gradient_accumulation_steps"]), ("amp_fp16", "fused", 4))
+        self.assertEqual(
+            (sim["precision"], sim["optimizer_implementation"], sim["gradient_accumulation_steps"]),
+            ("amp_fp16", "fused", 4),
+        )
         self.assertEqual(description["activation_checkpointing"], ["attn"])
         self.assertEqual(description["trainable"], {"modules": ["head"]})
-        self.assertEqual(description["lora"], {"rank": 4, "alpha": 16,
-                                               "target_modules": ["qkv"],
-                                               "base_weights": "same"})
+        self.assertEqual(
+            description["lora"], {"rank": 4, "alpha": 16, "target_modules": ["qkv"], "base_weights": "same"}
+        )
         self.assertEqual(sim["activation_checkpointing"], ["attn"])
         # another micro-batch: simulated again with the same setup
         again = with_batch_size(description, 2, model=model, input_dtype=torch.int64)
@@ -411,42 +438,64 @@ class OutputContractTest(unittest.TestCase):
         self.assertNotIn("paged_optimizer_state_bytes", wide(optimizer="adamw_8bit"))
 
     def test_breakdown_sums_to_the_peak_in_every_setup(self):
-        for setup in (dict(precision="fp16", optimizer="adafactor"),
-                      dict(precision="bf16", optimizer="paged_adamw_8bit",
-                           gradient_accumulation_steps=2),
-                      dict(precision="amp_bf16", optimizer="sgd",
-                           optimizer_implementation="fused")):
+        for setup in (
+            dict(precision="fp16", optimizer="adafactor"),
+            dict(precision="bf16", optimizer="paged_adamw_8bit", gradient_accumulation_steps=2),
+            dict(precision="amp_bf16", optimizer="sgd", optimizer_implementation="fused"),
+        ):
             sim = simulate_step(on_meta(Stack), [256], 32, **setup)
-            self.assertEqual(sum(sim["breakdown_at_peak"].values()),
-                             sim["allocated_peak_bytes"], setup)
+            self.assertEqual(sum(sim["breakdown_at_peak"].values()), sim["allocated_peak_bytes"], setup)
             self.assertLessEqual(sim["allocated_peak_bytes"], sim["min_capacity_bytes"])
             self.assertLessEqual(sim["min_capacity_bytes"], sim["reserved_peak_bytes"])
 
 
 class CliSetupTest(unittest.TestCase):
     def test_setup_flags(self):
-        args = ["module:toy_models:tiny_token_model", "--seq-len", "32", "--batch-size", "4",
-                "--precision", "bf16", "--optimizer", "paged_adamw_8bit",
-                "--gradient-accumulation-steps", "2"]
-        args += ["--activation-checkpointing", "attn,mha", "--lora-rank", "4",
-                 "--lora-targets", "qkv,proj", "--lora-base", "nf4", "--trainable", "head"]
+        args = [
+            "module:toy_models:tiny_token_model",
+            "--seq-len",
+            "32",
+            "--batch-size",
+            "4",
+            "--precision",
+            "bf16",
+            "--optimizer",
+            "paged_adamw_8bit",
+            "--gradient-accumulation-steps",
+            "2",
+        ]
+        args += [
+            "--activation-checkpointing",
+            "attn,mha",
+            "--lora-rank",
+            "4",
+            "--lora-targets",
+            "qkv,proj",
+            "--lora-base",
+            "nf4",
+            "--trainable",
+            "head",
+        ]
         result = run_cli(*args)
         self.assertEqual(result.returncode, 0, result.stderr)
         [body] = lines(result.stdout)
         self.assertEqual((body["precision"], body["optimizer"]), ("bf16", "paged_adamw_8bit"))
-        self.assertEqual((body["batch_size"], body["micro_batch_size"],
-                          body["gradient_accumulation_steps"]), (8, 4, 2))
+        self.assertEqual((body["batch_size"], body["micro_batch_size"], body["gradient_accumulation_steps"]), (8, 4, 2))
         self.assertIn("paged_optimizer_state_bytes", body["simulation"])
         self.assertEqual(body["activation_checkpointing"], ["attn", "mha"])
-        self.assertEqual(body["lora"], {"rank": 4, "alpha": 8, "target_modules":
-                                        ["qkv", "proj"], "base_weights": "nf4"})
+        self.assertEqual(
+            body["lora"], {"rank": 4, "alpha": 8, "target_modules": ["qkv", "proj"], "base_weights": "nf4"}
+        )
         self.assertEqual(body["trainable"], {"modules": ["head"]})
 
     def test_bad_setups_are_usage_errors(self):
         base = ["module:toy_models:mlp", "--batch-size", "4", "--input-shape", "20"]
-        for extra in (["--lora-alpha", "16"], ["--lora-base", "nf4"],
-                      ["--precision", "fp16", "--optimizer", "adam_8bit"],
-                      ["--optimizer", "adafactor", "--optimizer-implementation", "fused"]):
+        for extra in (
+            ["--lora-alpha", "16"],
+            ["--lora-base", "nf4"],
+            ["--precision", "fp16", "--optimizer", "adam_8bit"],
+            ["--optimizer", "adafactor", "--optimizer-implementation", "fused"],
+        ):
             result = run_cli(*base, *extra)
             self.assertEqual(result.returncode, 2, extra)
             self.assertEqual(result.stdout, "")

@@ -69,18 +69,28 @@ class SimulationFieldsTest(unittest.TestCase):
         self.sim = simulate_step(self.model, [20], 64)
 
     def test_fields(self):
-        self.assertEqual(set(self.sim), {
-            "batch_size", "optimizer", "precision", "attention", "trainable_params",
-            "allocated_peak_bytes", "reserved_peak_bytes", "min_capacity_bytes",
-            "breakdown_at_peak", "interpolated"})
+        self.assertEqual(
+            set(self.sim),
+            {
+                "batch_size",
+                "optimizer",
+                "precision",
+                "attention",
+                "trainable_params",
+                "allocated_peak_bytes",
+                "reserved_peak_bytes",
+                "min_capacity_bytes",
+                "breakdown_at_peak",
+                "interpolated",
+            },
+        )
         self.assertEqual(self.sim["batch_size"], 64)
         self.assertEqual((self.sim["optimizer"], self.sim["precision"]), ("adam", "fp32"))
         self.assertFalse(self.sim["interpolated"])
 
     def test_breakdown_sums_to_the_allocated_peak(self):
         self.assertEqual(set(self.sim["breakdown_at_peak"]), set(CATEGORIES))
-        self.assertEqual(sum(self.sim["breakdown_at_peak"].values()),
-                         self.sim["allocated_peak_bytes"])
+        self.assertEqual(sum(self.sim["breakdown_at_peak"].values()), self.sim["allocated_peak_bytes"])
 
     def test_allocated_min_capacity_reserved_are_ordered(self):
         self.assertLessEqual(self.sim["allocated_peak_bytes"], self.sim["min_capacity_bytes"])
@@ -92,8 +102,9 @@ class SimulationFieldsTest(unittest.TestCase):
         self.assertLessEqual(self.sim["reserved_peak_bytes"], 4 * MIB)
 
     def test_parameters_counted_once_as_blocks(self):
-        expected = sum(rounded(p.numel() * 4) for p in self.model.parameters()) + \
-            sum(rounded(b.numel() * b.element_size()) for b in self.model.buffers())
+        expected = sum(rounded(p.numel() * 4) for p in self.model.parameters()) + sum(
+            rounded(b.numel() * b.element_size()) for b in self.model.buffers()
+        )
         self.assertEqual(self.sim["breakdown_at_peak"]["parameters"], expected)
 
     def test_the_callers_module_keeps_its_flags(self):
@@ -139,8 +150,7 @@ class OptimizerStateTest(unittest.TestCase):
         for optimizer in ("sgd", "momentum", "adam", "adamw"):
             sim, b = self.breakdown(optimizer)
             state = {"sgd": 0, "momentum": 1, "adam": 2, "adamw": 2}[optimizer]
-            self.assertGreaterEqual(sim["allocated_peak_bytes"], (2 + state) * self.weight,
-                                    optimizer)
+            self.assertGreaterEqual(sim["allocated_peak_bytes"], (2 + state) * self.weight, optimizer)
 
     def test_unknown_optimizer_is_refused(self):
         with self.assertRaises(ValueError):
@@ -154,8 +164,7 @@ class GpuKernelChoiceTest(unittest.TestCase):
         batch, width = 256, 4096
         with_dropout = simulate_step(on_meta(lambda: DropoutNet(0.5)), [256], batch)
         without = simulate_step(on_meta(lambda: DropoutNet(0.0)), [256], batch)
-        extra = with_dropout["breakdown_at_peak"]["activations"] - \
-            without["breakdown_at_peak"]["activations"]
+        extra = with_dropout["breakdown_at_peak"]["activations"] - without["breakdown_at_peak"]["activations"]
         elements = batch * width
         self.assertGreaterEqual(extra, 5 * elements - 4096)
         self.assertLessEqual(extra, 5 * elements + 4096)
@@ -166,8 +175,7 @@ class GpuKernelChoiceTest(unittest.TestCase):
         efficient = simulate_step(model, [seq], batch, torch.int64, attention="efficient")
         math_path = simulate_step(model, [seq], batch, torch.int64, attention="math")
         n_by_n = batch * heads * seq * seq * 4
-        gap = math_path["breakdown_at_peak"]["activations"] - \
-            efficient["breakdown_at_peak"]["activations"]
+        gap = math_path["breakdown_at_peak"]["activations"] - efficient["breakdown_at_peak"]["activations"]
         # the softmax output (N x N, fp32) less what the efficient kernel keeps instead
         self.assertGreaterEqual(gap, 0.75 * n_by_n)
         self.assertEqual(efficient["attention"], "efficient")
@@ -179,11 +187,9 @@ class GpuKernelChoiceTest(unittest.TestCase):
         fp32 = simulate_step(model, [1024], 4096, optimizer="sgd")
         mixed = simulate_step(model, [1024], 4096, optimizer="sgd", precision="mixed16")
         self.assertEqual(mixed["precision"], "amp_fp16")  # mixed16's canonical name
-        self.assertLess(mixed["breakdown_at_peak"]["activations"],
-                        fp32["breakdown_at_peak"]["activations"])
+        self.assertLess(mixed["breakdown_at_peak"]["activations"], fp32["breakdown_at_peak"]["activations"])
         # fp32 master weights stay: parameters unchanged
-        self.assertEqual(mixed["breakdown_at_peak"]["parameters"],
-                         fp32["breakdown_at_peak"]["parameters"])
+        self.assertEqual(mixed["breakdown_at_peak"]["parameters"], fp32["breakdown_at_peak"]["parameters"])
 
 
 class FastMetaTest(unittest.TestCase):
@@ -259,14 +265,18 @@ class MemoisedMetaKernelTest(unittest.TestCase):
     def test_cnn_and_token_models(self):
         self.events(on_meta(toy_models.tiny_cnn), [3, 32, 32], 8)
         self.events(on_meta(toy_models.tiny_cnn), [3, 32, 32], 8, precision="mixed16")
-        self.events(on_meta(toy_models.tiny_token_model), [64], 4, torch.int64,
-                    optimizer="momentum")
+        self.events(on_meta(toy_models.tiny_token_model), [64], 4, torch.int64, optimizer="momentum")
 
     @unittest.skipIf(transformers is None, "transformers is not installed")
     def test_llama(self):
-        config = transformers.LlamaConfig(hidden_size=128, num_hidden_layers=2,
-                                          num_attention_heads=4, num_key_value_heads=2,
-                                          intermediate_size=256, vocab_size=500)
+        config = transformers.LlamaConfig(
+            hidden_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=256,
+            vocab_size=500,
+        )
         model = on_meta(lambda: transformers.LlamaForCausalLM(config))
         self.events(model, [64], 2, torch.int64, optimizer="adamw", precision="mixed16")
 
@@ -281,8 +291,7 @@ class LossTest(unittest.TestCase):
 
     @unittest.skipIf(transformers is None, "transformers is not installed")
     def test_token_logits_get_cross_entropy_at_every_position(self):
-        config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=1000,
-                                         n_positions=128)
+        config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=1000, n_positions=128)
         model = on_meta(lambda: transformers.GPT2LMHeadModel(config))
         sim = simulate_step(model, [128], 4, torch.int64)
         logits = 4 * 128 * 1000 * 4
@@ -291,8 +300,9 @@ class LossTest(unittest.TestCase):
 
     @unittest.skipIf(transformers is None, "transformers is not installed")
     def test_eager_attention_switches_hugging_face_models_and_restores_them(self):
-        config = transformers.BertConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
-                                         intermediate_size=128, vocab_size=500)
+        config = transformers.BertConfig(
+            num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128, vocab_size=500
+        )
         model = on_meta(lambda: transformers.BertForMaskedLM(config))
         before = model.config._attn_implementation
         sdpa = simulate_step(model, [256], 8, torch.int64)

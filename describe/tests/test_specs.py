@@ -31,8 +31,7 @@ class TorchvisionTest(unittest.TestCase):
         self.assertEqual(first["output_size"], 64 * 112 * 112)
         self.assertEqual(first["params"], 64 * 3 * 7 * 7)
         last = self.desc["layers"][-1]
-        self.assertEqual((last["kind"], last["output_size"], last["params"]),
-                         ("linear", 1000, 512 * 1000 + 1000))
+        self.assertEqual((last["kind"], last["output_size"], last["params"]), ("linear", 1000, 512 * 1000 + 1000))
         self.assertEqual(self.desc["family"], "cnn")
         self.assertEqual(self.desc["input_shape"], [3, 224, 224])
         self.assertEqual(self.desc["model"], "torchvision:resnet18")
@@ -73,8 +72,9 @@ class TimmTest(unittest.TestCase):
         self.assertEqual(param_sum(desc), total_params(resolved.module))
         # cls_token and pos_embed belong to the root module: one extra "other" layer
         root = [l for l in desc["layers"] if l["name"] == "(root)"]
-        self.assertEqual(root, [{"kind": "other", "output_size": 0,
-                                 "params": 192 + 197 * 192, "flops": 0, "name": "(root)"}])
+        self.assertEqual(
+            root, [{"kind": "other", "output_size": 0, "params": 192 + 197 * 192, "flops": 0, "name": "(root)"}]
+        )
 
     def test_cnn_with_timm_layers(self):
         desc = describe_spec("timm:efficientnet_b0")
@@ -87,15 +87,20 @@ class TimmTest(unittest.TestCase):
         # BatchNorm1d on a [1, C] input: would fail in training mode with batch 1
         desc = describe_spec("timm:efficientvit_m0")
         self.assertEqual(desc["family"], "transformer")
-        self.assertEqual(param_sum(desc),
-                         total_params(resolve_spec("timm:efficientvit_m0").module))
+        self.assertEqual(param_sum(desc), total_params(resolve_spec("timm:efficientvit_m0").module))
 
 
 class SpecErrorTest(unittest.TestCase):
     def test_bad_specs(self):
-        for spec in ["resnet18", "hub:resnet18", "timm:", "module:toy_models",
-                     "module:no_such_module:f", "module:toy_models:no_such_factory",
-                     "module:toy_models:not_a_module"]:
+        for spec in [
+            "resnet18",
+            "hub:resnet18",
+            "timm:",
+            "module:toy_models",
+            "module:no_such_module:f",
+            "module:toy_models:no_such_factory",
+            "module:toy_models:not_a_module",
+        ]:
             with self.assertRaises(SpecError, msg=spec):
                 describe_spec(spec, input_shape=[3])
 

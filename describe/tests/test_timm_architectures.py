@@ -64,9 +64,12 @@ class TimmArchitecturesTest(unittest.TestCase):
     def test_the_list_has_one_model_of_every_timm_module(self):
         listed = [module for module, _ in self.pairs]
         self.assertEqual(len(listed), len(set(listed)), "a module listed twice")
-        self.assertEqual(sorted(listed), sorted(timm.list_modules()),
-                         f"the list is not of this timm ({timm.__version__}): regenerate it "
-                         "with describe/scripts/timm_architectures.py select")
+        self.assertEqual(
+            sorted(listed),
+            sorted(timm.list_modules()),
+            f"the list is not of this timm ({timm.__version__}): regenerate it "
+            "with describe/scripts/timm_architectures.py select",
+        )
         for module, model in self.pairs:
             self.assertIn(model, timm.list_models(module=module), module)
         for model in KNOWN_EXCEPTIONS:
@@ -77,8 +80,7 @@ class TimmArchitecturesTest(unittest.TestCase):
             with self.subTest(module=module, model=model):
                 reason = self.script.check(model, BATCH_SIZE)
                 if model in KNOWN_EXCEPTIONS:
-                    self.assertTrue(reason, f"{model} works now: take it out of "
-                                            "KNOWN_EXCEPTIONS")
+                    self.assertTrue(reason, f"{model} works now: take it out of KNOWN_EXCEPTIONS")
                 else:
                     self.assertEqual(reason, "", f"timm:{model} ({module})")
 

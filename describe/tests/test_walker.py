@@ -8,8 +8,14 @@ import torch
 import torch.nn as nn
 
 import toy_models
-from gpucast_describe import (CANONICAL_KINDS, describe_module, infer_family, total_params,
-                              trace_saved_tensors, with_batch_size)
+from gpucast_describe import (
+    CANONICAL_KINDS,
+    describe_module,
+    infer_family,
+    total_params,
+    trace_saved_tensors,
+    with_batch_size,
+)
 
 try:
     import torchvision
@@ -34,14 +40,31 @@ class MlpTest(unittest.TestCase):
     def test_layers_in_execution_order(self):
         self.assertEqual(
             [(l["kind"], l["output_size"], l["params"], l["name"]) for l in self.desc["layers"]],
-            [("linear", 30, 20 * 30 + 30, "0"), ("batch_norm", 30, 60, "1"),
-             ("relu", 30, 0, "2"), ("dropout", 30, 0, "3"),
-             ("linear", 5, 30 * 5 + 5, "4"), ("softmax", 5, 0, "5")])
+            [
+                ("linear", 30, 20 * 30 + 30, "0"),
+                ("batch_norm", 30, 60, "1"),
+                ("relu", 30, 0, "2"),
+                ("dropout", 30, 0, "3"),
+                ("linear", 5, 30 * 5 + 5, "4"),
+                ("softmax", 5, 0, "5"),
+            ],
+        )
 
     def test_top_level_fields(self):
-        self.assertEqual(list(self.desc),
-                         ["model", "family", "batch_size", "input_shape", "layers",
-                          "saved_tensors", "optimizer", "precision", "simulation"])
+        self.assertEqual(
+            list(self.desc),
+            [
+                "model",
+                "family",
+                "batch_size",
+                "input_shape",
+                "layers",
+                "saved_tensors",
+                "optimizer",
+                "precision",
+                "simulation",
+            ],
+        )
         self.assertEqual(self.desc["model"], "toy:mlp")
         self.assertEqual(self.desc["family"], "mlp")
         self.assertEqual(self.desc["batch_size"], 64)
@@ -75,10 +98,14 @@ class ParameterAttributionTest(unittest.TestCase):
     def test_one_layer_per_call_params_counted_once(self):
         self.assertEqual(
             [(l["kind"], l["output_size"], l["params"], l["name"]) for l in self.desc["layers"]],
-            [("other", 0, 8, "(root)"),          # the root's own parameter, where it is called
-             ("linear", 8, 72, "fc"), ("gelu", 8, 0, "act"),
-             ("linear", 8, 0, "fc"),             # second call of the same module
-             ("other", 0, 27, "unused")])        # never called: its params still count
+            [
+                ("other", 0, 8, "(root)"),  # the root's own parameter, where it is called
+                ("linear", 8, 72, "fc"),
+                ("gelu", 8, 0, "act"),
+                ("linear", 8, 0, "fc"),  # second call of the same module
+                ("other", 0, 27, "unused"),
+            ],
+        )  # never called: its params still count
 
     def test_params_sum_to_total(self):
         self.assertEqual(param_sum(self.desc), total_params(self.model))
@@ -91,12 +118,20 @@ class TokenModelTest(unittest.TestCase):
 
     def test_attention_layers_and_children(self):
         rows = [(l["kind"], l["name"]) for l in self.desc["layers"]]
-        self.assertEqual(rows, [
-            ("other", "(root)"), ("embedding", "embed"),
-            ("attention", "attn"), ("linear", "attn.qkv"), ("linear", "attn.proj"),
-            ("attention", "mha"), ("layer_norm", "norm"), ("linear", "head"),
-            ("other", "mha.out_proj"),  # nn.MultiheadAttention uses it functionally
-        ])
+        self.assertEqual(
+            rows,
+            [
+                ("other", "(root)"),
+                ("embedding", "embed"),
+                ("attention", "attn"),
+                ("linear", "attn.qkv"),
+                ("linear", "attn.proj"),
+                ("attention", "mha"),
+                ("layer_norm", "norm"),
+                ("linear", "head"),
+                ("other", "mha.out_proj"),  # nn.MultiheadAttention uses it functionally
+            ],
+        )
         sizes = {l["name"]: l["output_size"] for l in self.desc["layers"]}
         self.assertEqual(sizes["embed"], 10 * 16)
         self.assertEqual(sizes["attn"], 10 * 16)
@@ -117,9 +152,18 @@ class CnnTest(unittest.TestCase):
         self.assertEqual(desc["family"], "cnn")
         self.assertEqual(
             [(l["kind"], l["output_size"]) for l in desc["layers"]],
-            [("conv2d", 8 * 16 * 16), ("batch_norm", 8 * 16 * 16), ("relu6", 8 * 16 * 16),
-             ("max_pool", 8 * 8 * 8), ("conv2d", 4 * 8 * 8), ("hardswish", 4 * 8 * 8),
-             ("adaptive_avg_pool", 4), ("flatten", 4), ("linear", 2)])
+            [
+                ("conv2d", 8 * 16 * 16),
+                ("batch_norm", 8 * 16 * 16),
+                ("relu6", 8 * 16 * 16),
+                ("max_pool", 8 * 8 * 8),
+                ("conv2d", 4 * 8 * 8),
+                ("hardswish", 4 * 8 * 8),
+                ("adaptive_avg_pool", 4),
+                ("flatten", 4),
+                ("linear", 2),
+            ],
+        )
 
 
 class NonMetaModuleTest(unittest.TestCase):
@@ -154,8 +198,7 @@ class SavedTensorsTest(unittest.TestCase):
         model = on_meta(toy_models.small_mlp)
         desc = describe_module(model, [10], batch_size=64)
         self.assertEqual(desc["saved_tensors"], {"per_sample_bytes": 120, "fixed_bytes": 0})
-        self.assertEqual(describe_module(model, [10], batch_size=1)["saved_tensors"],
-                         desc["saved_tensors"])
+        self.assertEqual(describe_module(model, [10], batch_size=1)["saved_tensors"], desc["saved_tensors"])
         self.assertEqual(with_batch_size(desc, 8)["saved_tensors"], desc["saved_tensors"])
         self.assertIsInstance(desc["saved_tensors"]["per_sample_bytes"], int)
         self.assertIsInstance(desc["saved_tensors"]["fixed_bytes"], int)
@@ -165,8 +208,15 @@ class SavedTensorsTest(unittest.TestCase):
         desc = describe_module(model, [20], batch_size=1)
         self.assertEqual(
             [(l["kind"], l["output_size"], l["params"]) for l in desc["layers"]],
-            [("linear", 30, 630), ("batch_norm", 30, 60), ("relu", 30, 0), ("dropout", 30, 0),
-             ("linear", 5, 155), ("softmax", 5, 0)])
+            [
+                ("linear", 30, 630),
+                ("batch_norm", 30, 60),
+                ("relu", 30, 0),
+                ("dropout", 30, 0),
+                ("linear", 5, 155),
+                ("softmax", 5, 0),
+            ],
+        )
 
     def test_mlp_with_norm_and_dropout(self):
         # Per sample: linear input 20, batch norm input 30, relu output 30, dropout's scaled
@@ -174,8 +224,7 @@ class SavedTensorsTest(unittest.TestCase):
         # output 5 floats. Fixed: the batch norm's mean and inverse std (30 floats each); its
         # running statistics are buffers, left out like the parameters.
         saved = trace_saved_tensors(on_meta(toy_models.mlp), [20])
-        self.assertEqual(saved, {"per_sample_bytes": (20 + 30 + 30 + 30 + 30 + 5) * FP32,
-                                 "fixed_bytes": 2 * 30 * FP32})
+        self.assertEqual(saved, {"per_sample_bytes": (20 + 30 + 30 + 30 + 30 + 5) * FP32, "fixed_bytes": 2 * 30 * FP32})
 
     def test_token_ids(self):
         # The embedding saves the int64 ids (the input can't require grad, its weight does),
@@ -184,8 +233,7 @@ class SavedTensorsTest(unittest.TestCase):
         self.assertEqual(saved, {"per_sample_bytes": 10 * (INT64 + 16 * FP32), "fixed_bytes": 0})
 
     def test_token_model_description(self):
-        desc = describe_module(on_meta(toy_models.tiny_token_model), [10], batch_size=2,
-                               input_dtype=torch.int64)
+        desc = describe_module(on_meta(toy_models.tiny_token_model), [10], batch_size=2, input_dtype=torch.int64)
         saved = desc["saved_tensors"]
         # at least the ids and one float activation per token
         self.assertGreater(saved["per_sample_bytes"], 10 * (INT64 + 16 * FP32))
@@ -195,8 +243,7 @@ class SavedTensorsTest(unittest.TestCase):
         model = on_meta(toy_models.mlp).eval()
         model[3].train()
         trace_saved_tensors(model, [20])
-        self.assertEqual([m.training for m in model.modules()],
-                         [False, False, False, False, True, False, False])
+        self.assertEqual([m.training for m in model.modules()], [False, False, False, False, True, False, False])
 
     def test_cpu_module_left_alone(self):
         model = toy_models.small_mlp()
@@ -228,8 +275,7 @@ class SavedTensorsTest(unittest.TestCase):
         self.assertLess(saved["fixed_bytes"], 2**20)
         # activations scale with the image area
         small = trace_saved_tensors(model, [3, 112, 112])
-        self.assertAlmostEqual(small["per_sample_bytes"] / saved["per_sample_bytes"], 0.25,
-                               delta=0.02)
+        self.assertAlmostEqual(small["per_sample_bytes"] / saved["per_sample_bytes"], 0.25, delta=0.02)
 
 
 class EfficientAttentionTest(unittest.TestCase):
@@ -246,15 +292,13 @@ class EfficientAttentionTest(unittest.TestCase):
         # it: one storage), the attention output (the proj's input is a view of it: its
         # [B, N, heads, d] layout makes transpose + reshape free) and the log-sum-exp (heads x
         # N rounded up to 32) in fp32. No heads x N x N probabilities.
-        return (n * self.DIM + n * 3 * self.DIM + n * self.DIM
-                + self.HEADS * math.ceil(n / 32) * 32) * FP32
+        return (n * self.DIM + n * 3 * self.DIM + n * self.DIM + self.HEADS * math.ceil(n / 32) * 32) * FP32
 
     PHILOX = 2 * INT64  # the kernel's dropout seed and offset, saved with it (batch-independent)
 
     def test_by_hand(self):
         for n in (60, 64, 128):
-            self.assertEqual(self.trace(n), {"per_sample_bytes": self.per_token_bytes(n),
-                                             "fixed_bytes": self.PHILOX})
+            self.assertEqual(self.trace(n), {"per_sample_bytes": self.per_token_bytes(n), "fixed_bytes": self.PHILOX})
 
     def test_linear_in_sequence_length(self):
         ratio = self.trace(128)["per_sample_bytes"] / self.trace(64)["per_sample_bytes"]
@@ -264,12 +308,14 @@ class EfficientAttentionTest(unittest.TestCase):
         # A boolean mask becomes an additive fp32 mask, saved with the kernel; one whose row
         # stride is not a multiple of 8 (N = 60) is padded to 64 columns first, as on a GPU.
         for mask in ("bool", "bias"):
-            self.assertEqual(self.trace(64, mask=mask),
-                             {"per_sample_bytes": self.per_token_bytes(64),
-                              "fixed_bytes": self.PHILOX + 64 * 64 * FP32})
-            self.assertEqual(self.trace(60, mask=mask),
-                             {"per_sample_bytes": self.per_token_bytes(60),
-                              "fixed_bytes": self.PHILOX + 60 * 64 * FP32})
+            self.assertEqual(
+                self.trace(64, mask=mask),
+                {"per_sample_bytes": self.per_token_bytes(64), "fixed_bytes": self.PHILOX + 64 * 64 * FP32},
+            )
+            self.assertEqual(
+                self.trace(60, mask=mask),
+                {"per_sample_bytes": self.per_token_bytes(60), "fixed_bytes": self.PHILOX + 60 * 64 * FP32},
+            )
 
     def test_refused_inputs_take_the_normal_call(self):
         # enable_gqa and a mask not contiguous in its last dimension: the memory-efficient
@@ -282,8 +328,7 @@ class EfficientAttentionTest(unittest.TestCase):
 
     def test_only_during_the_trace(self):
         def plain_call():
-            q, k, v = (torch.empty(2, 4, 64, 8, device="meta", requires_grad=True)
-                       for _ in range(3))
+            q, k, v = (torch.empty(2, 4, 64, 8, device="meta", requires_grad=True) for _ in range(3))
             return type(nn.functional.scaled_dot_product_attention(q, k, v).grad_fn).__name__
 
         before = plain_call()
@@ -294,8 +339,10 @@ class EfficientAttentionTest(unittest.TestCase):
         self.assertEqual(plain_call(), before)
         # the layer walk (no autograd) sees the module calls as before
         desc = describe_module(on_meta(toy_models.sdpa_block), [64, self.DIM], batch_size=1)
-        self.assertEqual([(l["kind"], l["output_size"]) for l in desc["layers"]],
-                         [("linear", 64 * 3 * self.DIM), ("linear", 64 * self.DIM)])
+        self.assertEqual(
+            [(l["kind"], l["output_size"]) for l in desc["layers"]],
+            [("linear", 64 * 3 * self.DIM), ("linear", 64 * self.DIM)],
+        )
         self.assertEqual(desc["saved_tensors"]["per_sample_bytes"], self.per_token_bytes(64))
 
 
@@ -308,9 +355,11 @@ class FamilyTest(unittest.TestCase):
         self.assertEqual(infer_family([]), "mlp")
 
     def test_emitted_kinds_are_canonical(self):
-        for factory, shape, dtype in [(toy_models.mlp, [20], torch.float32),
-                                      (toy_models.tiny_token_model, [5], torch.int64),
-                                      (toy_models.tiny_cnn, [3, 8, 8], torch.float32)]:
+        for factory, shape, dtype in [
+            (toy_models.mlp, [20], torch.float32),
+            (toy_models.tiny_token_model, [5], torch.int64),
+            (toy_models.tiny_cnn, [3, 8, 8], torch.float32),
+        ]:
             desc = describe_module(on_meta(factory), shape, 1, input_dtype=dtype)
             for layer in desc["layers"]:
                 self.assertIn(layer["kind"], CANONICAL_KINDS)

@@ -7,8 +7,12 @@ import torch.nn as nn
 def mlp() -> nn.Module:
     """The docs/models.md example shape: linear, batch norm, relu, dropout, linear, softmax."""
     return nn.Sequential(
-        nn.Linear(20, 30), nn.BatchNorm1d(30), nn.ReLU(), nn.Dropout(0.1),
-        nn.Linear(30, 5), nn.Softmax(dim=-1),
+        nn.Linear(20, 30),
+        nn.BatchNorm1d(30),
+        nn.ReLU(),
+        nn.Dropout(0.1),
+        nn.Linear(30, 5),
+        nn.Softmax(dim=-1),
     )
 
 
@@ -72,9 +76,15 @@ def tiny_token_model() -> nn.Module:
 
 def tiny_cnn() -> nn.Module:
     return nn.Sequential(
-        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU6(),
-        nn.MaxPool2d(2), nn.Conv2d(8, 4, 1), nn.Hardswish(),
-        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 2),
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.BatchNorm2d(8),
+        nn.ReLU6(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(8, 4, 1),
+        nn.Hardswish(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(4, 2),
     )
 
 
@@ -128,8 +138,7 @@ class SdpaBlock(nn.Module):
 
     def forward(self, x):
         b, n, c = x.shape
-        q, k, v = self.qkv(x).split([c, (self.qkv.out_features - c) // 2,
-                                     (self.qkv.out_features - c) // 2], dim=-1)
+        q, k, v = self.qkv(x).split([c, (self.qkv.out_features - c) // 2, (self.qkv.out_features - c) // 2], dim=-1)
         q = q.reshape(b, n, self.heads, -1).transpose(1, 2)
         k = k.reshape(b, n, -1, self.head_dim).transpose(1, 2)
         v = v.reshape(b, n, -1, self.head_dim).transpose(1, 2)

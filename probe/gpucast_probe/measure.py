@@ -130,14 +130,16 @@ def environment(torch=None, pynvml=None, handle=None) -> dict:
     for name in ("timm", "torchvision", "transformers"):
         try:
             env[name] = __import__(name).__version__
-        except Exception:  # noqa: BLE001: a missing package is a reading too
+        except Exception:  # noqa: BLE001 - a missing package is a reading too
             env[name] = None
     if pynvml is not None:
         text = lambda v: v.decode() if isinstance(v, bytes) else v  # noqa: E731
-        for key, call in (("driver", lambda: pynvml.nvmlSystemGetDriverVersion()),
-                          ("nvml_cuda_driver", lambda: pynvml.nvmlSystemGetCudaDriverVersion_v2()),
-                          ("nvml_gpu_name", lambda: pynvml.nvmlDeviceGetName(handle)),
-                          ("nvml_memory_total_mib", lambda: pynvml.nvmlDeviceGetMemoryInfo(handle).total // 2**20)):
+        for key, call in (
+            ("driver", lambda: pynvml.nvmlSystemGetDriverVersion()),
+            ("nvml_cuda_driver", lambda: pynvml.nvmlSystemGetCudaDriverVersion_v2()),
+            ("nvml_gpu_name", lambda: pynvml.nvmlDeviceGetName(handle)),
+            ("nvml_memory_total_mib", lambda: pynvml.nvmlDeviceGetMemoryInfo(handle).total // 2**20),
+        ):
             try:
                 env[key] = text(call())
             except Exception:  # noqa: BLE001

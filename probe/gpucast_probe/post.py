@@ -66,7 +66,11 @@ def observation(row: dict, gpu: str) -> Optional[dict]:
     peak = row.get("Max GPU Memory (MiB)")
     if row.get("status") != "ok" or peak in (None, ""):
         return None
-    layers = ast.literal_eval(row["Activations-Params"]) if isinstance(row["Activations-Params"], str) else row["Activations-Params"]
+    layers = (
+        ast.literal_eval(row["Activations-Params"])
+        if isinstance(row["Activations-Params"], str)
+        else row["Activations-Params"]
+    )
     if not layers or len(layers) > MAX_LAYERS:
         return None
     job = {

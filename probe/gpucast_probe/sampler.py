@@ -47,13 +47,13 @@ class Nvml:
 
             pynvml.nvmlInit()
             return Nvml(pynvml)
-        except Exception:  # noqa: BLE001: no library, no driver, no GPU
+        except Exception:  # noqa: BLE001 - no library, no driver, no GPU
             return None
 
     def _try(self, fn, *args, default=None):
         try:
             return fn(*args)
-        except Exception:  # noqa: BLE001: unsupported on this GPU/driver
+        except Exception:  # noqa: BLE001 - unsupported on this GPU/driver
             return default
 
     def handle(self, index: int):
@@ -127,7 +127,9 @@ class JobSampler(threading.Thread):
     """Samples device and process memory (and, without DCGM, GPM metrics) of one job until
     stopped. Averages cover the time the process was on the GPU."""
 
-    def __init__(self, nvml: Nvml, index: int, pid: int, interval: float = 0.2, gpm: bool = True, gpm_every: float = 1.0):
+    def __init__(
+        self, nvml: Nvml, index: int, pid: int, interval: float = 0.2, gpm: bool = True, gpm_every: float = 1.0
+    ):
         super().__init__(daemon=True)
         self.nvml, self.pid, self.interval = nvml, pid, interval
         self.handle = nvml.handle(index)

@@ -30,8 +30,17 @@ GPUMEMNET_COLUMNS = [
 # Added: the GPU (catalogue id or driver name), the driver, DRAM activity (fraction 0..1), the
 # job family, the outcome (ok, oom, failed, timeout), the process's own peak (NVML per-process
 # used memory, MiB), and seconds trained.
-EXTRA_COLUMNS = ["gpu_sku", "driver", "drama", "family", "status", "process_peak_mib", "train_seconds",
-                 "step_time_ms", "environment"]
+EXTRA_COLUMNS = [
+    "gpu_sku",
+    "driver",
+    "drama",
+    "family",
+    "status",
+    "process_peak_mib",
+    "train_seconds",
+    "step_time_ms",
+    "environment",
+]
 COLUMNS = GPUMEMNET_COLUMNS + EXTRA_COLUMNS
 
 

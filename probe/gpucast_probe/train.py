@@ -29,6 +29,7 @@ def _visible_uuid():
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
     return visible if visible.startswith("GPU-") else None
 
+
 # torch.nn class name -> GPUMemNet layer kind, for real models' layer lists.
 KINDS = {
     "Linear": "linear",
@@ -197,10 +198,17 @@ def train(spec: JobSpec, seconds: float) -> dict:
         sampler = choose_sampler(pynvml, handle, torch.cuda.get_device_capability(0))
         result["environment"] = environment(torch, pynvml, handle)
         started = time.monotonic()
-        steady = measure_steps(step, torch.cuda.synchronize, sampler, spec.batch_size,
-                               warmup_steps=WARMUP_STEPS, max_steps=10**9, min_steps=3,
-                               max_seconds=max(0.0, seconds - WARMUP_SECONDS_GUESS),
-                               timer=CudaEventTimer(torch))
+        steady = measure_steps(
+            step,
+            torch.cuda.synchronize,
+            sampler,
+            spec.batch_size,
+            warmup_steps=WARMUP_STEPS,
+            max_steps=10**9,
+            min_steps=3,
+            max_seconds=max(0.0, seconds - WARMUP_SECONDS_GUESS),
+            timer=CudaEventTimer(torch),
+        )
         result["train_seconds"] = time.monotonic() - started
         result["step_time_ms"] = steady["step_time_ms"]
         result["samples_per_s"] = steady["samples_per_s"]
@@ -209,7 +217,7 @@ def train(spec: JobSpec, seconds: float) -> dict:
         result["status"] = "ok"
     except torch.cuda.OutOfMemoryError as e:
         result["status"], result["error"] = "oom", str(e)[:500]
-    except Exception as e:  # noqa: BLE001: any failure is recorded, not raised
+    except Exception as e:  # noqa: BLE001 - any failure is recorded, not raised
         result["error"] = f"{type(e).__name__}: {e}"[:500]
     return result
 

@@ -101,7 +101,8 @@ class _Periodic(UtilizationSampler):
         # metrics over a few milliseconds are noise); a window shorter than one interval still
         # gets its one reading.
         if self.clock() - self._last >= self.interval / 2 or not any(
-                v is not None for values in self.readings.values() for v in values):
+            v is not None for values in self.readings.values() for v in values
+        ):
             self.read()
         self.end()
         self.seconds = self.clock() - self._started
@@ -158,7 +159,7 @@ class GpmSampler(_Periodic):
     def read(self) -> None:
         try:
             current = self._sample()
-        except Exception:  # noqa: BLE001: a failed sample is a missing interval, not an error
+        except Exception:  # noqa: BLE001 - a failed sample is a missing interval, not an error
             return
         try:
             if self._previous is not None:
@@ -209,8 +210,12 @@ class FakeSampler(UtilizationSampler):
 
     def stop(self) -> dict:
         self.stopped += 1
-        return {"metrics": dict(self.values), "sources": {n: SOURCE_FAKE for n in self.names},
-                "intervals": 1, "seconds": 0.0}
+        return {
+            "metrics": dict(self.values),
+            "sources": {n: SOURCE_FAKE for n in self.names},
+            "intervals": 1,
+            "seconds": 0.0,
+        }
 
 
 class NullSampler(UtilizationSampler):
@@ -227,7 +232,7 @@ def gpm_supported(pynvml, handle) -> bool:
     try:
         support = pynvml.nvmlGpmQueryDeviceSupport(handle)
         return bool(getattr(support, "isSupportedDevice", 0))
-    except Exception:  # noqa: BLE001: older driver or library
+    except Exception:  # noqa: BLE001 - older driver or library
         return False
 
 

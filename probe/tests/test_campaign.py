@@ -56,8 +56,15 @@ class Plan(unittest.TestCase):
         for model in {j["model"] for j in jobs}:
             self.assertGreaterEqual(len({j["batch_size"] for j in jobs if j["model"] == model}), 3, model)
         models = {j["model"] for j in jobs}
-        for wanted in ("hf:gpt2_small", "hf:bert_base_mlm", "hf:llama_small", "torchvision:resnet50",
-                       "timm:vit_base_patch16_224", "timm:convnext_tiny", "torchvision:mobilenet_v3_large"):
+        for wanted in (
+            "hf:gpt2_small",
+            "hf:bert_base_mlm",
+            "hf:llama_small",
+            "torchvision:resnet50",
+            "timm:vit_base_patch16_224",
+            "timm:convnext_tiny",
+            "torchvision:mobilenet_v3_large",
+        ):
             self.assertIn(wanted, models)
 
     def test_families_run_in_order_each_model_at_its_smallest_batch_first(self):
@@ -92,9 +99,15 @@ class FamilyRunner(unittest.TestCase):
             with open(script, "w") as f:
                 f.write(FAKE_CHILD)
             campaign.run_family(
-                [{"id": i} for i in ids], lambda jobs, result: [sys.executable, script, jobs, result],
-                deadline=time.monotonic() + deadline_in, job_seconds=job_seconds, startup_seconds=0.0,
-                on_record=records.append, on_environment=environments.append, poll=0.02)
+                [{"id": i} for i in ids],
+                lambda jobs, result: [sys.executable, script, jobs, result],
+                deadline=time.monotonic() + deadline_in,
+                job_seconds=job_seconds,
+                startup_seconds=0.0,
+                on_record=records.append,
+                on_environment=environments.append,
+                poll=0.02,
+            )
         return records, environments
 
     def test_every_job_gets_a_record_in_order(self):
@@ -104,8 +117,9 @@ class FamilyRunner(unittest.TestCase):
 
     def test_a_crash_costs_only_the_job_it_happened_in(self):
         records, environments = self.run_family(["a", "b-crash", "c", "d"])
-        self.assertEqual([(r["id"], r["status"]) for r in records],
-                         [("a", "ok"), ("b-crash", "crashed"), ("c", "ok"), ("d", "ok")])
+        self.assertEqual(
+            [(r["id"], r["status"]) for r in records], [("a", "ok"), ("b-crash", "crashed"), ("c", "ok"), ("d", "ok")]
+        )
         self.assertEqual(records[1]["exit_code"], 3)
         self.assertEqual(len(environments), 2, "a new child for the rest")
 
@@ -113,12 +127,10 @@ class FamilyRunner(unittest.TestCase):
         started = time.monotonic()
         records, _ = self.run_family(["a", "b-hang", "c"], job_seconds=0.5)
         self.assertLess(time.monotonic() - started, 15)
-        self.assertEqual([(r["id"], r["status"]) for r in records],
-                         [("a", "ok"), ("b-hang", "timeout"), ("c", "ok")])
+        self.assertEqual([(r["id"], r["status"]) for r in records], [("a", "ok"), ("b-hang", "timeout"), ("c", "ok")])
 
     def test_nothing_starts_after_the_deadline(self):
-        records, _ = self.run_family(["a-slow", "b-slow", "c-slow", "d-slow", "e-slow", "f-slow"],
-                                     deadline_in=0.7)
+        records, _ = self.run_family(["a-slow", "b-slow", "c-slow", "d-slow", "e-slow", "f-slow"], deadline_in=0.7)
         statuses = [r["status"] for r in records]
         self.assertEqual(len(records), 6)
         self.assertIn("ok", statuses)
@@ -127,9 +139,15 @@ class FamilyRunner(unittest.TestCase):
 
     def test_a_child_that_cannot_start_fails_its_family_after_two_tries(self):
         records = []
-        campaign.run_family([{"id": "a"}, {"id": "b"}], lambda jobs, result: [sys.executable, "-c", "raise SystemExit(5)"],
-                            deadline=time.monotonic() + 30, job_seconds=5, startup_seconds=5,
-                            on_record=records.append, poll=0.02)
+        campaign.run_family(
+            [{"id": "a"}, {"id": "b"}],
+            lambda jobs, result: [sys.executable, "-c", "raise SystemExit(5)"],
+            deadline=time.monotonic() + 30,
+            job_seconds=5,
+            startup_seconds=5,
+            on_record=records.append,
+            poll=0.02,
+        )
         self.assertEqual([(r["id"], r["status"]) for r in records], [("a", "failed"), ("b", "failed")])
 
 
@@ -139,18 +157,40 @@ class DryRun(unittest.TestCase):
         crash = "mlp-a-b256-fp32"
         with tempfile.TemporaryDirectory() as out:
             run = subprocess.run(
-                [torch_python(), str(REPO / "probe" / "campaign.py"), "--dry-run", "--out", out,
-                 "--match", "mlp-a-b64,mlp-a-b256-fp32,mlp-d-b64-fp32,resnet18-b32-amp", "--describe-workers", "1",
-                 "--minutes", "5"],
-                capture_output=True, text=True, timeout=600, env=dict(os.environ, GPUCAST_CAMPAIGN_CRASH=crash))
+                [
+                    torch_python(),
+                    str(REPO / "probe" / "campaign.py"),
+                    "--dry-run",
+                    "--out",
+                    out,
+                    "--match",
+                    "mlp-a-b64,mlp-a-b256-fp32,mlp-d-b64-fp32,resnet18-b32-amp",
+                    "--describe-workers",
+                    "1",
+                    "--minutes",
+                    "5",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=600,
+                env=dict(os.environ, GPUCAST_CAMPAIGN_CRASH=crash),
+            )
             self.assertEqual(run.returncode, 0, run.stderr[-2000:])
             with open(os.path.join(out, "jobs.jsonl")) as f:
                 lines = [json.loads(line) for line in f]
             with open(os.path.join(out, "campaign.json")) as f:
                 summary = json.load(f)
         ids = [line["job"]["id"] for line in lines]
-        self.assertEqual(ids, ["mlp-a-b64-fp32", "mlp-a-b64-amp_bf16", "mlp-d-b64-fp32", "mlp-a-b256-fp32",
-                               "torchvision-resnet18-b32-amp_bf16"])
+        self.assertEqual(
+            ids,
+            [
+                "mlp-a-b64-fp32",
+                "mlp-a-b64-amp_bf16",
+                "mlp-d-b64-fp32",
+                "mlp-a-b256-fp32",
+                "torchvision-resnet18-b32-amp_bf16",
+            ],
+        )
         by_id = {line["job"]["id"]: line for line in lines}
         self.assertEqual(by_id[crash]["measurement"]["status"], "crashed")
         self.assertEqual(summary["by_status"], {"ok": 4, "crashed": 1})

@@ -92,7 +92,9 @@ class Generation(unittest.TestCase):
             else:
                 c = spec.config
                 self.assertEqual(c["d_model"] % c["heads"], 0)
-                self.assertEqual(spec.layers[-1], ("linear", c["seq"] * c["vocab"], c["d_model"] * c["vocab"] + c["vocab"]))
+                self.assertEqual(
+                    spec.layers[-1], ("linear", c["seq"] * c["vocab"], c["d_model"] * c["vocab"] + c["vocab"])
+                )
                 attention = [l for l in spec.layers if l[0] == "multihead_attention"]
                 self.assertEqual(len(attention), c["layers"])
                 self.assertLessEqual(spec.batch_size * c["seq"] * c["vocab"] * 12, 8 * 2**30 * max(1, spec.batch_size))

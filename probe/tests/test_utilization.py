@@ -3,8 +3,15 @@ import unittest
 from types import SimpleNamespace
 
 from probe.gpucast_probe.measure import HostTimer, measure_steps
-from probe.gpucast_probe.utilization import (SOURCE_GPM, SOURCE_RATES, FakeSampler, GpmSampler, NullSampler,
-                                             RatesSampler, choose_sampler)
+from probe.gpucast_probe.utilization import (
+    SOURCE_GPM,
+    SOURCE_RATES,
+    FakeSampler,
+    GpmSampler,
+    NullSampler,
+    RatesSampler,
+    choose_sampler,
+)
 
 
 class FakeGpmNvml:
@@ -120,8 +127,17 @@ class SteadySteps(unittest.TestCase):
     def test_warm_up_steps_are_not_measured_and_the_sampler_covers_the_measured_ones(self):
         started_at = []
         self.sampler.start = lambda: started_at.append(self.steps)
-        result = measure_steps(self.step, lambda: None, self.sampler, batch_size=32, warmup_steps=3,
-                               max_steps=10, min_steps=3, max_seconds=100, clock=self.clock)
+        result = measure_steps(
+            self.step,
+            lambda: None,
+            self.sampler,
+            batch_size=32,
+            warmup_steps=3,
+            max_steps=10,
+            min_steps=3,
+            max_seconds=100,
+            clock=self.clock,
+        )
         self.assertEqual(started_at, [3])
         self.assertEqual(self.sampler.stopped, 1)
         self.assertEqual(result["measured_steps"], 10)
@@ -130,8 +146,17 @@ class SteadySteps(unittest.TestCase):
         self.assertEqual(result["utilization"]["sources"]["smact"], "fake")
 
     def test_the_time_limit_stops_after_the_minimum_steps(self):
-        result = measure_steps(self.step, lambda: None, self.sampler, 8, warmup_steps=3, max_steps=100,
-                               min_steps=5, max_seconds=0.25, clock=self.clock)
+        result = measure_steps(
+            self.step,
+            lambda: None,
+            self.sampler,
+            8,
+            warmup_steps=3,
+            max_steps=100,
+            min_steps=5,
+            max_seconds=0.25,
+            clock=self.clock,
+        )
         self.assertEqual(result["measured_steps"], 5)
 
     def test_the_median_resists_one_slow_step(self):
@@ -139,16 +164,35 @@ class SteadySteps(unittest.TestCase):
             self.steps += 1
             self.clock.now += 2.0 if self.steps == 5 else 0.1
 
-        result = measure_steps(step, lambda: None, self.sampler, 1, warmup_steps=1, max_steps=5,
-                               min_steps=5, max_seconds=100, clock=self.clock)
+        result = measure_steps(
+            step,
+            lambda: None,
+            self.sampler,
+            1,
+            warmup_steps=1,
+            max_steps=5,
+            min_steps=5,
+            max_seconds=100,
+            clock=self.clock,
+        )
         self.assertAlmostEqual(result["step_time_ms"], 100.0)
         self.assertGreater(result["step_time_ms_mean"], 400.0)
 
     def test_host_timer_synchronises_after_every_step(self):
         syncs = []
         timer = HostTimer(lambda: syncs.append(self.steps), self.clock)
-        measure_steps(self.step, lambda: None, self.sampler, 1, warmup_steps=0, max_steps=4,
-                      min_steps=4, max_seconds=100, clock=self.clock, timer=timer)
+        measure_steps(
+            self.step,
+            lambda: None,
+            self.sampler,
+            1,
+            warmup_steps=0,
+            max_steps=4,
+            min_steps=4,
+            max_seconds=100,
+            clock=self.clock,
+            timer=timer,
+        )
         self.assertEqual(syncs, [1, 2, 3, 4])
 
     def test_a_failing_step_stops_the_sampler_and_propagates(self):

@@ -33,36 +33,63 @@ import importlib
 
 from .data import Layout
 
-STAGES = {"mlp": "mlp", "timm": "timm", "simulated": "simulated", "golden": "golden",
-          "evaluate": "evaluate", "public-rows": "public_rows", "public-setups": "public_setups",
-          "perf-data": "perf_data", "public-offload": "public_offload", "decisions": "decisions",
-          "setup-simulations": "setup_simulations"}
+STAGES = {
+    "mlp": "mlp",
+    "timm": "timm",
+    "simulated": "simulated",
+    "golden": "golden",
+    "evaluate": "evaluate",
+    "public-rows": "public_rows",
+    "public-setups": "public_setups",
+    "perf-data": "perf_data",
+    "public-offload": "public_offload",
+    "decisions": "decisions",
+    "setup-simulations": "setup_simulations",
+}
 ALL = ["mlp", "timm", "simulated", "golden", "evaluate"]
 
 
 def parser():
-    p = argparse.ArgumentParser(prog="python -m gpucast_training", description=__doc__.split("\n\n")[0],
-                                epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m gpucast_training",
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("stage", choices=list(STAGES) + ["all"])
     p.add_argument("--data-dir", help="measured data (default $GPUCAST_DATA_DIR, else <repo>/../shared/data)")
-    p.add_argument("--out-dir", help="where outputs go, at the repository's paths (default $GPUCAST_OUT_DIR, else the repository)")
+    p.add_argument(
+        "--out-dir", help="where outputs go, at the repository's paths (default $GPUCAST_OUT_DIR, else the repository)"
+    )
     p.add_argument("--mlp-csv", help="default $GPUCAST_MLP_CSV, else <data dir>/gpumemnet_mlp_a100.csv")
     p.add_argument("--timm-csv", help="default $GPUCAST_TIMM_CSV, else <data dir>/timm_a100_train.csv")
     p.add_argument("--public-csv", help="default $GPUCAST_PUBLIC_CSV, else <data dir>/public_training_memory.csv")
     p.add_argument("--simulations", help="default data/timm/simulations.jsonl.gz")
-    p.add_argument("--observations", help="JSON Lines of the service's stored observations (gpucast observations "
-                   "export): their rows whose job parses join the timm stage's training part")
+    p.add_argument(
+        "--observations",
+        help="JSON Lines of the service's stored observations (gpucast observations "
+        "export): their rows whose job parses join the timm stage's training part",
+    )
     p.add_argument("--threads", type=int, help="torch threads (default: the stage's own, 1 or 2)")
-    p.add_argument("--simulate", action="store_true",
-                   help="public-setups: describe simulates each row's training setup (off by default)")
+    p.add_argument(
+        "--simulate",
+        action="store_true",
+        help="public-setups: describe simulates each row's training setup (off by default)",
+    )
     return p
 
 
 def main(argv=None):
     args = parser().parse_args(argv)
-    layout = Layout(data_dir=args.data_dir, out_dir=args.out_dir, mlp_csv=args.mlp_csv, timm_csv=args.timm_csv,
-                    public_csv=args.public_csv, simulations=args.simulations,
-                    observations=args.observations)
+    layout = Layout(
+        data_dir=args.data_dir,
+        out_dir=args.out_dir,
+        mlp_csv=args.mlp_csv,
+        timm_csv=args.timm_csv,
+        public_csv=args.public_csv,
+        simulations=args.simulations,
+        observations=args.observations,
+    )
     for stage in ALL if args.stage == "all" else [args.stage]:
         module = importlib.import_module("." + STAGES[stage], __package__)
         if args.simulate:

@@ -42,14 +42,21 @@ def default_data_dir():
 class Layout:
     """The input and output paths of one run (see the module doc)."""
 
-    def __init__(self, data_dir=None, out_dir=None, mlp_csv=None, timm_csv=None, public_csv=None, simulations=None,
-                 observations=None):
+    def __init__(
+        self,
+        data_dir=None,
+        out_dir=None,
+        mlp_csv=None,
+        timm_csv=None,
+        public_csv=None,
+        simulations=None,
+        observations=None,
+    ):
         self.data_dir = os.path.abspath(data_dir or default_data_dir())
         self.out_dir = os.path.abspath(out_dir or os.environ.get("GPUCAST_OUT_DIR") or REPO)
         self.mlp_csv = mlp_csv or os.environ.get("GPUCAST_MLP_CSV") or os.path.join(self.data_dir, MLP_CSV)
         self.timm_csv = timm_csv or os.environ.get("GPUCAST_TIMM_CSV") or os.path.join(self.data_dir, TIMM_CSV)
-        self.public_csv = (public_csv or os.environ.get("GPUCAST_PUBLIC_CSV")
-                           or os.path.join(self.data_dir, PUBLIC_CSV))
+        self.public_csv = public_csv or os.environ.get("GPUCAST_PUBLIC_CSV") or os.path.join(self.data_dir, PUBLIC_CSV)
         # describe's simulations of the timm rows (committed; describe/scripts/simulate_timm_training_set.py)
         self.simulations = simulations or self.read("data", "timm", "simulations.jsonl.gz")
         # The service's stored observations (`gpucast observations export`): extra training rows
@@ -97,6 +104,7 @@ def read_jsonl_gz(path):
 
 # ----------------------------------------------------------------------------- the measured data
 
+
 def load_mlp_records(csv_path):
     """The rows of gpumemnet_mlp_a100.csv as records (job, peak, class, utilization, group)."""
     with open(csv_path, newline="") as handle:
@@ -104,17 +112,19 @@ def load_mlp_records(csv_path):
     records = []
     for index, row in enumerate(rows):
         peak = int(row["Max GPU Memory (MiB)"])
-        records.append({
-            "index": index,
-            "id": row["Filename"][:-len(".out")] if row["Filename"].endswith(".out") else row["Filename"],
-            "group": gf.group_key(row["Filename"]),
-            "job": gf.csv_row_to_job(row),
-            "peak": peak,
-            "label": gf.memory_class(peak),
-            "smact": float(row["Avg SMACT"]),
-            "smocc": float(row["Avg SMOCC"]),
-            "raw_row": row,
-        })
+        records.append(
+            {
+                "index": index,
+                "id": row["Filename"][: -len(".out")] if row["Filename"].endswith(".out") else row["Filename"],
+                "group": gf.group_key(row["Filename"]),
+                "job": gf.csv_row_to_job(row),
+                "peak": peak,
+                "label": gf.memory_class(peak),
+                "smact": float(row["Avg SMACT"]),
+                "smocc": float(row["Avg SMOCC"]),
+                "raw_row": row,
+            }
+        )
     return records
 
 
@@ -129,7 +139,7 @@ def family_group(model):
         stripped = False
         for prefix in SOURCE_PREFIXES:
             if name.startswith(prefix):
-                name, stripped = name[len(prefix):], True
+                name, stripped = name[len(prefix) :], True
     match = re.match(r"[a-z]+", name)
     return match.group(0) if match else name
 
@@ -141,10 +151,15 @@ def load_descriptions(path):
 
 def timm_job(description, batch_size):
     """The request body for one CSV row (layer names dropped: informational only)."""
-    job = {"model": description["model"], "family": description["family"], "batch_size": batch_size,
-           "input_shape": description["input_shape"],
-           "layers": [{"kind": l["kind"], "output_size": l["output_size"], "params": l["params"]}
-                      for l in description["layers"]]}
+    job = {
+        "model": description["model"],
+        "family": description["family"],
+        "batch_size": batch_size,
+        "input_shape": description["input_shape"],
+        "layers": [
+            {"kind": l["kind"], "output_size": l["output_size"], "params": l["params"]} for l in description["layers"]
+        ],
+    }
     if "saved_tensors" in description:
         job["saved_tensors"] = description["saved_tensors"]
     return job
@@ -175,8 +190,13 @@ def observation_job(job):
     family = job.get("family")
     if family is None:
         kinds = {l["kind"] for l in clean}
-        family = ("transformer" if any("attention" in k for k in kinds)
-                  else "cnn" if any(k.startswith("conv") for k in kinds) else "mlp")
+        family = (
+            "transformer"
+            if any("attention" in k for k in kinds)
+            else "cnn"
+            if any(k.startswith("conv") for k in kinds)
+            else "mlp"
+        )
     if family not in OBSERVATION_FAMILIES:
         return None
     out = {"model": str(job.get("model") or "observation"), "family": family, "batch_size": batch, "layers": clean}
@@ -208,10 +228,21 @@ def load_observation_records(path):
                 skipped += 1
                 continue
             model = "observation-%s" % row.get("id", number)
-            records.append({
-                "id": "%s@%d" % (model, job["batch_size"]), "model": model, "group": "observations",
-                "family": job["family"], "status": "ok", "batch_size": job["batch_size"], "peak": float(peak),
-                "faketensor": float("nan"), "job": job, "gpu": row.get("gpu"), "environment": row.get("environment")})
+            records.append(
+                {
+                    "id": "%s@%d" % (model, job["batch_size"]),
+                    "model": model,
+                    "group": "observations",
+                    "family": job["family"],
+                    "status": "ok",
+                    "batch_size": job["batch_size"],
+                    "peak": float(peak),
+                    "faketensor": float("nan"),
+                    "job": job,
+                    "gpu": row.get("gpu"),
+                    "environment": row.get("environment"),
+                }
+            )
     return records, skipped
 
 
@@ -226,9 +257,17 @@ def load_timm(csv_path, descriptions_path):
                 continue
             model, batch = row["model"], int(row["batch_size"])
             description = descriptions[model]
-            records.append({
-                "id": "%s@%d" % (model, batch), "model": model, "group": family_group(model),
-                "family": description["family"], "status": status, "batch_size": batch,
-                "peak": float(row["measured_peak_mib"]), "faketensor": float(row["faketensor_estimate_mib"]),
-                "job": timm_job(description, batch)})
+            records.append(
+                {
+                    "id": "%s@%d" % (model, batch),
+                    "model": model,
+                    "group": family_group(model),
+                    "family": description["family"],
+                    "status": status,
+                    "batch_size": batch,
+                    "peak": float(row["measured_peak_mib"]),
+                    "faketensor": float(row["faketensor_estimate_mib"]),
+                    "job": timm_job(description, batch),
+                }
+            )
     return records, dropped

@@ -73,15 +73,25 @@ def sources():
 def rows():
     """Every scored row: request, what was measured and how, its group and kinds."""
     out = []
-    printouts = {r["model"]: r for r in jsonl("tests/fixtures/summaries/printouts.jsonl.gz")
-                 if r["set"] == "timm_test" and r["tool"] == "torchsummary"}
+    printouts = {
+        r["model"]: r
+        for r in jsonl("tests/fixtures/summaries/printouts.jsonl.gz")
+        if r["set"] == "timm_test" and r["tool"] == "torchsummary"
+    }
     simulated = {r["id"]: r for r in jsonl("data/timm/test_simulated.jsonl.gz")}
     for r in jsonl("data/timm/test.jsonl.gz"):
         model, status = r["job"]["model"], r["status"]
-        base = dict(source="timm_a100", group="timm:" + timm_family(model), status=status,
-                    measured=r["measured_peak_mib"] if status == "ok" else None, compare="device",
-                    reading=r["measured_peak_mib"],
-                    kind="image", setups=["plain"], capacity=REFERENCE_CAPACITY)
+        base = dict(
+            source="timm_a100",
+            group="timm:" + timm_family(model),
+            status=status,
+            measured=r["measured_peak_mib"] if status == "ok" else None,
+            compare="device",
+            reading=r["measured_peak_mib"],
+            kind="image",
+            setups=["plain"],
+            capacity=REFERENCE_CAPACITY,
+        )
         out.append(dict(base, id=r["id"] + "/traced", request=r["job"]))
         layers_only = {k: v for k, v in r["job"].items() if k != "saved_tensors"}
         out.append(dict(base, id=r["id"] + "/layers", request=layers_only))
@@ -89,23 +99,44 @@ def rows():
             out.append(dict(base, id=r["id"] + "/simulation", request=simulated[r["id"]]["job"]))
         printout = printouts.get(model)
         if printout:
-            request = {"batch_size": r["job"]["batch_size"], "summary": {"text": printout["text"]},
-                       "family": printout["family"]}
+            request = {
+                "batch_size": r["job"]["batch_size"],
+                "summary": {"text": printout["text"]},
+                "family": printout["family"],
+            }
             if printout["input_shape"]:
                 request["input_shape"] = printout["input_shape"]
             out.append(dict(base, id=r["id"] + "/printout", request=request))
     for r in jsonl("data/mlp/test.jsonl.gz"):
         shape = re.search(r"arch:([a-z]+)", r["id"]).group(1)
-        out.append(dict(id=r["id"], source="mlp_a100", group="mlp:" + shape, status="ok",
-                        measured=r["measured_peak_mib"], compare="device", kind="mlp", setups=["plain"],
-                        capacity=REFERENCE_CAPACITY, request=r["job"]))
+        out.append(
+            dict(
+                id=r["id"],
+                source="mlp_a100",
+                group="mlp:" + shape,
+                status="ok",
+                measured=r["measured_peak_mib"],
+                compare="device",
+                kind="mlp",
+                setups=["plain"],
+                capacity=REFERENCE_CAPACITY,
+                request=r["job"],
+            )
+        )
     by_row = sources()
     for r in jsonl("data/public/setup_jobs.jsonl.gz"):
         card = card_of(r["gpu"])
         source = by_row.get(r["row"], "unknown")
-        base = dict(source=source, group="public:" + source, status="ran", measured=r["measured_mib"],
-                    compare=r["compare"], kind="llm" if r["job"].get("family") == "transformer" else "image",
-                    setups=r["families"], capacity=None)
+        base = dict(
+            source=source,
+            group="public:" + source,
+            status="ran",
+            measured=r["measured_mib"],
+            compare=r["compare"],
+            kind="llm" if r["job"].get("family") == "transformer" else "image",
+            setups=r["families"],
+            capacity=None,
+        )
         for detail in ("simulation", "traced"):
             job = dict(r["job"])
             if detail == "traced":
@@ -123,9 +154,21 @@ def rows():
         job = dict(r["job"])
         if card is None:
             job.pop("gpu", None)
-        out.append(dict(id=f"public{r['row']}/config", source=source, group="public:" + source,
-                        status="ran", measured=r["measured_mib"], compare=r["compare"], kind="llm",
-                        setups=r["families"], capacity=None, request=job, card=card))
+        out.append(
+            dict(
+                id=f"public{r['row']}/config",
+                source=source,
+                group="public:" + source,
+                status="ran",
+                measured=r["measured_mib"],
+                compare=r["compare"],
+                kind="llm",
+                setups=r["families"],
+                capacity=None,
+                request=job,
+                card=card,
+            )
+        )
     return out
 
 
@@ -153,8 +196,11 @@ def config_job(row, card, source=None):
     path = CONFIGS / (row.get("architecture", "").replace("/", "__") + ".json")
     if not row.get("architecture") or not path.exists():
         return None
-    job = {k: v for k, v in row["job"].items()
-           if k not in ("layers", "saved_tensors", "simulation", "summary", "input_shape", "family")}
+    job = {
+        k: v
+        for k, v in row["job"].items()
+        if k not in ("layers", "saved_tensors", "simulation", "summary", "input_shape", "family")
+    }
     job["transformer_config"] = json.loads(path.read_text())
     job["seq_len"] = row["job"]["input_shape"][0]
     loss = loss_implementation(row, source)
@@ -229,8 +275,7 @@ def fit(residuals):
     residuals = sorted(residuals)
     bias = statistics.median(residuals)
     q95 = residuals[min(len(residuals) - 1, round(0.95 * (len(residuals) - 1)))]
-    return {"bias": round(bias, 4), "log_sd": round(max((q95 - bias) / Z95, MIN_LOG_SD), 4),
-            "rows": len(residuals)}
+    return {"bias": round(bias, 4), "log_sd": round(max((q95 - bias) / Z95, MIN_LOG_SD), 4), "rows": len(residuals)}
 
 
 DETAILS = ["simulation", "simulated_setup", "config", "setup_step", "traced", "printout", "layers"]
@@ -278,26 +323,37 @@ def metrics(pairs):
             errors.append(abs(figure - row["measured"]) / row["measured"])
             above += row["measured"] > bound
             measured += 1
+
     def pct(a, b):
         return f"{100 * a / b:.1f} %" if b else "-"
 
     return {
-        "rows": len(pairs), "median": pct(statistics.median(errors), 1) if errors else "-",
-        "p90": pct(quantile(errors, 0.9), 1) if errors else "-", "above": pct(above, measured),
+        "rows": len(pairs),
+        "median": pct(statistics.median(errors), 1) if errors else "-",
+        "p90": pct(quantile(errors, 0.9), 1) if errors else "-",
+        "above": pct(above, measured),
         "width": f"{statistics.median(widths):.3f}" if widths else "-",
         "refused": f"{pct(refused, ran)} ({refused}/{ran})" if ran else "-",
         "oom_accepted": f"{pct(oom_accepted, oom)} ({oom_accepted}/{oom})" if oom else "-",
     }
 
 
-COLUMNS = [("rows", "rows"), ("median", "median error"), ("p90", "p90 error"),
-           ("above", "measured above bound"), ("width", "median bound / estimate"),
-           ("refused", "ran but refused"), ("oom_accepted", "accepted but OOM")]
+COLUMNS = [
+    ("rows", "rows"),
+    ("median", "median error"),
+    ("p90", "p90 error"),
+    ("above", "measured above bound"),
+    ("width", "median bound / estimate"),
+    ("refused", "ran but refused"),
+    ("oom_accepted", "accepted but OOM"),
+]
 
 
 def table(title, groups):
-    lines = [f"| {title} | " + " | ".join(c for _, c in COLUMNS) + " |",
-             "| --- | " + " | ".join("---" for _ in COLUMNS) + " |"]
+    lines = [
+        f"| {title} | " + " | ".join(c for _, c in COLUMNS) + " |",
+        "| --- | " + " | ".join("---" for _ in COLUMNS) + " |",
+    ]
     for name, pairs in groups:
         figures = metrics(pairs)
         lines.append(f"| {name} | " + " | ".join(str(figures[k]) for k, _ in COLUMNS) + " |")
@@ -341,15 +397,23 @@ def agreement(pairs):
             job, level = row["id"].rsplit("/", 1)
             rows = by_job["timm" if row["source"] == "timm_a100" else "published"]
             rows[job][level] = answer["memory"]["estimate_mib"]
-    lines = ["| level against the simulation | jobs | within | median difference |",
-             "| --- | --- | --- | --- |"]
-    for rows, level, tolerance in (("timm", "traced", 0.15), ("timm", "layers", 0.15),
-                                   ("timm", "printout", 0.25), ("published", "traced", 0.15)):
-        diffs = [abs(f[level] - f["simulation"]) / f["simulation"]
-                 for f in by_job[rows].values() if level in f and "simulation" in f]
+    lines = ["| level against the simulation | jobs | within | median difference |", "| --- | --- | --- | --- |"]
+    for rows, level, tolerance in (
+        ("timm", "traced", 0.15),
+        ("timm", "layers", 0.15),
+        ("timm", "printout", 0.25),
+        ("published", "traced", 0.15),
+    ):
+        diffs = [
+            abs(f[level] - f["simulation"]) / f["simulation"]
+            for f in by_job[rows].values()
+            if level in f and "simulation" in f
+        ]
         within = sum(d <= tolerance for d in diffs)
-        lines.append(f"| {rows} {level} (within {tolerance:.0%}) | {len(diffs)} | "
-                     f"{100 * within / len(diffs):.1f} % | {100 * statistics.median(diffs):.1f} % |")
+        lines.append(
+            f"| {rows} {level} (within {tolerance:.0%}) | {len(diffs)} | "
+            f"{100 * within / len(diffs):.1f} % | {100 * statistics.median(diffs):.1f} % |"
+        )
     return "\n".join(lines)
 
 
@@ -369,13 +433,19 @@ def perfect_figure(pairs):
         figure = like_with_like(row, answer)[0]
         on_device = row["measured"] + answer["memory"]["estimate_mib"] - figure
         kinds[row["kind"]].append(on_device / fit_["capacity_mib"])
-    lines = ["| kind of model | rows | above 80 % of the card | " +
-             " | ".join(f"refused at bound {w:.2f}x" for w in WIDTHS) + " |",
-             "| --- | --- | --- | " + " | ".join("---" for _ in WIDTHS) + " |"]
+    lines = [
+        "| kind of model | rows | above 80 % of the card | "
+        + " | ".join(f"refused at bound {w:.2f}x" for w in WIDTHS)
+        + " |",
+        "| --- | --- | --- | " + " | ".join("---" for _ in WIDTHS) + " |",
+    ]
     for kind, shares in sorted(kinds.items()):
         cells = [f"{100 * sum(s * w > 1 for s in shares) / len(shares):.1f} %" for w in WIDTHS]
-        lines.append(f"| {kind} | {len(shares)} | {100 * sum(s > 0.8 for s in shares) / len(shares):.1f} % | "
-                     + " | ".join(cells) + " |")
+        lines.append(
+            f"| {kind} | {len(shares)} | {100 * sum(s > 0.8 for s in shares) / len(shares):.1f} % | "
+            + " | ".join(cells)
+            + " |"
+        )
     return "\n".join(lines)
 
 
@@ -391,8 +461,11 @@ def accepted_oom(pairs):
             ran[model].add((int(batch), row["measured"]))
         if row["status"] == "oom" and answer and (answer.get("fit") or {}).get("fits"):
             jobs[(job, row["reading"])][level] = answer["memory"]["estimate_mib"]
-    lines = ["| job (model@batch) | campaign reading, MiB | the model's runs that did not fail (batch: MiB) "
-             "| accepted at (estimate, MiB) |", "| --- | --- | --- | --- |"]
+    lines = [
+        "| job (model@batch) | campaign reading, MiB | the model's runs that did not fail (batch: MiB) "
+        "| accepted at (estimate, MiB) |",
+        "| --- | --- | --- | --- |",
+    ]
     for (job, reading), levels in sorted(jobs.items()):
         at = ", ".join(f"{level} ({figure:,.0f})" for level, figure in sorted(levels.items()))
         runs = ", ".join(f"{b}: {m:,.0f}" for b, m in sorted(ran[job.rsplit("@", 1)[0]])) or "none"
@@ -425,8 +498,15 @@ def report(served, held_out, committed, command):
         "fitted on every other group (`--uncertainty`), so these figures are of sources and",
         "families the spreads never saw.",
         "",
-        *tables(held_out, [("level of detail", detail_of), ("source", source_of),
-                           ("published runs, setup", setups), ("kind of model", kind_of)]),
+        *tables(
+            held_out,
+            [
+                ("level of detail", detail_of),
+                ("source", source_of),
+                ("published runs, setup", setups),
+                ("kind of model", kind_of),
+            ],
+        ),
         "## One job, several levels of detail",
         "",
         "The same job (one figure each, as served) answered from its layers, its trace or its",
@@ -462,10 +542,14 @@ def report(served, held_out, committed, command):
     for detail in DETAILS:
         s = committed["levels"][detail]
         sections.append(f"| {detail} | {s['bias']} | {s['log_sd']} | {s['rows']} |")
-    sections += ["", f"CUDA context: sd {committed['cuda_context_sd_mib']} MiB within one environment "
-                 "(data/gpu_check: device total - reserved peak 751-771 MiB over 22 jobs on one card).",
-                 "`config`: the published runs of LLMs answered from their model's config.json",
-                 "(tests/fixtures/transformer_configs/public) and their setup.", ""]
+    sections += [
+        "",
+        f"CUDA context: sd {committed['cuda_context_sd_mib']} MiB within one environment "
+        "(data/gpu_check: device total - reserved peak 751-771 MiB over 22 jobs on one card).",
+        "`config`: the published runs of LLMs answered from their model's config.json",
+        "(tests/fixtures/transformer_configs/public) and their setup.",
+        "",
+    ]
     return "\n".join(sections)
 
 
@@ -486,8 +570,9 @@ def run(layout=None, threads=None, gpucast=None):
     (ROOT / "data/uncertainty.json").write_text(json.dumps(committed, indent=2, sort_keys=True) + "\n")
     # Served: answered again with the spreads just fitted (the committed file, which the next
     # build compiles in).
-    served = list(zip(every, answer_all(gpucast, [r["request"] for r in every],
-                                        uncertainty=str(ROOT / "data/uncertainty.json"))))
+    served = list(
+        zip(every, answer_all(gpucast, [r["request"] for r in every], uncertainty=str(ROOT / "data/uncertainty.json")))
+    )
     held_out = []
     groups = sorted({r["group"] for r in every})
     for group in groups:

@@ -12,37 +12,86 @@ from .constants import MIB, MLP_CLASS_BINS_MIB
 
 # Canonical layer kinds, in the order used for the sequence model's `kind_vocab`.
 CANONICAL_KINDS = [
-    "linear", "batch_norm", "dropout",
-    "relu", "leaky_relu", "prelu", "elu", "selu", "gelu", "silu", "mish", "softplus",
-    "tanh", "sigmoid", "softmax", "identity",
+    "linear",
+    "batch_norm",
+    "dropout",
+    "relu",
+    "leaky_relu",
+    "prelu",
+    "elu",
+    "selu",
+    "gelu",
+    "silu",
+    "mish",
+    "softplus",
+    "tanh",
+    "sigmoid",
+    "softmax",
+    "identity",
 ]
 
 # Every canonical kind the service accepts (Rust `LayerKind::ALL`, docs/models.md), in the
 # order used for the real-model sequence estimators' `kind_vocab`.
 ALL_KINDS = [
-    "linear", "conv1d", "conv2d", "conv3d", "conv_transpose2d",
-    "batch_norm", "layer_norm", "group_norm", "instance_norm", "rms_norm",
-    "dropout", "drop_path",
-    "relu", "relu6", "leaky_relu", "prelu", "elu", "selu", "gelu", "silu", "mish", "softplus",
-    "tanh", "sigmoid", "hardswish", "hardsigmoid", "softmax", "identity",
-    "max_pool", "avg_pool", "adaptive_avg_pool", "adaptive_max_pool",
-    "embedding", "attention", "flatten", "upsample", "other",
+    "linear",
+    "conv1d",
+    "conv2d",
+    "conv3d",
+    "conv_transpose2d",
+    "batch_norm",
+    "layer_norm",
+    "group_norm",
+    "instance_norm",
+    "rms_norm",
+    "dropout",
+    "drop_path",
+    "relu",
+    "relu6",
+    "leaky_relu",
+    "prelu",
+    "elu",
+    "selu",
+    "gelu",
+    "silu",
+    "mish",
+    "softplus",
+    "tanh",
+    "sigmoid",
+    "hardswish",
+    "hardsigmoid",
+    "softmax",
+    "identity",
+    "max_pool",
+    "avg_pool",
+    "adaptive_avg_pool",
+    "adaptive_max_pool",
+    "embedding",
+    "attention",
+    "flatten",
+    "upsample",
+    "other",
 ]
 
 # Accepted spellings after normalisation (lower case, without "_", "-" and spaces); the same
 # table as Rust `LayerKind::parse`.
 KIND_ALIASES = {
-    "linear": "linear", "dense": "linear",
+    "linear": "linear",
+    "dense": "linear",
     "conv1d": "conv1d",
-    "conv2d": "conv2d", "conv": "conv2d",
+    "conv2d": "conv2d",
+    "conv": "conv2d",
     "conv3d": "conv3d",
     "convtranspose2d": "conv_transpose2d",
-    "batchnorm": "batch_norm", "batchnormalization": "batch_norm",
-    "batchnorm1d": "batch_norm", "batchnorm2d": "batch_norm", "batchnorm3d": "batch_norm",
+    "batchnorm": "batch_norm",
+    "batchnormalization": "batch_norm",
+    "batchnorm1d": "batch_norm",
+    "batchnorm2d": "batch_norm",
+    "batchnorm3d": "batch_norm",
     "bn": "batch_norm",
     "layernorm": "layer_norm",
     "groupnorm": "group_norm",
-    "instancenorm": "instance_norm", "instancenorm2d": "instance_norm",
+    "instancenorm": "instance_norm",
+    "instancenorm2d": "instance_norm",
     "rmsnorm": "rms_norm",
     "dropout": "dropout",
     "droppath": "drop_path",
@@ -53,7 +102,8 @@ KIND_ALIASES = {
     "elu": "elu",
     "selu": "selu",
     "gelu": "gelu",
-    "silu": "silu", "swish": "silu",
+    "silu": "silu",
+    "swish": "silu",
     "mish": "mish",
     "softplus": "softplus",
     "tanh": "tanh",
@@ -62,20 +112,39 @@ KIND_ALIASES = {
     "hardsigmoid": "hardsigmoid",
     "softmax": "softmax",
     "identity": "identity",
-    "maxpool": "max_pool", "maxpool2d": "max_pool",
-    "avgpool": "avg_pool", "avgpool2d": "avg_pool",
-    "adaptiveavgpool": "adaptive_avg_pool", "adaptiveavgpool2d": "adaptive_avg_pool",
-    "adaptivemaxpool": "adaptive_max_pool", "adaptivemaxpool2d": "adaptive_max_pool",
+    "maxpool": "max_pool",
+    "maxpool2d": "max_pool",
+    "avgpool": "avg_pool",
+    "avgpool2d": "avg_pool",
+    "adaptiveavgpool": "adaptive_avg_pool",
+    "adaptiveavgpool2d": "adaptive_avg_pool",
+    "adaptivemaxpool": "adaptive_max_pool",
+    "adaptivemaxpool2d": "adaptive_max_pool",
     "embedding": "embedding",
-    "attention": "attention", "multiheadattention": "attention",
+    "attention": "attention",
+    "multiheadattention": "attention",
     "flatten": "flatten",
     "upsample": "upsample",
     "other": "other",
 }
 
 ACTIVATION_KINDS = [
-    "relu", "relu6", "leaky_relu", "prelu", "elu", "selu", "gelu", "silu", "mish", "softplus",
-    "tanh", "sigmoid", "hardswish", "hardsigmoid", "softmax", "identity",
+    "relu",
+    "relu6",
+    "leaky_relu",
+    "prelu",
+    "elu",
+    "selu",
+    "gelu",
+    "silu",
+    "mish",
+    "softplus",
+    "tanh",
+    "sigmoid",
+    "hardswish",
+    "hardsigmoid",
+    "softmax",
+    "identity",
 ]
 CONV_KINDS = ["conv1d", "conv2d", "conv3d", "conv_transpose2d"]
 NORM_KINDS = ["batch_norm", "layer_norm", "group_norm", "instance_norm", "rms_norm"]
@@ -85,40 +154,87 @@ OUTPUT_ACTIVATIONS = ("softmax", "sigmoid")
 
 # Candidates for the one-hot `act_<name>` features.
 HIDDEN_ACTIVATIONS = [
-    "relu", "leaky_relu", "prelu", "elu", "selu", "gelu", "silu", "mish", "softplus",
-    "tanh", "identity",
+    "relu",
+    "leaky_relu",
+    "prelu",
+    "elu",
+    "selu",
+    "gelu",
+    "silu",
+    "mish",
+    "softplus",
+    "tanh",
+    "identity",
 ]
 
 COUNT_FEATURES = [
-    "depth", "n_layers", "total_params", "total_activations", "batch_size",
-    "activations_x_batch", "params_x_batch", "max_output_size",
-    "n_batch_norm", "n_dropout", "n_activation",
+    "depth",
+    "n_layers",
+    "total_params",
+    "total_activations",
+    "batch_size",
+    "activations_x_batch",
+    "params_x_batch",
+    "max_output_size",
+    "n_batch_norm",
+    "n_dropout",
+    "n_activation",
 ]
 # Features added for the real-model families (docs/models.md "Real-model families").
-REAL_COUNT_FEATURES = ["n_conv", "n_attention", "n_norm", "n_embedding", "input_pixels",
-                       "conv_outputs_x_batch", "norm_outputs_x_batch", "activation_outputs_x_batch",
-                       "linear_outputs_x_batch", "attention_outputs_x_batch", "other_outputs_x_batch",
-                       "first_principles_mib", "traced_first_principles_mib", "horus_mib"]
+REAL_COUNT_FEATURES = [
+    "n_conv",
+    "n_attention",
+    "n_norm",
+    "n_embedding",
+    "input_pixels",
+    "conv_outputs_x_batch",
+    "norm_outputs_x_batch",
+    "activation_outputs_x_batch",
+    "linear_outputs_x_batch",
+    "attention_outputs_x_batch",
+    "other_outputs_x_batch",
+    "first_principles_mib",
+    "traced_first_principles_mib",
+    "horus_mib",
+]
 # The whole-step simulation's figures (bytes / 2^20; 0 without a simulation): allocated,
 # reserved and minimum capacity, then the allocated bytes at the peak by category.
 SIMULATION_CATEGORIES = ["parameters", "gradients", "optimizer_state", "activations", "temporaries"]
 SIMULATION_FEATURES = ["sim_allocated_mib", "sim_reserved_mib", "sim_min_capacity_mib"] + [
-    "sim_%s_mib" % category for category in SIMULATION_CATEGORIES]
+    "sim_%s_mib" % category for category in SIMULATION_CATEGORIES
+]
 AGGREGATE_FEATURES = COUNT_FEATURES + ["act_" + name for name in HIDDEN_ACTIVATIONS]
-ALL_AGGREGATE_FEATURES = (COUNT_FEATURES + REAL_COUNT_FEATURES + SIMULATION_FEATURES
-                          + ["act_" + name for name in HIDDEN_ACTIVATIONS])
+ALL_AGGREGATE_FEATURES = (
+    COUNT_FEATURES + REAL_COUNT_FEATURES + SIMULATION_FEATURES + ["act_" + name for name in HIDDEN_ACTIVATIONS]
+)
 
 # Analytic memory models (Rust src/domain/analytic.rs).
 FRAMEWORK_OVERHEAD_MIB = 1300.0
 MAX_SAVED_BYTES = 1 << 44
-OPTIMIZER_ALIASES = {"sgd": "sgd", "momentum": "momentum", "sgd_momentum": "momentum",
-                     "nesterov": "momentum", "adam": "adam", "adamw": "adamw"}
+OPTIMIZER_ALIASES = {
+    "sgd": "sgd",
+    "momentum": "momentum",
+    "sgd_momentum": "momentum",
+    "nesterov": "momentum",
+    "adam": "adam",
+    "adamw": "adamw",
+}
 OPTIMIZER_STATE_BYTES = {"sgd": 0.0, "momentum": 4.0, "adam": 8.0, "adamw": 8.0}
 # The service's six precisions in the three memory layouts the formulas know (src/domain/setup.rs):
 # fp32 storage (fp32, tf32), autocast with fp32 master weights (mixed16), pure 16-bit (pure16).
-PRECISION_ALIASES = {"fp32": "fp32", "float32": "fp32", "tf32": "fp32",
-                     "mixed16": "mixed16", "amp": "mixed16", "amp_fp16": "mixed16", "amp_bf16": "mixed16",
-                     "bf16": "pure16", "bfloat16": "pure16", "fp16": "pure16", "float16": "pure16"}
+PRECISION_ALIASES = {
+    "fp32": "fp32",
+    "float32": "fp32",
+    "tf32": "fp32",
+    "mixed16": "mixed16",
+    "amp": "mixed16",
+    "amp_fp16": "mixed16",
+    "amp_bf16": "mixed16",
+    "bf16": "pure16",
+    "bfloat16": "pure16",
+    "fp16": "pure16",
+    "float16": "pure16",
+}
 # Bytes per weight and per activation element of each layout.
 PRECISION_BYTES = {"fp32": (4.0, 4.0), "mixed16": (6.0, 2.0), "pure16": (2.0, 2.0)}
 MAX_INPUT_DIMENSION = 1000000
@@ -129,8 +245,11 @@ TOKEN_FEATURES = ["output_size", "params", "batch_size", "output_x_batch", "posi
 DEFAULT_TRANSFORMS = {name: "log1p" for name in COUNT_FEATURES + REAL_COUNT_FEATURES + SIMULATION_FEATURES}
 DEFAULT_TRANSFORMS.update({"act_" + name: "identity" for name in HIDDEN_ACTIVATIONS})
 DEFAULT_TOKEN_TRANSFORMS = {
-    "output_size": "log1p", "params": "log1p", "batch_size": "log1p",
-    "output_x_batch": "log1p", "position": "identity",
+    "output_size": "log1p",
+    "params": "log1p",
+    "batch_size": "log1p",
+    "output_x_batch": "log1p",
+    "position": "identity",
 }
 
 # The MLP estimators' classes (constants.py); memory_class's default bins.
@@ -170,8 +289,7 @@ def normalise_job(job):
         output_size, params = layer["output_size"], layer["params"]
         if output_size < 0 or params < 0:
             raise ValueError("output_size and params must be non-negative")
-        normalised.append({"kind": normalise_kind(layer["kind"]),
-                           "output_size": output_size, "params": params})
+        normalised.append({"kind": normalise_kind(layer["kind"]), "output_size": output_size, "params": params})
     optimizer = job.get("optimizer")
     optimizer = "adam" if optimizer is None else OPTIMIZER_ALIASES.get(str(optimizer).lower())
     if optimizer is None:
@@ -194,9 +312,16 @@ def normalise_job(job):
     if simulation is not None:
         simulation = normalise_simulation(simulation, batch_size, optimizer, precision)
     family = job.get("family") or infer_family([layer["kind"] for layer in normalised])
-    return {"family": family, "batch_size": batch_size, "layers": normalised,
-            "optimizer": optimizer, "precision": precision, "input_shape": input_shape,
-            "saved_tensors": saved, "simulation": simulation}
+    return {
+        "family": family,
+        "batch_size": batch_size,
+        "layers": normalised,
+        "optimizer": optimizer,
+        "precision": precision,
+        "input_shape": input_shape,
+        "saved_tensors": saved,
+        "simulation": simulation,
+    }
 
 
 def _whole_bytes(value, field):
@@ -213,27 +338,48 @@ def normalise_simulation(simulation, batch_size, optimizer, precision):
     """The job's `simulation`, checked as the service checks it (Rust `Job::with_simulation`):
     of the job's batch size, optimizer and precision; allocated <= min capacity <= reserved;
     the categories at the peak summing exactly to the allocated peak."""
-    peaks = {field: _whole_bytes(simulation[field], field)
-             for field in ("allocated_peak_bytes", "reserved_peak_bytes", "min_capacity_bytes")}
-    breakdown = {category: _whole_bytes(simulation["breakdown_at_peak"][category], "breakdown_at_peak." + category)
-                 for category in SIMULATION_CATEGORIES}
+    peaks = {
+        field: _whole_bytes(simulation[field], field)
+        for field in ("allocated_peak_bytes", "reserved_peak_bytes", "min_capacity_bytes")
+    }
+    breakdown = {
+        category: _whole_bytes(simulation["breakdown_at_peak"][category], "breakdown_at_peak." + category)
+        for category in SIMULATION_CATEGORIES
+    }
     if simulation["batch_size"] != batch_size:
-        raise ValueError("simulation.batch_size: %r is not the job's batch_size %r" % (simulation["batch_size"], batch_size))
-    for field, aliases, expected in (("optimizer", OPTIMIZER_ALIASES, optimizer), ("precision", PRECISION_ALIASES, precision)):
+        raise ValueError(
+            "simulation.batch_size: %r is not the job's batch_size %r" % (simulation["batch_size"], batch_size)
+        )
+    for field, aliases, expected in (
+        ("optimizer", OPTIMIZER_ALIASES, optimizer),
+        ("precision", PRECISION_ALIASES, precision),
+    ):
         given = simulation.get(field)
         if given is not None and aliases.get(str(given).lower()) != expected:
             raise ValueError("simulation.%s: %r is not the job's %s (%s)" % (field, given, field, expected))
-    allocated, reserved, min_capacity = (peaks["allocated_peak_bytes"], peaks["reserved_peak_bytes"],
-                                         peaks["min_capacity_bytes"])
+    allocated, reserved, min_capacity = (
+        peaks["allocated_peak_bytes"],
+        peaks["reserved_peak_bytes"],
+        peaks["min_capacity_bytes"],
+    )
     if allocated > reserved:
         raise ValueError("simulation.reserved_peak_bytes: below allocated_peak_bytes")
     if not allocated <= min_capacity <= reserved:
         raise ValueError("simulation.min_capacity_bytes: outside allocated_peak_bytes to reserved_peak_bytes")
     if sum(breakdown.values()) != allocated:
-        raise ValueError("simulation.breakdown_at_peak: sums to %d bytes, allocated_peak_bytes is %d"
-                         % (sum(breakdown.values()), allocated))
-    return dict(peaks, batch_size=batch_size, optimizer=optimizer, precision=precision, breakdown_at_peak=breakdown,
-                attention=simulation.get("attention"), interpolated=bool(simulation.get("interpolated", False)))
+        raise ValueError(
+            "simulation.breakdown_at_peak: sums to %d bytes, allocated_peak_bytes is %d"
+            % (sum(breakdown.values()), allocated)
+        )
+    return dict(
+        peaks,
+        batch_size=batch_size,
+        optimizer=optimizer,
+        precision=precision,
+        breakdown_at_peak=breakdown,
+        attention=simulation.get("attention"),
+        interpolated=bool(simulation.get("interpolated", False)),
+    )
 
 
 def simulation_features(job):
@@ -368,8 +514,7 @@ def raw_token_features(job):
     tokens = []
     for index, layer in enumerate(layers):
         output_size = float(layer["output_size"])
-        tokens.append([output_size, float(layer["params"]), batch_size,
-                       output_size * batch_size, index / last])
+        tokens.append([output_size, float(layer["params"]), batch_size, output_size * batch_size, index / last])
     return tokens
 
 
@@ -401,8 +546,10 @@ def aggregate_vector(job, feature_entries):
 def token_vectors(job, token_entries):
     """Normalised token features [L][T] for a sequence estimator, in manifest order."""
     columns = {name: index for index, name in enumerate(TOKEN_FEATURES)}
-    return [[normalise_value(token[columns[entry["name"]]], entry) for entry in token_entries]
-            for token in raw_token_features(job)]
+    return [
+        [normalise_value(token[columns[entry["name"]]], entry) for entry in token_entries]
+        for token in raw_token_features(job)
+    ]
 
 
 def memory_class(peak_mib, bins=CLASS_BINS_MIB):
@@ -415,12 +562,14 @@ def memory_class(peak_mib, bins=CLASS_BINS_MIB):
 
 def csv_row_to_job(row):
     """Job description (docs/models.md) from a row of gpumemnet_mlp_a100.csv (a csv.DictReader dict)."""
-    layers = [{"kind": normalise_kind(kind), "output_size": int(output_size), "params": int(params)}
-              for kind, output_size, params in ast.literal_eval(row["Activations-Params"])]
+    layers = [
+        {"kind": normalise_kind(kind), "output_size": int(output_size), "params": int(params)}
+        for kind, output_size, params in ast.literal_eval(row["Activations-Params"])
+    ]
     return {"family": "mlp", "batch_size": int(row["Batch Size"]), "layers": layers}
 
 
 def group_key(filename):
     """The run name without its batch size: one architecture at several batch sizes is one group."""
-    stem = filename[:-len(".out")] if filename.endswith(".out") else filename
+    stem = filename[: -len(".out")] if filename.endswith(".out") else filename
     return "_".join(part for part in stem.split("_") if not part.startswith("batch:"))

@@ -35,17 +35,31 @@ def simulation_of(job, interpolated, as_floats):
     batch = job["batch_size"]
     weight_bytes = 4 if job["precision"] == "fp32" else 6
     saved = job["saved_tensors"]
-    activations = (saved["per_sample_bytes"] * batch + saved["fixed_bytes"] if saved
-                   else sum(layer["output_size"] for layer in job["layers"]) * batch * 4) + 12345
-    breakdown = {"parameters": weight_bytes * params, "gradients": 4 * params,
-                 "optimizer_state": int(gf.OPTIMIZER_STATE_BYTES[job["optimizer"]]) * params,
-                 "activations": activations, "temporaries": 3 * params + 7777 + 1000 * batch}
+    activations = (
+        saved["per_sample_bytes"] * batch + saved["fixed_bytes"]
+        if saved
+        else sum(layer["output_size"] for layer in job["layers"]) * batch * 4
+    ) + 12345
+    breakdown = {
+        "parameters": weight_bytes * params,
+        "gradients": 4 * params,
+        "optimizer_state": int(gf.OPTIMIZER_STATE_BYTES[job["optimizer"]]) * params,
+        "activations": activations,
+        "temporaries": 3 * params + 7777 + 1000 * batch,
+    }
     allocated = sum(breakdown.values())
     reserved = allocated + allocated // 7 + (1 << 21) + 3
-    simulation = {"batch_size": batch, "optimizer": job["optimizer"], "precision": job["precision"],
-                  "allocated_peak_bytes": allocated, "reserved_peak_bytes": reserved,
-                  "min_capacity_bytes": allocated + (reserved - allocated) // 2,
-                  "breakdown_at_peak": breakdown, "attention": "efficient", "interpolated": interpolated}
+    simulation = {
+        "batch_size": batch,
+        "optimizer": job["optimizer"],
+        "precision": job["precision"],
+        "allocated_peak_bytes": allocated,
+        "reserved_peak_bytes": reserved,
+        "min_capacity_bytes": allocated + (reserved - allocated) // 2,
+        "breakdown_at_peak": breakdown,
+        "attention": "efficient",
+        "interpolated": interpolated,
+    }
     if as_floats:  # JSON writers that emit 29440.0 for 29440: both sides accept them
         simulation["reserved_peak_bytes"] = float(simulation["reserved_peak_bytes"])
         simulation["breakdown_at_peak"]["gradients"] = float(breakdown["gradients"])

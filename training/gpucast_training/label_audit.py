@@ -49,7 +49,7 @@ def _trusted_walk(rows, indices):
     for position, index in enumerate(indices):
         _, batch, status, peak = rows[index]
         # A reading that a neighbouring batch size repeats is stuck, not a measurement.
-        neighbours = indices[max(0, position - 1):position] + indices[position + 1:position + 2]
+        neighbours = indices[max(0, position - 1) : position] + indices[position + 1 : position + 2]
         failed = status == "ok" and any(abs(rows[i][3] - peak) <= 0.01 * peak for i in neighbours)
         if status == "ok" and trusted and not failed:
             batch0, peak0 = trusted[-1]

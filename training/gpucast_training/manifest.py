@@ -56,12 +56,18 @@ def golden_case(name, job, aggregate_entries, kind_vocab, token_entries, extra_a
     """One case of the golden fixture: the job, its raw aggregate features, the normalised
     aggregate vector, kind ids and token features (N = 1, no padding), and, when given, the
     aggregate vectors of further estimators (`extra_aggregate`: name -> feature entries)."""
-    case = {"name": name, "job": job, "raw_aggregate": gf.raw_aggregate_features(job),
-            "aggregate": gf.aggregate_vector(job, aggregate_entries),
-            "kind_ids": gf.kind_ids(job, kind_vocab),
-            "token_features": gf.token_vectors(job, token_entries)}
+    case = {
+        "name": name,
+        "job": job,
+        "raw_aggregate": gf.raw_aggregate_features(job),
+        "aggregate": gf.aggregate_vector(job, aggregate_entries),
+        "kind_ids": gf.kind_ids(job, kind_vocab),
+        "token_features": gf.token_vectors(job, token_entries),
+    }
     if extra_aggregate is not None:
-        case["extra_aggregate"] = {extra: gf.aggregate_vector(job, entries) for extra, entries in extra_aggregate.items()}
+        case["extra_aggregate"] = {
+            extra: gf.aggregate_vector(job, entries) for extra, entries in extra_aggregate.items()
+        }
     return case
 
 
@@ -69,6 +75,11 @@ def manifest_golden_case(name, job, estimators, by_name):
     """golden_case with the inputs of the fixture's named estimators (`estimators`: {"aggregate",
     "sequence", "extra_aggregate"}) as the manifest (`by_name`) has them."""
     sequence = by_name[estimators["sequence"]]["input"]
-    return golden_case(name, job, by_name[estimators["aggregate"]]["input"]["features"], sequence["kind_vocab"],
-                       sequence["token_features"],
-                       {extra: by_name[extra]["input"]["features"] for extra in estimators.get("extra_aggregate", [])})
+    return golden_case(
+        name,
+        job,
+        by_name[estimators["aggregate"]]["input"]["features"],
+        sequence["kind_vocab"],
+        sequence["token_features"],
+        {extra: by_name[extra]["input"]["features"] for extra in estimators.get("extra_aggregate", [])},
+    )

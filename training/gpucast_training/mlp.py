@@ -36,13 +36,18 @@ UNDER_WEIGHT = 1.0  # chosen by CV among 0, 0.5, 1, 2 (best combined CV accuracy
 # Weight of the memory-estimate regression (GiB units) in the classifiers' loss.
 REGRESSION_WEIGHT = 1.0
 # Count features the models also see on a linear scale (memory is ~linear in them).
-LINEAR_SCALE_FEATURES = ["total_params", "activations_x_batch", "params_x_batch",
-                         "total_activations", "batch_size", "max_output_size"]
+LINEAR_SCALE_FEATURES = [
+    "total_params",
+    "activations_x_batch",
+    "params_x_batch",
+    "total_activations",
+    "batch_size",
+    "max_output_size",
+]
 LINEAR_SCALE_TOKENS = ["params", "output_x_batch"]
 
 ENSEMBLE = dict(members=5, hidden=32, epochs=1000, lr=1e-2, weight_decay=1e-3)
-TRANSFORMER = dict(d_model=32, n_heads=4, n_layers=2, d_ff=64, epochs=40, batch=64, lr=3e-3,
-                   weight_decay=1e-4)
+TRANSFORMER = dict(d_model=32, n_heads=4, n_layers=2, d_ff=64, epochs=40, batch=64, lr=3e-3, weight_decay=1e-4)
 # Independently seeded transformers averaged inside the exported graph (seeds seed, seed+1, ...).
 # Chosen by grouped CV among the member counts whose N=1 latency (L=46, one thread) stays within
 # ~250 us: see training/report_sequence_members.md (K=5 scored best in CV but took ~360 us).
@@ -51,6 +56,7 @@ REGRESSOR = dict(members=3, hidden=32, epochs=500, lr=1e-2, weight_decay=1e-3)
 
 
 # ----------------------------------------------------------------------------- data
+
 
 def split_train_test(records):
     groups = [record["group"] for record in records]
@@ -66,6 +72,7 @@ def cv_folds(train_records):
 
 
 # ----------------------------------------------------------------------------- features
+
 
 def fit_entries(raw_columns, names, transforms):
     """Manifest feature entries with mean/std of the transformed training values."""
@@ -106,9 +113,9 @@ def encode_sequence(jobs, entries, kind_vocab, length=None):
     token_features = np.zeros((len(jobs), length, len(entries)), dtype=np.float32)
     mask = np.zeros((len(jobs), length), dtype=np.float32)
     for row, (job_ids, job_tokens) in enumerate(zip(ids, tokens)):
-        kind_ids[row, :len(job_ids)] = job_ids
-        token_features[row, :len(job_ids)] = job_tokens
-        mask[row, :len(job_ids)] = 1.0
+        kind_ids[row, : len(job_ids)] = job_ids
+        token_features[row, : len(job_ids)] = job_tokens
+        mask[row, : len(job_ids)] = 1.0
     return kind_ids, token_features, mask
 
 
@@ -129,6 +136,7 @@ def make_linear_scale(entries, columns, x_columns):
 
 
 # ----------------------------------------------------------------------------- training
+
 
 def below_mass(probabilities, labels):
     """Probability assigned to classes below the true one (the under-prediction risk)."""
@@ -159,8 +167,10 @@ def train_full_batch(model, inputs, targets, loss_fn, epochs, lr, weight_decay):
 
 
 def classifier_targets(records):
-    return (torch.as_tensor([r["label"] for r in records], dtype=torch.long),
-            torch.as_tensor([r["peak"] / 1000.0 for r in records], dtype=torch.float32))
+    return (
+        torch.as_tensor([r["label"] for r in records], dtype=torch.long),
+        torch.as_tensor([r["peak"] / 1000.0 for r in records], dtype=torch.float32),
+    )
 
 
 def train_ensemble(x, records, entries, seed):
@@ -168,10 +178,14 @@ def train_ensemble(x, records, entries, seed):
     members = []
     for member in range(ENSEMBLE["members"]):
         torch.manual_seed(seed + member)
-        model = gm.AggregateMemoryModel(x.shape[1], aggregate_linear_scale(entries, x), ENSEMBLE["hidden"],
-                                        CLASS_BINS_MIB)
-        members.append(train_full_batch(model, x_t, y_t, classifier_loss, ENSEMBLE["epochs"],
-                                        ENSEMBLE["lr"], ENSEMBLE["weight_decay"]))
+        model = gm.AggregateMemoryModel(
+            x.shape[1], aggregate_linear_scale(entries, x), ENSEMBLE["hidden"], CLASS_BINS_MIB
+        )
+        members.append(
+            train_full_batch(
+                model, x_t, y_t, classifier_loss, ENSEMBLE["epochs"], ENSEMBLE["lr"], ENSEMBLE["weight_decay"]
+            )
+        )
     return gm.ProbabilityEnsemble(members).eval()
 
 
@@ -184,8 +198,9 @@ def train_regressor(x, targets, entries, seed):
         model = gm.AggregateMLP(x.shape[1], aggregate_linear_scale(entries, x), REGRESSOR["hidden"], 1)
         # L1 on the sigmoid output: the reported figure is MAE.
         loss = lambda out, y: (torch.sigmoid(out) - y).abs().mean()  # noqa: E731
-        members.append(train_full_batch(model, x_t, y_t, loss, REGRESSOR["epochs"],
-                                        REGRESSOR["lr"], REGRESSOR["weight_decay"]))
+        members.append(
+            train_full_batch(model, x_t, y_t, loss, REGRESSOR["epochs"], REGRESSOR["lr"], REGRESSOR["weight_decay"])
+        )
     return gm.SigmoidEnsemble(members).eval()
 
 
@@ -202,9 +217,9 @@ def token_linear_scale(token_entries, token_features, mask):
 
 def length_bucketed_batches(lengths, batch, generator):
     """Batches of similar length (less padding to compute), in random order."""
-    jitter = torch.rand(len(lengths), generator=generator)     # random order within a length
+    jitter = torch.rand(len(lengths), generator=generator)  # random order within a length
     order = torch.argsort(lengths + jitter)
-    batches = [order[start:start + batch] for start in range(0, len(order), batch)]
+    batches = [order[start : start + batch] for start in range(0, len(order), batch)]
     return [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()]
 
 
@@ -212,8 +227,10 @@ def train_transformer(kind_ids, token_features, mask, records, token_entries, se
     """SEQUENCE_MEMBERS transformers seeded seed, seed + 1, ...; one member exports as itself, more
     as one graph with stacked weights (gm.StackedSequenceEnsemble, mean of the probabilities)."""
     members = members or SEQUENCE_MEMBERS
-    trained = [train_transformer_member(kind_ids, token_features, mask, records, token_entries, seed + m)
-               for m in range(members)]
+    trained = [
+        train_transformer_member(kind_ids, token_features, mask, records, token_entries, seed + m)
+        for m in range(members)
+    ]
     if members == 1:
         return gm.SequenceProbabilities(trained[0]).eval()
     return gm.StackedSequenceEnsemble(trained).eval()
@@ -222,10 +239,18 @@ def train_transformer(kind_ids, token_features, mask, records, token_entries, se
 def train_transformer_member(kind_ids, token_features, mask, records, token_entries, seed):
     torch.manual_seed(seed)
     scale, log_mean, log_std = token_linear_scale(token_entries, token_features, mask)
-    model = gm.SequenceTransformer(len(gf.CANONICAL_KINDS), token_features.shape[-1], scale,
-                                   log_mean, log_std, CLASS_BINS_MIB, d_model=TRANSFORMER["d_model"],
-                                   n_heads=TRANSFORMER["n_heads"], n_layers=TRANSFORMER["n_layers"],
-                                   d_ff=TRANSFORMER["d_ff"])
+    model = gm.SequenceTransformer(
+        len(gf.CANONICAL_KINDS),
+        token_features.shape[-1],
+        scale,
+        log_mean,
+        log_std,
+        CLASS_BINS_MIB,
+        d_model=TRANSFORMER["d_model"],
+        n_heads=TRANSFORMER["n_heads"],
+        n_layers=TRANSFORMER["n_layers"],
+        d_ff=TRANSFORMER["d_ff"],
+    )
     labels, peaks = classifier_targets(records)
     tensors = [torch.as_tensor(kind_ids), torch.as_tensor(token_features), torch.as_tensor(mask), labels, peaks]
     n, batch, epochs = len(labels), TRANSFORMER["batch"], TRANSFORMER["epochs"]
@@ -238,7 +263,7 @@ def train_transformer_member(kind_ids, token_features, mask, records, token_entr
     for _ in range(epochs):
         for rows in length_bucketed_batches(lengths, batch, generator):
             ids, feats, msk, y, peak = (t[rows] for t in tensors)
-            length = int(msk.sum(dim=1).max())      # trim padding shared by the whole batch
+            length = int(msk.sum(dim=1).max())  # trim padding shared by the whole batch
             optimiser.zero_grad()
             loss = classifier_loss(model(ids[:, :length], feats[:, :length], msk[:, :length]), (y, peak))
             loss.backward()
@@ -248,6 +273,7 @@ def train_transformer_member(kind_ids, token_features, mask, records, token_entr
 
 
 # ----------------------------------------------------------------------------- scoring
+
 
 def classification_figures(probabilities, labels):
     predicted = np.asarray(probabilities).argmax(axis=1)
@@ -263,8 +289,12 @@ def predict(model, *arrays):
 def run_cross_validation(train_records):
     """Out-of-fold predictions of every estimator on the training part (3-fold GroupKFold)."""
     n = len(train_records)
-    oof = {"ensemble": np.zeros((n, N_CLASSES)), "transformer": np.zeros((n, N_CLASSES)),
-           "smact": np.zeros(n), "smocc": np.zeros(n)}
+    oof = {
+        "ensemble": np.zeros((n, N_CLASSES)),
+        "transformer": np.zeros((n, N_CLASSES)),
+        "smact": np.zeros(n),
+        "smocc": np.zeros(n),
+    }
     for fold, (fit_idx, val_idx) in enumerate(cv_folds(train_records)):
         log("CV fold %d: %d fit / %d validation rows" % (fold, len(fit_idx), len(val_idx)))
         fit = [train_records[i] for i in fit_idx]
@@ -274,8 +304,9 @@ def run_cross_validation(train_records):
         x_fit, x_val = encode_aggregate(fit_jobs, agg_entries), encode_aggregate(val_jobs, agg_entries)
         seed = SEED + 1000 * (fold + 1)
         oof["ensemble"][val_idx] = predict(train_ensemble(x_fit, fit, agg_entries, seed), x_val)
-        transformer = train_transformer(*encode_sequence(fit_jobs, tok_entries, gf.CANONICAL_KINDS),
-                                        fit, tok_entries, seed)
+        transformer = train_transformer(
+            *encode_sequence(fit_jobs, tok_entries, gf.CANONICAL_KINDS), fit, tok_entries, seed
+        )
         oof["transformer"][val_idx] = predict(transformer, *encode_sequence(val_jobs, tok_entries, gf.CANONICAL_KINDS))
         for target in ("smact", "smocc"):
             regressor = train_regressor(x_fit, [r[target] for r in fit], agg_entries, seed)
@@ -290,9 +321,16 @@ def run_cross_validation(train_records):
 
 # ----------------------------------------------------------------------------- outputs
 
+
 def write_test_file(test_records, path):
-    write_jsonl_gz(path, ({"id": r["id"], "job": r["job"], "measured_peak_mib": r["peak"],
-                           "smact": r["smact"], "smocc": r["smocc"]} for r in test_records), one_write=True)
+    write_jsonl_gz(
+        path,
+        (
+            {"id": r["id"], "job": r["job"], "measured_peak_mib": r["peak"], "smact": r["smact"], "smocc": r["smocc"]}
+            for r in test_records
+        ),
+        one_write=True,
+    )
 
 
 def golden_jobs(records, test_idx):
@@ -302,8 +340,13 @@ def golden_jobs(records, test_idx):
     chosen = [test[0], test[1], by_length[0], by_length[-1]]
     # One job per several hidden activations, and the CSV's rare sigmoid output layer.
     for kind in ("identity", "prelu", "selu", "mish"):
-        chosen.append(next(r for r in test if gf.hidden_activation([l["kind"] for l in r["job"]["layers"]]) == kind
-                           and r not in chosen))
+        chosen.append(
+            next(
+                r
+                for r in test
+                if gf.hidden_activation([l["kind"] for l in r["job"]["layers"]]) == kind and r not in chosen
+            )
+        )
     sigmoid_rows = [r for r in records if any(l["kind"] == "sigmoid" for l in r["job"]["layers"])]
     if sigmoid_rows:
         chosen.append(sigmoid_rows[0])
@@ -311,61 +354,105 @@ def golden_jobs(records, test_idx):
     # The CSV's own spellings must be accepted as they are.
     first = chosen[0]
     from ast import literal_eval
-    cases.append(("csv_row_%d_csv_spellings" % first["index"], {
-        "family": "mlp", "batch_size": first["job"]["batch_size"],
-        "layers": [{"kind": k, "output_size": o, "params": p}
-                   for k, o, p in literal_eval(first["raw_row"]["Activations-Params"])]}))
+
+    cases.append(
+        (
+            "csv_row_%d_csv_spellings" % first["index"],
+            {
+                "family": "mlp",
+                "batch_size": first["job"]["batch_size"],
+                "layers": [
+                    {"kind": k, "output_size": o, "params": p}
+                    for k, o, p in literal_eval(first["raw_row"]["Activations-Params"])
+                ],
+            },
+        )
+    )
     cases += [
         ("single_linear_layer", {"batch_size": 1, "layers": [{"kind": "linear", "output_size": 10, "params": 110}]}),
-        ("all_activation_kinds_with_aliases", {"family": "mlp", "batch_size": 32, "layers": [
-            {"kind": "Dense", "output_size": 64, "params": 8256},
-            {"kind": "BatchNorm1d", "output_size": 64, "params": 128},
-            {"kind": "bn", "output_size": 64, "params": 128},
-            {"kind": "Dropout", "output_size": 64, "params": 0},
-            {"kind": "ReLU", "output_size": 64, "params": 0},
-            {"kind": "Leaky_ReLU", "output_size": 64, "params": 0},
-            {"kind": "PReLU", "output_size": 64, "params": 1},
-            {"kind": "ELU", "output_size": 64, "params": 0},
-            {"kind": "SELU", "output_size": 64, "params": 0},
-            {"kind": "GELU", "output_size": 64, "params": 0},
-            {"kind": "Swish", "output_size": 64, "params": 0},
-            {"kind": "Mish", "output_size": 64, "params": 0},
-            {"kind": "Softplus", "output_size": 64, "params": 0},
-            {"kind": "Tanh", "output_size": 64, "params": 0},
-            {"kind": "Identity", "output_size": 64, "params": 0},
-            {"kind": "batch normalization", "output_size": 64, "params": 128},
-            {"kind": "linear", "output_size": 10, "params": 650},
-            {"kind": "Sigmoid", "output_size": 10, "params": 0},
-            {"kind": "Softmax", "output_size": 10, "params": 0}]}),
-        ("sigmoid_output_only", {"family": "mlp", "batch_size": 256, "layers": [
-            {"kind": "linear", "output_size": 512, "params": 524800},
-            {"kind": "linear", "output_size": 1, "params": 513},
-            {"kind": "sigmoid", "output_size": 1, "params": 0}]}),
-        ("softmax_output_only", {"family": "mlp", "batch_size": 1024, "layers": [
-            {"kind": "linear", "output_size": 4096, "params": 16781312},
-            {"kind": "dropout", "output_size": 4096, "params": 0},
-            {"kind": "linear", "output_size": 1000, "params": 4097000},
-            {"kind": "softmax", "output_size": 1000, "params": 0}]}),
-        ("hidden_activation_tie_first_wins", {"family": "mlp", "batch_size": 8, "layers": [
-            {"kind": "linear", "output_size": 32, "params": 1056},
-            {"kind": "tanh", "output_size": 32, "params": 0},
-            {"kind": "linear", "output_size": 32, "params": 1056},
-            {"kind": "gelu", "output_size": 32, "params": 0},
-            {"kind": "linear", "output_size": 32, "params": 1056},
-            {"kind": "gelu", "output_size": 32, "params": 0},
-            {"kind": "linear", "output_size": 32, "params": 1056},
-            {"kind": "tanh", "output_size": 32, "params": 0},
-            {"kind": "linear", "output_size": 2, "params": 66},
-            {"kind": "softmax", "output_size": 2, "params": 0},
-            {"kind": "softmax", "output_size": 2, "params": 0}]}),
+        (
+            "all_activation_kinds_with_aliases",
+            {
+                "family": "mlp",
+                "batch_size": 32,
+                "layers": [
+                    {"kind": "Dense", "output_size": 64, "params": 8256},
+                    {"kind": "BatchNorm1d", "output_size": 64, "params": 128},
+                    {"kind": "bn", "output_size": 64, "params": 128},
+                    {"kind": "Dropout", "output_size": 64, "params": 0},
+                    {"kind": "ReLU", "output_size": 64, "params": 0},
+                    {"kind": "Leaky_ReLU", "output_size": 64, "params": 0},
+                    {"kind": "PReLU", "output_size": 64, "params": 1},
+                    {"kind": "ELU", "output_size": 64, "params": 0},
+                    {"kind": "SELU", "output_size": 64, "params": 0},
+                    {"kind": "GELU", "output_size": 64, "params": 0},
+                    {"kind": "Swish", "output_size": 64, "params": 0},
+                    {"kind": "Mish", "output_size": 64, "params": 0},
+                    {"kind": "Softplus", "output_size": 64, "params": 0},
+                    {"kind": "Tanh", "output_size": 64, "params": 0},
+                    {"kind": "Identity", "output_size": 64, "params": 0},
+                    {"kind": "batch normalization", "output_size": 64, "params": 128},
+                    {"kind": "linear", "output_size": 10, "params": 650},
+                    {"kind": "Sigmoid", "output_size": 10, "params": 0},
+                    {"kind": "Softmax", "output_size": 10, "params": 0},
+                ],
+            },
+        ),
+        (
+            "sigmoid_output_only",
+            {
+                "family": "mlp",
+                "batch_size": 256,
+                "layers": [
+                    {"kind": "linear", "output_size": 512, "params": 524800},
+                    {"kind": "linear", "output_size": 1, "params": 513},
+                    {"kind": "sigmoid", "output_size": 1, "params": 0},
+                ],
+            },
+        ),
+        (
+            "softmax_output_only",
+            {
+                "family": "mlp",
+                "batch_size": 1024,
+                "layers": [
+                    {"kind": "linear", "output_size": 4096, "params": 16781312},
+                    {"kind": "dropout", "output_size": 4096, "params": 0},
+                    {"kind": "linear", "output_size": 1000, "params": 4097000},
+                    {"kind": "softmax", "output_size": 1000, "params": 0},
+                ],
+            },
+        ),
+        (
+            "hidden_activation_tie_first_wins",
+            {
+                "family": "mlp",
+                "batch_size": 8,
+                "layers": [
+                    {"kind": "linear", "output_size": 32, "params": 1056},
+                    {"kind": "tanh", "output_size": 32, "params": 0},
+                    {"kind": "linear", "output_size": 32, "params": 1056},
+                    {"kind": "gelu", "output_size": 32, "params": 0},
+                    {"kind": "linear", "output_size": 32, "params": 1056},
+                    {"kind": "gelu", "output_size": 32, "params": 0},
+                    {"kind": "linear", "output_size": 32, "params": 1056},
+                    {"kind": "tanh", "output_size": 32, "params": 0},
+                    {"kind": "linear", "output_size": 2, "params": 66},
+                    {"kind": "softmax", "output_size": 2, "params": 0},
+                    {"kind": "softmax", "output_size": 2, "params": 0},
+                ],
+            },
+        ),
     ]
     return cases
 
 
 def write_golden(path, cases, agg_entries, tok_entries):
     """The fixture's base: the MLP cases (the later stages add their estimators and cases)."""
-    golden = {"estimators": {"aggregate": "mlp_ensemble", "sequence": "sequence_transformer"},
-              "cases": [mf.golden_case(name, job, agg_entries, gf.CANONICAL_KINDS, tok_entries) for name, job in cases]}
+    golden = {
+        "estimators": {"aggregate": "mlp_ensemble", "sequence": "sequence_transformer"},
+        "cases": [mf.golden_case(name, job, agg_entries, gf.CANONICAL_KINDS, tok_entries) for name, job in cases],
+    }
     mf.write_json(path, golden)
 
 
@@ -379,15 +466,26 @@ def run(layout, threads=None):
     records = load_mlp_records(csv_path)
     train_idx, test_idx = split_train_test(records)
     train, test = [records[i] for i in train_idx], [records[i] for i in test_idx]
-    log("%d rows, %d groups; train %d rows, test %d rows" % (
-        len(records), len({r["group"] for r in records}), len(train), len(test)))
+    log(
+        "%d rows, %d groups; train %d rows, test %d rows"
+        % (len(records), len({r["group"] for r in records}), len(train), len(test))
+    )
     test_path = layout.out(TEST_FILE)
     write_test_file(test, test_path)
     with open(layout.out("data", "mlp", "splits.json"), "w") as handle:
-        json.dump({"seed": SEED, "protocol": split_protocol(), "csv": os.path.basename(csv_path),
-                   "train_rows": train_idx, "test_rows": test_idx,
-                   "train_groups": sorted({r["group"] for r in train}),
-                   "test_groups": sorted({r["group"] for r in test})}, handle, indent=0)
+        json.dump(
+            {
+                "seed": SEED,
+                "protocol": split_protocol(),
+                "csv": os.path.basename(csv_path),
+                "train_rows": train_idx,
+                "test_rows": test_idx,
+                "train_groups": sorted({r["group"] for r in train}),
+                "test_groups": sorted({r["group"] for r in test}),
+            },
+            handle,
+            indent=0,
+        )
         handle.write("\n")
 
     cv = run_cross_validation(train)
@@ -399,10 +497,12 @@ def run(layout, threads=None):
     x_train = encode_aggregate(train_jobs, agg_entries)
     log("training final models")
     ensemble = train_ensemble(x_train, train, agg_entries, SEED)
-    transformer = train_transformer(*encode_sequence(train_jobs, tok_entries, gf.CANONICAL_KINDS),
-                                    train, tok_entries, SEED)
-    regressors = {target: train_regressor(x_train, [r[target] for r in train], agg_entries, SEED)
-                  for target in ("smact", "smocc")}
+    transformer = train_transformer(
+        *encode_sequence(train_jobs, tok_entries, gf.CANONICAL_KINDS), train, tok_entries, SEED
+    )
+    regressors = {
+        target: train_regressor(x_train, [r[target] for r in train], agg_entries, SEED) for target in ("smact", "smocc")
+    }
 
     # Export, then score everything through onnxruntime on the test file, as the service would.
     test_rows = read_jsonl_gz(test_path)
@@ -410,16 +510,24 @@ def run(layout, threads=None):
     test_labels = np.array([gf.memory_class(row["measured_peak_mib"]) for row in test_rows])
     x_test = encode_aggregate(test_jobs, agg_entries)
     seq_test = encode_sequence(test_jobs, tok_entries, gf.CANONICAL_KINDS)
-    paths = {name: layout.out("models", name + ".onnx")
-             for name in ("mlp_ensemble", "sequence_transformer", "smact", "smocc")}
+    paths = {
+        name: layout.out("models", name + ".onnx")
+        for name in ("mlp_ensemble", "sequence_transformer", "smact", "smocc")
+    }
     export_onnx(ensemble, [x_train[:2]], ["features"], "probabilities", [{0: "N"}], paths["mlp_ensemble"], MAX_TOKENS)
-    export_onnx(transformer, [a[:2] for a in encode_sequence(train_jobs[:2], tok_entries, gf.CANONICAL_KINDS)],
-                ["kind_ids", "token_features", "mask"], "probabilities",
-                [{0: "N", 1: "L"}] * 3, paths["sequence_transformer"], MAX_TOKENS)
+    export_onnx(
+        transformer,
+        [a[:2] for a in encode_sequence(train_jobs[:2], tok_entries, gf.CANONICAL_KINDS)],
+        ["kind_ids", "token_features", "mask"],
+        "probabilities",
+        [{0: "N", 1: "L"}] * 3,
+        paths["sequence_transformer"],
+        MAX_TOKENS,
+    )
     for target, model in regressors.items():
         export_onnx(model, [x_train[:2]], ["features"], "value", [{0: "N"}], paths[target], MAX_TOKENS)
 
-    sessions = {name: onnx_session(path) for name, path in paths.items()}   # one thread, as the service
+    sessions = {name: onnx_session(path) for name, path in paths.items()}  # one thread, as the service
     seq_feeds = dict(zip(["kind_ids", "token_features", "mask"], seq_test))
     onnx_out = {
         "mlp_ensemble": sessions["mlp_ensemble"].run(None, {"features": x_test})[0],
@@ -438,9 +546,17 @@ def run(layout, threads=None):
     assert all(diff < 1e-4 for diff in max_diff.values()), max_diff
 
     # Per-job N=1 runs at the job's own length (what the service does) must agree with the batch.
-    single = np.concatenate([sessions["sequence_transformer"].run(None, dict(zip(
-        ["kind_ids", "token_features", "mask"], encode_sequence([job], tok_entries, gf.CANONICAL_KINDS))))[0]
-        for job in test_jobs])
+    single = np.concatenate(
+        [
+            sessions["sequence_transformer"].run(
+                None,
+                dict(
+                    zip(["kind_ids", "token_features", "mask"], encode_sequence([job], tok_entries, gf.CANONICAL_KINDS))
+                ),
+            )[0]
+            for job in test_jobs
+        ]
+    )
     padding_diff = float(np.abs(single - onnx_out["sequence_transformer"]).max())
     log("transformer N=1 unpadded vs padded batch max abs diff: %g" % padding_diff)
     assert padding_diff < 1e-4
@@ -448,8 +564,9 @@ def run(layout, threads=None):
     test_figures = {
         "mlp_ensemble": classification_figures(onnx_out["mlp_ensemble"], test_labels),
         "sequence_transformer": classification_figures(onnx_out["sequence_transformer"], test_labels),
-        "combined": classification_figures((onnx_out["mlp_ensemble"] + onnx_out["sequence_transformer"]) / 2,
-                                           test_labels),
+        "combined": classification_figures(
+            (onnx_out["mlp_ensemble"] + onnx_out["sequence_transformer"]) / 2, test_labels
+        ),
     }
     peaks = np.array([row["measured_peak_mib"] for row in test_rows])
     margins = np.abs(peaks[:, None] - np.array(CLASS_BINS_MIB)[None, :]).min(axis=1)
@@ -460,36 +577,59 @@ def run(layout, threads=None):
     for target in ("smact", "smocc"):
         truth = np.array([row[target] for row in test_rows])
         baseline = float(np.mean([r[target] for r in train]))
-        test_figures[target] = {"mae": float(np.abs(onnx_out[target][:, 0] - truth).mean()),
-                                "baseline_mae": float(np.abs(baseline - truth).mean()),
-                                "train_mean": baseline}
+        test_figures[target] = {
+            "mae": float(np.abs(onnx_out[target][:, 0] - truth).mean()),
+            "baseline_mae": float(np.abs(baseline - truth).mean()),
+            "train_mean": baseline,
+        }
     log("test: %s" % json.dumps(test_figures))
 
     longest = max(test_jobs, key=lambda job: len(job["layers"]))
     latency = {
         "mlp_ensemble": median_latency_us(sessions["mlp_ensemble"], {"features": x_test[:1]}),
-        "sequence_transformer": median_latency_us(sessions["sequence_transformer"], dict(zip(
-            ["kind_ids", "token_features", "mask"], encode_sequence([longest], tok_entries, gf.CANONICAL_KINDS)))),
+        "sequence_transformer": median_latency_us(
+            sessions["sequence_transformer"],
+            dict(
+                zip(["kind_ids", "token_features", "mask"], encode_sequence([longest], tok_entries, gf.CANONICAL_KINDS))
+            ),
+        ),
         "smact": median_latency_us(sessions["smact"], {"features": x_test[:1]}),
         "smocc": median_latency_us(sessions["smocc"], {"features": x_test[:1]}),
     }
     latency["sequence_transformer"]["tokens"] = len(longest["layers"])
     log("latency: %s" % json.dumps(latency))
 
-    manifest = build_manifest(csv_path, len(records), len(train), len(test), paths, agg_entries,
-                              tok_entries, cv, test_figures)
+    manifest = build_manifest(
+        csv_path, len(records), len(train), len(test), paths, agg_entries, tok_entries, cv, test_figures
+    )
     mf.write_manifest(layout.out("models", "manifest.json"), manifest)
-    write_golden(layout.out("tests", "fixtures", "golden_features.json"), golden_jobs(records, test_idx),
-                 agg_entries, tok_entries)
-    write_report(layout.out("training", "report.md"), len(records), len(train), len(test), cv,
-                 test_figures, max_diff, padding_diff, latency, time.time() - started)
+    write_golden(
+        layout.out("tests", "fixtures", "golden_features.json"),
+        golden_jobs(records, test_idx),
+        agg_entries,
+        tok_entries,
+    )
+    write_report(
+        layout.out("training", "report.md"),
+        len(records),
+        len(train),
+        len(test),
+        cv,
+        test_figures,
+        max_diff,
+        padding_diff,
+        latency,
+        time.time() - started,
+    )
     log("done in %.0f s" % (time.time() - started))
 
 
 def split_protocol():
-    return ("group = Filename without its '_batch:<n>' part; GroupShuffleSplit test_size=%.1f seed=%d "
-            "for the held-out test; %d-fold GroupKFold (shuffled, same seed) on the training part for CV"
-            % (TEST_FRACTION, SEED, N_FOLDS))
+    return (
+        "group = Filename without its '_batch:<n>' part; GroupShuffleSplit test_size=%.1f seed=%d "
+        "for the held-out test; %d-fold GroupKFold (shuffled, same seed) on the training part for CV"
+        % (TEST_FRACTION, SEED, N_FOLDS)
+    )
 
 
 def build_manifest(csv_path, n_rows, n_train, n_test, paths, agg_entries, tok_entries, cv, test):
@@ -498,37 +638,83 @@ def build_manifest(csv_path, n_rows, n_train, n_test, paths, agg_entries, tok_en
 
     aggregate_input = {"type": "aggregate", "features": agg_entries}
     estimators = [
-        dict(name="mlp_ensemble", version=VERSION, family="mlp", kind="memory_classifier",
-             **file_entry("mlp_ensemble"), input=aggregate_input, output="probabilities",
-             class_bins_mib=CLASS_BINS_MIB,
-             validation={"cv_accuracy": cv["ensemble"]["accuracy"], "cv_below_rate": cv["ensemble"]["below_rate"],
-                         "test_accuracy": test["mlp_ensemble"]["accuracy"],
-                         "test_below_rate": test["mlp_ensemble"]["below_rate"]}),
-        dict(name="sequence_transformer", version=VERSION, family="mlp", kind="memory_classifier",
-             **file_entry("sequence_transformer"),
-             input={"type": "sequence", "kind_vocab": gf.CANONICAL_KINDS, "max_tokens": MAX_TOKENS,
-                    "token_features": tok_entries},
-             output="probabilities", class_bins_mib=CLASS_BINS_MIB,
-             validation={"cv_accuracy": cv["transformer"]["accuracy"],
-                         "cv_below_rate": cv["transformer"]["below_rate"],
-                         "test_accuracy": test["sequence_transformer"]["accuracy"],
-                         "test_below_rate": test["sequence_transformer"]["below_rate"]}),
+        dict(
+            name="mlp_ensemble",
+            version=VERSION,
+            family="mlp",
+            kind="memory_classifier",
+            **file_entry("mlp_ensemble"),
+            input=aggregate_input,
+            output="probabilities",
+            class_bins_mib=CLASS_BINS_MIB,
+            validation={
+                "cv_accuracy": cv["ensemble"]["accuracy"],
+                "cv_below_rate": cv["ensemble"]["below_rate"],
+                "test_accuracy": test["mlp_ensemble"]["accuracy"],
+                "test_below_rate": test["mlp_ensemble"]["below_rate"],
+            },
+        ),
+        dict(
+            name="sequence_transformer",
+            version=VERSION,
+            family="mlp",
+            kind="memory_classifier",
+            **file_entry("sequence_transformer"),
+            input={
+                "type": "sequence",
+                "kind_vocab": gf.CANONICAL_KINDS,
+                "max_tokens": MAX_TOKENS,
+                "token_features": tok_entries,
+            },
+            output="probabilities",
+            class_bins_mib=CLASS_BINS_MIB,
+            validation={
+                "cv_accuracy": cv["transformer"]["accuracy"],
+                "cv_below_rate": cv["transformer"]["below_rate"],
+                "test_accuracy": test["sequence_transformer"]["accuracy"],
+                "test_below_rate": test["sequence_transformer"]["below_rate"],
+            },
+        ),
     ]
     for target in ("smact", "smocc"):
-        estimators.append(dict(name=target, version=VERSION, family="mlp", kind="utilization_regressor",
-                               target=target, **file_entry(target), input=aggregate_input, output="value",
-                               validation={"cv_mae": cv[target]["mae"], "test_mae": test[target]["mae"],
-                                           "test_baseline_mae": test[target]["baseline_mae"]}))
+        estimators.append(
+            dict(
+                name=target,
+                version=VERSION,
+                family="mlp",
+                kind="utilization_regressor",
+                target=target,
+                **file_entry(target),
+                input=aggregate_input,
+                output="value",
+                validation={
+                    "cv_mae": cv[target]["mae"],
+                    "test_mae": test[target]["mae"],
+                    "test_baseline_mae": test[target]["baseline_mae"],
+                },
+            )
+        )
     return {
         "schema_version": 1,
         "generated_at": None,  # stamped by manifest.write_manifest
         "training_data": {"file": os.path.basename(csv_path), "sha256": mf.sha256_of(csv_path), "rows": n_rows},
-        "split": {"protocol": split_protocol(), "seed": SEED, "test_file": TEST_FILE,
-                  "train_rows": n_train, "test_rows": n_test, "folds": N_FOLDS},
+        "split": {
+            "protocol": split_protocol(),
+            "seed": SEED,
+            "test_file": TEST_FILE,
+            "train_rows": n_train,
+            "test_rows": n_test,
+            "folds": N_FOLDS,
+        },
         "estimators": estimators,
-        "combined": {"members": ["mlp_ensemble", "sequence_transformer"], "rule": "mean_probabilities",
-                     "validation": {"test_accuracy": test["combined"]["accuracy"],
-                                    "test_below_rate": test["combined"]["below_rate"]}},
+        "combined": {
+            "members": ["mlp_ensemble", "sequence_transformer"],
+            "rule": "mean_probabilities",
+            "validation": {
+                "test_accuracy": test["combined"]["accuracy"],
+                "test_below_rate": test["combined"]["below_rate"],
+            },
+        },
     }
 
 
@@ -537,14 +723,16 @@ def write_report(path, n_rows, n_train, n_test, cv, test, max_diff, padding_diff
     lines = [
         "# gpucast estimators: training report",
         "",
-        "Generated by `training/retrain.sh` (stage `python -m gpucast_training mlp`, seed %d, %.0f s on CPU)." % (SEED, seconds),
+        "Generated by `training/retrain.sh` (stage `python -m gpucast_training mlp`, seed %d, %.0f s on CPU)."
+        % (SEED, seconds),
         "",
         "## Protocol",
         "",
         "- Data: `gpumemnet_mlp_a100.csv`, %d synthetic MLP jobs measured on an A100 40 GB." % n_rows,
         "- Groups: the run name without `_batch:<n>` (one architecture at several batch sizes is one group;",
         "  in this file every group has a single row, as the dropout rate in the name is random).",
-        "- Held-out test: %d rows (20 %% of groups, `GroupShuffleSplit`), written to `data/mlp/test.jsonl.gz`;" % n_test,
+        "- Held-out test: %d rows (20 %% of groups, `GroupShuffleSplit`), written to `data/mlp/test.jsonl.gz`;"
+        % n_test,
         "  the remaining %d rows train the models. CV: 3-fold `GroupKFold` on the training part" % n_train,
         "  (feature mean/std refitted on each fold's training rows). Final models are trained on the",
         "  whole training part; **all test figures come from the exported ONNX files run by onnxruntime**",
@@ -554,7 +742,8 @@ def write_report(path, n_rows, n_train, n_test, cv, test, max_diff, padding_diff
         "- Both classifiers estimate peak memory (a linear term on linear-scale counts plus an MLP /",
         "  Transformer correction) and turn it into class probabilities with soft class boundaries.",
         "  Loss: class NLL + %.1f x probability mass below the true class (under-prediction is the" % UNDER_WEIGHT,
-        "  costly error for a scheduler; weight chosen by CV among 0, 0.5, 1, 2) + %.1f x smooth-L1 of" % REGRESSION_WEIGHT,
+        "  costly error for a scheduler; weight chosen by CV among 0, 0.5, 1, 2) + %.1f x smooth-L1 of"
+        % REGRESSION_WEIGHT,
         "  the memory estimate vs the measured peak (GiB).",
         "",
         "## Memory classifiers",
@@ -563,18 +752,30 @@ def write_report(path, n_rows, n_train, n_test, cv, test, max_diff, padding_diff
         "| --- | --- | --- | --- | --- |",
         "| GPUMemNet MLP ensemble (published, 3-fold CV) | 0.976 | 1.8 % | | |",
         "| GPUMemNet Transformer (published, 3-fold CV) | 0.984 | 0.8 % | | |",
-        "| gpucast `mlp_ensemble` | %.4f | %s | %.4f | %s |" % (
-            cv["ensemble"]["accuracy"], pct(cv["ensemble"]["below_rate"]),
-            test["mlp_ensemble"]["accuracy"], pct(test["mlp_ensemble"]["below_rate"])),
-        "| gpucast `sequence_transformer` | %.4f | %s | %.4f | %s |" % (
-            cv["transformer"]["accuracy"], pct(cv["transformer"]["below_rate"]),
-            test["sequence_transformer"]["accuracy"], pct(test["sequence_transformer"]["below_rate"])),
-        "| gpucast combined (mean probabilities) | %.4f | %s | %.4f | %s |" % (
-            cv["combined"]["accuracy"], pct(cv["combined"]["below_rate"]),
-            test["combined"]["accuracy"], pct(test["combined"]["below_rate"])),
+        "| gpucast `mlp_ensemble` | %.4f | %s | %.4f | %s |"
+        % (
+            cv["ensemble"]["accuracy"],
+            pct(cv["ensemble"]["below_rate"]),
+            test["mlp_ensemble"]["accuracy"],
+            pct(test["mlp_ensemble"]["below_rate"]),
+        ),
+        "| gpucast `sequence_transformer` | %.4f | %s | %.4f | %s |"
+        % (
+            cv["transformer"]["accuracy"],
+            pct(cv["transformer"]["below_rate"]),
+            test["sequence_transformer"]["accuracy"],
+            pct(test["sequence_transformer"]["below_rate"]),
+        ),
+        "| gpucast combined (mean probabilities) | %.4f | %s | %.4f | %s |"
+        % (
+            cv["combined"]["accuracy"],
+            pct(cv["combined"]["below_rate"]),
+            test["combined"]["accuracy"],
+            pct(test["combined"]["below_rate"]),
+        ),
         "",
-        "The test split has %d jobs, so one job is %.2f points of accuracy. Every misclassified test" % (
-            n_test, 100.0 / n_test),
+        "The test split has %d jobs, so one job is %.2f points of accuracy. Every misclassified test"
+        % (n_test, 100.0 / n_test),
         "job lies within %d MiB of a class boundary (measurement-noise range)." % test["max_error_margin_mib"],
         "",
         "## Utilization regressors (mean absolute error, fractions 0..1)",
@@ -583,8 +784,10 @@ def write_report(path, n_rows, n_train, n_test, cv, test, max_diff, padding_diff
         "| --- | --- | --- | --- |",
     ]
     for target in ("smact", "smocc"):
-        lines.append("| %s | %.4f | %.4f | %.4f |" % (target.upper(), cv[target]["mae"], test[target]["mae"],
-                                                       test[target]["baseline_mae"]))
+        lines.append(
+            "| %s | %.4f | %.4f | %.4f |"
+            % (target.upper(), cv[target]["mae"], test[target]["mae"], test[target]["baseline_mae"])
+        )
     lines += [
         "",
         "## ONNX",
@@ -594,16 +797,17 @@ def write_report(path, n_rows, n_train, n_test, cv, test, max_diff, padding_diff
     ]
     for name in ("mlp_ensemble", "sequence_transformer", "smact", "smocc"):
         suffix = " (L=%d)" % latency[name]["tokens"] if "tokens" in latency[name] else ""
-        lines.append("| `%s.onnx`%s | %.1e | %.0f us | %.0f us |" % (
-            name, suffix, max_diff[name], latency[name]["median_us"], latency[name]["p99_us"]))
+        lines.append(
+            "| `%s.onnx`%s | %.1e | %.0f us | %.0f us |"
+            % (name, suffix, max_diff[name], latency[name]["median_us"], latency[name]["p99_us"])
+        )
     lines += [
         "",
         "Transformer run per job at its own length (N=1, no padding) vs the padded test batch: max abs",
-        "diff %.1e. Latency measured with onnxruntime %s, Python API (includes its per-call overhead)," % (
-            padding_diff, ort.__version__),
+        "diff %.1e. Latency measured with onnxruntime %s, Python API (includes its per-call overhead),"
+        % (padding_diff, ort.__version__),
         "on a shared 2-core machine.",
         "",
     ]
     with open(path, "w") as handle:
         handle.write("\n".join(lines))
-

@@ -31,8 +31,10 @@ class LinearScaleInputs(nn.Module):
 
 def mlp(n_inputs, hidden, n_outputs):
     return nn.Sequential(
-        nn.Linear(n_inputs, hidden), nn.SiLU(),
-        nn.Linear(hidden, hidden), nn.SiLU(),
+        nn.Linear(n_inputs, hidden),
+        nn.SiLU(),
+        nn.Linear(hidden, hidden),
+        nn.SiLU(),
         nn.Linear(hidden, n_outputs),
     )
 
@@ -62,14 +64,14 @@ class OrdinalMemoryHead(nn.Module):
         super().__init__()
         self.linear = nn.Linear(n_linear, 1)
         self.correction = mlp(n_inputs, hidden, 1)
-        self.log_spread = nn.Parameter(torch.tensor(-3.0))   # spread ~ 50 MiB to start
+        self.log_spread = nn.Parameter(torch.tensor(-3.0))  # spread ~ 50 MiB to start
         self.register_buffer("bins", torch.tensor(bins_mib, dtype=torch.float32) / 1000.0)
 
     def forward(self, linear_inputs, inputs):
-        memory = self.linear(linear_inputs) + self.correction(inputs)          # [N, 1]
+        memory = self.linear(linear_inputs) + self.correction(inputs)  # [N, 1]
         below = torch.sigmoid((self.bins - memory) / torch.exp(self.log_spread))  # [N, K]
         zeros, ones = torch.zeros_like(memory), torch.ones_like(memory)
-        cdf = torch.cat([zeros, below, ones], dim=-1)                          # [N, K + 2]
+        cdf = torch.cat([zeros, below, ones], dim=-1)  # [N, K + 2]
         return cdf[:, 1:] - cdf[:, :-1], memory[:, 0]
 
 
@@ -123,9 +125,9 @@ class MaskedSelfAttention(nn.Module):
     def forward(self, h, key_bias):
         n, length, d_model = h.shape
         qkv = self.qkv(h).reshape(n, length, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        q, k, v = qkv[0], qkv[1], qkv[2]                       # [N, H, L, Dh]
-        scores = q @ k.transpose(-1, -2) * (self.head_dim ** -0.5) + key_bias
-        context = torch.softmax(scores, dim=-1) @ v            # [N, H, L, Dh]
+        q, k, v = qkv[0], qkv[1], qkv[2]  # [N, H, L, Dh]
+        scores = q @ k.transpose(-1, -2) * (self.head_dim**-0.5) + key_bias
+        context = torch.softmax(scores, dim=-1) @ v  # [N, H, L, Dh]
         return self.out(context.transpose(1, 2).reshape(n, length, d_model))
 
 
@@ -152,8 +154,19 @@ class SequenceTransformer(nn.Module):
     linear in), which mean pooling alone cannot express.
     """
 
-    def __init__(self, n_kinds, n_token_features, token_linear_scale, sum_log_mean, sum_log_std,
-                 bins_mib, d_model=32, n_heads=4, n_layers=2, d_ff=64):
+    def __init__(
+        self,
+        n_kinds,
+        n_token_features,
+        token_linear_scale,
+        sum_log_mean,
+        sum_log_std,
+        bins_mib,
+        d_model=32,
+        n_heads=4,
+        n_layers=2,
+        d_ff=64,
+    ):
         super().__init__()
         self.kind_embedding = nn.Embedding(n_kinds + 1, d_model, padding_idx=0)
         self.token_projection = nn.Linear(n_token_features, d_model)
@@ -166,7 +179,7 @@ class SequenceTransformer(nn.Module):
         self.head = OrdinalMemoryHead(n_sums, d_model + 2 * n_sums, 2 * d_model, bins_mib)
 
     def forward(self, kind_ids, token_features, mask):
-        key_bias = ((mask - 1.0) * 1e9)[:, None, None, :]      # [N, 1, 1, L]; 0 for real tokens
+        key_bias = ((mask - 1.0) * 1e9)[:, None, None, :]  # [N, 1, 1, L]; 0 for real tokens
         h = self.kind_embedding(kind_ids) + self.token_projection(token_features)
         for block in self.blocks:
             h = block(h, key_bias)
@@ -238,42 +251,43 @@ class StackedSequenceEnsemble(nn.Module):
 
         def stack(get, linear=False):
             tensors = [get(member).detach() for member in members]
-            if linear:   # nn.Linear weight [out, in] -> [in, out] for x @ W
+            if linear:  # nn.Linear weight [out, in] -> [in, out] for x @ W
                 tensors = [t.t() for t in tensors]
             return nn.Parameter(torch.stack(tensors, dim=0).contiguous())
 
-        self.embedding = stack(lambda m: m.kind_embedding.weight)                  # [K, V, D]
-        self.projection_w = stack(lambda m: m.token_projection.weight, True)      # [K, T, D]
+        self.embedding = stack(lambda m: m.kind_embedding.weight)  # [K, V, D]
+        self.projection_w = stack(lambda m: m.token_projection.weight, True)  # [K, T, D]
         self.projection_b = stack(lambda m: m.token_projection.bias)
         self.block_params = nn.ParameterList()
         names = []
         for b in range(self.n_blocks):
             for key, get, linear in (
-                    ("ln1_w", lambda m: m.blocks[b].norm_attention.weight, False),
-                    ("ln1_b", lambda m: m.blocks[b].norm_attention.bias, False),
-                    ("qkv_w", lambda m: m.blocks[b].attention.qkv.weight, True),
-                    ("qkv_b", lambda m: m.blocks[b].attention.qkv.bias, False),
-                    ("out_w", lambda m: m.blocks[b].attention.out.weight, True),
-                    ("out_b", lambda m: m.blocks[b].attention.out.bias, False),
-                    ("ln2_w", lambda m: m.blocks[b].norm_ff.weight, False),
-                    ("ln2_b", lambda m: m.blocks[b].norm_ff.bias, False),
-                    ("ff1_w", lambda m: m.blocks[b].ff[0].weight, True),
-                    ("ff1_b", lambda m: m.blocks[b].ff[0].bias, False),
-                    ("ff2_w", lambda m: m.blocks[b].ff[2].weight, True),
-                    ("ff2_b", lambda m: m.blocks[b].ff[2].bias, False)):
+                ("ln1_w", lambda m: m.blocks[b].norm_attention.weight, False),
+                ("ln1_b", lambda m: m.blocks[b].norm_attention.bias, False),
+                ("qkv_w", lambda m: m.blocks[b].attention.qkv.weight, True),
+                ("qkv_b", lambda m: m.blocks[b].attention.qkv.bias, False),
+                ("out_w", lambda m: m.blocks[b].attention.out.weight, True),
+                ("out_b", lambda m: m.blocks[b].attention.out.bias, False),
+                ("ln2_w", lambda m: m.blocks[b].norm_ff.weight, False),
+                ("ln2_b", lambda m: m.blocks[b].norm_ff.bias, False),
+                ("ff1_w", lambda m: m.blocks[b].ff[0].weight, True),
+                ("ff1_b", lambda m: m.blocks[b].ff[0].bias, False),
+                ("ff2_w", lambda m: m.blocks[b].ff[2].weight, True),
+                ("ff2_b", lambda m: m.blocks[b].ff[2].bias, False),
+            ):
                 self.block_params.append(stack(get, linear))
                 names.append((b, key))
         self.block_index = {name: i for i, name in enumerate(names)}
         self.final_w = stack(lambda m: m.final_norm.weight)
         self.final_b = stack(lambda m: m.final_norm.bias)
         self.eps = first.final_norm.eps
-        self.linear_w = stack(lambda m: m.head.linear.weight, True)               # [K, S, 1]
+        self.linear_w = stack(lambda m: m.head.linear.weight, True)  # [K, S, 1]
         self.linear_b = stack(lambda m: m.head.linear.bias)
         self.corr = nn.ParameterList()
         for i in (0, 2, 4):
             self.corr.append(stack(lambda m: m.head.correction[i].weight, True))
             self.corr.append(stack(lambda m: m.head.correction[i].bias))
-        self.log_spread = stack(lambda m: m.head.log_spread.reshape(1))           # [K, 1]
+        self.log_spread = stack(lambda m: m.head.log_spread.reshape(1))  # [K, 1]
 
     def _block(self, b, key):
         return self.block_params[self.block_index[(b, key)]]
@@ -291,36 +305,37 @@ class StackedSequenceEnsemble(nn.Module):
         n, length = kind_ids.shape
         k, d_model, heads, dh = self.n_members, self.embedding.shape[-1], self.n_heads, self.head_dim
         rows = n * length
-        embedded = self.embedding.index_select(1, kind_ids.reshape(-1))            # [K, N*L, D]
+        embedded = self.embedding.index_select(1, kind_ids.reshape(-1))  # [K, N*L, D]
         flat_tokens = token_features.reshape(1, rows, -1)
         h = embedded + self._linear(flat_tokens, self.projection_w, self.projection_b)
-        key_bias = ((mask - 1.0) * 1e9)[None, :, None, None, :]                   # [1, N, 1, 1, L]
+        key_bias = ((mask - 1.0) * 1e9)[None, :, None, None, :]  # [1, N, 1, 1, L]
         for b in range(self.n_blocks):
             x = self._norm(h, self._block(b, "ln1_w"), self._block(b, "ln1_b"))
             qkv = self._linear(x, self._block(b, "qkv_w"), self._block(b, "qkv_b"))
             qkv = qkv.reshape(k, n, length, 3, heads, dh).permute(3, 0, 1, 4, 2, 5)  # [3, K, N, H, L, Dh]
             q, key, v = qkv[0], qkv[1], qkv[2]
-            scores = q @ key.transpose(-1, -2) * (dh ** -0.5) + key_bias
-            context = torch.softmax(scores, dim=-1) @ v                             # [K, N, H, L, Dh]
+            scores = q @ key.transpose(-1, -2) * (dh**-0.5) + key_bias
+            context = torch.softmax(scores, dim=-1) @ v  # [K, N, H, L, Dh]
             context = context.permute(0, 1, 3, 2, 4).reshape(k, rows, d_model)
             h = h + self._linear(context, self._block(b, "out_w"), self._block(b, "out_b"))
             x = self._norm(h, self._block(b, "ln2_w"), self._block(b, "ln2_b"))
             x = nn.functional.gelu(self._linear(x, self._block(b, "ff1_w"), self._block(b, "ff1_b")))
             h = h + self._linear(x, self._block(b, "ff2_w"), self._block(b, "ff2_b"))
         h = self._norm(h, self.final_w, self.final_b).reshape(k, n, length, d_model)
-        weights = mask[..., None]                                                   # [N, L, 1]
-        pooled = (h * weights).sum(dim=2) / weights.sum(dim=1).clamp(min=1.0)      # [K, N, D]
-        raw_sums = (self.token_linear_scale.raw(token_features) * weights).sum(dim=1)   # [N, S]
+        weights = mask[..., None]  # [N, L, 1]
+        pooled = (h * weights).sum(dim=2) / weights.sum(dim=1).clamp(min=1.0)  # [K, N, D]
+        raw_sums = (self.token_linear_scale.raw(token_features) * weights).sum(dim=1)  # [N, S]
         sums = raw_sums / self.token_linear_scale.scales
         log_sums = (torch.log1p(raw_sums) - self.sum_log_mean) / self.sum_log_std
         shared = torch.cat([sums, log_sums], dim=-1)[None].expand(k, n, -1)
-        inputs = torch.cat([pooled, shared], dim=-1)                                # [K, N, D + 2S]
+        inputs = torch.cat([pooled, shared], dim=-1)  # [K, N, D + 2S]
         x = nn.functional.silu(self._linear(inputs, self.corr[0], self.corr[1]))
         x = nn.functional.silu(self._linear(x, self.corr[2], self.corr[3]))
         memory = self._linear(x, self.corr[4], self.corr[5]) + self._linear(
-            sums[None].expand(k, n, -1), self.linear_w, self.linear_b)            # [K, N, 1]
-        spread = torch.exp(self.log_spread)[:, None, :]                             # [K, 1, 1]
-        below = torch.sigmoid((self.bins - memory) / spread)                        # [K, N, B]
+            sums[None].expand(k, n, -1), self.linear_w, self.linear_b
+        )  # [K, N, 1]
+        spread = torch.exp(self.log_spread)[:, None, :]  # [K, 1, 1]
+        below = torch.sigmoid((self.bins - memory) / spread)  # [K, N, B]
         zeros, ones = torch.zeros_like(memory), torch.ones_like(memory)
         cdf = torch.cat([zeros, below, ones], dim=-1)
-        return (cdf[..., 1:] - cdf[..., :-1]).mean(dim=0)                            # [N, C]
+        return (cdf[..., 1:] - cdf[..., :-1]).mean(dim=0)  # [N, C]

@@ -11,9 +11,18 @@ def export_onnx(model, example_inputs, input_names, output_name, dynamic_axes, p
     "N" (batch) or "L" (tokens, min_tokens..max_tokens)."""
     dims = {"N": torch.export.Dim("N"), "L": torch.export.Dim("L", min=min_tokens, max=max_tokens)}
     dynamic_shapes = tuple({axis: dims[dim] for axis, dim in axes.items()} for axes in dynamic_axes)
-    torch.onnx.export(model, tuple(torch.as_tensor(a) for a in example_inputs), path, dynamo=True,
-                      external_data=False, input_names=list(input_names), output_names=[output_name],
-                      dynamic_shapes=dynamic_shapes, verbose=False, optimize=True)
+    torch.onnx.export(
+        model,
+        tuple(torch.as_tensor(a) for a in example_inputs),
+        path,
+        dynamo=True,
+        external_data=False,
+        input_names=list(input_names),
+        output_names=[output_name],
+        dynamic_shapes=dynamic_shapes,
+        verbose=False,
+        optimize=True,
+    )
 
 
 def onnx_session(path, threads=1):

@@ -48,8 +48,17 @@ def train_rows(layout):
     rows = []
     for index in splits["train_rows"]:
         r = records[index]
-        rows.append({"row": index, "id": r["id"], "group": r["group"], "shape": shape_of(r["id"]),
-                     "job": r["job"], "smact": r["smact"], "smocc": r["smocc"]})
+        rows.append(
+            {
+                "row": index,
+                "id": r["id"],
+                "group": r["group"],
+                "shape": shape_of(r["id"]),
+                "job": r["job"],
+                "smact": r["smact"],
+                "smocc": r["smocc"],
+            }
+        )
     return rows
 
 
@@ -65,8 +74,9 @@ def peak_tflops(gpu_text, gpus):
     match = re.search(r"\b[A-Z]?\d{3,4}\b", gpu_text)
     if not match:
         raise ValueError("no card model in %r" % gpu_text)
-    peaks = [max(g["fp16_tflops"], g["bf16_tflops"] or 0.0) for g in gpus
-             if re.search(r"\b%s\b" % match.group(0), g["name"])]
+    peaks = [
+        max(g["fp16_tflops"], g["bf16_tflops"] or 0.0) for g in gpus if re.search(r"\b%s\b" % match.group(0), g["name"])
+    ]
     if not peaks:
         raise ValueError("no catalogued card for %r" % gpu_text)
     return max(peaks)
@@ -89,13 +99,25 @@ def step_times(layout):
         unit = "samples/s" if match.group(2) == "samples/s" else "tokens/s"
         # The quote: the throughput with its clause of the notes.
         clause = [part.strip() for part in notes.split(";") if match.group(0) in part][0]
+
         # Leading integers ("1 per GPU x 2 GPUs" is 1 per GPU; "24576 (24K)").
-        lead = lambda text: int(re.match(r"\d+", text.replace(",", "")).group(0)) if re.match(r"\d", text or "") else None  # noqa: E731
+        def lead(text):
+            return int(re.match(r"\d+", text.replace(",", "")).group(0)) if re.match(r"\d", text or "") else None
+
         batch = lead(row["batch_size"])
         seq = lead(row["seq_len"])
-        entry = {"row": index, "model": row["model"], "gpu": row["gpu"], "n_gpus": row["n_gpus"],
-                 "throughput": value, "unit": unit, "quote": clause,
-                 "batch_size": row["batch_size"], "seq_len": row["seq_len"], "in_setup_jobs": index in jobs}
+        entry = {
+            "row": index,
+            "model": row["model"],
+            "gpu": row["gpu"],
+            "n_gpus": row["n_gpus"],
+            "throughput": value,
+            "unit": unit,
+            "quote": clause,
+            "batch_size": row["batch_size"],
+            "seq_len": row["seq_len"],
+            "in_setup_jobs": index in jobs,
+        }
         # One optimizer step of one GPU: its batch (micro-batch x accumulation) of samples, or
         # of samples x sequence length tokens. A multi-GPU row's throughput is taken as one
         # GPU's unless that is physically impossible (below): then it is the cluster's.
@@ -112,8 +134,10 @@ def step_times(layout):
             peak = peak_tflops(row["gpu"], gpus)
             if least_flops_per_token(params) * value > peak * 1e12:
                 # One GPU cannot do that many tokens' least work a second: the cluster did.
-                entry["throughput_of"] = "all %d GPUs (one GPU's reading needs %.0f TFLOP/s; the card's peak is %.0f)" % (
-                    n_gpus, least_flops_per_token(params) * value / 1e12, peak)
+                entry["throughput_of"] = (
+                    "all %d GPUs (one GPU's reading needs %.0f TFLOP/s; the card's peak is %.0f)"
+                    % (n_gpus, least_flops_per_token(params) * value / 1e12, peak)
+                )
                 entry["step_time_ms"] = round(entry["step_time_ms"] * n_gpus, 3)
         out.append(entry)
     return out
@@ -132,14 +156,21 @@ def run(layout, threads=None):
     log("%d step-time rows" % len(times))
     counts = {s: sum(1 for r in rows if r["shape"] == s) for s in SHAPES}
     lines = [
-        "# data/perf: provenance", "",
+        "# data/perf: provenance",
+        "",
         "Made by `cd training && python -m gpucast_training perf-data` (training/gpucast_training/perf_data.py)"
         " from the read-only measured data; the roofline performance model (src/domain/perf.rs,"
-        " docs/performance.md) is fitted on the first file and checked on both.", "",
+        " docs/performance.md) is fitted on the first file and checked on both.",
+        "",
         "- generated: %s" % datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat(),
         "- `mlp_train_utilization.jsonl.gz`: the %d TRAIN rows of `data/mlp/splits.json` (never its test rows)"
-        " of `%s`, sha256 `%s`; shapes: %s" % (len(rows), os.path.basename(layout.mlp_csv), sha256(layout.mlp_csv),
-                                                ", ".join("%s %d" % kv for kv in counts.items())),
+        " of `%s`, sha256 `%s`; shapes: %s"
+        % (
+            len(rows),
+            os.path.basename(layout.mlp_csv),
+            sha256(layout.mlp_csv),
+            ", ".join("%s %d" % kv for kv in counts.items()),
+        ),
         "- `step_times.json`: rows %s of `%s`, sha256 `%s`: the throughput quoted in `notes`, as the time"
         " of one optimizer step of one GPU (batch_size samples, or batch_size x seq_len tokens); a"
         " multi-GPU row's tokens/s is one GPU's unless one GPU could not do that many tokens' least"

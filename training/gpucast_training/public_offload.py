@@ -30,25 +30,46 @@ FSDP_QLORA_TARGETS = ["k_proj", "q_proj", "v_proj", "up_proj", "down_proj", "gat
 def _zero3_offload_t5(config):
     # Accelerate's DeepSpeed example: ZeRO-3 offloading parameters and optimizer on one GPU,
     # fp32, batch 8 of short tweets padded to at most 64 tokens (the bound is taken).
-    return {"config": config, "says": ["ZeRO-3", "offload params+optimizer", "1 GPU", "fp32"],
-            "gpu": "a100-80gb",
-            "job": {"batch_size": 8, "seq_len": 64, "precision": "fp32", "optimizer": "adamw",
-                    "lora": T5_LORA, "parallelism": {"strategy": "zero3", "world_size": 1},
-                    "offload": {"parameters": True}},
-            "notes": "sequence length at its bound (64, dynamic padding)"}
+    return {
+        "config": config,
+        "says": ["ZeRO-3", "offload params+optimizer", "1 GPU", "fp32"],
+        "gpu": "a100-80gb",
+        "job": {
+            "batch_size": 8,
+            "seq_len": 64,
+            "precision": "fp32",
+            "optimizer": "adamw",
+            "lora": T5_LORA,
+            "parallelism": {"strategy": "zero3", "world_size": 1},
+            "offload": {"parameters": True},
+        },
+        "notes": "sequence length at its bound (64, dynamic padding)",
+    }
 
 
 def _fsdp_qlora(config, batch, seq, base, gpu):
-    return {"config": config, "says": ["FSDP full_shard + CPU offload of params x2",
-                                       "qlora" if base == "nf4" else "--train_type lora"],
-            "gpu": gpu,
-            "job": {"batch_size": batch, "seq_len": seq, "precision": "bf16", "optimizer": "adamw",
-                    "activation_checkpointing": "full",
-                    "lora": {"rank": 64, "alpha": 16, "dropout": 0.1,
-                             "target_modules": FSDP_QLORA_TARGETS, "base_weights": base},
-                    "parallelism": {"strategy": "fsdp", "world_size": 2},
-                    "offload": {"parameters": True}},
-            "notes": "train.py defaults (r 64, alpha 16, dropout 0.1; FSDP checkpointing)"}
+    return {
+        "config": config,
+        "says": ["FSDP full_shard + CPU offload of params x2", "qlora" if base == "nf4" else "--train_type lora"],
+        "gpu": gpu,
+        "job": {
+            "batch_size": batch,
+            "seq_len": seq,
+            "precision": "bf16",
+            "optimizer": "adamw",
+            "activation_checkpointing": "full",
+            "lora": {
+                "rank": 64,
+                "alpha": 16,
+                "dropout": 0.1,
+                "target_modules": FSDP_QLORA_TARGETS,
+                "base_weights": base,
+            },
+            "parallelism": {"strategy": "fsdp", "world_size": 2},
+            "offload": {"parameters": True},
+        },
+        "notes": "train.py defaults (r 64, alpha 16, dropout 0.1; FSDP checkpointing)",
+    }
 
 
 ROWS = {
@@ -78,12 +99,23 @@ def jobs(csv_path):
         config = json.loads((CONFIGS / f"{rule['config']}.json").read_text())
         job = dict(rule["job"], transformer_config=config, gpu=rule["gpu"])
         notes = [rule["notes"]] + ([f"compare {compare!r} assumed from the measure kind"] if assumed else [])
-        out.append({"row": index, "model": row["model"], "gpu": row["gpu"],
-                    "measured_mib": float(row["measured_mib"]), "compare": compare,
-                    "families": ["offload", "lora" if job["lora"].get("base_weights", "same") == "same" else "qlora",
-                                 "fsdp_zero"],
-                    "architecture": rule["config"].replace("__", "/"), "notes": "; ".join(notes),
-                    "job": job})
+        out.append(
+            {
+                "row": index,
+                "model": row["model"],
+                "gpu": row["gpu"],
+                "measured_mib": float(row["measured_mib"]),
+                "compare": compare,
+                "families": [
+                    "offload",
+                    "lora" if job["lora"].get("base_weights", "same") == "same" else "qlora",
+                    "fsdp_zero",
+                ],
+                "architecture": rule["config"].replace("__", "/"),
+                "notes": "; ".join(notes),
+                "job": job,
+            }
+        )
     return out
 
 

@@ -60,19 +60,35 @@ class Seq2SeqLoss(nn.Module):
 
 def bert_large_classifier():
     import transformers
-    config = transformers.BertConfig(hidden_size=1024, num_hidden_layers=24,
-                                     num_attention_heads=16, intermediate_size=4096,
-                                     vocab_size=30522, num_labels=2)
+
+    config = transformers.BertConfig(
+        hidden_size=1024,
+        num_hidden_layers=24,
+        num_attention_heads=16,
+        intermediate_size=4096,
+        vocab_size=30522,
+        num_labels=2,
+    )
     return transformers.BertForSequenceClassification(config)
 
 
 def t0_3b(label_len=4):
     import transformers
+
     # bigscience/T0_3B = google/t5-xl-lm-adapt (T5 v1.1 XL): gated GELU, untied head.
-    config = transformers.T5Config(d_model=2048, d_ff=5120, d_kv=64, num_heads=32, num_layers=24,
-                                   num_decoder_layers=24, vocab_size=32128,
-                                   feed_forward_proj="gated-gelu", tie_word_embeddings=False,
-                                   decoder_start_token_id=0, pad_token_id=0)
+    config = transformers.T5Config(
+        d_model=2048,
+        d_ff=5120,
+        d_kv=64,
+        num_heads=32,
+        num_layers=24,
+        num_decoder_layers=24,
+        vocab_size=32128,
+        feed_forward_proj="gated-gelu",
+        tie_word_embeddings=False,
+        decoder_start_token_id=0,
+        pad_token_id=0,
+    )
     return Seq2SeqLoss(transformers.T5ForConditionalGeneration(config), label_len)
 
 
@@ -88,21 +104,26 @@ SEGFORMER = {  # mmseg / HF SegFormer MiT-B0..B5
 
 def segformer(variant, num_labels):
     import transformers
+
     hidden, depths, decoder = SEGFORMER[variant]
-    config = transformers.SegformerConfig(hidden_sizes=hidden, depths=depths,
-                                          decoder_hidden_size=decoder, num_labels=num_labels)
+    config = transformers.SegformerConfig(
+        hidden_sizes=hidden, depths=depths, decoder_hidden_size=decoder, num_labels=num_labels
+    )
     model = transformers.SegformerForSemanticSegmentation(config)
-    return LossOf(model, lambda pixels: torch.zeros(pixels.shape[0], *pixels.shape[2:],
-                                                    dtype=torch.int64, device=pixels.device))
+    return LossOf(
+        model, lambda pixels: torch.zeros(pixels.shape[0], *pixels.shape[2:], dtype=torch.int64, device=pixels.device)
+    )
 
 
 def timm_model(name, **kwargs):
     import timm
+
     return timm.create_model(name, pretrained=False, **kwargs)
 
 
 def torchvision_model(name):
     import torchvision
+
     return torchvision.models.get_model(name, weights=None)
 
 
@@ -117,9 +138,24 @@ def precision_of(text):
 
 def optimizer_of(text):
     text = text.lower()
-    if any(word in text for word in ("8-bit", "8bit", "4-bit", "adafactor", "paged", "fp8",
-                                     "galore", "muon", "lion", "in_bwd", "fused into backward",
-                                     "lisa", "offload")):
+    if any(
+        word in text
+        for word in (
+            "8-bit",
+            "8bit",
+            "4-bit",
+            "adafactor",
+            "paged",
+            "fp8",
+            "galore",
+            "muon",
+            "lion",
+            "in_bwd",
+            "fused into backward",
+            "lisa",
+            "offload",
+        )
+    ):
         return None
     if "adamw" in text:
         return "adamw"
@@ -177,26 +213,59 @@ def builder_of(row):
     write their attention out)."""
     model, micro = row["model"], int(row["micro_batch_size"] or row["batch_size"])
     if model.startswith("bert-large-uncased") and "SequenceClassification" in row["head_or_task"]:
-        return (bert_large_classifier, [int(row["seq_len"])], torch.int64, micro, "auto",
-                "eager attention (transformers 4.16-4.21 had no SDPA)", "eager")
+        return (
+            bert_large_classifier,
+            [int(row["seq_len"])],
+            torch.int64,
+            micro,
+            "auto",
+            "eager attention (transformers 4.16-4.21 had no SDPA)",
+            "eager",
+        )
     if model.startswith("bigscience/T0_3B"):
-        return (t0_3b, [64], torch.int64, micro, "auto",
-                "inputs padded to 64 tokens (the example's max_length), 4 label tokens", "eager")
+        return (
+            t0_3b,
+            [64],
+            torch.int64,
+            micro,
+            "auto",
+            "inputs padded to 64 tokens (the example's max_length), 4 label tokens",
+            "eager",
+        )
     if model.startswith("timm vit_huge_patch14_224"):
-        return (lambda: timm_model("vit_huge_patch14_224", num_classes=45), [3, 224, 224],
-                torch.float32, micro, "auto", "fused AdamW run as foreach; torch.compile not modelled",
-                "efficient")
+        return (
+            lambda: timm_model("vit_huge_patch14_224", num_classes=45),
+            [3, 224, 224],
+            torch.float32,
+            micro,
+            "auto",
+            "fused AdamW run as foreach; torch.compile not modelled",
+            "efficient",
+        )
     if model.startswith("torchvision vit_l_16"):
-        return (lambda: torchvision_model("vit_l_16"), [3, 224, 224], torch.float32, micro, "sum",
-                "loss = logits.sum() as in the source", "efficient")
+        return (
+            lambda: torchvision_model("vit_l_16"),
+            [3, 224, 224],
+            torch.float32,
+            micro,
+            "sum",
+            "loss = logits.sum() as in the source",
+            "efficient",
+        )
     if model.startswith("SegFormer MIT-"):
         variant = model.split("MIT-")[1][:2]
         ade = "ADE20K" in row["head_or_task"]
         size = 1024 if "1024" in row["image_size"] else (640 if "640" in row["image_size"] else 512)
         labels = 150 if ade else 19
-        return (lambda: segformer(variant, labels), [3, size, size], torch.float32, micro, "auto",
-                "HF SegFormer (same MiT encoder and all-MLP head as mmseg); loss on logits "
-                "upsampled to the label size", "eager")
+        return (
+            lambda: segformer(variant, labels),
+            [3, size, size],
+            torch.float32,
+            micro,
+            "auto",
+            "HF SegFormer (same MiT encoder and all-MLP head as mmseg); loss on logits upsampled to the label size",
+            "eager",
+        )
     return None
 
 
@@ -213,40 +282,66 @@ def run(layout, threads=None):
             continue
         built = builder_of(row)
         if built is None:
-            reasons["model cannot be built here (mmdet/mmcv detection models)"] = \
+            reasons["model cannot be built here (mmdet/mmcv detection models)"] = (
                 reasons.get("model cannot be built here (mmdet/mmcv detection models)", 0) + 1
+            )
             continue
         factory, shape, dtype, batch, loss, note, attention = built
         started = time.perf_counter()
         with torch.device("meta"):
             module = factory()
-        description = describe_module(module, shape, batch, name=row["model"].split(" (")[0],
-                                      input_dtype=dtype, optimizer=setup["optimizer"],
-                                      precision=setup["precision"], loss=loss, attention=attention)
+        description = describe_module(
+            module,
+            shape,
+            batch,
+            name=row["model"].split(" (")[0],
+            input_dtype=dtype,
+            optimizer=setup["optimizer"],
+            precision=setup["precision"],
+            loss=loss,
+            attention=attention,
+        )
         timings.append(time.perf_counter() - started)
         if "simulation" not in description:
             reasons["simulation failed"] = reasons.get("simulation failed", 0) + 1
             continue
-        lines.append({"row": index, "model": row["model"], "gpu": row["gpu"],
-                      "measured_mib": float(row["measured_mib"]), "compare": setup["compare"],
-                      "ddp": setup["ddp"], "confidence": row["notes"].split(";")[0],
-                      "note": note, "job": description})
+        lines.append(
+            {
+                "row": index,
+                "model": row["model"],
+                "gpu": row["gpu"],
+                "measured_mib": float(row["measured_mib"]),
+                "compare": setup["compare"],
+                "ddp": setup["ddp"],
+                "confidence": row["notes"].split(";")[0],
+                "note": note,
+                "job": description,
+            }
+        )
         print(f"row {index}: {row['model'][:50]} {timings[-1]:.1f} s", flush=True)
     write_jsonl_gz(layout.out("data", "public", "jobs.jsonl.gz"), lines)
     sha = mf.sha256_of(csv_path)
     import transformers
+
     text = [
-        "# data/public/jobs.jsonl.gz: provenance", "",
+        "# data/public/jobs.jsonl.gz: provenance",
+        "",
         "The rows of `public_training_memory.csv` whose setup gpucast can express, described by",
         "`gpucast_describe` with the simulated training step (see training/gpucast_training/public_rows.py",
-        "for the rules and the model builders).", "",
-        "```", "cd training && python -m gpucast_training public-rows", "```", "",
+        "for the rules and the model builders).",
+        "",
+        "```",
+        "cd training && python -m gpucast_training public-rows",
+        "```",
+        "",
         f"- generated: {mf.utc_now()}",
         f"- source: `{csv_path}`, sha256 `{sha}`, {len(rows)} rows",
         f"- torch {torch.__version__}, transformers {transformers.__version__}",
         f"- rows described: {len(lines)} ({sum(l['ddp'] for l in lines)} of them DDP: one GPU's "
         "step simulated, DDP's gradient buckets not modelled)",
-        "", "## Rows left out", "",
+        "",
+        "## Rows left out",
+        "",
     ] + [f"- {count}: {reason}" for reason, count in sorted(reasons.items(), key=lambda kv: -kv[1])]
     with open(layout.out("data", "public", "PROVENANCE.md"), "w") as handle:
         handle.write("\n".join(text) + "\n")

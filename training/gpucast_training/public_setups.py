@@ -48,8 +48,14 @@ OUT_JOBS = ("data", "public", "setup_jobs.jsonl.gz")
 OUT_LEFT = ("data", "public", "setup_left_out.json")
 OUT_DOC = ("data", "public", "SETUPS.md")
 # What an accelerate dtype name is for each contract precision (its "Training using Adam" row).
-ACCELERATE_DTYPE = {"fp32": "float32", "tf32": "float32", "amp_fp16": "float16", "fp16": "float16",
-                    "amp_bf16": "bfloat16", "bf16": "bfloat16"}
+ACCELERATE_DTYPE = {
+    "fp32": "float32",
+    "tf32": "float32",
+    "amp_fp16": "float16",
+    "fp16": "float16",
+    "amp_bf16": "bfloat16",
+    "bf16": "bfloat16",
+}
 GPUS_PER_NODE = 8
 
 
@@ -74,11 +80,23 @@ ADAPTER = "adapter method other than LoRA"
 VARIANT = "LoRA variant: the trainable count in the notes is not plain LoRA's"
 NOT_STATED = "setup not stated"
 SEQUENCE = "sequence parallelism (Ulysses)"
-REASONS = [MODEL, MEASURE, OFFLOAD, LOW_PRECISION, SELECTIVE, IN_BACKWARD, OPTIMIZER, ADAPTER,
-           VARIANT, SEQUENCE, NOT_STATED]
+REASONS = [
+    MODEL,
+    MEASURE,
+    OFFLOAD,
+    LOW_PRECISION,
+    SELECTIVE,
+    IN_BACKWARD,
+    OPTIMIZER,
+    ADAPTER,
+    VARIANT,
+    SEQUENCE,
+    NOT_STATED,
+]
 
 
 # ============================================================================ the columns
+
 
 def _int(text):
     match = re.match(r"\s*(\d+)\b", text)
@@ -117,8 +135,9 @@ def parse_precision(text):
         return "amp_bf16", "torchtitan FSDP2 mixed precision (bf16 compute, fp32 master weights) assumed"
     if "4-bit" in t and "fp16 compute" in t:
         return "amp_fp16", "fp16 autocast over the 4-bit base (Trainer fp16=True on a T4) assumed"
-    if any(word in t for word in ("pure", "bf16-true", "full bf16", "bf16 weights", "bfloat16 weights")) \
-            or t.startswith("bf16 (train.py"):
+    if any(
+        word in t for word in ("pure", "bf16-true", "full bf16", "bf16 weights", "bfloat16 weights")
+    ) or t.startswith("bf16 (train.py"):
         return "bf16", ""
     if any(word in t for word in ("amp", "autocast", "mixed", "--bf16 true", "bf16 + tf32")):
         if "bf16" in t:
@@ -151,8 +170,14 @@ def parse_optimizer(text):
         raise Out(IN_BACKWARD, text[:80])
     if ("offload" in t and "offload: none" not in t) or "cpu-offloaded" in t:
         raise Out(OFFLOAD, text[:80])
-    for word, name in (("galore", "GaLore"), ("muon", "Muon"), ("lisa", "LISA"), ("lora-fa", "LoRA-FA"),
-                       ("4-bit", "4-bit Adam"), ("fp8", "FP8 Adam")):
+    for word, name in (
+        ("galore", "GaLore"),
+        ("muon", "Muon"),
+        ("lisa", "LISA"),
+        ("lora-fa", "LoRA-FA"),
+        ("4-bit", "4-bit Adam"),
+        ("fp8", "FP8 Adam"),
+    ):
         if word in t:
             raise Out(OPTIMIZER, name)
     if t.startswith("not stated"):
@@ -165,8 +190,7 @@ def parse_optimizer(text):
     if "8-bit" in t or "8bit" in t:
         name = "adamw_8bit" if "adamw" in t else "adam_8bit"
         if "torchao" in t:
-            return name, "fused", ("torchao's 8-bit AdamW (blockwise, 256-value blocks) read as "
-                                   "bitsandbytes' layout")
+            return name, "fused", ("torchao's 8-bit AdamW (blockwise, 256-value blocks) read as bitsandbytes' layout")
         return name, "fused", note
     if "adafactor" in t:
         return "adafactor", "for_loop", "transformers' Adafactor (a loop over the parameters)"
@@ -258,8 +282,7 @@ def parse_image(text):
 def parse_parallelism(text, n_gpus):
     """parallelism, n_gpus -> the contract's parallelism object."""
     t = text.lower()
-    if "offload" in t and not any(word in t for word in ("offload_params=false", "cpu_offload false",
-                                                          "no offload")):
+    if "offload" in t and not any(word in t for word in ("offload_params=false", "cpu_offload false", "no offload")):
         raise Out(OFFLOAD, text)
     if "ulysses" in t or re.search(r"\bsp=\d", t):
         raise Out(SEQUENCE, text)
@@ -298,10 +321,44 @@ def parse_parallelism(text, n_gpus):
     return result
 
 
-NON_LORA = ("ADALORA", "ADAMSS", "ADAPTION_PROMPT", "BEFT", "BOFT", "C3A", "DEFT", "DELORA", "FOURIERFT",
-            "FROD", "GLORA", "GRALORA", "HIRA", "HRA", "IA3", "LILY", "LOHA", "LOKR", "MISS", "OFT", "OSF",
-            "PEANUT", "PREFIX_TUNING", "PROMPT_TUNING", "P_TUNING", "PSOFT", "PVERA", "RANDLORA", "ROAD",
-            "SHIRA", "TINYLORA", "TRAINABLE_TOKENS", "UNILORA", "VBLORA", "VERA", "WAVEFT")
+NON_LORA = (
+    "ADALORA",
+    "ADAMSS",
+    "ADAPTION_PROMPT",
+    "BEFT",
+    "BOFT",
+    "C3A",
+    "DEFT",
+    "DELORA",
+    "FOURIERFT",
+    "FROD",
+    "GLORA",
+    "GRALORA",
+    "HIRA",
+    "HRA",
+    "IA3",
+    "LILY",
+    "LOHA",
+    "LOKR",
+    "MISS",
+    "OFT",
+    "OSF",
+    "PEANUT",
+    "PREFIX_TUNING",
+    "PROMPT_TUNING",
+    "P_TUNING",
+    "PSOFT",
+    "PVERA",
+    "RANDLORA",
+    "ROAD",
+    "SHIRA",
+    "TINYLORA",
+    "TRAINABLE_TOKENS",
+    "UNILORA",
+    "VBLORA",
+    "VERA",
+    "WAVEFT",
+)
 
 
 def parse_peft(text):
@@ -314,8 +371,15 @@ def parse_peft(text):
     head = re.split(r"[ (]", t, maxsplit=1)[0]
     if head in NON_LORA:
         raise Out(ADAPTER, head)
-    for word, name in (("use_dora", "DoRA"), ("dora", "DoRA"), ("adalora", "AdaLoRA"), ("velora", "VeLoRA"),
-                       ("llama-adapter", "LLaMA-Adapter"), ("llama-pro", "LLaMA-Pro"), ("lisa", "LISA")):
+    for word, name in (
+        ("use_dora", "DoRA"),
+        ("dora", "DoRA"),
+        ("adalora", "AdaLoRA"),
+        ("velora", "VeLoRA"),
+        ("llama-adapter", "LLaMA-Adapter"),
+        ("llama-pro", "LLaMA-Pro"),
+        ("lisa", "LISA"),
+    ):
         if word in tl:
             raise Out(ADAPTER, name)
     if head == "LN_TUNING":
@@ -336,9 +400,11 @@ def parse_peft(text):
     elif listed:
         targets = re.findall(r"'([^']+)'", listed.group(1))
     else:
-        match = (re.search(r"\bon ([A-Za-z_,+ ]+?)(?:\s*\(|\)|;|$| \+ base)", t)
-                 or re.search(r"targets? ([A-Za-z_,]+)", t)
-                 or re.search(r"\((query_key_value)\)", t))
+        match = (
+            re.search(r"\bon ([A-Za-z_,+ ]+?)(?:\s*\(|\)|;|$| \+ base)", t)
+            or re.search(r"targets? ([A-Za-z_,]+)", t)
+            or re.search(r"\((query_key_value)\)", t)
+        )
         if re.search(r"q and v only", tl):
             targets = ["q", "v"]
         elif "all layers (" in tl:
@@ -348,8 +414,13 @@ def parse_peft(text):
         else:
             targets = None  # the framework's default
     dropout = re.search(r"dropout[ =]?(0?\.\d+|0)\b", t)
-    return {"rank": int(rank.group(1)), "alpha": int(alpha.group(1)), "targets": targets,
-            "dropout": float(dropout.group(1)) if dropout else None, "rslora": "use_rslora=True" in t}
+    return {
+        "rank": int(rank.group(1)),
+        "alpha": int(alpha.group(1)),
+        "targets": targets,
+        "dropout": float(dropout.group(1)) if dropout else None,
+        "rslora": "use_rslora=True" in t,
+    }
 
 
 def trainable_in_notes(notes, peft):
@@ -388,16 +459,34 @@ def unmodelled_of(row):
 # Published config.json values, keyed by the model id they come from. `kind` picks the
 # transformers config class (or one of public_rows' builders).
 
+
 def _llama3_rope(factor, theta=500000.0):
-    return {"rope_theta": theta, "rope_scaling": {"rope_type": "llama3", "factor": factor,
-                                                 "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                                 "original_max_position_embeddings": 8192}}
+    return {
+        "rope_theta": theta,
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": factor,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+    }
 
 
 def _llama(hidden, layers, heads, kv, inter, vocab, max_pos, theta=10000.0, tie=False, eps=1e-5, **extra):
-    return dict(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv,
-                intermediate_size=inter, vocab_size=vocab, max_position_embeddings=max_pos, rope_theta=theta,
-                tie_word_embeddings=tie, rms_norm_eps=eps, **extra)
+    return dict(
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        intermediate_size=inter,
+        vocab_size=vocab,
+        max_position_embeddings=max_pos,
+        rope_theta=theta,
+        tie_word_embeddings=tie,
+        rms_norm_eps=eps,
+        **extra,
+    )
 
 
 ARCHITECTURES = {
@@ -407,82 +496,225 @@ ARCHITECTURES = {
     "meta-llama/Llama-2-70b-hf": ("llama", _llama(8192, 80, 64, 8, 28672, 32000, 4096), "llama"),
     "meta-llama/Meta-Llama-3-8B": ("llama", _llama(4096, 32, 32, 8, 14336, 128256, 8192, 500000.0), "llama"),
     "meta-llama/Meta-Llama-3-70B": ("llama", _llama(8192, 80, 64, 8, 28672, 128256, 8192, 500000.0), "llama"),
-    "meta-llama/Llama-3.1-8B": ("llama", dict(_llama(4096, 32, 32, 8, 14336, 128256, 131072),
-                                              **_llama3_rope(8.0)), "llama"),
-    "meta-llama/Llama-3.1-70B": ("llama", dict(_llama(8192, 80, 64, 8, 28672, 128256, 131072),
-                                               **_llama3_rope(8.0)), "llama"),
-    "meta-llama/Llama-3.1-405B": ("llama", dict(_llama(16384, 126, 128, 8, 53248, 128256, 131072),
-                                                **_llama3_rope(8.0)), "llama"),
-    "meta-llama/Llama-3.2-1B": ("llama", dict(_llama(2048, 16, 32, 8, 8192, 128256, 131072, tie=True,
-                                                     head_dim=64), **_llama3_rope(32.0)), "llama"),
-    "meta-llama/Llama-3.2-3B": ("llama", dict(_llama(3072, 28, 24, 8, 8192, 128256, 131072, tie=True,
-                                                     head_dim=128), **_llama3_rope(32.0)), "llama"),
+    "meta-llama/Llama-3.1-8B": (
+        "llama",
+        dict(_llama(4096, 32, 32, 8, 14336, 128256, 131072), **_llama3_rope(8.0)),
+        "llama",
+    ),
+    "meta-llama/Llama-3.1-70B": (
+        "llama",
+        dict(_llama(8192, 80, 64, 8, 28672, 128256, 131072), **_llama3_rope(8.0)),
+        "llama",
+    ),
+    "meta-llama/Llama-3.1-405B": (
+        "llama",
+        dict(_llama(16384, 126, 128, 8, 53248, 128256, 131072), **_llama3_rope(8.0)),
+        "llama",
+    ),
+    "meta-llama/Llama-3.2-1B": (
+        "llama",
+        dict(_llama(2048, 16, 32, 8, 8192, 128256, 131072, tie=True, head_dim=64), **_llama3_rope(32.0)),
+        "llama",
+    ),
+    "meta-llama/Llama-3.2-3B": (
+        "llama",
+        dict(_llama(3072, 28, 24, 8, 8192, 128256, 131072, tie=True, head_dim=128), **_llama3_rope(32.0)),
+        "llama",
+    ),
     "TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T": (
-        "llama", _llama(2048, 22, 32, 4, 5632, 32000, 2048), "llama"),
+        "llama",
+        _llama(2048, 22, 32, 4, 5632, 32000, 2048),
+        "llama",
+    ),
     "01-ai/Yi-34B": ("llama", _llama(7168, 60, 56, 8, 20480, 64000, 4096, 5000000.0), "llama"),
     "codellama/CodeLlama-34b-hf": ("llama", _llama(8192, 48, 64, 8, 22016, 32000, 16384, 1000000.0), "llama"),
     "GaLore configs/llama_7b.json": ("llama", _llama(4096, 32, 32, 32, 11008, 32000, 2048, eps=1e-6), "llama"),
-    "mistralai/Mistral-7B-v0.1": ("mistral", dict(_llama(4096, 32, 32, 8, 14336, 32000, 32768),
-                                                  sliding_window=4096), "llama"),
-    "mistral-community/Mistral-7B-v0.2": ("mistral", dict(_llama(4096, 32, 32, 8, 14336, 32000, 32768, 1000000.0),
-                                                          sliding_window=None), "llama"),
+    "mistralai/Mistral-7B-v0.1": (
+        "mistral",
+        dict(_llama(4096, 32, 32, 8, 14336, 32000, 32768), sliding_window=4096),
+        "llama",
+    ),
+    "mistral-community/Mistral-7B-v0.2": (
+        "mistral",
+        dict(_llama(4096, 32, 32, 8, 14336, 32000, 32768, 1000000.0), sliding_window=None),
+        "llama",
+    ),
     "Qwen/Qwen2.5-7B": ("qwen2", _llama(3584, 28, 28, 4, 18944, 152064, 131072, 1000000.0, eps=1e-6), "llama"),
-    "Qwen/Qwen2.5-7B-Instruct": ("qwen2", _llama(3584, 28, 28, 4, 18944, 152064, 32768, 1000000.0, eps=1e-6),
-                                 "llama"),
-    "Qwen/Qwen2.5-0.5B": ("qwen2", _llama(896, 24, 14, 2, 4864, 151936, 32768, 1000000.0, tie=True, eps=1e-6),
-                          "llama"),
-    "Qwen/Qwen3-4B": ("qwen3", _llama(2560, 36, 32, 8, 9728, 151936, 40960, 1000000.0, tie=True, eps=1e-6,
-                                      head_dim=128), "llama"),
-    "Qwen/Qwen3-8B": ("qwen3", _llama(4096, 36, 32, 8, 12288, 151936, 40960, 1000000.0, eps=1e-6,
-                                      head_dim=128), "llama"),
-    "google/gemma-2b": ("gemma", dict(_llama(2048, 18, 8, 1, 16384, 256000, 8192, tie=True, eps=1e-6),
-                                      head_dim=256, hidden_activation="gelu_pytorch_tanh"), "llama"),
-    "google/gemma-7b": ("gemma", dict(_llama(3072, 28, 16, 16, 24576, 256000, 8192, tie=True, eps=1e-6),
-                                      head_dim=256, hidden_activation="gelu_pytorch_tanh"), "llama"),
-    "google/gemma-2-2b": ("gemma2", dict(_llama(2304, 26, 8, 4, 9216, 256000, 8192, tie=True, eps=1e-6),
-                                         head_dim=256, hidden_activation="gelu_pytorch_tanh",
-                                         query_pre_attn_scalar=256, sliding_window=4096,
-                                         attn_logit_softcapping=50.0, final_logit_softcapping=30.0), "llama"),
-    "google/gemma-2-9b": ("gemma2", dict(_llama(3584, 42, 16, 8, 14336, 256000, 8192, tie=True, eps=1e-6),
-                                         head_dim=256, hidden_activation="gelu_pytorch_tanh",
-                                         query_pre_attn_scalar=256, sliding_window=4096,
-                                         attn_logit_softcapping=50.0, final_logit_softcapping=30.0), "llama"),
-    "microsoft/phi-1_5": ("phi", dict(hidden_size=2048, num_hidden_layers=24, num_attention_heads=32,
-                                      intermediate_size=8192, vocab_size=51200, max_position_embeddings=2048,
-                                      partial_rotary_factor=0.5, rope_theta=10000.0, layer_norm_eps=1e-5,
-                                      hidden_act="gelu_new", tie_word_embeddings=False), "phi"),
-    "microsoft/phi-2": ("phi", dict(hidden_size=2560, num_hidden_layers=32, num_attention_heads=32,
-                                    intermediate_size=10240, vocab_size=51200, max_position_embeddings=2048,
-                                    partial_rotary_factor=0.4, rope_theta=10000.0, layer_norm_eps=1e-5,
-                                    hidden_act="gelu_new", tie_word_embeddings=False), "phi"),
-    "microsoft/Phi-3-mini-4k-instruct": ("phi3", dict(_llama(3072, 32, 32, 32, 8192, 32064, 4096),
-                                                      sliding_window=2047), "phi3"),
-    "tiiuae/falcon-7b": ("falcon", dict(hidden_size=4544, num_hidden_layers=32, num_attention_heads=71,
-                                        multi_query=True, new_decoder_architecture=False, parallel_attn=True,
-                                        bias=False, alibi=False, vocab_size=65024, layer_norm_epsilon=1e-5,
-                                        max_position_embeddings=2048, tie_word_embeddings=True), "fused"),
-    "stabilityai/stablelm-base-alpha-3b": ("gpt_neox", dict(hidden_size=4096, num_hidden_layers=16,
-                                                            num_attention_heads=32, intermediate_size=16384,
-                                                            vocab_size=50688, rotary_pct=0.25,
-                                                            max_position_embeddings=4096, layer_norm_eps=1e-5,
-                                                            use_parallel_residual=True,
-                                                            tie_word_embeddings=False), "neox"),
-    "bigscience/bloomz-7b1": ("bloom", dict(hidden_size=4096, n_layer=30, n_head=32, vocab_size=250880,
-                                            layer_norm_epsilon=1e-5), "fused"),
-    "bigscience/mt0-xxl": ("mt5", dict(d_model=4096, d_ff=10240, d_kv=64, num_heads=64, num_layers=24,
-                                       num_decoder_layers=24, vocab_size=250112, feed_forward_proj="gated-gelu",
-                                       tie_word_embeddings=False, decoder_start_token_id=0, pad_token_id=0),
-                           "t5"),
-    "facebook/bart-large": ("bart", dict(d_model=1024, encoder_layers=12, decoder_layers=12,
-                                         encoder_attention_heads=16, decoder_attention_heads=16,
-                                         encoder_ffn_dim=4096, decoder_ffn_dim=4096, vocab_size=50265,
-                                         max_position_embeddings=1024), "bart"),
+    "Qwen/Qwen2.5-7B-Instruct": ("qwen2", _llama(3584, 28, 28, 4, 18944, 152064, 32768, 1000000.0, eps=1e-6), "llama"),
+    "Qwen/Qwen2.5-0.5B": ("qwen2", _llama(896, 24, 14, 2, 4864, 151936, 32768, 1000000.0, tie=True, eps=1e-6), "llama"),
+    "Qwen/Qwen3-4B": (
+        "qwen3",
+        _llama(2560, 36, 32, 8, 9728, 151936, 40960, 1000000.0, tie=True, eps=1e-6, head_dim=128),
+        "llama",
+    ),
+    "Qwen/Qwen3-8B": (
+        "qwen3",
+        _llama(4096, 36, 32, 8, 12288, 151936, 40960, 1000000.0, eps=1e-6, head_dim=128),
+        "llama",
+    ),
+    "google/gemma-2b": (
+        "gemma",
+        dict(
+            _llama(2048, 18, 8, 1, 16384, 256000, 8192, tie=True, eps=1e-6),
+            head_dim=256,
+            hidden_activation="gelu_pytorch_tanh",
+        ),
+        "llama",
+    ),
+    "google/gemma-7b": (
+        "gemma",
+        dict(
+            _llama(3072, 28, 16, 16, 24576, 256000, 8192, tie=True, eps=1e-6),
+            head_dim=256,
+            hidden_activation="gelu_pytorch_tanh",
+        ),
+        "llama",
+    ),
+    "google/gemma-2-2b": (
+        "gemma2",
+        dict(
+            _llama(2304, 26, 8, 4, 9216, 256000, 8192, tie=True, eps=1e-6),
+            head_dim=256,
+            hidden_activation="gelu_pytorch_tanh",
+            query_pre_attn_scalar=256,
+            sliding_window=4096,
+            attn_logit_softcapping=50.0,
+            final_logit_softcapping=30.0,
+        ),
+        "llama",
+    ),
+    "google/gemma-2-9b": (
+        "gemma2",
+        dict(
+            _llama(3584, 42, 16, 8, 14336, 256000, 8192, tie=True, eps=1e-6),
+            head_dim=256,
+            hidden_activation="gelu_pytorch_tanh",
+            query_pre_attn_scalar=256,
+            sliding_window=4096,
+            attn_logit_softcapping=50.0,
+            final_logit_softcapping=30.0,
+        ),
+        "llama",
+    ),
+    "microsoft/phi-1_5": (
+        "phi",
+        dict(
+            hidden_size=2048,
+            num_hidden_layers=24,
+            num_attention_heads=32,
+            intermediate_size=8192,
+            vocab_size=51200,
+            max_position_embeddings=2048,
+            partial_rotary_factor=0.5,
+            rope_theta=10000.0,
+            layer_norm_eps=1e-5,
+            hidden_act="gelu_new",
+            tie_word_embeddings=False,
+        ),
+        "phi",
+    ),
+    "microsoft/phi-2": (
+        "phi",
+        dict(
+            hidden_size=2560,
+            num_hidden_layers=32,
+            num_attention_heads=32,
+            intermediate_size=10240,
+            vocab_size=51200,
+            max_position_embeddings=2048,
+            partial_rotary_factor=0.4,
+            rope_theta=10000.0,
+            layer_norm_eps=1e-5,
+            hidden_act="gelu_new",
+            tie_word_embeddings=False,
+        ),
+        "phi",
+    ),
+    "microsoft/Phi-3-mini-4k-instruct": (
+        "phi3",
+        dict(_llama(3072, 32, 32, 32, 8192, 32064, 4096), sliding_window=2047),
+        "phi3",
+    ),
+    "tiiuae/falcon-7b": (
+        "falcon",
+        dict(
+            hidden_size=4544,
+            num_hidden_layers=32,
+            num_attention_heads=71,
+            multi_query=True,
+            new_decoder_architecture=False,
+            parallel_attn=True,
+            bias=False,
+            alibi=False,
+            vocab_size=65024,
+            layer_norm_epsilon=1e-5,
+            max_position_embeddings=2048,
+            tie_word_embeddings=True,
+        ),
+        "fused",
+    ),
+    "stabilityai/stablelm-base-alpha-3b": (
+        "gpt_neox",
+        dict(
+            hidden_size=4096,
+            num_hidden_layers=16,
+            num_attention_heads=32,
+            intermediate_size=16384,
+            vocab_size=50688,
+            rotary_pct=0.25,
+            max_position_embeddings=4096,
+            layer_norm_eps=1e-5,
+            use_parallel_residual=True,
+            tie_word_embeddings=False,
+        ),
+        "neox",
+    ),
+    "bigscience/bloomz-7b1": (
+        "bloom",
+        dict(hidden_size=4096, n_layer=30, n_head=32, vocab_size=250880, layer_norm_epsilon=1e-5),
+        "fused",
+    ),
+    "bigscience/mt0-xxl": (
+        "mt5",
+        dict(
+            d_model=4096,
+            d_ff=10240,
+            d_kv=64,
+            num_heads=64,
+            num_layers=24,
+            num_decoder_layers=24,
+            vocab_size=250112,
+            feed_forward_proj="gated-gelu",
+            tie_word_embeddings=False,
+            decoder_start_token_id=0,
+            pad_token_id=0,
+        ),
+        "t5",
+    ),
+    "facebook/bart-large": (
+        "bart",
+        dict(
+            d_model=1024,
+            encoder_layers=12,
+            decoder_layers=12,
+            encoder_attention_heads=16,
+            decoder_attention_heads=16,
+            encoder_ffn_dim=4096,
+            decoder_ffn_dim=4096,
+            vocab_size=50265,
+            max_position_embeddings=1024,
+        ),
+        "bart",
+    ),
     # public_rows' builders
     "google-bert/bert-large-uncased": ("bert", {}, "bert"),
     "bigscience/T0_3B": ("t0", {}, "t5"),
     "timm vit_huge_patch14_224": ("timm", {"name": "vit_huge_patch14_224", "num_classes": 45}, None),
-    "timm vit_giant_patch14_dinov2": ("timm", {"name": "vit_giant_patch14_dinov2", "num_classes": 45,
-                                               "img_size": 224}, None),
+    "timm vit_giant_patch14_dinov2": (
+        "timm",
+        {"name": "vit_giant_patch14_dinov2", "num_classes": 45, "img_size": 224},
+        None,
+    ),
     "torchvision vit_l_16": ("torchvision", {"name": "vit_l_16"}, None),
     "SegFormer MiT": ("segformer", {}, None),
 }
@@ -546,32 +778,92 @@ def architecture_of(model):
 
 # How the source's LoRA target words name each architecture's modules (last name component).
 LORA_NAMES = {
-    "llama": {"q": ["q_proj"], "k": ["k_proj"], "v": ["v_proj"], "o": ["o_proj"],
-              "mlp": ["gate_proj", "up_proj", "down_proj"], "gate": ["gate_proj"], "up": ["up_proj"],
-              "down": ["down_proj"], "head": ["lm_head"]},
-    "phi": {"q": ["q_proj"], "k": ["k_proj"], "v": ["v_proj"], "o": ["dense"], "mlp": ["fc1", "fc2"],
-            "head": ["lm_head"]},
-    "phi3": {"q": ["qkv_proj"], "k": ["qkv_proj"], "v": ["qkv_proj"], "o": ["o_proj"],
-             "mlp": ["gate_up_proj", "down_proj"], "head": ["lm_head"]},
-    "fused": {"q": ["query_key_value"], "k": ["query_key_value"], "v": ["query_key_value"], "o": ["dense"],
-              "mlp": ["dense_h_to_4h", "dense_4h_to_h"], "head": ["lm_head"],
-              "query_key_value": ["query_key_value"]},
-    "neox": {"q": ["query_key_value"], "k": ["query_key_value"], "v": ["query_key_value"], "o": ["dense"],
-             "mlp": ["dense_h_to_4h", "dense_4h_to_h"], "head": ["embed_out"],
-             "query_key_value": ["query_key_value"]},
+    "llama": {
+        "q": ["q_proj"],
+        "k": ["k_proj"],
+        "v": ["v_proj"],
+        "o": ["o_proj"],
+        "mlp": ["gate_proj", "up_proj", "down_proj"],
+        "gate": ["gate_proj"],
+        "up": ["up_proj"],
+        "down": ["down_proj"],
+        "head": ["lm_head"],
+    },
+    "phi": {
+        "q": ["q_proj"],
+        "k": ["k_proj"],
+        "v": ["v_proj"],
+        "o": ["dense"],
+        "mlp": ["fc1", "fc2"],
+        "head": ["lm_head"],
+    },
+    "phi3": {
+        "q": ["qkv_proj"],
+        "k": ["qkv_proj"],
+        "v": ["qkv_proj"],
+        "o": ["o_proj"],
+        "mlp": ["gate_up_proj", "down_proj"],
+        "head": ["lm_head"],
+    },
+    "fused": {
+        "q": ["query_key_value"],
+        "k": ["query_key_value"],
+        "v": ["query_key_value"],
+        "o": ["dense"],
+        "mlp": ["dense_h_to_4h", "dense_4h_to_h"],
+        "head": ["lm_head"],
+        "query_key_value": ["query_key_value"],
+    },
+    "neox": {
+        "q": ["query_key_value"],
+        "k": ["query_key_value"],
+        "v": ["query_key_value"],
+        "o": ["dense"],
+        "mlp": ["dense_h_to_4h", "dense_4h_to_h"],
+        "head": ["embed_out"],
+        "query_key_value": ["query_key_value"],
+    },
     "t5": {"q": ["q"], "k": ["k"], "v": ["v"], "o": ["o"], "mlp": ["wi_0", "wi_1", "wo"]},
     "bert": {"q": ["query"], "k": ["key"], "v": ["value"]},
     "bart": {"q": ["q_proj"], "k": ["k_proj"], "v": ["v_proj"], "o": ["out_proj"], "mlp": ["fc1", "fc2"]},
 }
 # PEFT's default LoRA targets (TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING) for a config
 # that names none.
-PEFT_DEFAULT_TARGETS = {"llama": ["q_proj", "v_proj"], "phi": ["q_proj", "v_proj"], "phi3": ["qkv_proj"],
-                        "fused": ["query_key_value"], "neox": ["query_key_value"], "t5": ["q", "v"],
-                        "bert": ["query", "value"], "bart": ["q_proj", "v_proj"]}
-WORDS = {"query": "q", "q": "q", "q_proj": "q", "key": "k", "k": "k", "k_proj": "k", "value": "v", "v": "v",
-         "v_proj": "v", "projection": "o", "output_proj": "o", "o_proj": "o", "mlp": "mlp", "gate": "gate",
-         "gate_proj": "gate", "up": "up", "up_proj": "up", "down": "down", "down_proj": "down", "head": "head",
-         "output": "head", "lm_head": "head", "query_key_value": "query_key_value"}
+PEFT_DEFAULT_TARGETS = {
+    "llama": ["q_proj", "v_proj"],
+    "phi": ["q_proj", "v_proj"],
+    "phi3": ["qkv_proj"],
+    "fused": ["query_key_value"],
+    "neox": ["query_key_value"],
+    "t5": ["q", "v"],
+    "bert": ["query", "value"],
+    "bart": ["q_proj", "v_proj"],
+}
+WORDS = {
+    "query": "q",
+    "q": "q",
+    "q_proj": "q",
+    "key": "k",
+    "k": "k",
+    "k_proj": "k",
+    "value": "v",
+    "v": "v",
+    "v_proj": "v",
+    "projection": "o",
+    "output_proj": "o",
+    "o_proj": "o",
+    "mlp": "mlp",
+    "gate": "gate",
+    "gate_proj": "gate",
+    "up": "up",
+    "up_proj": "up",
+    "down": "down",
+    "down_proj": "down",
+    "head": "head",
+    "output": "head",
+    "lm_head": "head",
+    "query_key_value": "query_key_value",
+}
 
 
 def lora_targets(words, naming):
@@ -590,12 +882,15 @@ def lora_targets(words, naming):
     fused = [name for name in names if name in ("query_key_value", "qkv_proj")]
     generic = {WORDS.get(w.lower(), w) for w in words}
     if fused and not {"q", "k", "v"} <= generic and "query_key_value" not in generic:
-        note = (f"LoRA on the whole fused {fused[0]} projection (the source adapts only the "
-                f"{'/'.join(sorted(generic & {'q', 'k', 'v'}))} slices)")
+        note = (
+            f"LoRA on the whole fused {fused[0]} projection (the source adapts only the "
+            f"{'/'.join(sorted(generic & {'q', 'k', 'v'}))} slices)"
+        )
     return names, note
 
 
 # ============================================================================ one row
+
 
 def plan_row(index, row):
     """The setup of one CSV row, before any model is built: a dict, or Out (its reasons in
@@ -625,13 +920,12 @@ def plan_row(index, row):
     world = int(row["n_gpus"])
     accumulation = None
     if micro is not None:
-        accumulation = attempt(parse_accumulation, row["grad_accum"], row["batch_size"], micro[0], world,
-                               row["parallelism"])
-    vision = plan["arch"] in ARCHITECTURES and ARCHITECTURES[plan["arch"]][0] in ("timm", "torchvision",
-                                                                                   "segformer")
+        accumulation = attempt(
+            parse_accumulation, row["grad_accum"], row["batch_size"], micro[0], world, row["parallelism"]
+        )
+    vision = plan["arch"] in ARCHITECTURES and ARCHITECTURES[plan["arch"]][0] in ("timm", "torchvision", "segformer")
     if plan["arch"] is not None:
-        size = attempt(parse_image if vision else parse_sequence,
-                       row["image_size"] if vision else row["seq_len"])
+        size = attempt(parse_image if vision else parse_sequence, row["image_size"] if vision else row["seq_len"])
     else:
         size = None
     trainable = trainable_in_notes(row["notes"], row["peft"])
@@ -652,14 +946,20 @@ def plan_row(index, row):
     plan["micro"], plan["accumulation"], plan["size"] = micro[0], accumulation[0], size[0]
     plan["vision"] = vision
     plan["parallelism"] = parallelism
-    notes += [note for note in (precision[1], checkpointing[1], optimizer[2], micro[1], accumulation[1], size[1])
-              if note]
+    notes += [
+        note for note in (precision[1], checkpointing[1], optimizer[2], micro[1], accumulation[1], size[1]) if note
+    ]
     plan["trainable_in_notes"] = trainable
     base = "same"
     if peft is not None and "rank" in peft:
         base = parse_base_weights(row["precision"], row["peft"])
-        if base == "nf4" and "nf4" in row["peft"] and "nf4-dq" not in row["peft"] and "double" not in \
-                (row["peft"] + row["precision"]).lower() and "bnb.nf4" in row["peft"]:
+        if (
+            base == "nf4"
+            and "nf4" in row["peft"]
+            and "nf4-dq" not in row["peft"]
+            and "double" not in (row["peft"] + row["precision"]).lower()
+            and "bnb.nf4" in row["peft"]
+        ):
             notes.append("NF4 without double quantisation (the contract's nf4 has it: ~0.37 bit a weight more here)")
         if "torchao" in row["peft"].lower() and base == "nf4":
             notes.append("torchao's NF4 read as bitsandbytes' NF4")
@@ -707,10 +1007,12 @@ def families_of(job):
 
 # ============================================================================ building (torch)
 
+
 def build(arch, plan, row):
     """(module, input_shape, input_dtype, naming, inner HF/timm model) for a planned row, on meta."""
     import torch
     from . import public_rows as pr
+
     kind, kwargs, naming = ARCHITECTURES[arch]
     size = plan["size"]
     eager = kind in ("bert", "gemma2", "bloom", "t0", "mt5", "bart")
@@ -736,13 +1038,22 @@ def build(arch, plan, row):
             wrapped = pr.segformer(variant, labels)
             return wrapped, [3, size, size], torch.float32, naming, wrapped.model
         import transformers
-        config_class = {"llama": transformers.LlamaConfig, "mistral": transformers.MistralConfig,
-                        "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config,
-                        "gemma": transformers.GemmaConfig, "gemma2": transformers.Gemma2Config,
-                        "phi": transformers.PhiConfig, "phi3": transformers.Phi3Config,
-                        "falcon": transformers.FalconConfig, "gpt_neox": transformers.GPTNeoXConfig,
-                        "bloom": transformers.BloomConfig, "mt5": transformers.MT5Config,
-                        "bart": transformers.BartConfig}[kind]
+
+        config_class = {
+            "llama": transformers.LlamaConfig,
+            "mistral": transformers.MistralConfig,
+            "qwen2": transformers.Qwen2Config,
+            "qwen3": transformers.Qwen3Config,
+            "gemma": transformers.GemmaConfig,
+            "gemma2": transformers.Gemma2Config,
+            "phi": transformers.PhiConfig,
+            "phi3": transformers.Phi3Config,
+            "falcon": transformers.FalconConfig,
+            "gpt_neox": transformers.GPTNeoXConfig,
+            "bloom": transformers.BloomConfig,
+            "mt5": transformers.MT5Config,
+            "bart": transformers.BartConfig,
+        }[kind]
         config = config_class(**kwargs)
         attention = {"attn_implementation": "eager"} if eager else {}
         if kind in ("mt5", "bart"):
@@ -753,8 +1064,7 @@ def build(arch, plan, row):
         if "classification" in row["head_or_task"].lower():
             config.num_labels = 1
             model = transformers.AutoModelForSequenceClassification.from_config(config, **attention)
-            wrapped = pr.LossOf(model, lambda ids: torch.zeros(ids.shape[0], dtype=torch.float32,
-                                                               device=ids.device))
+            wrapped = pr.LossOf(model, lambda ids: torch.zeros(ids.shape[0], dtype=torch.float32, device=ids.device))
             return wrapped, [size], torch.int64, naming, model
         model = transformers.AutoModelForCausalLM.from_config(config, **attention)
         return pr.LossOf(model, lambda ids: ids), [size], torch.int64, naming, model
@@ -765,6 +1075,7 @@ def _untie_lm_head(model):
     false in their config.json), which transformers 5 ties to the shared embedding all the same
     (T5Config forces tie_word_embeddings true): give the head its own (meta) weight again."""
     import torch
+
     if model.lm_head.weight is model.shared.weight:
         model.lm_head.weight = torch.nn.Parameter(torch.empty(model.shared.weight.shape, device="meta"))
 
@@ -776,24 +1087,28 @@ def _strip_wrapper(description, module, wrapped):
     tensor once, at the embedding, and gives the head no features) gets its in/out features
     here, so that a LoRA on it can be sized."""
     import torch
-    features = {name: (child.in_features, child.out_features) for name, child in module.named_modules()
-                if isinstance(child, torch.nn.Linear)}
+
+    features = {
+        name: (child.in_features, child.out_features)
+        for name, child in module.named_modules()
+        if isinstance(child, torch.nn.Linear)
+    }
     for layer in description["layers"]:
         if layer["kind"] == "linear" and "in_features" not in layer and layer["name"] in features:
             layer["in_features"], layer["out_features"] = features[layer["name"]]
         if wrapped and layer["name"].startswith("model."):
-            layer["name"] = layer["name"][len("model."):]
+            layer["name"] = layer["name"][len("model.") :]
     return description
 
 
-def describe_row(module, shape, dtype, micro, plan, job_setup, simulate=False, name=None,
-                 wrapped=False):
+def describe_row(module, shape, dtype, micro, plan, job_setup, simulate=False, name=None, wrapped=False):
     """describe's job for one row. Without `simulate` (the default) the description is
     batch-independent (`micro` unused) and cached by the caller; with it, describe simulates the
     training step at the row's micro-batch with the row's setup, `job_setup` being the job built
     from the cached description (run() copies the `simulation` it returns into the job; a step
     that cannot run on meta tensors leaves it out, with a warning on stderr)."""
     from gpucast_describe import describe_module
+
     if not simulate:
         return describe_module(module, shape, micro, name=name, input_dtype=dtype, simulation=False)
     lora = job_setup.get("lora")
@@ -801,13 +1116,22 @@ def describe_row(module, shape, dtype, micro, plan, job_setup, simulate=False, n
     if trainable and wrapped:  # the job's names are the inner model's (see _strip_wrapper)
         trainable = ["model." + name for name in trainable]
     return describe_module(
-        module, shape, micro, name=name, input_dtype=dtype, simulation=True,
-        optimizer=job_setup["optimizer"], precision=job_setup["precision"],
+        module,
+        shape,
+        micro,
+        name=name,
+        input_dtype=dtype,
+        simulation=True,
+        optimizer=job_setup["optimizer"],
+        precision=job_setup["precision"],
         optimizer_implementation=job_setup["optimizer_implementation"],
-        activation_checkpointing=job_setup["activation_checkpointing"], lora=lora,
+        activation_checkpointing=job_setup["activation_checkpointing"],
+        lora=lora,
         trainable=trainable,
         gradient_accumulation_steps=job_setup["gradient_accumulation_steps"],
-        loss="auto", attention="efficient")
+        loss="auto",
+        attention="efficient",
+    )
 
 
 def _matches(name, target):
@@ -858,22 +1182,36 @@ def baselines(inner, total, largest, precision, base, parallelism):
     from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
     from accelerate.commands.estimate import estimate_training_usage
     from accelerate.utils import calculate_maximum_sizes
+
     world = parallelism["world_size"]
     per_node = min(world, GPUS_PER_NODE)
     nodes = max(1, world // GPUS_PER_NODE) if world > GPUS_PER_NODE else 1
-    _, zero2 = estimate_zero2_model_states_mem_needs(total_params=total, num_gpus_per_node=per_node,
-                                                     num_nodes=nodes, cpu_offload=False)
-    _, zero3, _ = estimate_zero3_model_states_mem_needs(total_params=total, largest_layer_params=largest,
-                                                        num_gpus_per_node=per_node, num_nodes=nodes,
-                                                        cpu_offload=False, cpu_offload_params=False)
+    _, zero2 = estimate_zero2_model_states_mem_needs(
+        total_params=total, num_gpus_per_node=per_node, num_nodes=nodes, cpu_offload=False
+    )
+    _, zero3, _ = estimate_zero3_model_states_mem_needs(
+        total_params=total,
+        largest_layer_params=largest,
+        num_gpus_per_node=per_node,
+        num_nodes=nodes,
+        cpu_offload=False,
+        cpu_offload_params=False,
+    )
     size, _ = calculate_maximum_sizes(inner)
     dtype = "int4" if base == "nf4" else ("int8" if base == "int8" else ACCELERATE_DTYPE[precision])
     usage = estimate_training_usage(size, dtype)
     adam = max(usage.values())
-    return {"deepspeed_zero2_mib": zero2 / 2 ** 20, "deepspeed_zero3_mib": zero3 / 2 ** 20,
-            "accelerate_mib": adam / 2 ** 20 if adam != -1 else None,
-            "accelerate_dtype": dtype, "total_params": total, "largest_layer_params": largest,
-            "accelerate_model_bytes": int(size), "num_gpus_per_node": per_node, "num_nodes": nodes}
+    return {
+        "deepspeed_zero2_mib": zero2 / 2**20,
+        "deepspeed_zero3_mib": zero3 / 2**20,
+        "accelerate_mib": adam / 2**20 if adam != -1 else None,
+        "accelerate_dtype": dtype,
+        "total_params": total,
+        "largest_layer_params": largest,
+        "accelerate_model_bytes": int(size),
+        "num_gpus_per_node": per_node,
+        "num_nodes": nodes,
+    }
 
 
 def job_of(plan, description, naming, row):
@@ -895,8 +1233,12 @@ def job_of(plan, description, naming, row):
         targets, note = lora_targets(peft["targets"], naming)
         if note:
             notes.append(note)
-        job["lora"] = {"rank": peft["rank"], "alpha": peft["alpha"], "target_modules": targets,
-                       "base_weights": plan["base"]}
+        job["lora"] = {
+            "rank": peft["rank"],
+            "alpha": peft["alpha"],
+            "target_modules": targets,
+            "base_weights": plan["base"],
+        }
         if peft["dropout"]:
             job["lora"]["dropout"] = peft["dropout"]
         added = lora_count(job["layers"], targets, peft["rank"], naming)
@@ -908,8 +1250,9 @@ def job_of(plan, description, naming, row):
         notes.append(f"LoRA adds {added:,} parameters")
     elif peft and "ln_tuning" in peft:
         wanted = peft["ln_tuning"]
-        modules = [layer["name"] for layer in job["layers"]
-                   if layer["params"] and layer["name"].rsplit(".", 1)[-1] in wanted]
+        modules = [
+            layer["name"] for layer in job["layers"] if layer["params"] and layer["name"].rsplit(".", 1)[-1] in wanted
+        ]
         job["trainable"] = {"modules": modules}
         count = sum(layer["params"] for layer in job["layers"] if layer["name"] in modules)
         stated = plan["trainable_in_notes"]
@@ -950,6 +1293,7 @@ def plan_all(rows):
 
 def run(layout, threads=None, simulate=False):
     import torch
+
     torch.set_num_threads(threads or THREADS)
     sys.path.insert(0, os.path.join(REPO, "describe"))
     started = time.perf_counter()
@@ -964,19 +1308,28 @@ def run(layout, threads=None, simulate=False):
         # One description per architecture, input size and head (SegFormer: per MiT variant and
         # label set, both in the model and task columns).
         segformer = ARCHITECTURES[arch][0] == "segformer"
-        key = (arch, plan["size"], (row["model"], row["head_or_task"]) if segformer else "",
-               "classification" in row["head_or_task"].lower())
+        key = (
+            arch,
+            plan["size"],
+            (row["model"], row["head_or_task"]) if segformer else "",
+            "classification" in row["head_or_task"].lower(),
+        )
         if key not in built:
             clock = time.perf_counter()
             module, shape, dtype, naming, inner = build(arch, plan, row)
             total, largest = model_params(module)
-            description = _strip_wrapper(describe_row(module, shape, dtype, 1, plan, None,
-                                                      name=row["model"].split(" (")[0]),
-                                         module, module is not inner)
+            description = _strip_wrapper(
+                describe_row(module, shape, dtype, 1, plan, None, name=row["model"].split(" (")[0]),
+                module,
+                module is not inner,
+            )
             built[key] = (module, shape, dtype, naming, inner, total, largest)
             cache[key] = description
-            print(f"described {arch} {shape} in {time.perf_counter() - clock:.1f} s "
-                  f"({total:,} parameters, {len(description['layers'])} layers)", flush=True)
+            print(
+                f"described {arch} {shape} in {time.perf_counter() - clock:.1f} s "
+                f"({total:,} parameters, {len(description['layers'])} layers)",
+                flush=True,
+            )
         module, shape, dtype, naming, inner, total, largest = built[key]
         try:
             job, notes = job_of(plan, cache[key], naming, row)
@@ -985,18 +1338,35 @@ def run(layout, threads=None, simulate=False):
             continue
         if simulate:
             try:
-                simulated = describe_row(module, shape, dtype, plan["micro"], plan, job, simulate=True,
-                                         name=row["model"].split(" (")[0], wrapped=module is not inner)
+                simulated = describe_row(
+                    module,
+                    shape,
+                    dtype,
+                    plan["micro"],
+                    plan,
+                    job,
+                    simulate=True,
+                    name=row["model"].split(" (")[0],
+                    wrapped=module is not inner,
+                )
             except TypeError as exc:  # describe_module without the setup arguments
                 raise SystemExit(f"--simulate: describe cannot simulate training setups yet ({exc})")
             if "simulation" in simulated:
                 job["simulation"] = simulated["simulation"]
-        line = {"row": plan["row"], "model": row["model"], "gpu": row["gpu"],
-                "measured_mib": float(row["measured_mib"]), "compare": plan["compare"],
-                "confidence": plan["confidence"], "families": families_of(job), "job": job,
-                "baselines": baselines(inner, total, largest, plan["precision"], plan["base"],
-                                       plan["parallelism"]),
-                "architecture": arch, "notes": "; ".join(notes), "unmodelled": plan["unmodelled"]}
+        line = {
+            "row": plan["row"],
+            "model": row["model"],
+            "gpu": row["gpu"],
+            "measured_mib": float(row["measured_mib"]),
+            "compare": plan["compare"],
+            "confidence": plan["confidence"],
+            "families": families_of(job),
+            "job": job,
+            "baselines": baselines(inner, total, largest, plan["precision"], plan["base"], plan["parallelism"]),
+            "architecture": arch,
+            "notes": "; ".join(notes),
+            "unmodelled": plan["unmodelled"],
+        }
         p99 = re.search(r"train-steps-only memory_reserved 99th pct=(\d+) MiB", row["notes"])
         if p99:
             line["train_steps_reserved_p99_mib"] = float(p99.group(1))
@@ -1021,6 +1391,7 @@ def write_doc(layout, csv_path, rows, lines, left, built, elapsed, simulate):
     import torchvision
     import transformers
     from . import manifest as mf
+
     families, compares, confidence = {}, {}, {}
     for line in lines:
         for family in line["families"]:
@@ -1032,58 +1403,84 @@ def write_doc(layout, csv_path, rows, lines, left, built, elapsed, simulate):
     for item in left:
         for reason, detail in item["reasons"]:
             details.setdefault((reason, detail), []).append(item["row"])
-    text = [
-        "# data/public/setup_jobs.jsonl.gz: provenance", "",
-        "Every row of `public_training_memory.csv` whose training setup the request contract of",
-        "docs/setups.md can express, as a gpucast job (the body of `POST /v1/estimate`) with that",
-        "setup, plus DeepSpeed's and accelerate's model-state baselines. The rules, the published",
-        "configurations the models are built from and the line format: training/gpucast_training/public_setups.py.",
-        "",
-        "```", "cd training && python -m gpucast_training public-setups" + (" --simulate" if simulate else ""), "```",
-        "",
-        f"- source: `{os.path.basename(csv_path)}`, sha256 `{mf.sha256_of(csv_path)}`, {len(rows)} rows",
-        f"- Python {platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}, "
-        f"timm {timm.__version__}, torchvision {torchvision.__version__}, deepspeed {deepspeed.__version__}, "
-        f"accelerate {accelerate.__version__}",
-        f"- run time: {elapsed:.0f} s on {torch.get_num_threads()} thread(s); {len(built)} distinct models described",
-        f"- rows emitted: {len(lines)}; rows left out: {len(left)}; together {len(lines) + len(left)}",
-        "", "## Rows emitted, by family (a row is in each family it has)", "",
-        "| family | rows |", "| --- | --- |",
-    ] + [f"| {family} | {count} |" for family, count in sorted(families.items(), key=lambda kv: (-kv[1], kv[0]))] + [
-        "", "By what was measured: " + ", ".join(f"{k} {v}" for k, v in sorted(compares.items())) + ".",
-        "By the CSV's confidence: " + ", ".join(f"{k} {v}" for k, v in sorted(confidence.items())) + ".",
-        "", "Emitted rows: " + _ranges([line["row"] for line in lines]) + ".",
-        "", "## Rows left out, by first reason", "",
-        "A row can have several reasons (all are in data/public/setup_left_out.json); it is counted under",
-        "the first in this order.", "",
-        "| reason | rows |", "| --- | --- |",
-    ] + [f"| {reason} | {counts[reason]} |" for reason in REASONS if reason in counts] + [
-        "", "## Every reason with its rows (a row appears under each of its reasons)", "",
-    ] + [f"- {reason}{': ' + detail if detail else ''}: rows {_ranges(indices)}"
-         for (reason, detail), indices in sorted(details.items(), key=lambda kv: (REASONS.index(kv[0][0]), kv[0][1]))] + [
-        "", "## What the lines assume", "",
-        "- Models are built on the meta device from the published config.json values written into",
-        "  public_setups.ARCHITECTURES (model id as the source), with Hugging Face's classes; LitGPT, torchtune",
-        "  and fsdp_qlora runs used their own implementations of the same architectures. BERT, T0, the ViTs and",
-        "  SegFormer come from public_rows' builders.",
-        "- Attention: SDPA, except eager where the source's software had no SDPA (BERT in transformers",
-        "  4.16-4.21, BLOOM, T5/mT0) or wrote attention out (Gemma 2's logit soft-capping in LitGPT).",
-        "- Causal LMs compute their loss from labels (public_rows.LossOf); seq2seq models get 4 label",
-        "  tokens (public_rows.Seq2SeqLoss). Layer names are the Hugging Face modules' (the wrapper's `model.`",
-        "  prefix removed), so LoRA targets and trainable modules name them as PEFT does.",
-        "- `batch_size` = micro-batch x accumulation (one data-parallel replica's optimizer step).",
-        "- LoRA targets: the source's words mapped to the architecture's module names (query -> q_proj,",
-        "  projection -> o_proj or dense, mlp -> the MLP's linears, head -> lm_head); on fused qkv projections",
-        "  (Falcon, StableLM/GPT-NeoX, BLOOM, Phi-3) the whole fused module is the target (noted per row).",
-        "- `baselines`: DeepSpeed's estimate_zero2/3_model_states_mem_needs with cpu_offload False (the",
-        "  figures estimate_zero2/3_model_states_mem_needs_all_cold print on their `offload_optimizer=none`",
-        "  rows), total parameters counted once per tensor and the largest module's own parameters as",
-        "  model_to_params counts them; num_gpus_per_node = the row's world size up to 8, num_nodes = world / 8",
-        "  beyond. accelerate: estimate_training_usage(calculate_maximum_sizes(model)[0], dtype), the",
-        "  \"Training using Adam\" column of `accelerate estimate-memory`, on the built model (the task head",
-        "  included; the CLI would build AutoModel from the Hub) with dtype float32 (fp32/tf32), float16",
-        "  (fp16/amp_fp16) or bfloat16 (bf16/amp_bf16); for a 4-bit base accelerate has no training figure",
-        "  (N/A: null).",
-    ]
+    text = (
+        [
+            "# data/public/setup_jobs.jsonl.gz: provenance",
+            "",
+            "Every row of `public_training_memory.csv` whose training setup the request contract of",
+            "docs/setups.md can express, as a gpucast job (the body of `POST /v1/estimate`) with that",
+            "setup, plus DeepSpeed's and accelerate's model-state baselines. The rules, the published",
+            "configurations the models are built from and the line format: training/gpucast_training/public_setups.py.",
+            "",
+            "```",
+            "cd training && python -m gpucast_training public-setups" + (" --simulate" if simulate else ""),
+            "```",
+            "",
+            f"- source: `{os.path.basename(csv_path)}`, sha256 `{mf.sha256_of(csv_path)}`, {len(rows)} rows",
+            f"- Python {platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}, "
+            f"timm {timm.__version__}, torchvision {torchvision.__version__}, deepspeed {deepspeed.__version__}, "
+            f"accelerate {accelerate.__version__}",
+            f"- run time: {elapsed:.0f} s on {torch.get_num_threads()} thread(s); {len(built)} distinct models described",
+            f"- rows emitted: {len(lines)}; rows left out: {len(left)}; together {len(lines) + len(left)}",
+            "",
+            "## Rows emitted, by family (a row is in each family it has)",
+            "",
+            "| family | rows |",
+            "| --- | --- |",
+        ]
+        + [f"| {family} | {count} |" for family, count in sorted(families.items(), key=lambda kv: (-kv[1], kv[0]))]
+        + [
+            "",
+            "By what was measured: " + ", ".join(f"{k} {v}" for k, v in sorted(compares.items())) + ".",
+            "By the CSV's confidence: " + ", ".join(f"{k} {v}" for k, v in sorted(confidence.items())) + ".",
+            "",
+            "Emitted rows: " + _ranges([line["row"] for line in lines]) + ".",
+            "",
+            "## Rows left out, by first reason",
+            "",
+            "A row can have several reasons (all are in data/public/setup_left_out.json); it is counted under",
+            "the first in this order.",
+            "",
+            "| reason | rows |",
+            "| --- | --- |",
+        ]
+        + [f"| {reason} | {counts[reason]} |" for reason in REASONS if reason in counts]
+        + [
+            "",
+            "## Every reason with its rows (a row appears under each of its reasons)",
+            "",
+        ]
+        + [
+            f"- {reason}{': ' + detail if detail else ''}: rows {_ranges(indices)}"
+            for (reason, detail), indices in sorted(details.items(), key=lambda kv: (REASONS.index(kv[0][0]), kv[0][1]))
+        ]
+        + [
+            "",
+            "## What the lines assume",
+            "",
+            "- Models are built on the meta device from the published config.json values written into",
+            "  public_setups.ARCHITECTURES (model id as the source), with Hugging Face's classes; LitGPT, torchtune",
+            "  and fsdp_qlora runs used their own implementations of the same architectures. BERT, T0, the ViTs and",
+            "  SegFormer come from public_rows' builders.",
+            "- Attention: SDPA, except eager where the source's software had no SDPA (BERT in transformers",
+            "  4.16-4.21, BLOOM, T5/mT0) or wrote attention out (Gemma 2's logit soft-capping in LitGPT).",
+            "- Causal LMs compute their loss from labels (public_rows.LossOf); seq2seq models get 4 label",
+            "  tokens (public_rows.Seq2SeqLoss). Layer names are the Hugging Face modules' (the wrapper's `model.`",
+            "  prefix removed), so LoRA targets and trainable modules name them as PEFT does.",
+            "- `batch_size` = micro-batch x accumulation (one data-parallel replica's optimizer step).",
+            "- LoRA targets: the source's words mapped to the architecture's module names (query -> q_proj,",
+            "  projection -> o_proj or dense, mlp -> the MLP's linears, head -> lm_head); on fused qkv projections",
+            "  (Falcon, StableLM/GPT-NeoX, BLOOM, Phi-3) the whole fused module is the target (noted per row).",
+            "- `baselines`: DeepSpeed's estimate_zero2/3_model_states_mem_needs with cpu_offload False (the",
+            "  figures estimate_zero2/3_model_states_mem_needs_all_cold print on their `offload_optimizer=none`",
+            "  rows), total parameters counted once per tensor and the largest module's own parameters as",
+            "  model_to_params counts them; num_gpus_per_node = the row's world size up to 8, num_nodes = world / 8",
+            "  beyond. accelerate: estimate_training_usage(calculate_maximum_sizes(model)[0], dtype), the",
+            '  "Training using Adam" column of `accelerate estimate-memory`, on the built model (the task head',
+            "  included; the CLI would build AutoModel from the Hub) with dtype float32 (fp32/tf32), float16",
+            "  (fp16/amp_fp16) or bfloat16 (bf16/amp_bf16); for a 4-bit base accelerate has no training figure",
+            "  (N/A: null).",
+        ]
+    )
     with open(layout.out(*OUT_DOC), "w") as handle:
         handle.write("\n".join(text) + "\n")

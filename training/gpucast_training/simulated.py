@@ -49,14 +49,30 @@ from .onnx_export import onnx_session
 
 THREADS = 1
 SIM_FEATURES = [
-    "sim_allocated_mib", "sim_reserved_mib", "sim_min_capacity_mib", "sim_parameters_mib",
-    "sim_gradients_mib", "sim_optimizer_state_mib", "sim_activations_mib", "sim_temporaries_mib",
+    "sim_allocated_mib",
+    "sim_reserved_mib",
+    "sim_min_capacity_mib",
+    "sim_parameters_mib",
+    "sim_gradients_mib",
+    "sim_optimizer_state_mib",
+    "sim_activations_mib",
+    "sim_temporaries_mib",
 ]
 FEATURES = rp.REAL_FEATURES + ["traced_first_principles_mib"] + SIM_FEATURES
 # The space in which a job's distance to the training data is measured (normalised log1p).
-DOMAIN_FEATURES = ["sim_reserved_mib", "sim_activations_mib", "total_params", "activations_x_batch",
-                   "batch_size", "n_layers", "n_conv", "n_attention", "n_norm", "n_embedding",
-                   "max_output_size"]
+DOMAIN_FEATURES = [
+    "sim_reserved_mib",
+    "sim_activations_mib",
+    "total_params",
+    "activations_x_batch",
+    "batch_size",
+    "n_layers",
+    "n_conv",
+    "n_attention",
+    "n_norm",
+    "n_embedding",
+    "max_output_size",
+]
 # |log correction| < CAP: the learned part moves the simulated figure by at most x/÷ e^CAP
 # (1.35); the simulation alone is within 0.93-1.10 of the measured peak for 80 % of the rows.
 REGRESSOR = dict(members=10, hidden=32, epochs=800, lr=1e-2, weight_decay=1e-3, cap=0.3)
@@ -77,7 +93,7 @@ class SimulatedBase(nn.Module):
         self.register_buffer("context", torch.tensor(context_mib, dtype=torch.float32))
 
     def forward(self, x):
-        reserved = torch.expm1(x[:, self.column:self.column + 1] * self.std + self.mean)
+        reserved = torch.expm1(x[:, self.column : self.column + 1] * self.std + self.mean)
         return torch.log(reserved.clamp(min=0.0) + self.context)
 
 
@@ -104,8 +120,11 @@ def sim_mib(job, key):
 def fit_context(records):
     """The fixed cost outside the allocator: median of measured - reserved over the ok rows at
     the two smallest batch sizes (least affected by workspaces that grow with the batch)."""
-    diffs = [r["peak"] - sim_mib(r["job"], "reserved_peak_bytes") for r in records
-             if r["status"] == "ok" and r["batch_size"] <= 16]
+    diffs = [
+        r["peak"] - sim_mib(r["job"], "reserved_peak_bytes")
+        for r in records
+        if r["status"] == "ok" and r["batch_size"] <= 16
+    ]
     return float(np.clip(np.median(diffs), 300.0, 3000.0))
 
 
@@ -134,15 +153,21 @@ def train_regressor(x, records, entries, context, seed):
     model = rm.MemoryRegressor(x.shape[1], base, REGRESSOR["members"], REGRESSOR["hidden"], REGRESSOR["cap"])
     xt = torch.as_tensor(x)
     log_peak, oom, _ = rp.targets(records)
-    rp.full_batch(model, lambda: rp.regression_loss(model.member_outputs(xt).squeeze(-1), log_peak, oom),
-                  REGRESSOR["epochs"], REGRESSOR["lr"], REGRESSOR["weight_decay"])
+    rp.full_batch(
+        model,
+        lambda: rp.regression_loss(model.member_outputs(xt).squeeze(-1), log_peak, oom),
+        REGRESSOR["epochs"],
+        REGRESSOR["lr"],
+        REGRESSOR["weight_decay"],
+    )
     return model.eval()
 
 
 def domain_vectors(raws, entries):
     by_name = {e["name"]: e for e in entries}
-    return np.array([[gf.normalise_value(raw[n], by_name[n]) for n in DOMAIN_FEATURES] for raw in raws],
-                    dtype=np.float64)
+    return np.array(
+        [[gf.normalise_value(raw[n], by_name[n]) for n in DOMAIN_FEATURES] for raw in raws], dtype=np.float64
+    )
 
 
 def nearest_distances(points, queries, exclude_groups=None, groups=None, query_groups=None):
@@ -166,10 +191,14 @@ def figures(pred, bound, records):
     ok = np.array([r["status"] == "ok" for r in records])
     peak = np.array([r["peak"] for r in records])
     rel = np.abs(pred[ok] / peak[ok] - 1.0)
-    out = {"median_abs_rel_error": float(np.median(rel)), "p90_abs_rel_error": float(np.quantile(rel, 0.9)),
-           "under_rate": float(np.mean(pred[ok] < peak[ok])),
-           "class_accuracy": float(np.mean(np.array([rp.memory_class(p) for p in pred]) == rp.true_classes(records))),
-           "ok_rows": int(ok.sum()), "oom_rows": int((~ok).sum())}
+    out = {
+        "median_abs_rel_error": float(np.median(rel)),
+        "p90_abs_rel_error": float(np.quantile(rel, 0.9)),
+        "under_rate": float(np.mean(pred[ok] < peak[ok])),
+        "class_accuracy": float(np.mean(np.array([rp.memory_class(p) for p in pred]) == rp.true_classes(records))),
+        "ok_rows": int(ok.sum()),
+        "oom_rows": int((~ok).sum()),
+    }
     if bound is not None and len(bound):
         out["bound_exceeded_rate"] = float(np.mean(bound[ok] < peak[ok]))
         out["oom_not_fit_rate"] = float(np.mean(bound[~ok] > CAPACITY_MIB)) if (~ok).any() else None
@@ -190,8 +219,9 @@ def run_stage(layout):
     test_raws = [gf.raw_aggregate_features(r["job"]) for r in test]
     groups = np.array([r["group"] for r in train])
     usable = rp.training_rows(train)
-    folds = list(GroupKFold(n_splits=N_FOLDS, shuffle=True, random_state=SEED).split(
-        np.zeros(len(train)), groups=groups))
+    folds = list(
+        GroupKFold(n_splits=N_FOLDS, shuffle=True, random_state=SEED).split(np.zeros(len(train)), groups=groups)
+    )
     oof = np.zeros(len(train))
     oof_context = np.zeros(len(train))
     for k, (fit, val) in enumerate(folds):
@@ -222,17 +252,29 @@ def run_stage(layout):
     def served(log_learned, job, ctx, distance, family, capacity=CAPACITY_MIB):
         q = rp.log_ratio_at(quantiles[family], BOUND_CONFIDENCE)
         qs = rp.log_ratio_at(sim_quantiles, BOUND_CONFIDENCE)
-        return combine(log_learned, simulated_figure(job, ctx, capacity), floor_figure(job, ctx), distance, typical,
-                       q, qs, runs_on_card(job, ctx, capacity), capacity, runs_on_card(job, ctx, CAPACITY_MIB))
+        return combine(
+            log_learned,
+            simulated_figure(job, ctx, capacity),
+            floor_figure(job, ctx),
+            distance,
+            typical,
+            q,
+            qs,
+            runs_on_card(job, ctx, capacity),
+            capacity,
+            runs_on_card(job, ctx, CAPACITY_MIB),
+        )
 
-    cv_final = [served(oof[i], train[i]["job"], oof_context[i], cross[i], train[i]["family"])
-                for i in range(len(train))]
+    cv_final = [
+        served(oof[i], train[i]["job"], oof_context[i], cross[i], train[i]["family"]) for i in range(len(train))
+    ]
     baselines = served_baselines(layout)
     cv = {
         "simulated_alone": figures(sim_cv, sim_cv * math.exp(rp.log_ratio_at(sim_quantiles, BOUND_CONFIDENCE)), train),
         "simulated_corrected": figures([f for f, _, _ in cv_final], [b for _, b, _ in cv_final], train),
-        "allocated_plus_context": figures([sim_mib(r["job"], "allocated_peak_bytes") + c
-                                           for r, c in zip(train, oof_context)], None, train),
+        "allocated_plus_context": figures(
+            [sim_mib(r["job"], "allocated_peak_bytes") + c for r, c in zip(train, oof_context)], None, train
+        ),
     }
     cv.update(cv_baselines(layout, train, baselines))
     cv["simulated_corrected"]["far_rows"] = int(sum(far for _, _, far in cv_final))
@@ -253,7 +295,9 @@ def run_stage(layout):
     held = {
         "simulated_alone": figures(t_sim, t_sim * math.exp(rp.log_ratio_at(sim_quantiles, BOUND_CONFIDENCE)), test),
         "simulated_corrected": figures([f for f, _, _ in t_final], [b for _, b, _ in t_final], test),
-        "allocated_plus_context": figures([sim_mib(r["job"], "allocated_peak_bytes") + context for r in test], None, test),
+        "allocated_plus_context": figures(
+            [sim_mib(r["job"], "allocated_peak_bytes") + context for r in test], None, test
+        ),
     }
     held.update(test_baselines(test, test_raws, baselines))
     held["simulated_corrected"]["far_rows"] = int(sum(far for _, _, far in t_final))
@@ -269,8 +313,13 @@ def run_stage(layout):
     idx = np.flatnonzero(every_usable)
     final_context = fit_context([everything[i] for i in idx])
     final_entries = rp.fit_entries([all_raws[i] for i in idx], FEATURES)
-    final = train_regressor(rp.encode([all_raws[i] for i in idx], final_entries),
-                            [everything[i] for i in idx], final_entries, final_context, SEED)
+    final = train_regressor(
+        rp.encode([all_raws[i] for i in idx], final_entries),
+        [everything[i] for i in idx],
+        final_entries,
+        final_context,
+        SEED,
+    )
     rp.export(final, [rp.encode(all_raws[:2], final_entries)], ["features"], "log_mib", [{0: "N"}], path)
     final_points = domain_vectors(all_raws, final_entries)
     # The held-out rows with their simulations, for the service's reproduction test.
@@ -287,19 +336,40 @@ def run_stage(layout):
         served_test[family] = rp.regression_figures(served_log[mask], recs, final_quantiles)
         # The answer's class is that of the figure held to the floor.
         answered = [max(math.exp(v), floor_figure(r["job"], served_context)) for v, r in zip(served_log[mask], recs)]
-        served_test[family]["class_accuracy"] = float(np.mean(
-            np.array([rp.memory_class(a) for a in answered]) == rp.true_classes(recs)))
-    domain = {"features": [e for e in final_entries if e["name"] in DOMAIN_FEATURES],
-              "order": DOMAIN_FEATURES, "optimizers": ["adam"], "precisions": ["fp32"],
-              "typical_distance": typical, "near": NEAR, "far": FAR, "max_widen": MAX_WIDEN,
-              "points": [[round(float(v), 4) for v in p] for p in final_points]}
+        served_test[family]["class_accuracy"] = float(
+            np.mean(np.array([rp.memory_class(a) for a in answered]) == rp.true_classes(recs))
+        )
+    domain = {
+        "features": [e for e in final_entries if e["name"] in DOMAIN_FEATURES],
+        "order": DOMAIN_FEATURES,
+        "optimizers": ["adam"],
+        "precisions": ["fp32"],
+        "typical_distance": typical,
+        "near": NEAR,
+        "far": FAR,
+        "max_widen": MAX_WIDEN,
+        "points": [[round(float(v), 4) for v in p] for p in final_points],
+    }
     domain_path = layout.out("models", DOMAIN_FILE)
     mf.write_json(domain_path, domain, indent=None, newline=False, separators=(",", ":"))
-    result = {"context_mib": context, "served_context_mib": final_context, "typical_distance": typical,
-              "cv": cv, "test": held, "public": public, "served_test": served_test, "quantiles": quantiles, "sim_quantiles": sim_quantiles,
-              "rows": {"train": len(train), "test": len(test), "learned": int(usable.sum()),
-                       "served_learned": int(every_usable.sum())},
-              "seconds": time.time() - started}
+    result = {
+        "context_mib": context,
+        "served_context_mib": final_context,
+        "typical_distance": typical,
+        "cv": cv,
+        "test": held,
+        "public": public,
+        "served_test": served_test,
+        "quantiles": quantiles,
+        "sim_quantiles": sim_quantiles,
+        "rows": {
+            "train": len(train),
+            "test": len(test),
+            "learned": int(usable.sum()),
+            "served_learned": int(every_usable.sum()),
+        },
+        "seconds": time.time() - started,
+    }
     merge_manifest(layout, result, final_entries, path, domain_path)
     mf.write_json(layout.out("data", "timm", "simulated_figures.json"), result, newline=False)
     return result
@@ -315,14 +385,17 @@ def served_baselines(layout):
 
 
 def traced_bounds(values, records, baselines):
-    return [v * math.exp(rp.log_ratio_at(baselines["traced"][r["family"]]["residual_quantiles"], BOUND_CONFIDENCE))
-            for v, r in zip(values, records)]
+    return [
+        v * math.exp(rp.log_ratio_at(baselines["traced"][r["family"]]["residual_quantiles"], BOUND_CONFIDENCE))
+        for v, r in zip(values, records)
+    ]
 
 
 def cv_baselines(layout, train, baselines):
     """The baselines' out-of-fold figures on the same rows (data/timm/cv_predictions.csv.gz,
     written by the timm stage's grouped CV with the same folds)."""
     import csv
+
     with gzip.open(layout.read("data", "timm", "cv_predictions.csv.gz"), "rt") as handle:
         by_id = {row["id"]: row for row in csv.DictReader(handle)}
     rows = [by_id[r["id"]] for r in train]
@@ -382,19 +455,36 @@ def evaluate_public(layout, session, entries, points, context, served):
             predicted, upper = sim_mib(job, "reserved_peak_bytes"), None
         else:
             predicted, upper = total, bound
-        out.append({"row": row["row"], "model": row["model"], "compare": compare, "ddp": row["ddp"],
-                    "measured_mib": row["measured_mib"], "predicted_mib": predicted, "upper_mib": upper,
-                    "estimate_mib": total, "upper_bound_mib": bound, "far": bool(far),
-                    "first_principles_mib": raw["first_principles_mib"], "horus_mib": raw["horus_mib"],
-                    "traced_first_principles_mib": raw["traced_first_principles_mib"]})
+        out.append(
+            {
+                "row": row["row"],
+                "model": row["model"],
+                "compare": compare,
+                "ddp": row["ddp"],
+                "measured_mib": row["measured_mib"],
+                "predicted_mib": predicted,
+                "upper_mib": upper,
+                "estimate_mib": total,
+                "upper_bound_mib": bound,
+                "far": bool(far),
+                "first_principles_mib": raw["first_principles_mib"],
+                "horus_mib": raw["horus_mib"],
+                "traced_first_principles_mib": raw["traced_first_principles_mib"],
+            }
+        )
     errors = [abs(o["predicted_mib"] / o["measured_mib"] - 1) for o in out]
     strict = [abs(o["predicted_mib"] / o["measured_mib"] - 1) for o in out if not o["ddp"]]
     device = [o for o in out if o["compare"] == "device"]
-    summary = {"rows": out, "n": len(out), "median_abs_rel_error": float(np.median(errors)) if errors else None,
-               "strict_n": len(strict), "strict_median_abs_rel_error": float(np.median(strict)) if strict else None,
-               "all_bound_exceeded": int(sum(o["upper_bound_mib"] < o["measured_mib"] for o in out)),
-               "device_rows": len(device),
-               "device_bound_exceeded": int(sum(o["upper_bound_mib"] < o["measured_mib"] for o in device))}
+    summary = {
+        "rows": out,
+        "n": len(out),
+        "median_abs_rel_error": float(np.median(errors)) if errors else None,
+        "strict_n": len(strict),
+        "strict_median_abs_rel_error": float(np.median(strict)) if strict else None,
+        "all_bound_exceeded": int(sum(o["upper_bound_mib"] < o["measured_mib"] for o in out)),
+        "device_rows": len(device),
+        "device_bound_exceeded": int(sum(o["upper_bound_mib"] < o["measured_mib"] for o in device)),
+    }
     log("public rows: %s" % {k: v for k, v in summary.items() if k != "rows"})
     return summary
 
@@ -408,25 +498,42 @@ def merge_manifest(layout, result, entries, onnx_path, domain_path):
         # cv_ and heldout_: the served rule (correction near the data, floor, widened bound)
         # before the refit; test_: the served model's own figure on the test file after the
         # refit on every visible row (in-sample, what tests/api/accuracy.rs reproduces).
-        validation = {**rp.prefixed("cv_", result["cv"]["simulated_corrected"]),
-                      **rp.prefixed("heldout_", result["test"]["simulated_corrected"]),
-                      **rp.prefixed("test_", result["served_test"][family]), "refit_on_every_visible_row": True}
-        ours.append({
-            "name": NAMES[family], "version": VERSION, "family": family, "kind": "memory_regressor",
-            "file": ONNX_FILE, "sha256": sha, "requires": ["simulation"],
-            "input": {"type": "aggregate", "features": entries}, "output": "log_mib",
-            "residual_quantiles": result["quantiles"][family], "capacity_mib": CAPACITY_MIB,
-            "test_file": TEST_FILE, "validation": validation})
+        validation = {
+            **rp.prefixed("cv_", result["cv"]["simulated_corrected"]),
+            **rp.prefixed("heldout_", result["test"]["simulated_corrected"]),
+            **rp.prefixed("test_", result["served_test"][family]),
+            "refit_on_every_visible_row": True,
+        }
+        ours.append(
+            {
+                "name": NAMES[family],
+                "version": VERSION,
+                "family": family,
+                "kind": "memory_regressor",
+                "file": ONNX_FILE,
+                "sha256": sha,
+                "requires": ["simulation"],
+                "input": {"type": "aggregate", "features": entries},
+                "output": "log_mib",
+                "residual_quantiles": result["quantiles"][family],
+                "capacity_mib": CAPACITY_MIB,
+                "test_file": TEST_FILE,
+                "validation": validation,
+            }
+        )
     mf.replace_estimators(manifest, NAMES.values(), ours)
     manifest["simulated"] = {
-        "version": VERSION, "cuda_context_mib": round(result["served_context_mib"], 1),
+        "version": VERSION,
+        "cuda_context_mib": round(result["served_context_mib"], 1),
         "residual_quantiles": result["sim_quantiles"],
         "correction_cap_log": REGRESSOR["cap"],
         "domain": {"file": DOMAIN_FILE, "sha256": mf.sha256_of(domain_path)},
         "simulations": "data/timm/simulations.jsonl.gz",
         "simulations_sha256": mf.sha256_of(layout.simulations),
-        "validation": {**rp.prefixed("cv_", result["cv"]["simulated_alone"]),
-                       **rp.prefixed("test_", result["test"]["simulated_alone"])},
+        "validation": {
+            **rp.prefixed("cv_", result["cv"]["simulated_alone"]),
+            **rp.prefixed("test_", result["test"]["simulated_alone"]),
+        },
     }
     mf.write_manifest(layout.out("models", "manifest.json"), manifest)
 
@@ -436,12 +543,24 @@ def pct(value):
 
 
 def figure_table(rows):
-    lines = ["| estimator | median abs rel error | p90 | under-estimated | bound exceeded (0.95) | "
-             "8 GB class accuracy | oom reported not fitting |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        "| estimator | median abs rel error | p90 | under-estimated | bound exceeded (0.95) | "
+        "8 GB class accuracy | oom reported not fitting |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for name, f in rows.items():
-        lines.append("| %s | %s | %s | %s | %s | %.3f | %s |" % (
-            name, pct(f["median_abs_rel_error"]), pct(f["p90_abs_rel_error"]), pct(f["under_rate"]),
-            pct(f.get("bound_exceeded_rate")), f["class_accuracy"], pct(f.get("oom_not_fit_rate"))))
+        lines.append(
+            "| %s | %s | %s | %s | %s | %.3f | %s |"
+            % (
+                name,
+                pct(f["median_abs_rel_error"]),
+                pct(f["p90_abs_rel_error"]),
+                pct(f["under_rate"]),
+                pct(f.get("bound_exceeded_rate")),
+                f["class_accuracy"],
+                pct(f.get("oom_not_fit_rate")),
+            )
+        )
     return lines
 
 
@@ -457,35 +576,42 @@ def write_report(result, path):
         return {NAMES_IN_REPORT.get(k, k): v for k, v in figs.items()}
 
     cv, test, public = result["cv"], result["test"], result["public"]
-    lines = [
-        "# Simulated training step: evaluation",
-        "",
-        "Command: `python -m gpucast_training simulated` (after the `timm` stage, "
-        "`describe/scripts/simulate_timm_training_set.py` and `python -m gpucast_training public-rows`). "
-        "Figures below are that run's; data/timm/simulated_figures.json has them all.",
-        "",
-        "The simulation: describe runs two training steps on meta tensors and replays every allocation "
-        "and free through its model of PyTorch's CUDA caching allocator (describe/README.md). The "
-        "served figure is the simulated reserved peak on the card + a CUDA context of %.0f MiB "
-        "(fitted: median of measured - reserved over the ok rows at batch 8 and 16), corrected by a "
-        "learned factor within x/÷ e^%.1f where the job lies near the timm training data, never below "
-        "the physical floor (weights + gradients + optimizer state + activations at the simulated peak "
-        "+ context)." % (result["served_context_mib"], REGRESSOR["cap"]),
-        "",
-        "## Grouped 5-fold CV by model family (%d rows of the visible families)" % result["rows"]["train"],
-        "",
-    ] + figure_table(renamed(cv)) + [
-        "",
-        "Rows far from the other folds' data (the correction not applied): %d." % cv["simulated_corrected"]["far_rows"],
-        "",
-        "## The 25 held-out families (%d rows; fitted on the training part, scored through onnxruntime)"
-        % result["rows"]["test"],
-        "",
-    ] + figure_table(renamed(test)) + [
-        "",
-        "Rows far from the training data: %d." % test["simulated_corrected"]["far_rows"],
-        "",
-    ]
+    lines = (
+        [
+            "# Simulated training step: evaluation",
+            "",
+            "Command: `python -m gpucast_training simulated` (after the `timm` stage, "
+            "`describe/scripts/simulate_timm_training_set.py` and `python -m gpucast_training public-rows`). "
+            "Figures below are that run's; data/timm/simulated_figures.json has them all.",
+            "",
+            "The simulation: describe runs two training steps on meta tensors and replays every allocation "
+            "and free through its model of PyTorch's CUDA caching allocator (describe/README.md). The "
+            "served figure is the simulated reserved peak on the card + a CUDA context of %.0f MiB "
+            "(fitted: median of measured - reserved over the ok rows at batch 8 and 16), corrected by a "
+            "learned factor within x/÷ e^%.1f where the job lies near the timm training data, never below "
+            "the physical floor (weights + gradients + optimizer state + activations at the simulated peak "
+            "+ context)." % (result["served_context_mib"], REGRESSOR["cap"]),
+            "",
+            "## Grouped 5-fold CV by model family (%d rows of the visible families)" % result["rows"]["train"],
+            "",
+        ]
+        + figure_table(renamed(cv))
+        + [
+            "",
+            "Rows far from the other folds' data (the correction not applied): %d."
+            % cv["simulated_corrected"]["far_rows"],
+            "",
+            "## The 25 held-out families (%d rows; fitted on the training part, scored through onnxruntime)"
+            % result["rows"]["test"],
+            "",
+        ]
+        + figure_table(renamed(test))
+        + [
+            "",
+            "Rows far from the training data: %d." % test["simulated_corrected"]["far_rows"],
+            "",
+        ]
+    )
     if public:
         lines += [
             "## Out of distribution: public_training_memory.csv (published runs)",
@@ -501,19 +627,38 @@ def write_report(result, path):
             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         ]
         for o in public["rows"]:
-            lines.append("| %d | %s%s | %s | %.0f | %.0f | %+.1f %% | %.0f | %.0f | %s |" % (
-                o["row"], o["model"][:48], " (DDP)" if o["ddp"] else "", o["compare"], o["measured_mib"],
-                o["predicted_mib"], 100 * (o["predicted_mib"] / o["measured_mib"] - 1), o["estimate_mib"],
-                o["upper_bound_mib"], "no (far)" if o["far"] else "yes"))
+            lines.append(
+                "| %d | %s%s | %s | %.0f | %.0f | %+.1f %% | %.0f | %.0f | %s |"
+                % (
+                    o["row"],
+                    o["model"][:48],
+                    " (DDP)" if o["ddp"] else "",
+                    o["compare"],
+                    o["measured_mib"],
+                    o["predicted_mib"],
+                    100 * (o["predicted_mib"] / o["measured_mib"] - 1),
+                    o["estimate_mib"],
+                    o["upper_bound_mib"],
+                    "no (far)" if o["far"] else "yes",
+                )
+            )
         lines += [
             "",
-            "- median absolute error, all %d rows: %s; the %d single-GPU rows: %s" % (
-                public["n"], pct(public["median_abs_rel_error"]), public["strict_n"],
-                pct(public["strict_median_abs_rel_error"])),
+            "- median absolute error, all %d rows: %s; the %d single-GPU rows: %s"
+            % (
+                public["n"],
+                pct(public["median_abs_rel_error"]),
+                public["strict_n"],
+                pct(public["strict_median_abs_rel_error"]),
+            ),
             "- served bound exceeded: %s of %d device rows; %s of all %d rows (an allocated figure above "
-            "the served device bound is a miss too)" % (
-                public.get("device_bound_exceeded"), public.get("device_rows"),
-                public.get("all_bound_exceeded"), public["n"]),
+            "the served device bound is a miss too)"
+            % (
+                public.get("device_bound_exceeded"),
+                public.get("device_rows"),
+                public.get("all_bound_exceeded"),
+                public["n"],
+            ),
             "",
         ]
     with open(path, "w") as handle:

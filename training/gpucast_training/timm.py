@@ -22,8 +22,7 @@ from . import features as gf
 from . import label_audit
 from . import manifest as mf
 from . import timm_models as rm
-from .constants import (BOUND_CONFIDENCE, CAPACITY_MIB, CONFIDENCES, FAMILIES, MLP_FOLDS, SEED,
-                        VERSION)
+from .constants import BOUND_CONFIDENCE, CAPACITY_MIB, CONFIDENCES, FAMILIES, MLP_FOLDS, SEED, VERSION
 from .constants import REAL_CLASS_BINS_MIB as CLASS_BINS_MIB
 from .constants import REAL_FOLDS as N_FOLDS
 from .constants import REAL_MAX_TOKENS as MAX_TOKENS
@@ -32,7 +31,7 @@ from .data import load_mlp_records, load_observation_records, load_timm, log, re
 from .onnx_export import export_onnx, median_latency_us, onnx_session
 
 N_CLASSES = len(CLASS_BINS_MIB) + 1
-THREADS = 2             # torch's threads; onnxruntime runs on one
+THREADS = 2  # torch's threads; onnxruntime runs on one
 TEST_FILE = "data/timm/test.jsonl.gz"
 DESCRIPTIONS = "data/timm/descriptions.jsonl.gz"
 
@@ -40,37 +39,79 @@ DESCRIPTIONS = "data/timm/descriptions.jsonl.gz"
 # Outputs by layer kind: grouped CV median 7.3 % -> 6.9 %, but plain conv stacks (vgg, held out)
 # came out 2x low, so half of the regressor's members do without them (REGRESSOR_KIND_BLIND).
 KIND_OUTPUT_FEATURES = [
-    "conv_outputs_x_batch", "norm_outputs_x_batch", "activation_outputs_x_batch",
-    "linear_outputs_x_batch", "attention_outputs_x_batch", "other_outputs_x_batch",
+    "conv_outputs_x_batch",
+    "norm_outputs_x_batch",
+    "activation_outputs_x_batch",
+    "linear_outputs_x_batch",
+    "attention_outputs_x_batch",
+    "other_outputs_x_batch",
 ]
-REAL_FEATURES = [
-    "first_principles_mib", "horus_mib", "total_params", "total_activations", "batch_size",
-    "activations_x_batch", "params_x_batch", "max_output_size", "n_layers", "depth",
-    "n_conv", "n_attention", "n_norm", "n_batch_norm", "n_dropout", "n_activation",
-    "n_embedding", "input_pixels",
-] + KIND_OUTPUT_FEATURES + ["act_" + name for name in gf.HIDDEN_ACTIVATIONS]
+REAL_FEATURES = (
+    [
+        "first_principles_mib",
+        "horus_mib",
+        "total_params",
+        "total_activations",
+        "batch_size",
+        "activations_x_batch",
+        "params_x_batch",
+        "max_output_size",
+        "n_layers",
+        "depth",
+        "n_conv",
+        "n_attention",
+        "n_norm",
+        "n_batch_norm",
+        "n_dropout",
+        "n_activation",
+        "n_embedding",
+        "input_pixels",
+    ]
+    + KIND_OUTPUT_FEATURES
+    + ["act_" + name for name in gf.HIDDEN_ACTIVATIONS]
+)
 # The traced regressor: the same, plus first_principles with describe's traced saved tensors as
 # the activations (its base). Jobs that carry `saved_tensors` get it; others the plain one.
 TRACED_FEATURES = REAL_FEATURES + ["traced_first_principles_mib"]
 MLP_REG_FEATURES = [
-    "first_principles_mib", "horus_mib", "total_params", "total_activations", "batch_size",
-    "activations_x_batch", "params_x_batch", "max_output_size", "n_layers", "depth",
-    "n_batch_norm", "n_dropout", "n_activation",
+    "first_principles_mib",
+    "horus_mib",
+    "total_params",
+    "total_activations",
+    "batch_size",
+    "activations_x_batch",
+    "params_x_batch",
+    "max_output_size",
+    "n_layers",
+    "depth",
+    "n_batch_norm",
+    "n_dropout",
+    "n_activation",
 ] + ["act_" + name for name in gf.HIDDEN_ACTIVATIONS]
 
 # cap: the learned correction of first_principles stays within a factor e^1 (MemoryRegressor):
 # without it, an unseen family at a large batch could get a 10x figure (resnet34 at batch 128 got
 # 656,272 MiB out of fold).
 REGRESSOR = dict(members=10, hidden=32, epochs=800, lr=1e-2, weight_decay=1e-3, oom_weight=3.0, cap=1.0)
-REGRESSOR_KIND_BLIND = 5   # members 0..4 of a real-model regressor see no KIND_OUTPUT_FEATURES
-CLASSIFIER = dict(members=5, hidden=32, epochs=800, lr=1e-2, weight_decay=1e-3, under_weight=1.0,
-                  regression_weight=1.0)
-SEQUENCE = dict(d_model=32, n_heads=4, n_layers=1, pool=16, epochs=6, batch=64, lr=5e-3,
-                weight_decay=1e-4, under_weight=1.0, regression_weight=1.0)
+REGRESSOR_KIND_BLIND = 5  # members 0..4 of a real-model regressor see no KIND_OUTPUT_FEATURES
+CLASSIFIER = dict(members=5, hidden=32, epochs=800, lr=1e-2, weight_decay=1e-3, under_weight=1.0, regression_weight=1.0)
+SEQUENCE = dict(
+    d_model=32,
+    n_heads=4,
+    n_layers=1,
+    pool=16,
+    epochs=6,
+    batch=64,
+    lr=5e-3,
+    weight_decay=1e-4,
+    under_weight=1.0,
+    regression_weight=1.0,
+)
 LOG_CAPACITY = math.log(CAPACITY_MIB)
 
 
 # ----------------------------------------------------------------------------- data
+
 
 def split_groups(records):
     """~15 % of the model-family groups (by model count) held out, chosen by a seeded shuffle;
@@ -106,6 +147,7 @@ def write_test_file(records, path):
 
 # ----------------------------------------------------------------------------- features
 
+
 def fit_entries(raws, names):
     entries = []
     for name in names:
@@ -129,8 +171,9 @@ def fit_token_entries(jobs):
     for index, name in enumerate(gf.TOKEN_FEATURES):
         transform = gf.DEFAULT_TOKEN_TRANSFORMS[name]
         values = np.array([gf.apply_transform(token[index], transform) for token in tokens])
-        entries.append({"name": name, "transform": transform, "mean": float(values.mean()),
-                        "std": float(values.std()) or 1.0})
+        entries.append(
+            {"name": name, "transform": transform, "mean": float(values.mean()), "std": float(values.std()) or 1.0}
+        )
     return entries
 
 
@@ -151,9 +194,9 @@ def pad_tokens(encoded, length=None):
     feats = np.zeros((n, length, t), dtype=np.float32)
     mask = np.zeros((n, length), dtype=np.float32)
     for row, (ids, f) in enumerate(encoded):
-        kind_ids[row, :len(ids)] = ids
-        feats[row, :len(ids)] = f
-        mask[row, :len(ids)] = 1.0
+        kind_ids[row, : len(ids)] = ids
+        feats[row, : len(ids)] = f
+        mask[row, : len(ids)] = 1.0
     return kind_ids, feats, mask
 
 
@@ -165,12 +208,14 @@ def targets(records):
     """log peak, censored flag (oom: true need >= capacity) and class (oom -> top class)."""
     log_peak = torch.tensor([math.log(r["peak"]) for r in records], dtype=torch.float32)
     oom = torch.tensor([r["status"] == "oom" for r in records], dtype=torch.bool)
-    classes = torch.tensor([N_CLASSES - 1 if r["status"] == "oom" else memory_class(r["peak"])
-                            for r in records], dtype=torch.long)
+    classes = torch.tensor(
+        [N_CLASSES - 1 if r["status"] == "oom" else memory_class(r["peak"]) for r in records], dtype=torch.long
+    )
     return log_peak, oom, classes
 
 
 # ----------------------------------------------------------------------------- losses/training
+
 
 def regression_loss(pred, log_peak, oom):
     """pred [K, N]: L1 in log space on measured rows; one-sided (pred >= log capacity) on oom rows."""
@@ -188,7 +233,11 @@ def classification_loss(mu, probs, log_peak, oom, classes, cfg):
     nll = -torch.log(probs.gather(-1, labels.unsqueeze(-1))).mean()
     below = torch.arange(N_CLASSES).view(1, 1, -1) < labels.unsqueeze(-1)
     below_mass = (probs * below).sum(-1).mean()
-    return nll + cfg["under_weight"] * below_mass + cfg["regression_weight"] * regression_loss(mu.squeeze(-1), log_peak, oom)
+    return (
+        nll
+        + cfg["under_weight"] * below_mass
+        + cfg["regression_weight"] * regression_loss(mu.squeeze(-1), log_peak, oom)
+    )
 
 
 def full_batch(model, loss_fn, epochs, lr, weight_decay):
@@ -214,22 +263,39 @@ def train_regressor(x, records, entries, seed, base_feature="first_principles_mi
     names = [e["name"] for e in entries]
     member_inputs = np.ones((REGRESSOR["members"], len(names)), dtype=np.float32)
     member_inputs[:REGRESSOR_KIND_BLIND, [i for i, n in enumerate(names) if n in KIND_OUTPUT_FEATURES]] = 0.0
-    model = rm.MemoryRegressor(x.shape[1], base_of(entries, base_feature), REGRESSOR["members"], REGRESSOR["hidden"],
-                               REGRESSOR.get("cap"), member_inputs)
+    model = rm.MemoryRegressor(
+        x.shape[1],
+        base_of(entries, base_feature),
+        REGRESSOR["members"],
+        REGRESSOR["hidden"],
+        REGRESSOR.get("cap"),
+        member_inputs,
+    )
     xt = torch.as_tensor(x)
     log_peak, oom, _ = targets(records)
-    return full_batch(model, lambda: regression_loss(model.member_outputs(xt).squeeze(-1), log_peak, oom),
-                      REGRESSOR["epochs"], REGRESSOR["lr"], REGRESSOR["weight_decay"])
+    return full_batch(
+        model,
+        lambda: regression_loss(model.member_outputs(xt).squeeze(-1), log_peak, oom),
+        REGRESSOR["epochs"],
+        REGRESSOR["lr"],
+        REGRESSOR["weight_decay"],
+    )
 
 
 def train_aggregate_classifier(x, records, entries, seed):
     torch.manual_seed(seed)
-    model = rm.AggregateClassifier(x.shape[1], base_of(entries), CLASS_BINS_MIB, CLASSIFIER["members"],
-                                   CLASSIFIER["hidden"])
+    model = rm.AggregateClassifier(
+        x.shape[1], base_of(entries), CLASS_BINS_MIB, CLASSIFIER["members"], CLASSIFIER["hidden"]
+    )
     xt = torch.as_tensor(x)
     log_peak, oom, classes = targets(records)
-    return full_batch(model, lambda: classification_loss(*model.member_outputs(xt), log_peak, oom, classes, CLASSIFIER),
-                      CLASSIFIER["epochs"], CLASSIFIER["lr"], CLASSIFIER["weight_decay"])
+    return full_batch(
+        model,
+        lambda: classification_loss(*model.member_outputs(xt), log_peak, oom, classes, CLASSIFIER),
+        CLASSIFIER["epochs"],
+        CLASSIFIER["lr"],
+        CLASSIFIER["weight_decay"],
+    )
 
 
 def raw_columns(token_entries):
@@ -245,9 +311,16 @@ def raw_columns(token_entries):
 def train_sequence(encoded, records, token_entries, seed):
     torch.manual_seed(seed)
     cfg = SEQUENCE
-    model = rm.SequenceClassifier(len(gf.ALL_KINDS), len(token_entries), raw_columns(token_entries), CLASS_BINS_MIB,
-                                  d_model=cfg["d_model"], n_heads=cfg["n_heads"], n_layers=cfg["n_layers"],
-                                  pool=cfg["pool"])
+    model = rm.SequenceClassifier(
+        len(gf.ALL_KINDS),
+        len(token_entries),
+        raw_columns(token_entries),
+        CLASS_BINS_MIB,
+        d_model=cfg["d_model"],
+        n_heads=cfg["n_heads"],
+        n_layers=cfg["n_layers"],
+        pool=cfg["pool"],
+    )
     log_peak, oom, classes = targets(records)
     lengths = np.array([len(ids) for ids, _ in encoded])
     n, batch = len(records), cfg["batch"]
@@ -258,7 +331,7 @@ def train_sequence(encoded, records, token_entries, seed):
     model.train()
     for _ in range(cfg["epochs"]):
         order = np.argsort(lengths + rng.rand(n))
-        batches = [order[s:s + batch] for s in range(0, n, batch)]
+        batches = [order[s : s + batch] for s in range(0, n, batch)]
         for b in rng.permutation(len(batches)):
             rows = batches[b]
             ids, feats, mask = (torch.as_tensor(a) for a in pad_tokens([encoded[i] for i in rows]))
@@ -277,12 +350,13 @@ def predict_sequence(model, encoded, batch=64):
     out = np.zeros((len(encoded), N_CLASSES), dtype=np.float32)
     with torch.no_grad():
         for s in range(0, len(order), batch):
-            rows = order[s:s + batch]
+            rows = order[s : s + batch]
             out[rows] = model(*(torch.as_tensor(a) for a in pad_tokens([encoded[i] for i in rows]))).numpy()
     return out
 
 
 # ----------------------------------------------------------------------------- scoring
+
 
 def conformal_quantiles(residuals):
     """q(c) = the ceil((n+1)c)-th smallest residual (finite-sample corrected conformal quantile)."""
@@ -342,11 +416,14 @@ def regression_figures(log_pred, records, quantiles):
         "class_accuracy": float(np.mean([memory_class(p) for p in pred] == true_classes(records))),
         "bound_exceeded_rate": float(np.mean(bound[ok] < peak[ok])),
         "oom_not_fit_rate": float(np.mean(bound[~ok] > CAPACITY_MIB)) if (~ok).any() else None,
-        "ok_rows": int(ok.sum()), "oom_rows": int((~ok).sum()),
+        "ok_rows": int(ok.sum()),
+        "oom_rows": int((~ok).sum()),
     }
     if (~ok).any():
         credible = credible_oom(records)
-        figures["credible_oom_not_fit_rate"] = float(np.mean(bound[credible] > CAPACITY_MIB)) if credible.any() else None
+        figures["credible_oom_not_fit_rate"] = (
+            float(np.mean(bound[credible] > CAPACITY_MIB)) if credible.any() else None
+        )
         figures["credible_oom_rows"] = int(credible.sum())
     return figures
 
@@ -359,9 +436,12 @@ def class_figures(probabilities, records):
     labels = true_classes(records)
     predicted = np.argmax(probabilities, axis=1)
     ok = np.array([r["status"] == "ok" for r in records])
-    return {"accuracy": float(np.mean(predicted == labels)), "below_rate": float(np.mean(predicted < labels)),
-            "ok_accuracy": float(np.mean(predicted[ok] == labels[ok])),
-            "oom_top_class_rate": float(np.mean(predicted[~ok] == N_CLASSES - 1)) if (~ok).any() else None}
+    return {
+        "accuracy": float(np.mean(predicted == labels)),
+        "below_rate": float(np.mean(predicted < labels)),
+        "ok_accuracy": float(np.mean(predicted[ok] == labels[ok])),
+        "oom_top_class_rate": float(np.mean(predicted[~ok] == N_CLASSES - 1)) if (~ok).any() else None,
+    }
 
 
 def prefixed(prefix, figures):
@@ -369,6 +449,7 @@ def prefixed(prefix, figures):
 
 
 # ----------------------------------------------------------------------------- export
+
 
 def export(model, example_inputs, input_names, output_name, dynamic_axes, path):
     """export_onnx with this stage's token range (2..REAL_MAX_TOKENS)."""
@@ -384,17 +465,28 @@ def onnx_sequence(session, jobs, token_entries):
     """Each job run alone at its own length (N = 1, mask all ones), as the service does."""
     out = []
     for ids, feats in encode_tokens(jobs, token_entries):
-        out.append(session.run(None, {"kind_ids": ids[None], "token_features": feats[None],
-                                      "mask": np.ones((1, len(ids)), dtype=np.float32)})[0][0])
+        out.append(
+            session.run(
+                None,
+                {
+                    "kind_ids": ids[None],
+                    "token_features": feats[None],
+                    "mask": np.ones((1, len(ids)), dtype=np.float32),
+                },
+            )[0][0]
+        )
     return np.array(out)
 
 
 # ----------------------------------------------------------------------------- MLP regressor
 
+
 def load_mlp(csv_path, splits_path):
     """The MLP rows as regression records, and the mlp stage's split."""
-    records = [{"id": str(r["index"]), "group": r["group"], "status": "ok", "peak": float(r["peak"]), "job": r["job"]}
-               for r in load_mlp_records(csv_path)]
+    records = [
+        {"id": str(r["index"]), "group": r["group"], "status": "ok", "peak": float(r["peak"]), "job": r["job"]}
+        for r in load_mlp_records(csv_path)
+    ]
     return records, mf.read_json(splits_path)
 
 
@@ -403,7 +495,8 @@ def run_mlp_regressor(layout, threads):
     train = [records[i] for i in splits["train_rows"]]
     raws = [gf.raw_aggregate_features(r["job"]) for r in train]
     folds = GroupKFold(n_splits=MLP_FOLDS, shuffle=True, random_state=SEED).split(
-        np.zeros(len(train)), groups=[r["group"] for r in train])
+        np.zeros(len(train)), groups=[r["group"] for r in train]
+    )
     oof = np.zeros(len(train))
     for k, (fit, val) in enumerate(folds):
         entries = fit_entries([raws[i] for i in fit], MLP_REG_FEATURES)
@@ -419,27 +512,43 @@ def run_mlp_regressor(layout, threads):
     export(model, [encode(raws[:2], entries)], ["features"], "log_mib", [{0: "N"}], path)
     session = onnx_session(path, threads)
     test_file = "data/mlp/test.jsonl.gz"
-    test = [{"status": "ok", "peak": float(line["measured_peak_mib"]), "job": line["job"]}
-            for line in read_jsonl_gz(layout.read(test_file))]
+    test = [
+        {"status": "ok", "peak": float(line["measured_peak_mib"]), "job": line["job"]}
+        for line in read_jsonl_gz(layout.read(test_file))
+    ]
     test = [dict(r, id="%d@0" % i) for i, r in enumerate(test)]
     test_pred = onnx_aggregate(session, [r["job"] for r in test], entries)
     with torch.no_grad():
-        torch_pred = model(torch.as_tensor(encode([gf.raw_aggregate_features(r["job"]) for r in test], entries))).numpy()
-    figures = {"cv": cv, "test": regression_figures(test_pred, test, {"mlp": quantiles}),
-               "max_abs_diff": float(np.abs(torch_pred - test_pred).max()),
-               "latency": median_latency_us(session, {"features": encode(raws[:1], entries)})}
+        torch_pred = model(
+            torch.as_tensor(encode([gf.raw_aggregate_features(r["job"]) for r in test], entries))
+        ).numpy()
+    figures = {
+        "cv": cv,
+        "test": regression_figures(test_pred, test, {"mlp": quantiles}),
+        "max_abs_diff": float(np.abs(torch_pred - test_pred).max()),
+        "latency": median_latency_us(session, {"features": encode(raws[:1], entries)}),
+    }
     entry = {
-        "name": "mlp_memory_regressor", "version": VERSION, "family": "mlp", "kind": "memory_regressor",
-        "file": "mlp_regressor.onnx", "sha256": mf.sha256_of(path),
-        "input": {"type": "aggregate", "features": entries}, "output": "log_mib",
-        "residual_quantiles": quantiles, "capacity_mib": CAPACITY_MIB, "test_file": test_file,
-        "validation": {**prefixed("cv_", cv), **prefixed("test_", figures["test"])}}
+        "name": "mlp_memory_regressor",
+        "version": VERSION,
+        "family": "mlp",
+        "kind": "memory_regressor",
+        "file": "mlp_regressor.onnx",
+        "sha256": mf.sha256_of(path),
+        "input": {"type": "aggregate", "features": entries},
+        "output": "log_mib",
+        "residual_quantiles": quantiles,
+        "capacity_mib": CAPACITY_MIB,
+        "test_file": test_file,
+        "validation": {**prefixed("cv_", cv), **prefixed("test_", figures["test"])},
+    }
     for key in ("cv_oom_not_fit_rate", "test_oom_not_fit_rate"):
         entry["validation"].pop(key, None)
     return entry, figures, entries
 
 
 # ----------------------------------------------------------------------------- timm
+
 
 def family_mask(records, family):
     return np.array([r["family"] == family for r in records])
@@ -452,11 +561,13 @@ def family_mask_or_all(records, family):
 def figures_of(records, mask, log_reg, log_traced, p_agg, p_seq, quantiles, traced_quantiles):
     """Every estimator's figures on the masked rows (regressors: log MiB; classifiers: probabilities)."""
     recs = subset(records, mask)
-    return {"regressor": regression_figures(log_reg[mask], recs, quantiles),
-            "traced_regressor": regression_figures(log_traced[mask], recs, traced_quantiles),
-            "mlp_ensemble": class_figures(p_agg[mask], recs),
-            "sequence_transformer": class_figures(p_seq[mask], recs),
-            "combined": class_figures((p_agg[mask] + p_seq[mask]) / 2, recs)}
+    return {
+        "regressor": regression_figures(log_reg[mask], recs, quantiles),
+        "traced_regressor": regression_figures(log_traced[mask], recs, traced_quantiles),
+        "mlp_ensemble": class_figures(p_agg[mask], recs),
+        "sequence_transformer": class_figures(p_seq[mask], recs),
+        "combined": class_figures((p_agg[mask] + p_seq[mask]) / 2, recs),
+    }
 
 
 def subset(records, mask):
@@ -472,24 +583,36 @@ def run_timm(layout, threads):
     if layout.observations:
         observation_rows, observations_skipped = load_observation_records(layout.observations)
         train += observation_rows
-        log("timm: %d rows from the service's observations (%s), %d skipped (job does not parse)"
-            % (len(observation_rows), layout.observations, observations_skipped))
+        log(
+            "timm: %d rows from the service's observations (%s), %d skipped (job does not parse)"
+            % (len(observation_rows), layout.observations, observations_skipped)
+        )
     test_file = TEST_FILE
     write_test_file(test, layout.out(test_file))
-    log("timm: %d rows (%s dropped), train %d rows / test %d rows (%d groups held out)"
-        % (len(records), dropped, len(train), len(test), len(test_groups)))
+    log(
+        "timm: %d rows (%s dropped), train %d rows / test %d rows (%d groups held out)"
+        % (len(records), dropped, len(train), len(test), len(test_groups))
+    )
     raws = [gf.raw_aggregate_features(r["job"]) for r in train]
     jobs = [r["job"] for r in train]
     groups = [r["group"] for r in train]
-    folds = list(GroupKFold(n_splits=N_FOLDS, shuffle=True, random_state=SEED).split(np.zeros(len(train)), groups=groups))
+    folds = list(
+        GroupKFold(n_splits=N_FOLDS, shuffle=True, random_state=SEED).split(np.zeros(len(train)), groups=groups)
+    )
     oof_reg = np.zeros(len(train))
     oof_traced = np.zeros(len(train))
     oof_agg = np.zeros((len(train), N_CLASSES))
     oof_seq = np.zeros((len(train), N_CLASSES))
     usable = training_rows(train)
-    log("timm: learning from %d of %d training rows (%d crashed oom rows, %d failed ok rows dropped)"
-        % (usable.sum(), len(train), sum(1 for r, u in zip(train, usable) if not u and r["status"] == "oom"),
-           sum(1 for r, u in zip(train, usable) if not u and r["status"] == "ok")))
+    log(
+        "timm: learning from %d of %d training rows (%d crashed oom rows, %d failed ok rows dropped)"
+        % (
+            usable.sum(),
+            len(train),
+            sum(1 for r, u in zip(train, usable) if not u and r["status"] == "oom"),
+            sum(1 for r, u in zip(train, usable) if not u and r["status"] == "ok"),
+        )
+    )
     for k, (fit, val) in enumerate(folds):
         fit = fit[usable[fit]]
         entries = fit_entries([raws[i] for i in fit], REAL_FEATURES)
@@ -498,8 +621,13 @@ def run_timm(layout, threads):
         regressor = train_regressor(x_fit, fit_records, entries, SEED + k)
         classifier = train_aggregate_classifier(x_fit, fit_records, entries, SEED + k)
         traced_entries = fit_entries([raws[i] for i in fit], TRACED_FEATURES)
-        traced = train_regressor(encode([raws[i] for i in fit], traced_entries), fit_records, traced_entries, SEED + k,
-                                 "traced_first_principles_mib")
+        traced = train_regressor(
+            encode([raws[i] for i in fit], traced_entries),
+            fit_records,
+            traced_entries,
+            SEED + k,
+            "traced_first_principles_mib",
+        )
         with torch.no_grad():
             oof_reg[val] = regressor(torch.as_tensor(x_val)).numpy()[:, 0]
             oof_agg[val] = classifier(torch.as_tensor(x_val)).numpy()
@@ -512,13 +640,19 @@ def run_timm(layout, threads):
     ok = np.array([r["status"] == "ok" for r in train])
     peaks = np.array([r["peak"] for r in train])
     # Conformal quantiles per family (cnn residuals are wider than transformer ones).
-    quantiles = {family: conformal_quantiles((np.log(peaks) - oof_reg)[ok & family_mask(train, family)])
-                 for family in FAMILIES}
-    traced_quantiles = {family: conformal_quantiles((np.log(peaks) - oof_traced)[ok & family_mask(train, family)])
-                        for family in FAMILIES}
-    cv = {family: figures_of(train, family_mask_or_all(train, family), oof_reg, oof_traced, oof_agg, oof_seq,
-                             quantiles, traced_quantiles)
-          for family in FAMILIES + ["all"]}
+    quantiles = {
+        family: conformal_quantiles((np.log(peaks) - oof_reg)[ok & family_mask(train, family)]) for family in FAMILIES
+    }
+    traced_quantiles = {
+        family: conformal_quantiles((np.log(peaks) - oof_traced)[ok & family_mask(train, family)])
+        for family in FAMILIES
+    }
+    cv = {
+        family: figures_of(
+            train, family_mask_or_all(train, family), oof_reg, oof_traced, oof_agg, oof_seq, quantiles, traced_quantiles
+        )
+        for family in FAMILIES + ["all"]
+    }
     save_oof(layout, train, oof_reg, oof_traced, oof_agg, oof_seq, raws, quantiles)
 
     # Final models on the whole training part (its usable rows).
@@ -534,19 +668,35 @@ def run_timm(layout, threads):
     token_entries = fit_token_entries([jobs[i] for i in learn])
     encoded = encode_tokens(jobs, token_entries)
     sequence = train_sequence([encoded[i] for i in learn], learn_records, token_entries, SEED)
-    paths = {name: layout.out("models", name + ".onnx")
-             for name in ("timm_regressor", "timm_traced_regressor", "timm_mlp_ensemble", "timm_sequence_transformer")}
+    paths = {
+        name: layout.out("models", name + ".onnx")
+        for name in ("timm_regressor", "timm_traced_regressor", "timm_mlp_ensemble", "timm_sequence_transformer")
+    }
     export(regressor, [x[:2]], ["features"], "log_mib", [{0: "N"}], paths["timm_regressor"])
     export(traced, [x_traced[:2]], ["features"], "log_mib", [{0: "N"}], paths["timm_traced_regressor"])
     export(classifier, [x[:2]], ["features"], "probabilities", [{0: "N"}], paths["timm_mlp_ensemble"])
     example = pad_tokens(encoded[:2])
-    export(sequence, example, ["kind_ids", "token_features", "mask"], "probabilities",
-                [{0: "N", 1: "L"}, {0: "N", 1: "L"}, {0: "N", 1: "L"}], paths["timm_sequence_transformer"])
+    export(
+        sequence,
+        example,
+        ["kind_ids", "token_features", "mask"],
+        "probabilities",
+        [{0: "N", 1: "L"}, {0: "N", 1: "L"}, {0: "N", 1: "L"}],
+        paths["timm_sequence_transformer"],
+    )
 
     # Test figures through onnxruntime, from the test file's job JSON.
     test_lines = read_jsonl_gz(layout.read(test_file))
-    test_records = [{"id": l["id"], "family": l["job"]["family"], "status": l["status"], "peak": l["measured_peak_mib"],
-                     "job": l["job"]} for l in test_lines]
+    test_records = [
+        {
+            "id": l["id"],
+            "family": l["job"]["family"],
+            "status": l["status"],
+            "peak": l["measured_peak_mib"],
+            "job": l["job"],
+        }
+        for l in test_lines
+    ]
     test_jobs = [r["job"] for r in test_records]
     sessions = {name: onnx_session(path, threads) for name, path in paths.items()}
     t_reg = onnx_aggregate(sessions["timm_regressor"], test_jobs, entries)[:, 0]
@@ -556,63 +706,118 @@ def run_timm(layout, threads):
     x_test = torch.as_tensor(encode([gf.raw_aggregate_features(j) for j in test_jobs], entries))
     with torch.no_grad():
         x_test_traced = torch.as_tensor(encode([gf.raw_aggregate_features(j) for j in test_jobs], traced_entries))
-        diffs = {"timm_regressor": float(np.abs(regressor(x_test).numpy()[:, 0] - t_reg).max()),
-                 "timm_traced_regressor": float(np.abs(traced(x_test_traced).numpy()[:, 0] - t_traced).max()),
-                 "timm_mlp_ensemble": float(np.abs(classifier(x_test).numpy() - t_agg).max()),
-                 "timm_sequence_transformer": float(np.abs(predict_sequence(sequence, encode_tokens(test_jobs, token_entries)) - t_seq).max())}
+        diffs = {
+            "timm_regressor": float(np.abs(regressor(x_test).numpy()[:, 0] - t_reg).max()),
+            "timm_traced_regressor": float(np.abs(traced(x_test_traced).numpy()[:, 0] - t_traced).max()),
+            "timm_mlp_ensemble": float(np.abs(classifier(x_test).numpy() - t_agg).max()),
+            "timm_sequence_transformer": float(
+                np.abs(predict_sequence(sequence, encode_tokens(test_jobs, token_entries)) - t_seq).max()
+            ),
+        }
     test_figures = {}
     for family in FAMILIES + ["all"]:
         mask = family_mask_or_all(test_records, family)
         recs = subset(test_records, mask)
-        test_figures[family] = figures_of(test_records, mask, t_reg, t_traced, t_agg, t_seq, quantiles, traced_quantiles)
+        test_figures[family] = figures_of(
+            test_records, mask, t_reg, t_traced, t_agg, t_seq, quantiles, traced_quantiles
+        )
         ok_t = np.array([r["status"] == "ok" for r in recs])
         residual = np.log([r["peak"] for r in recs]) - t_reg[mask]
         if family != "all":
-            test_figures[family]["coverage"] = {str(q["confidence"]): float(np.mean(residual[ok_t] <= q["log_ratio"]))
-                                                for q in quantiles[family]}
+            test_figures[family]["coverage"] = {
+                str(q["confidence"]): float(np.mean(residual[ok_t] <= q["log_ratio"])) for q in quantiles[family]
+            }
     # Latency, N = 1; the sequence model at the longest description (1,630 layers) and at 4,096.
     longest = max(range(len(jobs)), key=lambda i: len(jobs[i]["layers"]))
     ids, feats = encoded[longest]
-    latency = {"timm_regressor": median_latency_us(sessions["timm_regressor"], {"features": x[:1]}),
-               "timm_traced_regressor": median_latency_us(sessions["timm_traced_regressor"], {"features": x_traced[:1]}),
-               "timm_mlp_ensemble": median_latency_us(sessions["timm_mlp_ensemble"], {"features": x[:1]}),
-               "timm_sequence_transformer@%d" % len(ids): median_latency_us(
-                   sessions["timm_sequence_transformer"],
-                   {"kind_ids": ids[None], "token_features": feats[None], "mask": np.ones((1, len(ids)), np.float32)}, 200)}
+    latency = {
+        "timm_regressor": median_latency_us(sessions["timm_regressor"], {"features": x[:1]}),
+        "timm_traced_regressor": median_latency_us(sessions["timm_traced_regressor"], {"features": x_traced[:1]}),
+        "timm_mlp_ensemble": median_latency_us(sessions["timm_mlp_ensemble"], {"features": x[:1]}),
+        "timm_sequence_transformer@%d" % len(ids): median_latency_us(
+            sessions["timm_sequence_transformer"],
+            {"kind_ids": ids[None], "token_features": feats[None], "mask": np.ones((1, len(ids)), np.float32)},
+            200,
+        ),
+    }
     reps = -(-MAX_TOKENS // len(ids))
     ids4, feats4 = np.tile(ids, reps)[:MAX_TOKENS], np.tile(feats, (reps, 1))[:MAX_TOKENS]
     latency["timm_sequence_transformer@%d" % MAX_TOKENS] = median_latency_us(
         sessions["timm_sequence_transformer"],
-        {"kind_ids": ids4[None], "token_features": feats4[None], "mask": np.ones((1, MAX_TOKENS), np.float32)}, 100)
-    info = {"dropped": dropped, "rows": len(records), "train_rows": len(train), "test_rows": len(test),
-            "learned_rows": int(usable.sum()),
-            "test_groups": test_groups, "n_groups": len(set(r["group"] for r in records)),
-            "train_models": len(set(r["model"] for r in train)), "test_models": len(set(r["model"] for r in test)),
-            "test_file": test_file,
-            "observation_rows": len(observation_rows), "observation_rows_skipped": observations_skipped}
-    return dict(info=info, cv=cv, test=test_figures, quantiles=quantiles, traced_quantiles=traced_quantiles,
-                entries=entries, traced_entries=traced_entries, token_entries=token_entries,
-                paths=paths, diffs=diffs, latency=latency, test_records=test_records)
+        {"kind_ids": ids4[None], "token_features": feats4[None], "mask": np.ones((1, MAX_TOKENS), np.float32)},
+        100,
+    )
+    info = {
+        "dropped": dropped,
+        "rows": len(records),
+        "train_rows": len(train),
+        "test_rows": len(test),
+        "learned_rows": int(usable.sum()),
+        "test_groups": test_groups,
+        "n_groups": len(set(r["group"] for r in records)),
+        "train_models": len(set(r["model"] for r in train)),
+        "test_models": len(set(r["model"] for r in test)),
+        "test_file": test_file,
+        "observation_rows": len(observation_rows),
+        "observation_rows_skipped": observations_skipped,
+    }
+    return dict(
+        info=info,
+        cv=cv,
+        test=test_figures,
+        quantiles=quantiles,
+        traced_quantiles=traced_quantiles,
+        entries=entries,
+        traced_entries=traced_entries,
+        token_entries=token_entries,
+        paths=paths,
+        diffs=diffs,
+        latency=latency,
+        test_records=test_records,
+    )
 
 
 def save_oof(layout, train, oof_reg, oof_traced, oof_agg, oof_seq, raws, quantiles):
-    header = ("id,group,family,status,batch_size,measured_peak_mib,faketensor_mib,first_principles_mib,"
-              "horus_mib,regressor_mib,traced_first_principles_mib,traced_regressor_mib,"
-              "p_mlp_ensemble,p_sequence_transformer\n")
-    rows = ("%s,%s,%s,%s,%d,%.1f,%.1f,%.3f,%.3f,%.3f,%.3f,%.3f,%s,%s\n" % (
-        r["id"], r["group"], r["family"], r["status"], r["batch_size"], r["peak"], r["faketensor"],
-        f["first_principles_mib"], f["horus_mib"], math.exp(reg), f["traced_first_principles_mib"],
-        math.exp(traced), " ".join("%.5f" % p for p in agg), " ".join("%.5f" % p for p in seq))
-        for r, reg, traced, agg, seq, f in zip(train, oof_reg, oof_traced, oof_agg, oof_seq, raws))
+    header = (
+        "id,group,family,status,batch_size,measured_peak_mib,faketensor_mib,first_principles_mib,"
+        "horus_mib,regressor_mib,traced_first_principles_mib,traced_regressor_mib,"
+        "p_mlp_ensemble,p_sequence_transformer\n"
+    )
+    rows = (
+        "%s,%s,%s,%s,%d,%.1f,%.1f,%.3f,%.3f,%.3f,%.3f,%.3f,%s,%s\n"
+        % (
+            r["id"],
+            r["group"],
+            r["family"],
+            r["status"],
+            r["batch_size"],
+            r["peak"],
+            r["faketensor"],
+            f["first_principles_mib"],
+            f["horus_mib"],
+            math.exp(reg),
+            f["traced_first_principles_mib"],
+            math.exp(traced),
+            " ".join("%.5f" % p for p in agg),
+            " ".join("%.5f" % p for p in seq),
+        )
+        for r, reg, traced, agg, seq, f in zip(train, oof_reg, oof_traced, oof_agg, oof_seq, raws)
+    )
     write_gz(layout.out("data", "timm", "cv_predictions.csv.gz"), [header] + list(rows))
     mf.write_json(layout.out("data", "timm", "cv_quantiles.json"), quantiles, newline=False)
 
 
 # ----------------------------------------------------------------------------- manifest/golden
 
-REAL_NAMES = {family: {"regressor": family + "_memory_regressor", "traced_regressor": family + "_traced_memory_regressor",
-                       "mlp_ensemble": family + "_mlp_ensemble", "sequence_transformer": family + "_sequence_transformer"}
-              for family in FAMILIES}
+REAL_NAMES = {
+    family: {
+        "regressor": family + "_memory_regressor",
+        "traced_regressor": family + "_traced_memory_regressor",
+        "mlp_ensemble": family + "_mlp_ensemble",
+        "sequence_transformer": family + "_sequence_transformer",
+    }
+    for family in FAMILIES
+}
 OUR_NAMES = {"mlp_memory_regressor"} | {n for names in REAL_NAMES.values() for n in names.values()}
 
 
@@ -623,29 +828,72 @@ def timm_entries(result):
         cv, test = result["cv"][family], result["test"][family]
         names = REAL_NAMES[family]
         common = {"version": VERSION, "family": family, "test_file": result["info"]["test_file"]}
-        out.append({"name": names["regressor"], **common, "kind": "memory_regressor",
-                    "file": "timm_regressor.onnx", "sha256": sha["timm_regressor"],
-                    "input": {"type": "aggregate", "features": result["entries"]}, "output": "log_mib",
-                    "residual_quantiles": result["quantiles"][family], "capacity_mib": CAPACITY_MIB,
-                    "validation": {**prefixed("cv_", cv["regressor"]), **prefixed("test_", test["regressor"])}})
-        out.append({"name": names["traced_regressor"], **common, "kind": "memory_regressor",
-                    "file": "timm_traced_regressor.onnx", "sha256": sha["timm_traced_regressor"],
-                    "requires": ["saved_tensors"],
-                    "input": {"type": "aggregate", "features": result["traced_entries"]}, "output": "log_mib",
-                    "residual_quantiles": result["traced_quantiles"][family], "capacity_mib": CAPACITY_MIB,
-                    "validation": {**prefixed("cv_", cv["traced_regressor"]), **prefixed("test_", test["traced_regressor"])}})
-        out.append({"name": names["mlp_ensemble"], **common, "kind": "memory_classifier",
-                    "file": "timm_mlp_ensemble.onnx", "sha256": sha["timm_mlp_ensemble"],
-                    "input": {"type": "aggregate", "features": result["entries"]}, "output": "probabilities",
-                    "class_bins_mib": CLASS_BINS_MIB,
-                    "validation": {**prefixed("cv_", cv["mlp_ensemble"]), **prefixed("test_", test["mlp_ensemble"])}})
-        out.append({"name": names["sequence_transformer"], **common, "kind": "memory_classifier",
-                    "file": "timm_sequence_transformer.onnx", "sha256": sha["timm_sequence_transformer"],
-                    "input": {"type": "sequence", "kind_vocab": gf.ALL_KINDS, "max_tokens": MAX_TOKENS,
-                              "token_features": result["token_entries"]},
-                    "output": "probabilities", "class_bins_mib": CLASS_BINS_MIB,
-                    "validation": {**prefixed("cv_", cv["sequence_transformer"]),
-                                   **prefixed("test_", test["sequence_transformer"])}})
+        out.append(
+            {
+                "name": names["regressor"],
+                **common,
+                "kind": "memory_regressor",
+                "file": "timm_regressor.onnx",
+                "sha256": sha["timm_regressor"],
+                "input": {"type": "aggregate", "features": result["entries"]},
+                "output": "log_mib",
+                "residual_quantiles": result["quantiles"][family],
+                "capacity_mib": CAPACITY_MIB,
+                "validation": {**prefixed("cv_", cv["regressor"]), **prefixed("test_", test["regressor"])},
+            }
+        )
+        out.append(
+            {
+                "name": names["traced_regressor"],
+                **common,
+                "kind": "memory_regressor",
+                "file": "timm_traced_regressor.onnx",
+                "sha256": sha["timm_traced_regressor"],
+                "requires": ["saved_tensors"],
+                "input": {"type": "aggregate", "features": result["traced_entries"]},
+                "output": "log_mib",
+                "residual_quantiles": result["traced_quantiles"][family],
+                "capacity_mib": CAPACITY_MIB,
+                "validation": {
+                    **prefixed("cv_", cv["traced_regressor"]),
+                    **prefixed("test_", test["traced_regressor"]),
+                },
+            }
+        )
+        out.append(
+            {
+                "name": names["mlp_ensemble"],
+                **common,
+                "kind": "memory_classifier",
+                "file": "timm_mlp_ensemble.onnx",
+                "sha256": sha["timm_mlp_ensemble"],
+                "input": {"type": "aggregate", "features": result["entries"]},
+                "output": "probabilities",
+                "class_bins_mib": CLASS_BINS_MIB,
+                "validation": {**prefixed("cv_", cv["mlp_ensemble"]), **prefixed("test_", test["mlp_ensemble"])},
+            }
+        )
+        out.append(
+            {
+                "name": names["sequence_transformer"],
+                **common,
+                "kind": "memory_classifier",
+                "file": "timm_sequence_transformer.onnx",
+                "sha256": sha["timm_sequence_transformer"],
+                "input": {
+                    "type": "sequence",
+                    "kind_vocab": gf.ALL_KINDS,
+                    "max_tokens": MAX_TOKENS,
+                    "token_features": result["token_entries"],
+                },
+                "output": "probabilities",
+                "class_bins_mib": CLASS_BINS_MIB,
+                "validation": {
+                    **prefixed("cv_", cv["sequence_transformer"]),
+                    **prefixed("test_", test["sequence_transformer"]),
+                },
+            }
+        )
     return out
 
 
@@ -657,26 +905,45 @@ def merge_manifest(layout, entries, timm_result):
     if isinstance(mlp_data, list):
         mlp_data = next(d for d in mlp_data if d["file"] == os.path.basename(mlp_csv))
     info = timm_result["info"]
-    manifest["training_data"] = [mlp_data, {
-        "file": os.path.basename(timm_csv), "sha256": mf.sha256_of(timm_csv), "rows": info["rows"] + sum(info["dropped"].values()),
-        "families": FAMILIES, "descriptions": DESCRIPTIONS, "descriptions_sha256": mf.sha256_of(layout.read(DESCRIPTIONS))}]
+    manifest["training_data"] = [
+        mlp_data,
+        {
+            "file": os.path.basename(timm_csv),
+            "sha256": mf.sha256_of(timm_csv),
+            "rows": info["rows"] + sum(info["dropped"].values()),
+            "families": FAMILIES,
+            "descriptions": DESCRIPTIONS,
+            "descriptions_sha256": mf.sha256_of(layout.read(DESCRIPTIONS)),
+        },
+    ]
     manifest["split_real"] = {
-        "protocol": ("group = timm model name without source prefixes (tf_, legacy_, gluon_, timm_, hf_) up to the "
-                     "first '_' or digit; %d of %d groups held out (seeded shuffle, ~15 %% of models) for the test "
-                     "file; %d-fold GroupKFold (shuffled, same seed) on the rest for CV, out-of-fold residuals of "
-                     "ok rows give the conformal quantiles; failed/anomalous rows excluded; oom rows censored "
-                     "(need > capacity), scored as 'not fitting' and as the top class")
-                    % (len(info["test_groups"]), info["n_groups"], N_FOLDS),
-        "seed": SEED, "test_file": info["test_file"], "test_groups": info["test_groups"],
-        "train_rows": info["train_rows"], "test_rows": info["test_rows"], "folds": N_FOLDS,
-        "excluded_rows": info["dropped"]}
+        "protocol": (
+            "group = timm model name without source prefixes (tf_, legacy_, gluon_, timm_, hf_) up to the "
+            "first '_' or digit; %d of %d groups held out (seeded shuffle, ~15 %% of models) for the test "
+            "file; %d-fold GroupKFold (shuffled, same seed) on the rest for CV, out-of-fold residuals of "
+            "ok rows give the conformal quantiles; failed/anomalous rows excluded; oom rows censored "
+            "(need > capacity), scored as 'not fitting' and as the top class"
+        )
+        % (len(info["test_groups"]), info["n_groups"], N_FOLDS),
+        "seed": SEED,
+        "test_file": info["test_file"],
+        "test_groups": info["test_groups"],
+        "train_rows": info["train_rows"],
+        "test_rows": info["test_rows"],
+        "folds": N_FOLDS,
+        "excluded_rows": info["dropped"],
+    }
     manifest["combined_by_family"] = {}
     for family in FAMILIES:
         names = REAL_NAMES[family]
         manifest["combined_by_family"][family] = {
-            "members": [names["mlp_ensemble"], names["sequence_transformer"]], "rule": "mean_probabilities",
-            "validation": {**prefixed("cv_", timm_result["cv"][family]["combined"]),
-                           **prefixed("test_", timm_result["test"][family]["combined"])}}
+            "members": [names["mlp_ensemble"], names["sequence_transformer"]],
+            "rule": "mean_probabilities",
+            "validation": {
+                **prefixed("cv_", timm_result["cv"][family]["combined"]),
+                **prefixed("test_", timm_result["test"][family]["combined"]),
+            },
+        }
     mf.write_manifest(layout.out("models", "manifest.json"), manifest)
     return manifest
 
@@ -686,14 +953,25 @@ def golden_real_jobs(test_records):
     optimizer / precision variants."""
     cases = []
     for family in FAMILIES:
-        members = sorted((r for r in test_records if r["family"] == family), key=lambda r: (len(r["job"]["layers"]), r["job"]["model"], r["job"]["batch_size"]))
-        for label, record in (("shortest", members[0]), ("median", members[len(members) // 2]), ("longest", members[-1])):
+        members = sorted(
+            (r for r in test_records if r["family"] == family),
+            key=lambda r: (len(r["job"]["layers"]), r["job"]["model"], r["job"]["batch_size"]),
+        )
+        for label, record in (
+            ("shortest", members[0]),
+            ("median", members[len(members) // 2]),
+            ("longest", members[-1]),
+        ):
             cases.append(("timm_%s_%s" % (family, label), record["job"]))
     base = dict(cases[0][1])
     # (optimizer, precision, the case's label): bf16 and fp16 autocast, named as before the
     # service had pure 16-bit precisions.
-    for optimizer, precision, label in (("sgd", "fp32", "fp32"), ("momentum", "mixed16", "mixed16"),
-                                        ("AdamW", "amp_bf16", "bf16"), ("nesterov", "amp_fp16", "fp16")):
+    for optimizer, precision, label in (
+        ("sgd", "fp32", "fp32"),
+        ("momentum", "mixed16", "mixed16"),
+        ("AdamW", "amp_bf16", "bf16"),
+        ("nesterov", "amp_fp16", "fp16"),
+    ):
         job = dict(base, optimizer=optimizer, precision=precision)
         cases.append(("timm_cnn_shortest_%s_%s" % (optimizer.lower(), label), job))
     cases.append(("timm_cnn_shortest_untraced", {k: v for k, v in base.items() if k != "saved_tensors"}))
@@ -710,12 +988,21 @@ def write_golden(layout, manifest, test_records):
     golden["estimators"]["extra_aggregate"] = ["mlp_memory_regressor"]
     for case in golden["cases"]:
         case["raw_aggregate"] = gf.raw_aggregate_features(case["job"])
-        case["extra_aggregate"] = {"mlp_memory_regressor": gf.aggregate_vector(case["job"], by_name["mlp_memory_regressor"]["input"]["features"])}
+        case["extra_aggregate"] = {
+            "mlp_memory_regressor": gf.aggregate_vector(
+                case["job"], by_name["mlp_memory_regressor"]["input"]["features"]
+            )
+        }
     names = REAL_NAMES["cnn"]
-    golden["real_estimators"] = {"aggregate": names["regressor"], "sequence": names["sequence_transformer"],
-                                 "extra_aggregate": [names["mlp_ensemble"], names["traced_regressor"]]}
-    golden["real_cases"] = [mf.manifest_golden_case(name, job, golden["real_estimators"], by_name)
-                            for name, job in golden_real_jobs(test_records)]
+    golden["real_estimators"] = {
+        "aggregate": names["regressor"],
+        "sequence": names["sequence_transformer"],
+        "extra_aggregate": [names["mlp_ensemble"], names["traced_regressor"]],
+    }
+    golden["real_cases"] = [
+        mf.manifest_golden_case(name, job, golden["real_estimators"], by_name)
+        for name, job in golden_real_jobs(test_records)
+    ]
     mf.write_json(layout.out(*path), golden)
 
 
@@ -728,8 +1015,14 @@ def run(layout, threads=None):
     timm = run_timm(layout, 1)
     manifest = merge_manifest(layout, [mlp_entry] + timm_entries(timm), timm)
     write_golden(layout, manifest, timm["test_records"])
-    mf.write_json(layout.out("data", "timm", "pipeline_figures.json"), {
-        "timm": {k: timm[k] for k in ("info", "cv", "test", "quantiles", "diffs", "latency")},
-        "mlp_regressor": mlp_figures, "seconds": time.time() - started}, newline=False)
+    mf.write_json(
+        layout.out("data", "timm", "pipeline_figures.json"),
+        {
+            "timm": {k: timm[k] for k in ("info", "cv", "test", "quantiles", "diffs", "latency")},
+            "mlp_regressor": mlp_figures,
+            "seconds": time.time() - started,
+        },
+        newline=False,
+    )
     log("done in %.0f s" % (time.time() - started))
     print(json.dumps({k: timm[k] for k in ("cv", "test", "diffs", "latency")}, indent=1))

@@ -18,7 +18,7 @@ class StackedMLP(nn.Module):
         super().__init__()
 
         def weight(fan_in, fan_out):
-            bound = 1.0 / fan_in ** 0.5
+            bound = 1.0 / fan_in**0.5
             return nn.Parameter(torch.empty(members, fan_in, fan_out).uniform_(-bound, bound))
 
         self.w1, self.b1 = weight(n_inputs, hidden), nn.Parameter(torch.zeros(members, 1, hidden))
@@ -44,7 +44,7 @@ class LogBase(nn.Module):
         self.register_buffer("std", torch.tensor(std, dtype=torch.float32))
 
     def forward(self, x):
-        return x[:, self.column:self.column + 1] * self.std + self.mean
+        return x[:, self.column : self.column + 1] * self.std + self.mean
 
 
 class MemoryRegressor(nn.Module):
@@ -65,7 +65,7 @@ class MemoryRegressor(nn.Module):
 
     def member_outputs(self, x):
         correction = self.members(x.unsqueeze(0) * self.member_inputs)
-        if self.cap is not None:   # |log correction| < cap: no wild extrapolation on unseen families
+        if self.cap is not None:  # |log correction| < cap: no wild extrapolation on unseen families
             correction = self.cap * torch.tanh(correction / self.cap)
         return self.base(x).unsqueeze(0) + correction
 
@@ -76,7 +76,7 @@ class MemoryRegressor(nn.Module):
 def ordinal_probabilities(mu, log_spread, log_bins):
     """Class probabilities from a logistic distribution of log(peak): mu, spread [.., 1]."""
     spread = torch.nn.functional.softplus(log_spread) + 0.02
-    cdf = torch.sigmoid((log_bins - mu) / spread)                  # P(peak <= b_i)
+    cdf = torch.sigmoid((log_bins - mu) / spread)  # P(peak <= b_i)
     ones = torch.ones_like(cdf[..., :1])
     zeros = torch.zeros_like(cdf[..., :1])
     upper = torch.cat([cdf, ones], dim=-1)
@@ -114,8 +114,9 @@ class SequenceClassifier(nn.Module):
     the correction of its log and a spread (ordinal head as above).
     """
 
-    def __init__(self, n_kinds, n_token_features, raw_columns, class_bins_mib, d_model=32,
-                 n_heads=4, n_layers=1, pool=16):
+    def __init__(
+        self, n_kinds, n_token_features, raw_columns, class_bins_mib, d_model=32, n_heads=4, n_layers=1, pool=16
+    ):
         super().__init__()
         self.pool = pool
         self.n_heads = n_heads
@@ -123,10 +124,18 @@ class SequenceClassifier(nn.Module):
         self.embed_features = nn.Linear(n_token_features, d_model)
         self.blocks = nn.ModuleList()
         for _ in range(n_layers):
-            self.blocks.append(nn.ModuleDict({
-                "norm1": nn.LayerNorm(d_model), "qkv": nn.Linear(d_model, 3 * d_model),
-                "proj": nn.Linear(d_model, d_model), "norm2": nn.LayerNorm(d_model),
-                "ff1": nn.Linear(d_model, 2 * d_model), "ff2": nn.Linear(2 * d_model, d_model)}))
+            self.blocks.append(
+                nn.ModuleDict(
+                    {
+                        "norm1": nn.LayerNorm(d_model),
+                        "qkv": nn.Linear(d_model, 3 * d_model),
+                        "proj": nn.Linear(d_model, d_model),
+                        "norm2": nn.LayerNorm(d_model),
+                        "ff1": nn.Linear(d_model, 2 * d_model),
+                        "ff2": nn.Linear(2 * d_model, d_model),
+                    }
+                )
+            )
         self.norm = nn.LayerNorm(d_model)
         self.head = nn.Sequential(nn.Linear(d_model + 2, 32), nn.SiLU(), nn.Linear(32, 2))
         # raw_columns: (index, mean, std) of the log1p-normalised params and output_x_batch.
@@ -139,7 +148,7 @@ class SequenceClassifier(nn.Module):
     def attention(self, block, h, key_bias):
         n, length, d = h.shape
         qkv = block["qkv"](block["norm1"](h)).reshape(n, length, 3, self.n_heads, d // self.n_heads)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)                 # [N, H, L, dh]
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # [N, H, L, dh]
         scores = torch.matmul(q, k.transpose(-1, -2)) * (d // self.n_heads) ** -0.5 + key_bias
         out = torch.matmul(torch.softmax(scores, dim=-1), v).transpose(1, 2).reshape(n, length, d)
         h = h + block["proj"](out)
@@ -151,8 +160,8 @@ class SequenceClassifier(nn.Module):
         # Masked chunk means: sum over chunks of h * mask / number of real tokens in the chunk.
         pooled_h = torch.nn.functional.avg_pool1d(h.transpose(1, 2), self.pool, self.pool, ceil_mode=True)
         pooled_m = torch.nn.functional.avg_pool1d(mask.unsqueeze(1), self.pool, self.pool, ceil_mode=True)
-        h = (pooled_h / pooled_m.clamp(min=1e-6)).transpose(1, 2)      # [N, L', d]
-        chunk_mask = (pooled_m > 0).to(h.dtype).transpose(1, 2)         # [N, L', 1]
+        h = (pooled_h / pooled_m.clamp(min=1e-6)).transpose(1, 2)  # [N, L', d]
+        chunk_mask = (pooled_m > 0).to(h.dtype).transpose(1, 2)  # [N, L', 1]
         key_bias = (chunk_mask.transpose(1, 2).unsqueeze(1) - 1.0) * 1e4  # [N, 1, 1, L']
         for block in self.blocks:
             h = self.attention(block, h, key_bias)
@@ -160,8 +169,8 @@ class SequenceClassifier(nn.Module):
         summary = (h * chunk_mask).sum(dim=1) / chunk_mask.sum(dim=1).clamp(min=1.0)
         # First-principles base from the raw token values (log1p inverted inside the graph).
         cols = torch.stack([token_features[..., self.p_col], token_features[..., self.o_col]], dim=-1)
-        raw = torch.expm1(cols * self.raw_std + self.raw_mean) * m       # [N, L, 2]
-        totals = raw.sum(dim=1)                                         # [N, 2]
+        raw = torch.expm1(cols * self.raw_std + self.raw_mean) * m  # [N, L, 2]
+        totals = raw.sum(dim=1)  # [N, 2]
         base = torch.log(1300.0 + (16.0 * totals[:, :1] + 4.0 * totals[:, 1:2]) / 1048576.0)
         scale = torch.log1p(totals) / 20.0
         out = self.head(torch.cat([summary, scale], dim=-1))

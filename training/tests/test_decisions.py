@@ -16,11 +16,19 @@ from gpucast_training import decisions  # noqa: E402
 
 
 def answer(estimate, bound, known, context, uncertain, cache, parameters):
-    return {"memory": {
-        "estimate_mib": estimate, "upper_bound_mib": bound,
-        "uncertainty": {"known_mib": known, "uncertain_mib": uncertain, "detail": "traced"},
-        "breakdown": {"cuda_context": context, "paged_optimizer_state": 0.0,
-                      "allocator_cache": cache, "parameters": parameters}}}
+    return {
+        "memory": {
+            "estimate_mib": estimate,
+            "upper_bound_mib": bound,
+            "uncertainty": {"known_mib": known, "uncertain_mib": uncertain, "detail": "traced"},
+            "breakdown": {
+                "cuda_context": context,
+                "paged_optimizer_state": 0.0,
+                "allocator_cache": cache,
+                "parameters": parameters,
+            },
+        }
+    }
 
 
 class SpreadFit(unittest.TestCase):
@@ -38,8 +46,7 @@ class SpreadFit(unittest.TestCase):
 
 class LikeWithLike(unittest.TestCase):
     def test_an_allocated_row_is_compared_without_context_and_cache(self):
-        a = answer(10_000, 12_000, known=4_000, context=1_000, uncertain=5_000, cache=500,
-                   parameters=1_000)
+        a = answer(10_000, 12_000, known=4_000, context=1_000, uncertain=5_000, cache=500, parameters=1_000)
         figure, bound, known, uncertain = decisions.like_with_like({"compare": "allocated"}, a)
         self.assertEqual((figure, bound, known, uncertain), (8_500, 10_500, 4_000, 4_500))
         figure, _, known, _ = decisions.like_with_like({"compare": "device"}, a)
@@ -48,8 +55,7 @@ class LikeWithLike(unittest.TestCase):
         self.assertEqual((figure, known), (7_500, 3_000))
 
     def test_the_residual_is_the_log_ratio_of_the_uncertain_terms(self):
-        a = answer(10_000, 12_000, known=4_000, context=1_000, uncertain=5_000, cache=0,
-                   parameters=1_000)
+        a = answer(10_000, 12_000, known=4_000, context=1_000, uncertain=5_000, cache=0, parameters=1_000)
         row = {"compare": "device", "measured": 15_000}
         self.assertAlmostEqual(decisions.residual(row, a), math.log(10_000 / 5_000))
 
@@ -58,11 +64,9 @@ class PerfectFigure(unittest.TestCase):
     def test_a_run_is_refused_once_the_bound_passes_its_headroom(self):
         pairs = []
         for measured in (9_000, 5_000):  # 90 % and 50 % of a 10,000 MiB card
-            a = answer(measured, measured, known=0, context=0, uncertain=measured, cache=0,
-                       parameters=0)
+            a = answer(measured, measured, known=0, context=0, uncertain=measured, cache=0, parameters=0)
             a["fit"] = {"capacity_mib": 10_000}
-            pairs.append(({"compare": "device", "measured": measured, "status": "ran",
-                           "kind": "llm"}, a))
+            pairs.append(({"compare": "device", "measured": measured, "status": "ran", "kind": "llm"}, a))
         row = decisions.perfect_figure(pairs).splitlines()[2]
         # rows, above 80 %, then refused at 1.00, 1.05, 1.10, 1.15, 1.25x
         self.assertEqual(row, "| llm | 2 | 50.0 % | 0.0 % | 0.0 % | 0.0 % | 50.0 % | 50.0 % |")

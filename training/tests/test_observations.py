@@ -23,7 +23,9 @@ class ObservationsTest(unittest.TestCase):
         self.assertEqual([r["id"] for r in records], ["observation-1@32", "observation-2@8"])
         self.assertEqual(skipped, 4)
         first = records[0]
-        self.assertEqual((first["family"], first["status"], first["peak"], first["group"]), ("cnn", "ok", 3934.0, "observations"))
+        self.assertEqual(
+            (first["family"], first["status"], first["peak"], first["group"]), ("cnn", "ok", 3934.0, "observations")
+        )
         self.assertEqual(first["job"]["input_shape"], [3, 224, 224])
         self.assertEqual(first["environment"], "torch2.5-cu124")
         self.assertEqual(records[1]["family"], "transformer")

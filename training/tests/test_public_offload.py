@@ -15,10 +15,27 @@ sys.path.insert(0, os.path.join(REPO, "training"))
 
 from gpucast_training import public_offload  # noqa: E402
 
-COLUMNS = ["source_url_or_repo_path", "model", "head_or_task", "framework", "batch_size",
-           "micro_batch_size", "seq_len", "image_size", "optimizer", "precision",
-           "grad_checkpointing", "grad_accum", "peft", "parallelism", "n_gpus", "gpu",
-           "measured_mib", "measure_kind", "notes"]
+COLUMNS = [
+    "source_url_or_repo_path",
+    "model",
+    "head_or_task",
+    "framework",
+    "batch_size",
+    "micro_batch_size",
+    "seq_len",
+    "image_size",
+    "optimizer",
+    "precision",
+    "grad_checkpointing",
+    "grad_accum",
+    "peft",
+    "parallelism",
+    "n_gpus",
+    "gpu",
+    "measured_mib",
+    "measure_kind",
+    "notes",
+]
 
 
 def write_csv(path, said):
@@ -29,8 +46,13 @@ def write_csv(path, said):
         for index in range(max(public_offload.ROWS) + 1):
             row = dict.fromkeys(COLUMNS, "")
             if index in public_offload.ROWS:
-                row.update(model=f"model {index}", gpu="NVIDIA RTX 4090 24GB", measured_mib="1000",
-                           measure_kind="torch.cuda.max_memory_reserved()", notes=said(index))
+                row.update(
+                    model=f"model {index}",
+                    gpu="NVIDIA RTX 4090 24GB",
+                    measured_mib="1000",
+                    measure_kind="torch.cuda.max_memory_reserved()",
+                    notes=said(index),
+                )
             writer.writerow(row)
 
 
