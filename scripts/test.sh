@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs every test: the format and lint gates (cargo fmt --check, clippy with warnings as errors),
+# Runs every test: the format and lint gates (cargo fmt --check, clippy with warnings as errors,
+# ruff check and ruff format --check on the Python: ruff.toml),
 # Rust unit and integration tests (real server on ephemeral ports, committed
 # models through ONNX Runtime; the calibration store on SQLite and on a throw-away PostgreSQL), the Python feature-parity and probe tests (stdlib only), then
 # describe's tests (model walk, training-step simulation, allocator model) in a project venv
@@ -21,6 +22,11 @@ if cargo clippy --version >/dev/null 2>&1 || rustup component add clippy >/dev/n
 else
     echo "warning: clippy unavailable: lint gate skipped" >&2
 fi
+# The Python gate: ruff pinned in scripts/requirements-tools.txt, from PyPI into the project venv
+# .venv-tools (scripts/tools-venv.sh: created once, then reused); ruff.toml says what it covers.
+TOOLS="$(scripts/tools-venv.sh)"
+"$TOOLS/ruff" check
+"$TOOLS/ruff" format --check
 # The calibration store's tests run against SQLite and a real PostgreSQL (Debian's package,
 # installed here when missing: CI runs as root on a fresh Debian machine), started on a
 # loopback port in a temporary directory by scripts/postgres-test.sh.
