@@ -7,10 +7,10 @@ use gpucast::config::ServeConfig;
 use std::io::BufRead;
 
 use gpucast::api::types::EstimateRequest;
-use gpucast::domain::features::AggregateFeatures;
-use gpucast::domain::{Family, Job};
 use gpucast::engine::validate::to_job;
+use gpucast::estimators::features::AggregateFeatures;
 use gpucast::estimators::Estimators;
+use gpucast::job::{Family, Job};
 use gpucast::startup::Application;
 
 #[path = "../tests/common/mod.rs"]
@@ -63,7 +63,7 @@ fn in_process(c: &mut Criterion) {
             .unwrap()
             .performance;
         c.bench_function(&format!("roofline/{family}_{layers}_layers"), |b| {
-            b.iter(|| gpucast::domain::perf::roofline(std::hint::black_box(job), &a100))
+            b.iter(|| gpucast::physics::perf::roofline(std::hint::black_box(job), &a100))
         });
         c.bench_function(&format!("estimate_all_estimators/{family}"), |b| {
             b.iter(|| estimators.estimate(job, 0.95).unwrap())
@@ -208,7 +208,7 @@ fn simulated(c: &mut Criterion) {
         eprintln!("simulated {family} ({layers} layers, batch {batch}): ran {ran:?}");
         c.bench_function(
             &format!("roofline/simulated_{family}_{layers}_layers_batch{batch}"),
-            |b| b.iter(|| gpucast::domain::perf::roofline(std::hint::black_box(&job), &a100)),
+            |b| b.iter(|| gpucast::physics::perf::roofline(std::hint::black_box(&job), &a100)),
         );
         c.bench_function(
             &format!("estimate_all_estimators/simulated_{family}_{layers}_layers_batch{batch}"),
@@ -312,13 +312,13 @@ fn transformer_config(c: &mut Criterion) {
         .unwrap()
         .performance;
     c.bench_function("transformer_config/llama2_70b_roofline", |b| {
-        b.iter(|| gpucast::domain::perf::roofline(std::hint::black_box(&job), &a100))
+        b.iter(|| gpucast::physics::perf::roofline(std::hint::black_box(&job), &a100))
     });
     c.bench_function("transformer_config/llama2_70b_request_to_answer", |b| {
         b.iter(|| {
             let job = parse(std::hint::black_box(&body));
             let estimate = estimators.estimate(&job, 0.95).unwrap();
-            (estimate, gpucast::domain::perf::roofline(&job, &a100))
+            (estimate, gpucast::physics::perf::roofline(&job, &a100))
         })
     });
 }

@@ -1,5 +1,5 @@
 //! Fits the roofline performance model's two host constants (`host_us_per_op`,
-//! `step_host_us`: src/domain/perf.rs) on the measured SMACT and SMOCC of the MLP TRAIN rows
+//! `step_host_us`: src/physics/perf.rs) on the measured SMACT and SMOCC of the MLP TRAIN rows
 //! (data/perf/mlp_train_utilization.jsonl.gz, A100 40 GB), with leave-one-shape-out folds:
 //! for each architecture shape, the constants that minimise the mean absolute error of
 //! SMACT + SMOCC on the other three shapes are scored on it. Then the constants chosen on all
@@ -14,9 +14,9 @@ use std::io::BufRead;
 
 use gpucast::api::types::EstimateRequest;
 use gpucast::devices::sku::Catalogue;
-use gpucast::domain::perf::{roofline_with, Constants, CALIBRATED};
-use gpucast::domain::Job;
 use gpucast::engine::validate::to_job;
+use gpucast::job::Job;
+use gpucast::physics::perf::{roofline_with, Constants, CALIBRATED};
 
 struct Row {
     shape: String,

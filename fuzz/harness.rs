@@ -4,7 +4,7 @@
 //! Each function must never panic, whatever the bytes.
 
 use gpucast::api::types::EstimateRequest;
-use gpucast::domain::summary::{parse_summary, SampleShape, SummaryFormat};
+use gpucast::parsers::{parse_summary, SampleShape, SummaryFormat};
 
 /// The JSON description path of `POST /v1/estimate`: bytes -> wire type -> validated job
 /// (a layer list, or summary text parsed into one).

@@ -6,7 +6,7 @@
 # cargo-fuzz needs nightly-only rustc flags (-Z sanitizer, -Z coverage options); on the stable
 # toolchain RUSTC_BOOTSTRAP=1 unlocks them. cargo-fuzz itself is installed from crates.io into
 # .cache/tools. Seeds come from the repository (the OpenAPI example, timm and MLP descriptions,
-# the summary texts of src/domain/summary.rs's tests). Any crash, timeout or out-of-memory input
+# the summary texts of src/parsers/tests.rs's tests). Any crash, timeout or out-of-memory input
 # is copied into fuzz/regressions/<target>/, which tests/fuzz_regressions.rs replays; the
 # script then exits 1.
 set -euo pipefail
@@ -48,7 +48,7 @@ with gzip.open(root / "data/mlp/test.jsonl.gz", "rt") as f:
     for i, line in enumerate(f):
         if i % 100 == 0:
             put("estimate_request", f"mlp_{i}", json.dumps(json.loads(line)["job"]))
-source = (root / "src/domain/summary.rs").read_text()
+source = (root / "src/parsers/tests.rs").read_text()
 texts = re.findall(r'const (\w+): &str = "\\\n(.*?)";\n', source, re.S)
 for name, text in texts:
     table = "Layer (type)" in text

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Calibration check of src/domain/saved.rs against describe's traced saved tensors.
+"""Calibration check of src/physics/saved.rs against describe's traced saved tensors.
 
 A Python mirror of the Rust rule, run over data/timm/descriptions.jsonl.gz without the 100 test
 models of data/timm/test.jsonl.gz. Each discrete alternative of the rule's constants is scored

@@ -16,11 +16,11 @@ use crate::calibration::store::{ProfileStore, DEFAULT_RETENTION};
 use crate::config::{located, EstimateArgs, OutputFormat};
 use crate::devices::sku::Catalogue;
 use crate::devices::NoDevices;
-use crate::domain::uncertainty::{self, Spreads};
 use crate::engine::Engine;
 use crate::error::ApiError;
 use crate::estimators::Estimators;
 use crate::metrics::Metrics;
+use crate::physics::uncertainty::{self, Spreads};
 
 /// Exit status of bad input (the problem JSON is printed).
 pub const BAD_INPUT: i32 = 2;

@@ -5,8 +5,8 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 
 use crate::api::types::Problem;
-use crate::domain::JobError;
 use crate::estimators::EstimateError;
+use crate::job::JobError;
 
 /// Seconds a refused client is asked to wait before retrying.
 const RETRY_AFTER_SECS: &str = "1";

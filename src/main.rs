@@ -32,7 +32,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::LayerKinds => {
-            let vocabulary = gpucast::domain::vocabulary::layer_vocabulary();
+            let vocabulary = gpucast::parsers::vocabulary::layer_vocabulary();
             println!("{}", serde_json::to_string_pretty(&vocabulary)?);
             Ok(())
         }

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch.nn as nn
 
-# The canonical vocabulary accepted by the gpucast service (src/domain/job.rs).
+# The canonical vocabulary accepted by the gpucast service (src/job/validated.rs).
 CANONICAL_KINDS = (
     "linear",
     "conv1d",

@@ -1,5 +1,5 @@
 """What autocast keeps of the traced fp32 saved tensors: the constant AUTOCAST_KEPT_SHARE of the
-service's analytic training step (src/domain/step.rs), the median of `amp / traced` over these
+service's analytic training step (src/physics/step.rs), the median of `amp / traced` over these
 five models. For each, describe's simulated step in fp32 and in fp16 autocast at batch 8:
 prints the traced saved bytes, the simulated activations at the peak and their ratios.
 

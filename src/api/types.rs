@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use crate::domain::Family;
+use crate::job::Family;
 
 /// A training job to estimate.
 #[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
@@ -403,9 +403,9 @@ pub struct LayerKindName;
 
 impl utoipa::PartialSchema for LayerKindName {
     fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
-        let names = crate::domain::LayerKind::ALL
+        let names = crate::job::LayerKind::ALL
             .into_iter()
-            .map(crate::domain::LayerKind::as_str);
+            .map(crate::job::LayerKind::as_str);
         string_enum(
             names,
             "A layer kind; matched case-insensitively ignoring `_`, `-` and spaces.",

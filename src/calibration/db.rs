@@ -366,7 +366,7 @@ fn connect(path: &Path) -> Result<rusqlite::Connection, DbError> {
     if verdict != "ok" {
         return Err(DbError::Damaged(format!(
             "quick_check: {}",
-            crate::domain::echo(&verdict)
+            crate::job::echo(&verdict)
         )));
     }
     migrate_sqlite(&mut connection).map_err(error)?;

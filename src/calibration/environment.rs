@@ -34,7 +34,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::domain::physics::Breakdown;
+use crate::physics::Breakdown;
 
 use super::fit::quantile;
 

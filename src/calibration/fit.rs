@@ -3,7 +3,26 @@
 
 use std::collections::BTreeMap;
 
-use super::profile::{Sample, MIN_ESTIMATE_MIB, MIN_SAMPLES_FOR_SCALE, QUANTILES, SCALE_RANGE};
+use serde::{Deserialize, Serialize};
+
+/// Residual quantiles stored in every profile, as (key, probability).
+pub const QUANTILES: [(&str, f64); 4] =
+    [("0.5", 0.5), ("0.9", 0.9), ("0.95", 0.95), ("0.99", 0.99)];
+/// Below this many observations only an offset is fitted (scale 1): a slope from a handful of
+/// points is mostly noise.
+pub const MIN_SAMPLES_FOR_SCALE: usize = 5;
+/// The scale a fit may take. Outside it the data describe a different job mix or a broken
+/// measurement, not a GPU: clamp rather than extrapolate wildly.
+pub const SCALE_RANGE: (f64, f64) = (0.25, 4.0);
+/// Smallest calibrated estimate, MiB: a negative offset must not produce a zero or negative need.
+pub const MIN_ESTIMATE_MIB: f64 = 1.0;
+
+/// One observed job: what the unshifted model predicted and what the GPU showed.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Sample {
+    pub predicted_mib: f64,
+    pub observed_mib: f64,
+}
 
 /// Relative spread (interquartile range over median) of the predictions below which a slope
 /// is not identifiable and only an offset is fitted.

@@ -19,7 +19,7 @@ pub fn parse_environment(raw: &str) -> Result<String, String> {
     } else {
         Err(format!(
             "environment: must be 1 to {MAX_ENVIRONMENT_CHARS} of letters, digits, `.`, `_`, `+`, `-`, got `{}`",
-            crate::domain::echo(raw)
+            crate::job::echo(raw)
         ))
     }
 }

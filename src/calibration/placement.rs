@@ -6,10 +6,10 @@ use crate::devices::derived;
 use crate::devices::performance::GpuPerformance;
 use crate::devices::sku::{Catalogue, GpuSelector, SkuError};
 use crate::devices::{DeviceError, GpuDevices};
-use crate::domain::physics::Physics;
-use crate::domain::uncertainty::PeakDistribution;
-use crate::domain::MemoryFraction;
 use crate::estimators::MibAnswer;
+use crate::job::MemoryFraction;
+use crate::physics::uncertainty::PeakDistribution;
+use crate::physics::Physics;
 
 /// The card the training data was measured on: estimates are for it unless a GPU is named.
 pub const REFERENCE_SKU: &str = "a100-40gb";
@@ -103,7 +103,7 @@ fn custom(name: &str, capacity_mib: u64) -> Result<Target, SkuError> {
     if chars == 0 || chars > MAX_CUSTOM_NAME_CHARS || !safe {
         return Err(SkuError::Custom(format!(
             "name: must be 1 to {MAX_CUSTOM_NAME_CHARS} letters, digits, spaces, `-`, `_` or `.`, got `{}`",
-            crate::domain::echo(name)
+            crate::job::echo(name)
         )));
     }
     if !(1..=MAX_CUSTOM_CAPACITY_MIB).contains(&capacity_mib) {
@@ -387,7 +387,7 @@ mod tests {
     use super::*;
     use crate::calibration::store::ProfileStore;
     use crate::devices::{FakeDevices, NoDevices};
-    use crate::domain::uncertainty::Detail;
+    use crate::job::Detail;
 
     fn answer(estimate_mib: f64, upper_bound_mib: f64) -> MibAnswer {
         MibAnswer {
@@ -399,19 +399,19 @@ mod tests {
 
     /// A job whose analytic floor (model state + context) is 1,316 MiB.
     fn physics() -> Physics {
-        let layers = vec![crate::domain::UncheckedLayer {
+        let layers = vec![crate::job::UncheckedLayer {
             kind: "linear",
             output_size: 1024,
             params: 1 << 20,
         }];
-        Physics::analytic(&crate::domain::Job::parse(None, 256, layers.into_iter()).unwrap())
+        Physics::analytic(&crate::job::Job::parse(None, 256, layers.into_iter()).unwrap())
     }
 
     /// Reserved 10 GiB, runs on 9 GiB, 2 GiB at the peak by category, context 1,000 MiB.
     fn simulated(capacity_mib: u64) -> Physics {
-        use crate::domain::{SimulatedCategories, UncheckedSimulation};
+        use crate::job::{SimulatedCategories, UncheckedSimulation};
         let gib = 1u64 << 30;
-        let layers = vec![crate::domain::UncheckedLayer {
+        let layers = vec![crate::job::UncheckedLayer {
             kind: "linear",
             output_size: 1024,
             params: 1 << 20,
@@ -431,7 +431,7 @@ mod tests {
             interpolated: false,
             ..Default::default()
         };
-        let job = crate::domain::Job::parse(None, 256, layers.into_iter())
+        let job = crate::job::Job::parse(None, 256, layers.into_iter())
             .unwrap()
             .with_simulation(Some(raw))
             .unwrap();
@@ -448,7 +448,7 @@ mod tests {
             Target::resolve(None, Catalogue::builtin(), &NoDevices::new("none")).unwrap();
         assert_eq!(
             reference.capacity_mib,
-            crate::domain::physics::REFERENCE_CAPACITY_MIB
+            crate::physics::REFERENCE_CAPACITY_MIB
         );
     }
 

@@ -15,25 +15,17 @@ use serde::{Deserialize, Serialize};
 
 use super::environment::EnvironmentFit;
 use super::fit::{fit_profile, median_prediction, residual_quantiles, Fitted};
+pub use super::fit::{Sample, MIN_ESTIMATE_MIB, MIN_SAMPLES_FOR_SCALE, QUANTILES, SCALE_RANGE};
 use super::step_time::HostFit;
 
 /// The profile file format this code reads and writes.
 pub const SCHEMA_VERSION: u32 = 1;
 /// Observations kept per SKU for refits (the most recent ones); `observations` counts all.
 pub const MAX_SAMPLES: usize = 1000;
-/// Residual quantiles stored in every profile, as (key, probability).
-pub const QUANTILES: [(&str, f64); 4] =
-    [("0.5", 0.5), ("0.9", 0.9), ("0.95", 0.95), ("0.99", 0.99)];
 /// The residual quantile that widens a calibrated estimate into its upper bound.
 pub const UPPER_QUANTILE: &str = "0.95";
 /// Below this many observations the residual quantiles are too rough to widen a bound with.
 pub const MIN_OBSERVATIONS_FOR_QUANTILE_BOUND: u64 = 10;
-/// Below this many observations only an offset is fitted (scale 1): a slope from a handful of
-/// points is mostly noise.
-pub const MIN_SAMPLES_FOR_SCALE: usize = 5;
-/// The scale a fit may take. Outside it the data describe a different job mix or a broken
-/// measurement, not a GPU: clamp rather than extrapolate wildly.
-pub const SCALE_RANGE: (f64, f64) = (0.25, 4.0);
 /// The most one update may move a profile: its calibrated figure at the median prediction of
 /// its samples, and its scale, each by at most this factor up or down.
 ///
@@ -66,16 +58,6 @@ pub fn reach(figure: f64) -> (f64, f64) {
 
 /// Largest memory figure accepted, MiB (16 TiB: far beyond any single GPU).
 const MAX_MIB: f64 = 16.0 * 1024.0 * 1024.0;
-/// Smallest calibrated estimate, MiB: a negative offset must not produce a zero or negative need.
-pub(crate) const MIN_ESTIMATE_MIB: f64 = 1.0;
-
-/// One observed job: what the unshifted model predicted and what the GPU showed.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct Sample {
-    pub predicted_mib: f64,
-    pub observed_mib: f64,
-}
-
 /// What the service has learned about one SKU (or one SKU in one environment): derived from
 /// the stored observations. Profile files of former versions had this format.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -1,6 +1,6 @@
 //! What observed step times teach: the host's cost per dispatched op in one environment.
 //!
-//! The roofline (`domain::perf`) times every kernel on the card's data sheet, but the host that
+//! The roofline (`physics::perf`) times every kernel on the card's data sheet, but the host that
 //! issues them is the environment's: Python, PyTorch's dispatcher and autograd, autocast, the
 //! CPU. Its cost per op was fitted once on the MLP campaign (15 us); a 2022 stack on an older
 //! host runs at about three times that (docs/performance.md: BERT with AMP on a V100), and
@@ -17,8 +17,8 @@
 use serde::{Deserialize, Serialize};
 
 use crate::devices::performance::GpuPerformance;
-use crate::domain::perf::{roofline_with, Constants, CALIBRATED};
-use crate::domain::Job;
+use crate::job::Job;
+use crate::physics::perf::{roofline_with, Constants, CALIBRATED};
 
 /// Host costs per op (us) at which an observation's predicted step time is stored: from a
 /// fast host with CUDA graphs' share of the work to a slow, heavily wrapped eager loop.

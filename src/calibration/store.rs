@@ -21,7 +21,7 @@ use super::profile::{
     MAX_SAMPLES, MAX_STEP, MIN_ESTIMATE_MIB,
 };
 use super::step_time::{self, HostFit, StepTimeSample};
-use crate::domain::physics::Breakdown;
+use crate::physics::Breakdown;
 
 /// A profile's key: the GPU, and the environment for an environment's own profile.
 pub type ProfileKey = (String, Option<String>);

@@ -164,7 +164,7 @@ fn read_entries(text: &str, file: &str, origin: Origin) -> Result<Vec<Sku>, Cata
     }
     let mut skus: Vec<Sku> = Vec::with_capacity(parsed.gpus.len());
     for (index, entry) in parsed.gpus.into_iter().enumerate() {
-        let label = format!("gpus[{index}] ({})", crate::domain::echo(&entry.id));
+        let label = format!("gpus[{index}] ({})", crate::job::echo(&entry.id));
         let sku = check_entry(entry, origin).map_err(|e| invalid(format!("{label}.{e}")))?;
         if skus.iter().any(|s| s.id == sku.id) {
             return Err(invalid(format!("{label}.id: `{}` appears twice", sku.id)));

@@ -1,5 +1,5 @@
 //! What a GPU model can do per second: the figures the roofline performance model
-//! ([`crate::domain::perf`]) needs. Dense (no sparsity) peaks from the vendor's data sheets.
+//! ([`crate::physics::perf`]) needs. Dense (no sparsity) peaks from the vendor's data sheets.
 
 /// Peak throughput and shape of one GPU model.
 #[derive(Debug, Clone, Copy, PartialEq)]

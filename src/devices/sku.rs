@@ -15,7 +15,7 @@ use std::collections::{HashMap, HashSet};
 use std::fmt;
 
 use crate::devices::performance::GpuPerformance;
-use crate::domain::echo;
+use crate::job::echo;
 
 /// One GPU model with its usable memory as `nvidia-smi` reports it (`memory.total`, MiB).
 #[derive(Debug, Clone, PartialEq)]

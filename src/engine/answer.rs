@@ -16,16 +16,17 @@ use crate::calibration::placement::{
 };
 use crate::calibration::step_time::HostFit;
 use crate::calibration::store::ProfileSnapshot;
-use crate::domain::perf::{self, Bound, Roofline};
-use crate::domain::physics::{BreakdownSource, Physics};
-use crate::domain::setup::Trainable;
-use crate::domain::uncertainty::PeakDistribution;
-use crate::domain::{step, Confidence, Job, MemoryClass, MemoryFraction};
 use crate::engine::validate::ValidEstimateRequest;
 use crate::engine::Engine;
 use crate::error::ApiError;
 use crate::estimators::manifest::EstimatorKind;
 use crate::estimators::{ClassAnswer, Estimate, EstimateError, Query};
+use crate::job::setup::Trainable;
+use crate::job::{Confidence, Job, MemoryClass, MemoryFraction};
+use crate::physics::perf::{self, Bound, Roofline};
+use crate::physics::step;
+use crate::physics::uncertainty::PeakDistribution;
+use crate::physics::{BreakdownSource, Physics};
 
 /// The utilization metrics answered, each a fraction or null with a reason.
 const UTILIZATION_TARGETS: [&str; 3] = ["smact", "smocc", "drama"];

@@ -9,16 +9,16 @@ use crate::api::types::{
 use crate::calibration::placement::{PlacementError, Target};
 use crate::devices::sku::Catalogue;
 use crate::devices::GpuDevices;
-use crate::domain::saved;
-use crate::domain::setup::{UncheckedLora, UncheckedNames, UncheckedOffload, UncheckedParallelism};
-use crate::domain::summary::{parse_summary, SampleShape, SummaryFormat};
-use crate::domain::transformer;
-use crate::domain::{
+use crate::error::ApiError;
+use crate::job::setup::{UncheckedLora, UncheckedNames, UncheckedOffload, UncheckedParallelism};
+use crate::job::{
     echo, Confidence, Job, LayerKind, MemoryFraction, SavedTensors, SimulatedCategories,
     UncheckedLayer, UncheckedSimulation,
 };
-use crate::domain::{LayerDetail, UncheckedSetup};
-use crate::error::ApiError;
+use crate::job::{LayerDetail, UncheckedSetup};
+use crate::parsers::{parse_summary, SampleShape, SummaryFormat};
+use crate::physics::saved;
+use crate::physics::transformer;
 
 /// Said back when a summary's saved tensors were derived rather than traced.
 pub const DERIVED_SAVED_TENSORS_WARNING: &str = "saved_tensors: derived from the summary's \
@@ -173,7 +173,7 @@ pub fn to_job_noting(request: &EstimateRequest) -> Result<(Job, Vec<String>), Ap
                     .printed();
             if request.saved_tensors.is_none() {
                 // The traced regressors need saved tensors; a summary shows only output shapes,
-                // from which domain::saved rebuilds what backward keeps (issue 12).
+                // from which physics::saved rebuilds what backward keeps (issue 12).
                 let input = request
                     .input_shape
                     .as_deref()
@@ -275,7 +275,7 @@ pub fn to_job_noting(request: &EstimateRequest) -> Result<(Job, Vec<String>), Ap
 }
 
 /// A job built from a Hugging Face configuration (issue 16): the layers and activations come
-/// from `domain::transformer`, the setup as for any job; the analytic step answers it.
+/// from `physics::transformer`, the setup as for any job; the analytic step answers it.
 fn config_job(
     request: &EstimateRequest,
     config: &serde_json::Map<String, serde_json::Value>,
@@ -301,7 +301,7 @@ fn config_job(
     if let Some(family) = request.family.as_deref().filter(|f| *f != "transformer") {
         return Err(ApiError::InvalidInput(format!(
             "family: a transformer_config job is a transformer, got '{}'",
-            crate::domain::echo(family)
+            crate::job::echo(family)
         )));
     }
     let kernel =
@@ -309,13 +309,13 @@ fn config_job(
     let parsed = transformer::TransformerConfig::parse(config).map_err(invalid)?;
     // The precision picks the attention kernel: read it before building.
     let setup = unchecked_setup(request);
-    let precision = crate::domain::Setup::parse(request.batch_size.max(1), &setup)
+    let precision = crate::job::Setup::parse(request.batch_size.max(1), &setup)
         .map(|s| s.precision)
         .unwrap_or_default();
     let mut model = transformer::build(parsed, seq_len, precision, kernel).map_err(invalid)?;
     let mut warnings = std::mem::take(&mut model.warnings);
     // (Both before the layers move into the job: autocast's weight copies are counted from them.)
-    let loss = transformer::LossImplementation::parse(request.loss_implementation.as_deref())
+    let loss = transformer::parse_loss_implementation(request.loss_implementation.as_deref())
         .map_err(invalid)?;
     if request.loss_implementation.is_none() {
         warnings.push(format!(

@@ -16,17 +16,18 @@ use std::collections::BTreeMap;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use super::estimator::{AnalyticRun, Estimator};
 use super::extrapolation::Extrapolation;
 use super::load::SimulatedModel;
 use super::manifest::{EstimatorKind, Requirement};
 use super::onnx::InferenceError;
-use super::run::{AnalyticRun, Estimator};
 use super::{
     ClassAnswer, Estimate, EstimateError, EstimatorRun, ExtrapolationAnswer, MibAnswer, Query,
     ANALYTIC_VERSION, FIRST_PRINCIPLES, HORUS, SIMULATED, TRACED_FIRST_PRINCIPLES, TRAINING_STEP,
 };
-use crate::domain::physics::{BreakdownSource, Physics};
-use crate::domain::{analytic, Family, Job, MemoryClasses, ResidualQuantiles};
+use crate::job::{Family, Job, MemoryClasses, ResidualQuantiles};
+use crate::physics::analytic;
+use crate::physics::{BreakdownSource, Physics};
 
 /// Which MiB figure leads, in one place. Higher wins; between equals, the later in the
 /// manifest. Physics first, learning second:

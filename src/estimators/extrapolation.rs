@@ -11,8 +11,8 @@ use std::collections::HashSet;
 
 use serde::Deserialize;
 
-use crate::domain::features::{AggregateFeatures, FeatureSpec};
-use crate::domain::{Job, Optimizer, Precision};
+use crate::estimators::features::{AggregateFeatures, FeatureSpec};
+use crate::job::{Job, Optimizer, Precision};
 
 /// `simulated_domain.json` as the training pipeline writes it (docs/models.md).
 #[derive(Debug, Deserialize)]
@@ -82,7 +82,7 @@ impl TrainingDomain {
     /// this build computes. The error is one line, for a message that names the file.
     pub fn parse(bytes: &[u8], known: impl Fn(&str) -> bool) -> Result<TrainingDomain, String> {
         let file: DomainFile = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
-        super::load::check_specs(&file.features, known)?;
+        crate::estimators::features::check_specs(&file.features, known)?;
         let mut names = HashSet::new();
         if let Some(duplicate) = file
             .features
@@ -333,7 +333,7 @@ mod tests {
     }
 
     fn job(batch: u64) -> Job {
-        let layers = [crate::domain::UncheckedLayer {
+        let layers = [crate::job::UncheckedLayer {
             kind: "linear",
             output_size: 10,
             params: 1000,

@@ -6,16 +6,18 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
+use super::estimator::{Estimator, Input};
 use super::extrapolation::TrainingDomain;
 use super::manifest::{
     EstimatorEntry, EstimatorKind, FileRef, InputSpec, Manifest, SimulatedEntry, MANIFEST_FILE,
     SUPPORTED_SCHEMA_VERSION,
 };
 use super::onnx::{self, OnnxModel};
-use super::run::{Estimator, Input};
 use super::Estimators;
-use crate::domain::features::{raw_token_feature, AggregateFeatures, FeatureSpec, TOKEN_FEATURES};
-use crate::domain::{Family, Job, LayerKind, MemoryClasses, ResidualQuantiles};
+use crate::estimators::features::{
+    check_specs, raw_token_feature, AggregateFeatures, TOKEN_FEATURES,
+};
+use crate::job::{Family, Job, LayerKind, MemoryClasses, ResidualQuantiles};
 
 /// Why the models could not be loaded. Each message names the file at fault, on one line.
 #[derive(Debug, thiserror::Error)]
@@ -222,7 +224,7 @@ fn probe_job() -> Job {
     Job::parse(
         None,
         1,
-        std::iter::once(crate::domain::UncheckedLayer {
+        std::iter::once(crate::job::UncheckedLayer {
             kind: "linear",
             output_size: 1,
             params: 1,
@@ -302,22 +304,4 @@ fn check_entry(entry: &EstimatorEntry) -> Result<Checked, String> {
         classes,
         quantiles,
     })
-}
-
-pub(super) fn check_specs(
-    specs: &[FeatureSpec],
-    known: impl Fn(&str) -> bool,
-) -> Result<(), String> {
-    for spec in specs {
-        if !known(&spec.name) {
-            return Err(format!("unknown feature '{}'", spec.name));
-        }
-        if !(spec.std.is_finite() && spec.std > 0.0 && spec.mean.is_finite()) {
-            return Err(format!("feature '{}' has an invalid mean/std", spec.name));
-        }
-    }
-    if specs.is_empty() {
-        return Err("no input features".into());
-    }
-    Ok(())
 }

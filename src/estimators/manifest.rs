@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
-use crate::domain::features::FeatureSpec;
+use crate::estimators::features::FeatureSpec;
 
 pub const MANIFEST_FILE: &str = "manifest.json";
 pub const SUPPORTED_SCHEMA_VERSION: u32 = 1;

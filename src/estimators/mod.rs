@@ -9,22 +9,24 @@
 //! - [`extrapolation`]: where a simulated job stands against the training domain.
 
 pub mod combine;
+mod estimator;
 pub mod extrapolation;
+pub mod features;
 mod load;
 pub mod manifest;
 pub mod onnx;
 mod run;
 
+pub use estimator::Estimator;
 pub use load::LoadError;
 use load::SimulatedModel;
-pub use run::Estimator;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use crate::domain::physics::Physics;
-use crate::domain::uncertainty::PeakDistribution;
-use crate::domain::{Family, Job, LayerKind, MemoryClass, MemoryClasses};
+use crate::job::{Family, Job, LayerKind, MemoryClass, MemoryClasses};
+use crate::physics::uncertainty::PeakDistribution;
+use crate::physics::Physics;
 use extrapolation::{DomainSummary, Extrapolation, TrainingDomain};
 use manifest::Manifest;
 use onnx::InferenceError;

@@ -542,7 +542,7 @@ fn reference_figure(state: &AppState, request: &EstimateRequest) -> Result<Refer
     let estimate = state
         .engine
         .estimators
-        .estimate(&job, crate::domain::Confidence::DEFAULT.get())?;
+        .estimate(&job, crate::job::Confidence::DEFAULT.get())?;
     let predicted_mib = estimate
         .mib
         .map(|m| m.estimate_mib)
@@ -566,7 +566,7 @@ fn profile_error(e: ProfileError) -> ApiError {
         | ProfileError::Invalid(_) => ApiError::InvalidInput(e.to_string()),
         ProfileError::Store(detail) => {
             tracing::error!(error = %detail, "observation store failed");
-            ApiError::StoreUnavailable(crate::domain::echo(&detail))
+            ApiError::StoreUnavailable(crate::job::echo(&detail))
         }
         other => ApiError::Internal(other.to_string()),
     }

@@ -25,11 +25,11 @@ use utoipa_axum::routes;
 use utoipa_swagger_ui::SwaggerUi;
 
 use crate::devices::watch::Sampler;
-use crate::domain::echo;
 use crate::engine::Engine;
 use crate::error::ApiError;
 use crate::http::auth::{check_write_request, WriteAccess, WriteHosts};
 use crate::http::idempotency::IdempotencyKeys;
+use crate::job::echo;
 
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {

@@ -39,11 +39,7 @@ pub async fn readyz(State(state): State<AppState>) -> Result<Json<ReadyResponse>
     if !(state.ready.load(Ordering::Acquire) && estimates) {
         return Err(ApiError::NotReady);
     }
-    let store_error = state
-        .engine
-        .profiles
-        .fault()
-        .map(|e| crate::domain::echo(&e));
+    let store_error = state.engine.profiles.fault().map(|e| crate::job::echo(&e));
     Ok(Json(ReadyResponse {
         ready: true,
         estimates,

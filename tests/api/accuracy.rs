@@ -6,12 +6,12 @@ use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 
 use gpucast::api::types::EstimateRequest;
-use gpucast::domain::features::{AggregateFeatures, TokenFeatures};
-use gpucast::domain::LayerKind;
-use gpucast::domain::{Family, Job, MemoryClasses, ResidualQuantiles};
 use gpucast::engine::validate::to_job;
+use gpucast::estimators::features::{AggregateFeatures, TokenFeatures};
 use gpucast::estimators::manifest::{EstimatorKind, InputSpec};
 use gpucast::estimators::{Estimate, Estimators};
+use gpucast::job::LayerKind;
+use gpucast::job::{Family, Job, MemoryClasses, ResidualQuantiles};
 use serde::Deserialize;
 use serde_json::Value;
 

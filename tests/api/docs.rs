@@ -68,7 +68,7 @@ async fn the_spec_documents_every_route_and_an_example_request() {
 
 #[test]
 fn the_committed_layer_kinds_are_the_services() {
-    let generated = serde_json::to_value(gpucast::domain::vocabulary::layer_vocabulary()).unwrap();
+    let generated = serde_json::to_value(gpucast::parsers::vocabulary::layer_vocabulary()).unwrap();
     let committed_path = repo_root().join("openapi/layer_kinds.json");
     let committed: Value =
         serde_json::from_str(&std::fs::read_to_string(&committed_path).unwrap()).unwrap();

@@ -17,7 +17,7 @@ use gpucast::calibration::environment::{
 };
 use gpucast::calibration::fit::fit_profile;
 use gpucast::calibration::profile::Sample;
-use gpucast::domain::physics::Breakdown;
+use gpucast::physics::Breakdown;
 use serde_json::Value;
 
 use crate::helpers::{combinations, jsonl_gz, median, repo_root, spawn_app};

@@ -6,8 +6,8 @@
 use std::path::Path;
 
 use gpucast::api::types::EstimateRequest;
-use gpucast::domain::features::AggregateFeatures;
 use gpucast::engine::validate::to_job;
+use gpucast::estimators::features::AggregateFeatures;
 use gpucast::startup::Application;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};

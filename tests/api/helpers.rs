@@ -172,7 +172,7 @@ pub fn combinations(n: usize, k: usize) -> Vec<Vec<usize>> {
     out
 }
 
-/// Checks an answer's bound against the rule of `domain::uncertainty`: its distribution's
+/// Checks an answer's bound against the rule of `physics::uncertainty`: its distribution's
 /// spread is the committed one (data/uncertainty.json) for the answer's level of detail times
 /// `widen`, and the bound is that distribution read at 0.95 (rounded up).
 pub fn assert_bound_is_the_distributions_at_95(body: &Value, widen: f64) {

@@ -126,7 +126,7 @@ async fn a_tiny_model_is_never_estimated_below_the_framework_overhead() {
         {"kind": "linear", "output_size": 2, "params": 34}
     ]});
     let body: Value = app.post_json_value("/v1/estimate", &tiny).await;
-    let overhead = gpucast::domain::analytic::FRAMEWORK_OVERHEAD_MIB;
+    let overhead = gpucast::physics::analytic::FRAMEWORK_OVERHEAD_MIB;
     assert!(
         body["memory"]["estimate_mib"].as_f64().unwrap() >= overhead,
         "{body}"

@@ -1,4 +1,4 @@
-//! The roofline performance model (src/domain/perf.rs) against measurements: SMACT and SMOCC
+//! The roofline performance model (src/physics/perf.rs) against measurements: SMACT and SMOCC
 //! of the held-out MLP rows (data/mlp/test.jsonl.gz, A100 40 GB) beside the learned ONNX
 //! regressors and the train rows' mean, per architecture shape; and step times of published
 //! training runs (data/perf/step_times.json). `cargo test --test api roofline -- --nocapture`
@@ -11,9 +11,9 @@ use serde_json::{json, Value};
 use gpucast::api::types::EstimateRequest;
 use gpucast::devices::performance::GpuPerformance;
 use gpucast::devices::sku::Catalogue;
-use gpucast::domain::perf::roofline;
 use gpucast::engine::validate::to_job;
 use gpucast::estimators::Estimators;
+use gpucast::physics::perf::roofline;
 
 use crate::helpers::{jsonl_gz, median, models_dir, ort_dylib, repo_root, spawn_app};
 

@@ -1,14 +1,14 @@
-//! Saved tensors derived from a layer list (domain::saved) against describe's traced ones, end
+//! Saved tensors derived from a layer list (physics::saved) against describe's traced ones, end
 //! to end through the committed estimators on the held-out timm test rows (issue 12: a job
 //! given as text has no trace). Figures: `cargo test --test api saved_tensors -- --nocapture`.
 
 use std::io::{BufRead, BufReader};
 
 use gpucast::api::types::EstimateRequest;
-use gpucast::domain::saved;
-use gpucast::domain::Job;
 use gpucast::engine::validate::to_job;
 use gpucast::estimators::Estimators;
+use gpucast::job::Job;
+use gpucast::physics::saved;
 use serde_json::Value;
 
 use crate::helpers::{models_dir, ort_dylib, repo_root};
@@ -263,7 +263,7 @@ fn printout_figures(estimators: &Estimators, rows: &[Row], tool: &str) -> Printo
             .zip(&covered)
             .filter(|(_, row)| row.family == family && seen.insert(row.model.clone()))
             .filter_map(|((printed, traced), _)| {
-                // None where the printout hides its computation (domain::saved::hidden_share).
+                // None where the printout hides its computation (physics::saved::hidden_share).
                 Some(
                     printed.saved_tensors()?.per_sample_bytes as f64
                         / traced.saved_tensors().unwrap().per_sample_bytes as f64,

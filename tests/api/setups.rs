@@ -357,8 +357,8 @@ async fn a_simulation_of_another_setup_is_refused_and_one_of_the_same_is_sharded
 #[test]
 fn the_analytic_step_agrees_with_the_simulated_steps_of_the_timm_models() {
     use gpucast::api::types::EstimateRequest;
-    use gpucast::domain::step::analytic_step;
     use gpucast::engine::validate::to_job;
+    use gpucast::physics::step::analytic_step;
     use std::io::BufRead;
     let read = |path: &str| -> Vec<Value> {
         let file = std::fs::File::open(crate::helpers::repo_root().join(path)).unwrap();

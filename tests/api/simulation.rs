@@ -224,7 +224,7 @@ async fn jobs_without_a_simulation_get_an_analytic_breakdown_and_no_simulated_fi
         let breakdown = assert_breakdown_and_floor(&body);
         assert_eq!(
             breakdown["cuda_context"],
-            gpucast::domain::analytic::FRAMEWORK_OVERHEAD_MIB
+            gpucast::physics::analytic::FRAMEWORK_OVERHEAD_MIB
         );
         assert_eq!(breakdown["allocator_cache"], 0.0);
         for field in [
@@ -391,7 +391,7 @@ async fn fit_follows_the_simulation_and_a_memory_fraction_caps_what_each_copy_oc
     let body: Value = app.post_json_value("/v1/estimate", &plain).await;
     assert_eq!(body["fit"]["basis"], "upper_bound");
     assert_eq!(body["fit"]["fits"], true);
-    let occupied = 10_240.0 + gpucast::domain::analytic::FRAMEWORK_OVERHEAD_MIB;
+    let occupied = 10_240.0 + gpucast::physics::analytic::FRAMEWORK_OVERHEAD_MIB;
     assert_eq!(
         body["fit"]["max_colocated"],
         (40_960.0 / occupied).floor() as u64,

@@ -10,8 +10,8 @@ use serde_json::{json, Value};
 use gpucast::api::types::EstimateRequest;
 use gpucast::calibration::step_time::{curve, fit_host_cost, interpolate, StepTimeSample};
 use gpucast::devices::sku::Catalogue;
-use gpucast::domain::perf::CALIBRATED;
 use gpucast::engine::validate::to_job;
+use gpucast::physics::perf::CALIBRATED;
 
 use crate::helpers::{combinations, jsonl_gz, median, repo_root, spawn_app};
 

@@ -102,7 +102,7 @@ async fn unparseable_summaries_are_refused_naming_the_line() {
 }
 
 /// A summary shows no trace: its saved tensors are derived from the printed output shapes
-/// (domain::saved), so the traced regressor answers it, and the answer says so. A layer list
+/// (physics::saved), so the traced regressor answers it, and the answer says so. A layer list
 /// without saved tensors is left as it is, and saved tensors given with a summary are used.
 #[tokio::test]
 async fn a_summarys_saved_tensors_are_derived_from_its_shapes_and_the_answer_says_so() {

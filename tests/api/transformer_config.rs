@@ -6,8 +6,8 @@
 use serde_json::{json, Value};
 
 use gpucast::api::types::EstimateRequest;
-use gpucast::domain::step::analytic_step;
 use gpucast::engine::validate::to_job_noting;
+use gpucast::physics::step::analytic_step;
 
 use crate::helpers::{repo_root, spawn_app};
 

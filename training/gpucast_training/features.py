@@ -208,7 +208,7 @@ ALL_AGGREGATE_FEATURES = (
     COUNT_FEATURES + REAL_COUNT_FEATURES + SIMULATION_FEATURES + ["act_" + name for name in HIDDEN_ACTIVATIONS]
 )
 
-# Analytic memory models (Rust src/domain/analytic.rs).
+# Analytic memory models (Rust src/physics/analytic.rs).
 FRAMEWORK_OVERHEAD_MIB = 1300.0
 MAX_SAVED_BYTES = 1 << 44
 OPTIMIZER_ALIASES = {
@@ -220,7 +220,7 @@ OPTIMIZER_ALIASES = {
     "adamw": "adamw",
 }
 OPTIMIZER_STATE_BYTES = {"sgd": 0.0, "momentum": 4.0, "adam": 8.0, "adamw": 8.0}
-# The service's six precisions in the three memory layouts the formulas know (src/domain/setup.rs):
+# The service's six precisions in the three memory layouts the formulas know (src/job/setup.rs):
 # fp32 storage (fp32, tf32), autocast with fp32 master weights (mixed16), pure 16-bit (pure16).
 PRECISION_ALIASES = {
     "fp32": "fp32",

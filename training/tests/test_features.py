@@ -192,7 +192,7 @@ class HandCheckedTest(unittest.TestCase):
             self.assertEqual(raw[name], float(expected.get(name, 0)), name)
 
     def test_analytic_formulas_by_hand(self):
-        # The cases of Rust src/domain/analytic.rs: 2^20 params, 2,048 outputs x 256 samples.
+        # The cases of Rust src/physics/analytic.rs: 2^20 params, 2,048 outputs x 256 samples.
         def job(**training):
             body = {
                 "batch_size": 256,

@@ -10,9 +10,10 @@
 
 use serde_json::{Map, Value};
 
-use super::echo;
-use super::job::{Layer, LayerKind, Precision, MAX_LAYERS};
-use super::step::{KnownActivations, LayerDetail};
+use crate::job::echo;
+use crate::job::setup::LossImplementation;
+use crate::job::validated::{KnownActivations, Layer, LayerKind, Precision, MAX_LAYERS};
+use crate::job::LayerDetail;
 
 /// Most layers (blocks) a configuration may have.
 pub const MAX_CONFIG_LAYERS: u64 = 512;
@@ -1444,46 +1445,17 @@ fn finish(
     })
 }
 
-/// What the training loop does for the loss over the vocabulary: what it keeps for backward
-/// and what backward starts with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum LossImplementation {
-    /// Hugging Face transformers' causal-LM loss (`loss_utils`): the logits upcast to fp32,
-    /// a shifted contiguous copy, cross-entropy over all of them at once; backward starts with
-    /// the fp32 gradients of the whole logits.
-    #[default]
-    UpcastFp32,
-    /// The cross-entropy taken chunk by chunk of tokens (litgpt's `chunked_cross_entropy`,
-    /// torchtune's `CEWithChunkedOutputLoss`): each chunk's log-softmax is kept, but backward
-    /// frees as it goes, so no whole-logits gradient is ever allocated.
-    Chunked,
-    /// The head and the loss fused (Liger's `FusedLinearCrossEntropy`, Apple's Cut
-    /// Cross-Entropy): the logits never exist beyond one chunk.
-    Fused,
-}
-
-impl LossImplementation {
-    pub const NAMES: &'static str = "upcast_fp32, chunked, fused";
-
-    pub fn parse(raw: Option<&str>) -> Result<LossImplementation, ConfigError> {
-        match raw.map(str::to_ascii_lowercase).as_deref() {
-            None | Some("upcast_fp32") => Ok(LossImplementation::UpcastFp32),
-            Some("chunked") => Ok(LossImplementation::Chunked),
-            Some("fused") => Ok(LossImplementation::Fused),
-            Some(other) => Err(ConfigError(format!(
-                "loss_implementation: unknown '{}' (known: {})",
-                crate::domain::echo(other),
-                Self::NAMES
-            ))),
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            LossImplementation::UpcastFp32 => "upcast_fp32",
-            LossImplementation::Chunked => "chunked",
-            LossImplementation::Fused => "fused",
-        }
+/// Reads `loss_implementation` (absent: the default).
+pub fn parse_loss_implementation(raw: Option<&str>) -> Result<LossImplementation, ConfigError> {
+    match raw.map(str::to_ascii_lowercase).as_deref() {
+        None | Some("upcast_fp32") => Ok(LossImplementation::UpcastFp32),
+        Some("chunked") => Ok(LossImplementation::Chunked),
+        Some("fused") => Ok(LossImplementation::Fused),
+        Some(other) => Err(ConfigError(format!(
+            "loss_implementation: unknown '{}' (known: {})",
+            echo(other),
+            LossImplementation::NAMES
+        ))),
     }
 }
 

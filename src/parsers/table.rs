@@ -310,7 +310,7 @@ fn emit(rows: &[Row<'_>]) -> Result<Layers, SummaryError> {
 /// timm's `BatchNormAct2d` (a batch norm that then runs its own `drop` and `act`) comes after
 /// its activation. Moved back before the identity and activation rows of its size that end the
 /// list, the norm reads the convolution's output and the activation its output, as they run:
-/// what each keeps for backward (`domain::saved`) follows from that order.
+/// what each keeps for backward (`physics::saved`) follows from that order.
 fn runs_before_its_children(layers: &mut [Layer]) {
     let Some((norm, children)) = layers.split_last() else {
         return;

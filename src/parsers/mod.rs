@@ -15,8 +15,10 @@
 //! and combined with checked arithmetic, and nothing here indexes out of bounds, so any input
 //! yields layers or a [`SummaryError`] naming a line, never a panic.
 
-use super::echo;
-use super::job::{Layer, LayerKind, MAX_LAYERS};
+pub mod vocabulary;
+
+use crate::job::echo;
+use crate::job::validated::{Layer, LayerKind, MAX_LAYERS};
 
 mod keras;
 mod module_print;

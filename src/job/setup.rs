@@ -1014,6 +1014,36 @@ impl fmt::Display for Precision {
     }
 }
 
+/// What the training loop does for the loss over the vocabulary: what it keeps for backward
+/// and what backward starts with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LossImplementation {
+    /// Hugging Face transformers' causal-LM loss (`loss_utils`): the logits upcast to fp32,
+    /// a shifted contiguous copy, cross-entropy over all of them at once; backward starts with
+    /// the fp32 gradients of the whole logits.
+    #[default]
+    UpcastFp32,
+    /// The cross-entropy taken chunk by chunk of tokens (litgpt's `chunked_cross_entropy`,
+    /// torchtune's `CEWithChunkedOutputLoss`): each chunk's log-softmax is kept, but backward
+    /// frees as it goes, so no whole-logits gradient is ever allocated.
+    Chunked,
+    /// The head and the loss fused (Liger's `FusedLinearCrossEntropy`, Apple's Cut
+    /// Cross-Entropy): the logits never exist beyond one chunk.
+    Fused,
+}
+
+impl LossImplementation {
+    pub const NAMES: &'static str = "upcast_fp32, chunked, fused";
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LossImplementation::UpcastFp32 => "upcast_fp32",
+            LossImplementation::Chunked => "chunked",
+            LossImplementation::Fused => "fused",
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

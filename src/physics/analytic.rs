@@ -1,7 +1,7 @@
 //! Analytic memory models: closed formulas over the job description, no learning. Identical
 //! to `training/gpucast_training/features.py` (docs/models.md defines both).
 
-use super::job::{Job, Precision};
+use crate::job::validated::{Job, Precision};
 
 const MIB: f64 = 1024.0 * 1024.0;
 
@@ -125,7 +125,7 @@ impl AnalyticFigures {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::job::UncheckedLayer;
+    use crate::job::validated::UncheckedLayer;
 
     fn job(optimizer: &str, precision: &str) -> Job {
         let layers = vec![
@@ -168,7 +168,7 @@ mod tests {
 
     #[test]
     fn the_traced_formula_swaps_the_layer_outputs_for_the_saved_tensors() {
-        use crate::domain::SavedTensors;
+        use crate::job::SavedTensors;
         assert_eq!(traced_first_principles_mib(&job("adam", "fp32")), None);
         // 2^20 params x 16 B = 16 MiB; 256 x 8 KiB + 2 MiB saved = 4 MiB (2 MiB in mixed16).
         let saved = Some(SavedTensors {
@@ -207,7 +207,7 @@ mod tests {
             (mixed.parameters, mixed.gradients, mixed.optimizer_state),
             (6.0 * MIB, 4.0 * MIB, 8.0 * MIB)
         );
-        let saved = Some(crate::domain::SavedTensors {
+        let saved = Some(crate::job::SavedTensors {
             per_sample_bytes: 8192,
             fixed_bytes: 2 << 20,
         });

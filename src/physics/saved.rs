@@ -41,7 +41,7 @@
 //! (10th-90th percentile 0.81-1.02), transformer 0.99 (0.85-1.10); on the 100 test models,
 //! never tuned on: cnn 0.99 (0.83-1.00), transformer 0.90 (0.83-1.04).
 
-use super::job::{Layer, LayerKind, SavedTensors, MAX_SAVED_BYTES};
+use crate::job::validated::{Layer, LayerKind, SavedTensors, MAX_SAVED_BYTES};
 
 /// Tensors of its output's size that attention keeps besides its output: q, k and v.
 const ATTENTION_TENSORS: u64 = 3;

@@ -4,14 +4,37 @@
 use std::fmt;
 use std::ops::Range;
 
+use super::detail::Detail;
 use super::echo;
+use super::names::{self, LayerDetail};
+use super::setup::LossImplementation;
 use super::setup::{
     Checkpointing, LoraTargets, OptimizerImplementation, Setup, SetupError, Trainable,
     UncheckedSetup,
 };
 pub use super::setup::{Optimizer, Precision};
-use super::step::{self, LayerDetail};
-use super::uncertainty::Detail;
+
+/// The activations of a model whose structure is known (built from its configuration,
+/// [`crate::physics::transformer`]), per sample, bytes at the job's precision: what the step keeps
+/// instead of the traced saved tensors scaled by a precision's share.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct KnownActivations {
+    /// Kept outside the repeated blocks (embeddings, final norm, head, loss).
+    pub outside: f64,
+    /// Kept by one repeated block (their mean).
+    pub per_block: f64,
+    pub blocks: u64,
+    /// A block's input (what a checkpointed block keeps).
+    pub block_input: f64,
+    /// What backward starts with beside them (the loss's gradients).
+    pub backward_temporaries: f64,
+    /// Of `outside`, what the loss keeps (freed once backward has passed it).
+    pub loss: f64,
+    /// Bytes kept whatever the micro-batch (autocast's 16-bit weight copies).
+    pub fixed: f64,
+    /// How the loss over the vocabulary was counted.
+    pub loss_implementation: LossImplementation,
+}
 
 /// Largest layer list accepted. Real models stay far below (timm's largest ~2,000 modules);
 /// beyond this a request is absurd and would only burn CPU.
@@ -438,7 +461,7 @@ pub struct Job {
     layers: Vec<Layer>,
     /// Names and linear shapes, index for index with `layers`; empty when none were given.
     details: Vec<LayerDetail>,
-    /// The repeated blocks the names show ([`step::blocks`]), found once when the names are
+    /// The repeated blocks the names show ([`names::blocks`]), found once when the names are
     /// set: the setup's check, the step and the roofline all read them.
     blocks: Vec<Range<usize>>,
     setup: Setup,
@@ -447,7 +470,7 @@ pub struct Job {
     simulation: Option<Simulation>,
     /// The activations of a model built from its configuration (no learned estimator reads
     /// such a job: the analytic step answers it).
-    known_activations: Option<step::KnownActivations>,
+    known_activations: Option<KnownActivations>,
     /// Read from a printed summary (layers and shapes from text, saved tensors derived).
     printed: bool,
 }
@@ -596,7 +619,7 @@ impl Job {
         } else {
             details
         };
-        self.blocks = step::blocks(&self.details);
+        self.blocks = names::blocks(&self.details);
         Ok(self)
     }
 
@@ -647,7 +670,7 @@ impl Job {
                 }
             }
             Checkpointing::Modules(list) => {
-                each_names_a_layer("activation_checkpointing", list, step::within)?
+                each_names_a_layer("activation_checkpointing", list, names::within)?
             }
         }
         let total: u64 = self.layers.iter().map(|l| l.params).sum();
@@ -661,7 +684,7 @@ impl Job {
             }
             Trainable::Params(_) => {}
             Trainable::Modules(list) => {
-                each_names_a_layer("trainable.modules", list, step::within)?
+                each_names_a_layer("trainable.modules", list, names::within)?
             }
         }
         let Some(lora) = &setup.lora else {
@@ -671,7 +694,7 @@ impl Job {
             each_names_a_layer(
                 "lora.modules_to_save",
                 &lora.modules_to_save,
-                step::inside_named,
+                names::inside_named,
             )?;
         }
         let targets: Vec<usize> = match &lora.targets {
@@ -683,11 +706,11 @@ impl Job {
                 linear[..linear.len().saturating_sub(1)].to_vec()
             }
             LoraTargets::Names(list) => {
-                each_names_a_layer("lora.target_modules", list, step::names_target)?;
+                each_names_a_layer("lora.target_modules", list, names::names_target)?;
                 (0..self.layers.len())
                     .filter(|&i| {
                         names[i]
-                            .is_some_and(|name| list.iter().any(|t| step::names_target(name, t)))
+                            .is_some_and(|name| list.iter().any(|t| names::names_target(name, t)))
                     })
                     .collect()
             }
@@ -798,7 +821,7 @@ impl Job {
                 format!("the simulation ran {simulated}, the job's is {job}"),
             ))
         };
-        if self.setup.reference != crate::domain::setup::Reference::None {
+        if self.setup.reference != super::setup::Reference::None {
             return Err(JobError::Setup(SetupError::new(
                 "reference_model",
                 "a simulation is of a step without a reference model; leave out the \
@@ -921,12 +944,12 @@ impl Job {
 
     /// Sets the activations of a model built from its configuration: the job is then
     /// answered by the analytic training step alone.
-    pub fn with_known_activations(mut self, known: step::KnownActivations) -> Job {
+    pub fn with_known_activations(mut self, known: KnownActivations) -> Job {
         self.known_activations = Some(known);
         self
     }
 
-    pub fn known_activations(&self) -> Option<step::KnownActivations> {
+    pub fn known_activations(&self) -> Option<KnownActivations> {
         self.known_activations
     }
 
@@ -1011,7 +1034,7 @@ impl Job {
         &self.details
     }
 
-    /// The repeated blocks of the named layers ([`step::blocks`]): each the range of layer
+    /// The repeated blocks of the named layers ([`names::blocks`]): each the range of layer
     /// indices it spans, in order; empty without names.
     pub fn blocks(&self) -> &[Range<usize>] {
         &self.blocks

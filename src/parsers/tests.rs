@@ -34,24 +34,23 @@ fn error_line(format: SummaryFormat, text: &str, seq_len: Option<u64>) -> usize 
     }
 }
 
-const TINY_LM: &str = include_str!("../../../tests/fixtures/summaries/tiny_lm_module_print.txt");
+const TINY_LM: &str = include_str!("../../tests/fixtures/summaries/tiny_lm_module_print.txt");
 
 // resnet18 as `torchsummary.summary(model, (3, 224, 224))` prints it, abridged after the
 // first block (rows 12-66 removed).
 const RESNET18_TORCHSUMMARY: &str =
-    include_str!("../../../tests/fixtures/summaries/resnet18_torchsummary.txt");
+    include_str!("../../tests/fixtures/summaries/resnet18_torchsummary.txt");
 
 // resnet18 as `torchinfo.summary(model, (1, 3, 224, 224))` prints it, abridged.
 const RESNET18_TORCHINFO: &str =
-    include_str!("../../../tests/fixtures/summaries/resnet18_torchinfo.txt");
+    include_str!("../../tests/fixtures/summaries/resnet18_torchinfo.txt");
 
 // bert-base-uncased, printed with `, N params` per module (embeddings and encoder intact,
 // the classifier-free pooler at the end). 12 x BertLayer of 7,087,872 parameters each.
-const BERT_BASE: &str =
-    include_str!("../../../tests/fixtures/summaries/bert_base_module_print.txt");
+const BERT_BASE: &str = include_str!("../../tests/fixtures/summaries/bert_base_module_print.txt");
 
 // gpt2 (GPT2LMHeadModel): lm_head shares wte's weight, so the total counts it once.
-const GPT2: &str = include_str!("../../../tests/fixtures/summaries/gpt2_module_print.txt");
+const GPT2: &str = include_str!("../../tests/fixtures/summaries/gpt2_module_print.txt");
 
 #[test]
 fn the_tiny_lm_print_yields_its_leaves_sized_by_seq_len() {
@@ -535,7 +534,7 @@ fn random_bytes_and_shuffled_lines_never_panic() {
 // Plain prints, wrappers, Keras, detection.
 
 // torchvision's resnet18 as `print(model)` shows it: no counts, only constructor arguments.
-const RESNET18_PRINT: &str = include_str!("../../../tests/fixtures/summaries/resnet18_print.txt");
+const RESNET18_PRINT: &str = include_str!("../../tests/fixtures/summaries/resnet18_print.txt");
 
 fn image(shape: &[u64]) -> SampleShape<'_> {
     SampleShape {

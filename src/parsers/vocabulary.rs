@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::job::{Family, LayerKind};
-use super::summary::CLASS_EXCEPTIONS;
+use super::CLASS_EXCEPTIONS;
+use crate::job::{Family, LayerKind};
 
 #[derive(Debug, Serialize)]
 pub struct LayerVocabulary {

@@ -3,8 +3,8 @@
 
 use serde::Deserialize;
 
-use super::analytic;
-use super::job::{Job, LayerKind};
+use crate::job::{Job, LayerKind};
+use crate::physics::analytic;
 
 /// Hidden activations that get a one-hot feature, in the order of the `act_<name>` features.
 pub const ONE_HOT_ACTIVATIONS: [LayerKind; 11] = [
@@ -333,10 +333,26 @@ fn hidden_activation(job: &Job) -> LayerKind {
         .map_or(LayerKind::Identity, |(k, _)| *k)
 }
 
+/// Checks a model's feature specs: every name known, every mean and std usable, at least one.
+pub fn check_specs(specs: &[FeatureSpec], known: impl Fn(&str) -> bool) -> Result<(), String> {
+    for spec in specs {
+        if !known(&spec.name) {
+            return Err(format!("unknown feature '{}'", spec.name));
+        }
+        if !(spec.std.is_finite() && spec.std > 0.0 && spec.mean.is_finite()) {
+            return Err(format!("feature '{}' has an invalid mean/std", spec.name));
+        }
+    }
+    if specs.is_empty() {
+        return Err("no input features".into());
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::job::UncheckedLayer;
+    use crate::job::validated::UncheckedLayer;
 
     fn job(batch: u64, layers: &[(&str, u64, u64)]) -> Job {
         let layers: Vec<_> = layers
@@ -408,7 +424,7 @@ mod tests {
 
     #[test]
     fn simulation_features_are_its_byte_counts_in_mib_and_zero_without_one() {
-        use crate::domain::{SimulatedCategories, UncheckedSimulation};
+        use crate::job::{SimulatedCategories, UncheckedSimulation};
         let plain = job(4, &[("linear", 10, 110)]);
         let f = AggregateFeatures::of(&plain);
         for name in SIMULATION_FEATURES {

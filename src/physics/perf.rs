@@ -9,13 +9,14 @@
 //!
 //! docs/performance.md describes the model, its constants and how it was evaluated.
 
-use super::job::{Family, Job, Layer, LayerKind};
-use super::setup::{
+use crate::devices::performance::GpuPerformance;
+use crate::job::names;
+use crate::job::setup::{
     BaseWeights, Checkpointing, LoraTargets, Optimizer, OptimizerImplementation, Precision,
     Strategy, Trainable,
 };
-use super::step::{self, LayerDetail};
-use crate::devices::performance::GpuPerformance;
+use crate::job::validated::{Family, Job, Layer, LayerKind};
+use crate::job::LayerDetail;
 
 /// The model's tunable constants. Two were fitted ([`CALIBRATED`]); the efficiencies are
 /// the commonly achieved shares of the data-sheet peaks and were left fixed.
@@ -405,7 +406,7 @@ pub fn roofline_with(job: &Job, gpu: &GpuPerformance, constants: &Constants) -> 
     let named_in = |i: usize, modules: &[String]| {
         detail(i)
             .and_then(|d| d.name.as_deref())
-            .is_some_and(|name| modules.iter().any(|m| step::within(name, m)))
+            .is_some_and(|name| modules.iter().any(|m| names::within(name, m)))
     };
     let trains_share = |i: usize| -> f64 {
         if layers[i].params == 0 {
@@ -427,7 +428,7 @@ pub fn roofline_with(job: &Job, gpu: &GpuPerformance, constants: &Constants) -> 
                 LoraTargets::AllLinear => Some(i) != head,
                 LoraTargets::Names(targets) => detail(i)
                     .and_then(|d| d.name.as_deref())
-                    .is_some_and(|name| targets.iter().any(|t| step::names_target(name, t))),
+                    .is_some_and(|name| targets.iter().any(|t| names::names_target(name, t))),
             }
     };
     // Backward computes a layer's input gradient only when something before it trains.
@@ -438,7 +439,7 @@ pub fn roofline_with(job: &Job, gpu: &GpuPerformance, constants: &Constants) -> 
         Checkpointing::None => &[],
         Checkpointing::Full => job.blocks(),
         Checkpointing::Modules(modules) => {
-            named_modules = step::modules_ranges(details, modules);
+            named_modules = names::modules_ranges(details, modules);
             &named_modules
         }
     };
@@ -1001,7 +1002,7 @@ fn layer_kernels(t: &mut Timeline, step: &Step, i: usize, pass: Pass, role: Laye
             let container = job.layer_details().get(i + 1).is_some_and(|next| {
                 job.layers()[i + 1].kind == LayerKind::Attention
                     && matches!((detail.and_then(|d| d.name.as_deref()), next.name.as_deref()),
-                        (Some(a), Some(b)) if step::within(b, a))
+                        (Some(a), Some(b)) if names::within(b, a))
             });
             if container {
                 return;
@@ -1203,8 +1204,8 @@ fn optimizer_kernels(
 mod tests {
     use super::*;
     use crate::devices::sku::Catalogue;
-    use crate::domain::job::UncheckedLayer;
-    use crate::domain::setup::{UncheckedLora, UncheckedNames, UncheckedSetup};
+    use crate::job::setup::{UncheckedLora, UncheckedNames, UncheckedSetup};
+    use crate::job::validated::UncheckedLayer;
 
     #[test]
     fn issuing_many_kernels_at_once_matches_issuing_them_one_by_one() {
@@ -1453,7 +1454,7 @@ mod tests {
                     4096,
                     512,
                     UncheckedSetup {
-                        parallelism: Some(crate::domain::setup::UncheckedParallelism {
+                        parallelism: Some(crate::job::setup::UncheckedParallelism {
                             world_size: Some(tensor * pipeline),
                             tensor_parallel: Some(tensor),
                             pipeline_parallel: Some(pipeline),
@@ -1474,7 +1475,7 @@ mod tests {
     #[test]
     fn data_parallel_collectives_run_on_the_cards_link_and_only_what_compute_leaves_shows() {
         let parallel = |strategy: &'static str, world: u64| UncheckedSetup {
-            parallelism: Some(crate::domain::setup::UncheckedParallelism {
+            parallelism: Some(crate::job::setup::UncheckedParallelism {
                 strategy: Some(strategy),
                 world_size: Some(world),
                 ..Default::default()
