@@ -213,7 +213,15 @@ pub fn analytic_step(job: &Job) -> StepMemory {
         .iter()
         .enumerate()
         .map(|(i, layer)| {
-            let params = layer.params as f64;
+            // A head tied to the embeddings has no parameters of its own, but PEFT's
+            // modules_to_save gives it a trained copy of its whole weight (its default
+            // `ensure_weight_tying=False`).
+            let params = if saved(i) && layer.params == 0 && layer.kind == LayerKind::Linear {
+                let (inputs, outputs) = linear_shape(layer, detail(i));
+                inputs * outputs
+            } else {
+                layer.params as f64
+            };
             let base_trains = saved(i)
                 || match (&setup.trainable, lora) {
                     (Trainable::Modules(modules), _) => in_modules(i, modules),
@@ -259,7 +267,7 @@ pub fn analytic_step(job: &Job) -> StepMemory {
                     } else {
                         0.0
                     };
-                    params * (storage + cast)
+                    layer.params as f64 * (storage + cast)
                 }
             } + if saved(i) { params * storage } else { 0.0 };
             // Adafactor factors every matrix: linear weights by their shape, embedding tables
@@ -270,7 +278,7 @@ pub fn analytic_step(job: &Job) -> StepMemory {
             // module's trained copy, nor autocast's casts).
             let reference_bytes = if setup.reference == Reference::Copy {
                 match quantised {
-                    Some(BaseWeights::Same) | None => params * storage,
+                    Some(BaseWeights::Same) | None => layer.params as f64 * storage,
                     Some(_) => weight_bytes - if saved(i) { params * storage } else { 0.0 },
                 }
             } else {
@@ -408,21 +416,38 @@ pub fn analytic_step(job: &Job) -> StepMemory {
         let largest = checkpointed.iter().map(share).fold(0.0, f64::max);
         kept * (1.0 - inside) + inputs + kept * largest
     };
-    // LoRA dropout keeps each adapted layer's dropped input (compute dtype) and its mask,
-    // outside checkpointed blocks (inside, backward recomputes them).
-    let lora_dropout_bytes = match lora {
-        Some(l) if l.dropout > 0.0 => (0..layers.len())
+    // What each adapted layer's adapters keep beside the base layer's own input, outside
+    // checkpointed blocks (inside, backward recomputes them). PEFT casts the input to the
+    // adapters' dtype (fp32, kept so by `autocast_adapter_dtype`) and lora_A keeps what it
+    // reads: under pure 16 bits a new fp32 copy, under autocast lora_A's own 16-bit cast, in
+    // fp32 the base layer's input itself. Dropout keeps its mask, and its output (fp32, or
+    // its 16-bit cast under autocast) is what lora_A keeps.
+    let adapter_input_bytes = match lora {
+        Some(l) if l.dropout > 0.0 => {
+            1.0 + if precision.is_autocast() {
+                compute_activation_bytes
+            } else {
+                ADAPTER_BYTES
+            }
+        }
+        Some(_) if precision.is_pure_16bit() => ADAPTER_BYTES,
+        Some(_) if precision.is_autocast() => compute_activation_bytes,
+        _ => 0.0,
+    };
+    let adapter_inputs = if adapter_input_bytes > 0.0 {
+        (0..layers.len())
             .filter(|&i| plans[i].adapters > 0.0)
             .filter(|&i| !checkpointed.iter().any(|r| r.contains(&i)))
             .map(|i| {
                 let (inputs, outputs) = linear_shape(&layers[i], detail(i));
                 let positions = outputs.max(1.0).recip() * layers[i].output_size as f64;
-                positions * inputs * micro * (compute_activation_bytes + 1.0)
+                positions * inputs * micro * adapter_input_bytes
             })
-            .sum::<f64>(),
-        _ => 0.0,
+            .sum::<f64>()
+    } else {
+        0.0
     };
-    let activations = activations + lora_dropout_bytes;
+    let activations = activations + adapter_inputs;
     // Backward starts with the gradient of the loss's input (the logits, in fp32 for a
     // language model's loss) beside what it keeps.
     let largest_output = outputs.iter().copied().fold(0.0, f64::max);

@@ -309,7 +309,15 @@ async fn config_jobs_obey_the_memory_saving_changes_and_grow_with_batch_and_sequ
             json!({"activation_checkpointing": "full"}),
         ),
         ("pure bf16", json!({}), json!({"precision": "bf16"})),
-        ("lora", json!({}), json!({"lora": lora})),
+        // LoRA's adapters keep their own copy of each adapted input (PEFT casts it to the
+        // adapters' dtype; under autocast lora_A casts it again), so on a small model at long
+        // sequences LoRA can need more than full fine-tuning (docs/setups.md). It saves where
+        // the weights' gradients and state outweigh the activations: one short sequence.
+        (
+            "lora",
+            json!({"batch_size": 1, "seq_len": 128}),
+            json!({"batch_size": 1, "seq_len": 128, "lora": lora}),
+        ),
         ("qlora", json!({"lora": lora}), json!({"lora": qlora})),
         (
             "more sharding",

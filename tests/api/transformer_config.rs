@@ -403,6 +403,38 @@ async fn offload_moves_state_gradients_and_weights_off_the_gpu() {
     }
 }
 
+/// PEFT casts each adapted layer's input to the adapters' dtype and lora_A keeps it: adding
+/// k_proj to the targets of Llama-2-7B (32 layers, 4,096 inputs, 512 tokens) keeps a new fp32
+/// copy under pure bf16 (256 MiB), lora_A's own bf16 cast under autocast (128 MiB), and
+/// nothing new in fp32, where lora_A reads the base layer's own input.
+#[tokio::test]
+async fn lora_keeps_each_adapted_input_in_the_adapters_dtype() {
+    let app = spawn_app().await;
+    let path = repo_root()
+        .join("tests/fixtures/transformer_configs/public/meta-llama__Llama-2-7b-hf.json");
+    let config: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    for (precision, expected) in [("bf16", 256.0), ("amp_bf16", 128.0), ("fp32", 0.0)] {
+        let mut activations = Vec::new();
+        for targets in [json!(["q_proj"]), json!(["q_proj", "k_proj"])] {
+            let job = json!({"transformer_config": config, "batch_size": 1, "seq_len": 512,
+                             "precision": precision, "optimizer": "adamw", "gpu": "h200",
+                             "lora": {"rank": 16, "target_modules": targets}});
+            let answer: Value = app.post_json_value("/v1/estimate", &job).await;
+            assert_eq!(
+                answer["memory"]["peak_moment"], "backward_start",
+                "{answer}"
+            );
+            activations.push(
+                answer["memory"]["breakdown"]["activations"]
+                    .as_f64()
+                    .unwrap(),
+            );
+        }
+        let added = activations[1] - activations[0];
+        assert!((added - expected).abs() < 0.5, "{precision}: {added}");
+    }
+}
+
 /// DeepSpeed ZeRO-3 at its defaults keeps gathered every parameter reused within half its
 /// `stage3_max_reuse_distance` (1e9) plus the prefetch bucket (5e7), and allocates its contiguous
 /// gradient bucket (`reduce_bucket_size`, 5e8 elements of the parameters' dtype) whole; FSDP
@@ -491,6 +523,33 @@ async fn modules_to_save_add_trained_copies_with_gradients_and_state() {
         figure(&plain),
         figure(&saved)
     );
+    // A head tied to the embeddings (Llama-3.2-1B) still gets its own trained copy of the
+    // whole 128,256 x 2,048 weight (PEFT's default `ensure_weight_tying=False`): named alone,
+    // and beside the embeddings' copy.
+    let tied_path =
+        repo_root().join("tests/fixtures/transformer_configs/public/meta-llama__Llama-3.2-1B.json");
+    let tied: Value = serde_json::from_str(&std::fs::read_to_string(tied_path).unwrap()).unwrap();
+    let tied_job = |saved: Option<Value>| {
+        let mut job = job(saved);
+        job["transformer_config"] = tied.clone();
+        job
+    };
+    let tied_plain = trainable(&app.post_json_value("/v1/estimate", &tied_job(None)).await);
+    let head = 128_256.0 * 2_048.0;
+    for (saved, copies) in [
+        (json!(["lm_head"]), 1.0),
+        (json!(["embed_tokens", "lm_head"]), 2.0),
+    ] {
+        let answer: Value = app
+            .post_json_value("/v1/estimate", &tied_job(Some(saved.clone())))
+            .await;
+        assert_eq!(
+            trainable(&answer) - tied_plain,
+            copies * head,
+            "{saved}: {}",
+            answer["setup"]
+        );
+    }
     let response = app
         .post_json("/v1/estimate", &job(Some(json!(["no_such_module"]))))
         .await;
