@@ -181,26 +181,20 @@ DELTAS = [
 # What makes a delta differ, by its pair of cases: printed under the summary only while that delta
 # is off, so that a fixed service drops its note. Each names the source it reads.
 NOTES = {
-    ("L-full", "L-lora"): "Not a new field: describe's LoRA layers cast each adapted layer's bf16 input to the "
-    "adapters' fp32 (PEFT's `_cast_input_dtype`, peft/tuners/lora/layer.py, with "
-    "`autocast_adapter_dtype=True` keeping adapters in fp32) and `lora_A` keeps that fp32 "
-    "copy for backward (one per projection: q, k and v each cast the same input); the "
-    "service's LoRA keeps the base model's activations unchanged. And the service's full "
-    "job holds the largest gradient (the embedding's) at the start of backward, where "
-    "describe's peak holds none.",
-    ("L-lora", "L-lora-mts"): "PEFT deep-copies every module a `modules_to_save` key names (ModulesToSaveWrapper."
-    "update: `copy.deepcopy(self.original_module)`, peft/utils/other.py); with the default "
-    "`ensure_weight_tying=False` (LoraConfig) a tied `lm_head` is copied on its own, so "
-    "[embed_tokens, lm_head] on a tied model trains two V x H copies, each with its "
-    "gradient and Adam state. The service counts the tied pair once (its layer list gives "
-    "the tied head no parameters of its own). Only `ensure_weight_tying=True` shares one "
-    "copy (`modules_to_tie`), which is the service's count.",
+    ("L-full", "L-lora"): "Both paths now keep each adapted input in the adapters' fp32 (PEFT's "
+    "`_cast_input_dtype`, peft/tuners/lora/layer.py), but the service counts one copy for every "
+    "adapted projection, down_proj's 8,192-wide input included (2,560 MiB here), where describe's "
+    "peak holds 1,518 MiB: about the copies of q, k, v, o, gate and up alone. Not resolved. And the "
+    "service's full job holds the largest gradient (the embedding's) at the start of backward, "
+    "where describe's peak holds none.",
+    ("L-lora", "L-lora-mts"): "Both paths train two V x H copies on a tied model (PEFT's default "
+    "`ensure_weight_tying=False`); the gap is the service's convention of holding the largest "
+    "gradient (a head copy's) at the start of backward, which describe's peak does not hold.",
     (
         "L-lora",
         "L-lora-mts-head",
-    ): "A tied `lm_head` named alone: PEFT trains a deep copy of it (V x H, its gradient and "
-    "Adam state), whatever `ensure_weight_tying` says (there is no saved embedding to tie "
-    "it to); the service adds nothing, since its tied head has no parameters of its own.",
+    ): "Both paths train the tied head's own copy; the gap is the service's convention of holding "
+    "the largest gradient (the copy's) at the start of backward, which describe's peak does not hold.",
     ("L-amp-lora", "L-amp-lora-mts"): "As for pure bf16: the tied head's second copy, in fp32 here.",
     ("T-lora", "T-lora-mts"): "Untied: weights and optimizer state agree. The allocated gap is the service's "
     "convention of holding the largest gradient (the head copy's) at the start of "
