@@ -53,8 +53,17 @@ def jobs():
     mlp = schema.get("example") or schema["allOf"][0]["example"]
     with gzip.open(os.path.join(ROOT, "data", "timm", "test_simulated.jsonl.gz"), "rt") as f:
         simulated = json.loads(f.readline())["job"]
-    with open(os.path.join(ROOT, "tests", "fixtures", "cli", "llama_job.json")) as f:
-        config = json.load(f)
+    path = os.path.join(ROOT, "tests", "fixtures", "transformer_configs", "public", "meta-llama__Meta-Llama-3-8B.json")
+    with open(path) as f:
+        config = {
+            "transformer_config": json.load(f),
+            "batch_size": 1,
+            "seq_len": 2048,
+            "precision": "bf16",
+            "optimizer": "adamw",
+            "lora": {"rank": 16, "alpha": 32, "target_modules": "all-linear", "base_weights": "nf4"},
+            "gpu": "rtx-4090",
+        }
     return [
         ("README MLP job", mlp),
         ("describe job with its simulation", simulated),
