@@ -149,6 +149,14 @@ pub struct EstimateRequest {
     /// below it (0.5 to 0.99, default 0.95).
     #[serde(default)]
     pub confidence: Option<f64>,
+    /// Which estimators run: `figures` (default: those the answer's figures come from: the
+    /// memory and utilization regressors, the simulation, the analytic models and physics) or
+    /// `all` (the memory classifiers too: their opinions under `memory.estimators`, and 40 % of
+    /// `memory.class.probabilities` from their mean; the class itself is always the figure's).
+    /// The classifiers cost most of a layer job's time.
+    #[serde(default)]
+    #[schema(value_type = Option<String>, example = "all")]
+    pub estimators: Option<String>,
     /// The GPU to estimate for: a catalogue GPU (`h100-80gb`, `A100 80GB`, `rtx 4090`, ...;
     /// `GET /v1/gpus` lists them), `attached` (this host's first GPU), or a card described by
     /// its name and memory. Default: the A100 40 GB the estimators were trained on. A list of

@@ -54,13 +54,17 @@ pub fn answer(
         target,
         environment,
         warnings,
+        classifiers,
         ..
     } = request;
     // The profiles as this request reads them: one version throughout.
     let profiles = engine.profiles.snapshot();
-    let estimate = engine
-        .estimators
-        .estimate_on(&job, confidence.get(), target.capacity_mib);
+    let estimate = engine.estimators.estimate_query(Query {
+        job: &job,
+        confidence: confidence.get(),
+        capacity_mib: target.capacity_mib,
+        classifiers,
+    });
     let asked = Asked {
         confidence,
         fraction,
@@ -89,10 +93,12 @@ fn answer_ranked(
         .chain(&request.others)
         .enumerate()
     {
-        let estimate =
-            engine
-                .estimators
-                .estimate_on(job, request.confidence.get(), target.capacity_mib);
+        let estimate = engine.estimators.estimate_query(Query {
+            job,
+            confidence: request.confidence.get(),
+            capacity_mib: target.capacity_mib,
+            classifiers: request.classifiers,
+        });
         let asked = Asked {
             confidence: request.confidence,
             fraction: request.fraction,
@@ -164,6 +170,7 @@ pub fn answer_items(
             job: &item.job,
             confidence: item.confidence.get(),
             capacity_mib: item.target.capacity_mib,
+            classifiers: item.classifiers,
         })
         .collect();
     let mut singles = engine

@@ -40,6 +40,8 @@ pub struct ValidEstimateRequest {
     pub others: Vec<Target>,
     /// Whether `gpu` was a list (even of one card): the answer then carries its ranking.
     pub listed: bool,
+    /// Whether the memory classifiers run (`estimators: all`).
+    pub classifiers: bool,
     /// The software environment the job runs in: its GPU's profile in that environment is
     /// used when there is one.
     pub environment: Option<String>,
@@ -60,6 +62,16 @@ pub fn validate(
         .map_err(|e| ApiError::InvalidInput(e.to_string()))?;
     let (target, others) = resolve_choice(request.gpu.as_ref(), catalogue, devices)?;
     let environment = environment(request.environment.as_deref())?;
+    let classifiers = match request.estimators.as_deref() {
+        None | Some("figures") => false,
+        Some("all") => true,
+        Some(other) => {
+            return Err(ApiError::InvalidInput(format!(
+                "estimators: unknown '{}' (known: figures, all)",
+                crate::job::echo(other)
+            )))
+        }
+    };
     Ok(ValidEstimateRequest {
         job,
         confidence,
@@ -67,6 +79,7 @@ pub fn validate(
         target,
         others,
         listed: matches!(request.gpu, Some(GpuChoice::Many(_))),
+        classifiers,
         environment,
         warnings,
     })

@@ -88,6 +88,9 @@ pub struct Query<'a> {
     pub job: &'a Job,
     pub confidence: f64,
     pub capacity_mib: u64,
+    /// Whether the memory classifiers run: their opinions, and their share of the class
+    /// probabilities. Nothing else in an answer reads them.
+    pub classifiers: bool,
 }
 
 /// Where a simulated job stands against the training domain, and what [`combine`]'s rule made

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use super::combine::{self, FamilyModels, Partial};
 use super::estimator::{AnalyticRun, Estimator};
 use super::extrapolation::Extrapolation;
-use super::manifest::{EstimatorEntry, Requirement};
+use super::manifest::{EstimatorEntry, EstimatorKind, Requirement};
 use super::{Estimate, EstimateError, EstimatorRun, Estimators, Query};
 use crate::estimators::features::AggregateFeatures;
 use crate::job::{Family, Job};
@@ -27,13 +27,19 @@ impl Estimators {
         confidence: f64,
         capacity_mib: u64,
     ) -> Result<Estimate, EstimateError> {
-        self.estimate_queries(&[Query {
+        self.estimate_query(Query {
             job,
             confidence,
             capacity_mib,
-        }])
-        .pop()
-        .expect("one job in, one answer out")
+            classifiers: true,
+        })
+    }
+
+    /// One job, as [`Estimators::estimate_queries`] answers it.
+    pub fn estimate_query(&self, query: Query) -> Result<Estimate, EstimateError> {
+        self.estimate_queries(&[query])
+            .pop()
+            .expect("one job in, one answer out")
     }
 
     /// Estimates many jobs (each with its confidence) for the reference card.
@@ -44,6 +50,7 @@ impl Estimators {
                 job,
                 confidence,
                 capacity_mib: REFERENCE_CAPACITY_MIB,
+                classifiers: true,
             })
             .collect();
         self.estimate_queries(&queries)
@@ -152,6 +159,10 @@ impl Estimators {
         for estimator in &members {
             let applicable: Vec<usize> = (0..jobs.len())
                 .filter(|&i| estimator.applies_to(view(i, estimator).0))
+                // The classifiers give opinions only: they run when they are asked for.
+                .filter(|&i| {
+                    estimator.entry.kind != EstimatorKind::MemoryClassifier || jobs[i].classifiers
+                })
                 // A sequence model that cannot read a job is left out of it, and the answer
                 // says so; the family's other estimators answer.
                 // Trained on plain one-GPU jobs: another setup is physics', corrected by the

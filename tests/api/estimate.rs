@@ -8,7 +8,9 @@ use crate::helpers::{
 #[tokio::test]
 async fn estimating_the_example_job_returns_every_documented_field() {
     let app = spawn_app().await;
-    let response = app.post_json("/v1/estimate", &example_job()).await;
+    let mut job = example_job();
+    job["estimators"] = "all".into();
+    let response = app.post_json("/v1/estimate", &job).await;
     assert_eq!(response.status(), 200);
     let body: Value = response.json().await.unwrap();
 
@@ -77,6 +79,48 @@ async fn estimating_the_example_job_returns_every_documented_field() {
         );
     }
     assert_eq!(body["family"], "mlp");
+    // By default the classifiers do not run: the same figures, bound, fit and class, the class
+    // probabilities all on the figure's class, and no classifier opinions.
+    let plain: Value = app.post_json_value("/v1/estimate", &example_job()).await;
+    for key in [
+        "estimate_mib",
+        "upper_bound_mib",
+        "breakdown",
+        "uncertainty",
+    ] {
+        assert_eq!(plain["memory"][key], body["memory"][key], "{key}");
+    }
+    for key in ["fit", "utilization", "performance", "setup", "warnings"] {
+        assert_eq!(plain[key], body[key], "{key}");
+    }
+    assert_eq!(
+        plain["memory"]["class"]["index"],
+        body["memory"]["class"]["index"]
+    );
+    assert_eq!(
+        plain["memory"]["class"]["probabilities"],
+        json!([0.0, 1.0, 0.0, 0.0, 0.0, 0.0])
+    );
+    let opinions = plain["memory"]["estimators"].as_object().unwrap();
+    assert!(
+        !opinions.contains_key("mlp_ensemble") && !opinions.contains_key("sequence_transformer")
+    );
+    let response = app
+        .post_json(
+            "/v1/estimate",
+            &json!({"batch_size": 8, "estimators": "some",
+            "layers": [{"kind": "linear", "output_size": 10, "params": 110}]}),
+        )
+        .await;
+    assert_eq!(response.status(), 422);
+    let problem: Value = response.json().await.unwrap();
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with("estimators"),
+        "{problem}"
+    );
 }
 
 #[tokio::test]
@@ -238,7 +282,10 @@ async fn an_mlp_deeper_than_the_sequence_classifier_is_answered_without_it() {
         })
         .collect();
     let response = app
-        .post_json("/v1/estimate", &json!({"batch_size": 32, "layers": layers}))
+        .post_json(
+            "/v1/estimate",
+            &json!({"batch_size": 32, "layers": layers, "estimators": "all"}),
+        )
         .await;
     assert_eq!(response.status(), 200);
     let body: Value = response.json().await.unwrap();
@@ -376,6 +423,7 @@ async fn no_answer_has_a_class_that_disagrees_with_its_figure() {
 async fn a_kind_outside_a_sequence_classifiers_vocabulary_leaves_it_out() {
     let app = spawn_app().await;
     let job = json!({"family": "mlp", "batch_size": 8, "optimizer": "adam", "precision": "fp32",
+        "estimators": "all",
         "layers": [{"kind": "linear", "output_size": 10, "params": 110},
                    {"kind": "conv2d", "output_size": 10, "params": 10}]});
     let response = app.post_json("/v1/estimate", &job).await;

@@ -81,7 +81,7 @@ async fn a_lora_job_trains_only_its_adapters_and_physics_answers_it_alone() {
         &app,
         &with(
             decoder(4),
-            json!({"precision": "bf16",
+            json!({"precision": "bf16", "estimators": "all",
                    "lora": {"rank": 16, "alpha": 32, "target_modules": ["q_proj", "v_proj"]}}),
         ),
     )
