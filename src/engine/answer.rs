@@ -64,6 +64,7 @@ pub fn answer(
         confidence: confidence.get(),
         capacity_mib: target.capacity_mib,
         classifiers,
+        utilization: learned_utilization(engine, &target).filter(|_| !classifiers),
     });
     let asked = Asked {
         confidence,
@@ -98,6 +99,7 @@ fn answer_ranked(
             confidence: request.confidence.get(),
             capacity_mib: target.capacity_mib,
             classifiers: request.classifiers,
+            utilization: learned_utilization(engine, target).filter(|_| !request.classifiers),
         });
         let asked = Asked {
             confidence: request.confidence,
@@ -171,6 +173,7 @@ pub fn answer_items(
             confidence: item.confidence.get(),
             capacity_mib: item.target.capacity_mib,
             classifiers: item.classifiers,
+            utilization: learned_utilization(engine, &item.target).filter(|_| !item.classifiers),
         })
         .collect();
     let mut singles = engine
@@ -263,6 +266,28 @@ fn roofline(
         None => perf::roofline(job, gpu),
     };
     Ok(Timed { roofline, host })
+}
+
+/// The utilization targets whose learned regressor can be answered on `target`: with a
+/// roofline, [`LEARNED_FIRST`] on the reference card and none elsewhere (the roofline answers);
+/// without one, all (`None`). `estimators: all` runs every regressor whatever is answered.
+pub fn learned_utilization(engine: &Engine, target: &Target) -> Option<&'static [&'static str]> {
+    if !has_roofline(engine, target) {
+        None
+    } else if target.gpu == REFERENCE_SKU {
+        Some(&LEARNED_FIRST)
+    } else {
+        Some(&[])
+    }
+}
+
+/// Whether the roofline can time a job on `target`: an NVIDIA card with known peaks.
+fn has_roofline(engine: &Engine, target: &Target) -> bool {
+    target.performance.is_some()
+        && !engine
+            .catalogue
+            .by_id(&target.gpu)
+            .is_some_and(|sku| sku.vendor == crate::devices::sku::Vendor::Amd)
 }
 
 /// Utilization figures, where each comes from and why the others are null: the learned

@@ -91,6 +91,9 @@ pub struct Query<'a> {
     /// Whether the memory classifiers run: their opinions, and their share of the class
     /// probabilities. Nothing else in an answer reads them.
     pub classifiers: bool,
+    /// The utilization targets whose learned regressors run (`None`: all of them); the
+    /// answer leaves the others to the roofline.
+    pub utilization: Option<&'a [&'a str]>,
 }
 
 /// Where a simulated job stands against the training domain, and what [`combine`]'s rule made

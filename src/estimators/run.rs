@@ -32,6 +32,7 @@ impl Estimators {
             confidence,
             capacity_mib,
             classifiers: true,
+            utilization: None,
         })
     }
 
@@ -51,6 +52,7 @@ impl Estimators {
                 confidence,
                 capacity_mib: REFERENCE_CAPACITY_MIB,
                 classifiers: true,
+                utilization: None,
             })
             .collect();
         self.estimate_queries(&queries)
@@ -159,9 +161,20 @@ impl Estimators {
         for estimator in &members {
             let applicable: Vec<usize> = (0..jobs.len())
                 .filter(|&i| estimator.applies_to(view(i, estimator).0))
-                // The classifiers give opinions only: they run when they are asked for.
-                .filter(|&i| {
-                    estimator.entry.kind != EstimatorKind::MemoryClassifier || jobs[i].classifiers
+                // The classifiers give opinions only: they run when they are asked for; a
+                // utilization regressor, where its figure is answered.
+                .filter(|&i| match estimator.entry.kind {
+                    EstimatorKind::MemoryClassifier => jobs[i].classifiers,
+                    EstimatorKind::UtilizationRegressor => {
+                        jobs[i].utilization.is_none_or(|targets| {
+                            estimator
+                                .entry
+                                .target
+                                .as_deref()
+                                .is_some_and(|t| targets.contains(&t))
+                        })
+                    }
+                    _ => true,
                 })
                 // A sequence model that cannot read a job is left out of it, and the answer
                 // says so; the family's other estimators answer.
