@@ -20,6 +20,7 @@ use gpucast::engine::validate::validate;
 use gpucast::engine::Engine;
 use gpucast::estimators::{Estimators, Query};
 use gpucast::metrics::Metrics;
+use gpucast::physics::perf::roofline;
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -79,6 +80,16 @@ fn main() {
             (
                 "estimators_and_physics",
                 time(runs, || engine.estimators.estimate_query(query).unwrap()),
+            ),
+            (
+                "roofline",
+                time(runs, || {
+                    sample
+                        .target
+                        .performance
+                        .as_ref()
+                        .map(|gpu| roofline(&sample.job, gpu))
+                }),
             ),
             (
                 "answer",
