@@ -1,11 +1,17 @@
 #!/usr/bin/env python3
-"""The floor benchmark: the service against an empty axum JSON handler (examples/json_floor.rs)
-that reads the same body and writes a reply of the same bytes, under the same load in the same
-run, at c=1 and c=32, for three jobs: the README's MLP example, a describe job with its
-simulation (a timm held-out model), and a config job (Llama-3-8B QLoRA). Prints the table and
-writes docs/floor.md. Stdlib only; needs `oha` (cargo install oha --locked).
+"""The service's speed against its floor, written to docs/performance.md:
 
-    cargo build --locked --release --bin gpucast --example json_floor
+1. the service against an empty axum JSON handler (examples/json_floor.rs) that reads the same
+   body and writes a reply of the same bytes, under the same load in the same run, at c=1 and
+   c=32, for three jobs: the README's MLP example, a describe job with its simulation (a timm
+   held-out model), and a config job (Llama-3-8B QLoRA);
+2. where one estimate's time goes in process, stage by stage (examples/stage_timings.rs);
+3. a legitimate single estimate while 8 clients flood POST /v1/estimate/batch with 256 jobs
+   each, against the same estimate on a quiet server.
+
+Stdlib only; needs `oha` (cargo install oha --locked).
+
+    cargo build --locked --release --bin gpucast --example json_floor --example stage_timings
     python3 scripts/floor-bench.py [--seconds 5]
 
 Ratios are the service over the floor: p50 latency (how many times slower) and requests per
@@ -79,6 +85,34 @@ def post(port, body):
         return response.read()
 
 
+def oha_command(oha, port, body_file, concurrency, seconds, route="/v1/estimate"):
+    return [
+        oha,
+        "-z",
+        f"{seconds}s",
+        "-c",
+        str(concurrency),
+        "-m",
+        "POST",
+        "-T",
+        "application/json",
+        "-D",
+        body_file,
+        "--no-tui",
+        "--output-format",
+        "json",
+        f"http://127.0.0.1:{port}{route}",
+    ]
+
+
+def figures(report):
+    """(p50 ms, p99 ms, requests per second, non-200 answers) of an oha report."""
+    statuses = report.get("statusCodeDistribution", {})
+    failed = sum(n for code, n in statuses.items() if code != "200")
+    percentiles = report["latencyPercentiles"]
+    return (percentiles["p50"] * 1000, percentiles["p99"] * 1000, report["summary"]["requestsPerSec"], failed)
+
+
 def load(oha, port, body_file, concurrency, seconds):
     """(p50 ms, requests per second, non-200 answers) of `seconds` of load."""
     done = subprocess.run(
@@ -109,19 +143,78 @@ def load(oha, port, body_file, concurrency, seconds):
     return (report["latencyPercentiles"]["p50"] * 1000, report["summary"]["requestsPerSec"], failed)
 
 
+STAGES = ["parse", "validate", "estimators_and_physics", "roofline", "answer", "serialise", "in_process_total"]
+
+
+def stage_figures(stages_binary, body_files):
+    """[(job name, {stage: (p50 us, p90 us)})] from examples/stage_timings."""
+    done = subprocess.run(
+        [stages_binary, "--runs", "2000"] + [path for _, path in body_files],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+    )
+    by_file = {}
+    for line in done.stdout.splitlines():
+        row = json.loads(line)
+        by_file.setdefault(row["file"], {})[row["stage"]] = (row["p50_us"], row["p90_us"])
+    return [(name, by_file[path]) for name, path in body_files]
+
+
+def flood_figures(args, port, scratch, single_body):
+    """The single job quiet, then under 8 clients flooding the batch route with 256 MLP jobs:
+    (quiet figures, flooded figures, (batches per second, non-200 batches))."""
+    quiet = figures(
+        json.loads(
+            subprocess.run(
+                oha_command(args.oha, port, single_body, 1, args.seconds), capture_output=True, text=True, check=True
+            ).stdout
+        )
+    )
+    with gzip.open(os.path.join(ROOT, "data", "mlp", "test.jsonl.gz"), "rt") as f:
+        items = [json.loads(line)["job"] for _, line in zip(range(256), f)]
+    batch_file = os.path.join(scratch, "batch.json")
+    with open(batch_file, "w") as f:
+        json.dump({"items": items}, f)
+    flood = subprocess.Popen(
+        oha_command(args.oha, port, batch_file, 8, args.seconds + 2, "/v1/estimate/batch"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        time.sleep(1)
+        flooded = figures(
+            json.loads(
+                subprocess.run(
+                    oha_command(args.oha, port, single_body, 1, args.seconds),
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                ).stdout
+            )
+        )
+    finally:
+        out, _ = flood.communicate(timeout=args.seconds + 120)
+    batches = figures(json.loads(out))
+    return quiet, flooded, (batches[2], batches[3])
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=int, default=5)
     parser.add_argument("--gpucast", default=os.path.join(ROOT, "target", "release", "gpucast"))
     parser.add_argument("--floor", default=os.path.join(ROOT, "target", "release", "examples", "json_floor"))
     parser.add_argument("--oha", default=shutil.which("oha") or os.path.expanduser("~/.cargo/bin/oha"))
-    parser.add_argument("--out", default=os.path.join(ROOT, "docs", "floor.md"))
+    parser.add_argument("--stages", default=os.path.join(ROOT, "target", "release", "examples", "stage_timings"))
+    parser.add_argument("--out", default=os.path.join(ROOT, "docs", "performance.md"))
     args = parser.parse_args()
-    for path in (args.gpucast, args.floor, args.oha):
+    for path in (args.gpucast, args.floor, args.stages, args.oha):
         if not os.path.exists(path):
             raise SystemExit(
                 f"{path} is missing: cargo build --locked --release --bin gpucast "
-                "--example json_floor; cargo install oha --locked"
+                "--example json_floor --example stage_timings; cargo install oha --locked"
             )
     scratch = tempfile.mkdtemp(prefix="gpucast-floor-")
     port = free_port()
@@ -140,13 +233,15 @@ def main():
         stderr=subprocess.DEVNULL,
     )
     rows = []
+    body_files = []
     try:
         wait_ready(port, "/readyz")
-        for name, job in jobs():
+        for index, (name, job) in enumerate(jobs()):
             body = json.dumps(job).encode()
-            body_file = os.path.join(scratch, "body.json")
+            body_file = os.path.join(scratch, f"body{index}.json")
             with open(body_file, "wb") as f:
                 f.write(body)
+            body_files.append((name, body_file))
             reply = post(port, body)
             reply_file = os.path.join(scratch, "reply.json")
             with open(reply_file, "wb") as f:
@@ -166,13 +261,15 @@ def main():
             finally:
                 floor.terminate()
                 floor.wait(timeout=30)
+        flood = flood_figures(args, port, scratch, body_files[0][1])
+        stages = stage_figures(args.stages, body_files)
     finally:
         service.terminate()
         service.wait(timeout=60)
         shutil.rmtree(scratch, ignore_errors=True)
 
     lines = [
-        "# The floor: the service against an empty JSON handler",
+        "# The service's speed: against its floor, by stage, under a flood",
         "",
         f"Written by `python3 scripts/floor-bench.py --seconds {args.seconds}` on "
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} ({os.cpu_count()} cores; release builds of "
@@ -190,6 +287,36 @@ def main():
             f"{s_p50 / f_p50:.1f}x | {f_rps:,.0f} | {s_rps:,.0f} | {s_rps / f_rps:.2f} | "
             f"{f_bad + s_bad} |"
         )
+    lines += [
+        "",
+        "## Where one estimate's time goes, in process",
+        "",
+        "`examples/stage_timings.rs`, release build, the same three request bodies, each stage run "
+        "2,000 times (median and 90th percentile, microseconds): parse the body, validate it into a job, "
+        "the estimators with physics, the roofline alone, the whole answer (estimators, physics, roofline, "
+        "placement, the wire answer), serialise it; and the total of parse, validate, answer and serialise.",
+        "",
+        "| job | " + " | ".join(STAGES) + " |",
+        "| --- |" + " --- |" * len(STAGES),
+    ]
+    for name, by_stage in stages:
+        cells = [f"{by_stage[s][0]:.1f} / {by_stage[s][1]:.1f}" for s in STAGES]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    (q50, q99, q_rps, q_bad), (l50, l99, l_rps, l_bad), (b_rps, b_bad) = flood
+    lines += [
+        "",
+        "## A legitimate estimate under a batch flood",
+        "",
+        f"The README MLP job, one client at a time for {args.seconds} s, on a quiet server and while 8 "
+        "clients post batches of 256 MLP jobs (the test split) to /v1/estimate/batch without pause "
+        "(`--max-concurrent-batches` 1: batches take one core, queued ones wait their turn).",
+        "",
+        "| | p50 ms | p99 ms | req/s | non-200 |",
+        "| --- | --- | --- | --- | --- |",
+        f"| quiet | {q50:.3f} | {q99:.3f} | {q_rps:,.0f} | {q_bad} |",
+        f"| under the flood | {l50:.3f} | {l99:.3f} | {l_rps:,.0f} | {l_bad} |",
+        f"| the flood's batches | | | {b_rps:,.1f} | {b_bad} |",
+    ]
     text = "\n".join(lines) + "\n"
     with open(args.out, "w") as f:
         f.write(text)

@@ -839,7 +839,7 @@ pub struct GpuRankResponse {
 }
 
 /// One training step on the target GPU, from the roofline performance model
-/// (docs/performance.md): the kernels of forward, backward (with recomputation) and the
+/// (docs/roofline.md): the kernels of forward, backward (with recomputation) and the
 /// optimizer, each at the dtype's achievable peak or the DRAM bandwidth, dispatched by an
 /// eager host. One GPU of the layout: its compute, and the data-parallel collectives compute
 /// does not hide (`collectives_ms`).

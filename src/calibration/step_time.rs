@@ -3,7 +3,7 @@
 //! The roofline (`physics::perf`) times every kernel on the card's data sheet, but the host that
 //! issues them is the environment's: Python, PyTorch's dispatcher and autograd, autocast, the
 //! CPU. Its cost per op was fitted once on the MLP campaign (15 us); a 2022 stack on an older
-//! host runs at about three times that (docs/performance.md: BERT with AMP on a V100), and
+//! host runs at about three times that (docs/roofline.md: BERT with AMP on a V100), and
 //! only a step it dispatches faster than the GPU computes shows it. It is the one constant of
 //! the model that belongs to the environment rather than to the card or the job, so it is the
 //! one observed step times fit.
