@@ -163,7 +163,73 @@ fn complete(mut api: utoipa::openapi::OpenApi) -> utoipa::openapi::OpenApi {
     api.info.version = env!("CARGO_PKG_VERSION").to_string();
     LayersOrSummary.modify(&mut api);
     ResponseExamples.modify(&mut api);
+    RequestExamples.modify(&mut api);
     api
+}
+
+/// Named request examples of `POST /v1/estimate` beside the schema's layer-list example, one
+/// per kind of input Swagger UI can send: `cargo test --test api request_examples` checks each
+/// is answered.
+struct RequestExamples;
+
+/// `(name, summary, request)` of each named example.
+pub const REQUEST_EXAMPLES: [(&str, &str, &str); 2] = [
+    (
+        "describe",
+        "A describe job: timm resnet10t at batch 64 on 32 x 32 images, with its traced saved \
+         tensors and its training-step simulation (python -m gpucast_describe)",
+        include_str!("../../openapi/examples/describe_request.json"),
+    ),
+    (
+        "transformer_config",
+        "A Hugging Face config.json job: QLoRA of Llama-3-8B (NF4 base, LoRA r16 on every \
+         linear layer) at 2,048 tokens on an RTX 4090",
+        include_str!("../../openapi/examples/config_request.json"),
+    ),
+];
+
+impl utoipa::Modify for RequestExamples {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::example::ExampleBuilder;
+        use utoipa::openapi::RefOr;
+        // The schema's own example (the layer list Swagger UI fills in) first, by name.
+        let layers = openapi
+            .components
+            .as_ref()
+            .and_then(|c| c.schemas.get("EstimateRequest"))
+            .and_then(|schema| serde_json::to_value(schema).ok())
+            .map(|schema| schema["example"].clone())
+            .filter(|example| example.is_object());
+        let Some(content) = openapi
+            .paths
+            .paths
+            .get_mut("/v1/estimate")
+            .and_then(|path| path.post.as_mut())
+            .and_then(|post| post.request_body.as_mut())
+            .and_then(|body| body.content.get_mut("application/json"))
+        else {
+            return;
+        };
+        if let Some(value) = layers {
+            let example = ExampleBuilder::new()
+                .summary("A layer list: a 10-layer MLP (the schema's example)")
+                .value(Some(value))
+                .build();
+            content
+                .examples
+                .insert("layers".to_string(), RefOr::T(example));
+        }
+        for (name, summary, request) in REQUEST_EXAMPLES {
+            let Ok(value) = serde_json::from_str::<serde_json::Value>(request) else {
+                continue;
+            };
+            let example = ExampleBuilder::new()
+                .summary(summary)
+                .value(Some(value))
+                .build();
+            content.examples.insert(name.to_string(), RefOr::T(example));
+        }
+    }
 }
 
 /// Real answers as the estimate routes' response examples, so that Swagger UI shows what the

@@ -154,3 +154,27 @@ fn same_answer(expected: &Value, actual: &Value, path: &str) {
         _ => assert_eq!(expected, actual, "{path}"),
     }
 }
+
+/// Every named request example of `POST /v1/estimate` (a layer list, a describe job, a
+/// config.json job) is answered.
+#[tokio::test]
+async fn request_examples_are_answered() {
+    let app = spawn_app().await;
+    let spec = serde_json::to_value(gpucast::http::openapi()).unwrap();
+    let examples = spec["paths"]["/v1/estimate"]["post"]["requestBody"]["content"]
+        ["application/json"]["examples"]
+        .as_object()
+        .expect("named request examples")
+        .clone();
+    let names: Vec<&str> = examples.keys().map(String::as_str).collect();
+    assert_eq!(names, ["describe", "layers", "transformer_config"]);
+    for (name, example) in &examples {
+        let response = app.post_json("/v1/estimate", &example["value"]).await;
+        assert_eq!(response.status(), 200, "{name}");
+        let answer: Value = response.json().await.unwrap();
+        assert!(
+            answer["memory"]["estimate_mib"].as_f64().unwrap() > 0.0,
+            "{name}"
+        );
+    }
+}
