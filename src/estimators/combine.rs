@@ -91,6 +91,30 @@ pub fn within_measured_range(
     min_capacity_bytes as f64 / (1024.0 * 1024.0) + cuda_context_mib <= capacity_mib as f64
 }
 
+/// A figure's upper bound at `log_ratio` (its residual quantile at the confidence), widened by
+/// `widen` ([`bound_widening`]).
+pub fn widened_bound(figure_mib: f64, log_ratio: f64, widen: f64) -> f64 {
+    figure_mib * (log_ratio * widen).exp()
+}
+
+/// The simulated figure's bound: [`widened_bound`], capped at the card where the step runs
+/// (the allocator cannot hold more than the card has: a peak above the capacity cannot be
+/// read, whatever the residuals say), never below the figure there.
+pub fn simulated_bound(
+    figure_mib: f64,
+    log_ratio: f64,
+    widen: f64,
+    runs_on_card: bool,
+    capacity_mib: u64,
+) -> f64 {
+    let bound = widened_bound(figure_mib, log_ratio, widen);
+    if runs_on_card {
+        bound.min(capacity_mib as f64).max(figure_mib)
+    } else {
+        bound
+    }
+}
+
 /// The factor on the log ratio of the upper bound (`bound = figure x exp(q(c) x widen)`),
 /// whichever figure leads: `clamp(ratio / near, 1, max_widen)`, `max_widen` outside the
 /// setups. Both figures' residual quantiles were calibrated on jobs within about the typical
@@ -404,12 +428,13 @@ impl Partial {
                     simulated_setup_quantiles()
                 };
                 let log_ratio = log_ratio_at(quantiles, query.confidence)?;
-                let mut upper_bound_mib = figure * (log_ratio * widen).exp();
-                if peaks.runs_on_card() {
-                    // Where the step runs, the allocator cannot hold more than the card has: a
-                    // peak above the capacity cannot be read, whatever the residuals say.
-                    upper_bound_mib = upper_bound_mib.min(query.capacity_mib as f64).max(figure);
-                }
+                let upper_bound_mib = simulated_bound(
+                    figure,
+                    log_ratio,
+                    widen,
+                    peaks.runs_on_card(),
+                    query.capacity_mib,
+                );
                 self.mib_precedence = SIMULATED_PRECEDENCE;
                 self.mib_log_ratio = log_ratio;
                 self.mib = Some(MibAnswer {
@@ -419,7 +444,7 @@ impl Partial {
                 });
             } else if let Some(mib) = self.mib.as_mut().filter(|_| widen != 1.0) {
                 // A correction near its data, but beyond `near`: its own bound, widened.
-                mib.upper_bound_mib = mib.estimate_mib * (self.mib_log_ratio * widen).exp();
+                mib.upper_bound_mib = widened_bound(mib.estimate_mib, self.mib_log_ratio, widen);
             }
             // The simulated estimator's time includes placing the job against the domain.
             let latency =
@@ -550,6 +575,77 @@ mod tests {
             near: 1.0,
             far: 2.0,
             max_widen: 3.0,
+        }
+    }
+
+    /// The training pipeline's mirror of this rule (training/gpucast_training/combine.py) is
+    /// held to the same golden cases (training/tests/test_combine.py): the figure the rule
+    /// leads with, its bound, and whether the correction was too far to apply.
+    #[test]
+    fn the_rule_reproduces_the_training_pipelines_golden_cases() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/training/tests/golden/combine.json"
+        );
+        let golden: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let num = |v: &serde_json::Value, k: &str| v[k].as_f64().unwrap();
+        let (near, far, max_widen) = (
+            num(&golden, "near"),
+            num(&golden, "far"),
+            num(&golden, "max_widen"),
+        );
+        let cases = golden["cases"].as_array().unwrap();
+        assert!(cases.len() >= 20);
+        let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1.0);
+        for case in cases {
+            let (i, o) = (&case["inputs"], &case["outputs"]);
+            let note = i["note"].as_str().unwrap();
+            let distance = i["distance"].as_f64();
+            let typical = num(i, "typical_distance");
+            let reach = Extrapolation {
+                distance,
+                typical_distance: typical,
+                ratio: distance.map_or(f64::INFINITY, |d| d / typical),
+                outside_setup: distance.is_none(),
+                near,
+                far,
+                max_widen,
+            };
+            let widen = bound_widening(&reach);
+            // The correction runs only where it applies and within the measured range.
+            let applied = correction_applies(&reach) && i["measured_range"].as_bool().unwrap();
+            let (figure, bound) = if applied {
+                let learned = num(i, "log_learned").exp();
+                (
+                    learned,
+                    widened_bound(learned, num(i, "learned_log_ratio"), widen),
+                )
+            } else {
+                let simulated = num(i, "simulated_mib");
+                let bound = simulated_bound(
+                    simulated,
+                    num(i, "simulated_log_ratio"),
+                    widen,
+                    i["runs_on_card"].as_bool().unwrap(),
+                    i["capacity_mib"].as_u64().unwrap(),
+                );
+                (simulated, bound)
+            };
+            // The floor holds the figure; the bound is never below it.
+            let figure = figure.max(num(i, "floor_mib"));
+            let bound = bound.max(figure);
+            assert_eq!(!applied, o["far"].as_bool().unwrap(), "{note}");
+            assert!(
+                close(figure, num(o, "figure_mib")),
+                "{note}: figure {figure} vs {}",
+                o["figure_mib"]
+            );
+            assert!(
+                close(bound, num(o, "upper_bound_mib")),
+                "{note}: bound {bound} vs {}",
+                o["upper_bound_mib"]
+            );
         }
     }
 
