@@ -113,34 +113,18 @@ def figures(report):
     return (percentiles["p50"] * 1000, percentiles["p99"] * 1000, report["summary"]["requestsPerSec"], failed)
 
 
+def run_oha(oha, port, body_file, concurrency, seconds, route="/v1/estimate"):
+    """(p50 ms, p99 ms, requests per second, non-200 answers) of `seconds` of load."""
+    done = subprocess.run(
+        oha_command(oha, port, body_file, concurrency, seconds, route), capture_output=True, text=True, check=True
+    )
+    return figures(json.loads(done.stdout))
+
+
 def load(oha, port, body_file, concurrency, seconds):
     """(p50 ms, requests per second, non-200 answers) of `seconds` of load."""
-    done = subprocess.run(
-        [
-            oha,
-            "-z",
-            f"{seconds}s",
-            "-c",
-            str(concurrency),
-            "-m",
-            "POST",
-            "-T",
-            "application/json",
-            "-D",
-            body_file,
-            "--no-tui",
-            "--output-format",
-            "json",
-            f"http://127.0.0.1:{port}/v1/estimate",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    report = json.loads(done.stdout)
-    statuses = report.get("statusCodeDistribution", {})
-    failed = sum(n for code, n in statuses.items() if code != "200")
-    return (report["latencyPercentiles"]["p50"] * 1000, report["summary"]["requestsPerSec"], failed)
+    p50, _, rps, failed = run_oha(oha, port, body_file, concurrency, seconds)
+    return p50, rps, failed
 
 
 STAGES = ["parse", "validate", "estimators_and_physics", "roofline", "answer", "serialise", "in_process_total"]
@@ -165,13 +149,7 @@ def stage_figures(stages_binary, body_files):
 def flood_figures(args, port, scratch, single_body):
     """The single job quiet, then under 8 clients flooding the batch route with 256 MLP jobs:
     (quiet figures, flooded figures, (batches per second, non-200 batches))."""
-    quiet = figures(
-        json.loads(
-            subprocess.run(
-                oha_command(args.oha, port, single_body, 1, args.seconds), capture_output=True, text=True, check=True
-            ).stdout
-        )
-    )
+    quiet = run_oha(args.oha, port, single_body, 1, args.seconds)
     with gzip.open(os.path.join(ROOT, "data", "mlp", "test.jsonl.gz"), "rt") as f:
         items = [json.loads(line)["job"] for _, line in zip(range(256), f)]
     batch_file = os.path.join(scratch, "batch.json")
@@ -185,16 +163,7 @@ def flood_figures(args, port, scratch, single_body):
     )
     try:
         time.sleep(1)
-        flooded = figures(
-            json.loads(
-                subprocess.run(
-                    oha_command(args.oha, port, single_body, 1, args.seconds),
-                    capture_output=True,
-                    text=True,
-                    check=True,
-                ).stdout
-            )
-        )
+        flooded = run_oha(args.oha, port, single_body, 1, args.seconds)
     finally:
         out, _ = flood.communicate(timeout=args.seconds + 120)
     batches = figures(json.loads(out))
