@@ -12,9 +12,10 @@ use crate::error::ApiError;
 use crate::http::extract::{EstimateBody, JsonBody};
 use crate::http::AppState;
 
-/// The most layers a job without a simulation may have to be answered on the async worker
-/// (at most ~100 us of work: docs/performance.md's stage timings).
-const INLINE_MAX_LAYERS: usize = 64;
+/// The most layers a job without a simulation may have to be answered on the async worker:
+/// a few hundred microseconds of work at most (docs/performance.md's stage timings: the
+/// README MLP job ~50 us, Llama-3-8B built from its config.json, ~350 modules, ~120 us).
+const INLINE_MAX_LAYERS: usize = 512;
 
 /// Estimate one job.
 #[utoipa::path(
@@ -43,9 +44,9 @@ pub async fn estimate(
     tracing::Span::current()
         .record("family", valid.job.family().as_str())
         .record("layers", valid.job.layers().len());
-    // A small job's answer costs tens of microseconds: answered on this worker, where handing
-    // it to the blocking pool and back would cost more than the work. Larger ones (a
-    // simulation's placement, hundreds of layers) go to the blocking pool, off the workers.
+    // A small job's answer costs about a hundred microseconds: answered on this worker, where
+    // handing it to the blocking pool and back costs as much as the work. Larger ones (a
+    // simulation's placement, more layers) go to the blocking pool, off the workers.
     if valid.job.simulation().is_none() && valid.job.layers().len() <= INLINE_MAX_LAYERS {
         return answer(&engine, valid, started).map(Json);
     }
