@@ -2,6 +2,7 @@
 //! stays stable while the internals change), how untrusted JSON becomes them, and the mappings
 //! both faces (HTTP and the CLI) share.
 
+pub mod answer;
 pub mod gpus;
 pub mod parse;
 pub mod types;
