@@ -1267,13 +1267,35 @@ def came_back(report):
     return "; ".join(parts)
 
 
+def commit():
+    """The commit the checkout is at (with `+` when it has uncommitted changes)."""
+    try:
+        sha = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=ROOT,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=ROOT,
+        ).stdout.strip()
+        return sha + ("+" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
 def write_page(path, command, binary, reports, failed):
     lines = [
         "# Hardening: what the adversarial suite measured",
         "",
         f"Written by `{command}` on "
-        f"{datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}, "
-        f"against `{binary}` on a {os.cpu_count()}-core machine. Generated: do not edit by hand; "
+        f"{datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')} at commit "
+        f"`{commit()}`, against `{binary}` on a {os.cpu_count()}-core machine. Generated: do not edit by hand; "
         "run the command again.",
         "",
         f"Targets: peak RSS <= {RSS_PEAK_TARGET_MIB} MiB under every attack and back within "

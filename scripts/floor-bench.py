@@ -34,6 +34,24 @@ import urllib.request
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def commit():
+    """The commit the checkout is at (with `+` when it has uncommitted changes)."""
+    try:
+        sha = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True, cwd=ROOT
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=ROOT,
+        ).stdout.strip()
+        return sha + ("+" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -241,7 +259,8 @@ def main():
         "# The service's speed: against its floor, by stage, under a flood",
         "",
         f"Written by `python3 scripts/floor-bench.py --seconds {args.seconds}` on "
-        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} ({os.cpu_count()} cores; release builds of "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} at commit `{commit()}` "
+        f"({os.cpu_count()} cores; release builds of "
         "the service and of examples/json_floor.rs, which reads the same body and writes a reply of the "
         "same bytes). Do not edit by hand. oha, "
         f"{args.seconds} s of load per cell, the floor and the service alternating.",

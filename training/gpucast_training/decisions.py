@@ -24,6 +24,7 @@ CLI's `--uncertainty`: leave one group out, never rows.
     python -m gpucast_training decisions      # answers with the newest build of gpucast
 """
 
+import datetime
 import gzip
 import json
 import math
@@ -473,6 +474,25 @@ def accepted_oom(pairs):
     return "\n".join(lines)
 
 
+def written_at():
+    """The date and the commit the checkout is at (with `+` when it has uncommitted changes)."""
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    try:
+        sha = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True, cwd=ROOT
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=ROOT,
+        ).stdout.strip()
+        return f"{stamp} at commit `{sha}{'+' if dirty else ''}`"
+    except (OSError, subprocess.CalledProcessError):
+        return stamp
+
+
 def report(served, held_out, committed, command):
     def setups(row, answer):
         return [s for s in row["setups"]] if row["source"] not in ("timm_a100", "mlp_a100") else []
@@ -480,8 +500,8 @@ def report(served, held_out, committed, command):
     sections = [
         "# Accuracy and decisions",
         "",
-        f"Written by `{command}` (training/gpucast_training/decisions.py); every answer comes from",
-        "`gpucast estimate --batch`. Do not edit by hand.",
+        f"Written by `{command}` (training/gpucast_training/decisions.py) on {written_at()}; every",
+        "answer comes from `gpucast estimate --batch`. Do not edit by hand.",
         "",
         "Rows: the timm held-out families on the A100 40 GB (each job traced, simulated, from its",
         "layers alone and from its torchsummary printout; `oom` rows did not run there), the MLP",
