@@ -306,9 +306,7 @@ async fn public_llm_rows_are_answered_from_their_configs() {
 #[tokio::test]
 async fn a_bare_hub_config_with_the_setup_beside_it_is_a_request() {
     let app = spawn_app().await;
-    let path =
-        repo_root().join("tests/fixtures/transformer_configs/public/meta-llama__Llama-3.2-1B.json");
-    let mut config: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let mut config = config("public/meta-llama__Llama-3.2-1B");
     config["_name_or_path"] = "meta-llama/Llama-3.2-1B".into();
     config["transformers_version"] = "4.45.0".into();
     let setup = json!({"batch_size": 4, "seq_len": 1024, "precision": "bf16", "gpu": "rtx4090"});
@@ -347,9 +345,7 @@ async fn a_bare_hub_config_with_the_setup_beside_it_is_a_request() {
 #[tokio::test]
 async fn offload_moves_state_gradients_and_weights_off_the_gpu() {
     let app = spawn_app().await;
-    let path = repo_root()
-        .join("tests/fixtures/transformer_configs/public/meta-llama__Llama-2-7b-hf.json");
-    let config: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let config = config("public/meta-llama__Llama-2-7b-hf");
     let job = |extra: Value| {
         let mut job = json!({"transformer_config": config, "batch_size": 1, "seq_len": 1024,
                              "precision": "bf16", "optimizer": "adamw", "gpu": "a100-80gb",
@@ -410,9 +406,7 @@ async fn offload_moves_state_gradients_and_weights_off_the_gpu() {
 #[tokio::test]
 async fn lora_keeps_each_adapted_input_in_the_adapters_dtype() {
     let app = spawn_app().await;
-    let path = repo_root()
-        .join("tests/fixtures/transformer_configs/public/meta-llama__Llama-2-7b-hf.json");
-    let config: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let config = config("public/meta-llama__Llama-2-7b-hf");
     for (precision, expected) in [("bf16", 256.0), ("amp_bf16", 128.0), ("fp32", 0.0)] {
         let mut activations = Vec::new();
         for targets in [json!(["q_proj"]), json!(["q_proj", "k_proj"])] {
@@ -442,10 +436,6 @@ async fn lora_keeps_each_adapted_input_in_the_adapters_dtype() {
 #[tokio::test]
 async fn zero3_keeps_its_reuse_window_gathered_and_its_gradient_bucket_whole() {
     let app = spawn_app().await;
-    let config = |name: &str| -> Value {
-        let path = repo_root().join(format!("tests/fixtures/transformer_configs/{name}"));
-        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
-    };
     let answer = |config: &Value, strategy: &str| {
         let job = json!({"transformer_config": config, "batch_size": 1, "seq_len": 512,
                          "precision": "bf16", "optimizer": "adamw", "gpu": "a100-80gb",
@@ -460,7 +450,7 @@ async fn zero3_keeps_its_reuse_window_gathered_and_its_gradient_bucket_whole() {
             .unwrap()
     };
     let mib = |bytes: f64| bytes / 1048576.0;
-    let llama = config("public/meta-llama__Llama-2-7b-hf.json");
+    let llama = config("public/meta-llama__Llama-2-7b-hf");
     let zero3 = collective(&answer(&llama, "zero3").await);
     let fsdp = collective(&answer(&llama, "fsdp").await);
     let window = mib((0.5e9 + 5e7) * 2.0 + 5e8 * 2.0);
@@ -468,7 +458,7 @@ async fn zero3_keeps_its_reuse_window_gathered_and_its_gradient_bucket_whole() {
     // FSDP's two gathered blocks of Llama-2-7B (202M parameters each) and one block's fp32
     // gradients.
     assert!(fsdp < zero3 - 400.0, "{fsdp} vs {zero3}");
-    let small = answer(&config("gpt2.json"), "zero3").await;
+    let small = answer(&config("gpt2"), "zero3").await;
     let params = small["setup"]["trainable_params"].as_f64().unwrap();
     assert!(params < 0.1e9, "{params}");
     // A model smaller than the window: every parameter gathered, beside the whole bucket.
@@ -487,9 +477,7 @@ async fn zero3_keeps_its_reuse_window_gathered_and_its_gradient_bucket_whole() {
 #[tokio::test]
 async fn modules_to_save_add_trained_copies_with_gradients_and_state() {
     let app = spawn_app().await;
-    let path = repo_root()
-        .join("tests/fixtures/transformer_configs/public/meta-llama__Llama-2-7b-hf.json");
-    let config: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let config = config("public/meta-llama__Llama-2-7b-hf");
     let job = |saved: Option<Value>| {
         let mut lora = json!({"rank": 16, "target_modules": "all-linear"});
         if let Some(saved) = saved {
@@ -526,9 +514,7 @@ async fn modules_to_save_add_trained_copies_with_gradients_and_state() {
     // A head tied to the embeddings (Llama-3.2-1B) still gets its own trained copy of the
     // whole 128,256 x 2,048 weight (PEFT's default `ensure_weight_tying=False`): named alone,
     // and beside the embeddings' copy.
-    let tied_path =
-        repo_root().join("tests/fixtures/transformer_configs/public/meta-llama__Llama-3.2-1B.json");
-    let tied: Value = serde_json::from_str(&std::fs::read_to_string(tied_path).unwrap()).unwrap();
+    let tied = self::config("public/meta-llama__Llama-3.2-1B");
     let tied_job = |saved: Option<Value>| {
         let mut job = job(saved);
         job["transformer_config"] = tied.clone();
@@ -571,9 +557,7 @@ async fn modules_to_save_add_trained_copies_with_gradients_and_state() {
 #[tokio::test]
 async fn an_fp32_master_goes_with_the_sharded_optimizer_state() {
     let app = spawn_app().await;
-    let path =
-        repo_root().join("tests/fixtures/transformer_configs/public/meta-llama__Llama-3.2-1B.json");
-    let config: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let config = config("public/meta-llama__Llama-3.2-1B");
     let job = |precision: &str, master: Option<&str>| {
         let mut job = json!({"transformer_config": config, "batch_size": 4, "seq_len": 512,
                              "precision": precision, "optimizer": "adamw", "gpu": "a100-80gb",
@@ -636,9 +620,7 @@ async fn an_fp32_master_goes_with_the_sharded_optimizer_state() {
 #[tokio::test]
 async fn the_loss_over_a_large_vocabulary_follows_its_implementation() {
     let app = spawn_app().await;
-    let path = repo_root()
-        .join("tests/fixtures/transformer_configs/public/meta-llama__Meta-Llama-3-8B.json");
-    let config: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let config = config("public/meta-llama__Meta-Llama-3-8B");
     let job = |loss: Option<&str>| {
         let mut job = json!({"transformer_config": config, "batch_size": 2, "seq_len": 8192,
                              "precision": "bf16", "optimizer": "adamw", "gpu": "h100-80gb",
@@ -698,9 +680,7 @@ async fn the_loss_over_a_large_vocabulary_follows_its_implementation() {
 #[tokio::test]
 async fn gptq_and_awq_bases_cost_their_packed_bytes() {
     let app = spawn_app().await;
-    let path = repo_root()
-        .join("tests/fixtures/transformer_configs/public/meta-llama__Llama-2-7b-hf.json");
-    let config: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let config = config("public/meta-llama__Llama-2-7b-hf");
     let job = |base: &str, group: Option<u64>| {
         let mut lora = json!({"rank": 16, "target_modules": "all-linear", "base_weights": base});
         if let Some(g) = group {
@@ -801,8 +781,7 @@ async fn reward_heads_replace_the_language_model_head_on_every_family() {
             512.0 * 512.0 + 512.0 + 512.0 + 1.0,
         ),
     ] {
-        let path = repo_root().join(format!("tests/fixtures/transformer_configs/{fixture}"));
-        let config: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let config = config(fixture.trim_end_matches(".json"));
         let mut reward_config = config.clone();
         reward_config["architectures"] = json!([reward]);
         reward_config["num_labels"] = 1.into();
@@ -841,9 +820,7 @@ async fn reward_heads_replace_the_language_model_head_on_every_family() {
 #[tokio::test]
 async fn reward_heads_and_reference_models() {
     let app = spawn_app().await;
-    let path =
-        repo_root().join("tests/fixtures/transformer_configs/public/meta-llama__Llama-3.2-1B.json");
-    let config: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let config = config("public/meta-llama__Llama-3.2-1B");
     let job = |config: &Value, extra: Value| {
         let mut job = json!({"transformer_config": config, "batch_size": 8, "seq_len": 1024,
                              "precision": "bf16", "optimizer": "adamw", "gpu": "a100-80gb"});
