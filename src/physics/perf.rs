@@ -294,6 +294,62 @@ impl<'a> Timeline<'a> {
         self.host = self.done;
         self.done
     }
+
+    /// A timeline that records what a run of kernels does to any starting point ([`Span`]):
+    /// its host starts at 0 and its GPU at minus infinity, so that `done` ends as the part
+    /// the host's start bounds and `host` as the host's own advance.
+    fn recording(&self) -> Timeline<'a> {
+        Timeline {
+            host: 0.0,
+            done: f64::NEG_INFINITY,
+            compute_us: 0.0,
+            memory_us: 0.0,
+            sm_busy: 0.0,
+            warps: 0.0,
+            flops: 0.0,
+            bytes: 0.0,
+            ..*self
+        }
+    }
+
+    /// What this recording timeline's kernels do to a timeline they are issued on.
+    fn span(&self) -> Span {
+        Span {
+            // Every kernel's duration is in one of the two sums: their total is how far the
+            // GPU's end moves when it, not the host, bounds each kernel.
+            after_done: self.compute_us + self.memory_us,
+            after_host: self.done,
+            host: self.host,
+            sums: Sums::of(self),
+        }
+    }
+
+    /// Issues `span`'s kernels `count` times over.
+    fn repeat(&mut self, span: &Span, count: usize) {
+        for _ in 0..count {
+            self.done = (self.done + span.after_done).max(self.host + span.after_host);
+            self.host += span.host;
+        }
+        let sums = span.sums.times(count as f64);
+        self.compute_us += sums.compute_us;
+        self.memory_us += sums.memory_us;
+        self.sm_busy += sums.sm_busy;
+        self.warps += sums.warps;
+        self.flops += sums.flops;
+        self.bytes += sums.bytes;
+    }
+}
+
+/// What issuing a run of kernels does to a timeline, whatever its start: [`issue`] is
+/// `done' = max(done + a, host + b)`, `host' = host + c`, and a run of such steps is one of
+/// the same form (max-plus algebra), so a block repeated 80 times is timed once and applied
+/// 80 times: `done' = max(done + after_done, host + after_host)`, `host' = host + host`.
+#[derive(Debug, Clone, Copy)]
+struct Span {
+    after_done: f64,
+    after_host: f64,
+    host: f64,
+    sums: Sums,
 }
 
 /// The dense peak (TFLOP/s) a kernel of `unit` runs at on `gpu` at `precision`.
@@ -322,7 +378,7 @@ fn activation_bytes(precision: Precision) -> f64 {
 }
 
 /// What the step knows of one layer.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 struct Shape {
     /// Rows of the layer's GEMM per sample (tokens, output positions).
     positions: f64,
@@ -450,6 +506,11 @@ pub fn roofline_with(job: &Job, gpu: &GpuPerformance, constants: &Constants) -> 
             .for_each(|r| *r = true);
     }
     let shares: Vec<f64> = (0..layers.len()).map(trains_share).collect();
+    let attention: Vec<Option<AttentionRead>> = (0..layers.len())
+        .map(|i| {
+            (layers[i].kind == LayerKind::Attention).then(|| attention_read(job, i, &inferred))
+        })
+        .collect();
     let adapters: Vec<bool> = (0..layers.len()).map(adapted).collect();
     let trains_share = |i: usize| shares[i];
     let adapted = |i: usize| adapters[i];
@@ -465,6 +526,7 @@ pub fn roofline_with(job: &Job, gpu: &GpuPerformance, constants: &Constants) -> 
         seq,
         element,
         inferred: &inferred,
+        attention: &attention,
     };
     let forward = |t: &mut Timeline, i: usize| {
         layer_kernels(
@@ -479,8 +541,38 @@ pub fn roofline_with(job: &Job, gpu: &GpuPerformance, constants: &Constants) -> 
             },
         )
     };
-    for i in 0..stage {
-        forward(&mut timeline, i);
+    // Repeated blocks that launch the same kernels are timed once and applied as many times.
+    let role = |i: usize| LayerRole {
+        adapted: adapted(i),
+        trains: trains_share(i),
+        input_grad: needs_input_grad(i),
+    };
+    let key = |i: usize| LayerKey {
+        layer: layers[i],
+        in_features: detail(i).and_then(|d| d.in_features),
+        out_features: detail(i).and_then(|d| d.out_features),
+        flops: detail(i).and_then(|d| d.flops),
+        inferred: inferred[i],
+        attention: attention[i],
+        role: role(i),
+        recomputed: is_recomputed[i],
+    };
+    let repeats = repeats(job.blocks(), stage, |a, b| key(a) == key(b));
+    let mut next = repeats.iter().peekable();
+    let mut i = 0;
+    while i < stage {
+        match next.next_if(|(first, _)| first.start == i) {
+            Some((first, count)) => {
+                let mut block = timeline.recording();
+                first.clone().for_each(|j| forward(&mut block, j));
+                timeline.repeat(&block.span(), *count);
+                i += first.len() * count;
+            }
+            None => {
+                forward(&mut timeline, i);
+                i += 1;
+            }
+        }
     }
     let out = layers.last().map_or(1.0, |l| l.output_size as f64) * micro;
     timeline.run(
@@ -493,21 +585,27 @@ pub fn roofline_with(job: &Job, gpu: &GpuPerformance, constants: &Constants) -> 
         elementwise(out, 3.0 * out * 4.0, max_warps),
         LOSS_KERNELS / 2,
     );
-    for i in (0..stage).rev() {
+    let backward = |t: &mut Timeline, i: usize| {
         if is_recomputed[i] {
-            forward(&mut timeline, i);
+            forward(t, i);
         }
-        layer_kernels(
-            &mut timeline,
-            &step,
-            i,
-            Pass::Backward,
-            LayerRole {
-                adapted: adapted(i),
-                trains: trains_share(i),
-                input_grad: needs_input_grad(i),
-            },
-        );
+        layer_kernels(t, &step, i, Pass::Backward, role(i));
+    };
+    let mut next = repeats.iter().rev().peekable();
+    let mut i = stage;
+    while i > 0 {
+        match next.next_if(|(first, count)| first.start + first.len() * count == i) {
+            Some((first, count)) => {
+                let mut block = timeline.recording();
+                first.clone().rev().for_each(|j| backward(&mut block, j));
+                timeline.repeat(&block.span(), *count);
+                i -= first.len() * count;
+            }
+            None => {
+                i -= 1;
+                backward(&mut timeline, i);
+            }
+        }
     }
     backward_us += timeline.sync() - started;
     let accumulation = setup.accumulation.max(1) as f64;
@@ -795,10 +893,74 @@ struct Step<'a> {
     element: f64,
     /// Shapes read for the linear layers that come without them.
     inferred: &'a [Option<Shape>],
+    /// What each attention layer runs, read from its neighbours.
+    attention: &'a [Option<AttentionRead>],
+}
+
+/// What an attention layer runs, read from the layers around it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum AttentionRead {
+    /// A container holding the attention that follows it in the list: no kernel.
+    Container,
+    /// The attention over (tokens, width), or an elementwise pass when no shape is found.
+    Shaped(Option<(f64, f64)>),
+}
+
+fn attention_read(job: &Job, i: usize, inferred: &[Option<Shape>]) -> AttentionRead {
+    let details = job.layer_details();
+    let container = details.get(i + 1).is_some_and(|next| {
+        job.layers()[i + 1].kind == LayerKind::Attention
+            && matches!((details.get(i).and_then(|d| d.name.as_deref()), next.name.as_deref()),
+                (Some(a), Some(b)) if names::within(b, a))
+    });
+    if container {
+        AttentionRead::Container
+    } else {
+        AttentionRead::Shaped(attention_shape(job, i, inferred))
+    }
+}
+
+/// Everything [`layer_kernels`] reads of a layer in either pass (its neighbours' part in
+/// [`AttentionRead`]): layers with equal keys launch the same kernels.
+#[derive(PartialEq)]
+struct LayerKey {
+    layer: Layer,
+    in_features: Option<u64>,
+    out_features: Option<u64>,
+    flops: Option<u64>,
+    inferred: Option<Shape>,
+    attention: Option<AttentionRead>,
+    role: LayerRole,
+    recomputed: bool,
+}
+
+/// The runs of adjacent repeated blocks within the first `stage` layers whose layers are
+/// `same` pairwise, as (the first block, how many): each run is timed once.
+fn repeats(
+    blocks: &[std::ops::Range<usize>],
+    stage: usize,
+    same: impl Fn(usize, usize) -> bool,
+) -> Vec<(std::ops::Range<usize>, usize)> {
+    let mut runs: Vec<(std::ops::Range<usize>, usize)> = Vec::new();
+    for block in blocks.iter().filter(|b| b.end <= stage) {
+        if let Some((first, count)) = runs.last_mut() {
+            let len = first.len();
+            if block.start == first.start + *count * len
+                && block.len() == len
+                && first.clone().zip(block.clone()).all(|(a, b)| same(a, b))
+            {
+                *count += 1;
+                continue;
+            }
+        }
+        runs.push((block.clone(), 1));
+    }
+    runs.retain(|&(_, count)| count > 1);
+    runs
 }
 
 /// What a layer does in backward.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq)]
 struct LayerRole {
     /// It carries LoRA adapters.
     adapted: bool,
@@ -998,16 +1160,12 @@ fn layer_kernels(t: &mut Timeline, step: &Step, i: usize, pass: Pass, role: Laye
             }
         }
         LayerKind::Attention => {
-            // A container holding the attention that follows it in the list is no kernel.
-            let container = job.layer_details().get(i + 1).is_some_and(|next| {
-                job.layers()[i + 1].kind == LayerKind::Attention
-                    && matches!((detail.and_then(|d| d.name.as_deref()), next.name.as_deref()),
-                        (Some(a), Some(b)) if names::within(b, a))
-            });
-            if container {
+            let AttentionRead::Shaped(shape) =
+                step.attention[i].unwrap_or(AttentionRead::Shaped(None))
+            else {
                 return;
-            }
-            match attention_shape(job, i, step.inferred) {
+            };
+            match shape {
                 Some((tokens, width)) => {
                     // Context parallelism splits the queries, tensor parallelism the heads.
                     let p = job.setup().parallelism;
@@ -1230,6 +1388,103 @@ mod tests {
 
     fn a100() -> GpuPerformance {
         Catalogue::builtin().by_id("a100-40gb").unwrap().performance
+    }
+
+    #[test]
+    fn a_recorded_span_repeated_matches_issuing_its_kernels_again_and_again() {
+        let gpu = a100();
+        // Host-bound (tiny), GPU-bound (large) and mixed runs of kernels.
+        let kernels = [
+            (elementwise(1e3, 8e3, 64.0), 1),
+            (gemm(4096.0, 4096.0, 4096.0, 2.0, Unit::Matmul, 108.0), 1),
+            (elementwise(1e5, 8e5, 64.0), 3),
+            (gemm(64.0, 64.0, 64.0, 2.0, Unit::Matmul, 108.0), 2),
+        ];
+        for mix in [&kernels[..1], &kernels[1..2], &kernels[..]] {
+            for (host, done) in [(0.0, 0.0), (500.0, 20.0), (10.0, 5000.0)] {
+                for count in [1, 2, 7, 80] {
+                    let start = |t: &mut Timeline| {
+                        t.host = host;
+                        t.done = done;
+                    };
+                    let mut direct = Timeline::new(&gpu, &CALIBRATED, Precision::AmpBf16);
+                    start(&mut direct);
+                    for _ in 0..count {
+                        mix.iter().for_each(|&(k, n)| direct.run(k, n));
+                    }
+                    let mut repeated = Timeline::new(&gpu, &CALIBRATED, Precision::AmpBf16);
+                    start(&mut repeated);
+                    let mut block = repeated.recording();
+                    mix.iter().for_each(|&(k, n)| block.run(k, n));
+                    repeated.repeat(&block.span(), count);
+                    let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * a.abs().max(1.0);
+                    for (a, b) in [
+                        (direct.host, repeated.host),
+                        (direct.done, repeated.done),
+                        (direct.compute_us, repeated.compute_us),
+                        (direct.memory_us, repeated.memory_us),
+                        (direct.sm_busy, repeated.sm_busy),
+                        (direct.warps, repeated.warps),
+                        (direct.flops, repeated.flops),
+                        (direct.bytes, repeated.bytes),
+                    ] {
+                        assert!(close(a, b), "{a} vs {b} ({host}, {done}, x{count})");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn repeated_blocks_timed_once_answer_as_the_layers_timed_one_by_one() {
+        // The same layers with block names (`blocks.3.up`: timed once per run of equal blocks)
+        // and without (`blocks_3_up`: no blocks, every layer timed).
+        let unblocked = |job: &Job| {
+            let details = job
+                .layer_details()
+                .iter()
+                .map(|d| LayerDetail {
+                    name: d.name.as_ref().map(|n| n.replace('.', "_")),
+                    ..d.clone()
+                })
+                .collect();
+            let job = job.clone().with_layer_details(details).unwrap();
+            assert!(job.blocks().is_empty());
+            job
+        };
+        let lora = UncheckedSetup {
+            precision: Some("bf16"),
+            lora: Some(UncheckedLora {
+                rank: 8,
+                alpha: None,
+                dropout: None,
+                target_modules: UncheckedNames::Keyword("all-linear"),
+                base_weights: Some("nf4"),
+                modules_to_save: None,
+                group_size: None,
+            }),
+            ..plain()
+        };
+        for (width, tokens) in [(64, 16), (4096, 2048)] {
+            for setup in [plain(), lora.clone()] {
+                let job = stack(2, 12, width, tokens, setup);
+                assert_eq!(job.blocks().len(), 12);
+                let (a, b) = (roofline(&job, &a100()), roofline(&unblocked(&job), &a100()));
+                let close = |x: f64, y: f64| (x - y).abs() <= 1e-9 * x.abs().max(1e-9);
+                for (x, y) in [
+                    (a.step_time_ms, b.step_time_ms),
+                    (a.forward_ms, b.forward_ms),
+                    (a.backward_ms, b.backward_ms),
+                    (a.smact, b.smact),
+                    (a.smocc, b.smocc),
+                    (a.drama, b.drama),
+                    (a.flops, b.flops),
+                    (a.bytes, b.bytes),
+                ] {
+                    assert!(close(x, y), "{x} vs {y} (width {width})");
+                }
+            }
+        }
     }
 
     /// `blocks` transformer-like blocks of two linears (width x 4 width) over `tokens`
