@@ -22,6 +22,10 @@ use gpucast::estimators::{Estimators, Query};
 use gpucast::metrics::Metrics;
 use gpucast::physics::perf::roofline;
 
+/// The service's allocator (src/main.rs), so that the stages cost what they cost there.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }

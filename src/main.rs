@@ -3,6 +3,12 @@ use clap::Parser;
 use gpucast::config::{Cli, Command, ObservationsCommand};
 use gpucast::startup::Application;
 
+/// mimalloc serves the service's allocations: an estimate makes hundreds of small ones (a
+/// config job's module names and layers, JSON values), which glibc's malloc serves through
+/// its locked bins once its small per-thread cache is spent.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match &cli.command {

@@ -101,14 +101,18 @@ pub async fn estimate_batch(
     Ok(Json(BatchResponse { items }))
 }
 
-/// Hands the heap's freed pages back to the system after a batch: glibc's allocator keeps a
-/// batch's buffers (megabytes of features and answers) in its arenas, and a flood of batches
-/// would leave the process that much larger for good.
+/// Hands the heaps' freed pages back to the system after a batch: mimalloc (the service's
+/// allocator) and glibc's (ONNX Runtime's buffers) keep a batch's megabytes of features and
+/// answers, and a flood of batches would leave the process that much larger for good.
 fn release_freed_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim only returns free memory at the top of glibc's heaps and arenas; it
     // touches no memory the program holds.
     unsafe {
         libc::malloc_trim(0);
+    }
+    // SAFETY: mi_collect frees what mimalloc holds unused; it touches no live allocation.
+    unsafe {
+        libmimalloc_sys::mi_collect(true);
     }
 }
