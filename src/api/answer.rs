@@ -42,19 +42,20 @@ pub fn performance_response(r: &Roofline, host: Option<&HostFit>) -> Performance
     }
 }
 
-/// The setup of `job` as an answer states it.
-pub fn setup_response(job: &Job) -> SetupResponse {
+/// The setup of `job` as an answer states it; `trained_params` are the trainable and LoRA
+/// parameters when the job's analytic step was already walked ([`Physics::trained_params`]).
+pub fn setup_response(job: &Job, trained_params: Option<(f64, f64)>) -> SetupResponse {
     let setup = job.setup();
     // Every parameter trains unless the setup says otherwise: no need to walk the step then
     // (the hot path of plain jobs).
     let (trainable, lora) = if setup.trainable == Trainable::All && setup.lora.is_none() {
         (job.layers().iter().map(|l| l.params).sum::<u64>(), 0)
     } else {
-        let step = step::analytic_step(job);
-        (
-            step.trainable_params.round() as u64,
-            step.lora_params.round() as u64,
-        )
+        let (trainable, lora) = trained_params.unwrap_or_else(|| {
+            let step = step::analytic_step(job);
+            (step.trainable_params, step.lora_params)
+        });
+        (trainable.round() as u64, lora.round() as u64)
     };
     let p = setup.parallelism;
     SetupResponse {

@@ -66,7 +66,7 @@ pub fn answer(
         target,
         environment,
         warnings,
-        setup: setup_response(&job),
+        setup: setup_response(&job, trained_params(&estimate)),
     };
     respond(engine, estimate, asked, started, true)
 }
@@ -79,7 +79,7 @@ fn answer_ranked(
     started: Instant,
 ) -> Result<EstimateResponse, ApiError> {
     let job = &request.job;
-    let setup = setup_response(job);
+    let setup = setup_response(job, None);
     let profiles = engine.profiles.snapshot();
     let mut answers = Vec::with_capacity(1 + request.others.len());
     for (index, target) in std::iter::once(&request.target)
@@ -188,7 +188,7 @@ pub fn answer_items(
                 target: item.target.clone(),
                 environment: item.environment.clone(),
                 warnings: item.warnings.clone(),
-                setup: setup_response(&item.job),
+                setup: setup_response(&item.job, trained_params(&estimate)),
             };
             respond(engine, estimate, asked, started, true)
         });
@@ -202,6 +202,14 @@ pub fn answer_items(
             }
         })
         .collect()
+}
+
+/// The trainable and LoRA parameters the estimate's physics counted, for the setup's echo.
+fn trained_params(estimate: &Result<Estimate, EstimateError>) -> Option<(f64, f64)> {
+    estimate
+        .as_ref()
+        .ok()
+        .and_then(|e| e.physics.trained_params)
 }
 
 /// What a request asked beside its job, and its setup as understood.

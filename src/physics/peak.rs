@@ -96,6 +96,10 @@ pub struct Physics {
     /// The step's other moment (the optimizer's step when `parts` are at the start of
     /// backward, and the reverse); `None` for a simulation, which records its one peak.
     pub other_moment: Option<Breakdown>,
+    /// The parameters that train, and of them the LoRA adapters', as the analytic step this
+    /// was read from counts them; `None` for a simulation. The setup's echo reads them here
+    /// rather than walking the step again.
+    pub trained_params: Option<(f64, f64)>,
 }
 
 impl Physics {
@@ -151,6 +155,7 @@ impl Physics {
             simulated: None,
             optimizer_step_mib: 0.0,
             other_moment: Some(other_moment),
+            trained_params: Some((memory.trainable_params, memory.lora_params)),
         }
     }
 
@@ -178,6 +183,7 @@ impl Physics {
             simulated: Some(peaks),
             optimizer_step_mib: 0.0,
             other_moment: None,
+            trained_params: None,
         }
     }
 
@@ -216,6 +222,7 @@ impl Physics {
                 / MIB
                 + FRAMEWORK_OVERHEAD_MIB,
             other_moment: Some(at_step),
+            trained_params: Some((step.trainable_params, step.lora_params)),
         }
     }
 
