@@ -237,6 +237,11 @@ impl LayerKind {
     /// spellings of the GPUMemNet data (`batch_normalization`, `LeakyReLU`) and of PyTorch class
     /// names (`BatchNorm1d`, `Conv2d`) are accepted ([`LayerKind::ALIASES`]).
     pub fn parse(raw: &str) -> Option<LayerKind> {
+        // The service's own names (what describe writes) need no normalising: a describe job
+        // names hundreds of layers, twice each.
+        if let Some(&kind) = LayerKind::ALL.iter().find(|k| k.as_str() == raw) {
+            return Some(kind);
+        }
         let key: String = raw
             .chars()
             .filter(|c| !matches!(c, '_' | '-' | ' '))
