@@ -290,7 +290,7 @@ def main():
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} at commit `{commit()}` "
         f"({os.cpu_count()} cores; release builds of "
         "the service and of examples/json_floor.rs, which reads the same body and writes a reply of the "
-        "same bytes). Do not edit by hand. oha, "
+        "same bytes, with the service's allocator). Do not edit by hand. oha, "
         f"{args.seconds} s of load per cell, the floor and the service alternating.",
         "",
         "| job | body / reply bytes | c | floor p50 ms | gpucast p50 ms | p50 ratio | floor req/s | "
