@@ -291,7 +291,8 @@ def main():
         f"({os.cpu_count()} cores; release builds of "
         "the service and of examples/json_floor.rs, which reads the same body and writes a reply of the "
         "same bytes, with the service's allocator). Do not edit by hand. oha, "
-        f"{args.seconds} s of load per cell, the floor and the service alternating.",
+        f"{args.seconds} s of load per cell, the floor and the service alternating. "
+        "Speed work is held to change no answer by `scripts/answers-unchanged.py BEFORE AFTER`.",
         "",
         "| job | body / reply bytes | c | floor p50 ms | gpucast p50 ms | p50 ratio | floor req/s | "
         "gpucast req/s | throughput share | non-200 |",
