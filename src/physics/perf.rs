@@ -330,13 +330,10 @@ impl<'a> Timeline<'a> {
             self.done = (self.done + span.after_done).max(self.host + span.after_host);
             self.host += span.host;
         }
-        let sums = span.sums.times(count as f64);
-        self.compute_us += sums.compute_us;
-        self.memory_us += sums.memory_us;
-        self.sm_busy += sums.sm_busy;
-        self.warps += sums.warps;
-        self.flops += sums.flops;
-        self.bytes += sums.bytes;
+        let sums = Sums::of(self).plus(span.sums.times(count as f64));
+        (self.compute_us, self.memory_us, self.sm_busy) =
+            (sums.compute_us, sums.memory_us, sums.sm_busy);
+        (self.warps, self.flops, self.bytes) = (sums.warps, sums.flops, sums.bytes);
     }
 }
 
@@ -1390,6 +1387,14 @@ mod tests {
         Catalogue::builtin().by_id("a100-40gb").unwrap().performance
     }
 
+    /// Each pair equal to a billionth of the larger magnitude (one where both are tiny).
+    fn assert_close(pairs: &[(f64, f64)], context: &str) {
+        for &(a, b) in pairs {
+            let scale = a.abs().max(b.abs()).max(1e-9);
+            assert!((a - b).abs() <= 1e-9 * scale, "{a} vs {b} ({context})");
+        }
+    }
+
     #[test]
     fn a_recorded_span_repeated_matches_issuing_its_kernels_again_and_again() {
         let gpu = a100();
@@ -1417,19 +1422,20 @@ mod tests {
                     let mut block = repeated.recording();
                     mix.iter().for_each(|&(k, n)| block.run(k, n));
                     repeated.repeat(&block.span(), count);
-                    let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * a.abs().max(1.0);
-                    for (a, b) in [
-                        (direct.host, repeated.host),
-                        (direct.done, repeated.done),
-                        (direct.compute_us, repeated.compute_us),
-                        (direct.memory_us, repeated.memory_us),
-                        (direct.sm_busy, repeated.sm_busy),
-                        (direct.warps, repeated.warps),
-                        (direct.flops, repeated.flops),
-                        (direct.bytes, repeated.bytes),
-                    ] {
-                        assert!(close(a, b), "{a} vs {b} ({host}, {done}, x{count})");
-                    }
+                    let (d, r) = (Sums::of(&direct), Sums::of(&repeated));
+                    assert_close(
+                        &[
+                            (direct.host, repeated.host),
+                            (direct.done, repeated.done),
+                            (d.compute_us, r.compute_us),
+                            (d.memory_us, r.memory_us),
+                            (d.sm_busy, r.sm_busy),
+                            (d.warps, r.warps),
+                            (d.flops, r.flops),
+                            (d.bytes, r.bytes),
+                        ],
+                        &format!("from ({host}, {done}), x{count}"),
+                    );
                 }
             }
         }
@@ -1470,19 +1476,19 @@ mod tests {
                 let job = stack(2, 12, width, tokens, setup);
                 assert_eq!(job.blocks().len(), 12);
                 let (a, b) = (roofline(&job, &a100()), roofline(&unblocked(&job), &a100()));
-                let close = |x: f64, y: f64| (x - y).abs() <= 1e-9 * x.abs().max(1e-9);
-                for (x, y) in [
-                    (a.step_time_ms, b.step_time_ms),
-                    (a.forward_ms, b.forward_ms),
-                    (a.backward_ms, b.backward_ms),
-                    (a.smact, b.smact),
-                    (a.smocc, b.smocc),
-                    (a.drama, b.drama),
-                    (a.flops, b.flops),
-                    (a.bytes, b.bytes),
-                ] {
-                    assert!(close(x, y), "{x} vs {y} (width {width})");
-                }
+                assert_close(
+                    &[
+                        (a.step_time_ms, b.step_time_ms),
+                        (a.forward_ms, b.forward_ms),
+                        (a.backward_ms, b.backward_ms),
+                        (a.smact, b.smact),
+                        (a.smocc, b.smocc),
+                        (a.drama, b.drama),
+                        (a.flops, b.flops),
+                        (a.bytes, b.bytes),
+                    ],
+                    &format!("width {width}"),
+                );
             }
         }
     }
