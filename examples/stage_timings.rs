@@ -4,7 +4,7 @@
 //! stage is run `--runs` times and its median and p90 printed in microseconds as JSON lines
 //! (scripts/floor-bench.py runs this beside the HTTP comparison and writes the table).
 //!
-//! `cargo run --release --example stage_timings -- FILE...` (needs ORT_DYLIB_PATH or
+//! `cargo run --release --example stage_timings -- [--runs N] [--gap-ms MS] FILE...` (needs ORT_DYLIB_PATH or
 //! scripts/fetch-onnxruntime.sh).
 
 use std::path::PathBuf;
@@ -30,13 +30,17 @@ fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// Median and 90th percentile of `runs` timings of `f`, in microseconds.
-fn time<T>(runs: usize, mut f: impl FnMut() -> T) -> (f64, f64) {
+/// Median and 90th percentile of `runs` timings of `f`, in microseconds; with a `gap`, the
+/// process sleeps that long after each run (a request that arrives alone finds the CPU's
+/// caches gone to other work).
+fn time<T>(runs: usize, gap: Duration, mut f: impl FnMut() -> T) -> (f64, f64) {
     let mut samples: Vec<Duration> = (0..runs)
         .map(|_| {
             let started = Instant::now();
             std::hint::black_box(f());
-            started.elapsed()
+            let elapsed = started.elapsed();
+            std::thread::sleep(gap);
+            elapsed
         })
         .collect();
     samples.sort_unstable();
@@ -49,6 +53,11 @@ fn main() {
     let mut runs = 2000;
     if let Some(at) = args.iter().position(|a| a == "--runs") {
         runs = args[at + 1].parse().expect("--runs N");
+        args.drain(at..at + 2);
+    }
+    let mut gap = Duration::ZERO;
+    if let Some(at) = args.iter().position(|a| a == "--gap-ms") {
+        gap = Duration::from_millis(args[at + 1].parse().expect("--gap-ms N"));
         args.drain(at..at + 2);
     }
     let dylib = std::env::var("ORT_DYLIB_PATH")
@@ -79,15 +88,20 @@ fn main() {
             utilization: learned_utilization(&engine, &sample.target),
         };
         let stages = [
-            ("parse", time(runs, || parse_estimate(&body, "").unwrap())),
-            ("validate", time(runs, valid)),
+            (
+                "parse",
+                time(runs, gap, || parse_estimate(&body, "").unwrap()),
+            ),
+            ("validate", time(runs, gap, valid)),
             (
                 "estimators_and_physics",
-                time(runs, || engine.estimators.estimate_query(query).unwrap()),
+                time(runs, gap, || {
+                    engine.estimators.estimate_query(query).unwrap()
+                }),
             ),
             (
                 "roofline",
-                time(runs, || {
+                time(runs, gap, || {
                     sample
                         .target
                         .performance
@@ -97,15 +111,17 @@ fn main() {
             ),
             (
                 "answer",
-                time(runs, || answer(&engine, valid(), Instant::now()).unwrap()),
+                time(runs, gap, || {
+                    answer(&engine, valid(), Instant::now()).unwrap()
+                }),
             ),
             (
                 "serialise",
-                time(runs, || serde_json::to_vec(&response).unwrap()),
+                time(runs, gap, || serde_json::to_vec(&response).unwrap()),
             ),
             (
                 "in_process_total",
-                time(runs, || {
+                time(runs, gap, || {
                     let request = parse_estimate(&body, "").unwrap();
                     let valid =
                         validate(&request, &engine.catalogue, engine.devices.as_ref()).unwrap();
