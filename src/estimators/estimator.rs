@@ -1,7 +1,6 @@
 //! One loaded estimator (its manifest entry, input and model) and how it is called on a batch of
 //! jobs; the analytic figures timed as estimators. Shared by loading, running and combining.
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use super::manifest::{EstimatorEntry, EstimatorKind, Requirement};
@@ -90,8 +89,7 @@ impl Estimator {
             .expect("one job in, one answer out")
     }
 
-    /// Runs this estimator on many jobs with as few model calls as possible: one for aggregate
-    /// inputs, one per distinct layer count for sequences (so no padding changes an answer).
+    /// Runs this estimator on many jobs, each job's output computed as if it came alone.
     pub fn run_many(
         &self,
         jobs: &[&Job],
@@ -114,19 +112,21 @@ impl Estimator {
                 token_features,
                 max_tokens,
             } => {
-                let mut answers: Vec<Result<Vec<f32>, EstimateError>> =
-                    Vec::with_capacity(jobs.len());
-                let mut by_length: BTreeMap<usize, Vec<(usize, TokenFeatures)>> = BTreeMap::new();
-                for (i, job) in jobs.iter().enumerate() {
-                    let n_layers = job.layers().len();
-                    let tokens = if n_layers > *max_tokens {
-                        Err(EstimateError::TooManyTokens {
-                            estimator: self.entry.name.clone(),
-                            max: *max_tokens,
-                            got: n_layers,
-                        })
-                    } else {
-                        TokenFeatures::of(
+                // One job a call: ONNX Runtime's kernels split a batch's sums differently from
+                // one job's (an oom_probability moved in its sixth digit inside a batch of 90),
+                // and a job's answer must not depend on the jobs sent with it. One job a call
+                // also needs no padding and bounds attention's buffers by one job's tokens^2.
+                jobs.iter()
+                    .map(|job| {
+                        let n_layers = job.layers().len();
+                        if n_layers > *max_tokens {
+                            return Err(EstimateError::TooManyTokens {
+                                estimator: self.entry.name.clone(),
+                                max: *max_tokens,
+                                got: n_layers,
+                            });
+                        }
+                        let tokens = TokenFeatures::of(
                             job,
                             |k| vocab.iter().position(|v| *v == k),
                             token_features,
@@ -137,55 +137,23 @@ impl Estimator {
                                 kind,
                                 estimator: self.entry.name.clone(),
                             }
-                        })
-                    };
-                    match tokens {
-                        Ok(tokens) => {
-                            by_length.entry(n_layers).or_default().push((i, tokens));
-                            answers.push(Ok(Vec::new()));
-                        }
-                        Err(e) => answers.push(Err(e)),
-                    }
-                }
-                for (n_tokens, group) in by_length {
-                    // Attention costs rows x tokens^2 in ONNX Runtime's buffers (and its arena
-                    // keeps the peak): bounded per call, so no batch can take the memory a
-                    // pod has. Rows are independent, so chunking changes no answer.
-                    let rows_per_call = (MAX_ATTENTION_CELLS / (n_tokens * n_tokens).max(1)).max(1);
-                    for chunk in group.chunks(rows_per_call) {
-                        let kind_ids: Vec<i64> = chunk
-                            .iter()
-                            .flat_map(|(_, t)| t.kind_ids.iter().copied())
-                            .collect();
-                        let features: Vec<f32> = chunk
-                            .iter()
-                            .flat_map(|(_, t)| t.features.iter().copied())
-                            .collect();
+                        })?;
                         let input = ModelInput::Sequence {
-                            kind_ids: &kind_ids,
-                            features: &features,
-                            n_rows: chunk.len(),
-                            n_tokens,
+                            kind_ids: &tokens.kind_ids,
+                            features: &tokens.features,
+                            n_rows: 1,
+                            n_tokens: n_layers,
                             n_features: token_features.len(),
                         };
-                        for ((i, _), answer) in chunk
-                            .iter()
-                            .zip(split_rows(self.model.infer(input), chunk.len()))
-                        {
-                            answers[*i] = answer;
-                        }
-                    }
-                }
-                answers
+                        split_rows(self.model.infer(input), 1)
+                            .pop()
+                            .expect("one row in, one row out")
+                    })
+                    .collect()
             }
         }
     }
 }
-
-/// Most rows x tokens^2 a sequence model is called with at once (2 jobs of 512 layers, 128 of
-/// 64). Peak RSS of the debug server under 8 concurrent 2 MiB batches of 73 MLP jobs x 512
-/// layers: 1.6 GB unchunked, 419 MB at 16 x 512^2, 263 MB at 4 x, 184 MB at 2 x.
-const MAX_ATTENTION_CELLS: usize = 2 * 512 * 512;
 
 /// Splits a row-major model output into one row per job.
 fn split_rows(

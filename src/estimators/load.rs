@@ -8,11 +8,12 @@ use sha2::{Digest, Sha256};
 
 use super::estimator::{Estimator, Input};
 use super::extrapolation::TrainingDomain;
+use super::feedforward::FeedForward;
 use super::manifest::{
     EstimatorEntry, EstimatorKind, FileRef, InputSpec, Manifest, SimulatedEntry, MANIFEST_FILE,
     SUPPORTED_SCHEMA_VERSION,
 };
-use super::onnx::{self, OnnxModel};
+use super::onnx::{self, Model, ModelInput, OnnxModel};
 use super::Estimators;
 use crate::estimators::features::{
     check_specs, raw_token_feature, AggregateFeatures, TOKEN_FEATURES,
@@ -180,11 +181,17 @@ impl Estimators {
                 path: path.clone(),
                 reason,
             })?;
+            let model: Box<dyn Model> = match &input {
+                Input::Aggregate(specs) => {
+                    in_process(&entry.name, &bytes, &entry.output, specs.len(), model)
+                }
+                Input::Sequence { .. } => Box::new(model),
+            };
             estimators.push(Estimator {
                 entry: entry.clone(),
                 family,
                 input,
-                model: Box::new(model),
+                model,
                 classes,
                 quantiles,
             });
@@ -210,6 +217,84 @@ impl Estimators {
             simulated,
         })
     }
+}
+
+/// An aggregate model evaluated in process when its graph is one [`FeedForward`] knows and
+/// both agree on probe rows; ONNX Runtime's sessions otherwise (and the log says why).
+fn in_process(
+    name: &str,
+    bytes: &[u8],
+    output: &str,
+    width: usize,
+    runtime: OnnxModel,
+) -> Box<dyn Model> {
+    let checked = checked_feedforward(bytes, output, width, &runtime);
+    match checked {
+        Ok(graph) => {
+            tracing::debug!(estimator = name, "evaluated in process");
+            Box::new(graph)
+        }
+        Err(why) => {
+            tracing::warn!(estimator = name, %why, "left to ONNX Runtime");
+            Box::new(runtime)
+        }
+    }
+}
+
+/// The graph read in process, if it agrees with ONNX Runtime's run of it on probe rows.
+fn checked_feedforward(
+    bytes: &[u8],
+    output: &str,
+    width: usize,
+    runtime: &OnnxModel,
+) -> Result<FeedForward, String> {
+    let graph = FeedForward::from_onnx(bytes, output)?;
+    let rows = probe_rows(width);
+    let input = ModelInput::Aggregate {
+        rows: &rows,
+        n_rows: PROBE_ROWS,
+    };
+    let expected = runtime.infer(input).map_err(|e| e.to_string())?;
+    let got = graph.infer(input).map_err(|e| e.to_string())?;
+    match disagreement(&expected, &got) {
+        None => Ok(graph),
+        Some(why) => Err(format!("disagrees with ONNX Runtime on probe rows: {why}")),
+    }
+}
+
+const PROBE_ROWS: usize = 64;
+
+/// `PROBE_ROWS` rows of normalised features spread over -3..3, and one of zeros: the
+/// range the estimators are fed.
+fn probe_rows(width: usize) -> Vec<f32> {
+    let mut state: u32 = 0x9E37_79B9;
+    (0..PROBE_ROWS * width)
+        .map(|i| {
+            if i < width {
+                return 0.0;
+            }
+            state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (state >> 8) as f32 / (1u32 << 24) as f32 * 6.0 - 3.0
+        })
+        .collect()
+}
+
+/// Where two runs of one model part by more than float rounding of different summation
+/// orders and approximated functions can: 1e-4 relative, 1e-6 absolute.
+fn disagreement(expected: &[f32], got: &[f32]) -> Option<String> {
+    if expected.len() != got.len() {
+        return Some(format!("{} values against {}", got.len(), expected.len()));
+    }
+    expected
+        .iter()
+        .zip(got)
+        .position(|(&e, &g)| {
+            let same = (e.is_nan() && g.is_nan())
+                || e == g
+                || (e - g).abs() <= 1e-6 + 1e-4 * e.abs().max(g.abs());
+            !same
+        })
+        .map(|i| format!("value {i}: {} against {}", got[i], expected[i]))
 }
 
 struct Checked {
@@ -304,4 +389,83 @@ fn check_entry(entry: &EstimatorEntry) -> Result<Checked, String> {
         classes,
         quantiles,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn committed() -> (PathBuf, Manifest, &'static ort::environment::Environment) {
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        let dylib = std::env::var("ORT_DYLIB_PATH")
+            .map(PathBuf::from)
+            .unwrap_or_else(|_| root.join(".cache/onnxruntime/libonnxruntime.so"));
+        let models = root.join("models");
+        let manifest = std::fs::read(models.join(MANIFEST_FILE)).unwrap();
+        let environment = onnx::environment(&dylib).unwrap();
+        (
+            models,
+            serde_json::from_slice(&manifest).unwrap(),
+            environment,
+        )
+    }
+
+    fn aggregate_width(entry: &EstimatorEntry) -> Option<usize> {
+        match &entry.input {
+            InputSpec::Aggregate { features } => Some(features.len()),
+            InputSpec::Sequence { .. } => None,
+        }
+    }
+
+    #[test]
+    fn every_committed_aggregate_model_is_evaluated_in_process_and_agrees_with_onnx_runtime() {
+        let (models, manifest, environment) = committed();
+        let mut checked = 0;
+        for entry in &manifest.estimators {
+            let Some(width) = aggregate_width(entry) else {
+                continue;
+            };
+            let bytes = std::fs::read(models.join(&entry.file)).unwrap();
+            let runtime =
+                OnnxModel::load(environment, &bytes, &["features"], &entry.output, 1).unwrap();
+            if let Err(why) = checked_feedforward(&bytes, &entry.output, width, &runtime) {
+                panic!("{}: {why}", entry.name);
+            }
+            checked += 1;
+        }
+        assert!(
+            checked >= 8,
+            "only {checked} aggregate models in the manifest"
+        );
+    }
+
+    #[test]
+    fn a_graph_that_disagrees_with_onnx_runtime_is_left_to_it() {
+        let (models, manifest, environment) = committed();
+        let entry = |name: &str| {
+            manifest
+                .estimators
+                .iter()
+                .find(|e| e.name == name)
+                .unwrap()
+                .clone()
+        };
+        // The same inputs and output, other weights: SMOCC's graph against SMACT's runtime.
+        let (smact, smocc) = (entry("smact"), entry("smocc"));
+        let runtime_bytes = std::fs::read(models.join(&smact.file)).unwrap();
+        let runtime =
+            OnnxModel::load(environment, &runtime_bytes, &["features"], &smact.output, 1).unwrap();
+        let graph_bytes = std::fs::read(models.join(&smocc.file)).unwrap();
+        let width = aggregate_width(&smact).unwrap();
+        let why = checked_feedforward(&graph_bytes, &smocc.output, width, &runtime).unwrap_err();
+        assert!(why.contains("disagrees with ONNX Runtime"), "{why}");
+    }
+
+    #[test]
+    fn disagreement_tolerates_rounding_only() {
+        assert_eq!(disagreement(&[1.0, f32::NAN], &[1.000_01, f32::NAN]), None);
+        assert!(disagreement(&[1.0], &[1.001]).is_some());
+        assert!(disagreement(&[0.0], &[1e-5]).is_some());
+        assert!(disagreement(&[1.0], &[1.0, 2.0]).is_some());
+    }
 }

@@ -12,6 +12,7 @@ pub mod combine;
 mod estimator;
 pub mod extrapolation;
 pub mod features;
+mod feedforward;
 mod load;
 pub mod manifest;
 pub mod onnx;
