@@ -47,7 +47,19 @@ pub fn blocks(details: &[LayerDetail]) -> Vec<std::ops::Range<usize>> {
     // 80-layer decoder has ~900 of them).
     let mut runs: Vec<(Option<BlockName>, std::ops::Range<usize>)> = Vec::new();
     for (i, detail) in details.iter().enumerate() {
-        let name = detail.name.as_deref().and_then(BlockName::of);
+        let full = detail.name.as_deref();
+        if let (Some(full), Some((Some(last), range))) = (full, runs.last_mut()) {
+            // Inside the block of the layer before (`model.layers.12.` starts the name): the
+            // same block without scanning the name again.
+            let inside = full.len() > last.block.len()
+                && full.as_bytes()[last.block.len()] == b'.'
+                && full.starts_with(last.block);
+            if inside {
+                range.end = i + 1;
+                continue;
+            }
+        }
+        let name = full.and_then(BlockName::of);
         match runs.last_mut() {
             // Comparing blocks is enough: a block's name holds its prefix.
             Some((Some(last), range)) if name.is_some_and(|n| n.block == last.block) => {
@@ -149,6 +161,16 @@ mod tests {
             "head",
         ]);
         assert_eq!(blocks(&details), vec![1..3, 3..5]);
+        // A block whose number extends the one before is another block; a module named as the
+        // block itself is inside it.
+        let details = named(&[
+            "layers.1",
+            "layers.1.mlp",
+            "layers.10.attn",
+            "layers.10",
+            "norm",
+        ]);
+        assert_eq!(blocks(&details), vec![0..2, 2..4]);
         // One numbered module alone is no stack of blocks.
         assert!(blocks(&named(&["stem.0", "head"])).is_empty());
         assert!(blocks(&[]).is_empty());
