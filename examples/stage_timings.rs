@@ -1,8 +1,9 @@
 //! Where one estimate's time goes in process, stage by stage: parse the body, validate it into
 //! a job, run the estimators and physics, the whole answer (estimators, physics, roofline,
 //! placement, the wire answer), and serialise it. Each request file given is one job; every
-//! stage is run `--runs` times and its median and p90 printed in microseconds as JSON lines
-//! (scripts/floor-bench.py runs this beside the HTTP comparison and writes the table).
+//! stage is run `--runs` times and its median and p90 printed in microseconds as JSON lines,
+//! then each model and formula of the estimators stage as the estimate times it
+//! (scripts/floor-bench.py runs this beside the HTTP comparison and writes the tables).
 //!
 //! `cargo run --release --example stage_timings -- [--runs N] [--gap-ms MS] FILE...` (needs ORT_DYLIB_PATH or
 //! scripts/fetch-onnxruntime.sh).
@@ -133,6 +134,27 @@ fn main() {
             println!(
                 "{}",
                 serde_json::json!({"file": file, "stage": stage, "p50_us": p50, "p90_us": p90})
+            );
+        }
+        // Each model and formula of the estimators stage, as the estimate times it.
+        let mut by_model: std::collections::BTreeMap<String, Vec<Duration>> = Default::default();
+        for _ in 0..runs {
+            let estimate = engine.estimators.estimate_query(query).unwrap();
+            for run in estimate.runs {
+                by_model.entry(run.name).or_default().push(run.latency);
+            }
+            std::thread::sleep(gap);
+        }
+        for (model, mut samples) in by_model {
+            samples.sort_unstable();
+            let us = |d: Duration| (d.as_nanos() as f64 / 100.0).round() / 10.0;
+            let (p50, p90) = (
+                us(samples[samples.len() / 2]),
+                us(samples[samples.len() * 9 / 10]),
+            );
+            println!(
+                "{}",
+                serde_json::json!({"file": file, "model": model, "p50_us": p50, "p90_us": p90})
             );
         }
     }

@@ -172,9 +172,7 @@ def main():
     print(f"{len(items)} jobs ({refused} refused by either), {len(differ)} answers differ (latency_us aside)")
     for index, where in differ[:5]:
         print(f"  item {index}: {where}")
-    leaves = [
-        (i, leaf) for i, (a, b) in enumerate(stripped) if a != b for leaf in leaf_differences(a, b)
-    ]
+    leaves = [(i, leaf) for i, (a, b) in enumerate(stripped) if a != b for leaf in leaf_differences(a, b)]
     beyond = [(i, leaf) for i, leaf in leaves if not within_rounding(leaf[1], leaf[2])]
     print(
         f"{len(leaves)} figures differ in {len(differ)} answers; {len(beyond)} of them by more than "

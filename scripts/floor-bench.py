@@ -159,11 +159,14 @@ def stage_figures(stages_binary, body_files):
         check=True,
         cwd=ROOT,
     )
-    by_file = {}
+    by_file, models = {}, {}
     for line in done.stdout.splitlines():
         row = json.loads(line)
-        by_file.setdefault(row["file"], {})[row["stage"]] = (row["p50_us"], row["p90_us"])
-    return [(name, by_file[path]) for name, path in body_files]
+        if "model" in row:
+            models.setdefault(row["file"], {})[row["model"]] = (row["p50_us"], row["p90_us"])
+        else:
+            by_file.setdefault(row["file"], {})[row["stage"]] = (row["p50_us"], row["p90_us"])
+    return [(name, by_file[path], models.get(path, {})) for name, path in body_files]
 
 
 ISOLATED_REQUESTS = 20
@@ -292,7 +295,8 @@ def main():
         "the service and of examples/json_floor.rs, which reads the same body and writes a reply of the "
         "same bytes, with the service's allocator). Do not edit by hand. oha, "
         f"{args.seconds} s of load per cell, the floor and the service alternating. "
-        "Speed work is held to change no answer by `scripts/answers-unchanged.py BEFORE AFTER`.",
+        "Speed work is held to change no answer beyond rounding by `scripts/answers-unchanged.py "
+        "[--within-rounding] BEFORE AFTER`.",
         "",
         "| job | body / reply bytes | c | floor p50 ms | gpucast p50 ms | p50 ratio | floor req/s | "
         "gpucast req/s | throughput share | non-200 |",
@@ -316,17 +320,30 @@ def main():
         "| job | " + " | ".join(STAGES) + " |",
         "| --- |" + " --- |" * len(STAGES),
     ]
-    for name, by_stage in stages:
+    for name, by_stage, _ in stages:
         cells = [f"{by_stage[s][0]:.1f} / {by_stage[s][1]:.1f}" for s in STAGES]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "Each model and formula inside the estimators stage, as the estimate times it (median / 90th "
+        "percentile, microseconds). The aggregate models are evaluated in process "
+        "(src/estimators/feedforward.rs); ONNX Runtime runs only the sequence classifiers, which answer "
+        '`estimators: "all"`.',
+        "",
+        "| job | model: p50 / p90 us |",
+        "| --- | --- |",
+    ]
+    for name, _, models in stages:
+        cells = ", ".join(f"{m} {p50:.1f} / {p90:.1f}" for m, (p50, p90) in sorted(models.items()))
+        lines.append(f"| {name} | {cells} |")
     lines += [
         "",
         "## Requests that arrive alone",
         "",
         f"{ISOLATED_REQUESTS} requests of each job, {ISOLATED_GAP_S} s apart, timed by the answer's own "
         "`latency_us` (the server's time: total, and each model or step that took 1 us or more, p50). "
-        "Between requests the CPU's caches go to other work, and the answer pays for reloading them: "
-        "most where ONNX Runtime's code runs.",
+        "Between requests the CPU's caches go to other work, and the answer pays for reloading them "
+        "(the models' weights most).",
         "",
         "| job | server total p50 us | p90 us | by model, p50 us |",
         "| --- | --- | --- | --- |",

@@ -884,10 +884,35 @@ fn row_times_matrix_any(row: &[f32], b: &[f32], out: &mut [f32]) {
         out[0] = row.iter().zip(b).fold(out[0], |sum, (&x, &y)| sum + x * y);
         return;
     }
-    for (&x, b_row) in row.iter().zip(b.chunks_exact(n)) {
-        for (o, &y) in out.iter_mut().zip(b_row) {
-            *o += x * y;
+    // Sixteen outputs at a time, kept in registers across the whole row rather than stored
+    // and loaded again for every product.
+    const LANES: usize = 16;
+    let mut start = 0;
+    while start < n {
+        let width = LANES.min(n - start);
+        let mut sums = [0.0f32; LANES];
+        sums[..width].copy_from_slice(&out[start..start + width]);
+        if width == LANES {
+            for (p, &x) in row.iter().enumerate() {
+                let b_part: &[f32; LANES] = b[p * n + start..p * n + start + LANES]
+                    .try_into()
+                    .expect("sixteen values");
+                for (sum, &y) in sums.iter_mut().zip(b_part) {
+                    *sum += x * y;
+                }
+            }
+        } else {
+            for (p, &x) in row.iter().enumerate() {
+                for (sum, &y) in sums[..width]
+                    .iter_mut()
+                    .zip(&b[p * n + start..p * n + start + width])
+                {
+                    *sum += x * y;
+                }
+            }
         }
+        out[start..start + width].copy_from_slice(&sums[..width]);
+        start += width;
     }
 }
 
