@@ -197,7 +197,8 @@ pub struct ServeConfig {
     #[arg(long, env = "GPUCAST_MAX_CONCURRENT_BATCHES", default_value_t = 1)]
     pub max_concurrent_batches: usize,
 
-    /// ONNX Runtime sessions per model (concurrent inferences per model).
+    /// ONNX Runtime sessions per model it runs (the sequence classifiers): concurrent
+    /// inferences per model.
     #[arg(long, env = "GPUCAST_SESSIONS_PER_MODEL", default_value_t = 2)]
     pub sessions_per_model: usize,
 
