@@ -34,6 +34,11 @@ impl Estimator {
         &self.entry.name
     }
 
+    /// What evaluates its model: `in_process` or `onnxruntime`.
+    pub fn runtime(&self) -> &'static str {
+        self.model.runtime()
+    }
+
     /// Why a sequence estimator cannot read this valid job (more layers than positions, or a
     /// layer kind without a token), said in the answer's warnings; `None` when it can. The
     /// family's other estimators answer such a job.

@@ -463,6 +463,10 @@ impl Model for FeedForward {
         }
         Ok(out)
     }
+
+    fn runtime(&self) -> &'static str {
+        "in_process"
+    }
 }
 
 fn evaluate(op: &Op, args: &[Option<&Value>]) -> Fallible<Value> {

@@ -76,6 +76,7 @@ pub async fn estimators(State(state): State<AppState>) -> Json<EstimatorsRespons
                 InputSpec::Aggregate { .. } => "aggregate".into(),
                 InputSpec::Sequence { .. } => "sequence".into(),
             },
+            runtime: e.runtime().to_string(),
             file: e.entry.file.clone(),
             sha256: e.entry.sha256.clone(),
             target: e.entry.target.clone(),

@@ -80,6 +80,12 @@ async fn the_estimators_route_lists_what_is_loaded_with_validation_figures() {
     for estimator in estimators {
         assert_eq!(estimator["sha256"].as_str().unwrap().len(), 64);
         assert!(!estimator["validation"].as_object().unwrap().is_empty());
+        // The feed-forward graphs are evaluated in process, the sequence models by ONNX Runtime.
+        let runtime = match estimator["input"].as_str().unwrap() {
+            "aggregate" => "in_process",
+            _ => "onnxruntime",
+        };
+        assert_eq!(estimator["runtime"], runtime, "{estimator}");
     }
     // Provenance: every training file with its checksum.
     let files = body["training_data"].as_array().unwrap();
