@@ -13,6 +13,9 @@ fp32 SGD with accumulation, LoRA on named modules).
     git stash pop; cargo build --release --bin gpucast
     python3 scripts/answers-unchanged.py /tmp/before target/release/gpucast
 
+With `--alone`, each build serves on loopback and answers every job in a request of its own
+(as a caller sending one job at a time sees it) instead of in batches.
+
 Stdlib only. Exits 1 when any answer differs, and prints the first few differences. With
 `--within-rounding`, a number that moved by at most one unit of its last significant digit (a sum
 of float32 products taken in another order: 926.9 against 927.0) is counted and shown but not
@@ -23,9 +26,13 @@ import glob
 import gzip
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
+import time
+import urllib.error
+import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHUNK = 40
@@ -102,6 +109,43 @@ def answers(binary, batches):
     return out
 
 
+def answers_alone(binary, items):
+    """Every item's answer (or problem) from `binary` serving on loopback, one request each: what
+    a caller that sends one job at a time gets."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory(prefix="gpucast-alone-") as store:
+        service = subprocess.Popen(
+            [binary, "serve", "--listen", f"127.0.0.1:{port}", "--no-nvml", "--data-dir", store],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            for _ in range(600):
+                try:
+                    urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1)
+                    break
+                except Exception:
+                    time.sleep(0.1)
+            out = []
+            for item in items:
+                request = urllib.request.Request(
+                    f"http://127.0.0.1:{port}/v1/estimate",
+                    data=json.dumps(item).encode(),
+                    headers={"content-type": "application/json"},
+                )
+                try:
+                    out.append({"estimate": json.load(urllib.request.urlopen(request, timeout=60))})
+                except urllib.error.HTTPError as e:
+                    out.append({"error": json.load(e)})
+            return out
+        finally:
+            service.terminate()
+            service.wait(timeout=60)
+
+
 def without_latency(value):
     if isinstance(value, dict):
         return {k: without_latency(v) for k, v in value.items() if k != "latency_us"}
@@ -153,7 +197,8 @@ def within_rounding(a, b):
 def main():
     args = sys.argv[1:]
     tolerate = "--within-rounding" in args
-    args = [a for a in args if a != "--within-rounding"]
+    alone = "--alone" in args
+    args = [a for a in args if a not in ("--within-rounding", "--alone")]
     if len(args) != 2:
         raise SystemExit(__doc__)
     before, after = args
@@ -165,7 +210,10 @@ def main():
             with open(path, "w") as f:
                 json.dump({"items": items[start : start + CHUNK]}, f)
             batches.append(path)
-        old, new = answers(before, batches), answers(after, batches)
+        if alone:
+            old, new = answers_alone(before, items), answers_alone(after, items)
+        else:
+            old, new = answers(before, batches), answers(after, batches)
     stripped = [(without_latency(a), without_latency(b)) for a, b in zip(old, new)]
     differ = [(i, first_difference(a, b)) for i, (a, b) in enumerate(stripped) if a != b]
     refused = sum(1 for a, b in zip(old, new) if "error" in a or "error" in b)
