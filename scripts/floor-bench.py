@@ -173,25 +173,32 @@ ISOLATED_REQUESTS = 20
 ISOLATED_GAP_S = 0.25
 
 
-def isolated_figures(port, body_files):
-    """[(job name, server total us p50, p90, {model: p50 us})] of requests that arrive alone, as a
-    scheduler's usually do: ISOLATED_REQUESTS of each job, ISOLATED_GAP_S apart, timed by the
-    answer's own latency_us (the server's time, without the client's)."""
-    rows = []
-    for name, path in body_files:
-        with open(path, "rb") as f:
-            body = f.read()
-        totals, by_model = [], {}
-        for _ in range(ISOLATED_REQUESTS):
+def isolated_figures(port, floor_port, body):
+    """(floor client p50 us, service client p50 us, service server p50 us, p90 us, {model: p50 us})
+    of requests that arrive alone, as a scheduler's usually do: ISOLATED_REQUESTS to each of the
+    floor and the service, alternating, ISOLATED_GAP_S apart, each on a new connection; timed by
+    the client, and for the service also by the answer's own latency_us (the server's time)."""
+    floor_times, service_times, totals, by_model = [], [], [], {}
+    for _ in range(ISOLATED_REQUESTS):
+        for target in (floor_port, port):
             time.sleep(ISOLATED_GAP_S)
-            latency = json.loads(post(port, body))["latency_us"]
+            started = time.perf_counter()
+            reply = post(target, body)
+            elapsed = (time.perf_counter() - started) * 1e6
+            if target == floor_port:
+                floor_times.append(elapsed)
+                continue
+            service_times.append(elapsed)
+            latency = json.loads(reply)["latency_us"]
             totals.append(latency.pop("total"))
             for model, us in latency.items():
                 by_model.setdefault(model, []).append(us)
-        totals.sort()
-        models = {m: sorted(v)[len(v) // 2] for m, v in by_model.items() if sorted(v)[len(v) // 2] >= 1.0}
-        rows.append((name, totals[len(totals) // 2], totals[len(totals) * 9 // 10], models))
-    return rows
+
+    def p50(values):
+        return sorted(values)[len(values) // 2]
+
+    models = {m: p50(v) for m, v in by_model.items() if p50(v) >= 1.0}
+    return p50(floor_times), p50(service_times), p50(totals), sorted(totals)[len(totals) * 9 // 10], models
 
 
 def flood_figures(args, port, scratch, single_body):
@@ -251,6 +258,7 @@ def main():
     )
     rows = []
     body_files = []
+    isolated = []
     try:
         wait_ready(port, "/readyz")
         for index, (name, job) in enumerate(jobs()):
@@ -275,10 +283,10 @@ def main():
                     service_figures = load(args.oha, port, body_file, concurrency, args.seconds)
                     rows.append((name, len(body), len(reply), concurrency, floor_figures, service_figures))
                     print(rows[-1], flush=True)
+                isolated.append((name, *isolated_figures(port, floor_port, body)))
             finally:
                 floor.terminate()
                 floor.wait(timeout=30)
-        isolated = isolated_figures(port, body_files)
         flood = flood_figures(args, port, scratch, body_files[0][1])
         stages = stage_figures(args.stages, body_files)
     finally:
@@ -340,17 +348,22 @@ def main():
         "",
         "## Requests that arrive alone",
         "",
-        f"{ISOLATED_REQUESTS} requests of each job, {ISOLATED_GAP_S} s apart, timed by the answer's own "
-        "`latency_us` (the server's time: total, and each model or step that took 1 us or more, p50). "
-        "Between requests the CPU's caches go to other work, and the answer pays for reloading them "
-        "(the models' weights most).",
+        f"{ISOLATED_REQUESTS} requests of each job to the floor and to the service, alternating, "
+        f"{ISOLATED_GAP_S} s apart, each on a new connection (p50): timed by the client, and for the "
+        "service also by the answer's own `latency_us` (the server's time: total, and each model or "
+        "step that took 1 us or more). Between requests the CPU's caches go to other work, and both "
+        "pay for reloading them.",
         "",
-        "| job | server total p50 us | p90 us | by model, p50 us |",
-        "| --- | --- | --- | --- |",
+        "| job | floor, client us | gpucast, client us | ratio | gpucast server total us (p50 / p90) | "
+        "by model, server p50 us |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
-    for name, p50, p90, models in isolated:
+    for name, floor_us, service_us, p50, p90, models in isolated:
         by_model = ", ".join(f"{m} {us:.0f}" for m, us in sorted(models.items()))
-        lines.append(f"| {name} | {p50:.0f} | {p90:.0f} | {by_model} |")
+        lines.append(
+            f"| {name} | {floor_us:.0f} | {service_us:.0f} | {service_us / floor_us:.2f}x | {p50:.0f} / {p90:.0f} "
+            f"| {by_model} |"
+        )
     (q50, q99, q_rps, q_bad), (l50, l99, l_rps, l_bad), (b_rps, b_bad) = flood
     lines += [
         "",
