@@ -554,7 +554,9 @@ pub fn roofline_with(job: &Job, gpu: &GpuPerformance, constants: &Constants) -> 
         role: role(i),
         recomputed: is_recomputed[i],
     };
-    let repeats = repeats(job.blocks(), stage, |a, b| key(a) == key(b));
+    // Each layer's key once: comparing every block's layers with the first's reads them all.
+    let keys: Vec<LayerKey> = (0..stage).map(key).collect();
+    let repeats = repeats(job.blocks(), stage, |a, b| keys[a] == keys[b]);
     let mut next = repeats.iter().peekable();
     let mut i = 0;
     while i < stage {
