@@ -31,6 +31,11 @@ fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// A duration in microseconds, to a tenth.
+fn micros(d: Duration) -> f64 {
+    (d.as_nanos() as f64 / 100.0).round() / 10.0
+}
+
 /// Median and 90th percentile of `runs` timings of `f`, in microseconds; with a `gap`, the
 /// process sleeps that long after each run (a request that arrives alone finds the CPU's
 /// caches gone to other work).
@@ -45,8 +50,7 @@ fn time<T>(runs: usize, gap: Duration, mut f: impl FnMut() -> T) -> (f64, f64) {
         })
         .collect();
     samples.sort_unstable();
-    let us = |d: Duration| (d.as_nanos() as f64 / 100.0).round() / 10.0;
-    (us(samples[runs / 2]), us(samples[runs * 9 / 10]))
+    (micros(samples[runs / 2]), micros(samples[runs * 9 / 10]))
 }
 
 fn main() {
@@ -147,10 +151,9 @@ fn main() {
         }
         for (model, mut samples) in by_model {
             samples.sort_unstable();
-            let us = |d: Duration| (d.as_nanos() as f64 / 100.0).round() / 10.0;
             let (p50, p90) = (
-                us(samples[samples.len() / 2]),
-                us(samples[samples.len() * 9 / 10]),
+                micros(samples[samples.len() / 2]),
+                micros(samples[samples.len() * 9 / 10]),
             );
             println!(
                 "{}",

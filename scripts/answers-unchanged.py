@@ -154,18 +154,6 @@ def without_latency(value):
     return value
 
 
-def first_difference(a, b, path=""):
-    if isinstance(a, dict) and isinstance(b, dict):
-        for key in sorted(set(a) | set(b)):
-            if a.get(key) != b.get(key):
-                return first_difference(a.get(key), b.get(key), f"{path}.{key}")
-    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
-        for i, (x, y) in enumerate(zip(a, b)):
-            if x != y:
-                return first_difference(x, y, f"{path}[{i}]")
-    return f"{path}: {json.dumps(a)[:120]} vs {json.dumps(b)[:120]}"
-
-
 def leaf_differences(a, b, path=""):
     """Every (path, a, b) where the two answers differ, down to their leaves."""
     if isinstance(a, dict) and isinstance(b, dict):
@@ -176,6 +164,11 @@ def leaf_differences(a, b, path=""):
             yield from leaf_differences(x, y, f"{path}[{i}]")
     elif a != b:
         yield path, a, b
+
+
+def first_difference(a, b):
+    path, x, y = next(leaf_differences(a, b))
+    return f"{path}: {json.dumps(x)[:120]} vs {json.dumps(y)[:120]}"
 
 
 def last_digit(number):

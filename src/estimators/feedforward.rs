@@ -441,8 +441,10 @@ impl FeedForward {
             let value = evaluate(&node.op, &args).map_err(|e| format!("{:?}: {e}", node.op))?;
             computed.push(value);
         }
-        let output = computed.pop().expect("the output node was evaluated");
-        Ok(output.float()?.data.clone())
+        match computed.pop().expect("the output node was evaluated") {
+            Value::Float(output) => Ok(output.data),
+            Value::Int(_) => Err("the output is an integer tensor".into()),
+        }
     }
 }
 
@@ -978,8 +980,8 @@ fn slice(
     }
     let strides = strides(&x.shape);
     let base: usize = from.iter().zip(&strides).map(|(f, s)| f * s).sum();
-    let data = broadcast_offsets(&shape, &shape)
-        .into_iter()
+    let len: usize = shape.iter().product();
+    let data = (0..len)
         .map(|flat| {
             let mut rest = flat;
             let mut offset = base;
