@@ -20,25 +20,25 @@ use crate::engine::Engine;
 use crate::error::ApiError;
 use crate::estimators::Estimators;
 use crate::metrics::Metrics;
-use crate::physics::uncertainty::{self, Spreads};
+use crate::physics::uncertainty::{self, Calibration};
 
 /// Exit status of bad input (the problem JSON is printed).
 pub const BAD_INPUT: i32 = 2;
 /// Exit status when the models or the input file cannot be read.
 pub const FAILED: i32 = 1;
 
-/// Largest spreads file read: the committed one is under 1 KiB.
-const MAX_SPREADS_BYTES: u64 = 64 * 1024;
+/// Largest calibration file read: the committed one is under 64 KiB.
+const MAX_CALIBRATION_BYTES: u64 = 1024 * 1024;
 
-/// A spreads file's text, refused beyond [`MAX_SPREADS_BYTES`].
-fn read_spreads(path: &std::path::Path) -> Result<String, String> {
+/// A calibration file's text, refused beyond [`MAX_CALIBRATION_BYTES`].
+fn read_calibration(path: &std::path::Path) -> Result<String, String> {
     let file = std::fs::File::open(path).map_err(|e| e.to_string())?;
     let mut text = String::new();
-    file.take(MAX_SPREADS_BYTES + 1)
+    file.take(MAX_CALIBRATION_BYTES + 1)
         .read_to_string(&mut text)
         .map_err(|e| e.to_string())?;
-    if text.len() as u64 > MAX_SPREADS_BYTES {
-        return Err(format!("larger than {MAX_SPREADS_BYTES} bytes"));
+    if text.len() as u64 > MAX_CALIBRATION_BYTES {
+        return Err(format!("larger than {MAX_CALIBRATION_BYTES} bytes"));
     }
     Ok(text)
 }
@@ -53,10 +53,10 @@ pub fn estimate(args: &EstimateArgs) -> i32 {
         }
     };
     if let Some(path) = &args.uncertainty {
-        let spreads = read_spreads(path).and_then(|text| Spreads::parse(&text));
-        match spreads {
-            Ok(spreads) => {
-                uncertainty::install(spreads);
+        let calibration = read_calibration(path).and_then(|text| Calibration::parse(&text));
+        match calibration {
+            Ok(calibration) => {
+                uncertainty::install(calibration);
             }
             Err(e) => {
                 eprintln!("gpucast estimate: --uncertainty {}: {e}", path.display());

@@ -83,9 +83,9 @@ pub struct EstimateArgs {
     #[arg(long, env = "GPUCAST_MAX_BODY_BYTES", default_value_t = DEFAULT_MAX_BODY_BYTES)]
     pub max_body_bytes: usize,
 
-    /// Spreads of the uncertain terms (the JSON of data/uncertainty.json) to answer with
-    /// instead of the committed ones: the evaluation scores held-out sources with spreads
-    /// fitted without them.
+    /// Held-out score quantiles (the JSON of data/uncertainty.json) to answer with instead of
+    /// the committed ones: the evaluation scores held-out sources with quantiles computed
+    /// without them.
     #[arg(long)]
     pub uncertainty: Option<PathBuf>,
 

@@ -120,19 +120,21 @@ fn the_table_format_prints_the_breakdown_for_people() {
 }
 
 #[test]
-fn other_spreads_move_the_bound_and_the_decision_not_the_figure() {
+fn other_quantiles_move_the_bound_and_the_decision_not_the_figure() {
     let job = "tests/fixtures/cli/llama_job.json";
     let committed = json(&gpucast(&["estimate", job], None));
-    let mut spreads: Value = serde_json::from_str(
+    let mut calibration: Value = serde_json::from_str(
         &std::fs::read_to_string(root().join("data/uncertainty.json")).unwrap(),
     )
     .unwrap();
-    for level in spreads["levels"].as_object_mut().unwrap().values_mut() {
-        level["log_sd"] = (level["log_sd"].as_f64().unwrap() * 2.0 + 0.1).into();
+    for group in calibration["groups"].as_object_mut().unwrap().values_mut() {
+        for score in group["scores"].as_array_mut().unwrap() {
+            *score = (score.as_f64().unwrap() * 2.0 + 0.1).into();
+        }
     }
     let dir = tempfile::tempdir().unwrap();
     let wider = dir.path().join("wider.json");
-    std::fs::write(&wider, spreads.to_string()).unwrap();
+    std::fs::write(&wider, calibration.to_string()).unwrap();
     let answer = json(&gpucast(
         &["estimate", "--uncertainty", wider.to_str().unwrap(), job],
         None,
@@ -147,9 +149,9 @@ fn other_spreads_move_the_bound_and_the_decision_not_the_figure() {
         answer["fit"]["oom_probability"].as_f64().unwrap()
             >= committed["fit"]["oom_probability"].as_f64().unwrap()
     );
-    // A spreads file that is not one is refused, naming the flag, and nothing is answered.
+    // A calibration file that is not one is refused, naming the flag, and nothing is answered.
     let bad = dir.path().join("bad.json");
-    std::fs::write(&bad, r#"{"cuda_context_sd_mib": 1, "levels": {}}"#).unwrap();
+    std::fs::write(&bad, r#"{"min_share": 1, "min_rows": 1, "levels": [0, 1]}"#).unwrap();
     let refused = gpucast(
         &["estimate", "--uncertainty", bad.to_str().unwrap(), job],
         None,

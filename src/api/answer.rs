@@ -284,16 +284,31 @@ pub fn peak_moment(physics: &Physics, figure_mib: f64) -> PeakMomentName {
 pub fn uncertainty_response(peak: &PeakDistribution) -> UncertaintyResponse {
     let t = &peak.terms;
     UncertaintyResponse {
-        detail: peak.detail.as_str().into(),
+        detail: peak.group.detail.as_str().into(),
+        setup_family: peak.group.family.as_str().into(),
+        scores_group: peak.scores_group.into(),
+        rows: peak.scores.rows,
         known_mib: round_mib(t.known),
         cuda_context_mib: round_mib(t.cuda_context),
         uncertain_mib: round_mib(t.uncertain),
         reclaimable_mib: round_mib(t.reclaimable),
-        log_sd: round_to_f64(peak.spread.log_sd, 1e4),
-        bias: round_to_f64(peak.spread.bias, 1e4),
-        cuda_context_sd_mib: round_mib(peak.context_sd),
+        share: round_to_f64(t.share(peak.min_share()), 1e4),
+        scale: round_to_f64(peak.scale, 1e4),
+        score_quantiles: REPORTED_LEVELS
+            .iter()
+            .map(|(key, level)| (key.to_string(), round_to_f64(peak.score_at(*level), 1e4)))
+            .collect(),
     }
 }
+
+/// The confidences whose scores an answer shows.
+const REPORTED_LEVELS: [(&str, f64); 5] = [
+    ("0.5", 0.5),
+    ("0.8", 0.8),
+    ("0.9", 0.9),
+    ("0.95", 0.95),
+    ("0.99", 0.99),
+];
 
 /// A probability to 1e-6 (a decision compares it with 1 - confidence).
 pub fn round_probability(p: f64) -> f64 {

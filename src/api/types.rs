@@ -995,23 +995,36 @@ pub struct FitResponse {
 }
 
 /// The distribution of the peak that `upper_bound_mib` and `fit.oom_probability` are read
-/// from: known terms (weights, gradients, optimizer state, collective buffers: counted, no
-/// width), the CUDA context (normal, `cuda_context_sd_mib`), and the uncertain terms
-/// (activations, temporaries, allocator cache: log-normal with `bias` and `log_sd`, fitted on
-/// measured peaks for the job's `detail`). The peak at standard score z is
-/// `known + context + z sd + uncertain x exp(bias + z log_sd)`.
+/// from: the held-out errors of figures like this one. A measured peak's score against a
+/// figure F is `log(measured / F) / share`, with `share` the uncertain terms' part of F
+/// (activations, temporaries, allocator cache), at least the calibration's least share; the
+/// peak at score s is `F exp(scale s share)`. `score_quantiles` are split-conformal quantiles
+/// of the scores of `scores_group`'s measured rows (data/uncertainty.json, docs/accuracy.md).
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct UncertaintyResponse {
-    /// What the figure rests on: `simulation`, `config`, `traced`, `printout` or `layers`.
+    /// What the figure rests on: `simulation`, `simulated_setup`, `config`, `setup_step`,
+    /// `traced`, `printout` or `layers`.
     pub detail: String,
+    /// The setup's family: `full`, `lora`, `qlora`, `sharded` or `offload`.
+    pub setup_family: String,
+    /// The group whose errors bound the figure: `detail/setup_family/model_family`, else
+    /// `detail/setup_family`, `detail` or `all` where a group has too few measured rows.
+    pub scores_group: String,
+    /// Measured rows behind `score_quantiles`.
+    pub rows: u64,
     pub known_mib: f64,
     pub cuda_context_mib: f64,
     pub uncertain_mib: f64,
     /// Of the uncertain terms, the cache the allocator frees before it fails.
     pub reclaimable_mib: f64,
-    pub log_sd: f64,
-    pub bias: f64,
-    pub cuda_context_sd_mib: f64,
+    /// What a score is multiplied by: the uncertain share of the figure, at least the least
+    /// share.
+    pub share: f64,
+    /// The factor on every score: 1, more for a job far from the measured data, or what a
+    /// calibration profile's bound implies.
+    pub scale: f64,
+    /// The group's score at confidences 0.5, 0.8, 0.9, 0.95 and 0.99, before `scale`.
+    pub score_quantiles: BTreeMap<String, f64>,
 }
 
 /// When in the training step the peak falls: `backward_start` (every activation kept, the

@@ -29,8 +29,12 @@
 //!
 //! The fit is a Huber regression on the relative residual (iteratively reweighted least
 //! squares): a reading off by more than [`HUBER_DELTA`] counts linearly, not squared, so one
-//! wild observation among ten moves the fit little. Its quantiles of `log(observed / fitted)`
-//! widen the estimate into an upper bound.
+//! wild observation among ten moves the fit little. Its held-out residuals `log(observed /
+//! fitted)` (each sample against a fit without its fold, [`CROSS_FOLDS`]) widen the estimate
+//! into an upper bound: the residual at rank `(n + 1) c` is the bound's margin at confidence
+//! `c` once there are enough samples for that rank (19 at 0.95), and until then the
+//! uncalibrated bound's margin holds (split-conformal: the environment's own errors replace
+//! the prior's as they accumulate, with coverage kept).
 
 use std::collections::BTreeMap;
 
@@ -70,14 +74,21 @@ pub const JOB_RELATIVE_ERROR: f64 = 0.15;
 /// observation of a 4 GiB job moves the context ~3/4 of its residual, of a 40 GiB job ~3 %: a
 /// 15 % error on a large job says little about a fixed cost.
 pub const FIXED_COST_PRIOR_MIB: f64 = 1024.0;
-/// Quantiles of `log(observed / fitted)` kept in a fit, as (key, probability).
-pub const QUANTILES: [(&str, f64); 4] =
-    [("0.5", 0.5), ("0.9", 0.9), ("0.95", 0.95), ("0.99", 0.99)];
-/// Below this many observations the residual quantiles are too rough: the bound takes the
-/// largest residual seen and at least [`FEW_SAMPLES_LOG_MARGIN`].
-pub const MIN_SAMPLES_FOR_QUANTILE_BOUND: usize = 10;
-/// The least log margin of the bound while the fit rests on fewer than
-/// [`MIN_SAMPLES_FOR_QUANTILE_BOUND`] observations (×1.22).
+/// Conformal quantiles of the held-out `log(observed / fitted)` kept in a fit, as (key,
+/// probability); a key is absent while the samples are too few for its rank.
+pub const QUANTILES: [(&str, f64); 5] = [
+    ("0.5", 0.5),
+    ("0.8", 0.8),
+    ("0.9", 0.9),
+    ("0.95", 0.95),
+    ("0.99", 0.99),
+];
+/// The folds of the held-out residuals: each sample is compared with a fit on the others'
+/// folds (every other sample below this many), so that a residual is an error on a job the
+/// fit had not seen, as a new job's will be.
+pub const CROSS_FOLDS: usize = 10;
+/// The least log margin of the bound while the samples are too few for the confidence's rank
+/// (×1.22).
 pub const FEW_SAMPLES_LOG_MARGIN: f64 = 0.2;
 const ITERATIONS: usize = 50;
 
@@ -240,6 +251,49 @@ fn usable(sample: &EnvironmentSample) -> bool {
 /// when some sample has the category.
 pub fn fit_environment(samples: &[EnvironmentSample]) -> EnvironmentFit {
     let samples: Vec<&EnvironmentSample> = samples.iter().filter(|s| usable(s)).collect();
+    let mut fit = fit_parameters(&samples);
+    let mut logs = held_out_log_residuals(&samples);
+    logs.sort_by(f64::total_cmp);
+    let n = logs.len();
+    fit.max_log_residual = logs.last().copied().unwrap_or(0.0);
+    fit.log_residual_quantiles = QUANTILES
+        .iter()
+        .filter_map(|(key, p)| {
+            // The rank (n + 1) p, rounded up: a new job's residual lies above it with
+            // probability at most 1 - p.
+            let rank = ((n + 1) as f64 * p).ceil() as usize;
+            (rank >= 1 && rank <= n).then(|| (key.to_string(), logs[rank - 1]))
+        })
+        .collect();
+    fit
+}
+
+/// Each sample's `log(observed / fitted)` against a fit without its fold.
+fn held_out_log_residuals(samples: &[&EnvironmentSample]) -> Vec<f64> {
+    let n = samples.len();
+    let folds = n.min(CROSS_FOLDS);
+    let mut logs = Vec::with_capacity(n);
+    for fold in 0..folds {
+        let others: Vec<&EnvironmentSample> = samples
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| i % folds != fold)
+            .map(|(_, s)| *s)
+            .collect();
+        let fit = fit_parameters(&others);
+        logs.extend(
+            samples
+                .iter()
+                .skip(fold)
+                .step_by(folds)
+                .map(|s| (s.observed_mib / fitted_mib(&fit, &s.predicted, s.measure)).ln()),
+        );
+    }
+    logs
+}
+
+/// The environment's parameters fitted to usable `samples`, without residual quantiles.
+fn fit_parameters(samples: &[&EnvironmentSample]) -> EnvironmentFit {
     let n = samples.len();
     if n == 0 {
         return EnvironmentFit::default();
@@ -320,7 +374,7 @@ pub fn fit_environment(samples: &[EnvironmentSample]) -> EnvironmentFit {
         }
     }
 
-    let mut fit = EnvironmentFit {
+    EnvironmentFit {
         samples: n,
         context_mib: counts_context.then_some(theta[CONTEXT]),
         allocator_fixed_mib: theta[FIXED],
@@ -328,17 +382,7 @@ pub fn fit_environment(samples: &[EnvironmentSample]) -> EnvironmentFit {
         cache_scale: theta[CACHE],
         log_residual_quantiles: BTreeMap::new(),
         max_log_residual: 0.0,
-    };
-    let mut logs: Vec<f64> = samples
-        .iter()
-        .map(|s| (s.observed_mib / fitted_mib(&fit, &s.predicted, s.measure)).ln())
-        .collect();
-    fit.max_log_residual = logs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    fit.log_residual_quantiles = QUANTILES
-        .iter()
-        .map(|(key, p)| (key.to_string(), quantile(&mut logs, *p)))
-        .collect();
-    fit
+    }
 }
 
 /// Minimises `Σ w (y - x·θ)² + Σ shrink (θ - prior)²` over the free parameters within their
@@ -482,28 +526,34 @@ fn floor_mib(p: &Breakdown, measure: Measure) -> f64 {
     weights + p.gradients + p.optimizer_state + p.collective_buffers + outside
 }
 
-/// The log margin of the bound at `confidence`: the stored quantile at or above it (the
-/// highest stored one beyond), never below 0. With fewer than
-/// [`MIN_SAMPLES_FOR_QUANTILE_BOUND`] samples the fit cannot know its own spread across jobs
-/// (its residuals are those of the jobs it was fitted on), so the margin is the largest of the
-/// residuals seen, [`FEW_SAMPLES_LOG_MARGIN`] and `prior_log_margin`: the uncalibrated bound's
-/// margin for the job, which a few observations may not narrow.
-pub fn log_margin(fit: &EnvironmentFit, confidence: f64, prior_log_margin: f64) -> f64 {
-    if fit.samples < MIN_SAMPLES_FOR_QUANTILE_BOUND {
-        return fit
-            .max_log_residual
-            .max(FEW_SAMPLES_LOG_MARGIN)
-            .max(prior_log_margin);
-    }
-    let level = QUANTILES
+/// The key of the stored quantile that answers at `confidence`: the first at or above it.
+fn quantile_key(confidence: f64) -> &'static str {
+    QUANTILES
         .iter()
         .find(|(_, p)| *p >= confidence - 1e-12)
-        .unwrap_or(&QUANTILES[QUANTILES.len() - 1]);
+        .unwrap_or(&QUANTILES[QUANTILES.len() - 1])
+        .0
+}
+
+/// Whether the fit rests on enough samples for its own quantile at `confidence`.
+fn has_own_quantile(fit: &EnvironmentFit, confidence: f64) -> bool {
     fit.log_residual_quantiles
-        .get(level.0)
-        .copied()
-        .unwrap_or(FEW_SAMPLES_LOG_MARGIN)
-        .max(0.0)
+        .contains_key(quantile_key(confidence))
+}
+
+/// The log margin of the bound at `confidence`: the stored conformal quantile at or above it,
+/// never below 0. While the samples are too few for that quantile's rank, the fit cannot know
+/// its own spread across jobs, so the margin is the largest of the held-out residuals seen,
+/// [`FEW_SAMPLES_LOG_MARGIN`] and `prior_log_margin`: the uncalibrated bound's margin for the
+/// job, which a few observations may not narrow.
+pub fn log_margin(fit: &EnvironmentFit, confidence: f64, prior_log_margin: f64) -> f64 {
+    match fit.log_residual_quantiles.get(quantile_key(confidence)) {
+        Some(margin) => margin.max(0.0),
+        None => fit
+            .max_log_residual
+            .max(FEW_SAMPLES_LOG_MARGIN)
+            .max(prior_log_margin),
+    }
 }
 
 /// The calibrated device figure of a job and its upper bound at `confidence`, MiB;
@@ -534,7 +584,18 @@ pub fn apply_measured(
 ) -> (f64, f64) {
     let estimate = fitted_mib(fit, predicted, measure);
     let margin = log_margin(fit, confidence, prior_log_margin);
-    (estimate, estimate * margin.exp())
+    let mut bound = estimate * margin.exp();
+    if !has_own_quantile(fit, confidence) {
+        // Too few samples to know the fit's own errors: the fit may move the figure, but not
+        // below the uncalibrated bound, whose coverage the held-out quantiles measured. That
+        // bound's margin is a ratio of the device's figure: on another measure it is the same
+        // MiB above that measure's figure, not the same ratio.
+        let physics = EnvironmentFit::default();
+        let device = fitted_mib(&physics, predicted, Measure::Device);
+        let prior = fitted_mib(&physics, predicted, measure) + device * prior_log_margin.exp_m1();
+        bound = bound.max(prior);
+    }
+    (estimate, bound)
 }
 
 #[cfg(test)]
@@ -655,7 +716,7 @@ mod tests {
             assert!((w / c - 1.0).abs() < 0.02, "{a}: {w} vs {c}");
         }
         assert!(
-            wild.log_residual_quantiles["0.99"] > 1.0,
+            wild.max_log_residual > 1.0,
             "the wild one shows in the tail"
         );
     }
@@ -717,9 +778,32 @@ mod tests {
         assert_eq!(log_margin(&few, 0.95, 0.4), 0.4);
         let (estimate, bound) = apply(&few, &job(3000.0), 0.95, 0.4);
         assert!((bound / estimate - 0.4_f64.exp()).abs() < 1e-9);
-        // Ten: the environment's own quantiles answer, whatever the prior.
-        let many = fit_environment(&samples(MIN_SAMPLES_FOR_QUANTILE_BOUND));
+        // Nineteen: the rank 20 x 0.95 exists, the environment's own quantiles answer,
+        // whatever the prior; with 18 the prior still holds.
+        let many = fit_environment(&samples(19));
+        assert!(many.log_residual_quantiles.contains_key("0.95"));
         assert_eq!(log_margin(&many, 0.95, 0.4), log_margin(&many, 0.95, 0.0));
+        let fewer = fit_environment(&samples(18));
+        assert_eq!(log_margin(&fewer, 0.95, 0.4), 0.4);
+    }
+
+    #[test]
+    fn a_few_observations_may_lower_the_figure_but_not_the_uncalibrated_bound() {
+        // Three jobs that used 30 % less than predicted: the figure falls, the bound holds.
+        let lower: Vec<EnvironmentSample> = (0..3)
+            .map(|i| EnvironmentSample {
+                predicted: job(4000.0 + 2000.0 * i as f64),
+                observed_mib: 0.7 * job(4000.0 + 2000.0 * i as f64).total(),
+                measure: Measure::Device,
+            })
+            .collect();
+        let fit = fit_environment(&lower);
+        let (estimate, bound) = apply(&fit, &job(5000.0), 0.95, 0.4);
+        assert!(estimate < 0.95 * job(5000.0).total(), "{estimate}");
+        assert!(
+            bound >= job(5000.0).total() * 0.4_f64.exp() - 1e-9,
+            "{bound}"
+        );
     }
 
     #[test]

@@ -200,8 +200,8 @@ pub fn place(
     // the spread the profile's bound implies (observations narrow or widen it).
     let mut peak = *distribution;
     if calibrated.is_some() {
-        peak = physics.distribution(distribution.detail, settled.estimate_mib, 1.0);
-        peak.spread = distribution.spread;
+        peak = physics.distribution(distribution.group, confidence, settled.estimate_mib, 1.0);
+        peak.scale = distribution.scale;
         peak.fit_bound(confidence, settled.upper_bound_mib);
     }
     let (mut fit, fit_basis) = fit(
@@ -387,7 +387,13 @@ mod tests {
     use super::*;
     use crate::calibration::store::ProfileStore;
     use crate::devices::{FakeDevices, NoDevices};
-    use crate::job::Detail;
+    use crate::job::{Detail, Family, Group, SetupFamily};
+
+    const LAYERS: Group = Group {
+        detail: Detail::Layers,
+        family: SetupFamily::Full,
+        model: Family::Mlp,
+    };
 
     fn answer(estimate_mib: f64, upper_bound_mib: f64) -> MibAnswer {
         MibAnswer {
@@ -574,7 +580,7 @@ mod tests {
             None,
             &profiles.snapshot(),
             &physics(),
-            &physics().distribution(Detail::Layers, 2_000.0, 1.0),
+            &physics().distribution(LAYERS, 0.95, 2_000.0, 1.0),
             None,
             0.95,
         );
@@ -699,7 +705,7 @@ mod tests {
             None,
             &profiles.snapshot(),
             &physics(),
-            &physics().distribution(Detail::Layers, 9_000.0, 1.0),
+            &physics().distribution(LAYERS, 0.95, 9_000.0, 1.0),
             None,
             0.95,
         );
@@ -712,7 +718,7 @@ mod tests {
             None,
             &profiles.snapshot(),
             &physics(),
-            &physics().distribution(Detail::Layers, 200_000.0, 1.0),
+            &physics().distribution(LAYERS, 0.95, 200_000.0, 1.0),
             None,
             0.95,
         );
@@ -739,7 +745,7 @@ mod tests {
             None,
             &profiles.snapshot(),
             &physics(),
-            &physics().distribution(Detail::Layers, 10_000.0, 1.0),
+            &physics().distribution(LAYERS, 0.95, 10_000.0, 1.0),
             None,
             0.95,
         );

@@ -510,7 +510,12 @@ impl Partial {
             let settled = physics.settle(mib.estimate_mib, mib.upper_bound_mib);
             mib.estimate_mib = settled.estimate_mib;
             mib.floored = settled.floored;
-            let peak = physics.distribution(job.detail(), settled.estimate_mib, widen);
+            let peak = physics.distribution(
+                job.uncertainty_group(),
+                query.confidence,
+                settled.estimate_mib,
+                widen,
+            );
             mib.upper_bound_mib = peak.quantile(query.confidence).max(settled.estimate_mib);
             distribution = Some(peak);
         }

@@ -3,6 +3,17 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::{Family, SetupFamily};
+
+/// What a figure's held-out errors are grouped by: how much of the job it rests on, its
+/// setup's family and its model's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Group {
+    pub detail: Detail,
+    pub family: SetupFamily,
+    pub model: Family,
+}
+
 /// How much of the job a figure rests on: each has its own spread of the uncertain terms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

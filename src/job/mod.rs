@@ -9,11 +9,11 @@ pub mod names;
 pub mod setup;
 pub mod validated;
 
-pub use detail::Detail;
+pub use detail::{Detail, Group};
 pub use memory::{Confidence, MemoryClass, MemoryClasses, MemoryFraction, ResidualQuantiles};
 pub use names::LayerDetail;
 pub use setup::LossImplementation;
-pub use setup::{Setup, SetupError, UncheckedSetup};
+pub use setup::{Setup, SetupError, SetupFamily, UncheckedSetup};
 pub use validated::KnownActivations;
 pub use validated::{
     Family, Job, JobError, Layer, LayerKind, Optimizer, Precision, SavedTensors,

@@ -505,6 +505,58 @@ impl Setup {
     }
 }
 
+/// A setup's family, by what its memory's doubt rests on: the held-out residuals of the
+/// figure are grouped by it (and by the level of detail), since a frozen 4-bit base, sharded
+/// state or offloaded state each leave different terms uncounted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum SetupFamily {
+    /// Every parameter (or a subset) trained in place on the GPUs that hold it.
+    Full,
+    /// Adapters on a base kept in its precision (or 8-bit).
+    Lora,
+    /// Adapters on a 4-bit base (NF4, GPTQ, AWQ).
+    Qlora,
+    /// State sharded across ranks (FSDP, ZeRO).
+    Sharded,
+    /// State or weights offloaded to the CPU.
+    Offload,
+}
+
+impl SetupFamily {
+    pub const ALL: [SetupFamily; 5] = [
+        SetupFamily::Full,
+        SetupFamily::Lora,
+        SetupFamily::Qlora,
+        SetupFamily::Sharded,
+        SetupFamily::Offload,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SetupFamily::Full => "full",
+            SetupFamily::Lora => "lora",
+            SetupFamily::Qlora => "qlora",
+            SetupFamily::Sharded => "sharded",
+            SetupFamily::Offload => "offload",
+        }
+    }
+}
+
+impl Setup {
+    /// The family, the first that applies: offload, then sharding, then adapters.
+    pub fn family(&self) -> SetupFamily {
+        let sharded = !self.parallelism.is_single_gpu()
+            && self.parallelism.strategy.shards() != (false, false, false);
+        match &self.lora {
+            _ if self.offload.any() => SetupFamily::Offload,
+            _ if sharded => SetupFamily::Sharded,
+            Some(lora) if lora.base_weights.is_4bit() => SetupFamily::Qlora,
+            Some(_) => SetupFamily::Lora,
+            None => SetupFamily::Full,
+        }
+    }
+}
+
 /// The setup fields as a request gives them (borrowed, unchecked).
 #[derive(Debug, Clone, Default)]
 pub struct UncheckedSetup<'a> {

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::ops::Range;
 
-use super::detail::Detail;
+use super::detail::{Detail, Group};
 use super::echo;
 use super::names::{self, LayerDetail};
 use super::setup::LossImplementation;
@@ -1007,6 +1007,15 @@ impl Job {
             Detail::Traced
         } else {
             Detail::Layers
+        }
+    }
+
+    /// The group whose held-out errors bound this job's figure.
+    pub fn uncertainty_group(&self) -> Group {
+        Group {
+            detail: self.detail(),
+            family: self.setup.family(),
+            model: self.family(),
         }
     }
 

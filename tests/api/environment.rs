@@ -331,3 +331,79 @@ async fn an_environment_fitted_from_three_of_its_rows_is_no_worse_on_its_other_r
         );
     }
 }
+
+/// Sources streamed one run at a time need this many rows: enough for the environment's own
+/// 0.95 quantile (19 held-out residuals) and a stretch after it (of the committed rows, only
+/// Lightning-AI/litgpt's 74 qualify).
+const STREAM_MIN_ROWS: usize = 30;
+
+/// A cluster that reports its runs: one source's published runs posted one by one (in a
+/// seeded order), each estimated before it is posted with what the earlier ones taught. The
+/// share of runs above their bound stays within binomial noise of 1 - confidence while the
+/// bound narrows from the prior's margin to the environment's own.
+#[tokio::test]
+async fn a_stream_of_one_sources_runs_keeps_coverage_while_the_bound_narrows() {
+    let (rows, _) = answered().await;
+    let mut by_source: BTreeMap<&str, Vec<&Answered>> = BTreeMap::new();
+    for row in &rows {
+        by_source.entry(&row.source).or_default().push(row);
+    }
+    let (mut above, mut estimated) = (0usize, 0usize);
+    let mut streamed = 0;
+    println!("| source | runs | above the 0.95 bound | median bound / estimate: first third | last third |");
+    println!("| --- | --- | --- | --- | --- |");
+    for (index, (source, rows)) in by_source.iter().enumerate() {
+        if rows.len() < STREAM_MIN_ROWS {
+            continue;
+        }
+        streamed += 1;
+        let order = Draws(77 + index as u64).pick(rows.len(), rows.len());
+        let mut posted: Vec<EnvironmentSample> = Vec::new();
+        let (mut widths, mut source_above) = (Vec::new(), 0usize);
+        for &i in &order {
+            let row = rows[i];
+            let environment = fit_environment(&posted);
+            let (estimate, bound) = apply_measured(
+                &environment,
+                &row.predicted,
+                row.measure,
+                CONFIDENCE,
+                row.prior_log_margin,
+            );
+            widths.push(bound / estimate);
+            source_above += usize::from(row.measured_mib > bound);
+            posted.push(EnvironmentSample {
+                predicted: row.predicted,
+                observed_mib: row.measured_mib,
+                measure: row.measure,
+            });
+        }
+        let third = widths.len() / 3;
+        let (first, last) = (
+            median(widths[..third].to_vec()),
+            median(widths[widths.len() - third..].to_vec()),
+        );
+        println!(
+            "| {source} | {} | {:.1} % | {first:.3} | {last:.3} |",
+            widths.len(),
+            100.0 * source_above as f64 / widths.len() as f64
+        );
+        assert!(
+            last < first,
+            "{source}: the bound did not narrow ({first:.3} -> {last:.3})"
+        );
+        above += source_above;
+        estimated += widths.len();
+    }
+    assert!(streamed >= 1, "{streamed} sources streamed");
+    let share = above as f64 / estimated as f64;
+    let noise = 2.0 * (CONFIDENCE * (1.0 - CONFIDENCE) / estimated as f64).sqrt();
+    println!(
+        "pooled: {above} of {estimated} above ({:.1} %)",
+        100.0 * share
+    );
+    assert!(
+        share <= 1.0 - CONFIDENCE + noise,
+        "{share:.3} of the streamed runs above their bound"
+    );
+}

@@ -172,32 +172,35 @@ pub fn combinations(n: usize, k: usize) -> Vec<Vec<usize>> {
     out
 }
 
-/// Checks an answer's bound against the rule of `physics::uncertainty`: its distribution's
-/// spread is the committed one (data/uncertainty.json) for the answer's level of detail times
-/// `widen`, and the bound is that distribution read at 0.95 (rounded up).
+/// Checks an answer's bound against the rule of `physics::uncertainty`: its scores are the
+/// committed ones (data/uncertainty.json) of the group it names, scaled by `widen`, and the
+/// bound is the figure's terms times `exp(scale x score at 0.95 x share)` (rounded up).
 pub fn assert_bound_is_the_distributions_at_95(body: &Value, widen: f64) {
     let committed: Value = serde_json::from_str(
         &std::fs::read_to_string(repo_root().join("data/uncertainty.json")).unwrap(),
     )
     .unwrap();
     let u = &body["memory"]["uncertainty"];
-    let detail = u["detail"].as_str().unwrap();
-    let level = &committed["levels"][detail];
-    let log_sd = level["log_sd"].as_f64().unwrap() * widen.max(1.0);
-    let bias = level["bias"].as_f64().unwrap();
-    assert!(
-        (u["log_sd"].as_f64().unwrap() - log_sd).abs() < 1e-3,
-        "{log_sd}: {body}"
-    );
-    let z = 1.644_853_626_951_472_2;
+    let group = &committed["groups"][u["scores_group"].as_str().unwrap()];
+    let levels = committed["levels"].as_array().unwrap();
+    let at_95 = levels
+        .iter()
+        .position(|l| (l.as_f64().unwrap() - 0.95).abs() < 1e-9)
+        .unwrap();
+    let score = group["scores"][at_95].as_f64().unwrap();
     let f = |k: &str| u[k].as_f64().unwrap();
-    let bound = f("known_mib")
-        + (f("cuda_context_mib") + z * f("cuda_context_sd_mib")).max(0.0)
-        + f("uncertain_mib") * (bias + z * log_sd).exp();
+    assert!(
+        (f("scale") - widen.max(1.0)).abs() < 1e-3,
+        "{widen}: {body}"
+    );
+    assert!((u["score_quantiles"]["0.95"].as_f64().unwrap() - score).abs() < 1e-3);
+    let figure = f("known_mib") + f("cuda_context_mib") + f("uncertain_mib");
+    let bound = figure * (f("scale") * score * f("share")).exp();
     let estimate = body["memory"]["estimate_mib"].as_f64().unwrap();
     let answered = body["memory"]["upper_bound_mib"].as_f64().unwrap();
+    // The terms are rounded to 0.1 MiB each in the answer.
     assert!(
-        (answered - bound.max(estimate).ceil()).abs() <= 1.0,
+        (answered - bound.max(estimate).ceil()).abs() <= 1.0 + 1e-3 * bound,
         "{bound}: {body}"
     );
 }

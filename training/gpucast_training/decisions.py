@@ -1,5 +1,5 @@
-"""Decisions, not only figures: fits the spreads of the uncertain terms (data/uncertainty.json)
-and scores the served rule as a scheduler meets it (docs/accuracy.md).
+"""Decisions, not only figures: computes the held-out score quantiles that bound every figure
+(data/uncertainty.json) and scores the served rule as a scheduler meets it (docs/accuracy.md).
 
 Every answer comes from `gpucast estimate --batch` (the service's own code), never from a copy
 of its rules here. The measured rows (all committed, derived from ../shared/data):
@@ -15,11 +15,14 @@ of its rules here. The measured rows (all committed, derived from ../shared/data
 - the published runs left out for CPU offload alone, from their config.json
   (data/public/offload_jobs.jsonl.gz, written by `public-offload`).
 
-The spread of each level of detail is the log-normal that the log residuals of the uncertain
-terms, log((measured - known) / uncertain), follow: bias their median, log_sd such that the
-0.95 quantile is the residuals' own. Held-out figures refit the spreads without the group
-scored (a published source, a timm family, an MLP shape) and answer that group through the
-CLI's `--uncertainty`: leave one group out, never rows.
+A measured peak's score against its answer is `log(measured / figure) / share` on the device's
+scale (`physics::uncertainty`), grouped as the answer says (`memory.uncertainty`: level of
+detail, setup family, model family). Each group's split-conformal quantiles (the score at rank
+`(n + 1) c`) are written on a grid of levels. Rows enter through the data audit ([`audit`]),
+whose rules were written before their effect was seen. Held-out figures recompute the quantiles
+without the group scored (a published source, a timm family, an MLP shape) and answer that
+group through the CLI's `--uncertainty`, at each confidence of the calibration curve: leave
+one group out, never rows.
 
     python -m gpucast_training decisions      # answers with the newest build of gpucast
 """
@@ -43,9 +46,18 @@ ROOT = Path(__file__).resolve().parents[2]
 BATCH = 256  # the CLI's batch limit
 MAX_BODY_BYTES = 2 * 1024 * 1024  # the CLI's input limit, the server's body limit
 REFERENCE_CAPACITY = CAPACITY_MIB  # the reference card's, from data/gpus.json
-Z95 = 1.6448536269514722
-MIN_LOG_SD = 0.02
-CONTEXT_SD_MIB = 64.0  # data/gpu_check: device total - reserved spans 751-771 MiB on one card
+# The least uncertain share a score is divided by. 1 divides by nothing: held out (leave one
+# source or family out, every row), dividing by the uncertain share at least 0.1 / 0.3 / 0.5
+# widened the 0.95 bound of LLM rows to 1.70 / 1.72 / 1.70x against 1.77x but refused more runs
+# that had room (231 / 219 / 213 of 384 against 212) and widened image rows' (1.19 / 1.17 /
+# 1.15x against 1.13x): the counted state is not known better than the rest once a setup is
+# stated wrong.
+MIN_SHARE = 1.0
+# A group with fewer rows answers with its parent's quantiles (`physics::uncertainty`).
+MIN_ROWS = 30
+# The calibration grid and the curve's confidences.
+LEVELS = [i / 100 for i in range(101)]
+CURVE = (0.5, 0.8, 0.9, 0.95, 0.99)
 
 
 def jsonl(path):
@@ -137,6 +149,8 @@ def rows():
             kind="llm" if r["job"].get("family") == "transformer" else "image",
             setups=r["families"],
             capacity=None,
+            confidence=r.get("confidence"),
+            unmodelled=r.get("unmodelled", []),
         )
         for detail in ("simulation", "traced"):
             job = dict(r["job"])
@@ -168,6 +182,8 @@ def rows():
                 capacity=None,
                 request=job,
                 card=card,
+                confidence=r.get("confidence"),
+                unmodelled=r.get("unmodelled", []),
             )
         )
     return out
@@ -226,7 +242,9 @@ def chunks(requests):
         yield batch
 
 
-def answer_all(gpucast, requests, uncertainty=None):
+def answer_all(gpucast, requests, uncertainty=None, confidence=None):
+    if confidence is not None:
+        requests = [dict(r, confidence=confidence) for r in requests]
     answers = []
     for batch in chunks(requests):
         with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
@@ -263,39 +281,129 @@ def like_with_like(row, answer):
     return device - shift, bound - shift, known, uncertain
 
 
-def residual(row, answer):
-    figure, _, known, uncertain = like_with_like(row, answer)
-    if uncertain <= 0:
+def on_device(row, answer):
+    """The measured peak on the device's scale: what the row measured plus what the answer
+    counts beyond that measure (context, paged state, cache, weights)."""
+    figure = like_with_like(row, answer)[0]
+    return row["measured"] + answer["memory"]["estimate_mib"] - figure
+
+
+def terms_figure(answer):
+    """The figure the distribution is read around: its terms' sum (`Terms::figure`)."""
+    u = answer["memory"]["uncertainty"]
+    return u["known_mib"] + u["cuda_context_mib"] + u["uncertain_mib"]
+
+
+def share(answer, min_share=MIN_SHARE):
+    u = answer["memory"]["uncertainty"]
+    figure = terms_figure(answer)
+    return 1.0 if figure <= 0 else min(max(u["uncertain_mib"] / figure, min_share), 1.0)
+
+
+def score(row, answer):
+    """log(measured / figure) / share, on the device's scale; None for a reading that is not
+    positive there."""
+    measured = on_device(row, answer)
+    if measured <= 0:
         return None
-    return math.log(max(row["measured"] - known, 0.05 * uncertain) / uncertain)
+    return math.log(measured / terms_figure(answer)) / share(answer)
 
 
-def fit(residuals):
-    if not residuals:
-        return None
-    residuals = sorted(residuals)
-    bias = statistics.median(residuals)
-    q95 = residuals[min(len(residuals) - 1, round(0.95 * (len(residuals) - 1)))]
-    return {"bias": round(bias, 4), "log_sd": round(max((q95 - bias) / Z95, MIN_LOG_SD), 4), "rows": len(residuals)}
+# The data audit: a row whose reading cannot be its stated job's training step is kept out of
+# the quantiles (and scored all the same). The rules, written before their effect was seen:
+AUDIT_RULES = {
+    "below_state": "measured below the model state its stated setup holds (weights, gradients, "
+    "optimizer state): the setup is mis-described",
+    "above_card": "measured above its card's capacity: not a reading of that card",
+    "approximate": "the source calls the figure informal or approximate (CONFIDENCE=LOW)",
+    "outside_step": "the peak spans what a training step does not (an evaluation phase, a checkpoint save)",
+    "readings_disagree": "readings of one configuration more than 1.5x apart: which is right cannot be told",
+}
+OUTSIDE_STEP = ("evaluation phase inside the peak", "checkpoint save inside the peak")
 
 
-DETAILS = ["simulation", "simulated_setup", "config", "setup_step", "traced", "printout", "layers"]
-
-
-def spreads(scored):
-    """Spreads per detail from (row, answer) pairs with a measurement."""
-    by_detail = defaultdict(list)
-    for row, answer in scored:
+def audit(pairs):
+    """{row id: rule} for the rows the audit keeps out."""
+    out = {}
+    readings = defaultdict(list)
+    for row, answer in pairs:
         if row["measured"] is None or answer is None or answer["memory"].get("uncertainty") is None:
             continue
-        r = residual(row, answer)
-        if r is None:
+        measured = on_device(row, answer)
+        capacity = (answer.get("fit") or {}).get("capacity_mib") if row.get("card") or row["capacity"] else None
+        if measured < answer["memory"]["uncertainty"]["known_mib"]:
+            out[row["id"]] = "below_state"
+        elif capacity and measured > 1.02 * capacity:
+            out[row["id"]] = "above_card"
+        elif row.get("confidence") == "CONFIDENCE=LOW":
+            out[row["id"]] = "approximate"
+        elif any(u in OUTSIDE_STEP for u in row.get("unmodelled", [])):
+            out[row["id"]] = "outside_step"
+        readings[json.dumps(row["request"], sort_keys=True)].append((row["id"], measured))
+    for same in readings.values():
+        values = [m for _, m in same]
+        if len(same) > 1 and max(values) > 1.5 * min(values):
+            for row_id, _ in same:
+                out.setdefault(row_id, "readings_disagree")
+    return out
+
+
+def conformal(scores):
+    """Split-conformal quantiles of `scores` at LEVELS: the score at rank (n + 1) c (1-based),
+    interpolated between neighbours; beyond the ranks seen, extended along the slope of the
+    outer tenth of them (so that 0.99 of a group of 60 rows is a reach past its largest
+    score, not the largest score itself)."""
+    s = sorted(scores)
+    n = len(s)
+    k = max(1, n // 10)
+    top = (s[-1] - s[-1 - k]) / k if n > k else 0.0
+    bottom = (s[k] - s[0]) / k if n > k else 0.0
+    out = []
+    for level in LEVELS:
+        rank = (n + 1) * level
+        if rank > n:
+            value = s[-1] + (rank - n) * top
+        elif rank < 1:
+            value = s[0] - (1 - rank) * bottom
+        else:
+            i = int(math.floor(rank))
+            value = s[i - 1] + ((rank - i) * (s[i] - s[i - 1]) if i < n else 0.0)
+        out.append(value)
+    for i in range(1, len(out)):
+        out[i] = max(out[i], out[i - 1])
+    return [round(v, 5) for v in out]
+
+
+def group_keys(answer):
+    u = answer["memory"]["uncertainty"]
+    setup = f"{u['detail']}/{u['setup_family']}"
+    return ["all", u["detail"], setup, f"{setup}/{answer['family']}"]
+
+
+def calibration(pairs, kept_out=None):
+    """data/uncertainty.json from (row, answer) pairs with a measurement, less `kept_out`."""
+    kept_out = kept_out or {}
+    by_group = defaultdict(list)
+    for row, answer in pairs:
+        if row["measured"] is None or answer is None or answer["memory"].get("uncertainty") is None:
             continue
-        by_detail[answer["memory"]["uncertainty"]["detail"]].append(r)
-    levels = {d: fit(by_detail[d]) for d in DETAILS}
-    fallback = fit([r for rs in by_detail.values() for r in rs])
-    levels = {d: levels[d] or fallback for d in DETAILS}
-    return {"cuda_context_sd_mib": CONTEXT_SD_MIB, "levels": levels}
+        if row["id"] in kept_out:
+            continue
+        value = score(row, answer)
+        if value is None:
+            continue
+        for key in group_keys(answer):
+            by_group[key].append(value)
+    return {
+        "min_share": MIN_SHARE,
+        "min_rows": MIN_ROWS,
+        "levels": LEVELS,
+        "groups": {
+            key: {"rows": len(values), "scores": conformal(values)}
+            for key, values in sorted(by_group.items())
+            if len(values) >= MIN_ROWS or key == "all"
+        },
+    }
 
 
 def quantile(values, q):
@@ -493,10 +601,67 @@ def written_at():
         return stamp
 
 
-def report(served, held_out, committed, command):
-    def setups(row, answer):
-        return [s for s in row["setups"]] if row["source"] not in ("timm_a100", "mlp_a100") else []
+def curve(title, at, keys):
+    """The calibration curve per group: the share of measured peaks above the bound at each
+    confidence (`*`: outside two binomial standard errors of 1 - c), the median bound / estimate
+    and the runs that held at most 80 % of their card but were refused, both at 0.95."""
+    head = " | ".join(f"above at {c}" for c in CURVE)
+    lines = [
+        f"| {title} | rows | {head} | median bound / estimate at 0.95 | held <= 80 % but refused at 0.95 |",
+        "| --- | --- | " + " | ".join("---" for _ in CURVE) + " | --- | --- |",
+    ]
+    names = sorted({k for row, answer in at[0.95] for k in keys(row, answer)})
+    for name in names:
+        cells, n = [], 0
+        for c in CURVE:
+            pairs = [(r, a) for r, a in at[c] if name in keys(r, a) and a is not None and r["measured"] is not None]
+            n = len(pairs)
+            above = sum(r["measured"] > like_with_like(r, a)[1] for r, a in pairs)
+            share_above = above / n if n else float("nan")
+            noise = 2 * math.sqrt(c * (1 - c) / n) if n else 0.0
+            flag = "*" if n and abs(share_above - (1 - c)) > max(noise, 0.5 / n) else ""
+            cells.append(f"{share_above:.2f}{flag}" if n else "-")
+        pairs = [(r, a) for r, a in at[0.95] if name in keys(r, a) and a is not None]
+        widths = [a["memory"]["upper_bound_mib"] / a["memory"]["estimate_mib"] for _, a in pairs]
+        roomy = [
+            (r, a)
+            for r, a in pairs
+            if r["measured"] is not None
+            and r["status"] != "oom"
+            and (a.get("fit") or {}).get("capacity_mib")
+            and (r.get("card") or r["capacity"])
+            and on_device(r, a) <= 0.8 * a["fit"]["capacity_mib"]
+        ]
+        refused = sum(not a["fit"]["fits"] for _, a in roomy)
+        width = f"{statistics.median(widths):.3f}" if widths else "-"
+        room = f"{100 * refused / len(roomy):.1f} % ({refused}/{len(roomy)})" if roomy else "-"
+        lines.append(f"| {name} | {n} | " + " | ".join(cells) + f" | {width} | {room} |")
+    return "\n".join(lines)
 
+
+def setups_of(row, answer):
+    return [s for s in row["setups"]] if row["source"] not in ("timm_a100", "mlp_a100") else []
+
+
+def setup_family_of(row, answer):
+    return [f"{row['kind']}/{answer['memory']['uncertainty']['setup_family']}"] if answer else []
+
+
+CURVE_GROUPINGS = [
+    ("kind of model", kind_of),
+    ("kind and setup family", setup_family_of),
+    ("level of detail", detail_of),
+    ("source", source_of),
+]
+
+
+def report(served, held_out, unaudited, kept_out, committed, command):
+    counts = defaultdict(int)
+    for rule in kept_out.values():
+        counts[rule] += 1
+    audit_lines = ["| rule | rows kept out | why |", "| --- | --- | --- |"]
+    audit_lines += [f"| {rule} | {counts[rule]} | {why} |" for rule, why in AUDIT_RULES.items()]
+    groups = committed["groups"]
     sections = [
         "# Accuracy and decisions",
         "",
@@ -509,21 +674,45 @@ def report(served, held_out, committed, command):
         "expresses, each on the card it ran on (rows whose card is not stated count for the figure",
         "and the bound, not for decisions), compared like with like (allocated, reserved or the",
         "device total). *Ran but refused*: a row that ran on its card answered `fits: false`.",
-        "*Accepted but OOM*: a timm `oom` row answered `fits: true` on the A100 40 GB. All at the",
-        "default confidence 0.95.",
+        "*Accepted but OOM*: a timm `oom` row answered `fits: true` on the A100 40 GB.",
         "",
-        "## Held out: spreads refitted without the group scored",
+        "The bound is the figure times `exp(score)`, the score a split-conformal quantile of the",
+        "held-out scores `log(measured / figure)` of the job's group (level of detail, setup",
+        "family, model family; `physics::uncertainty`, data/uncertainty.json).",
         "",
-        "Each group (a published source, a timm family, an MLP shape) is answered with spreads",
-        "fitted on every other group (`--uncertainty`), so these figures are of sources and",
-        "families the spreads never saw.",
+        "## Held out: the calibration curve",
+        "",
+        "Each group (a published source, a timm family, an MLP shape) is answered with quantiles",
+        "computed on every other group (`--uncertainty`), at each confidence, so these figures",
+        "are of sources and families the quantiles never saw. A calibrated bound leaves `1 - c`",
+        "of the measured peaks above it at confidence `c`; `*` marks a share outside two binomial",
+        "standard errors of that.",
+        "",
+        *[line for title, keys in CURVE_GROUPINGS for line in (curve(title, held_out, keys), "")],
+        "### Without the audit",
+        "",
+        "The same, with the quantiles computed on every row, the audited ones included:",
+        "",
+        curve("kind of model", unaudited, kind_of),
+        "",
+        curve("kind and setup family", unaudited, setup_family_of),
+        "",
+        "## The data audit",
+        "",
+        "Rows whose reading cannot be their stated job's training step are kept out of the",
+        "quantiles (they are still scored above). The rules were written before their effect was",
+        "seen:",
+        "",
+        "\n".join(audit_lines),
+        "",
+        "## Held out at 0.95: figures and decisions",
         "",
         *tables(
-            held_out,
+            held_out[0.95],
             [
                 ("level of detail", detail_of),
                 ("source", source_of),
-                ("published runs, setup", setups),
+                ("published runs, setup", setups_of),
                 ("kind of model", kind_of),
             ],
         ),
@@ -547,30 +736,49 @@ def report(served, held_out, committed, command):
         "## The OOM jobs accepted",
         "",
         "`oom` is inferred from the campaign's readings (../shared/data/README.md). The jobs",
-        "answered `fits: true` at some level of detail (held out), with the reading that marked them:",
+        "answered `fits: true` at some level of detail (held out, 0.95), with the reading that",
+        "marked them:",
         "",
-        accepted_oom(held_out),
+        accepted_oom(held_out[0.95]),
         "",
-        "## As served: the committed spreads (fitted on every row)",
+        "## As served: the committed quantiles (every audited row)",
         "",
         *tables(served, [("level of detail", detail_of), ("kind of model", kind_of)]),
-        "## The committed spreads (data/uncertainty.json)",
+        "## The committed quantiles (data/uncertainty.json)",
         "",
-        "| detail | bias (log) | log_sd | rows |",
-        "| --- | --- | --- | --- |",
+        f"Scores divided by the uncertain share at least {committed['min_share']}; a group with",
+        f"fewer than {committed['min_rows']} rows answers with its parent's.",
+        "",
+        "| group | rows | " + " | ".join(f"score at {c}" for c in CURVE) + " |",
+        "| --- | --- | " + " | ".join("---" for _ in CURVE) + " |",
     ]
-    for detail in DETAILS:
-        s = committed["levels"][detail]
-        sections.append(f"| {detail} | {s['bias']} | {s['log_sd']} | {s['rows']} |")
+    for key, g in groups.items():
+        cells = [f"{g['scores'][round(c * 100)]:.3f}" for c in CURVE]
+        sections.append(f"| {key} | {g['rows']} | " + " | ".join(cells) + " |")
     sections += [
         "",
-        f"CUDA context: sd {committed['cuda_context_sd_mib']} MiB within one environment "
-        "(data/gpu_check: device total - reserved peak 751-771 MiB over 22 jobs on one card).",
         "`config`: the published runs of LLMs answered from their model's config.json",
         "(tests/fixtures/transformer_configs/public) and their setup.",
         "",
     ]
     return "\n".join(sections)
+
+
+def held_out_curve(gpucast, every, pairs, kept_out):
+    """{confidence: [(row, answer)]}: each group answered at every confidence of the curve with
+    quantiles computed without it."""
+    at = {c: [] for c in CURVE}
+    for group in sorted({r["group"] for r in every}):
+        inside = [i for i, r in enumerate(every) if r["group"] == group]
+        others = calibration([p for p in pairs if p[0]["group"] != group], kept_out)
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+            json.dump(others, f)
+        requests = [dict(every[i]["request"], confidence=c) for c in CURVE for i in inside]
+        answers = answer_all(gpucast, requests, uncertainty=f.name)
+        os.unlink(f.name)
+        for k, c in enumerate(CURVE):
+            at[c] += [(every[i], a) for i, a in zip(inside, answers[k * len(inside) : (k + 1) * len(inside)])]
+    return at
 
 
 def run(layout=None, threads=None, gpucast=None):
@@ -581,30 +789,23 @@ def run(layout=None, threads=None, gpucast=None):
     if not gpucast:
         raise SystemExit("build gpucast first: cargo build --release")
     every = rows()
-    print(f"{len(every)} rows; answering with the committed spreads")
+    print(f"{len(every)} rows; answering with the committed quantiles")
     answers = answer_all(gpucast, [r["request"] for r in every])
     failed = sum(a is None for a in answers)
     print(f"{failed} rows not answered")
     pairs = list(zip(every, answers))
-    committed = spreads(pairs)
-    (ROOT / "data/uncertainty.json").write_text(json.dumps(committed, indent=2, sort_keys=True) + "\n")
-    # Served: answered again with the spreads just fitted (the committed file, which the next
-    # build compiles in).
+    kept_out = audit(pairs)
+    committed = calibration(pairs, kept_out)
+    (ROOT / "data/uncertainty.json").write_text(json.dumps(committed, sort_keys=True) + "\n")
+    # Served: answered again with the quantiles just computed (the committed file, which the
+    # next build compiles in).
     served = list(
         zip(every, answer_all(gpucast, [r["request"] for r in every], uncertainty=str(ROOT / "data/uncertainty.json")))
     )
-    held_out = []
-    groups = sorted({r["group"] for r in every})
-    for group in groups:
-        inside = [i for i, r in enumerate(every) if r["group"] == group]
-        others = spreads([p for p in pairs if p[0]["group"] != group])
-        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-            json.dump(others, f)
-        fold = answer_all(gpucast, [every[i]["request"] for i in inside], uncertainty=f.name)
-        os.unlink(f.name)
-        held_out += [(every[i], a) for i, a in zip(inside, fold)]
+    held_out = held_out_curve(gpucast, every, pairs, kept_out)
+    unaudited = held_out_curve(gpucast, every, pairs, {})
     command = "python -m gpucast_training decisions"
-    (ROOT / "docs/accuracy.md").write_text(report(served, held_out, committed, command))
+    (ROOT / "docs/accuracy.md").write_text(report(served, held_out, unaudited, kept_out, committed, command))
     print((ROOT / "docs/accuracy.md").read_text())
 
 
