@@ -230,6 +230,40 @@ fn setup_flags_over_a_config_answer_as_the_request_would() {
     assert_eq!(neither.status.code(), Some(1));
 }
 
+/// The README's command-line showcase, QLoRA of Llama-3-8B with checkpointing on an RTX 4090
+/// (a setup known to run in about 12 GB), is admitted on that card.
+#[test]
+fn the_readmes_qlora_showcase_fits_its_24_gb_card() {
+    let answer = json(&gpucast(
+        &[
+            "estimate",
+            "--config",
+            "tests/fixtures/transformer_configs/public/meta-llama__Meta-Llama-3-8B.json",
+            "--seq-len",
+            "2048",
+            "--batch-size",
+            "8",
+            "--micro-batch-size",
+            "1",
+            "--gradient-accumulation-steps",
+            "8",
+            "--precision",
+            "bf16",
+            "--lora-rank",
+            "16",
+            "--base-weights",
+            "nf4",
+            "--activation-checkpointing",
+            "full",
+            "--gpu",
+            "rtx4090",
+        ],
+        None,
+    ));
+    assert_eq!(answer["fit"]["fits"], true, "{}", answer["fit"]);
+    assert!(answer["fit"]["max_colocated"].as_u64().unwrap() >= 1);
+}
+
 #[test]
 fn gpus_lists_the_catalogue() {
     let output = gpucast(&["gpus"], None);

@@ -183,7 +183,7 @@ pub const REQUEST_EXAMPLES: [(&str, &str, &str); 2] = [
     (
         "transformer_config",
         "A Hugging Face config.json job: QLoRA of Llama-3-8B (NF4 base, LoRA r16 on every \
-         linear layer) at 2,048 tokens on an RTX 4090",
+         linear layer) at 2,048 tokens with full activation checkpointing on an RTX 4090",
         include_str!("../../openapi/examples/config_request.json"),
     ),
 ];
