@@ -6,17 +6,18 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use crate::api::types::{
-    BreakdownResponse, BreakdownSourceName, CalibrationResponse, EstimateResponse, EstimatorAnswer,
-    ExtrapolationResponse, FitBasisName, FitResponse, LatencyResponse, MemoryClassResponse,
-    MemoryResponse, OffloadResponse, ParallelismResponse, PeakMomentName, PerformanceBoundName,
-    PerformanceResponse, PerformanceSourceName, SetupResponse, UncertaintyResponse,
-    UtilizationResponse,
+    AssumedResponse, BreakdownResponse, BreakdownSourceName, CalibrationResponse, EstimateResponse,
+    EstimatorAnswer, ExtrapolationResponse, FitBasisName, FitResponse, LatencyResponse,
+    MemoryClassResponse, MemoryResponse, OffloadResponse, ParallelismResponse, PeakMomentName,
+    PerformanceBoundName, PerformanceResponse, PerformanceSourceName, SetupResponse,
+    UncertaintyResponse, UtilizationResponse,
 };
 use crate::calibration::placement::{FitBasis, Placement};
 use crate::calibration::step_time::HostFit;
 use crate::estimators::{ClassAnswer, Estimate};
 use crate::job::setup::Trainable;
 use crate::job::{Confidence, Job, MemoryClass};
+use crate::physics::assumed::AssumedRange;
 use crate::physics::perf::{self, Bound, Roofline};
 use crate::physics::step;
 use crate::physics::uncertainty::PeakDistribution;
@@ -148,6 +149,7 @@ pub fn to_response(
         mib_estimators,
         runs,
         left_out,
+        assumed,
         ..
     } = estimate;
     let versions: BTreeMap<String, String> = runs
@@ -205,7 +207,9 @@ pub fn to_response(
             min_capacity_mib: peaks.map(|p| round_mib(p.min_capacity_mib)),
             estimators,
             extrapolation,
-            uncertainty: placement.as_ref().map(|p| uncertainty_response(&p.peak)),
+            uncertainty: placement
+                .as_ref()
+                .map(|p| uncertainty_response(&p.peak, &assumed, p.estimate_mib)),
             peak_moment: moment,
             base_correction: base_correction.map(|f| round_to_f64(f, 1e4)),
         },
@@ -280,10 +284,26 @@ pub fn peak_moment(physics: &Physics, figure_mib: f64) -> PeakMomentName {
     }
 }
 
-/// The distribution behind a bound and a decision, as answered.
-pub fn uncertainty_response(peak: &PeakDistribution) -> UncertaintyResponse {
+/// The distribution behind a bound and a decision, as answered, with the fields the request
+/// left unsaid as ranges around the answered figure `estimate_mib`.
+pub fn uncertainty_response(
+    peak: &PeakDistribution,
+    assumed: &[AssumedRange],
+    estimate_mib: f64,
+) -> UncertaintyResponse {
     let t = &peak.terms;
     UncertaintyResponse {
+        assumed: assumed
+            .iter()
+            .map(|r| AssumedResponse {
+                field: r.field.into(),
+                assumed: r.assumed.into(),
+                low_mib: round_mib((estimate_mib - r.down_mib).max(0.0)),
+                high_mib: round_mib(estimate_mib + r.up_mib),
+            })
+            .collect(),
+        assumed_log_range: round_to_f64(peak.assumed_log_range, 1e4),
+        assumed_factor: round_to_f64(peak.assumed_factor(), 1e4),
         detail: peak.group.detail.as_str().into(),
         setup_family: peak.group.family.as_str().into(),
         scores_group: peak.scores_group.into(),

@@ -998,7 +998,7 @@ pub struct FitResponse {
 /// from: the held-out errors of figures like this one. A measured peak's score against a
 /// figure F is `log(measured / F) / share`, with `share` the uncertain terms' part of F
 /// (activations, temporaries, allocator cache), at least the calibration's least share; the
-/// peak at score s is `F exp(scale s share)`. `score_quantiles` are split-conformal quantiles
+/// peak at score s is `F exp(scale assumed_factor s share)`. `score_quantiles` are split-conformal quantiles
 /// of the scores of `scores_group`'s measured rows (data/uncertainty.json, docs/accuracy.md).
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct UncertaintyResponse {
@@ -1025,6 +1025,30 @@ pub struct UncertaintyResponse {
     pub scale: f64,
     /// The group's score at confidences 0.5, 0.8, 0.9, 0.95 and 0.99, before `scale`.
     pub score_quantiles: BTreeMap<String, f64>,
+    /// The fields the request left unsaid that move the figure, widest first, each with the
+    /// figure's range over the values it could take: state the first to narrow the bound
+    /// most. Empty when the request states them all, or when a learned or simulated figure
+    /// answers (its measured errors hold what its jobs left unsaid).
+    pub assumed: Vec<AssumedResponse>,
+    /// `ln(highest / lowest)` of the figures the unstated fields allow together (their moves
+    /// added): 0 when nothing is assumed.
+    pub assumed_log_range: f64,
+    /// What the scores are multiplied by for that range: `1 + w assumed_log_range`, `w` the
+    /// calibration's weight, fitted with the quantiles on held-out rows (docs/accuracy.md).
+    pub assumed_factor: f64,
+}
+
+/// One field the request did not state, and how far it moves the figure.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct AssumedResponse {
+    /// The request field, e.g. `loss_implementation` or `optimizer_implementation`.
+    pub field: String,
+    /// The value the answer assumed.
+    pub assumed: String,
+    /// The lowest figure over the field's values, MiB.
+    pub low_mib: f64,
+    /// The highest figure over the field's values, MiB.
+    pub high_mib: f64,
 }
 
 /// When in the training step the peak falls: `backward_start` (every activation kept, the

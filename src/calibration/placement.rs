@@ -202,6 +202,7 @@ pub fn place(
     if calibrated.is_some() {
         peak = physics.distribution(distribution.group, confidence, settled.estimate_mib, 1.0);
         peak.scale = distribution.scale;
+        peak.assumed_log_range = distribution.assumed_log_range;
         peak.fit_bound(confidence, settled.upper_bound_mib);
     }
     let (mut fit, fit_basis) = fit(

@@ -10,12 +10,15 @@ use crate::calibration::placement::{PlacementError, Target};
 use crate::devices::sku::Catalogue;
 use crate::devices::GpuDevices;
 use crate::error::ApiError;
-use crate::job::setup::{UncheckedLora, UncheckedNames, UncheckedOffload, UncheckedParallelism};
+use crate::job::setup::{
+    LossImplementation, OptimizerImplementation, UncheckedLora, UncheckedNames, UncheckedOffload,
+    UncheckedParallelism,
+};
 use crate::job::{
     echo, Confidence, Job, LayerKind, MemoryFraction, SavedTensors, SimulatedCategories,
     UncheckedLayer, UncheckedSimulation,
 };
-use crate::job::{LayerDetail, UncheckedSetup};
+use crate::job::{Alternative, Assumption, LayerDetail, UncheckedSetup};
 use crate::parsers::{parse_summary, SampleShape, SummaryFormat};
 use crate::physics::saved;
 use crate::physics::transformer;
@@ -284,7 +287,7 @@ pub fn to_job_noting(request: &EstimateRequest) -> Result<(Job, Vec<String>), Ap
         ));
     }
     note_defaults(request, &job, &mut warnings);
-    Ok((job, warnings))
+    Ok((with_assumed_implementation(request, job), warnings))
 }
 
 /// A job built from a Hugging Face configuration (issue 16): the layers and activations come
@@ -342,6 +345,22 @@ fn config_job(
         model.activations_with(precision, false, loss),
         model.activations_with(precision, true, loss),
     );
+    // The other losses' activations, for the range an unstated loss leaves open.
+    let other_losses: Vec<_> = if request.loss_implementation.is_none() {
+        LossImplementation::ALL
+            .into_iter()
+            .filter(|&other| other != loss)
+            .map(|other| {
+                (
+                    other,
+                    model.activations_with(precision, false, other),
+                    model.activations_with(precision, true, other),
+                )
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
     let job = Job::from_layers(
         Some("transformer"),
         request.batch_size,
@@ -351,9 +370,44 @@ fn config_job(
     .with_setup(&setup)?
     .with_input_shape(Some(&[seq_len]))?;
     let sharded_weights = job.setup().parallelism.strategy.shards().2;
-    let job = job.with_known_activations(if sharded_weights { gathered } else { cast });
+    let mut job = job.with_known_activations(if sharded_weights { gathered } else { cast });
+    if !other_losses.is_empty() {
+        job = job.with_assumption(Assumption {
+            field: "loss_implementation",
+            assumed: loss.as_str(),
+            alternatives: other_losses
+                .into_iter()
+                .map(|(other, cast, gathered)| {
+                    Alternative::Loss(other, if sharded_weights { gathered } else { cast })
+                })
+                .collect(),
+        });
+    }
     note_defaults(request, &job, &mut warnings);
-    Ok((job, warnings))
+    Ok((with_assumed_implementation(request, job), warnings))
+}
+
+/// Notes an unstated optimizer implementation: PyTorch's default (foreach) is assumed, and
+/// whichever others the optimizer has could have run.
+fn with_assumed_implementation(request: &EstimateRequest, job: Job) -> Job {
+    if request.optimizer_implementation.is_some() {
+        return job;
+    }
+    let setup = job.setup();
+    let alternatives: Vec<Alternative> = OptimizerImplementation::ALL
+        .into_iter()
+        .filter(|&other| other != setup.implementation && setup.optimizer.runs_as(other))
+        .map(Alternative::OptimizerImplementation)
+        .collect();
+    if alternatives.is_empty() {
+        return job;
+    }
+    let assumed = setup.implementation.as_str();
+    job.with_assumption(Assumption {
+        field: "optimizer_implementation",
+        assumed,
+        alternatives,
+    })
 }
 
 /// Says which of the setup's defaults the job was answered with.

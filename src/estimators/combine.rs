@@ -26,7 +26,7 @@ use super::{
     ANALYTIC_VERSION, FIRST_PRINCIPLES, HORUS, SIMULATED, TRACED_FIRST_PRINCIPLES, TRAINING_STEP,
 };
 use crate::job::{Family, Job, MemoryClasses, ResidualQuantiles};
-use crate::physics::analytic;
+use crate::physics::{self, analytic};
 use crate::physics::{BreakdownSource, Physics};
 
 /// Which MiB figure leads, in one place. Higher wins; between equals, the later in the
@@ -506,16 +506,25 @@ impl Partial {
         // distribution of the figure's terms read at the confidence (known terms carry no
         // width), never below the figure.
         let mut distribution = None;
+        let mut assumed = Vec::new();
         if let Some(mib) = self.mib.as_mut() {
             let settled = physics.settle(mib.estimate_mib, mib.upper_bound_mib);
             mib.estimate_mib = settled.estimate_mib;
             mib.floored = settled.floored;
-            let peak = physics.distribution(
+            let mut peak = physics.distribution(
                 job.uncertainty_group(),
                 query.confidence,
                 settled.estimate_mib,
                 widen,
             );
+            // Where the analytic step answers, each field the request left unsaid is run at
+            // its other values: the range it leaves open widens the bound. (A learned or
+            // simulated figure's own errors already hold what its training jobs left unsaid.)
+            if physics.source == BreakdownSource::Step {
+                assumed = physics::assumed::ranges(job);
+                peak.assumed_log_range =
+                    physics::assumed::log_range(&assumed, settled.estimate_mib);
+            }
             mib.upper_bound_mib = peak.quantile(query.confidence).max(settled.estimate_mib);
             distribution = Some(peak);
         }
@@ -532,6 +541,7 @@ impl Partial {
             runs: self.runs,
             physics,
             distribution,
+            assumed,
             base_correction,
             extrapolation,
             classes: classes.clone(),

@@ -26,6 +26,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::job::{Family, Job, LayerKind, MemoryClass, MemoryClasses};
+use crate::physics::assumed::AssumedRange;
 use crate::physics::uncertainty::PeakDistribution;
 use crate::physics::Physics;
 use extrapolation::{DomainSummary, Extrapolation, TrainingDomain};
@@ -130,6 +131,9 @@ pub struct Estimate {
     /// The distribution of the peak the figure and its bound are read from; `None` without a
     /// figure.
     pub distribution: Option<PeakDistribution>,
+    /// The fields the request left unsaid that move the figure, widest first (an analytic
+    /// step's answer only).
+    pub assumed: Vec<AssumedRange>,
     /// The trusted factor a learned answer put on the training step's uncertain terms (of the
     /// job, or of its learned base for another setup); `None` when none applies.
     pub base_correction: Option<f64>,

@@ -3,12 +3,14 @@
 //! (confidence, memory classes). Parsed at the edge from untrusted input; no HTTP, no ONNX, no
 //! physics here.
 
+pub mod assumed;
 pub mod detail;
 pub mod memory;
 pub mod names;
 pub mod setup;
 pub mod validated;
 
+pub use assumed::{Alternative, Assumption};
 pub use detail::{Detail, Group};
 pub use memory::{Confidence, MemoryClass, MemoryClasses, MemoryFraction, ResidualQuantiles};
 pub use names::LayerDetail;

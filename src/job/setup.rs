@@ -176,6 +176,16 @@ impl Optimizer {
         )
     }
 
+    /// Whether the optimizer has `implementation`: bitsandbytes' optimizers run their own
+    /// fused kernels (no for-loop), torch's Adafactor has no fused kernel.
+    pub fn runs_as(self, implementation: OptimizerImplementation) -> bool {
+        match implementation {
+            OptimizerImplementation::Foreach => true,
+            OptimizerImplementation::Fused => self != Optimizer::Adafactor,
+            OptimizerImplementation::ForLoop => self.is_classic() || self == Optimizer::Adafactor,
+        }
+    }
+
     /// One of sgd, momentum, adam, adamw: what the learned models were trained on.
     pub fn is_classic(self) -> bool {
         matches!(
@@ -196,6 +206,12 @@ pub enum OptimizerImplementation {
 }
 
 impl OptimizerImplementation {
+    pub const ALL: [OptimizerImplementation; 3] = [
+        OptimizerImplementation::Foreach,
+        OptimizerImplementation::Fused,
+        OptimizerImplementation::ForLoop,
+    ];
+
     pub fn parse(raw: &str) -> Option<OptimizerImplementation> {
         match raw.to_ascii_lowercase().as_str() {
             "foreach" => Some(OptimizerImplementation::Foreach),
@@ -864,10 +880,7 @@ impl Setup {
                 "torch.optim.Adafactor has no fused implementation (foreach or for_loop)",
             ));
         }
-        if implementation == OptimizerImplementation::ForLoop
-            && !optimizer.is_classic()
-            && optimizer != Optimizer::Adafactor
-        {
+        if !optimizer.runs_as(implementation) {
             return Err(SetupError::new(
                 "optimizer_implementation",
                 format!(
@@ -1086,6 +1099,11 @@ pub enum LossImplementation {
 
 impl LossImplementation {
     pub const NAMES: &'static str = "upcast_fp32, chunked, fused";
+    pub const ALL: [LossImplementation; 3] = [
+        LossImplementation::UpcastFp32,
+        LossImplementation::Chunked,
+        LossImplementation::Fused,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {

@@ -4,6 +4,7 @@
 use std::fmt;
 use std::ops::Range;
 
+use super::assumed::Assumption;
 use super::detail::{Detail, Group};
 use super::echo;
 use super::names::{self, LayerDetail};
@@ -476,6 +477,8 @@ pub struct Job {
     /// The activations of a model built from its configuration (no learned estimator reads
     /// such a job: the analytic step answers it).
     known_activations: Option<KnownActivations>,
+    /// The fields the request left unsaid that the step's figure depends on.
+    assumptions: Vec<Assumption>,
     /// Read from a printed summary (layers and shapes from text, saved tensors derived).
     printed: bool,
 }
@@ -574,6 +577,7 @@ impl Job {
             saved_tensors: None,
             simulation: None,
             known_activations: None,
+            assumptions: Vec::new(),
             printed: false,
         })
     }
@@ -1041,6 +1045,21 @@ impl Job {
 
     pub fn setup(&self) -> &Setup {
         &self.setup
+    }
+
+    pub(super) fn setup_mut(&mut self) -> &mut Setup {
+        &mut self.setup
+    }
+
+    /// Adds a field the request left unsaid.
+    pub fn with_assumption(mut self, assumption: Assumption) -> Job {
+        self.assumptions.push(assumption);
+        self
+    }
+
+    /// The fields the request left unsaid, with their alternatives.
+    pub fn assumptions(&self) -> &[Assumption] {
+        &self.assumptions
     }
 
     /// Names and linear shapes, index for index with [`Job::layers`]; empty when none given.

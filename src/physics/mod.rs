@@ -2,10 +2,12 @@
 //! category at its two moments (`step`), the per-parameter and traced first principles
 //! (`analytic`), saved tensors (`saved`), a model built from its Hugging Face configuration
 //! (`transformer`), the figure and floor of a job on a card (`peak`), the answer's breakdown
-//! (`breakdown`), each term's uncertainty (`uncertainty`) and the roofline (`perf`).
+//! (`breakdown`), what an unstated field moves (`assumed`), the figure's uncertainty
+//! (`uncertainty`) and the roofline (`perf`).
 //! "Physics first, learning second": a learned figure may correct these, never contradict them.
 
 pub mod analytic;
+pub mod assumed;
 pub mod breakdown;
 pub mod peak;
 pub mod perf;

@@ -43,6 +43,11 @@ pub struct Calibration {
     pub min_share: f64,
     /// A group with fewer rows answers with its parent's scores.
     pub min_rows: u64,
+    /// How much the assumed fields' log range widens a score's normaliser: a job's scores are
+    /// divided by `share (1 + assumed_weight R)`, `R` the log of the widest over the narrowest
+    /// figure the fields the request left unsaid allow (`physics::assumed`); 0 leaves them out.
+    #[serde(default)]
+    pub assumed_weight: f64,
     /// Increasing levels from 0 (the scores' lower end) to 1 (their upper end).
     pub levels: Vec<f64>,
     /// `all`, a level of detail (`config`), or a level and a setup family (`config/qlora`).
@@ -71,6 +76,9 @@ impl Calibration {
         }
         if !(c.min_share > 0.0 && c.min_share <= 1.0) {
             return Err("min_share: must be in (0, 1]".into());
+        }
+        if !(0.0..=10.0).contains(&c.assumed_weight) {
+            return Err("assumed_weight: must be 0 to 10".into());
         }
         if c.min_rows == 0 {
             return Err("min_rows: must be at least 1".into());
@@ -230,6 +238,9 @@ pub struct PeakDistribution {
     /// The factor on every score: 1, more far from the measured data, or what a calibration
     /// profile's bound implies.
     pub scale: f64,
+    /// `ln(highest / lowest)` of the figures the fields the request left unsaid allow
+    /// (`physics::assumed::log_range`): 0 when it states them all.
+    pub assumed_log_range: f64,
 }
 
 /// Largest scale a profile's bound may set.
@@ -256,7 +267,14 @@ impl PeakDistribution {
             terms,
             other: None,
             scale: 1.0,
+            assumed_log_range: 0.0,
         }
+    }
+
+    /// What the group's scores are multiplied by beside the uncertain share: 1, more for a
+    /// job whose unstated fields leave a range open.
+    pub fn assumed_factor(&self) -> f64 {
+        1.0 + self.calibration.assumed_weight * self.assumed_log_range
     }
 
     pub fn min_share(&self) -> f64 {
@@ -280,7 +298,7 @@ impl PeakDistribution {
         let min_share = self.min_share();
         self.moments()
             .map(|t| {
-                t.at(self.scale * score, min_share)
+                t.at(self.scale * self.assumed_factor() * score, min_share)
                     - if less_reclaimable { t.reclaimable } else { 0.0 }
             })
             .fold(f64::NEG_INFINITY, f64::max)
@@ -366,6 +384,7 @@ mod tests {
             Calibration {
                 min_share: 0.1,
                 min_rows: 30,
+                assumed_weight: 1.0,
                 levels,
                 groups: BTreeMap::from([(ALL.to_string(), ScoreQuantiles { rows: 500, scores })]),
             }

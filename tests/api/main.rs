@@ -2,6 +2,7 @@
 //! models and talks to it over HTTP.
 
 mod accuracy;
+mod assumed;
 mod batch;
 mod calibration;
 #[path = "../common/mod.rs"]

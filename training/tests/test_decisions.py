@@ -128,6 +128,20 @@ class LikeWithLike(unittest.TestCase):
         self.assertAlmostEqual(decisions.score({"compare": "allocated", "measured": 8_500}, a), 0.0)
 
 
+class Normalizer(unittest.TestCase):
+    def test_the_unstated_fields_range_widens_the_normalizer_by_its_weight(self):
+        a = answer(10_000, 12_000, known=4_000, context=1_000, uncertain=5_000, cache=0, parameters=1_000)
+        a["memory"]["uncertainty"]["assumed_log_range"] = 0.5
+        saved = decisions.ASSUMED_WEIGHT
+        try:
+            decisions.ASSUMED_WEIGHT = 0.0
+            self.assertAlmostEqual(decisions.normalizer(a), decisions.share(a))
+            decisions.ASSUMED_WEIGHT = 2.0
+            self.assertAlmostEqual(decisions.normalizer(a), decisions.share(a) * 2.0)
+        finally:
+            decisions.ASSUMED_WEIGHT = saved
+
+
 class PerfectFigure(unittest.TestCase):
     def test_a_run_is_refused_once_the_bound_passes_its_headroom(self):
         pairs = []

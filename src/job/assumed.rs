@@ -1,0 +1,36 @@
+//! What a request leaves unsaid: the fields its answer assumes, each with the values it could
+//! have taken instead, so that the answer can say how far each moves the figure and the bound
+//! can widen with that doubt (`physics::assumed`).
+
+use super::setup::{LossImplementation, OptimizerImplementation};
+use super::validated::{Job, KnownActivations};
+
+/// Another value an assumed field could have taken, as the job would hold it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Alternative {
+    /// The model's activations counted with another loss over the vocabulary.
+    Loss(LossImplementation, KnownActivations),
+    OptimizerImplementation(OptimizerImplementation),
+}
+
+/// One field the request did not state: the value assumed and the others it could be.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Assumption {
+    pub field: &'static str,
+    pub assumed: &'static str,
+    pub alternatives: Vec<Alternative>,
+}
+
+impl Job {
+    /// The same job with `alternative` in place of the assumed value.
+    pub fn with_alternative(&self, alternative: Alternative) -> Job {
+        let mut job = self.clone();
+        match alternative {
+            Alternative::Loss(_, known) => job = job.with_known_activations(known),
+            Alternative::OptimizerImplementation(implementation) => {
+                job.setup_mut().implementation = implementation;
+            }
+        }
+        job
+    }
+}

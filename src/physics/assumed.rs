@@ -1,0 +1,93 @@
+//! How far each field a request left unsaid moves the figure (`job::assumed`): the analytic
+//! step run again with each of the field's other values. The ranges widen the bound
+//! (`physics::uncertainty`) and tell the caller which field to state to narrow it.
+
+use super::peak::Physics;
+use crate::job::Job;
+
+/// How far one assumed field moves the figure over the values it could take: at most
+/// `down_mib` lower, at most `up_mib` higher (both >= 0).
+#[derive(Debug, Clone, PartialEq)]
+pub struct AssumedRange {
+    pub field: &'static str,
+    pub assumed: &'static str,
+    pub down_mib: f64,
+    pub up_mib: f64,
+}
+
+impl AssumedRange {
+    pub fn width_mib(&self) -> f64 {
+        self.down_mib + self.up_mib
+    }
+}
+
+/// Ranges narrower than this are left out: stating the field would not move the answer.
+const MIN_RANGE_MIB: f64 = 1.0;
+
+/// For a job the analytic step answers: each assumed field's moves of the step's figure,
+/// widest first.
+pub fn ranges(job: &Job) -> Vec<AssumedRange> {
+    if job.assumptions().is_empty() {
+        return Vec::new();
+    }
+    let base = step_figure(job);
+    let mut out: Vec<AssumedRange> = job
+        .assumptions()
+        .iter()
+        .filter_map(|assumption| {
+            let (mut low, mut high) = (0.0f64, 0.0f64);
+            for &alternative in &assumption.alternatives {
+                let moved = step_figure(&job.with_alternative(alternative)) - base;
+                low = low.min(moved);
+                high = high.max(moved);
+            }
+            (high - low >= MIN_RANGE_MIB).then_some(AssumedRange {
+                field: assumption.field,
+                assumed: assumption.assumed,
+                down_mib: -low,
+                up_mib: high,
+            })
+        })
+        .collect();
+    out.sort_by(|a, b| b.width_mib().total_cmp(&a.width_mib()));
+    out
+}
+
+/// The analytic step's figure, as the answer reads it.
+fn step_figure(job: &Job) -> f64 {
+    let physics = Physics::step(job);
+    let total = physics.parts.total();
+    physics.settle(total, total).estimate_mib
+}
+
+/// `ln(highest / lowest)` of the figures the assumed fields allow together around
+/// `figure_mib` (each field's move added): 0 when nothing is assumed.
+pub fn log_range(ranges: &[AssumedRange], figure_mib: f64) -> f64 {
+    if ranges.is_empty() || figure_mib <= 0.0 {
+        return 0.0;
+    }
+    let up: f64 = ranges.iter().map(|r| r.up_mib).sum();
+    let down: f64 = ranges.iter().map(|r| r.down_mib).sum();
+    ((figure_mib + up) / (figure_mib - down).max(1.0)).ln()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn range(down: f64, up: f64) -> AssumedRange {
+        AssumedRange {
+            field: "f",
+            assumed: "a",
+            down_mib: down,
+            up_mib: up,
+        }
+    }
+
+    #[test]
+    fn the_log_range_adds_each_fields_moves() {
+        assert_eq!(log_range(&[], 1000.0), 0.0);
+        let r = log_range(&[range(200.0, 0.0), range(100.0, 100.0)], 1000.0);
+        assert!((r - (1100.0f64 / 700.0).ln()).abs() < 1e-12, "{r}");
+    }
+}
