@@ -205,7 +205,7 @@ fn committed_models_reproduce_the_manifest_held_out_figures() {
                     );
                     if !entry.requires.is_empty() {
                         // Traced jobs: the answer is this regressor's, held to the physics floor
-                        // (model state + context), and so is the class.
+                        // (model state, the traced activations, context), and so is the class.
                         let answered =
                             |e: &Estimate| e.mib_estimators[name].max(e.physics.floor_mib());
                         assert!(family_rows
@@ -216,7 +216,15 @@ fn committed_models_reproduce_the_manifest_held_out_figures() {
                             &MemoryClasses::new(vec![8000, 16000, 24000, 32000, 40960]).unwrap(),
                             |e| e.class.class.index,
                         );
-                        assert_close(name, accuracy, &entry.validation, "test_class_accuracy");
+                        // The manifest's accuracy was measured with a floor of model state and
+                        // context; the traced activations joined it later (issue 33) and raise
+                        // the few answers the regressor put below them: no worse (0.9212 against
+                        // the manifest's 0.9158 for the CNN regressor when they joined).
+                        let manifest = figure(&entry.validation, "test_class_accuracy");
+                        assert!(
+                            accuracy >= manifest - TOLERANCE,
+                            "{name}: class accuracy {accuracy:.4}, {manifest:.4} in the manifest"
+                        );
                     }
                 }
                 EstimatorKind::UtilizationRegressor => {

@@ -443,3 +443,71 @@ async fn config_jobs_obey_the_memory_saving_changes_and_grow_with_batch_and_sequ
         failures.join("\n")
     );
 }
+
+/// One job, one figure on every path (issue 33, item 6): GPT-2 (124 M, batch 8 x 512 tokens) as
+/// `describe` prints it, answered from its simulation, from its traced saved tensors and from
+/// its layers alone. Each path without the simulation is within 15 % of it, except the layer
+/// list's regressor, held to within 25 % (measured +22.7 %: a regressor of vision models on a
+/// language model's layers); and on the traced and layer paths each memory-saving setup
+/// (autocast, checkpointing, micro-batches, LoRA) lowers the figure of the plain job.
+#[tokio::test]
+async fn every_path_of_one_job_agrees_with_its_simulation_and_every_saving_lowers_it() {
+    let app = Application::build(&test_config(&models_dir()))
+        .await
+        .expect("the application starts");
+    let full: Value =
+        serde_json::from_str(include_str!("../fixtures/describe/gpt2_small_b8_s512.json")).unwrap();
+    let without = |keys: &[&str]| {
+        let mut job = full.clone();
+        for key in keys {
+            job.as_object_mut().unwrap().remove(*key);
+        }
+        job
+    };
+    let traced = without(&["simulation"]);
+    let layers = without(&["simulation", "saved_tensors"]);
+    let savings = [
+        ("amp_bf16", json!({"precision": "amp_bf16"})),
+        ("checkpointing", json!({"activation_checkpointing": "full"})),
+        (
+            "micro-batches",
+            json!({"micro_batch_size": 2, "gradient_accumulation_steps": 4}),
+        ),
+        (
+            "lora",
+            json!({"lora": {"rank": 8, "target_modules": ["c_attn"]}}),
+        ),
+    ];
+    let mut requests = vec![full.clone()];
+    for base in [&traced, &layers] {
+        requests.push(base.clone());
+        for (_, change) in &savings {
+            let mut job = base.clone();
+            for (key, value) in change.as_object().unwrap() {
+                job[key] = value.clone();
+            }
+            requests.push(job);
+        }
+    }
+    let answers = answer(&app, &requests);
+    let simulated = figure(&answers[0]);
+    for (path, (plain, saved), tolerance) in [
+        ("traced", (&answers[1], &answers[2..6]), 0.15),
+        ("layers", (&answers[6], &answers[7..11]), 0.25),
+    ] {
+        let f = figure(plain);
+        println!("{path}: {f} MiB against the simulation's {simulated}");
+        assert!(
+            (f / simulated - 1.0).abs() <= tolerance,
+            "{path}: {f} MiB, the simulation {simulated}"
+        );
+        for ((name, _), answer) in savings.iter().zip(saved) {
+            println!("  {name}: {}", figure(answer));
+            assert!(
+                figure(answer) < f,
+                "{path} with {name}: {} MiB, plain {f}",
+                figure(answer)
+            );
+        }
+    }
+}
