@@ -146,6 +146,8 @@ pub fn to_job_noting(request: &EstimateRequest) -> Result<(Job, Vec<String>), Ap
     }
     // Saved tensors derived from a summary's layers, when the request traced none.
     let mut derived = None;
+    // The per-sample input: the request's, else what a printed table's footer says.
+    let mut input_shape = request.input_shape.clone();
     if let Some(config) = &request.transformer_config {
         return config_job(request, config);
     }
@@ -184,14 +186,23 @@ pub fn to_job_noting(request: &EstimateRequest) -> Result<(Job, Vec<String>), Ap
             let parsed = parse_summary(format, &summary.text, request.batch_size, sample)
                 .map_err(|e| ApiError::InvalidInput(e.to_string()))?;
             warnings.extend(parsed.warnings);
+            if input_shape.is_none() {
+                if let Some(shape) = parsed.input_shape {
+                    warnings.push(format!(
+                        "input_shape: not given; {shape:?} read from the table's Input size \
+                         footer and first output (a square RGB image); give input_shape if it \
+                         is not"
+                    ));
+                    input_shape = Some(shape.to_vec());
+                }
+            }
             let job =
                 Job::from_layers(request.family.as_deref(), request.batch_size, parsed.layers)?
                     .printed();
             if request.saved_tensors.is_none() {
                 // The traced regressors need saved tensors; a summary shows only output shapes,
                 // from which physics::saved rebuilds what backward keeps (issue 12).
-                let input = request
-                    .input_shape
+                let input = input_shape
                     .as_deref()
                     .and_then(|shape| shape.iter().try_fold(1u64, |n, &d| n.checked_mul(d)));
                 match saved::hidden_share(job.layers()) {
@@ -266,7 +277,7 @@ pub fn to_job_noting(request: &EstimateRequest) -> Result<(Job, Vec<String>), Ap
     };
     let job = job
         .with_setup(&unchecked_setup(request))?
-        .with_input_shape(request.input_shape.as_deref())?
+        .with_input_shape(input_shape.as_deref())?
         .with_saved_tensors(
             request
                 .saved_tensors

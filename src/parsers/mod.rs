@@ -131,6 +131,10 @@ pub struct SampleShape<'a> {
 pub struct ParsedSummary {
     pub layers: Vec<Layer>,
     pub warnings: Vec<String>,
+    /// One sample's input `[3, H, H]`, read from a table's `Input size (MB)` footer (torchsummary,
+    /// torchinfo; an fp32 RGB image) and its first image-shaped output; `None` for other formats,
+    /// without the footer, or when no square RGB image fits them.
+    pub input_shape: Option<[u64; 3]>,
 }
 
 /// Parses a pasted summary into layers, in the order the summary lists them.
@@ -169,6 +173,7 @@ pub fn parse_summary(
         return Err(SummaryError::field("seq_len", "must be at least 1"));
     }
     let mut warnings = Warnings::default();
+    let mut input_shape = None;
     let layers = match format {
         SummaryFormat::Auto => {
             let detected = SummaryFormat::detect(text);
@@ -183,13 +188,18 @@ pub fn parse_summary(
                 field @ SummaryError::Field { .. } => field,
             });
         }
-        SummaryFormat::Torchsummary => table::parse(text, &mut warnings),
+        SummaryFormat::Torchsummary => {
+            let (layers, input) = table::parse(text, &mut warnings)?;
+            input_shape = input;
+            Ok(layers)
+        }
         SummaryFormat::ModulePrint => module_print::parse(text, sample, &mut warnings),
         SummaryFormat::Keras => keras::parse(text, sample, &mut warnings),
     }?;
     Ok(ParsedSummary {
         layers,
         warnings: warnings.0,
+        input_shape,
     })
 }
 

@@ -40,16 +40,32 @@ const FLAT_CONTAINERS: [&str; 12] = [
     "FusedMBConv",
 ];
 
-pub(super) fn parse(text: &str, warnings: &mut Warnings) -> Result<Vec<Layer>, SummaryError> {
+pub(super) fn parse(
+    text: &str,
+    warnings: &mut Warnings,
+) -> Result<(Vec<Layer>, Option<[u64; 3]>), SummaryError> {
     let mut columns: Vec<Column> = DEFAULT_COLUMNS.to_vec();
     let mut rows = Vec::new();
     let mut footer = None;
+    let mut input_megabytes = None;
+    // The batch the tool printed the shapes with (torchsummary's -1 stands for one sample).
+    let mut printed_batch = None;
+    let mut torchinfo = false;
+    // The height of the first image-shaped output (`[B, C, H, W]`).
+    let mut first_height = None;
     for (index, raw) in text.lines().enumerate() {
         let line = index.saturating_add(1);
         let trimmed = raw.trim();
         if let Some(total) = footer_total(trimmed) {
             footer = total.ok().map(|total| (total, line));
             continue;
+        }
+        if let Some(rest) = trimmed.strip_prefix("Input size (MB):") {
+            input_megabytes = rest.trim().parse::<f64>().ok().filter(|mb| *mb > 0.0);
+            continue;
+        }
+        if trimmed.starts_with("Layer (type:depth-idx)") {
+            torchinfo = true;
         }
         if trimmed.is_empty() || is_rule(trimmed) || is_footer(trimmed) {
             continue;
@@ -64,6 +80,12 @@ pub(super) fn parse(text: &str, warnings: &mut Warnings) -> Result<Vec<Layer>, S
                 format!("not a layer row ({reason}): '{}'", echo(trimmed)),
             )
         })?;
+        if printed_batch.is_none() {
+            printed_batch = leading_dimension(trimmed);
+        }
+        if first_height.is_none() {
+            first_height = image_height(trimmed);
+        }
         rows.push(row);
     }
     if rows.is_empty() {
@@ -71,7 +93,50 @@ pub(super) fn parse(text: &str, warnings: &mut Warnings) -> Result<Vec<Layer>, S
     }
     let layers = emit(&rows)?;
     check_footer_total(footer, &layers, warnings);
-    Ok(layers.0)
+    // torchsummary prints MiB (bytes / 1024²), torchinfo MB (bytes / 10⁶), both of the fp32
+    // input of the batch the shapes were printed with.
+    let megabyte = if torchinfo { 1e6 } else { 1024.0 * 1024.0 };
+    let input_elements =
+        input_megabytes.map(|mb| mb * megabyte / 4.0 / printed_batch.unwrap_or(1).max(1) as f64);
+    let input_shape = input_elements
+        .zip(first_height)
+        .and_then(|(elements, height)| image_shape(elements, height));
+    Ok((layers.0, input_shape))
+}
+
+/// The square RGB image `[3, H, H]` of `elements` per sample whose first layer printed an
+/// output `first_height` high (a stem's stride or a patch size), when one is within the 2 % a
+/// footer's two printed decimals leave: 0.57 MB and a first output 112 high read as 224.
+fn image_shape(elements: f64, first_height: u64) -> Option<[u64; 3]> {
+    [1, 2, 4, 8, 14, 16, 32].into_iter().find_map(|stride| {
+        let side = first_height.checked_mul(stride)?;
+        let pixels = 3.0 * (side as f64) * (side as f64);
+        ((pixels / elements - 1.0).abs() <= 0.02).then_some([3, side, side])
+    })
+}
+
+/// The height of a row's output when it is one image batch `[B, C, H, W]`.
+fn image_height(row: &str) -> Option<u64> {
+    let shape = row.split_once('[')?.1;
+    if shape.starts_with('[') {
+        return None;
+    }
+    let dims: Vec<&str> = shape.split(']').next()?.split(',').map(str::trim).collect();
+    if dims.len() != 4 {
+        return None;
+    }
+    dims[2].parse().ok().filter(|&h: &u64| h > 0)
+}
+
+/// The first dimension of a row's first output shape (`[-1, 64, 56, 56]` -> 1, `[32, ...]`
+/// -> 32): the batch the table was printed with.
+fn leading_dimension(row: &str) -> Option<u64> {
+    let shape = row.split_once('[')?.1.trim_start_matches('[');
+    let first = shape.split([',', ']']).next()?.trim();
+    match first {
+        "-1" => Some(1),
+        n => n.parse::<u64>().ok().filter(|&n| n > 0),
+    }
 }
 
 fn parse_header(header: &str) -> Result<Vec<Column>, String> {

@@ -463,8 +463,9 @@ fn parse_all_ways(text: &str) {
                     seq_len,
                     input_shape,
                 };
-                if let Ok(ParsedSummary { layers, warnings }) =
-                    parse_summary(format, text, 8, sample)
+                if let Ok(ParsedSummary {
+                    layers, warnings, ..
+                }) = parse_summary(format, text, 8, sample)
                 {
                     assert!(!layers.is_empty() && layers.len() <= MAX_LAYERS);
                     assert!(warnings.len() <= Warnings::MAX);
@@ -955,4 +956,39 @@ fn a_timm_norm_act_listed_after_its_activation_runs_before_it() {
         ]
     );
     assert_eq!(layers[1].params, 128);
+}
+
+#[test]
+fn a_tables_input_size_footer_and_first_output_give_the_input_image() {
+    // torchsummary: 0.57 MiB of fp32 input per sample (batch -1), a first output 112 high.
+    let parsed = parse_summary(
+        SummaryFormat::Torchsummary,
+        RESNET18_TORCHSUMMARY,
+        8,
+        tokens(None),
+    )
+    .unwrap();
+    assert_eq!(parsed.input_shape, Some([3, 224, 224]));
+    // The same printed at batch 32: the footer counts the batch's input.
+    let batch_32 = RESNET18_TORCHSUMMARY
+        .replace("[-1,", "[32,")
+        .replace("Input size (MB): 0.57", "Input size (MB): 18.38");
+    let parsed = parse_summary(SummaryFormat::Torchsummary, &batch_32, 32, tokens(None)).unwrap();
+    assert_eq!(parsed.input_shape, Some([3, 224, 224]));
+    // torchinfo counts megabytes of 10^6 bytes: 0.60 MB.
+    let parsed = parse_summary(
+        SummaryFormat::Torchsummary,
+        RESNET18_TORCHINFO,
+        8,
+        tokens(None),
+    )
+    .unwrap();
+    assert_eq!(parsed.input_shape, Some([3, 224, 224]));
+    // A footer no square RGB image fits, or none at all: no shape.
+    let odd = RESNET18_TORCHSUMMARY.replace("Input size (MB): 0.57", "Input size (MB): 0.40");
+    let parsed = parse_summary(SummaryFormat::Torchsummary, &odd, 8, tokens(None)).unwrap();
+    assert_eq!(parsed.input_shape, None);
+    let none = RESNET18_TORCHSUMMARY.replace("Input size (MB): 0.57", "");
+    let parsed = parse_summary(SummaryFormat::Torchsummary, &none, 8, tokens(None)).unwrap();
+    assert_eq!(parsed.input_shape, None);
 }

@@ -208,3 +208,63 @@ Total params: 12
         }
     }
 }
+
+/// A table pasted without `input_shape` (as GPUMemNet's inputs and most pastes come): the
+/// input image is read from its `Input size (MB)` footer and first output, so the job is
+/// answered as with the shape given. Over the held-out timm printouts of both table tools
+/// (tests/fixtures/summaries/printouts.jsonl.gz), a shape read is never another than the true
+/// one, and it is read for most of the square RGB ones.
+#[tokio::test]
+async fn a_tables_input_image_is_read_from_its_footer_when_not_given() {
+    use std::io::{BufRead, BufReader};
+    let file = std::fs::File::open(
+        crate::helpers::repo_root().join("tests/fixtures/summaries/printouts.jsonl.gz"),
+    )
+    .unwrap();
+    let rows: Vec<Value> = BufReader::new(flate2::read::GzDecoder::new(file))
+        .lines()
+        .map(|line| serde_json::from_str::<Value>(&line.unwrap()).unwrap())
+        .filter(|row| {
+            row["set"] == "timm_test"
+                && (row["tool"] == "torchsummary" || row["tool"] == "torchinfo")
+        })
+        .collect();
+    let app = spawn_app().await;
+    let (mut square, mut read, mut answered) = (0, 0, 0);
+    for row in &rows {
+        let truth = &row["input_shape"];
+        let body = json!({"summary": {"text": row["text"]}, "batch_size": 32});
+        let response = app.post_json("/v1/estimate", &body).await;
+        if response.status() != 200 {
+            continue;
+        }
+        answered += 1;
+        let without: Value = response.json().await.unwrap();
+        let warned = without["warnings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|w| w.as_str().unwrap().starts_with("input_shape: not given"));
+        let rgb_square = truth[0] == 3 && truth[1] == truth[2];
+        square += usize::from(rgb_square);
+        if !warned {
+            continue;
+        }
+        read += 1;
+        assert!(rgb_square, "{}: read a shape for {truth}", row["model"]);
+        let with = app
+            .post_json_value(
+                "/v1/estimate",
+                &json!({"summary": {"text": row["text"]}, "batch_size": 32, "input_shape": truth}),
+            )
+            .await;
+        assert_eq!(
+            without["memory"]["estimate_mib"], with["memory"]["estimate_mib"],
+            "{}",
+            row["model"]
+        );
+    }
+    println!("{answered} tables answered, {square} of square RGB input, {read} read");
+    assert!(answered >= 150, "{answered}");
+    assert!(read * 10 >= square * 8, "{read} of {square}");
+}
