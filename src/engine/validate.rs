@@ -356,9 +356,10 @@ fn config_job(
         model.activations_with(precision, false, loss),
         model.activations_with(precision, true, loss),
     );
-    // The other losses' activations, for the range an unstated loss leaves open.
+    // An unstated loss is taken to be transformers' (which keeps the most): the fused loss
+    // (which keeps the least) bounds the range it leaves open.
     let other_losses: Vec<_> = if request.loss_implementation.is_none() {
-        LossImplementation::ALL
+        [LossImplementation::Fused]
             .into_iter()
             .filter(|&other| other != loss)
             .map(|other| {
@@ -398,17 +399,24 @@ fn config_job(
     Ok((with_assumed_implementation(request, job), warnings))
 }
 
-/// Notes an unstated optimizer implementation: PyTorch's default (foreach) is assumed, and
-/// whichever others the optimizer has could have run.
+/// Notes an unstated optimizer implementation: PyTorch's default (foreach, a copy of the
+/// state per step: the most) is assumed, and the implementation the optimizer has that keeps
+/// the least (fused, else the for-loop) bounds the range.
 fn with_assumed_implementation(request: &EstimateRequest, job: Job) -> Job {
     if request.optimizer_implementation.is_some() {
         return job;
     }
     let setup = job.setup();
-    let alternatives: Vec<Alternative> = OptimizerImplementation::ALL
-        .into_iter()
-        .filter(|&other| other != setup.implementation && setup.optimizer.runs_as(other))
+    let least = [
+        OptimizerImplementation::Fused,
+        OptimizerImplementation::ForLoop,
+    ]
+    .into_iter()
+    .find(|&other| setup.optimizer.runs_as(other));
+    let alternatives: Vec<Alternative> = least
+        .filter(|&other| other != setup.implementation)
         .map(Alternative::OptimizerImplementation)
+        .into_iter()
         .collect();
     if alternatives.is_empty() {
         return job;

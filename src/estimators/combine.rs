@@ -416,6 +416,9 @@ impl Partial {
             simulated.map(|s| s.cuda_context_mib),
             query.capacity_mib,
         );
+        // The step's own figure, before a learned correction scales it: what the unstated
+        // fields' alternatives move (`physics::assumed`).
+        let step_mib = physics::assumed::settled_figure(&physics);
         if let (Some(peaks), Some(model)) = (physics.simulated, simulated) {
             let figure = peaks.figure_mib();
             self.mib_estimators.insert(SIMULATED.to_string(), figure);
@@ -521,7 +524,7 @@ impl Partial {
             // its other values: the range it leaves open widens the bound. (A learned or
             // simulated figure's own errors already hold what its training jobs left unsaid.)
             if physics.source == BreakdownSource::Step {
-                assumed = physics::assumed::ranges(job);
+                assumed = physics::assumed::ranges(job, step_mib);
                 peak.assumed_log_range =
                     physics::assumed::log_range(&assumed, settled.estimate_mib);
             }

@@ -3,7 +3,7 @@
 //! can widen with that doubt (`physics::assumed`).
 
 use super::setup::{LossImplementation, OptimizerImplementation};
-use super::validated::{Job, KnownActivations};
+use super::validated::KnownActivations;
 
 /// Another value an assumed field could have taken, as the job would hold it.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -13,24 +13,11 @@ pub enum Alternative {
     OptimizerImplementation(OptimizerImplementation),
 }
 
-/// One field the request did not state: the value assumed and the others it could be.
+/// One field the request did not state: the value assumed and the others worth running (the
+/// defaults assumed keep the most, so the value that keeps the least bounds the range).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Assumption {
     pub field: &'static str,
     pub assumed: &'static str,
     pub alternatives: Vec<Alternative>,
-}
-
-impl Job {
-    /// The same job with `alternative` in place of the assumed value.
-    pub fn with_alternative(&self, alternative: Alternative) -> Job {
-        let mut job = self.clone();
-        match alternative {
-            Alternative::Loss(_, known) => job = job.with_known_activations(known),
-            Alternative::OptimizerImplementation(implementation) => {
-                job.setup_mut().implementation = implementation;
-            }
-        }
-        job
-    }
 }

@@ -206,12 +206,6 @@ pub enum OptimizerImplementation {
 }
 
 impl OptimizerImplementation {
-    pub const ALL: [OptimizerImplementation; 3] = [
-        OptimizerImplementation::Foreach,
-        OptimizerImplementation::Fused,
-        OptimizerImplementation::ForLoop,
-    ];
-
     pub fn parse(raw: &str) -> Option<OptimizerImplementation> {
         match raw.to_ascii_lowercase().as_str() {
             "foreach" => Some(OptimizerImplementation::Foreach),
@@ -1099,11 +1093,6 @@ pub enum LossImplementation {
 
 impl LossImplementation {
     pub const NAMES: &'static str = "upcast_fp32, chunked, fused";
-    pub const ALL: [LossImplementation; 3] = [
-        LossImplementation::UpcastFp32,
-        LossImplementation::Chunked,
-        LossImplementation::Fused,
-    ];
 
     pub fn as_str(self) -> &'static str {
         match self {

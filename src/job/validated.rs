@@ -1047,10 +1047,6 @@ impl Job {
         &self.setup
     }
 
-    pub(super) fn setup_mut(&mut self) -> &mut Setup {
-        &mut self.setup
-    }
-
     /// Adds a field the request left unsaid.
     pub fn with_assumption(mut self, assumption: Assumption) -> Job {
         self.assumptions.push(assumption);

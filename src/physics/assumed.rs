@@ -3,7 +3,7 @@
 //! (`physics::uncertainty`) and tell the caller which field to state to narrow it.
 
 use super::peak::Physics;
-use crate::job::Job;
+use crate::job::{Alternative, Job};
 
 /// How far one assumed field moves the figure over the values it could take: at most
 /// `down_mib` lower, at most `up_mib` higher (both >= 0).
@@ -24,20 +24,17 @@ impl AssumedRange {
 /// Ranges narrower than this are left out: stating the field would not move the answer.
 const MIN_RANGE_MIB: f64 = 1.0;
 
-/// For a job the analytic step answers: each assumed field's moves of the step's figure,
-/// widest first.
-pub fn ranges(job: &Job) -> Vec<AssumedRange> {
-    if job.assumptions().is_empty() {
-        return Vec::new();
-    }
-    let base = step_figure(job);
+/// For a job the analytic step answers with `step_mib` (its own step's figure, before any
+/// learned correction): each assumed field's moves of it over the field's alternatives, widest
+/// first. Each alternative is one more analytic step of the same layers.
+pub fn ranges(job: &Job, step_mib: f64) -> Vec<AssumedRange> {
     let mut out: Vec<AssumedRange> = job
         .assumptions()
         .iter()
         .filter_map(|assumption| {
             let (mut low, mut high) = (0.0f64, 0.0f64);
             for &alternative in &assumption.alternatives {
-                let moved = step_figure(&job.with_alternative(alternative)) - base;
+                let moved = step_figure(job, alternative) - step_mib;
                 low = low.min(moved);
                 high = high.max(moved);
             }
@@ -53,9 +50,22 @@ pub fn ranges(job: &Job) -> Vec<AssumedRange> {
     out
 }
 
-/// The analytic step's figure, as the answer reads it.
-fn step_figure(job: &Job) -> f64 {
-    let physics = Physics::step(job);
+/// The analytic step's figure of `job` with `alternative` in place of the assumed value, as
+/// the answer reads a figure ([`Physics::settle`]).
+fn step_figure(job: &Job, alternative: Alternative) -> f64 {
+    let physics = match alternative {
+        Alternative::Loss(_, known) => Physics::step_as(job, job.setup(), Some(known)),
+        Alternative::OptimizerImplementation(implementation) => {
+            let mut setup = job.setup().clone();
+            setup.implementation = implementation;
+            Physics::step_as(job, &setup, job.known_activations())
+        }
+    };
+    settled_figure(&physics)
+}
+
+/// A step's figure held to its floor, as the answer reads it.
+pub fn settled_figure(physics: &Physics) -> f64 {
     let total = physics.parts.total();
     physics.settle(total, total).estimate_mib
 }

@@ -7,7 +7,7 @@ use super::analytic::{self, FRAMEWORK_OVERHEAD_MIB};
 use super::breakdown::{Breakdown, BreakdownSource};
 use super::step::{self, ALLOCATOR_CACHE_SHARE};
 use super::uncertainty::{Group, PeakDistribution, Terms};
-use crate::job::{Detail, Job, Simulation};
+use crate::job::{Detail, Job, KnownActivations, Setup, Simulation};
 
 const MIB: f64 = 1024.0 * 1024.0;
 
@@ -123,7 +123,13 @@ impl Physics {
     /// allocator holds, the cache it reserves beyond (the simulations' median share), a paged
     /// optimizer's state beside them, and the context.
     pub fn step(job: &Job) -> Physics {
-        let memory = step::analytic_step(job);
+        Physics::step_as(job, job.setup(), job.known_activations())
+    }
+
+    /// [`Physics::step`] of `job`'s layers with `setup` and `known` activations in place of
+    /// its own ([`step::analytic_step_as`]).
+    pub fn step_as(job: &Job, setup: &Setup, known: Option<KnownActivations>) -> Physics {
+        let memory = step::analytic_step_as(job, setup, known);
         let parts = Breakdown {
             parameters: memory.parameters / MIB,
             gradients: memory.gradients / MIB,

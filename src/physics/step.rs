@@ -12,10 +12,10 @@
 
 use crate::job::names::{inside_named, modules_ranges, names_target, within};
 use crate::job::setup::{
-    BaseWeights, Checkpointing, LoraTargets, Optimizer, OptimizerImplementation, Reference,
+    BaseWeights, Checkpointing, LoraTargets, Optimizer, OptimizerImplementation, Reference, Setup,
     Strategy, Trainable,
 };
-use crate::job::validated::{Job, Layer, LayerKind, SimulatedCategories};
+use crate::job::validated::{Job, KnownActivations, Layer, LayerKind, SimulatedCategories};
 use crate::job::LayerDetail;
 
 /// bitsandbytes keeps 32-bit state for parameters below this size (`min_8bit_size`).
@@ -166,7 +166,13 @@ fn state_bytes(
 
 /// The analytic step of `job` on its most loaded GPU.
 pub fn analytic_step(job: &Job) -> StepMemory {
-    let setup = job.setup();
+    analytic_step_as(job, job.setup(), job.known_activations())
+}
+
+/// [`analytic_step`] of `job`'s layers with `setup` and `known` activations in place of its
+/// own: what another value of a field the request left unsaid would give
+/// (`physics::assumed`), without copying the job.
+pub fn analytic_step_as(job: &Job, setup: &Setup, known: Option<KnownActivations>) -> StepMemory {
     let layers = job.layers();
     let details = job.layer_details();
     let detail = |i: usize| details.get(i);
@@ -261,7 +267,7 @@ pub fn analytic_step(job: &Job) -> StepMemory {
                     let cast = if precision.is_autocast()
                         && is_matmul(layer.kind)
                         && !setup.parallelism.strategy.shards().2
-                        && job.known_activations().is_none()
+                        && known.is_none()
                     {
                         2.0
                     } else {
@@ -370,7 +376,6 @@ pub fn analytic_step(job: &Job) -> StepMemory {
     let stream_bytes = storage;
     let outputs: Vec<f64> = layers.iter().map(|l| l.output_size as f64).collect();
     let output_total: f64 = outputs.iter().sum::<f64>().max(1.0);
-    let known = job.known_activations();
     let kept = match (known, job.saved_tensors()) {
         (Some(k), _) => (k.outside + k.per_block * k.blocks as f64) * micro + k.fixed,
         (None, Some(saved)) => saved.bytes_at(setup.micro_batch_size) * kept_share,
