@@ -225,13 +225,19 @@ fn percent(values: &[f64]) -> String {
     format!("{:.1} %", 100.0 * median(values.to_vec()))
 }
 
+/// The rows of each source.
+fn by_source(rows: &[Answered]) -> BTreeMap<&str, Vec<&Answered>> {
+    let mut out: BTreeMap<&str, Vec<&Answered>> = BTreeMap::new();
+    for row in rows {
+        out.entry(&row.source).or_default().push(row);
+    }
+    out
+}
+
 #[tokio::test]
 async fn an_environment_fitted_from_three_of_its_rows_is_no_worse_on_its_other_rows_than_none() {
     let (rows, extra_rows) = answered().await;
-    let mut by_source: BTreeMap<&str, Vec<&Answered>> = BTreeMap::new();
-    for row in &rows {
-        by_source.entry(&row.source).or_default().push(row);
-    }
+    let by_source = by_source(&rows);
     let qualifying: Vec<(&str, Vec<&Answered>)> = by_source
         .iter()
         .filter(|(_, rows)| rows.len() >= MIN_ROWS)
@@ -344,10 +350,7 @@ const STREAM_MIN_ROWS: usize = 30;
 #[tokio::test]
 async fn a_stream_of_one_sources_runs_keeps_coverage_while_the_bound_narrows() {
     let (rows, _) = answered().await;
-    let mut by_source: BTreeMap<&str, Vec<&Answered>> = BTreeMap::new();
-    for row in &rows {
-        by_source.entry(&row.source).or_default().push(row);
-    }
+    let by_source = by_source(&rows);
     let (mut above, mut estimated) = (0usize, 0usize);
     let mut streamed = 0;
     println!("| source | runs | above the 0.95 bound | median bound / estimate: first third | last third |");
