@@ -136,8 +136,9 @@ pub struct EstimateRequest {
     pub transformer_config: Option<serde_json::Map<String, serde_json::Value>>,
     /// With `transformer_config`: how the loss over the vocabulary is taken. `upcast_fp32`
     /// (default: Hugging Face transformers' loss, the whole logits in fp32), `chunked`
-    /// (litgpt's `chunked_cross_entropy`, torchtune's `CEWithChunkedOutputLoss`) or `fused`
-    /// (Liger's fused linear cross-entropy, Cut Cross-Entropy: no logits kept).
+    /// (litgpt's `chunked_cross_entropy`, torchtune's `CEWithChunkedOutputLoss`), `fused`
+    /// (Liger's fused linear cross-entropy, Cut Cross-Entropy: no logits kept) or `native`
+    /// (`F.cross_entropy` on the logits in their own dtype: 16-bit under pure bf16/fp16).
     #[serde(default)]
     pub loss_implementation: Option<String>,
     /// With `transformer_config`: the attention kernel, `sdpa` (default: flash or

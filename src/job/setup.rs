@@ -1089,16 +1089,21 @@ pub enum LossImplementation {
     /// The head and the loss fused (Liger's `FusedLinearCrossEntropy`, Apple's Cut
     /// Cross-Entropy): the logits never exist beyond one chunk.
     Fused,
+    /// `F.cross_entropy` on the logits in their own dtype, not upcast (nanoGPT, a hand-written
+    /// loop): under pure 16-bit precision the log-softmax and the gradients are 16-bit; under
+    /// autocast or fp32 the op runs in fp32 anyway, as the upcast loss does.
+    Native,
 }
 
 impl LossImplementation {
-    pub const NAMES: &'static str = "upcast_fp32, chunked, fused";
+    pub const NAMES: &'static str = "upcast_fp32, chunked, fused, native";
 
     pub fn as_str(self) -> &'static str {
         match self {
             LossImplementation::UpcastFp32 => "upcast_fp32",
             LossImplementation::Chunked => "chunked",
             LossImplementation::Fused => "fused",
+            LossImplementation::Native => "native",
         }
     }
 }

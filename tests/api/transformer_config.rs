@@ -672,6 +672,50 @@ async fn the_loss_over_a_large_vocabulary_follows_its_implementation() {
     assert_eq!(response.status(), 422);
 }
 
+/// `F.cross_entropy` on the logits in their own dtype (nanoGPT's loss): under pure bf16 the
+/// log-softmax and backward's first gradients are 16-bit, 2 and 4 bytes a class and token
+/// against the upcast loss's 4 and 10 (describe's simulation of it on Llama-3.2-1B:
+/// docs/setup-simulations.md, L-full-native); under autocast and in fp32 the op runs in fp32,
+/// so it is the upcast loss.
+#[tokio::test]
+async fn a_native_loss_stays_16_bit_only_under_pure_16_bit_weights() {
+    let app = spawn_app().await;
+    let config = config("public/meta-llama__Llama-3.2-1B");
+    let job = |precision: &str, loss: &str| {
+        json!({"transformer_config": config, "batch_size": 2, "seq_len": 1024,
+               "precision": precision, "optimizer": "adamw", "gpu": "h100-80gb",
+               "loss_implementation": loss})
+    };
+    let figure = |a: &Value| a["memory"]["estimate_mib"].as_f64().unwrap();
+    let temporaries = |a: &Value| a["memory"]["breakdown"]["temporaries"].as_f64().unwrap();
+    let upcast = app
+        .post_json_value("/v1/estimate", &job("bf16", "upcast_fp32"))
+        .await;
+    let native = app
+        .post_json_value("/v1/estimate", &job("bf16", "native"))
+        .await;
+    assert_eq!(native["setup"]["loss_implementation"], "native");
+    // 2 x 1,024 tokens x 128,256 classes: the upcast loss starts backward with 10 bytes of
+    // gradients a class and token, the native one with 4.
+    let elements = 2.0 * 1024.0 * 128_256.0 / 1_048_576.0;
+    assert!(
+        (temporaries(&upcast) - temporaries(&native) - 6.0 * elements).abs() < 1.0,
+        "{} vs {}",
+        temporaries(&upcast),
+        temporaries(&native)
+    );
+    assert!(figure(&native) < figure(&upcast));
+    for precision in ["amp_bf16", "fp32"] {
+        let upcast = app
+            .post_json_value("/v1/estimate", &job(precision, "upcast_fp32"))
+            .await;
+        let native = app
+            .post_json_value("/v1/estimate", &job(precision, "native"))
+            .await;
+        assert_eq!(figure(&native), figure(&upcast), "{precision}");
+    }
+}
+
 /// 4-bit GPTQ and AWQ bases: packed int4 weights with fp16 scales and packed zeros per group
 /// of 128 inputs (GPTQ with an int32 index per input): about 0.52 bytes a weight, a little
 /// above NF4's 0.516, far below bf16's 2; a smaller group costs more; every quantised base

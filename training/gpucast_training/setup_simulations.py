@@ -37,7 +37,9 @@ named beside its emulation with the source it follows:
   `CEWithChunkedOutputLoss` (8 output chunks, each projected by the head, upcast and taken on
   its own); `fused` is Liger's `LigerFusedLinearCrossEntropyFunction` for bf16 weights
   (liger_kernel/ops/fused_linear_cross_entropy.py: chunks of the head's matmul whose gradients
-  are made in the forward pass, the input's and the weight's gradients kept for backward).
+  are made in the forward pass, the input's and the weight's gradients kept for backward);
+  `native` is `F.cross_entropy` on the head's logits in their own dtype (nanoGPT's loss: no
+  upcast, so 16-bit under pure bf16).
 
 Not simulated (describe cannot express them), answered analytically in the document instead:
 `master_weights: fp32` (an fp32 master copy in the optimizer, DeepSpeed's bf16 mode) and
@@ -73,7 +75,7 @@ TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
 LORA = {"rank": 16, "alpha": 32, "target_modules": TARGETS}
 HEADS = ("lm", "reward")
 REFERENCES = ("none", "copy", "adapters_disabled")
-LOSSES = ("upcast_fp32", "chunked", "fused")
+LOSSES = ("upcast_fp32", "chunked", "fused", "native")
 PRECISIONS = ("bf16", "amp_bf16")
 BASES = ("same", "nf4")
 # A delta is "off" when the two paths differ by more than this share of describe's delta, and
@@ -131,6 +133,7 @@ CASES = [
     case("L-lora-ref-disabled", "llama-3.2-1b", lora=True, reference="adapters_disabled"),
     case("L-full-chunked", "llama-3.2-1b", loss="chunked"),
     case("L-full-fused", "llama-3.2-1b", loss="fused"),
+    case("L-full-native", "llama-3.2-1b", loss="native"),
     case("L-lora-chunked", "llama-3.2-1b", lora=True, loss="chunked"),
     case("L-lora-fused", "llama-3.2-1b", lora=True, loss="fused"),
     case("L-lora-fused-ref-disabled", "llama-3.2-1b", lora=True, loss="fused", reference="adapters_disabled"),
@@ -172,6 +175,7 @@ DELTAS = [
     ("reference_model adapters_disabled (TinyLlama)", "T-lora", "T-lora-ref-disabled"),
     ("loss chunked instead of upcast_fp32, full (Llama-3.2-1B)", "L-full", "L-full-chunked"),
     ("loss fused instead of upcast_fp32, full (Llama-3.2-1B)", "L-full", "L-full-fused"),
+    ("loss native (16-bit) instead of upcast_fp32, full (Llama-3.2-1B)", "L-full", "L-full-native"),
     ("loss chunked instead of upcast_fp32, LoRA (Llama-3.2-1B)", "L-lora", "L-lora-chunked"),
     ("loss fused instead of upcast_fp32, LoRA (Llama-3.2-1B)", "L-lora", "L-lora-fused"),
     ("NF4 base instead of bf16 under LoRA (Llama-3.2-1B)", "L-lora", "L-lora-nf4"),
@@ -942,6 +946,10 @@ def _torch_side():
         if loss == "fused":  # Liger's LigerForCausalLMLoss
             weight = head.weight
             value = LigerFlce.apply(hidden.reshape(-1, hidden.shape[-1]), weight, shifted(ids).reshape(-1))
+            return value, None
+        if loss == "native":  # F.cross_entropy on the logits in their own dtype (nanoGPT)
+            logits = head(hidden)
+            value = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), shifted(ids).reshape(-1), ignore_index=-100)
             return value, None
         raise ValueError(f"loss {loss!r}")
 

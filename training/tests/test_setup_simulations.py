@@ -84,7 +84,7 @@ class CaseList(unittest.TestCase):
         self.assertTrue(any(c["modules_to_save"] for c in changed))
         self.assertTrue(any(c["head"] == "reward" for c in changed))
         self.assertEqual({c["reference"] for c in changed} - {"none"}, {"copy", "adapters_disabled"})
-        self.assertEqual({c["loss"] for c in changed} - {"upcast_fp32"}, {"chunked", "fused"})
+        self.assertEqual({c["loss"] for c in changed} - {"upcast_fp32"}, {"chunked", "fused", "native"})
         fields = {k for _, _, extra in ss.ANALYTIC for k in extra}
         self.assertEqual(fields, {"master_weights", "base_weights"})
 

@@ -437,6 +437,7 @@ pub fn parse_loss_implementation(raw: Option<&str>) -> Result<LossImplementation
         None | Some("upcast_fp32") => Ok(LossImplementation::UpcastFp32),
         Some("chunked") => Ok(LossImplementation::Chunked),
         Some("fused") => Ok(LossImplementation::Fused),
+        Some("native") => Ok(LossImplementation::Native),
         Some(other) => Err(ConfigError(format!(
             "loss_implementation: unknown '{}' (known: {})",
             echo(other),
@@ -474,8 +475,15 @@ impl TransformerModel {
         // The loss: the fp32 log-softmax of the logits; under autocast the 16-bit logits'
         // log-softmax too (describe's simulation, CUDA's cross-entropy under autocast).
         let classes = self.loss_gradients / 2.0;
+        // A native loss is the upcast one except where it stays 16-bit: pure 16-bit weights
+        // (autocast runs cross-entropy in fp32; fp32 has nothing to upcast).
+        let native_16bit = loss_implementation == LossImplementation::Native
+            && !precision.is_autocast()
+            && compute < 4.0;
         let loss = match loss_implementation {
             LossImplementation::Fused => 0.0,
+            // The 16-bit log-softmax.
+            _ if native_16bit => classes * compute * l,
             _ => classes * if precision.is_autocast() { 6.0 } else { 4.0 } * l,
         };
         // Autocast keeps a 16-bit copy of every matmul weight for the forward pass.
@@ -505,8 +513,11 @@ impl TransformerModel {
             // forward: the list of every chunk's logits in the compute dtype, held until it
             // returns, and one chunk's fp32 upcast (of 8) beside the kept log-softmax; its
             // backward frees as it goes.
+            // A native 16-bit loss starts backward with the 16-bit gradients of the
+            // log-softmax and of the logits.
             backward_temporaries: match loss_implementation {
-                LossImplementation::UpcastFp32 => {
+                LossImplementation::Native if native_16bit => classes * 2.0 * compute * l,
+                LossImplementation::UpcastFp32 | LossImplementation::Native => {
                     classes * if compute == 4.0 { 8.0 } else { 10.0 } * l
                 }
                 LossImplementation::Chunked => {
