@@ -215,6 +215,21 @@ pub fn analytic_step_as(job: &Job, setup: &Setup, known: Option<KnownActivations
                 .is_some_and(|name| l.modules_to_save.iter().any(|m| inside_named(name, m)))
         })
     };
+    // A head tied to the embeddings shares their weight: naming it trainable trains that
+    // weight (its gradient and state counted at the token embedding of the same size).
+    let tied_head_trains = match &setup.trainable {
+        Trainable::Modules(modules) => (0..layers.len())
+            .find(|&i| {
+                layers[i].kind == LayerKind::Linear
+                    && layers[i].params == 0
+                    && in_modules(i, modules)
+            })
+            .map(|i| {
+                let (inputs, outputs) = linear_shape(&layers[i], detail(i));
+                inputs * outputs
+            }),
+        _ => None,
+    };
     let plans: Vec<LayerPlan> = layers
         .iter()
         .enumerate()
@@ -229,6 +244,9 @@ pub fn analytic_step_as(job: &Job, setup: &Setup, known: Option<KnownActivations
                 layer.params as f64
             };
             let base_trains = saved(i)
+                || tied_head_trains.is_some_and(|weight| {
+                    layer.kind == LayerKind::Embedding && layer.params as f64 == weight
+                })
                 || match (&setup.trainable, lora) {
                     (Trainable::Modules(modules), _) => in_modules(i, modules),
                     (_, Some(_)) => false,

@@ -672,6 +672,36 @@ async fn the_loss_over_a_large_vocabulary_follows_its_implementation() {
     assert_eq!(response.status(), 422);
 }
 
+/// A head tied to the embeddings (Llama-3.2-1B) shares their weight: naming it trainable
+/// trains that weight, as naming the embeddings does (262,668,288 parameters, their gradients
+/// and state), not nothing.
+#[tokio::test]
+async fn a_trainable_tied_head_trains_the_weight_it_shares_with_the_embeddings() {
+    let app = spawn_app().await;
+    let config = config("public/meta-llama__Llama-3.2-1B");
+    let job = |modules: &[&str]| {
+        json!({"transformer_config": config, "batch_size": 4, "seq_len": 1024,
+               "precision": "bf16", "optimizer": "adamw", "trainable": {"modules": modules}})
+    };
+    let head = app
+        .post_json_value("/v1/estimate", &job(&["lm_head"]))
+        .await;
+    let embeddings = app
+        .post_json_value("/v1/estimate", &job(&["model.embed_tokens"]))
+        .await;
+    assert_eq!(head["setup"]["trainable_params"], 262_668_288.0);
+    for key in ["gradients", "optimizer_state"] {
+        assert_eq!(
+            head["memory"]["breakdown"][key], embeddings["memory"]["breakdown"][key],
+            "{key}"
+        );
+    }
+    assert_eq!(
+        head["memory"]["estimate_mib"],
+        embeddings["memory"]["estimate_mib"]
+    );
+}
+
 /// `F.cross_entropy` on the logits in their own dtype (nanoGPT's loss): under pure bf16 the
 /// log-softmax and backward's first gradients are 16-bit, 2 and 4 bytes a class and token
 /// against the upcast loss's 4 and 10 (describe's simulation of it on Llama-3.2-1B:
