@@ -419,6 +419,9 @@ impl Partial {
         // The step's own figure, before a learned correction scales it: what the unstated
         // fields' alternatives move (`physics::assumed`).
         let step_mib = physics::assumed::settled_figure(&physics);
+        // The optimizer step's moment holds no activations: a step with them peaks at the
+        // start of backward.
+        let peak_at_backward = physics.parts.activations > 0.0;
         if let (Some(peaks), Some(model)) = (physics.simulated, simulated) {
             let figure = peaks.figure_mib();
             self.mib_estimators.insert(SIMULATED.to_string(), figure);
@@ -524,7 +527,7 @@ impl Partial {
             // its other values: the range it leaves open widens the bound. (A learned or
             // simulated figure's own errors already hold what its training jobs left unsaid.)
             if physics.source == BreakdownSource::Step {
-                assumed = physics::assumed::ranges(job, step_mib);
+                assumed = physics::assumed::ranges(job, step_mib, peak_at_backward);
                 peak.assumed_log_range =
                     physics::assumed::log_range(&assumed, settled.estimate_mib);
             }

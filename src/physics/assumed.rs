@@ -26,14 +26,22 @@ const MIN_RANGE_MIB: f64 = 1.0;
 
 /// For a job the analytic step answers with `step_mib` (its own step's figure, before any
 /// learned correction): each assumed field's moves of it over the field's alternatives, widest
-/// first. Each alternative is one more analytic step of the same layers.
-pub fn ranges(job: &Job, step_mib: f64) -> Vec<AssumedRange> {
+/// first. Each alternative is one more analytic step of the same layers, but for another
+/// optimizer implementation when the step peaks at the start of backward
+/// (`peak_at_backward`): the implementation only sets the optimizer step's temporaries, and
+/// the alternatives only lower them, so they cannot move that peak.
+pub fn ranges(job: &Job, step_mib: f64, peak_at_backward: bool) -> Vec<AssumedRange> {
     let mut out: Vec<AssumedRange> = job
         .assumptions()
         .iter()
         .filter_map(|assumption| {
             let (mut low, mut high) = (0.0f64, 0.0f64);
             for &alternative in &assumption.alternatives {
+                if peak_at_backward
+                    && matches!(alternative, Alternative::OptimizerImplementation(_))
+                {
+                    continue;
+                }
                 let moved = step_figure(job, alternative) - step_mib;
                 low = low.min(moved);
                 high = high.max(moved);
