@@ -13,7 +13,7 @@
 use std::collections::BTreeMap;
 
 use gpucast::calibration::environment::{
-    apply_measured, fit_environment, EnvironmentSample, Measure,
+    apply_measured, fit_environment, EnvironmentFit, EnvironmentSample, Measure,
 };
 use gpucast::calibration::fit::fit_profile;
 use gpucast::calibration::profile::Sample;
@@ -39,6 +39,19 @@ struct Answered {
     predicted: Breakdown,
     /// `ln(upper bound / estimate)` of the uncalibrated answer.
     prior_log_margin: f64,
+}
+
+impl Answered {
+    /// The row's estimate and bound at [`CONFIDENCE`] in `environment`, like with like.
+    fn calibrated(&self, environment: &EnvironmentFit) -> (f64, f64) {
+        apply_measured(
+            environment,
+            &self.predicted,
+            self.measure,
+            CONFIDENCE,
+            self.prior_log_margin,
+        )
+    }
 }
 
 fn sources() -> BTreeMap<u64, String> {
@@ -205,13 +218,7 @@ fn evaluate(rows: &[&Answered], k: usize, seed: u64) -> Errors {
             errors.profile.push(relative(
                 (profile.offset_mib + profile.scale * plain).max(1.0),
             ));
-            let (estimate, bound) = apply_measured(
-                &environment,
-                &row.predicted,
-                row.measure,
-                CONFIDENCE,
-                row.prior_log_margin,
-            );
+            let (estimate, bound) = row.calibrated(&environment);
             errors.environment.push(relative(estimate));
             if row.measured_mib > bound {
                 errors.exceeded += 1;
@@ -366,13 +373,7 @@ async fn a_stream_of_one_sources_runs_keeps_coverage_while_the_bound_narrows() {
         for &i in &order {
             let row = rows[i];
             let environment = fit_environment(&posted);
-            let (estimate, bound) = apply_measured(
-                &environment,
-                &row.predicted,
-                row.measure,
-                CONFIDENCE,
-                row.prior_log_margin,
-            );
+            let (estimate, bound) = row.calibrated(&environment);
             widths.push(bound / estimate);
             source_above += usize::from(row.measured_mib > bound);
             posted.push(EnvironmentSample {
