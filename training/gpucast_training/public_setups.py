@@ -489,6 +489,17 @@ def _llama(hidden, layers, heads, kv, inter, vocab, max_pos, theta=10000.0, tie=
     )
 
 
+# The kinds the source's software ran with eager attention: no SDPA there (BERT in transformers
+# 4.16-4.21, BLOOM, T5/mT0, BART) or attention written out (Gemma 2's logit soft-capping in LitGPT).
+EAGER_KINDS = ("bert", "gemma2", "bloom", "t0", "mt5", "bart")
+
+
+def eager_attention(architecture):
+    """Whether the source's software ran `architecture` (a key of ARCHITECTURES) eagerly."""
+    known = ARCHITECTURES.get(architecture)
+    return bool(known) and known[0] in EAGER_KINDS
+
+
 ARCHITECTURES = {
     # id: (kind, config kwargs, LoRA naming)
     "meta-llama/Llama-2-7b-hf": ("llama", _llama(4096, 32, 32, 32, 11008, 32000, 4096), "llama"),
@@ -1015,7 +1026,7 @@ def build(arch, plan, row):
 
     kind, kwargs, naming = ARCHITECTURES[arch]
     size = plan["size"]
-    eager = kind in ("bert", "gemma2", "bloom", "t0", "mt5", "bart")
+    eager = kind in EAGER_KINDS
     with torch.device("meta"):
         if kind == "bert":
             model = pr.bert_large_classifier()

@@ -206,12 +206,17 @@ impl Shapes<'_> {
     /// Attention as the kernel keeps it, per token (the o-projection's input included).
     pub fn attention_saved(&self, kv_width: f64) -> Saved {
         if self.math {
-            // q, k and v (repeated to every head), the probabilities, their dropout mask,
-            // the output made contiguous for the o-projection.
+            // q, k and v (repeated to every head), the probabilities (kept by softmax), the
+            // output made contiguous for the o-projection; and the probabilities the second
+            // matmul reads, a tensor of their own where dropout ran (its mask beside them) or
+            // autocast cast them to 16 bits.
+            let nn = self.heads * self.l;
+            let dropped = dropout(self.c.attention_dropout);
             Saved {
-                compute: 4.0 * self.q,
-                norm: self.heads * self.l,
-                mask: dropout(self.c.attention_dropout) * self.heads * self.l,
+                compute: 4.0 * self.q + dropped * nn,
+                norm: nn,
+                mask: dropped * nn,
+                autocast_copies: (1.0 - dropped) * nn,
                 ..Default::default()
             }
         } else {
@@ -621,6 +626,35 @@ mod tests {
         .unwrap();
         assert!(model.math_attention);
         assert!(model.warnings.iter().any(|w| w.contains("math path")));
+    }
+
+    /// BERT-large in fp32 on the math path, as transformers 4.x trained it: a trace of its
+    /// step (saved-tensor hooks, one block at 512 tokens) holds three 16 x 512 x 512 fp32
+    /// tensors a block (probabilities, dropout's noise, the dropped probabilities the second
+    /// matmul reads); a GPU's dropout keeps a one-byte mask for the noise.
+    #[test]
+    fn eager_attention_with_dropout_keeps_the_dropped_probabilities_too() {
+        let bert = |dropout: f64| {
+            config(serde_json::json!({
+                "model_type": "bert", "hidden_size": 1024, "intermediate_size": 4096,
+                "num_hidden_layers": 24, "num_attention_heads": 16, "vocab_size": 30522,
+                "attention_probs_dropout_prob": dropout
+            }))
+            .unwrap()
+        };
+        let per_block = |dropout, precision| {
+            build(bert(dropout), 512, precision, AttentionKernel::Eager)
+                .unwrap()
+                .activations(precision)
+                .per_block
+        };
+        let nn = 16.0 * 512.0 * 512.0;
+        let fp32 = per_block(0.1, Precision::Fp32) - per_block(0.0, Precision::Fp32);
+        assert_eq!(fp32, nn * (4.0 + 1.0), "the dropped fp32 copy and its mask");
+        // Without dropout, autocast still casts the fp32 probabilities to 16 bits for the
+        // matmul; the cast dropped probabilities replace that copy.
+        let amp = per_block(0.1, Precision::AmpFp16) - per_block(0.0, Precision::AmpFp16);
+        assert_eq!(amp, nn * 1.0, "the mask");
     }
 
     #[test]
