@@ -394,13 +394,33 @@ pub fn analytic_step_as(job: &Job, setup: &Setup, known: Option<KnownActivations
     let stream_bytes = storage;
     let outputs: Vec<f64> = layers.iter().map(|l| l.output_size as f64).collect();
     let output_total: f64 = outputs.iter().sum::<f64>().max(1.0);
-    let kept = match (known, job.saved_tensors()) {
-        (Some(k), _) => (k.outside + k.per_block * k.blocks as f64) * micro + k.fixed,
-        (None, Some(saved)) => saved.bytes_at(setup.micro_batch_size) * kept_share,
-        (None, None) => output_total * micro * 4.0 * kept_share,
-    };
     let share =
         |range: &std::ops::Range<usize>| outputs[range.clone()].iter().sum::<f64>() / output_total;
+    // Freeze tuning: autograd records nothing before the first layer that trains (no input
+    // there requires a gradient), so the frozen layers before it keep no activations. (Not
+    // under LoRA, whose adapters start in the first block, nor with a tied head trained: the
+    // embeddings' weight then trains, and everything after it records.)
+    let frozen_prefix = match (&setup.trainable, lora) {
+        (Trainable::Modules(_), None) => plans.iter().position(|p| p.trainable > 0.0).unwrap_or(0),
+        _ => 0,
+    };
+    let kept = match (known, job.saved_tensors()) {
+        (Some(k), _) => {
+            let frozen_blocks = job
+                .blocks()
+                .iter()
+                .filter(|r| r.end <= frozen_prefix)
+                .count()
+                .min(k.blocks as usize) as f64;
+            (k.outside + k.per_block * (k.blocks as f64 - frozen_blocks)) * micro + k.fixed
+        }
+        (None, Some(saved)) => {
+            saved.bytes_at(setup.micro_batch_size) * kept_share * (1.0 - share(&(0..frozen_prefix)))
+        }
+        (None, None) => {
+            output_total * micro * 4.0 * kept_share * (1.0 - share(&(0..frozen_prefix)))
+        }
+    };
     let named_modules;
     let checkpointed: &[std::ops::Range<usize>] = match &setup.checkpointing {
         Checkpointing::None => &[],

@@ -702,6 +702,60 @@ async fn a_trainable_tied_head_trains_the_weight_it_shares_with_the_embeddings()
     );
 }
 
+/// Freeze tuning: autograd records nothing before the first parameter that trains, so training
+/// only the last two of Llama-3.2-1B's 16 blocks keeps two blocks' activations (and what
+/// follows them), not sixteen; a trained tied head trains the embeddings' weight, after which
+/// every block records again.
+#[tokio::test]
+async fn layers_before_the_first_trainable_one_keep_no_activations() {
+    let app = spawn_app().await;
+    let config = config("public/meta-llama__Llama-3.2-1B");
+    let job = |modules: &[&str]| {
+        json!({"transformer_config": config, "batch_size": 4, "seq_len": 1024,
+               "precision": "bf16", "optimizer": "adamw", "trainable": {"modules": modules}})
+    };
+    let activations = |a: &Value| a["memory"]["breakdown"]["activations"].as_f64().unwrap();
+    let full = app
+        .post_json_value(
+            "/v1/estimate",
+            &json!({"transformer_config": config,
+        "batch_size": 4, "seq_len": 1024, "precision": "bf16", "optimizer": "adamw"}),
+        )
+        .await;
+    let last_two = app
+        .post_json_value(
+            "/v1/estimate",
+            &job(&["model.layers.14", "model.layers.15", "model.norm"]),
+        )
+        .await;
+    let with_head = app
+        .post_json_value(
+            "/v1/estimate",
+            &job(&["model.layers.14", "model.layers.15", "lm_head"]),
+        )
+        .await;
+    // The 14 frozen blocks' share of what full training keeps, less the head and loss.
+    let per_block = (activations(&full) - activations(&last_two)) / 14.0;
+    assert!(
+        per_block > 0.0,
+        "{} vs {}",
+        activations(&full),
+        activations(&last_two)
+    );
+    assert!(
+        activations(&last_two) < 0.5 * activations(&full),
+        "{} of {}",
+        activations(&last_two),
+        activations(&full)
+    );
+    assert!(
+        (activations(&with_head) - activations(&full)).abs() < 1.0,
+        "{} vs {}",
+        activations(&with_head),
+        activations(&full)
+    );
+}
+
 /// `F.cross_entropy` on the logits in their own dtype (nanoGPT's loss): under pure bf16 the
 /// log-softmax and backward's first gradients are 16-bit, 2 and 4 bytes a class and token
 /// against the upcast loss's 4 and 10 (describe's simulation of it on Llama-3.2-1B:

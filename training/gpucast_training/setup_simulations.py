@@ -106,6 +106,7 @@ def case(
     reference="none",
     loss="upcast_fp32",
     base="same",
+    trainable=None,
 ):
     return {
         "name": name,
@@ -117,6 +118,7 @@ def case(
         "reference": reference,
         "loss": loss,
         "base": base,
+        "trainable": list(trainable or []),
     }
 
 
@@ -138,6 +140,7 @@ CASES = [
     case("L-lora-fused", "llama-3.2-1b", lora=True, loss="fused"),
     case("L-lora-fused-ref-disabled", "llama-3.2-1b", lora=True, loss="fused", reference="adapters_disabled"),
     case("L-lora-nf4", "llama-3.2-1b", lora=True, base="nf4"),
+    case("L-freeze-last2", "llama-3.2-1b", trainable=["model.layers.14", "model.layers.15", "model.norm"]),
     # Llama-3.2-1B, autocast bf16 (fp32 weights)
     case("L-amp-full", "llama-3.2-1b", precision="amp_bf16"),
     case("L-amp-lora", "llama-3.2-1b", precision="amp_bf16", lora=True),
@@ -179,6 +182,7 @@ DELTAS = [
     ("loss chunked instead of upcast_fp32, LoRA (Llama-3.2-1B)", "L-lora", "L-lora-chunked"),
     ("loss fused instead of upcast_fp32, LoRA (Llama-3.2-1B)", "L-lora", "L-lora-fused"),
     ("NF4 base instead of bf16 under LoRA (Llama-3.2-1B)", "L-lora", "L-lora-nf4"),
+    ("freeze tuning: the last two of 16 blocks trained (Llama-3.2-1B)", "L-full", "L-freeze-last2"),
     ("amp_bf16 instead of pure bf16, full (Llama-3.2-1B)", "L-full", "L-amp-full"),
 ]
 
@@ -287,6 +291,8 @@ def check_cases(cases=CASES, deltas=DELTAS, analytic=ANALYTIC):
                 raise ValueError(f"{where}: {key} {c[key]!r} not one of {allowed}")
         if not c["lora"] and (c["modules_to_save"] or c["reference"] == "adapters_disabled" or c["base"] != "same"):
             raise ValueError(f"{where}: modules_to_save, adapters_disabled and quantised bases need LoRA")
+        if c["lora"] and c["trainable"]:
+            raise ValueError(f"{where}: trainable modules are freeze tuning, without LoRA")
         if c["head"] == "reward" and c["loss"] != "upcast_fp32":
             raise ValueError(f"{where}: a reward head has no loss over the vocabulary")
         if c["loss"] == "fused" and c["precision"] != "bf16":
@@ -350,6 +356,8 @@ def service_request(c, configs=None, extra=None):
         body["lora"] = lora_block(c, lora_extra)
     if c["reference"] != "none":
         body["reference_model"] = c["reference"]
+    if c["trainable"]:
+        body["trainable"] = {"modules": list(c["trainable"])}
     if c["head"] == "lm":
         body["loss_implementation"] = c["loss"]
     body.update(extra)
@@ -374,6 +382,7 @@ def describe_job(c, folder):
         "modules_to_save": list(c["modules_to_save"]),
         "reference": c["reference"],
         "loss": c["loss"],
+        "trainable": list(c["trainable"]),
     }
 
 
@@ -1016,6 +1025,8 @@ def _torch_side():
         prefixes = wrap_saved(model, job["modules_to_save"]) if job["modules_to_save"] else None
         if job["lora"] is not None:
             apply_setup(model, lora=dict(job["lora"]), trainable=prefixes)
+        elif job["trainable"]:
+            apply_setup(model, trainable=job["trainable"])
         return Step(model, job["head"], job["loss"], reference, job["reference"])
 
     return build
