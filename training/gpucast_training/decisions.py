@@ -29,6 +29,7 @@ one group out, never rows.
 
 import datetime
 import gzip
+import hashlib
 import json
 import math
 import os
@@ -628,6 +629,34 @@ def written_at():
         return stamp
 
 
+def above_the_bound(at, keys):
+    """{group name: {confidence: (measured rows, rows measured above the bound)}}."""
+    out = {}
+    for name in sorted({k for row, answer in at[0.95] for k in keys(row, answer)}):
+        out[name] = {}
+        for c in CURVE:
+            pairs = [(r, a) for r, a in at[c] if name in keys(r, a) and a is not None and r["measured"] is not None]
+            out[name][c] = (len(pairs), sum(r["measured"] > like_with_like(r, a)[1] for r, a in pairs))
+    return out
+
+
+def curve_file(held_out, committed_text):
+    """data/calibration_curve.json: the held-out curve by kind of model and by kind and setup
+    family, with the SHA-256 of the data/uncertainty.json text computed beside it (the tests
+    read it: training/tests/test_calibration_curve.py)."""
+    return {
+        "command": "python -m gpucast_training decisions",
+        "uncertainty_sha256": hashlib.sha256(committed_text.encode()).hexdigest(),
+        "curve": {
+            grouping: {
+                name: {str(c): {"rows": n, "above": above} for c, (n, above) in by_confidence.items()}
+                for name, by_confidence in above_the_bound(held_out, keys).items()
+            }
+            for grouping, keys in (("kind", kind_of), ("kind_and_setup_family", setup_family_of))
+        },
+    }
+
+
 def curve(title, at, keys):
     """The calibration curve per group: the share of measured peaks above the bound at each
     confidence (`*`: outside two binomial standard errors of 1 - c), the median bound / estimate
@@ -637,13 +666,11 @@ def curve(title, at, keys):
         f"| {title} | rows | {head} | median bound / estimate at 0.95 | held <= 80 % but refused at 0.95 |",
         "| --- | --- | " + " | ".join("---" for _ in CURVE) + " | --- | --- |",
     ]
-    names = sorted({k for row, answer in at[0.95] for k in keys(row, answer)})
-    for name in names:
+    counted = above_the_bound(at, keys)
+    for name, by_confidence in counted.items():
         cells, n = [], 0
         for c in CURVE:
-            pairs = [(r, a) for r, a in at[c] if name in keys(r, a) and a is not None and r["measured"] is not None]
-            n = len(pairs)
-            above = sum(r["measured"] > like_with_like(r, a)[1] for r, a in pairs)
+            n, above = by_confidence[c]
             share_above = above / n if n else float("nan")
             noise = 2 * math.sqrt(c * (1 - c) / n) if n else 0.0
             flag = "*" if n and abs(share_above - (1 - c)) > max(noise, 0.5 / n) else ""
@@ -857,13 +884,17 @@ def run(layout=None, threads=None, gpucast=None):
     pairs = list(zip(every, answers))
     kept_out = audit(pairs)
     committed = calibration(pairs, kept_out)
-    (ROOT / "data/uncertainty.json").write_text(json.dumps(committed, sort_keys=True) + "\n")
+    committed_text = json.dumps(committed, sort_keys=True) + "\n"
+    (ROOT / "data/uncertainty.json").write_text(committed_text)
     # Served: answered again with the quantiles just computed (the committed file, which the
     # next build compiles in).
     served = list(
         zip(every, answer_all(gpucast, [r["request"] for r in every], uncertainty=str(ROOT / "data/uncertainty.json")))
     )
     held_out = held_out_curve(gpucast, every, pairs, kept_out)
+    (ROOT / "data/calibration_curve.json").write_text(
+        json.dumps(curve_file(held_out, committed_text), indent=1, sort_keys=True) + "\n"
+    )
     unaudited = held_out_curve(gpucast, every, pairs, {})
     global ASSUMED_WEIGHT
     served_weight, by_weight = ASSUMED_WEIGHT, {}
