@@ -78,6 +78,7 @@ fn main() {
         profiles: Arc::new(profiles),
         metrics: Arc::new(Metrics::new()),
         devices: Arc::new(NoDevices::new("stage timings read no GPU")),
+        cost_budget: gpucast::config::DEFAULT_MAX_REQUEST_COST,
     };
     for file in &args {
         let body = std::fs::read(file).expect("a request file");

@@ -74,14 +74,15 @@ pub fn estimate(args: &EstimateArgs) -> i32 {
     let started = Instant::now();
     if args.batch {
         match batch_items(&bytes, crate::config::DEFAULT_MAX_BATCH_ITEMS) {
-            Ok(items) => {
-                let response = BatchResponse {
-                    items: engine.estimate_items(items, started),
-                };
-                let value = serde_json::to_value(&response).expect("answers serialise");
-                print(args.format, &value, true);
-                0
-            }
+            Ok(items) => match engine.estimate_items(items, started) {
+                Ok(items) => {
+                    let response = BatchResponse { items };
+                    let value = serde_json::to_value(&response).expect("answers serialise");
+                    print(args.format, &value, true);
+                    0
+                }
+                Err(error) => problem(error),
+            },
             Err(error) => problem(error),
         }
     } else {
@@ -285,6 +286,7 @@ fn offline_engine(args: &EstimateArgs) -> Result<Engine, String> {
         devices: Arc::new(NoDevices::new(
             "gpucast estimate does not read NVML: name the gpu",
         )),
+        cost_budget: args.max_request_cost,
     })
 }
 

@@ -83,6 +83,12 @@ pub struct EstimateArgs {
     #[arg(long, env = "GPUCAST_MAX_BODY_BYTES", default_value_t = DEFAULT_MAX_BODY_BYTES)]
     pub max_body_bytes: usize,
 
+    /// The most work units one job (or a `--batch`, all its jobs) may cost: the server's
+    /// budget (`serve --max-request-cost`), so that what the command answers the service would
+    /// take too.
+    #[arg(long, env = "GPUCAST_MAX_REQUEST_COST", default_value_t = DEFAULT_MAX_REQUEST_COST)]
+    pub max_request_cost: u64,
+
     /// Held-out score quantiles (the JSON of data/uncertainty.json) to answer with instead of
     /// the committed ones: the evaluation scores held-out sources with quantiles computed
     /// without them.
@@ -192,6 +198,13 @@ pub struct ServeConfig {
     #[arg(long, env = "GPUCAST_MAX_BATCH_ITEMS", default_value_t = DEFAULT_MAX_BATCH_ITEMS)]
     pub max_batch_items: usize,
 
+    /// The most work one request may cost, in units of about one layer answered on one card
+    /// (docs/guide.md, "Errors"): a request (a batch: all its items) priced above it from its
+    /// sizes (layers, cards, `estimators: all`, bytes of module names, items) is refused with
+    /// 422 naming the fields that make it expensive, before any work.
+    #[arg(long, env = "GPUCAST_MAX_REQUEST_COST", default_value_t = DEFAULT_MAX_REQUEST_COST)]
+    pub max_request_cost: u64,
+
     /// Batch requests estimated at once; more wait their turn (within the request timeout). A
     /// batch runs on one core at a time: the others stay free for single estimates.
     #[arg(long, env = "GPUCAST_MAX_CONCURRENT_BATCHES", default_value_t = 1)]
@@ -280,6 +293,13 @@ pub struct ServeConfig {
 pub const DEFAULT_MAX_BODY_BYTES: usize = 2 * 1024 * 1024;
 /// Jobs in one batch (`--max-batch-items`; `gpucast estimate --batch` too).
 pub const DEFAULT_MAX_BATCH_ITEMS: usize = 256;
+/// The most work units one request may cost (`--max-request-cost`; `gpucast estimate` too):
+/// about 1 s of CPU on the 2-core machine the units were measured on (a unit is about 0.1 us
+/// there: `crate::engine::cost`). Each job the repository sends is priced under a hundredth of
+/// it, a full batch of the dearest of them under three fifths (`tests/api/cost.rs`); the
+/// dearest body the other limits let through (256 printouts of 4,095 layers, each ranked on 16
+/// cards with the classifiers) is priced at 118 million.
+pub const DEFAULT_MAX_REQUEST_COST: u64 = 10_000_000;
 
 /// Where a relative path of the committed files (`models`, `.cache/onnxruntime/...`) is:
 /// the working directory when it is there; else beside the executable (an installed copy
@@ -403,6 +423,10 @@ impl ServeConfig {
         let positive = [
             ("--max-body-bytes", self.max_body_bytes),
             ("--max-batch-items", self.max_batch_items),
+            (
+                "--max-request-cost",
+                self.max_request_cost.min(usize::MAX as u64) as usize,
+            ),
             ("--max-body-bytes-in-flight", self.max_body_bytes_in_flight),
             ("--max-connections", self.max_connections),
             ("--max-concurrent-batches", self.max_concurrent_batches),
@@ -453,6 +477,7 @@ impl ServeConfig {
             max_connections: 1024,
             allowed_hosts: Vec::new(),
             max_batch_items: DEFAULT_MAX_BATCH_ITEMS,
+            max_request_cost: DEFAULT_MAX_REQUEST_COST,
             max_concurrent_batches: 1,
             sessions_per_model: 2,
             max_concurrent_requests: 512,

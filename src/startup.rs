@@ -173,6 +173,7 @@ impl Application {
                 profiles: Arc::new(profiles),
                 metrics: Arc::new(metrics),
                 devices: devices.clone(),
+                cost_budget: config.max_request_cost,
             }),
             ready: Arc::new(AtomicBool::new(false)),
             limits: Limits {

@@ -7,7 +7,6 @@ use axum::Json;
 
 use crate::api::types::{BatchRequest, BatchResponse, EstimateRequest, EstimateResponse, Problem};
 use crate::engine::answer::answer;
-use crate::engine::validate::validate;
 use crate::error::ApiError;
 use crate::http::extract::{EstimateBody, JsonBody};
 use crate::http::AppState;
@@ -29,7 +28,7 @@ const INLINE_MAX_LAYERS: usize = 512;
         (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "`gpu: attached` on a host without an NVML device", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "Not JSON", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Invalid job description", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid job description, or one priced above the cost budget (`--max-request-cost`) from its sizes", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Overloaded or not ready; see Retry-After", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -40,7 +39,8 @@ pub async fn estimate(
 ) -> Result<Json<EstimateResponse>, ApiError> {
     let started = Instant::now();
     let engine = std::sync::Arc::clone(&state.engine);
-    let valid = validate(&request, &engine.catalogue, engine.devices.as_ref())?;
+    // Priced from its sizes first: above the budget it is refused before any work.
+    let valid = engine.validate(&request)?;
     tracing::Span::current()
         .record("family", valid.job.family().as_str())
         .record("layers", valid.job.layers().len());
@@ -66,7 +66,7 @@ pub async fn estimate(
         (status = 200, description = "One outcome per item, in order", body = BatchResponse),
         (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Not a batch, or too many items", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Not a batch, too many items, or items priced together above the cost budget (`--max-request-cost`)", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Overloaded or not ready", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -97,7 +97,7 @@ pub async fn estimate_batch(
         items
     })
     .await
-    .map_err(|e| ApiError::Internal(format!("batch task failed: {e}")))?;
+    .map_err(|e| ApiError::Internal(format!("batch task failed: {e}")))??;
     Ok(Json(BatchResponse { items }))
 }
 

@@ -5,6 +5,7 @@
 
 pub mod assumed;
 pub mod detail;
+pub mod matched;
 pub mod memory;
 pub mod names;
 pub mod setup;

@@ -644,6 +644,19 @@ fn names(field: &str, raw: &[String]) -> Result<Vec<String>, SetupError> {
         .collect()
 }
 
+/// [`names`] with each name once (its first place kept): for the lists that ask only whether
+/// some name of theirs names a layer (LoRA's targets and `modules_to_save`, trainable modules),
+/// where naming one twice says nothing more. (Checkpointed modules keep their repeats: the step
+/// counts each entry.)
+fn distinct_names(field: &str, raw: &[String]) -> Result<Vec<String>, SetupError> {
+    let mut list = names(field, raw)?;
+    let mut seen: std::collections::HashSet<&str> = Default::default();
+    let first: Vec<bool> = list.iter().map(|name| seen.insert(name)).collect();
+    let mut first = first.into_iter();
+    list.retain(|_| first.next().unwrap_or(false));
+    Ok(list)
+}
+
 fn degree(field: &str, raw: Option<u64>) -> Result<u64, SetupError> {
     match raw {
         None => Ok(1),
@@ -769,7 +782,9 @@ fn lora(raw: Option<UncheckedLora<'_>>) -> Result<Option<Lora>, SetupError> {
                 ),
             ))
         }
-        UncheckedNames::Names(list) => LoraTargets::Names(names("lora.target_modules", list)?),
+        UncheckedNames::Names(list) => {
+            LoraTargets::Names(distinct_names("lora.target_modules", list)?)
+        }
     };
     let base_weights = match raw.base_weights {
         None => BaseWeights::Same,
@@ -805,7 +820,7 @@ fn lora(raw: Option<UncheckedLora<'_>>) -> Result<Option<Lora>, SetupError> {
     };
     let modules_to_save = match raw.modules_to_save {
         None => Vec::new(),
-        Some(list) => names("lora.modules_to_save", list)?,
+        Some(list) => distinct_names("lora.modules_to_save", list)?,
     };
     Ok(Some(Lora {
         rank: raw.rank,
@@ -922,7 +937,7 @@ impl Setup {
         let trainable = match (raw.trainable_params, raw.trainable_modules) {
             (None, None) => Trainable::All,
             (Some(count), None) => Trainable::Params(count),
-            (None, Some(list)) => Trainable::Modules(names("trainable.modules", list)?),
+            (None, Some(list)) => Trainable::Modules(distinct_names("trainable.modules", list)?),
             (Some(_), Some(_)) => {
                 return Err(SetupError::new(
                     "trainable",
@@ -1281,6 +1296,40 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(field_of(dropped_all), "lora.dropout");
+    }
+
+    #[test]
+    fn lists_read_only_for_whether_they_name_a_layer_keep_each_name_once() {
+        let repeated: Vec<String> = [" q_proj", "q_proj", "v_proj", "q_proj "]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let setup = parse(UncheckedSetup {
+            lora: Some(UncheckedLora {
+                rank: 8,
+                alpha: None,
+                dropout: None,
+                target_modules: UncheckedNames::Names(&repeated),
+                base_weights: None,
+                modules_to_save: Some(&repeated),
+                group_size: None,
+            }),
+            activation_checkpointing: Some(UncheckedNames::Names(&repeated)),
+            ..Default::default()
+        })
+        .unwrap();
+        let once = vec!["q_proj".to_string(), "v_proj".to_string()];
+        let lora = setup.lora.unwrap();
+        assert_eq!(lora.targets, LoraTargets::Names(once.clone()));
+        assert_eq!(lora.modules_to_save, once);
+        // Checkpointed modules keep their repeats: the step counts each entry.
+        assert!(matches!(setup.checkpointing, Checkpointing::Modules(m) if m.len() == 4));
+        let trainable = parse(UncheckedSetup {
+            trainable_modules: Some(&repeated),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(trainable.trainable, Trainable::Modules(once));
     }
 
     #[test]

@@ -7,6 +7,7 @@ use std::ops::Range;
 use super::assumed::Assumption;
 use super::detail::{Detail, Group};
 use super::echo;
+use super::matched::{self, NamedLayers};
 use super::names::{self, LayerDetail};
 use super::setup::LossImplementation;
 use super::setup::{
@@ -471,6 +472,9 @@ pub struct Job {
     /// set: the setup's check, the step and the roofline all read them.
     blocks: Vec<Range<usize>>,
     setup: Setup,
+    /// The layers the setup's module lists name ([`NamedLayers`]), matched once when the
+    /// setup is set: the step and the roofline read them for every card.
+    named: NamedLayers,
     input_shape: Option<Vec<u64>>,
     saved_tensors: Option<SavedTensors>,
     simulation: Option<Simulation>,
@@ -573,6 +577,7 @@ impl Job {
             details: Vec::new(),
             blocks: Vec::new(),
             setup: Setup::plain(batch_size),
+            named: NamedLayers::default(),
             input_shape: None,
             saved_tensors: None,
             simulation: None,
@@ -629,6 +634,8 @@ impl Job {
             details
         };
         self.blocks = names::blocks(&self.details);
+        // (Set before the setup in every caller; matched again should one come after.)
+        self.named = NamedLayers::of(&self.names(), &self.setup).0;
         Ok(self)
     }
 
@@ -636,33 +643,40 @@ impl Job {
     /// layers, a LoRA rank within each target's dimensions, trainables within the model.
     pub fn with_setup(mut self, raw: &UncheckedSetup<'_>) -> Result<Job, JobError> {
         let setup = Setup::parse(self.batch_size, raw)?;
-        self.check_against_layers(&setup)?;
+        self.named = self.check_against_layers(&setup)?;
         self.setup = setup;
         Ok(self)
     }
 
-    fn check_against_layers(&self, setup: &Setup) -> Result<(), SetupError> {
-        let names: Vec<Option<&str>> = (0..self.layers.len())
+    /// Each layer's name, `None` where it has none.
+    fn names(&self) -> Vec<Option<&str>> {
+        (0..self.layers.len())
             .map(|i| self.details.get(i).and_then(|d| d.name.as_deref()))
-            .collect();
+            .collect()
+    }
+
+    /// Checks `setup` against the layers, and returns the layers its module lists name.
+    fn check_against_layers(&self, setup: &Setup) -> Result<NamedLayers, SetupError> {
+        let names = self.names();
         let named = names.iter().any(Option::is_some);
+        // Every list matched in one pass over the names each; the checks below read which of
+        // a list's names name a layer.
+        let (layers_named, found) = NamedLayers::of(&names, setup);
         let no_names = |field: &str| {
             SetupError::new(
                 field,
                 "the layers carry no names to match (give each layer its module `name`)",
             )
         };
-        let each_names_a_layer = |field: &str, list: &[String], rule: fn(&str, &str) -> bool| {
+        let each_names_a_layer = |field: &str, list: &[String], found: &[bool]| {
             if !named {
                 return Err(no_names(field));
             }
-            for wanted in list {
-                if !names.iter().flatten().any(|name| rule(name, wanted)) {
-                    return Err(SetupError::new(
-                        field,
-                        format!("'{}' names no layer", echo(wanted)),
-                    ));
-                }
+            if let Some(wanted) = list.iter().zip(found).find_map(|(w, &f)| (!f).then_some(w)) {
+                return Err(SetupError::new(
+                    field,
+                    format!("'{}' names no layer", echo(wanted)),
+                ));
             }
             Ok(())
         };
@@ -679,7 +693,7 @@ impl Job {
                 }
             }
             Checkpointing::Modules(list) => {
-                each_names_a_layer("activation_checkpointing", list, names::within)?
+                each_names_a_layer("activation_checkpointing", list, &found.checkpointed)?
             }
         }
         let total: u64 = self.layers.iter().map(|l| l.params).sum();
@@ -693,18 +707,14 @@ impl Job {
             }
             Trainable::Params(_) => {}
             Trainable::Modules(list) => {
-                each_names_a_layer("trainable.modules", list, names::within)?
+                each_names_a_layer("trainable.modules", list, &found.trainable)?
             }
         }
         let Some(lora) = &setup.lora else {
-            return Ok(());
+            return Ok(layers_named);
         };
         if !lora.modules_to_save.is_empty() {
-            each_names_a_layer(
-                "lora.modules_to_save",
-                &lora.modules_to_save,
-                names::inside_named,
-            )?;
+            each_names_a_layer("lora.modules_to_save", &lora.modules_to_save, &found.saved)?;
         }
         let targets: Vec<usize> = match &lora.targets {
             LoraTargets::AllLinear => {
@@ -715,12 +725,9 @@ impl Job {
                 linear[..linear.len().saturating_sub(1)].to_vec()
             }
             LoraTargets::Names(list) => {
-                each_names_a_layer("lora.target_modules", list, names::names_target)?;
+                each_names_a_layer("lora.target_modules", list, &found.targets)?;
                 (0..self.layers.len())
-                    .filter(|&i| {
-                        names[i]
-                            .is_some_and(|name| list.iter().any(|t| names::names_target(name, t)))
-                    })
+                    .filter(|&i| layers_named.targeted(i))
                     .collect()
             }
         };
@@ -757,7 +764,7 @@ impl Job {
                 }
             }
         }
-        Ok(())
+        Ok(layers_named)
     }
 
     /// Sets the per-sample input shape (e.g. `[3, 224, 224]`).
@@ -976,6 +983,8 @@ impl Job {
         }
         let mut base = self.clone();
         base.setup = Setup::plain(self.batch_size);
+        // The plain setup names no modules.
+        base.named = NamedLayers::default();
         Some(base)
     }
 
@@ -1061,6 +1070,17 @@ impl Job {
     /// Names and linear shapes, index for index with [`Job::layers`]; empty when none given.
     pub fn layer_details(&self) -> &[LayerDetail] {
         &self.details
+    }
+
+    /// The layers `setup`'s module lists name: the job's own, matched when its setup was set,
+    /// when `setup` names the same modules (an unstated field's alternative does), else
+    /// matched now.
+    pub fn named_layers(&self, setup: &Setup) -> std::borrow::Cow<'_, NamedLayers> {
+        if matched::same_lists(setup, &self.setup) {
+            std::borrow::Cow::Borrowed(&self.named)
+        } else {
+            std::borrow::Cow::Owned(NamedLayers::of(&self.names(), setup).0)
+        }
     }
 
     /// The repeated blocks of the named layers ([`names::blocks`]): each the range of layer

@@ -203,6 +203,14 @@ pub fn parse_summary(
     })
 }
 
+/// The most layers `text` can be read as, in any format, in one pass that parses nothing: two
+/// a line (a module, and the attention its container adds), `print(model)`'s collapsed repeats
+/// (`(0-11): 12 x Block(`) counted as the copies they stand for; at most `MAX_LAYERS + 1` (a
+/// summary of more is refused as it is read). What a request is priced at before any work.
+pub fn layers_bound(text: &str) -> u64 {
+    module_print::layers_bound(text, MAX_LAYERS as u64 + 1)
+}
+
 /// What the parser assumed or overrode, said back to the caller. Bounded: a hostile text
 /// cannot make the answer grow past a few lines of warnings.
 #[derive(Default)]

@@ -276,6 +276,42 @@ fn looks_like_arguments(body: &str) -> bool {
         })
 }
 
+/// The most layers a text can be read as, in one pass that builds nothing: each module line
+/// twice (its layer, and the attention a container adds) times the copies it stands for (its
+/// own `N x` and its containers'), any other line twice; saturating at `cap`. What a request
+/// holding the text is priced at before it is parsed.
+pub(super) fn layers_bound(text: &str, cap: u64) -> u64 {
+    // The copies outside each open container, innermost last.
+    let mut outside: Vec<u64> = Vec::new();
+    let mut copies: u64 = 1;
+    let mut total: u64 = 0;
+    for raw in text.lines() {
+        let trimmed = raw.trim();
+        let body = split_params(trimmed).map_or(trimmed, |(body, _)| body);
+        let layers = if body == ")" {
+            copies = outside.pop().unwrap_or(1);
+            0
+        } else {
+            match parse_module_line(body) {
+                Ok((_, repeat, _, args)) => {
+                    let these = copies.saturating_mul(repeat);
+                    if args.is_none() {
+                        outside.push(copies);
+                        copies = these;
+                    }
+                    these
+                }
+                Err(_) => copies,
+            }
+        };
+        total = total.saturating_add(layers.saturating_mul(2));
+        if total >= cap {
+            return cap;
+        }
+    }
+    total
+}
+
 /// Splits `body, 12,608 params` into the body and the count.
 fn split_params(trimmed: &str) -> Result<(&str, Option<u64>), String> {
     let Some(head) = trimmed

@@ -992,3 +992,41 @@ fn a_tables_input_size_footer_and_first_output_give_the_input_image() {
     let parsed = parse_summary(SummaryFormat::Torchsummary, &none, 8, tokens(None)).unwrap();
     assert_eq!(parsed.input_shape, None);
 }
+
+#[test]
+fn a_printout_is_never_read_as_more_layers_than_its_price_bound() {
+    let fixture = |name: &str| {
+        std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/fixtures/summaries")
+                .join(name),
+        )
+        .unwrap()
+    };
+    let rgb = [3, 224, 224];
+    for (name, sample) in [
+        ("tiny_lm_module_print.txt", tokens(Some(16))),
+        ("gpt2_module_print.txt", tokens(Some(64))),
+        ("bert_base_module_print.txt", tokens(Some(64))),
+        ("resnet18_print.txt", image(&rgb)),
+        ("resnet18_torchinfo.txt", image(&rgb)),
+        ("resnet18_torchsummary.txt", image(&rgb)),
+    ] {
+        let text = fixture(name);
+        let parsed = parse_summary(SummaryFormat::Auto, &text, 8, sample).unwrap();
+        let bound = layers_bound(&text);
+        assert!(
+            parsed.layers.len() as u64 <= bound,
+            "{name}: {} layers, bound {bound}",
+            parsed.layers.len()
+        );
+    }
+    // Collapsed repeats count as their copies, nested ones multiply (2 for `Net(`, 2 x 3 for
+    // the blocks, 2 x 6 for their linears), and the bound stops one past what a job holds.
+    let nested = "Net(\n  (0-2): 3 x Block(\n    (0-1): 2 x Linear(in_features=2, \
+                  out_features=2, bias=True)\n  )\n)";
+    assert_eq!(layers_bound(nested), 20);
+    let bomb = "Net(\n  (0-4094): 4095 x Linear(in_features=3, out_features=3, bias=True)\n)";
+    assert_eq!(layers_bound(bomb), MAX_LAYERS as u64 + 1);
+    assert_eq!(layers_bound(&"x\n".repeat(100_000)), MAX_LAYERS as u64 + 1);
+}

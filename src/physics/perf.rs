@@ -454,19 +454,16 @@ pub fn roofline_with(job: &Job, gpu: &GpuPerformance, constants: &Constants) -> 
     let head = layers.iter().rposition(|l| l.kind == LayerKind::Linear);
     let total_params: f64 = layers.iter().map(|l| l.params as f64).sum();
 
-    // Which layers train their weights, which carry LoRA adapters (as the memory step reads them).
+    // Which layers train their weights, which carry LoRA adapters (as the memory step reads
+    // them, from the module lists matched once per job).
     let lora = setup.lora.as_ref();
-    let named_in = |i: usize, modules: &[String]| {
-        detail(i)
-            .and_then(|d| d.name.as_deref())
-            .is_some_and(|name| modules.iter().any(|m| names::within(name, m)))
-    };
+    let named = job.named_layers(setup);
     let trains_share = |i: usize| -> f64 {
         if layers[i].params == 0 {
             return 0.0;
         }
         match (&setup.trainable, lora) {
-            (Trainable::Modules(modules), _) => f64::from(u8::from(named_in(i, modules))),
+            (Trainable::Modules(_), _) => f64::from(u8::from(named.trainable(i))),
             (_, Some(_)) => 0.0,
             (Trainable::Params(n), None) if total_params > 0.0 => {
                 (*n as f64 / total_params).min(1.0)
@@ -479,22 +476,16 @@ pub fn roofline_with(job: &Job, gpu: &GpuPerformance, constants: &Constants) -> 
         layers[i].kind == LayerKind::Linear
             && match &lora.targets {
                 LoraTargets::AllLinear => Some(i) != head,
-                LoraTargets::Names(targets) => detail(i)
-                    .and_then(|d| d.name.as_deref())
-                    .is_some_and(|name| targets.iter().any(|t| names::names_target(name, t))),
+                LoraTargets::Names(_) => named.targeted(i),
             }
     };
     // Backward computes a layer's input gradient only when something before it trains.
     let first_trained = (0..layers.len()).find(|&i| trains_share(i) > 0.0 || adapted(i));
     let needs_input_grad = |i: usize| first_trained.is_some_and(|f| i > f);
-    let named_modules;
     let recomputed: &[std::ops::Range<usize>] = match &setup.checkpointing {
         Checkpointing::None => &[],
         Checkpointing::Full => job.blocks(),
-        Checkpointing::Modules(modules) => {
-            named_modules = names::modules_ranges(details, modules);
-            &named_modules
-        }
+        Checkpointing::Modules(_) => named.checkpointed(),
     };
     let mut is_recomputed = vec![false; layers.len()];
     for range in recomputed {

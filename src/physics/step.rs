@@ -10,7 +10,6 @@
 //! temporaries). Gradients from earlier micro-batches are alive in both when the step
 //! accumulates. docs/setups.md states the rules; each constant says where it comes from.
 
-use crate::job::names::{inside_named, modules_ranges, names_target, within};
 use crate::job::setup::{
     BaseWeights, Checkpointing, LoraTargets, Optimizer, OptimizerImplementation, Reference, Setup,
     Strategy, Trainable,
@@ -182,6 +181,8 @@ pub fn analytic_step_as(job: &Job, setup: &Setup, known: Option<KnownActivations
     let state_storage = if setup.fp32_master { 4.0 } else { storage };
     let head = layers.iter().rposition(|l| l.kind == LayerKind::Linear);
     let total_params: f64 = layers.iter().map(|l| l.params as f64).sum();
+    // The layers the setup's module lists name, matched once per job (not per card or step).
+    let named = job.named_layers(setup);
 
     // Which layers LoRA adapts, and which base weights are quantised (bitsandbytes quantises
     // every linear layer but the output head, whatever the adapters' targets).
@@ -193,36 +194,23 @@ pub fn analytic_step_as(job: &Job, setup: &Setup, known: Option<KnownActivations
         }
         match &lora.targets {
             LoraTargets::AllLinear => Some(i) != head,
-            LoraTargets::Names(targets) => detail(i)
-                .and_then(|d| d.name.as_deref())
-                .is_some_and(|name| targets.iter().any(|t| names_target(name, t))),
+            LoraTargets::Names(_) => named.targeted(i),
         }
     };
-    let in_modules = |i: usize, modules: &[String]| {
-        detail(i)
-            .and_then(|d| d.name.as_deref())
-            .is_some_and(|name| modules.iter().any(|m| within(name, m)))
-    };
+    // Inside one of `trainable.modules`.
+    let in_modules = |i: usize| named.trainable(i);
     let trainable_share = match setup.trainable {
         Trainable::Params(n) if total_params > 0.0 => (n as f64 / total_params).min(1.0),
         _ => 1.0,
     };
     // PEFT's modules_to_save: a trained copy beside each frozen original.
-    let saved = |i: usize| {
-        lora.is_some_and(|l| {
-            detail(i)
-                .and_then(|d| d.name.as_deref())
-                .is_some_and(|name| l.modules_to_save.iter().any(|m| inside_named(name, m)))
-        })
-    };
+    let saved = |i: usize| lora.is_some() && named.saved(i);
     // A head tied to the embeddings shares their weight: naming it trainable trains that
     // weight (its gradient and state counted at the token embedding of the same size).
     let tied_head_trains = match &setup.trainable {
-        Trainable::Modules(modules) => (0..layers.len())
+        Trainable::Modules(_) => (0..layers.len())
             .find(|&i| {
-                layers[i].kind == LayerKind::Linear
-                    && layers[i].params == 0
-                    && in_modules(i, modules)
+                layers[i].kind == LayerKind::Linear && layers[i].params == 0 && in_modules(i)
             })
             .map(|i| {
                 let (inputs, outputs) = linear_shape(&layers[i], detail(i));
@@ -248,7 +236,7 @@ pub fn analytic_step_as(job: &Job, setup: &Setup, known: Option<KnownActivations
                     layer.kind == LayerKind::Embedding && layer.params as f64 == weight
                 })
                 || match (&setup.trainable, lora) {
-                    (Trainable::Modules(modules), _) => in_modules(i, modules),
+                    (Trainable::Modules(_), _) => in_modules(i),
                     (_, Some(_)) => false,
                     (Trainable::Params(_), None) => true,
                     (Trainable::All, None) => true,
@@ -421,14 +409,10 @@ pub fn analytic_step_as(job: &Job, setup: &Setup, known: Option<KnownActivations
             output_total * micro * 4.0 * kept_share * (1.0 - share(&(0..frozen_prefix)))
         }
     };
-    let named_modules;
     let checkpointed: &[std::ops::Range<usize>] = match &setup.checkpointing {
         Checkpointing::None => &[],
         Checkpointing::Full => job.blocks(),
-        Checkpointing::Modules(modules) => {
-            named_modules = modules_ranges(details, modules);
-            &named_modules
-        }
+        Checkpointing::Modules(_) => named.checkpointed(),
     };
     let activations = if checkpointed.is_empty() {
         kept

@@ -7,6 +7,7 @@ mod batch;
 mod calibration;
 #[path = "../common/mod.rs"]
 mod common;
+mod cost;
 mod docs;
 mod environment;
 mod estimate;

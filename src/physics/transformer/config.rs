@@ -4,6 +4,7 @@
 use serde_json::{Map, Value};
 
 use crate::job::echo;
+use crate::job::validated::MAX_LAYERS;
 
 /// Most layers (blocks) a configuration may have.
 pub const MAX_CONFIG_LAYERS: u64 = 512;
@@ -179,6 +180,16 @@ fn probability(
 }
 
 impl TransformerConfig {
+    /// About how many modules the built model lists: a decoder's 11 a block and the few around
+    /// them (other layouts differ by a few), never more than a job may hold plus one. What the
+    /// builder reserves, and what the engine prices a request at before it is built.
+    pub fn modules_hint(&self) -> usize {
+        (self.layers.saturating_add(self.decoder_layers) as usize)
+            .saturating_mul(11)
+            .saturating_add(4)
+            .min(MAX_LAYERS + 1)
+    }
+
     /// Reads a `config.json` object. Unknown keys are ignored; missing essentials are named.
     pub fn parse(config: &Map<String, Value>) -> Result<TransformerConfig, ConfigError> {
         let mut notes = Vec::new();

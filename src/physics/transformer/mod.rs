@@ -298,9 +298,9 @@ pub fn build(
         );
     }
     let attention_flops = product(&[4, seq, seq, c.heads, c.head_dim]);
-    // Room for a decoder's 11 modules a block and the few around them (other layouts grow
-    // the lists as needed); never more than a job may hold, however many blocks are asked.
-    let expected = ((c.layers + c.decoder_layers) as usize * 11 + 4).min(MAX_LAYERS + 1);
+    // Room for the modules (other layouts grow the lists as needed); never more than a job may
+    // hold, however many blocks are asked.
+    let expected = c.modules_hint();
     let mut b = Builder {
         seq,
         layers: Vec::with_capacity(expected),
