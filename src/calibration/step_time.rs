@@ -32,6 +32,15 @@ const PRIOR_WEIGHT: f64 = 0.1;
 const SEARCH_POINTS: usize = 400;
 /// The longest step time an observation may report, ms (an hour).
 pub const MAX_STEP_TIME_MS: f64 = 3_600_000.0;
+/// The most one update may move a host cost (and so any step time, which grows at most in
+/// proportion to it), up or down: memory's [`crate::calibration::profile::MAX_STEP`], for the
+/// same reason (one batch of wrong observations must not swing every ranking at once).
+pub const MAX_HOST_STEP: f64 = crate::calibration::profile::MAX_STEP;
+/// The farthest a fitted host cost may sit from the calibrated one, either way, however many
+/// observations ask for more: a 2022 stack on an older host runs at about three times the
+/// calibrated 15 us (docs/roofline.md), so four times leaves room for real hosts and none for
+/// readings of other jobs than the ones described.
+pub const MAX_HOST_FACTOR: f64 = 4.0;
 
 /// A job's predicted step time (ms) at each host cost of [`HOST_GRID_US`], as
 /// `[host_us, step_ms]` pairs (stored with the observation: self-describing if the grid
@@ -70,6 +79,26 @@ pub struct HostFit {
 }
 
 impl HostFit {
+    /// This fit held within [`MAX_HOST_FACTOR`] of the calibrated host cost.
+    pub fn within_reach(mut self) -> HostFit {
+        let calibrated = CALIBRATED.host_us_per_op;
+        self.host_us_per_op = self
+            .host_us_per_op
+            .clamp(calibrated / MAX_HOST_FACTOR, calibrated * MAX_HOST_FACTOR);
+        self
+    }
+
+    /// This fit (within reach) held within [`MAX_HOST_STEP`] of `previous`'s host cost, or of
+    /// the calibrated one where there was none: what one update may move.
+    pub fn held_to_step(self, previous: Option<&HostFit>) -> HostFit {
+        let before = previous.map_or(CALIBRATED.host_us_per_op, |p| p.host_us_per_op);
+        let mut held = self.within_reach();
+        held.host_us_per_op = held
+            .host_us_per_op
+            .clamp(before / MAX_HOST_STEP, before * MAX_HOST_STEP);
+        held
+    }
+
     /// The roofline constants with this host cost.
     pub fn constants(&self) -> Constants {
         Constants {
@@ -82,23 +111,26 @@ impl HostFit {
 /// The step time `curve` gives at `host_us`: linear in log-log between its points, held at
 /// its ends. `None` for a curve with no usable point.
 pub fn interpolate(curve: &[[f64; 2]], host_us: f64) -> Option<f64> {
+    // Walked without collecting: a refit interpolates every sample's curve at hundreds of
+    // host costs, for each batch it replays.
     let usable = |p: &&[f64; 2]| p[0] > 0.0 && p[1] > 0.0 && p[0].is_finite() && p[1].is_finite();
-    let points: Vec<&[f64; 2]> = curve.iter().filter(usable).collect();
-    let first = points.first()?;
-    let last = points.last()?;
+    let mut points = curve.iter().filter(usable);
+    let first = points.next()?;
     if host_us <= first[0] {
         return Some(first[1]);
     }
-    if host_us >= last[0] {
-        return Some(last[1]);
+    let mut a = first;
+    for b in points {
+        if b[0] >= host_us {
+            if b[0] == host_us {
+                return Some(b[1]);
+            }
+            let t = (host_us.ln() - a[0].ln()) / (b[0].ln() - a[0].ln());
+            return Some((a[1].ln() + t * (b[1].ln() - a[1].ln())).exp());
+        }
+        a = b;
     }
-    let right = points.iter().position(|p| p[0] >= host_us)?;
-    let (a, b) = (points[right - 1], points[right]);
-    if b[0] == host_us {
-        return Some(b[1]);
-    }
-    let t = (host_us.ln() - a[0].ln()) / (b[0].ln() - a[0].ln());
-    Some((a[1].ln() + t * (b[1].ln() - a[1].ln())).exp())
+    Some(a[1])
 }
 
 /// The host cost nearest the samples' observed step times (least squared log error plus the

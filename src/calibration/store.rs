@@ -339,12 +339,13 @@ impl ProfileSnapshot {
         nearest(map, gpu, environment).map(|p| p.calibrate(predicted_mib, upper_mib))
     }
 
-    /// The host cost per op fitted to the step times observed on `gpu` in `environment`, else
-    /// on `gpu` in any environment; `None` when neither profile has one. A map lookup.
+    /// The host cost per op fitted to the step times observed on `gpu` in `environment` (the
+    /// GPU's own profile where none is named); `None` when that profile has none. An
+    /// environment without a fit of its own keeps the calibrated cost, not the GPU's: a card's
+    /// step times, and so its ranking, move only on evidence from the environment asked
+    /// about. A map lookup.
     pub fn host_fit(&self, gpu: &str, environment: Option<&str>) -> Option<HostFit> {
-        let map = &self.map;
-        let of = |environment| profile(map, gpu, environment).and_then(|p| p.host_fit);
-        environment.and_then(|e| of(Some(e))).or_else(|| of(None))
+        profile(&self.map, gpu, environment).and_then(|p| p.host_fit)
     }
 
     /// [`Self::calibrate`] for a job whose predicted `breakdown` (physics' categories of
@@ -503,24 +504,51 @@ pub fn derive_profile(gpu: &str, environment: Option<&str>, rows: &[&FitRow]) ->
     if environment.is_some() {
         profile.environment_fit = environment_fit(rows);
     }
-    profile.host_fit = host_fit(rows);
+    profile.host_fit = host_fit(rows, &rank, first, batches.len());
     Update { profile, limited }
 }
 
 /// The host's cost per op fitted to those of the rows (the newest [`MAX_SAMPLES`]) that carry
-/// a measured step time ([`step_time::fit_host_cost`]); `None` when none does.
-fn host_fit(rows: &[&FitRow]) -> Option<HostFit> {
-    let samples: Vec<StepTimeSample> = rows
+/// a measured step time ([`step_time::fit_host_cost`]), under the rules memory's fit keeps:
+/// within reach of the calibrated cost ([`HostFit::within_reach`]), and the batches from
+/// `first` on (of `batches`, ranked by `rank`) replayed, each held to one step from the fit
+/// before it ([`HostFit::held_to_step`]); `None` when no row has a step time.
+fn host_fit(
+    rows: &[&FitRow],
+    rank: &HashMap<i64, usize>,
+    first: usize,
+    batches: usize,
+) -> Option<HostFit> {
+    let samples: Vec<(usize, StepTimeSample)> = rows
         .iter()
         .filter_map(|r| {
             let (observed_ms, curve) = r.step_time.as_ref()?;
-            Some(StepTimeSample {
+            let sample = StepTimeSample {
                 curve: serde_json::from_str(curve).ok()?,
                 observed_ms: *observed_ms,
-            })
+            };
+            Some((rank[&r.batch_id], sample))
         })
         .collect();
-    step_time::fit_host_cost(&samples)
+    if samples.is_empty() {
+        return None;
+    }
+    let through = |last: usize| {
+        let upto: Vec<StepTimeSample> = samples
+            .iter()
+            .filter(|(batch, _)| *batch <= last)
+            .map(|(_, sample)| sample.clone())
+            .collect();
+        step_time::fit_host_cost(&upto)
+    };
+    let mut held = first
+        .checked_sub(1)
+        .and_then(through)
+        .map(HostFit::within_reach);
+    for last in first..batches {
+        held = through(last).map(|fit| fit.held_to_step(held.as_ref()));
+    }
+    held
 }
 
 /// What an environment changes ([`environment::fit_environment`]), fitted to those of its
@@ -723,9 +751,24 @@ mod tests {
                 ..posted("v100-16gb", Some("torch1.10"), 4000.0, 4000.0)
             }
         };
+        // Each update moves the host cost at most one step (x1.25) from 15 us: the first
+        // batch to 18.75, the fifth to the fit.
+        let host = |store: &ProfileStore| {
+            store
+                .snapshot()
+                .host_fit("v100-16gb", Some("torch1.10"))
+                .unwrap()
+                .host_us_per_op
+        };
         store
             .record(vec![timed(1000.0), timed(3000.0), timed(5000.0)])
             .unwrap();
+        assert!((host(&store) - 15.0 * step_time::MAX_HOST_STEP).abs() < 1e-9);
+        for _ in 0..4 {
+            store
+                .record(vec![timed(1000.0), timed(3000.0), timed(5000.0)])
+                .unwrap();
+        }
         store
             .record(vec![posted("v100-16gb", Some("other"), 4000.0, 4000.0)])
             .unwrap();
@@ -734,9 +777,9 @@ mod tests {
             .host_fit("v100-16gb", Some("torch1.10"))
             .unwrap();
         assert!((fit.host_us_per_op / 45.0 - 1.0).abs() < 0.1, "{fit:?}");
-        assert_eq!(fit.observations, 3);
+        assert_eq!(fit.observations, 15);
         // An environment's step times teach neither the GPU's own profile nor another
-        // environment, which falls back to the GPU's (here none).
+        // environment.
         assert_eq!(store.snapshot().host_fit("v100-16gb", None), None);
         assert_eq!(store.snapshot().host_fit("v100-16gb", Some("other")), None);
         assert_eq!(store.snapshot().host_fit("a100-40gb", None), None);
@@ -748,6 +791,40 @@ mod tests {
                 .host_fit,
             Some(fit)
         );
+    }
+
+    /// One hour-long step time (the largest accepted) moves the GPU's host cost one step, and
+    /// no number of them moves it beyond reach; an environment without step times of its own
+    /// keeps the calibrated cost.
+    #[test]
+    fn a_wild_step_time_moves_the_host_cost_one_step_and_never_beyond_reach() {
+        let (_dir, store) = store();
+        let curve: Vec<[f64; 2]> = step_time::HOST_GRID_US
+            .iter()
+            .map(|&h| [h, 1000.0 * h * 1e-3])
+            .collect();
+        let wild = NewObservation {
+            step_time: Some((
+                step_time::MAX_STEP_TIME_MS,
+                serde_json::to_string(&curve).unwrap(),
+            )),
+            ..posted("h100-80gb", None, 4000.0, 4000.0)
+        };
+        let host = |store: &ProfileStore| {
+            store
+                .snapshot()
+                .host_fit("h100-80gb", None)
+                .unwrap()
+                .host_us_per_op
+        };
+        store.record(vec![wild.clone()]).unwrap();
+        let calibrated = crate::physics::perf::CALIBRATED.host_us_per_op;
+        assert!((host(&store) / calibrated - step_time::MAX_HOST_STEP).abs() < 1e-9);
+        for _ in 0..20 {
+            store.record(vec![wild.clone()]).unwrap();
+        }
+        assert!((host(&store) / calibrated - step_time::MAX_HOST_FACTOR).abs() < 1e-9);
+        assert_eq!(store.snapshot().host_fit("h100-80gb", Some("lab")), None);
     }
 
     /// A request reads one version of the profiles: a snapshot taken before a write answers

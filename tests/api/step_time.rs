@@ -82,11 +82,16 @@ async fn step_times_observed_in_an_environment_time_its_other_jobs() {
             "step_time_ms": measured_ms,
         }));
     }
-    let response = app
-        .post_json("/v1/calibration/observations", &json!(observations))
-        .await;
-    assert_eq!(response.status(), 200);
-    let recorded: Value = response.json().await.unwrap();
+    // Posted one run at a time, twice over: each update moves the host cost at most one step
+    // (x1.25) from the last, so the fit is reached over several.
+    let mut recorded = Value::Null;
+    for observation in observations.iter().chain(&observations) {
+        let response = app
+            .post_json("/v1/calibration/observations", &json!([observation]))
+            .await;
+        assert_eq!(response.status(), 200);
+        recorded = response.json().await.unwrap();
+    }
     let fit = recorded["profiles"]
         .as_array()
         .unwrap()
@@ -94,7 +99,7 @@ async fn step_times_observed_in_an_environment_time_its_other_jobs() {
         .find(|p| p["environment"] == json!(ENVIRONMENT))
         .unwrap()["step_time_fit"]
         .clone();
-    assert_eq!(fit["observations"], json!(3));
+    assert_eq!(fit["observations"], json!(6));
     let host = fit["host_us_per_op"].as_f64().unwrap();
     assert!(host > 30.0, "{fit}");
 
@@ -102,7 +107,7 @@ async fn step_times_observed_in_an_environment_time_its_other_jobs() {
     let metrics = app.get("/metrics").await.text().await.unwrap();
     for line in [
         format!(
-            "gpucast_calibration_observations{{environment=\"{ENVIRONMENT}\",gpu=\"v100-16gb\"}} 3"
+            "gpucast_calibration_observations{{environment=\"{ENVIRONMENT}\",gpu=\"v100-16gb\"}} 6"
         ),
         format!(
             "gpucast_calibration_host_us_per_op{{environment=\"{ENVIRONMENT}\",gpu=\"v100-16gb\"}}"
@@ -121,7 +126,7 @@ async fn step_times_observed_in_an_environment_time_its_other_jobs() {
         .post_json_value("/v1/estimate", &estimate(held_out, Some(ENVIRONMENT)))
         .await;
     let performance = &after["performance"];
-    assert_eq!(performance["host_cost_observations"], json!(3));
+    assert_eq!(performance["host_cost_observations"], json!(6));
     assert!((performance["host_us_per_op"].as_f64().unwrap() - host).abs() < 1e-2);
     let (step_before, step_after) = (
         before["performance"]["step_time_ms"].as_f64().unwrap(),
@@ -135,6 +140,46 @@ async fn step_times_observed_in_an_environment_time_its_other_jobs() {
     elsewhere["gpu"] = json!("a100-80gb");
     let elsewhere = app.post_json_value("/v1/estimate", &elsewhere).await;
     assert_eq!(elsewhere["performance"]["host_cost_observations"], json!(0));
+}
+
+/// Issue 34's probe: one observation with the longest step time accepted (an hour) moved the
+/// H100's host cost from 15 to 200 us and every environment's ranking with it. Now it moves the
+/// card's step time at most one step (x1.25), and an environment without step times of its
+/// own keeps the calibrated cost.
+#[tokio::test]
+async fn one_wild_step_time_moves_a_cards_step_time_at_most_one_step() {
+    let app = spawn_app().await;
+    let rows = timed_rows();
+    let job = &rows[0].1;
+    let on = |environment: Option<&str>| {
+        let mut body = job.clone();
+        body["gpu"] = json!("h100-80gb");
+        if let Some(e) = environment {
+            body["environment"] = json!(e);
+        }
+        body
+    };
+    let step = |answer: &Value| answer["performance"]["step_time_ms"].as_f64().unwrap();
+    let before = app.post_json_value("/v1/estimate", &on(None)).await;
+    let lab_before = app.post_json_value("/v1/estimate", &on(Some("lab"))).await;
+    let observation = json!([{"gpu": "h100-80gb", "job": job,
+        "observed_peak_mib": before["memory"]["estimate_mib"], "step_time_ms": 3_600_000.0}]);
+    let response = app
+        .post_json("/v1/calibration/observations", &observation)
+        .await;
+    assert_eq!(response.status(), 200);
+    let after = app.post_json_value("/v1/estimate", &on(None)).await;
+    let lab_after = app.post_json_value("/v1/estimate", &on(Some("lab"))).await;
+    println!(
+        "h100-80gb step time {:.2} -> {:.2} ms (host {} -> {} us/op)",
+        step(&before),
+        step(&after),
+        before["performance"]["host_us_per_op"],
+        after["performance"]["host_us_per_op"]
+    );
+    assert!(step(&after) > step(&before));
+    assert!(step(&after) <= 1.25 * step(&before) + 1e-9);
+    assert_eq!(step(&lab_after), step(&lab_before));
 }
 
 #[tokio::test]
