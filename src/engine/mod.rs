@@ -8,6 +8,7 @@
 //! - [`answer`]: a validated request -> the answer (placement, class, utilization, metrics).
 
 pub mod answer;
+pub mod files;
 pub mod validate;
 
 use std::sync::Arc;

@@ -4,11 +4,12 @@
 //! need not import each other.
 
 use crate::api::types::{
-    EstimateRequest, GpuChoice, GpuRequest, NamesRequest, SummaryFormatRequest,
+    EstimateRequest, FromFileResponse, GpuChoice, GpuRequest, NamesRequest, SummaryFormatRequest,
 };
 use crate::calibration::placement::{PlacementError, Target};
 use crate::devices::sku::Catalogue;
 use crate::devices::GpuDevices;
+use crate::engine::files;
 use crate::error::ApiError;
 use crate::job::setup::{
     LossImplementation, OptimizerImplementation, UncheckedLora, UncheckedNames, UncheckedOffload,
@@ -50,6 +51,8 @@ pub struct ValidEstimateRequest {
     pub environment: Option<String>,
     /// What was assumed or overridden to read the request (said back as `warnings`).
     pub warnings: Vec<String>,
+    /// The setup values read from the request's files (said back as `setup.from_files`).
+    pub from_files: Vec<FromFileResponse>,
 }
 
 /// Validates a request as both estimate routes do.
@@ -58,7 +61,7 @@ pub fn validate(
     catalogue: &Catalogue,
     devices: &dyn GpuDevices,
 ) -> Result<ValidEstimateRequest, ApiError> {
-    let (job, warnings) = to_job_noting(request)?;
+    let (job, warnings, from_files) = to_job_reading(request)?;
     let confidence =
         Confidence::parse(request.confidence).map_err(|e| ApiError::InvalidInput(e.to_string()))?;
     let fraction = MemoryFraction::parse(request.memory_fraction)
@@ -85,6 +88,7 @@ pub fn validate(
         classifiers,
         environment,
         warnings,
+        from_files,
     })
 }
 
@@ -138,6 +142,24 @@ pub fn to_job(request: &EstimateRequest) -> Result<Job, ApiError> {
 
 /// [`to_job`], with what was assumed or overridden to read the request.
 pub fn to_job_noting(request: &EstimateRequest) -> Result<(Job, Vec<String>), ApiError> {
+    to_job_reading(request).map(|(job, warnings, _)| (job, warnings))
+}
+
+/// [`to_job_noting`], with the setup values read from the request's files: those are written
+/// into the request's own fields first ([`files::apply`]).
+fn to_job_reading(
+    request: &EstimateRequest,
+) -> Result<(Job, Vec<String>, Vec<FromFileResponse>), ApiError> {
+    let Some(applied) = files::apply(request)? else {
+        return to_job_stated(request).map(|(job, warnings)| (job, warnings, Vec::new()));
+    };
+    let (job, mut warnings) = to_job_stated(&applied.request)?;
+    warnings.extend(applied.warnings);
+    Ok((job, warnings, applied.read))
+}
+
+/// The job of a request whose setup is in its own fields.
+fn to_job_stated(request: &EstimateRequest) -> Result<(Job, Vec<String>), ApiError> {
     let mut warnings = Vec::new();
     if let Some(seq_len) = request.seq_len.filter(|&l| l == 0 || l > MAX_SEQ_LEN) {
         return Err(ApiError::InvalidInput(format!(
