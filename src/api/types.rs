@@ -162,7 +162,8 @@ pub struct EstimateRequest {
     /// How `from_pretrained` loaded the model: `torch_dtype` (`bfloat16`, `float16`, `float32`
     /// or `auto`: the config's; not given: fp32, or fp16 when quantised, as transformers 4)
     /// and `quantization_config` (bitsandbytes `load_in_4bit` / `load_in_8bit`, GPTQ or AWQ
-    /// 4-bit) as `lora.base_weights`. 16-bit weights train as pure `bf16` / `fp16`.
+    /// 4-bit) as `lora.base_weights`; `attn_implementation` as `attention`. 16-bit weights
+    /// train as pure `bf16` / `fp16`.
     #[serde(default)]
     #[schema(value_type = Option<Object>, example = json!({"torch_dtype": "bfloat16", "quantization_config": {"load_in_4bit": true, "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": true}}))]
     pub load: Option<serde_json::Map<String, serde_json::Value>>,

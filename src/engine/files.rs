@@ -13,6 +13,7 @@ use crate::job::setup::{
     BaseWeights, Optimizer, OptimizerImplementation, Precision, Strategy, DEFAULT_GROUP_SIZE,
 };
 use crate::parsers::files::{self, Files, Read};
+use crate::physics::transformer::AttentionKernel;
 
 /// The request with what its files state written in, what was read, and what was assumed.
 pub struct Applied {
@@ -76,6 +77,21 @@ pub fn apply(request: &EstimateRequest) -> Result<Option<Applied>, ApiError> {
     r.put("offload.parameters", &stated.offload_parameters, |req| {
         &mut req.offload.get_or_insert_with(no_offload).parameters
     })?;
+    // The kernel matters to a job built from its config only (elsewhere it is traced).
+    if let Some(kernel) = stated.attention.as_ref() {
+        if request.transformer_config.is_some() {
+            r.state(
+                "attention",
+                &kernel.from,
+                kernel.value.to_string(),
+                |req| &mut req.attention,
+                |g| {
+                    AttentionKernel::parse(Some(g)).ok()
+                        == AttentionKernel::parse(Some(kernel.value)).ok()
+                },
+            )?;
+        }
+    }
     if let Some(lora) = &stated.lora {
         r.lora(lora)?;
     }

@@ -211,6 +211,12 @@ async fn a_value_stated_twice_differently_is_refused_naming_both_places() {
             "activation_checkpointing",
             "training_arguments.gradient_checkpointing",
         ),
+        (
+            "philschmid-2024-codellama-qlora",
+            json!({"attention": "eager"}),
+            "attention",
+            "load.attn_implementation",
+        ),
         // A batch that is not whole micro-batches.
         (
             "qlora-guanaco-7b",
@@ -298,4 +304,28 @@ async fn lightning_precision_strings_are_answered_as_the_services_own() {
         assert_eq!(a["memory"], b["memory"], "{lightning}");
         assert_eq!(a["setup"]["precision"], own, "{lightning}");
     }
+}
+
+#[tokio::test]
+async fn a_batch_item_with_files_is_answered_as_alone_and_echoes_them() {
+    let app = spawn_app().await;
+    let (from_files, _) = requests(&recipes().join("qlora-guanaco-7b"));
+    let alone = answer(&app, &from_files).await;
+    let mut ranked = from_files.clone();
+    ranked["gpu"] = json!(["h100-80gb", "a100-80gb"]);
+    let body = json!({"items": [from_files, ranked]});
+    let batch = app.post_json_value("/v1/estimate/batch", &body).await;
+    let items = batch["items"].as_array().unwrap();
+    assert_eq!(items[0]["status"], 200, "{}", items[0]);
+    assert_eq!(items[0]["estimate"]["memory"], alone["memory"]);
+    assert_eq!(
+        items[0]["estimate"]["setup"]["from_files"],
+        alone["setup"]["from_files"]
+    );
+    // A ranked item (a gpu list) echoes them too.
+    assert_eq!(items[1]["status"], 200, "{}", items[1]);
+    assert_eq!(
+        items[1]["estimate"]["setup"]["from_files"],
+        alone["setup"]["from_files"]
+    );
 }

@@ -13,6 +13,8 @@ use crate::job::setup::{Optimizer, OptimizerImplementation, Precision, Strategy}
 /// What a DeepSpeed config states.
 #[derive(Debug, Clone)]
 pub struct DeepSpeed {
+    /// Where the config was read (`deepspeed`, `training_arguments.deepspeed`).
+    pub prefix: String,
     pub stage: Read<Strategy>,
     pub micro_batch: Option<Read<u64>>,
     pub accumulation: Option<Read<u64>>,
@@ -143,6 +145,7 @@ impl DeepSpeed {
             }
         };
         Ok(DeepSpeed {
+            prefix: prefix.to_string(),
             stage: Read::new(strategy, stage_at),
             micro_batch,
             accumulation,

@@ -14,6 +14,9 @@ pub struct Load {
     /// The dtype of the weights that are not quantised.
     pub dtype: Read<Precision>,
     pub base_weights: Option<Read<BaseWeights>>,
+    /// `attn_implementation`: `eager` keeps the N x N probabilities, the others (`sdpa`,
+    /// flash attention) do not: the request's `attention` words.
+    pub attention: Option<Read<&'static str>>,
     pub warnings: Vec<String>,
 }
 
@@ -86,9 +89,21 @@ impl Load {
                 format!("{prefix}.torch_dtype (not given: transformers 4's fp32)"),
             ),
         };
+        let attention = keyword(
+            map,
+            prefix,
+            "attn_implementation",
+            &["eager", "sdpa", "flash_attention_2", "flash_attention_3"],
+            "is not an attention kernel the service models",
+        )?
+        .map(|kernel| {
+            let word = if kernel == "eager" { "eager" } else { "sdpa" };
+            Read::new(word, place(prefix, "attn_implementation"))
+        });
         Ok(Load {
             dtype,
             base_weights,
+            attention,
             warnings,
         })
     }

@@ -107,6 +107,8 @@ pub struct FileSetup {
     pub lora: Option<Read<AdapterLora>>,
     /// From `quantization_config`.
     pub base_weights: Option<Read<BaseWeights>>,
+    /// `eager` or `sdpa`, from `attn_implementation`.
+    pub attention: Option<Read<&'static str>>,
     /// What was assumed or not used to read the files.
     pub warnings: Vec<String>,
 }
@@ -190,6 +192,7 @@ pub fn read(files: Files<'_>) -> Result<FileSetup, FileError> {
     if let Some(load) = &load {
         setup.warnings.extend(load.warnings.iter().cloned());
         setup.base_weights = load.base_weights.clone();
+        setup.attention = load.attention.clone();
     }
     let (precision, master) = precision(
         args.as_ref(),
@@ -218,10 +221,10 @@ fn precision(
         // DeepSpeed casts the model itself and keeps fp32 master weights: no autocast.
         return Ok(match &ds.half {
             Some(half) => (Some(half.clone()), Some(Read::new(true, half.from.clone()))),
-            None => (
-                Some(Read::new(Precision::Fp32, ds.stage.from.clone())),
-                None,
-            ),
+            None => {
+                let neither = format!("{0}.bf16.enabled and {0}.fp16.enabled false", ds.prefix);
+                (Some(Read::new(Precision::Fp32, neither)), None)
+            }
         });
     }
     let autocast = args.and_then(|a| a.autocast.clone());

@@ -393,6 +393,10 @@ fn quantisation_configs_become_the_base_weights() {
     );
     let single = loaded(json!({"quantization_config": {"load_in_4bit": true}}), None).unwrap();
     assert!(single.warnings[0].contains("bnb_4bit_use_double_quant"));
+    let eager = loaded(json!({"attn_implementation": "eager"}), None).unwrap();
+    assert_eq!(eager.attention.unwrap().value, "eager");
+    let flash = loaded(json!({"attn_implementation": "flash_attention_2"}), None).unwrap();
+    assert_eq!(flash.attention.unwrap().value, "sdpa");
     for (load, place) in [
         (
             json!({"quantization_config": {"quant_method": "hqq"}}),
@@ -407,6 +411,10 @@ fn quantisation_configs_become_the_base_weights() {
             "load.quantization_config.group_size",
         ),
         (json!({"torch_dtype": "float8"}), "load.torch_dtype"),
+        (
+            json!({"attn_implementation": "paged"}),
+            "load.attn_implementation",
+        ),
         (json!({"torch_dtype": "auto"}), "load.torch_dtype"),
         (
             json!({"torch_dtype": "float16", "dtype": "bfloat16"}),
