@@ -35,10 +35,12 @@ pub struct EstimateRequest {
     #[serde(default)]
     #[schema(value_type = Option<FamilyName>)]
     pub family: Option<String>,
-    /// Samples per training step.
+    /// Samples per training step. Required, unless `training_arguments` state
+    /// `per_device_train_batch_size`: it is then that x `gradient_accumulation_steps` (the
+    /// samples a GPU takes per step).
     #[schema(minimum = 1, maximum = 1048576)]
-    #[serde(deserialize_with = "whole_number::one")]
-    pub batch_size: u64,
+    #[serde(default, deserialize_with = "whole_number::optional")]
+    pub batch_size: Option<u64>,
     /// The model's layers in execution order (1 to 4096). Give either `layers` or `summary`.
     #[serde(default, deserialize_with = "layer_objects")]
     #[schema(min_items = 1, max_items = 4096)]

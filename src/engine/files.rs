@@ -222,19 +222,23 @@ impl Merge {
     }
 
     /// The request's `batch_size` must be whole micro-batches x accumulation (per GPU, or
-    /// times the data-parallel ranks, which the setup checks).
-    fn batch_covers(&self, stated: &files::FileSetup) -> Result<(), ApiError> {
+    /// times the data-parallel ranks, which the setup checks); not given, it is one GPU's.
+    fn batch_covers(&mut self, stated: &files::FileSetup) -> Result<(), ApiError> {
         let Some(micro) = &stated.micro_batch_size else {
             return Ok(());
         };
         let accumulation = self.request.gradient_accumulation_steps.unwrap_or(1);
         let step = micro.value.saturating_mul(accumulation);
-        let batch = self.request.batch_size;
+        let from = stated
+            .gradient_accumulation_steps
+            .as_ref()
+            .map_or(String::new(), |k| format!(" x {}", k.from));
+        let Some(batch) = self.request.batch_size else {
+            self.request.batch_size = Some(step);
+            self.note("batch_size", step, &format!("{}{from}", micro.from));
+            return Ok(());
+        };
         if batch == 0 || !batch.is_multiple_of(step) {
-            let from = stated
-                .gradient_accumulation_steps
-                .as_ref()
-                .map_or(String::new(), |k| format!(" x {}", k.from));
             return Err(ApiError::InvalidInput(format!(
                 "batch_size: the request states {batch}, not a multiple of {}{from} \
                  ({} x {accumulation} samples a GPU per step): give batch_size as that, or \

@@ -160,6 +160,7 @@ fn to_job_reading(
 
 /// The job of a request whose setup is in its own fields.
 fn to_job_stated(request: &EstimateRequest) -> Result<(Job, Vec<String>), ApiError> {
+    let batch_size = batch_size(request)?;
     let mut warnings = Vec::new();
     if let Some(seq_len) = request.seq_len.filter(|&l| l == 0 || l > MAX_SEQ_LEN) {
         return Err(ApiError::InvalidInput(format!(
@@ -192,7 +193,7 @@ fn to_job_stated(request: &EstimateRequest) -> Result<(Job, Vec<String>), ApiErr
                 output_size: l.output_size,
                 params: l.params,
             });
-            Job::parse(request.family.as_deref(), request.batch_size, layers)?
+            Job::parse(request.family.as_deref(), batch_size, layers)?
         }
         (None, Some(summary)) => {
             let format = match summary.format {
@@ -205,7 +206,7 @@ fn to_job_stated(request: &EstimateRequest) -> Result<(Job, Vec<String>), ApiErr
                 seq_len: request.seq_len,
                 input_shape: request.input_shape.as_deref(),
             };
-            let parsed = parse_summary(format, &summary.text, request.batch_size, sample)
+            let parsed = parse_summary(format, &summary.text, batch_size, sample)
                 .map_err(|e| ApiError::InvalidInput(e.to_string()))?;
             warnings.extend(parsed.warnings);
             if input_shape.is_none() {
@@ -219,8 +220,7 @@ fn to_job_stated(request: &EstimateRequest) -> Result<(Job, Vec<String>), ApiErr
                 }
             }
             let job =
-                Job::from_layers(request.family.as_deref(), request.batch_size, parsed.layers)?
-                    .printed();
+                Job::from_layers(request.family.as_deref(), batch_size, parsed.layers)?.printed();
             if request.saved_tensors.is_none() {
                 // The traced regressors need saved tensors; a summary shows only output shapes,
                 // from which physics::saved rebuilds what backward keeps (issue 12).
@@ -323,6 +323,17 @@ fn to_job_stated(request: &EstimateRequest) -> Result<(Job, Vec<String>), ApiErr
     Ok((with_assumed_implementation(request, job), warnings))
 }
 
+/// The request's samples per step (stated, or made from its training arguments).
+fn batch_size(request: &EstimateRequest) -> Result<u64, ApiError> {
+    request.batch_size.ok_or_else(|| {
+        ApiError::InvalidInput(
+            "batch_size: missing; give the samples per training step (or training_arguments \
+             with per_device_train_batch_size)"
+                .into(),
+        )
+    })
+}
+
 /// A job built from a Hugging Face configuration (issue 16): the layers and activations come
 /// from `physics::transformer`, the setup as for any job; the analytic step answers it.
 fn config_job(
@@ -330,6 +341,7 @@ fn config_job(
     config: &serde_json::Map<String, serde_json::Value>,
 ) -> Result<(Job, Vec<String>), ApiError> {
     let invalid = |e: transformer::ConfigError| ApiError::InvalidInput(e.to_string());
+    let batch_size = batch_size(request)?;
     for (given, field) in [
         (request.layers.is_some(), "layers"),
         (request.summary.is_some(), "summary"),
@@ -358,7 +370,7 @@ fn config_job(
     let parsed = transformer::TransformerConfig::parse(config).map_err(invalid)?;
     // The precision picks the attention kernel: read it before building.
     let setup = unchecked_setup(request);
-    let precision = crate::job::Setup::parse(request.batch_size.max(1), &setup)
+    let precision = crate::job::Setup::parse(batch_size.max(1), &setup)
         .map(|s| s.precision)
         .unwrap_or_default();
     let mut model = transformer::build(parsed, seq_len, precision, kernel).map_err(invalid)?;
@@ -397,7 +409,7 @@ fn config_job(
     };
     let job = Job::from_layers(
         Some("transformer"),
-        request.batch_size,
+        batch_size,
         std::mem::take(&mut model.layers),
     )?
     .with_layer_details(std::mem::take(&mut model.details))?

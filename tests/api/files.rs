@@ -329,3 +329,30 @@ async fn a_batch_item_with_files_is_answered_as_alone_and_echoes_them() {
         alone["setup"]["from_files"]
     );
 }
+
+#[tokio::test]
+async fn the_batch_size_may_be_left_to_the_training_arguments() {
+    let app = spawn_app().await;
+    // qlora-guanaco-7b: per_device_train_batch_size 1 x gradient_accumulation_steps 16.
+    let (stated, _) = requests(&recipes().join("qlora-guanaco-7b"));
+    let mut left_out = stated.clone();
+    left_out.as_object_mut().unwrap().remove("batch_size");
+    let (stated, left_out) = (answer(&app, &stated).await, answer(&app, &left_out).await);
+    assert_eq!(stated["memory"], left_out["memory"]);
+    let read = left_out["setup"]["from_files"].as_array().unwrap();
+    let batch = read.iter().find(|e| e["field"] == "batch_size").unwrap();
+    assert_eq!(batch["value"], "16");
+    assert_eq!(
+        batch["from"],
+        "training_arguments.per_device_train_batch_size x \
+         training_arguments.gradient_accumulation_steps"
+    );
+    // Without files, it is still required.
+    let mut bare = base_request(&json!({
+        "config": "public/meta-llama__Llama-3.2-1B", "seq_len": 512, "batch_size": 4
+    }));
+    bare.as_object_mut().unwrap().remove("batch_size");
+    assert!(refused(&app, &bare)
+        .await
+        .starts_with("batch_size: missing"));
+}
