@@ -31,7 +31,7 @@ fn jobs_by_family() -> Vec<(Family, Job)> {
         ] {
             if line.contains(&format!("\"{model}\"")) {
                 let mut request: EstimateRequest = serde_json::from_str(&line).unwrap();
-                request.batch_size = batch;
+                request.batch_size = Some(batch);
                 jobs.push((family, to_job(&request).unwrap()));
             }
         }

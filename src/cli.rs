@@ -118,7 +118,22 @@ fn job_input(args: &EstimateArgs) -> Result<Vec<u8>, String> {
                 .expect("a JSON value serialises")
         }
     };
-    let fields = setup_fields(flags);
+    let mut fields = setup_fields(flags);
+    for (key, file) in [
+        ("training_arguments", &flags.training_args),
+        ("adapter_config", &flags.adapter_config),
+        ("deepspeed", &flags.deepspeed),
+    ] {
+        if let Some(file) = file {
+            let text = read(&file.to_string_lossy())?;
+            let value: Value =
+                serde_json::from_slice(&text).map_err(|e| format!("{}: {e}", file.display()))?;
+            if !value.is_object() {
+                return Err(format!("{}: expected a JSON object", file.display()));
+            }
+            fields.insert(key.into(), value);
+        }
+    }
     if fields.is_empty() {
         return Ok(base);
     }

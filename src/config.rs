@@ -139,6 +139,18 @@ pub struct JobFlags {
     /// The frozen base under LoRA: same, nf4, int8.
     #[arg(long, requires = "lora_rank")]
     pub base_weights: Option<String>,
+    /// A Hugging Face Trainer's training_args.json (`TrainingArguments.to_dict()`): the
+    /// micro-batch, accumulation, checkpointing, bf16/fp16 autocast and `optim`.
+    #[arg(long, value_name = "FILE")]
+    pub training_args: Option<PathBuf>,
+    /// PEFT's adapter_config.json: the LoRA adapters.
+    #[arg(long, value_name = "FILE")]
+    pub adapter_config: Option<PathBuf>,
+    /// A DeepSpeed config: its ZeRO stage, offload and bf16/fp16, with "auto" taken from
+    /// --training-args as the Trainer takes it; the number of GPUs still comes from the job
+    /// (`parallelism.world_size`).
+    #[arg(long = "deepspeed", value_name = "FILE")]
+    pub deepspeed: Option<PathBuf>,
     /// A catalogue GPU (`gpucast gpus` lists them), or `attached`.
     #[arg(long)]
     pub gpu: Option<String>,

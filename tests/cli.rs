@@ -293,3 +293,82 @@ fn the_binary_answers_from_any_directory() {
     assert!(output.status.success(), "{output:?}");
     assert!(json(&output)["memory"]["estimate_mib"].as_f64().unwrap() > 0.0);
 }
+
+#[test]
+fn the_users_files_are_read_from_their_flags_as_the_setup_they_state() {
+    let recipe = "tests/fixtures/recipes/trl-sft-qwen2-0.5b-lora";
+    let config = format!("{recipe}/../trl-sft-qwen2-0.5b-full/config.json");
+    let from_files = gpucast(
+        &[
+            "estimate",
+            "--config",
+            &config,
+            "--seq-len",
+            "1024",
+            "--batch-size",
+            "16",
+            "--training-args",
+            &format!("{recipe}/training_args.json"),
+            "--adapter-config",
+            &format!("{recipe}/adapter_config.json"),
+        ],
+        None,
+    );
+    assert!(from_files.status.success(), "{from_files:?}");
+    let from_files = json(&from_files);
+    let hand_stated: Value = serde_json::json!({
+        "transformer_config": serde_json::from_slice::<Value>(&std::fs::read(root().join(&config)).unwrap()).unwrap(),
+        "seq_len": 1024, "batch_size": 16, "precision": "amp_bf16", "optimizer": "adamw",
+        "optimizer_implementation": "foreach", "micro_batch_size": 2,
+        "gradient_accumulation_steps": 8, "activation_checkpointing": "full",
+        "lora": {"rank": 32, "alpha": 16, "dropout": 0.05, "target_modules": ["q_proj", "v_proj"]}
+    });
+    let body = serde_json::to_vec(&hand_stated).unwrap();
+    let hand = json(&gpucast(&["estimate", "-"], Some(&body)));
+    assert_eq!(from_files["memory"], hand["memory"]);
+    let read = from_files["setup"]["from_files"].as_array().unwrap();
+    assert!(read
+        .iter()
+        .any(|e| e["field"] == "lora.rank" && e["from"] == "adapter_config.r"));
+
+    // A DeepSpeed config beside a job file, its "auto" from the Trainer's arguments.
+    let zero2 = "tests/fixtures/recipes/transformers-docs-zero2-offload";
+    let job = serde_json::json!({
+        "transformer_config": serde_json::from_slice::<Value>(&std::fs::read(root().join("tests/fixtures/transformer_configs/public/bigscience__T0_3B.json")).unwrap()).unwrap(),
+        "seq_len": 512, "batch_size": 2, "parallelism": {"world_size": 2}
+    });
+    let output = gpucast(
+        &[
+            "estimate",
+            "-",
+            "--training-args",
+            &format!("{zero2}/training_args.json"),
+            "--deepspeed",
+            &format!("{zero2}/deepspeed.json"),
+        ],
+        Some(&serde_json::to_vec(&job).unwrap()),
+    );
+    assert!(output.status.success(), "{output:?}");
+    let answer = json(&output);
+    assert_eq!(answer["setup"]["parallelism"]["strategy"], "zero2");
+    assert_eq!(answer["setup"]["precision"], "fp16");
+    assert_eq!(answer["setup"]["offload"]["optimizer_state"], true);
+
+    // A file that is not there is named.
+    let missing = gpucast(
+        &[
+            "estimate",
+            "--config",
+            &config,
+            "--seq-len",
+            "8",
+            "--batch-size",
+            "1",
+            "--deepspeed",
+            "no/such.json",
+        ],
+        None,
+    );
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("no/such.json"));
+}

@@ -89,6 +89,7 @@ pub fn setup_response(job: &Job, trained_params: Option<(f64, f64)>) -> SetupRes
         loss_implementation: job
             .known_activations()
             .map(|k| k.loss_implementation.as_str().to_string()),
+        from_files: Vec::new(),
         learned_estimators_apply: job.learned_estimators_apply(),
     }
 }

@@ -35,10 +35,12 @@ pub struct EstimateRequest {
     #[serde(default)]
     #[schema(value_type = Option<FamilyName>)]
     pub family: Option<String>,
-    /// Samples per training step.
+    /// Samples per training step. Required, unless `training_arguments` state
+    /// `per_device_train_batch_size`: it is then that x `gradient_accumulation_steps` (the
+    /// samples a GPU takes per step).
     #[schema(minimum = 1, maximum = 1048576)]
-    #[serde(deserialize_with = "whole_number::one")]
-    pub batch_size: u64,
+    #[serde(default, deserialize_with = "whole_number::optional")]
+    pub batch_size: Option<u64>,
     /// The model's layers in execution order (1 to 4096). Give either `layers` or `summary`.
     #[serde(default, deserialize_with = "layer_objects")]
     #[schema(min_items = 1, max_items = 4096)]
@@ -61,6 +63,8 @@ pub struct EstimateRequest {
     pub optimizer: Option<String>,
     /// `fp32` (default), `tf32`, `amp_fp16` / `amp_bf16` (autocast, fp32 master weights;
     /// `mixed16` = `amp_fp16`), `bf16` / `fp16` (pure 16-bit weights, gradients and state).
+    /// Lightning's strings are read too: `bf16-mixed` (`amp_bf16`), `16-mixed` (`amp_fp16`),
+    /// `bf16-true` (`bf16`), `16-true` (`fp16`), `32-true` (`fp32`).
     #[serde(default)]
     pub precision: Option<String>,
     /// How the optimizer steps: `foreach` (default, PyTorch's GPU default), `fused`, `for_loop`.
@@ -134,6 +138,37 @@ pub struct EstimateRequest {
     #[serde(default)]
     #[schema(value_type = Option<Object>, example = json!({"model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 32000}))]
     pub transformer_config: Option<serde_json::Map<String, serde_json::Value>>,
+    /// Hugging Face `TrainingArguments.to_dict()`, as the Trainer saves it
+    /// (`training_args.json`): `per_device_train_batch_size` is the micro-batch,
+    /// `gradient_accumulation_steps`, `gradient_checkpointing` (`full`), `bf16` / `fp16`
+    /// autocast (`amp_bf16` / `amp_fp16`), `tf32`, `optim` (`adamw_torch`,
+    /// `adamw_torch_fused`, `adamw_hf`, `adafactor`, `sgd`, `adamw_bnb_8bit`, `adamw_8bit`,
+    /// `paged_adamw_8bit`, `paged_adamw_32bit`, ...), `fsdp`, and `deepspeed` when it is the
+    /// config itself. Other keys are ignored. What is read is echoed in `setup.from_files`; a
+    /// value the request states otherwise is a 422 naming both.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>, example = json!({"per_device_train_batch_size": 4, "gradient_accumulation_steps": 4, "gradient_checkpointing": true, "bf16": true, "optim": "paged_adamw_8bit"}))]
+    pub training_arguments: Option<serde_json::Map<String, serde_json::Value>>,
+    /// PEFT's `adapter_config.json` (`peft_type` LORA): the `lora` block from `r`,
+    /// `lora_alpha`, `lora_dropout`, `target_modules` and `modules_to_save`.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>, example = json!({"peft_type": "LORA", "r": 16, "lora_alpha": 32, "lora_dropout": 0.05, "target_modules": ["q_proj", "v_proj"], "bias": "none"}))]
+    pub adapter_config: Option<serde_json::Map<String, serde_json::Value>>,
+    /// A DeepSpeed config: `zero_optimization.stage` (0: ddp, 1-3: zero1-zero3),
+    /// `offload_optimizer` / `offload_param` devices, `bf16` / `fp16` (16-bit weights with fp32
+    /// master weights), its `optimizer`; `"auto"` resolved from `training_arguments` as the
+    /// Trainer does. `parallelism.world_size` still says how many GPUs.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>, example = json!({"zero_optimization": {"stage": 3}, "bf16": {"enabled": "auto"}, "train_micro_batch_size_per_gpu": "auto"}))]
+    pub deepspeed: Option<serde_json::Map<String, serde_json::Value>>,
+    /// How `from_pretrained` loaded the model: `torch_dtype` (`bfloat16`, `float16`, `float32`
+    /// or `auto`: the config's; not given: fp32, or fp16 when quantised, as transformers 4)
+    /// and `quantization_config` (bitsandbytes `load_in_4bit` / `load_in_8bit`, GPTQ or AWQ
+    /// 4-bit) as `lora.base_weights`; `attn_implementation` as `attention`. 16-bit weights
+    /// train as pure `bf16` / `fp16`.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>, example = json!({"torch_dtype": "bfloat16", "quantization_config": {"load_in_4bit": true, "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": true}}))]
+    pub load: Option<serde_json::Map<String, serde_json::Value>>,
     /// With `transformer_config`: how the loss over the vocabulary is taken. `upcast_fp32`
     /// (default: Hugging Face transformers' loss, the whole logits in fp32), `chunked`
     /// (litgpt's `chunked_cross_entropy`, torchtune's `CEWithChunkedOutputLoss`), `fused`
@@ -950,10 +985,26 @@ pub struct SetupResponse {
     /// For a job built from its config: how the loss over the vocabulary was counted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub loss_implementation: Option<String>,
+    /// The setup values read from the request's files (`training_arguments`,
+    /// `adapter_config`, `deepspeed`, `load`), each with where it was read; absent when none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub from_files: Vec<FromFileResponse>,
     /// True when the learned estimators know this setup (one GPU, every parameter trained,
     /// fp32/tf32 or fp16 autocast, sgd/momentum/adam/adamw, no checkpointing or
     /// accumulation); otherwise physics answers alone.
     pub learned_estimators_apply: bool,
+}
+
+/// One setup value read from a file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[schema(example = json!({"field": "precision", "value": "amp_bf16", "from": "training_arguments.bf16"}))]
+pub struct FromFileResponse {
+    /// The request field it sets (`precision`, `lora.rank`, `parallelism.strategy`, ...).
+    pub field: String,
+    /// Its value, in the request's vocabulary.
+    pub value: String,
+    /// Where it was read (`deepspeed.zero_optimization.stage`; `(auto: ...)` when resolved).
+    pub from: String,
 }
 
 /// The GPU layout an answer is for.

@@ -47,6 +47,7 @@ pub fn answer(
         environment,
         warnings,
         classifiers,
+        from_files,
         ..
     } = request;
     // The profiles as this request reads them: one version throughout.
@@ -66,7 +67,10 @@ pub fn answer(
         target,
         environment,
         warnings,
-        setup: setup_response(&job, trained_params(&estimate)),
+        setup: SetupResponse {
+            from_files,
+            ..setup_response(&job, trained_params(&estimate))
+        },
     };
     respond(engine, estimate, asked, started, true)
 }
@@ -79,7 +83,10 @@ fn answer_ranked(
     started: Instant,
 ) -> Result<EstimateResponse, ApiError> {
     let job = &request.job;
-    let setup = setup_response(job, None);
+    let setup = SetupResponse {
+        from_files: request.from_files.clone(),
+        ..setup_response(job, None)
+    };
     let profiles = engine.profiles.snapshot();
     let mut answers = Vec::with_capacity(1 + request.others.len());
     for (index, target) in std::iter::once(&request.target)
@@ -188,7 +195,10 @@ pub fn answer_items(
                 target: item.target.clone(),
                 environment: item.environment.clone(),
                 warnings: item.warnings.clone(),
-                setup: setup_response(&item.job, trained_params(&estimate)),
+                setup: SetupResponse {
+                    from_files: item.from_files.clone(),
+                    ..setup_response(&item.job, trained_params(&estimate))
+                },
             };
             respond(engine, estimate, asked, started, true)
         });

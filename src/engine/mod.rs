@@ -5,11 +5,14 @@
 //! directly.
 //!
 //! - [`cost`]: a wire request's price from its sizes, refused above the budget before any work.
+//! - [`files`]: the setup the user's files (training arguments, PEFT, DeepSpeed, load) state,
+//!   written into the request's own fields.
 //! - [`validate`]: a wire request -> a validated job, its target GPU and what was asked.
 //! - [`answer`]: a validated request -> the answer (placement, class, utilization, metrics).
 
 pub mod answer;
 pub mod cost;
+pub mod files;
 pub mod validate;
 
 use std::sync::Arc;

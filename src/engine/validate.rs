@@ -4,11 +4,12 @@
 //! need not import each other.
 
 use crate::api::types::{
-    EstimateRequest, GpuChoice, GpuRequest, NamesRequest, SummaryFormatRequest,
+    EstimateRequest, FromFileResponse, GpuChoice, GpuRequest, NamesRequest, SummaryFormatRequest,
 };
 use crate::calibration::placement::{PlacementError, Target};
 use crate::devices::sku::Catalogue;
 use crate::devices::GpuDevices;
+use crate::engine::files;
 use crate::error::ApiError;
 use crate::job::setup::{
     LossImplementation, OptimizerImplementation, UncheckedLora, UncheckedNames, UncheckedOffload,
@@ -50,6 +51,8 @@ pub struct ValidEstimateRequest {
     pub environment: Option<String>,
     /// What was assumed or overridden to read the request (said back as `warnings`).
     pub warnings: Vec<String>,
+    /// The setup values read from the request's files (said back as `setup.from_files`).
+    pub from_files: Vec<FromFileResponse>,
 }
 
 /// Validates a request as both estimate routes do.
@@ -58,7 +61,7 @@ pub fn validate(
     catalogue: &Catalogue,
     devices: &dyn GpuDevices,
 ) -> Result<ValidEstimateRequest, ApiError> {
-    let (job, warnings) = to_job_noting(request)?;
+    let (job, warnings, from_files) = to_job_reading(request)?;
     let confidence =
         Confidence::parse(request.confidence).map_err(|e| ApiError::InvalidInput(e.to_string()))?;
     let fraction = MemoryFraction::parse(request.memory_fraction)
@@ -85,6 +88,7 @@ pub fn validate(
         classifiers,
         environment,
         warnings,
+        from_files,
     })
 }
 
@@ -138,6 +142,25 @@ pub fn to_job(request: &EstimateRequest) -> Result<Job, ApiError> {
 
 /// [`to_job`], with what was assumed or overridden to read the request.
 pub fn to_job_noting(request: &EstimateRequest) -> Result<(Job, Vec<String>), ApiError> {
+    to_job_reading(request).map(|(job, warnings, _)| (job, warnings))
+}
+
+/// [`to_job_noting`], with the setup values read from the request's files: those are written
+/// into the request's own fields first ([`files::apply`]).
+fn to_job_reading(
+    request: &EstimateRequest,
+) -> Result<(Job, Vec<String>, Vec<FromFileResponse>), ApiError> {
+    let Some(applied) = files::apply(request)? else {
+        return to_job_stated(request).map(|(job, warnings)| (job, warnings, Vec::new()));
+    };
+    let (job, mut warnings) = to_job_stated(&applied.request)?;
+    warnings.extend(applied.warnings);
+    Ok((job, warnings, applied.read))
+}
+
+/// The job of a request whose setup is in its own fields.
+fn to_job_stated(request: &EstimateRequest) -> Result<(Job, Vec<String>), ApiError> {
+    let batch_size = batch_size(request)?;
     let mut warnings = Vec::new();
     if let Some(seq_len) = request.seq_len.filter(|&l| l == 0 || l > MAX_SEQ_LEN) {
         return Err(ApiError::InvalidInput(format!(
@@ -170,7 +193,7 @@ pub fn to_job_noting(request: &EstimateRequest) -> Result<(Job, Vec<String>), Ap
                 output_size: l.output_size,
                 params: l.params,
             });
-            Job::parse(request.family.as_deref(), request.batch_size, layers)?
+            Job::parse(request.family.as_deref(), batch_size, layers)?
         }
         (None, Some(summary)) => {
             let format = match summary.format {
@@ -183,7 +206,7 @@ pub fn to_job_noting(request: &EstimateRequest) -> Result<(Job, Vec<String>), Ap
                 seq_len: request.seq_len,
                 input_shape: request.input_shape.as_deref(),
             };
-            let parsed = parse_summary(format, &summary.text, request.batch_size, sample)
+            let parsed = parse_summary(format, &summary.text, batch_size, sample)
                 .map_err(|e| ApiError::InvalidInput(e.to_string()))?;
             warnings.extend(parsed.warnings);
             if input_shape.is_none() {
@@ -197,8 +220,7 @@ pub fn to_job_noting(request: &EstimateRequest) -> Result<(Job, Vec<String>), Ap
                 }
             }
             let job =
-                Job::from_layers(request.family.as_deref(), request.batch_size, parsed.layers)?
-                    .printed();
+                Job::from_layers(request.family.as_deref(), batch_size, parsed.layers)?.printed();
             if request.saved_tensors.is_none() {
                 // The traced regressors need saved tensors; a summary shows only output shapes,
                 // from which physics::saved rebuilds what backward keeps (issue 12).
@@ -301,6 +323,17 @@ pub fn to_job_noting(request: &EstimateRequest) -> Result<(Job, Vec<String>), Ap
     Ok((with_assumed_implementation(request, job), warnings))
 }
 
+/// The request's samples per step (stated, or made from its training arguments).
+fn batch_size(request: &EstimateRequest) -> Result<u64, ApiError> {
+    request.batch_size.ok_or_else(|| {
+        ApiError::InvalidInput(
+            "batch_size: missing; give the samples per training step (or training_arguments \
+             with per_device_train_batch_size)"
+                .into(),
+        )
+    })
+}
+
 /// A job built from a Hugging Face configuration (issue 16): the layers and activations come
 /// from `physics::transformer`, the setup as for any job; the analytic step answers it.
 fn config_job(
@@ -308,6 +341,7 @@ fn config_job(
     config: &serde_json::Map<String, serde_json::Value>,
 ) -> Result<(Job, Vec<String>), ApiError> {
     let invalid = |e: transformer::ConfigError| ApiError::InvalidInput(e.to_string());
+    let batch_size = batch_size(request)?;
     for (given, field) in [
         (request.layers.is_some(), "layers"),
         (request.summary.is_some(), "summary"),
@@ -336,7 +370,7 @@ fn config_job(
     let parsed = transformer::TransformerConfig::parse(config).map_err(invalid)?;
     // The precision picks the attention kernel: read it before building.
     let setup = unchecked_setup(request);
-    let precision = crate::job::Setup::parse(request.batch_size.max(1), &setup)
+    let precision = crate::job::Setup::parse(batch_size.max(1), &setup)
         .map(|s| s.precision)
         .unwrap_or_default();
     let mut model = transformer::build(parsed, seq_len, precision, kernel).map_err(invalid)?;
@@ -375,7 +409,7 @@ fn config_job(
     };
     let job = Job::from_layers(
         Some("transformer"),
-        request.batch_size,
+        batch_size,
         std::mem::take(&mut model.layers),
     )?
     .with_layer_details(std::mem::take(&mut model.details))?

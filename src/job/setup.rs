@@ -62,6 +62,12 @@ impl Precision {
             "amp_bf16" => Some(Precision::AmpBf16),
             "bf16" | "bfloat16" => Some(Precision::Bf16),
             "fp16" | "float16" => Some(Precision::Fp16),
+            // Lightning's precision strings: `-mixed` is autocast, `-true` the weights' dtype.
+            "bf16-mixed" => Some(Precision::AmpBf16),
+            "16-mixed" => Some(Precision::AmpFp16),
+            "bf16-true" => Some(Precision::Bf16),
+            "16-true" => Some(Precision::Fp16),
+            "32-true" => Some(Precision::Fp32),
             _ => None,
         }
     }
@@ -842,7 +848,8 @@ impl Setup {
                 SetupError::new(
                     "precision",
                     format!(
-                        "unknown precision '{}' (known: {}; mixed16 = amp_fp16)",
+                        "unknown precision '{}' (known: {}; mixed16 = amp_fp16; Lightning's \
+                         bf16-mixed, 16-mixed, bf16-true, 16-true, 32-true)",
                         echo(name),
                         Precision::NAMES
                     ),

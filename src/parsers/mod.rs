@@ -15,6 +15,7 @@
 //! and combined with checked arithmetic, and nothing here indexes out of bounds, so any input
 //! yields layers or a [`SummaryError`] naming a line, never a panic.
 
+pub mod files;
 pub mod vocabulary;
 
 use crate::job::echo;

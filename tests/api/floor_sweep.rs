@@ -171,7 +171,7 @@ async fn every_timm_model_at_every_batch_size_is_answered_at_or_above_its_physic
     for (model, request) in &descriptions {
         for batch in BATCH_SIZES {
             let mut request = request.clone();
-            request.batch_size = batch;
+            request.batch_size = Some(batch);
             let model_state_mib = analytic_model_state(&request);
             cases.push(Case {
                 label: format!("{model} at batch {batch}"),
@@ -223,9 +223,11 @@ async fn every_timm_model_at_every_batch_size_is_answered_at_or_above_its_physic
             let simulation: SimulationRequest = serde_json::from_value(simulation.clone())
                 .unwrap_or_else(|e| panic!("{model} at batch {batch}: {e}"));
             let mut request = (*description).clone();
-            request.batch_size = batch
-                .parse()
-                .unwrap_or_else(|_| panic!("{model}: batch size '{batch}'"));
+            request.batch_size = Some(
+                batch
+                    .parse()
+                    .unwrap_or_else(|_| panic!("{model}: batch size '{batch}'")),
+            );
             // The job is trained as simulated.
             request.optimizer = simulation.optimizer.clone();
             request.precision = simulation.precision.clone();

@@ -12,6 +12,7 @@ mod docs;
 mod environment;
 mod estimate;
 mod extrapolation;
+mod files;
 mod floor_sweep;
 mod gpus;
 mod helpers;

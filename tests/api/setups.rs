@@ -56,7 +56,7 @@ fn with(mut job: Value, fields: Value) -> Value {
     job
 }
 
-async fn answer(app: &TestApp, job: &Value) -> Value {
+pub(crate) async fn answer(app: &TestApp, job: &Value) -> Value {
     let response = app.post_json("/v1/estimate", job).await;
     let status = response.status();
     let body: Value = response.json().await.unwrap();

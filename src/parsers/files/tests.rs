@@ -1,0 +1,470 @@
+//! Each mapping from a user's file to the setup, and the refusals.
+
+use serde_json::{json, Map, Value};
+
+use super::*;
+
+fn map(value: Value) -> Map<String, Value> {
+    match value {
+        Value::Object(map) => map,
+        _ => panic!("an object"),
+    }
+}
+
+fn args_only(args: Value) -> Result<FileSetup, FileError> {
+    let args = map(args);
+    read(Files {
+        training_arguments: Some(&args),
+        ..Files::default()
+    })
+}
+
+#[test]
+fn the_trainers_batch_accumulation_and_checkpointing_are_read_as_stated() {
+    let setup = args_only(json!({
+        "per_device_train_batch_size": 4, "gradient_accumulation_steps": 8,
+        "gradient_checkpointing": true, "learning_rate": 2e-4, "report_to": ["wandb"]
+    }))
+    .unwrap();
+    assert_eq!(setup.micro_batch_size.unwrap().value, 4);
+    let accumulation = setup.gradient_accumulation_steps.unwrap();
+    assert_eq!(accumulation.value, 8);
+    assert_eq!(
+        accumulation.from,
+        "training_arguments.gradient_accumulation_steps"
+    );
+    assert!(setup.checkpointing.unwrap().value);
+    // No precision flags stated: no precision read.
+    assert!(setup.precision.is_none());
+}
+
+#[test]
+fn the_trainers_bf16_is_autocast_and_no_flag_is_fp32() {
+    let read_precision = |args: Value| args_only(args).unwrap().precision.map(|p| p.value);
+    assert_eq!(
+        read_precision(json!({"bf16": true, "fp16": false})),
+        Some(Precision::AmpBf16)
+    );
+    assert_eq!(
+        read_precision(json!({"bf16": false, "fp16": true})),
+        Some(Precision::AmpFp16)
+    );
+    assert_eq!(
+        read_precision(json!({"bf16": false, "fp16": false})),
+        Some(Precision::Fp32)
+    );
+    assert_eq!(
+        read_precision(json!({"bf16": false, "fp16": false, "tf32": true})),
+        Some(Precision::Tf32)
+    );
+    let both = args_only(json!({"bf16": true, "fp16": true})).unwrap_err();
+    assert_eq!(both.place, "training_arguments.bf16");
+}
+
+#[test]
+fn optim_names_map_to_the_optimizer_and_how_it_steps() {
+    // "optim optimizer implementation", as docs/guide.md lists them.
+    let expected = "adamw_torch adamw foreach, adamw_torch_fused adamw fused, \
+        adamw_hf adamw for_loop, adafactor adafactor for_loop, sgd sgd foreach, \
+        adamw_bnb_8bit adamw_8bit fused, adamw_8bit adamw_8bit fused, \
+        paged_adamw_8bit paged_adamw_8bit fused, paged_adamw_32bit paged_adamw fused";
+    for row in expected.split(", ") {
+        let words: Vec<&str> = row.split_whitespace().collect();
+        let setup = args_only(json!({ "optim": words[0] })).unwrap();
+        let read = [
+            setup.optimizer.unwrap().value.as_str(),
+            setup.implementation.unwrap().value.as_str(),
+        ];
+        assert_eq!(read, words[1..], "{row}");
+    }
+    let lion = args_only(json!({"optim": "lion_32bit"})).unwrap_err();
+    assert_eq!(lion.place, "training_arguments.optim");
+    assert!(lion.message.contains("'lion_32bit'") && lion.message.contains("paged_adamw_8bit"));
+}
+
+#[test]
+fn hostile_values_are_refused_with_their_place() {
+    for (args, place) in [
+        (
+            json!({"per_device_train_batch_size": 0}),
+            "per_device_train_batch_size",
+        ),
+        (
+            json!({"per_device_train_batch_size": 1e30}),
+            "per_device_train_batch_size",
+        ),
+        (
+            json!({"per_device_train_batch_size": "8"}),
+            "per_device_train_batch_size",
+        ),
+        (
+            json!({"gradient_accumulation_steps": -1}),
+            "gradient_accumulation_steps",
+        ),
+        (
+            json!({"gradient_checkpointing": "yes"}),
+            "gradient_checkpointing",
+        ),
+        (json!({"optim": "x".repeat(10_000)}), "optim"),
+        (json!({"optim": 3}), "optim"),
+        (json!({"fsdp": "full_shard bogus"}), "fsdp"),
+        (json!({"deepspeed": 7}), "deepspeed"),
+    ] {
+        let error = args_only(args.clone()).unwrap_err();
+        assert_eq!(error.place, format!("training_arguments.{place}"), "{args}");
+        assert!(error.to_string().len() < 400, "{error}");
+    }
+}
+
+#[test]
+fn fsdp_options_state_the_strategy_and_offload() {
+    let setup = args_only(json!({"fsdp": "full_shard auto_wrap offload"})).unwrap();
+    assert_eq!(setup.strategy.unwrap().value, Strategy::Fsdp);
+    assert!(setup.offload_parameters.unwrap().value);
+    assert!(args_only(json!({"fsdp": ""})).unwrap().strategy.is_none());
+    assert!(args_only(json!({"fsdp": "hybrid_shard"})).is_err());
+}
+
+fn with_deepspeed(args: Option<Value>, ds: Value) -> Result<FileSetup, FileError> {
+    let args = args.map(map);
+    let ds = map(ds);
+    read(Files {
+        training_arguments: args.as_ref(),
+        deepspeed: Some(&ds),
+        ..Files::default()
+    })
+}
+
+#[test]
+fn deepspeed_auto_values_are_resolved_from_the_training_arguments() {
+    let setup = with_deepspeed(
+        Some(
+            json!({"per_device_train_batch_size": 2, "gradient_accumulation_steps": 16,
+                    "bf16": true, "fp16": false, "optim": "adamw_torch"}),
+        ),
+        json!({"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+               "train_batch_size": "auto", "bf16": {"enabled": "auto"},
+               "fp16": {"enabled": "auto"}, "zero_optimization": {"stage": 3}}),
+    )
+    .unwrap();
+    assert_eq!(setup.micro_batch_size.as_ref().unwrap().value, 2);
+    assert_eq!(
+        setup.gradient_accumulation_steps.as_ref().unwrap().value,
+        16
+    );
+    assert_eq!(setup.strategy.as_ref().unwrap().value, Strategy::Zero3);
+    // DeepSpeed's bf16 is 16-bit weights with an fp32 master copy, not autocast.
+    let precision = setup.precision.unwrap();
+    assert_eq!(precision.value, Precision::Bf16);
+    assert_eq!(
+        precision.from,
+        "deepspeed.bf16.enabled (auto: training_arguments.bf16|bf16_full_eval)"
+    );
+    assert!(setup.fp32_master.unwrap().value);
+    assert_eq!(setup.optimizer.unwrap().value, Optimizer::AdamW);
+}
+
+#[test]
+fn deepspeed_numbers_the_arguments_contradict_are_refused_as_the_trainer_refuses_them() {
+    let error = with_deepspeed(
+        Some(json!({"per_device_train_batch_size": 2})),
+        json!({"train_micro_batch_size_per_gpu": 4}),
+    )
+    .unwrap_err();
+    assert_eq!(error.place, "deepspeed.train_micro_batch_size_per_gpu");
+    assert!(error
+        .message
+        .contains("training_arguments.per_device_train_batch_size"));
+    let auto_alone = with_deepspeed(None, json!({"train_micro_batch_size_per_gpu": "auto"}));
+    assert!(auto_alone
+        .unwrap_err()
+        .message
+        .contains("training_arguments"));
+    let bf16 = with_deepspeed(
+        Some(json!({"bf16": false, "fp16": true})),
+        json!({"bf16": {"enabled": true}}),
+    );
+    assert_eq!(bf16.unwrap_err().place, "deepspeed.bf16.enabled");
+}
+
+#[test]
+fn deepspeed_stages_offload_and_optimizer_map_to_the_layout() {
+    let setup = with_deepspeed(
+        None,
+        json!({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
+               "optimizer": {"type": "AdamW", "params": {"lr": "auto"}}}),
+    )
+    .unwrap();
+    assert_eq!(setup.strategy.unwrap().value, Strategy::Zero2);
+    assert_eq!(
+        setup.offload_optimizer.unwrap().from,
+        "deepspeed.zero_optimization.offload_optimizer.device"
+    );
+    assert!(setup.offload_parameters.is_none());
+    // Offloaded, DeepSpeed's CPU Adam steps: no GPU implementation stated.
+    assert!(setup.implementation.is_none());
+    assert_eq!(setup.precision.unwrap().value, Precision::Fp32);
+    let zero3 = with_deepspeed(
+        None,
+        json!({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}}),
+    )
+    .unwrap();
+    assert!(zero3.offload_parameters.unwrap().value);
+    assert_eq!(
+        with_deepspeed(None, json!({}))
+            .unwrap()
+            .strategy
+            .unwrap()
+            .value,
+        Strategy::Ddp
+    );
+    for (ds, place) in [
+        (
+            json!({"zero_optimization": {"stage": 4}}),
+            "deepspeed.zero_optimization.stage",
+        ),
+        (
+            json!({"zero_optimization": 3}),
+            "deepspeed.zero_optimization",
+        ),
+        (
+            json!({"optimizer": {"type": "Lamb"}}),
+            "deepspeed.optimizer.type",
+        ),
+        (
+            json!({"zero_optimization": {"offload_param": {"device": "gpu"}}}),
+            "deepspeed.zero_optimization.offload_param.device",
+        ),
+    ] {
+        assert_eq!(
+            with_deepspeed(None, ds.clone()).unwrap_err().place,
+            place,
+            "{ds}"
+        );
+    }
+}
+
+#[test]
+fn the_trainers_own_deepspeed_dict_is_read_and_a_path_is_said() {
+    let setup = args_only(json!({"per_device_train_batch_size": 1,
+        "deepspeed": {"zero_optimization": {"stage": 1}, "train_micro_batch_size_per_gpu": "auto"}}))
+    .unwrap();
+    assert_eq!(setup.strategy.unwrap().value, Strategy::Zero1);
+    let path = args_only(json!({"deepspeed": "ds_zero3.json"})).unwrap();
+    assert!(path.strategy.is_none());
+    assert!(path.warnings[0].contains("ds_zero3.json"));
+}
+
+/// One file (`adapter_config` or `load`) read beside the model's config.
+fn one_file(field: &str, file: Value, config: Option<Value>) -> Result<FileSetup, FileError> {
+    let file = map(file);
+    let config = config.map(map);
+    let mut files = Files {
+        model_config: config.as_ref(),
+        ..Files::default()
+    };
+    match field {
+        "adapter_config" => files.adapter_config = Some(&file),
+        _ => files.load = Some(&file),
+    }
+    read(files)
+}
+
+fn adapter(config: Value, model_type: Option<&str>) -> Result<FileSetup, FileError> {
+    one_file(
+        "adapter_config",
+        config,
+        model_type.map(|t| json!({ "model_type": t })),
+    )
+}
+
+#[test]
+fn peft_adapter_configs_become_the_lora_block() {
+    let lora = adapter(
+        json!({"peft_type": "LORA", "r": 64, "lora_alpha": 16, "lora_dropout": 0.1,
+               "target_modules": ["q_proj", "k_proj"], "bias": "none", "task_type": "CAUSAL_LM",
+               "modules_to_save": null, "inference_mode": true}),
+        None,
+    )
+    .unwrap()
+    .lora
+    .unwrap()
+    .value;
+    assert_eq!((lora.rank, lora.alpha, lora.dropout), (64, 16.0, 0.1));
+    assert_eq!(lora.targets.unwrap(), ["q_proj", "k_proj"]);
+    assert!(lora.modules_to_save.is_none());
+    let all = adapter(
+        json!({"peft_type": "LORA", "r": 8, "target_modules": "all-linear"}),
+        None,
+    );
+    assert!(all.unwrap().lora.unwrap().value.targets.is_none());
+    // No targets: PEFT's default for the model type.
+    let default = adapter(json!({"peft_type": "LORA", "r": 8}), Some("llama")).unwrap();
+    assert_eq!(
+        default.lora.unwrap().value.targets.unwrap(),
+        ["q_proj", "v_proj"]
+    );
+}
+
+#[test]
+fn adapters_the_service_does_not_model_are_refused() {
+    for (config, place) in [
+        (json!({"peft_type": "IA3"}), "peft_type"),
+        (json!({"peft_type": "LORA", "r": 0}), "r"),
+        (
+            json!({"peft_type": "LORA", "r": 8, "lora_dropout": 2}),
+            "lora_dropout",
+        ),
+        (
+            json!({"peft_type": "LORA", "r": 8, "lora_alpha": "big"}),
+            "lora_alpha",
+        ),
+        (
+            json!({"peft_type": "LORA", "r": 8, "target_modules": ".*proj"}),
+            "target_modules",
+        ),
+        (
+            json!({"peft_type": "LORA", "r": 8, "target_modules": ["q", 3]}),
+            "target_modules",
+        ),
+        (
+            json!({"peft_type": "LORA", "r": 8, "target_modules": ["q"], "bias": "all"}),
+            "bias",
+        ),
+        (
+            json!({"peft_type": "LORA", "r": 8, "target_modules": ["q"], "use_dora": true}),
+            "use_dora",
+        ),
+        (
+            json!({"peft_type": "LORA", "r": 8, "target_modules": ["q"], "rank_pattern": {"q": 4}}),
+            "rank_pattern",
+        ),
+        (json!({"peft_type": "LORA", "r": 8}), "target_modules"),
+    ] {
+        let error = adapter(config.clone(), None).unwrap_err();
+        assert_eq!(error.place, format!("adapter_config.{place}"), "{config}");
+    }
+    let many: Vec<String> = (0..1000).map(|i| format!("m{i}")).collect();
+    let error = adapter(
+        json!({"peft_type": "LORA", "r": 8, "target_modules": many}),
+        None,
+    );
+    assert!(error.unwrap_err().message.contains("at most"));
+}
+
+fn loaded(load: Value, config: Option<Value>) -> Result<FileSetup, FileError> {
+    one_file("load", load, config)
+}
+
+#[test]
+fn quantisation_configs_become_the_base_weights() {
+    let nf4 = loaded(
+        json!({"torch_dtype": "bfloat16", "quantization_config": {"load_in_4bit": true,
+            "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": true,
+            "bnb_4bit_compute_dtype": "bfloat16"}}),
+        None,
+    )
+    .unwrap();
+    assert_eq!(nf4.base_weights.unwrap().value, BaseWeights::Nf4);
+    assert_eq!(nf4.precision.unwrap().value, Precision::Bf16);
+    assert!(nf4.warnings.is_empty());
+    let int8 = loaded(json!({"quantization_config": {"load_in_8bit": true}}), None).unwrap();
+    assert_eq!(int8.base_weights.unwrap().value, BaseWeights::Int8);
+    // transformers' default dtype for a quantised model is fp16.
+    assert_eq!(int8.precision.unwrap().value, Precision::Fp16);
+    let gptq = loaded(
+        json!({"quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 32}}),
+        None,
+    )
+    .unwrap();
+    assert_eq!(
+        gptq.base_weights.unwrap().value,
+        BaseWeights::Gptq { group_size: 32 }
+    );
+    let awq = loaded(
+        json!({"quantization_config": {"quant_method": "awq", "w_bit": 4, "q_group_size": 64,
+            "version": "GEMM"}}),
+        None,
+    )
+    .unwrap();
+    assert_eq!(
+        awq.base_weights.unwrap().value,
+        BaseWeights::Awq { group_size: 64 }
+    );
+    let single = loaded(json!({"quantization_config": {"load_in_4bit": true}}), None).unwrap();
+    assert!(single.warnings[0].contains("bnb_4bit_use_double_quant"));
+    let eager = loaded(json!({"attn_implementation": "eager"}), None).unwrap();
+    assert_eq!(eager.attention.unwrap().value, "eager");
+    let flash = loaded(json!({"attn_implementation": "flash_attention_2"}), None).unwrap();
+    assert_eq!(flash.attention.unwrap().value, "sdpa");
+    for (load, place) in [
+        (
+            json!({"quantization_config": {"quant_method": "hqq"}}),
+            "load.quantization_config.quant_method",
+        ),
+        (
+            json!({"quantization_config": {"quant_method": "gptq", "bits": 8}}),
+            "load.quantization_config.bits",
+        ),
+        (
+            json!({"quantization_config": {"quant_method": "gptq", "group_size": -1}}),
+            "load.quantization_config.group_size",
+        ),
+        (json!({"torch_dtype": "float8"}), "load.torch_dtype"),
+        (
+            json!({"attn_implementation": "paged"}),
+            "load.attn_implementation",
+        ),
+        (json!({"torch_dtype": "auto"}), "load.torch_dtype"),
+        (
+            json!({"torch_dtype": "float16", "dtype": "bfloat16"}),
+            "load.dtype",
+        ),
+    ] {
+        assert_eq!(
+            loaded(load.clone(), None).unwrap_err().place,
+            place,
+            "{load}"
+        );
+    }
+}
+
+#[test]
+fn the_loaded_dtype_decides_pure_16_bits_and_auto_reads_the_config() {
+    let auto = loaded(
+        json!({"torch_dtype": "auto"}),
+        Some(json!({"torch_dtype": "bfloat16"})),
+    );
+    let precision = auto.unwrap().precision.unwrap();
+    assert_eq!(precision.value, Precision::Bf16);
+    assert!(precision.from.contains("auto"));
+    // Under the Trainer's bf16 autocast: bf16 weights train as pure bf16, fp32 weights
+    // autocast, fp16 weights as pure fp16 (the same bytes), the mix said.
+    let args = map(json!({"bf16": true}));
+    let under_bf16 = |dtype: &str| {
+        let load = map(json!({ "torch_dtype": dtype }));
+        read(Files {
+            training_arguments: Some(&args),
+            load: Some(&load),
+            ..Files::default()
+        })
+        .unwrap()
+    };
+    let bf16 = under_bf16("torch.bfloat16");
+    assert_eq!(bf16.precision.unwrap().value, Precision::Bf16);
+    let fp32 = under_bf16("float32");
+    assert_eq!(fp32.precision.unwrap().value, Precision::AmpBf16);
+    let mixed = under_bf16("float16");
+    assert_eq!(mixed.precision.unwrap().value, Precision::Fp16);
+    assert!(mixed.warnings[0].starts_with("training_arguments.bf16: autocasts"));
+}
+
+#[test]
+fn lightning_precision_strings_are_read_as_lightning_means_them() {
+    let pairs = "bf16-mixed=amp_bf16 16-mixed=amp_fp16 bf16-true=bf16 16-true=fp16 32-true=fp32";
+    for pair in pairs.split(' ') {
+        let (lightning, own) = pair.split_once('=').unwrap();
+        assert_eq!(Precision::parse(lightning), Precision::parse(own), "{pair}");
+        assert!(Precision::parse(lightning).is_some(), "{pair}");
+    }
+}
