@@ -313,7 +313,8 @@ async fn browser_shaped_writes_are_refused_on_loopback() {
     let client = reqwest::Client::new();
     let url = format!("http://127.0.0.1:{}/v1/calibration/observations", app.port);
     type Headers<'a> = &'a [(&'a str, &'a str)];
-    let cases: [(&str, Headers, u16); 5] = [
+    let other_port = format!("http://localhost:{}", app.port.wrapping_add(1));
+    let cases: [(&str, Headers, u16); 6] = [
         ("no content type", &[], 415),
         ("a form", &[("content-type", "text/plain")], 415),
         (
@@ -321,6 +322,14 @@ async fn browser_shaped_writes_are_refused_on_loopback() {
             &[
                 ("content-type", "application/json"),
                 ("origin", "http://evil.example"),
+            ],
+            403,
+        ),
+        (
+            "another port of this host",
+            &[
+                ("content-type", "application/json"),
+                ("origin", other_port.as_str()),
             ],
             403,
         ),

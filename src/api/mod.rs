@@ -6,3 +6,4 @@ pub mod answer;
 pub mod gpus;
 pub mod parse;
 pub mod types;
+pub mod unique_keys;

@@ -4,6 +4,7 @@
 use serde::de::DeserializeOwned;
 
 use crate::api::types::EstimateRequest;
+use crate::api::unique_keys::Unique;
 use crate::error::ApiError;
 
 /// Parses an estimate request. A body that is not one but holds a Hugging Face config's keys
@@ -17,24 +18,29 @@ pub fn parse_estimate(bytes: &[u8], prefix: &str) -> Result<EstimateRequest, Api
         Err(refused @ ApiError::InvalidInput(_)) => refused,
         other => return other,
     };
-    match hub_config_request(bytes) {
+    match hub_config_request(bytes)? {
         Some(wrapped) => parse_json(&wrapped, prefix),
         None => Err(refused),
     }
 }
 
 /// The body with a hub config's keys moved under `transformer_config`; `None` when it is not
-/// shaped like one.
-fn hub_config_request(bytes: &[u8]) -> Option<Vec<u8>> {
-    let serde_json::Value::Object(top) = serde_json::from_slice(bytes).ok()? else {
-        return None;
+/// shaped like one; a 422 for a config whose keys repeat (at any depth).
+fn hub_config_request(bytes: &[u8]) -> Result<Option<Vec<u8>>, ApiError> {
+    let Ok(serde_json::Value::Object(top)) = serde_json::from_slice(bytes) else {
+        return Ok(None);
     };
     let is_config = top.contains_key("model_type") || top.contains_key("architectures");
     let is_request = ["transformer_config", "layers", "summary"]
         .iter()
         .any(|k| top.contains_key(*k));
     if !is_config || is_request {
-        return None;
+        return Ok(None);
+    }
+    // Read again with each key once (serde_json kept the last of two): a repeated key, at any
+    // depth, is a 422 naming it.
+    if let Err(e) = serde_json::from_slice::<Unique>(bytes) {
+        return Err(ApiError::InvalidInput(format!("body: {e}")));
     }
     let fields = request_fields();
     let (mut request, config): (serde_json::Map<_, _>, serde_json::Map<_, _>) = top
@@ -44,7 +50,7 @@ fn hub_config_request(bytes: &[u8]) -> Option<Vec<u8>> {
         "transformer_config".into(),
         serde_json::Value::Object(config),
     );
-    serde_json::to_vec(&request).ok()
+    Ok(serde_json::to_vec(&request).ok())
 }
 
 /// The field names of an estimate request, read from its schema (the one list there is).
@@ -157,5 +163,29 @@ fn classify(error: &serde_path_to_error::Error<serde_json::Error>, prefix: &str)
     match inner.classify() {
         serde_json::error::Category::Data => ApiError::InvalidInput(format!("{field}: {message}")),
         _ => ApiError::MalformedJson(format!("malformed JSON: {inner}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A key given twice is refused, naming it, in a request's config and in a bare config,
+    /// however deep; serde_json alone would keep the last.
+    #[test]
+    fn a_repeated_key_is_refused_in_a_config_and_a_bare_config() {
+        let refused = |body: &str| match parse_estimate(body.as_bytes(), "") {
+            Err(ApiError::InvalidInput(detail)) => detail,
+            other => panic!("{body}: {other:?}"),
+        };
+        let wrapped = r#"{"batch_size": 1, "seq_len": 8, "transformer_config":
+            {"model_type": "llama", "hidden_size": 4096, "hidden_size": 64}}"#;
+        assert!(refused(wrapped).contains("duplicate key `hidden_size`"));
+        let bare = r#"{"model_type": "llama", "rope_scaling": {"factor": 8, "factor": 2},
+            "batch_size": 1, "seq_len": 8}"#;
+        assert!(refused(bare).contains("duplicate key `factor`"));
+        let files = r#"{"batch_size": 1, "layers": [], "training_arguments":
+            {"optim": "adamw_torch", "optim": "sgd"}}"#;
+        assert!(refused(files).contains("duplicate key `optim`"));
     }
 }

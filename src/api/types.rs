@@ -135,7 +135,7 @@ pub struct EstimateRequest {
     /// GPT-2, GPT-NeoX, BERT, T5) instead of `layers`: the model's layers, parameters and
     /// activations are built from it at `seq_len` tokens (required with it). Unknown keys are
     /// ignored; missing essentials are a 422 naming them. The analytic training step answers.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::api::unique_keys::object")]
     #[schema(value_type = Option<Object>, example = json!({"model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 32000}))]
     pub transformer_config: Option<serde_json::Map<String, serde_json::Value>>,
     /// Hugging Face `TrainingArguments.to_dict()`, as the Trainer saves it
@@ -146,19 +146,19 @@ pub struct EstimateRequest {
     /// `paged_adamw_8bit`, `paged_adamw_32bit`, ...), `fsdp`, and `deepspeed` when it is the
     /// config itself. Other keys are ignored. What is read is echoed in `setup.from_files`; a
     /// value the request states otherwise is a 422 naming both.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::api::unique_keys::object")]
     #[schema(value_type = Option<Object>, example = json!({"per_device_train_batch_size": 4, "gradient_accumulation_steps": 4, "gradient_checkpointing": true, "bf16": true, "optim": "paged_adamw_8bit"}))]
     pub training_arguments: Option<serde_json::Map<String, serde_json::Value>>,
     /// PEFT's `adapter_config.json` (`peft_type` LORA): the `lora` block from `r`,
     /// `lora_alpha`, `lora_dropout`, `target_modules` and `modules_to_save`.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::api::unique_keys::object")]
     #[schema(value_type = Option<Object>, example = json!({"peft_type": "LORA", "r": 16, "lora_alpha": 32, "lora_dropout": 0.05, "target_modules": ["q_proj", "v_proj"], "bias": "none"}))]
     pub adapter_config: Option<serde_json::Map<String, serde_json::Value>>,
     /// A DeepSpeed config: `zero_optimization.stage` (0: ddp, 1-3: zero1-zero3),
     /// `offload_optimizer` / `offload_param` devices, `bf16` / `fp16` (16-bit weights with fp32
     /// master weights), its `optimizer`; `"auto"` resolved from `training_arguments` as the
     /// Trainer does. `parallelism.world_size` still says how many GPUs.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::api::unique_keys::object")]
     #[schema(value_type = Option<Object>, example = json!({"zero_optimization": {"stage": 3}, "bf16": {"enabled": "auto"}, "train_micro_batch_size_per_gpu": "auto"}))]
     pub deepspeed: Option<serde_json::Map<String, serde_json::Value>>,
     /// How `from_pretrained` loaded the model: `torch_dtype` (`bfloat16`, `float16`, `float32`
@@ -166,7 +166,7 @@ pub struct EstimateRequest {
     /// and `quantization_config` (bitsandbytes `load_in_4bit` / `load_in_8bit`, GPTQ or AWQ
     /// 4-bit) as `lora.base_weights`; `attn_implementation` as `attention`. 16-bit weights
     /// train as pure `bf16` / `fp16`.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::api::unique_keys::object")]
     #[schema(value_type = Option<Object>, example = json!({"torch_dtype": "bfloat16", "quantization_config": {"load_in_4bit": true, "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": true}}))]
     pub load: Option<serde_json::Map<String, serde_json::Value>>,
     /// With `transformer_config`: how the loss over the vocabulary is taken. `upcast_fp32`

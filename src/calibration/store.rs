@@ -65,6 +65,9 @@ pub struct ProfileStore {
     /// Why the database could not be read or written at the last try; `None` while it works.
     /// Estimates go on with the profiles last derived.
     fault: Mutex<Option<String>>,
+    /// Serialises [`ProfileStore::record_checked`]: a check of the profiles that exist and the
+    /// write it allows happen as one, so concurrent writers cannot both pass a cap.
+    writes: Mutex<()>,
 }
 
 impl From<DbError> for ProfileError {
@@ -97,6 +100,7 @@ impl ProfileStore {
             profiles: RwLock::new(Arc::new(HashMap::new())),
             seen: Mutex::new(None),
             fault: Mutex::new(None),
+            writes: Mutex::new(()),
         };
         let mut warnings = repaired;
         warnings.extend(store.import_profile_files(data_dir)?);
@@ -182,6 +186,19 @@ impl ProfileStore {
     /// Stores a batch of observations in one transaction (all or nothing), re-derives the
     /// profiles and returns those the batch touched (each GPU's own, then each environment's).
     /// Blocks: call from `spawn_blocking`.
+    /// [`Self::record`] once `check` has passed on the profiles as they are and the batch,
+    /// with no other checked write between the two (in this process): `Err` is the check's
+    /// refusal, nothing recorded.
+    pub fn record_checked<E>(
+        &self,
+        batch: Vec<NewObservation>,
+        check: impl FnOnce(&[CalibrationProfile], &[NewObservation]) -> Result<(), E>,
+    ) -> Result<Result<Vec<Update>, ProfileError>, E> {
+        let _writing = self.writes.lock().unwrap_or_else(|e| e.into_inner());
+        check(&self.list(), &batch)?;
+        Ok(self.record(batch))
+    }
+
     pub fn record(&self, batch: Vec<NewObservation>) -> Result<Vec<Update>, ProfileError> {
         for o in &batch {
             if !valid_key(&o.gpu) {

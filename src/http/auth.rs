@@ -156,6 +156,22 @@ impl WriteHosts {
     }
 }
 
+/// Whether the origin `uri` (authority `origin`) is served on the port the `host` header
+/// names, a port left out being the origin's scheme's default: a page served from another
+/// port of the same host (another local app) is another origin. Only http and https pages
+/// have an origin a write may come from.
+fn same_port(uri: &axum::http::Uri, origin: &axum::http::uri::Authority, host: &str) -> bool {
+    let default = match uri.scheme_str() {
+        Some("http") => 80,
+        Some("https") => 443,
+        _ => return false,
+    };
+    host.parse::<axum::http::uri::Authority>()
+        .is_ok_and(|host| {
+            origin.port_u16().unwrap_or(default) == host.port_u16().unwrap_or(default)
+        })
+}
+
 /// What a write must show before its body is read: JSON (a form post, which a page may send
 /// without asking, is not), no cross-site fetch metadata, an `Origin` (when present) and a
 /// `Host` that name this service, then the right to write ([`require_write_access`]).
@@ -177,9 +193,10 @@ pub fn check_write_request(state: &AppState, headers: &HeaderMap) -> Result<(), 
         }
     }
     if let Some(origin) = text(header::ORIGIN) {
+        let host = text(header::HOST).unwrap_or("");
         let named = origin.parse::<axum::http::Uri>().ok().and_then(|uri| {
             uri.authority()
-                .map(|a| state.write_hosts.allows(a.as_str()))
+                .map(|a| state.write_hosts.allows(a.as_str()) && same_port(&uri, a, host))
         });
         if named != Some(true) {
             return Err(ApiError::Forbidden(

@@ -125,7 +125,8 @@ pub async fn observe(
             match state.idempotency.claim(&key, fingerprint)? {
                 Claim::Fresh(ticket) => break Some(ticket),
                 Claim::Replay(body) => {
-                    tracing::info!(key = %key, "observations already recorded under this key; answer replayed");
+                    // Debug-formatted (quoted, escaped): a key cannot forge fields in the text log.
+                    tracing::info!(key = ?key, "observations already recorded under this key; answer replayed");
                     let mut response = (
                         [(axum::http::header::CONTENT_TYPE, "application/json")],
                         body,
@@ -269,9 +270,13 @@ fn record(state: &AppState, observations: Vec<Posted>) -> Result<ObservationsRes
             step_time,
         });
     }
-    refuse_too_many_profiles(state, &batch)?;
     let recorded = batch.len();
-    let updates = state.engine.profiles.record(batch).map_err(profile_error)?;
+    // The caps are checked and the batch recorded as one: concurrent writers cannot both pass.
+    let updates = state
+        .engine
+        .profiles
+        .record_checked(batch, refuse_too_many_profiles)?
+        .map_err(profile_error)?;
     let mut profiles = Vec::with_capacity(updates.len());
     let mut limited = Vec::new();
     for update in updates {
@@ -294,9 +299,11 @@ fn record(state: &AppState, observations: Vec<Posted>) -> Result<ObservationsRes
 /// memory) are bounded: observations that would start a profile beyond
 /// [`MAX_CUSTOM_PROFILES`] custom cards, or beyond [`MAX_ENVIRONMENTS_PER_GPU`] environments
 /// of one GPU, or beyond [`MAX_PROFILES`] in all, are refused.
-fn refuse_too_many_profiles(state: &AppState, batch: &[NewObservation]) -> Result<(), ApiError> {
+fn refuse_too_many_profiles(
+    existing: &[CalibrationProfile],
+    batch: &[NewObservation],
+) -> Result<(), ApiError> {
     let is_custom = |key: &str| key.starts_with(CUSTOM_PREFIX);
-    let existing = state.engine.profiles.list();
     let mut new_keys: Vec<(&str, Option<&str>)> = batch
         .iter()
         .map(|o| (o.gpu.as_str(), o.environment.as_deref()))

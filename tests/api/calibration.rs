@@ -642,6 +642,41 @@ fn observations_shifted(
     json!(observations)
 }
 
+/// Issue 34: 60 concurrent writers each starting an environment on one card got 60 of them
+/// past a cap of 32; the check and the write are now one, so the cap holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_environment_cap_holds_under_concurrent_writers() {
+    let app = spawn_app().await;
+    let mut job = example_job();
+    job.as_object_mut().unwrap().remove("gpu");
+    let answer: Value = app.post_json_value("/v1/estimate", &job).await;
+    let peak = answer["memory"]["estimate_mib"].clone();
+    let writes = (0..48).map(|i| {
+        let (client, url) = (
+            app.client.clone(),
+            format!("{}/v1/calibration/observations", app.address),
+        );
+        let body = json!({"gpu": "l40s", "environment": format!("env{i}"),
+                          "job": job, "observed_peak_mib": peak});
+        tokio::spawn(async move { client.post(url).json(&body).send().await.unwrap().status() })
+    });
+    let mut taken = 0;
+    for write in writes.collect::<Vec<_>>() {
+        let status = write.await.unwrap();
+        assert!(status == 200 || status == 422, "{status}");
+        taken += usize::from(status == 200);
+    }
+    let profiles: Value = app.get_json("/v1/calibration/profiles").await;
+    let environments = profiles["profiles"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["gpu"] == json!("l40s") && !p["environment"].is_null())
+        .count();
+    assert_eq!(environments, taken);
+    assert_eq!(environments, 32);
+}
+
 #[tokio::test]
 async fn an_environment_fit_learned_from_three_observations_moves_its_estimates() {
     const LARGER: f64 = 500.0;
