@@ -381,8 +381,9 @@ pub enum GpuRequest {
     Custom(CustomGpuRequest),
 }
 
-/// A card known by its memory only. Its calibration profile is `custom-` and a slug of its
-/// name (even a name the catalogue knows: a custom card is never a catalogue card); it has no
+/// A card known by its memory only. Its calibration profile is `custom-`, a slug of its name
+/// and its capacity (`custom-lab-card-2-24000mib`: even a name the catalogue knows is not a
+/// catalogue card, and another capacity is another card); it has no
 /// peak figures, so answers give no utilization for it.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]

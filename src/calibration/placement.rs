@@ -27,7 +27,7 @@ pub const CUSTOM_PREFIX: &str = "custom-";
 #[derive(Debug, Clone, PartialEq)]
 pub struct Target {
     /// Profile key: a catalogue id (`h100-80gb`), the slug of an unknown attached GPU, or
-    /// `custom-<slug>` for a card described in the request.
+    /// `custom-<slug>-<capacity>mib` for a card described in the request.
     pub gpu: String,
     pub capacity_mib: u64,
     /// Peak throughput for the performance model: the catalogue's figures, or for an attached
@@ -92,9 +92,12 @@ impl Target {
 
 /// A card described by a request: its name (1 to 64 letters, digits, spaces, `-`, `_`, `.`,
 /// with at least one letter or digit) and memory (1 to 1,048,576 MiB). Its profile key is
-/// `custom-` and a slug of the name, whatever the name: a custom card named like a catalogue
-/// card (`a100-40gb`) is not that card (its memory is the request's), so it learns apart from it
-/// (`custom-a100-40gb`). Names that differ only in case or punctuation share a key.
+/// `custom-`, a slug of the name, whatever the name, and the capacity: a custom card named
+/// like a catalogue card (`a100-40gb`) is not that card (its memory is the request's), so it
+/// learns apart from it (`custom-a100-40gb-40000mib`). Names that differ only in case or
+/// punctuation share a key when their capacity is the same; a card declared with another
+/// capacity is another card, so declaring a larger one cannot lift a reading past the real
+/// card's above-capacity refusal into its profile.
 fn custom(name: &str, capacity_mib: u64) -> Result<Target, SkuError> {
     let chars = name.chars().count();
     let safe = name
@@ -122,10 +125,12 @@ fn custom(name: &str, capacity_mib: u64) -> Result<Target, SkuError> {
             "name: must hold at least one letter or digit".into(),
         ));
     }
-    // A profile key is at most 64 bytes: the prefix leaves 57 for the slug.
-    let mut key = format!("{CUSTOM_PREFIX}{}", slug.join("-"));
-    key.truncate(64);
-    let key = key.trim_end_matches('-').to_string();
+    // A profile key is at most 64 bytes: the prefix and the capacity leave the rest to the
+    // slug.
+    let suffix = format!("-{capacity_mib}mib");
+    let mut slug = slug.join("-");
+    slug.truncate(64 - CUSTOM_PREFIX.len() - suffix.len());
+    let key = format!("{CUSTOM_PREFIX}{}{suffix}", slug.trim_end_matches('-'));
     Ok(Target {
         gpu: key,
         capacity_mib,
@@ -660,14 +665,23 @@ mod tests {
         assert_eq!(
             resolve("My Lab Card v2", 12_000).unwrap(),
             Target {
-                gpu: "custom-my-lab-card-v2".into(),
+                gpu: "custom-my-lab-card-v2-12000mib".into(),
                 capacity_mib: 12_000,
                 performance: None,
             }
         );
         assert_eq!(
             resolve("a100-40gb", 40_000).unwrap().gpu,
-            "custom-a100-40gb"
+            "custom-a100-40gb-40000mib"
+        );
+        // One card whatever its name's case or punctuation; another with another capacity.
+        assert_eq!(
+            resolve("Lab Card", 16_384).unwrap().gpu,
+            resolve("lab.card", 16_384).unwrap().gpu
+        );
+        assert_ne!(
+            resolve("LAB_CARD", 16_384).unwrap().gpu,
+            resolve("LAB_CARD", MAX_CUSTOM_CAPACITY_MIB).unwrap().gpu
         );
         let long = resolve(&"x".repeat(64), 1).unwrap().gpu;
         assert!(crate::calibration::profile::valid_key(&long), "{long}");

@@ -53,11 +53,11 @@ async fn a_custom_card_is_estimated_and_observed_under_its_own_key() {
     let app = spawn_app().await;
     let card = json!({"name": "Lab Card 2", "capacity_mib": 12_000});
     let fit = fit_for(&app, card.clone()).await;
-    assert_eq!(fit["gpu"], "custom-lab-card-2", "{fit}");
+    assert_eq!(fit["gpu"], "custom-lab-card-2-12000mib", "{fit}");
     assert_eq!(fit["capacity_mib"], 12_000);
     // Named like a catalogue card, it is still its own card.
     let twin = fit_for(&app, json!({"name": "a100-40gb", "capacity_mib": 30_000})).await;
-    assert_eq!(twin["gpu"], "custom-a100-40gb", "{twin}");
+    assert_eq!(twin["gpu"], "custom-a100-40gb-30000mib", "{twin}");
     assert_eq!(twin["capacity_mib"], 30_000);
 
     let observation = json!({"gpu": card, "job": example_job(), "observed_peak_mib": 2100});
@@ -71,14 +71,14 @@ async fn a_custom_card_is_estimated_and_observed_under_its_own_key() {
             .as_array()
             .unwrap()
             .iter()
-            .any(|p| p["gpu"] == "custom-lab-card-2"),
+            .any(|p| p["gpu"] == "custom-lab-card-2-12000mib"),
         "{profiles}"
     );
     assert_eq!(
         app.state
             .engine
             .profiles
-            .get("custom-lab-card-2")
+            .get("custom-lab-card-2-12000mib")
             .unwrap()
             .observations,
         1

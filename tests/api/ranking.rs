@@ -33,8 +33,8 @@ async fn a_list_ranks_the_fitting_cards_by_step_time_and_answers_for_the_best() 
             "h100-80gb",
             "a100-40gb",
             "t4",
-            "custom-lab-card",
-            "custom-tiny-card"
+            "custom-lab-card-100000mib",
+            "custom-tiny-card-100mib"
         ],
         "{ranking:#?}"
     );
