@@ -12,7 +12,8 @@ ranked on 16 GPUs), half batches of 256 README jobs each ranked on the same 16 G
 card estimates a batch). Meanwhile a prober sends GET /healthz then GET /readyz, a new
 connection each, every 10 ms, and a legitimate client the README request every 10 ms. With
 `--maximal` the batches are the adversarial suite's `maximal_batch` instead (as many 512-layer
-jobs as fit in the 2 MB body limit): each far more work than the request timeout allows.
+jobs as fit in the 2 MB body limit). `--serve-arg=--request-timeout-secs=1` (repeatable) passes
+flags to the server: with a short timeout and many attackers, work outlasts its request.
 
 Prints one JSON object: per probe route and for the legitimate client the count, p50, p99 and
 max latency (ms) and the answers other than 200; the attackers' statuses; and once the flood
@@ -91,6 +92,7 @@ def main():
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--attackers", type=int, default=8)
     parser.add_argument("--maximal", action="store_true")
+    parser.add_argument("--serve-arg", action="append", default=[], help="passed to gpucast serve (repeatable)")
     options = parser.parse_args()
     binary, seconds, attackers = os.path.abspath(options.binary), options.seconds, options.attackers
     maximal = options.maximal
@@ -128,7 +130,7 @@ def main():
             time.sleep(0.01)
 
     with tempfile.TemporaryDirectory(prefix="gpucast-health-flood-") as store:
-        server = Server(binary, port, data_dir=store)
+        server = Server(binary, port, data_dir=store, extra_args=options.serve_arg)
         try:
             pid = server.process.pid
             threads = [threading.Thread(target=attacker, args=(n,)) for n in range(attackers)]
