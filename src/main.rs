@@ -18,15 +18,16 @@ fn main() -> anyhow::Result<()> {
         _ => {}
     }
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-    // Estimates are CPU work on the blocking pool: more threads than cores only add memory
-    // (each thread grows its own allocator arena) and queueing inside the OS.
+    // Estimates run on the estimate threads (http::pool), one per core; the blocking pool
+    // holds the store's calls and NVML: more threads than that only add memory (each thread
+    // grows its own allocator arena) and queueing inside the OS.
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .max_blocking_threads(2 * cores)
         .build()?;
     let result = runtime.block_on(run(cli));
-    // The drain has waited for every request; work still on the blocking pool outlived its
-    // request's timeout, and dropping the runtime would wait for it without bound.
+    // The drain has waited for every request; a store call still on the blocking pool
+    // outlived its request's timeout, and dropping the runtime would wait for it without bound.
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     result
 }

@@ -7,6 +7,7 @@
 //! | `gpucast_http_request_duration_seconds` | histogram | method, route, status |
 //! | `gpucast_inference_duration_seconds` | histogram | estimator |
 //! | `gpucast_predicted_class_total` | counter | family, class (index of the combined class) |
+//! | `gpucast_cancelled_total` | counter | work (`estimate`, `batch`), stage (`queued`: not started before its deadline; `running`: stopped at it) |
 //! | `gpucast_build_info` | gauge (1) | version, estimators (manifest generation time) |
 //! | `gpucast_calibration_observations` | gauge | gpu (profile key), environment (`""`: the GPU's own profile) |
 //! | `gpucast_calibration_scale` | gauge | gpu, environment |
@@ -38,6 +39,7 @@ pub struct Metrics {
     pub http_request_duration_seconds: HistogramVec,
     pub inference_duration_seconds: HistogramVec,
     pub predicted_class_total: IntCounterVec,
+    pub cancelled_total: IntCounterVec,
     pub build_info: IntGaugeVec,
     pub calibration_observations: IntGaugeVec,
     pub calibration_scale: GaugeVec,
@@ -71,6 +73,14 @@ impl Metrics {
         let predicted_class_total = IntCounterVec::new(
             Opts::new("predicted_class_total", "Combined memory classes predicted"),
             &["family", "class"],
+        )
+        .expect("valid metric");
+        let cancelled_total = IntCounterVec::new(
+            Opts::new(
+                "cancelled_total",
+                "Estimate work stopped at its request's deadline (the request answered 503)",
+            ),
+            &["work", "stage"],
         )
         .expect("valid metric");
         let build_info = IntGaugeVec::new(
@@ -112,6 +122,7 @@ impl Metrics {
             Box::new(http_request_duration_seconds.clone()),
             Box::new(inference_duration_seconds.clone()),
             Box::new(predicted_class_total.clone()),
+            Box::new(cancelled_total.clone()),
             Box::new(build_info.clone()),
             Box::new(calibration_observations.clone()),
             Box::new(calibration_scale.clone()),
@@ -128,6 +139,7 @@ impl Metrics {
             http_request_duration_seconds,
             inference_duration_seconds,
             predicted_class_total,
+            cancelled_total,
             build_info,
             calibration_observations,
             calibration_scale,

@@ -20,6 +20,7 @@ use crate::engine::Engine;
 use crate::estimators::{Estimators, LoadError};
 use crate::http::auth::{WriteAccess, WriteHosts};
 use crate::http::idempotency::{self, IdempotencyKeys};
+use crate::http::pool::CpuPool;
 use crate::http::{self, AppState, Limits};
 use crate::metrics::Metrics;
 
@@ -166,12 +167,18 @@ impl Application {
             WriteAccess::Disabled => tracing::warn!(address = %bound, "{}", writes.describe()),
             _ => tracing::info!(address = %bound, "{}", writes.describe()),
         }
+        let metrics = Arc::new(metrics);
+        // One estimate thread per core: more only queue inside the OS.
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let pool = CpuPool::new(cores, Arc::clone(&metrics)).map_err(|error| {
+            StartupError::Config(format!("cannot start the estimate threads: {error}"))
+        })?;
         let state = AppState {
             engine: Arc::new(Engine {
                 estimators: Arc::new(estimators),
                 catalogue: Arc::new(catalogue),
                 profiles: Arc::new(profiles),
-                metrics: Arc::new(metrics),
+                metrics,
                 devices: devices.clone(),
                 cost_budget: config.max_request_cost,
             }),
@@ -184,6 +191,7 @@ impl Application {
             },
             permits: Arc::new(Semaphore::new(config.max_concurrent_requests)),
             batch_slots: Arc::new(Semaphore::new(config.max_concurrent_batches)),
+            pool: Arc::new(pool),
             writes,
             watches: Arc::new(Sampler::new(devices.clone(), config.max_watches)),
             idempotency: Arc::new(IdempotencyKeys::new(

@@ -13,7 +13,7 @@ use crate::calibration::placement::{self, place, Candidate, Target, REFERENCE_SK
 use crate::calibration::step_time::HostFit;
 use crate::calibration::store::ProfileSnapshot;
 use crate::engine::validate::ValidEstimateRequest;
-use crate::engine::Engine;
+use crate::engine::{Deadline, Engine};
 use crate::error::ApiError;
 use crate::estimators::manifest::EstimatorKind;
 use crate::estimators::{Estimate, EstimateError, Query};
@@ -36,8 +36,21 @@ pub fn answer(
     request: ValidEstimateRequest,
     started: Instant,
 ) -> Result<EstimateResponse, ApiError> {
+    answer_until(engine, request, started, &Deadline::NONE)
+}
+
+/// [`answer`], stopped with [`ApiError::Timeout`] at `deadline`: checked before each card a
+/// job is ranked on.
+pub fn answer_until(
+    engine: &Engine,
+    request: ValidEstimateRequest,
+    started: Instant,
+    deadline: &Deadline,
+) -> Result<EstimateResponse, ApiError> {
+    deadline.check()?;
     if request.listed {
-        return answer_ranked(engine, &request, started);
+        let profiles = engine.profiles.snapshot();
+        return answer_ranked(engine, &request, &profiles, started, deadline);
     }
     let ValidEstimateRequest {
         job,
@@ -80,19 +93,22 @@ pub fn answer(
 fn answer_ranked(
     engine: &Engine,
     request: &ValidEstimateRequest,
+    profiles: &ProfileSnapshot,
     started: Instant,
+    deadline: &Deadline,
 ) -> Result<EstimateResponse, ApiError> {
     let job = &request.job;
     let setup = SetupResponse {
         from_files: request.from_files.clone(),
         ..setup_response(job, None)
     };
-    let profiles = engine.profiles.snapshot();
     let mut answers = Vec::with_capacity(1 + request.others.len());
     for (index, target) in std::iter::once(&request.target)
         .chain(&request.others)
         .enumerate()
     {
+        // Each card is a job's estimators, physics and placement over again.
+        deadline.check()?;
         let estimate = engine.estimators.estimate_query(Query {
             job,
             confidence: request.confidence.get(),
@@ -105,7 +121,7 @@ fn answer_ranked(
             fraction: request.fraction,
             roofline: roofline(
                 engine,
-                &profiles,
+                profiles,
                 job,
                 target,
                 request.environment.as_deref(),
@@ -162,9 +178,24 @@ pub fn answer_items(
     items: &[ValidEstimateRequest],
     started: Instant,
 ) -> Vec<Result<EstimateResponse, ApiError>> {
-    let single: Vec<&ValidEstimateRequest> = items.iter().filter(|i| !i.listed).collect();
     // One version of the profiles for the whole batch.
     let profiles = engine.profiles.snapshot();
+    answer_items_until(engine, items, &profiles, started, &Deadline::NONE)
+        .expect("without a deadline the work is not stopped")
+}
+
+/// [`answer_items`] with the profiles the whole batch reads (a batch answered in parts, on
+/// several threads, reads one version), stopped with [`ApiError::Timeout`] at `deadline`:
+/// checked before each item's answer and each card of a ranked item.
+pub fn answer_items_until(
+    engine: &Engine,
+    items: &[ValidEstimateRequest],
+    profiles: &ProfileSnapshot,
+    started: Instant,
+    deadline: &Deadline,
+) -> Result<Vec<Result<EstimateResponse, ApiError>>, ApiError> {
+    deadline.check()?;
+    let single: Vec<&ValidEstimateRequest> = items.iter().filter(|i| !i.listed).collect();
     let queries: Vec<Query> = single
         .iter()
         .map(|item| Query {
@@ -181,12 +212,13 @@ pub fn answer_items(
         .into_iter()
         .zip(single)
         .map(|(estimate, item)| {
+            deadline.check()?;
             let asked = Asked {
                 confidence: item.confidence,
                 fraction: item.fraction,
                 roofline: roofline(
                     engine,
-                    &profiles,
+                    profiles,
                     &item.job,
                     &item.target,
                     item.environment.as_deref(),
@@ -200,13 +232,16 @@ pub fn answer_items(
                     ..setup_response(&item.job, trained_params(&estimate))
                 },
             };
-            respond(engine, estimate, asked, started, true)
+            Ok(respond(engine, estimate, asked, started, true))
         });
     items
         .iter()
         .map(|item| {
             if item.listed {
-                answer_ranked(engine, item, started)
+                match answer_ranked(engine, item, profiles, started, deadline) {
+                    Err(ApiError::Timeout) => Err(ApiError::Timeout),
+                    answered => Ok(answered),
+                }
             } else {
                 singles.next().expect("one answer per single-card item")
             }

@@ -15,6 +15,7 @@ pub mod cost;
 pub mod files;
 pub mod validate;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -27,6 +28,54 @@ use crate::error::ApiError;
 use crate::estimators::Estimators;
 use crate::metrics::Metrics;
 use validate::ValidEstimateRequest;
+
+/// When a request's work must stop: at its deadline (the request timeout), or as soon as
+/// nobody waits for it (the request answered 503 at its timeout, or its connection closed).
+/// Checked between the steps of the long loops (the cards a job is ranked on, the items of a
+/// batch), so that abandoned work ends within one step rather than running on unanswered.
+/// Past it, the work's outcome is [`ApiError::Timeout`], the 503 the timeout answers. Clones
+/// share one abandonment: the parts of a batch stop together.
+#[derive(Debug, Clone, Default)]
+pub struct Deadline {
+    at: Option<Instant>,
+    abandoned: Option<Arc<AtomicBool>>,
+}
+
+impl Deadline {
+    /// No deadline: the CLI and in-process callers.
+    pub const NONE: Deadline = Deadline {
+        at: None,
+        abandoned: None,
+    };
+
+    pub fn at(at: Instant) -> Deadline {
+        Deadline {
+            at: Some(at),
+            abandoned: Some(Arc::new(AtomicBool::new(false))),
+        }
+    }
+
+    /// Nobody waits for the work any more: it stops at its next check.
+    pub fn abandon(&self) {
+        if let Some(abandoned) = &self.abandoned {
+            abandoned.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// `Err(ApiError::Timeout)` once the deadline has passed or the work was abandoned.
+    pub fn check(&self) -> Result<(), ApiError> {
+        let abandoned = self
+            .abandoned
+            .as_ref()
+            .is_some_and(|a| a.load(Ordering::Relaxed));
+        let passed = self.at.is_some_and(|at| Instant::now() >= at);
+        if abandoned || passed {
+            Err(ApiError::Timeout)
+        } else {
+            Ok(())
+        }
+    }
+}
 
 /// What every answer reads.
 pub struct Engine {
@@ -48,8 +97,18 @@ impl Engine {
         request: &EstimateRequest,
         started: Instant,
     ) -> Result<EstimateResponse, ApiError> {
+        self.estimate_until(request, started, &Deadline::NONE)
+    }
+
+    /// One request's answer, stopped at `deadline`.
+    pub fn estimate_until(
+        &self,
+        request: &EstimateRequest,
+        started: Instant,
+        deadline: &Deadline,
+    ) -> Result<EstimateResponse, ApiError> {
         let valid = self.validate(request)?;
-        answer::answer(self, valid, started)
+        answer::answer_until(self, valid, started, deadline)
     }
 
     /// A request priced ([`cost::Cost`]) and, within the budget, validated
@@ -67,6 +126,19 @@ impl Engine {
         items: Vec<Box<serde_json::value::RawValue>>,
         started: Instant,
     ) -> Result<Vec<BatchItemResponse>, ApiError> {
+        let (valid, errors) = self.validate_items(items)?;
+        let answers = answer::answer_items(self, &valid, started);
+        Ok(batch_outcomes(errors, answers))
+    }
+
+    /// A batch's items parsed, priced together (above the cost budget the batch is refused
+    /// whole, before any is validated) and validated one by one: the valid items in order, and
+    /// per item its error or `None` for a valid one.
+    #[allow(clippy::type_complexity)]
+    pub fn validate_items(
+        &self,
+        items: Vec<Box<serde_json::value::RawValue>>,
+    ) -> Result<(Vec<ValidEstimateRequest>, Vec<Option<ApiError>>), ApiError> {
         let count = items.len();
         let parsed: Vec<Result<EstimateRequest, ApiError>> = items
             .into_iter()
@@ -92,30 +164,39 @@ impl Engine {
                 Err(error) => errors.push(Some(error)),
             }
         }
-        let mut answers = answer::answer_items(self, &valid, started).into_iter();
-        Ok(errors
-            .into_iter()
-            .enumerate()
-            .map(|(index, error)| {
-                let outcome = match error {
-                    Some(error) => Err(error),
-                    None => answers.next().expect("one answer per valid item"),
-                };
-                match outcome {
-                    Ok(estimate) => BatchItemResponse {
-                        index,
-                        status: 200,
-                        estimate: Some(estimate),
-                        error: None,
-                    },
-                    Err(error) => BatchItemResponse {
-                        index,
-                        status: error.status().as_u16(),
-                        estimate: None,
-                        error: Some(error.problem()),
-                    },
-                }
-            })
-            .collect())
+        Ok((valid, errors))
     }
+}
+
+/// A batch's outcomes in order: each item's error (from [`Engine::validate_items`]) or the
+/// next of `answers` (one per valid item, in order).
+pub fn batch_outcomes(
+    errors: Vec<Option<ApiError>>,
+    answers: impl IntoIterator<Item = Result<EstimateResponse, ApiError>>,
+) -> Vec<BatchItemResponse> {
+    let mut answers = answers.into_iter();
+    errors
+        .into_iter()
+        .enumerate()
+        .map(|(index, error)| {
+            let outcome = match error {
+                Some(error) => Err(error),
+                None => answers.next().expect("one answer per valid item"),
+            };
+            match outcome {
+                Ok(estimate) => BatchItemResponse {
+                    index,
+                    status: 200,
+                    estimate: Some(estimate),
+                    error: None,
+                },
+                Err(error) => BatchItemResponse {
+                    index,
+                    status: error.status().as_u16(),
+                    estimate: None,
+                    error: Some(error.problem()),
+                },
+            }
+        })
+        .collect()
 }

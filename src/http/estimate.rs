@@ -1,20 +1,23 @@
 //! `POST /v1/estimate` and `POST /v1/estimate/batch`.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use axum::extract::State;
 use axum::Json;
 
+use crate::api::parse::{parse_estimate, parse_json};
 use crate::api::types::{BatchRequest, BatchResponse, EstimateRequest, EstimateResponse, Problem};
-use crate::engine::answer::answer;
+use crate::engine::answer::{answer_items_until, answer_until};
+use crate::engine::{batch_outcomes, Deadline};
 use crate::error::ApiError;
-use crate::http::extract::{EstimateBody, JsonBody};
+use crate::http::extract::JsonBytes;
+use crate::http::pool::Work;
 use crate::http::AppState;
 
-/// The most layers a job without a simulation may have to be answered on the async worker:
-/// a few hundred microseconds of work at most (docs/performance.md's stage timings: the
-/// README MLP job ~50 us, Llama-3-8B built from its config.json, ~350 modules, ~120 us).
-const INLINE_MAX_LAYERS: usize = 512;
+/// The fewest items a part of a batch holds: smaller parts cost more in hand-offs and model
+/// calls than they gain in spread.
+const MIN_PART_ITEMS: usize = 8;
 
 /// Estimate one job.
 #[utoipa::path(
@@ -35,24 +38,26 @@ const INLINE_MAX_LAYERS: usize = 512;
 #[tracing::instrument(skip_all, fields(family, layers))]
 pub async fn estimate(
     State(state): State<AppState>,
-    EstimateBody(request): EstimateBody,
+    JsonBytes(body): JsonBytes,
 ) -> Result<Json<EstimateResponse>, ApiError> {
     let started = Instant::now();
-    let engine = std::sync::Arc::clone(&state.engine);
-    // Priced from its sizes first: above the budget it is refused before any work.
-    let valid = engine.validate(&request)?;
-    tracing::Span::current()
-        .record("family", valid.job.family().as_str())
-        .record("layers", valid.job.layers().len());
-    // A small job's answer costs about a hundred microseconds: answered on this worker, where
-    // handing it to the blocking pool and back costs as much as the work. Larger ones (a
-    // simulation's placement, more layers) go to the blocking pool, off the workers.
-    if valid.job.simulation().is_none() && valid.job.layers().len() <= INLINE_MAX_LAYERS {
-        return answer(&engine, valid, started).map(Json);
-    }
-    let answer = tokio::task::spawn_blocking(move || answer(&engine, valid, started))
-        .await
-        .map_err(|e| ApiError::Internal(format!("estimate task failed: {e}")))??;
+    // The guard's timeout answers 503 at the same moment; the work stops there too.
+    let deadline = Deadline::at(started + state.limits.request_timeout);
+    let engine = Arc::clone(&state.engine);
+    let span = tracing::Span::current();
+    let work = deadline.clone();
+    // Every step on the estimate pool, none on this async worker: parsing, pricing (above the
+    // budget it is refused before any work), validation, the answer.
+    let answer = state
+        .pool
+        .run(Work::Estimate, deadline.clone(), move || {
+            let request: EstimateRequest = parse_estimate(&body, "")?;
+            let valid = engine.validate(&request)?;
+            span.record("family", valid.job.family().as_str())
+                .record("layers", valid.job.layers().len());
+            answer_until(&engine, valid, started, &work)
+        })
+        .await?;
     Ok(Json(answer))
 }
 
@@ -73,35 +78,76 @@ pub async fn estimate(
 #[tracing::instrument(skip_all, fields(items))]
 pub async fn estimate_batch(
     State(state): State<AppState>,
-    JsonBody(request): JsonBody<BatchRequest>,
+    JsonBytes(body): JsonBytes,
 ) -> Result<Json<BatchResponse>, ApiError> {
+    let started = Instant::now();
+    let deadline = Deadline::at(started + state.limits.request_timeout);
     let max = state.limits.max_batch_items;
-    if request.items.is_empty() || request.items.len() > max {
-        return Err(ApiError::InvalidInput(format!(
-            "items: between 1 and {max} items are accepted, got {}",
-            request.items.len()
-        )));
-    }
-    tracing::Span::current().record("items", request.items.len());
+    let span = tracing::Span::current();
+    let request = state
+        .pool
+        .run(Work::Batch, deadline.clone(), move || {
+            let request: BatchRequest = parse_json(&body, "")?;
+            if request.items.is_empty() || request.items.len() > max {
+                return Err(ApiError::InvalidInput(format!(
+                    "items: between 1 and {max} items are accepted, got {}",
+                    request.items.len()
+                )));
+            }
+            span.record("items", request.items.len());
+            Ok(request)
+        })
+        .await?;
     // Waits for its turn; the guard's request timeout bounds the wait.
-    let slot = state
+    let _slot = state
         .batch_slots
         .clone()
         .acquire_owned()
         .await
         .map_err(|_| ApiError::NotReady)?;
-    let items = tokio::task::spawn_blocking(move || {
-        let _slot = slot;
-        let items = state.engine.estimate_items(request.items, Instant::now());
-        release_freed_memory();
-        items
-    })
-    .await
-    .map_err(|e| ApiError::Internal(format!("batch task failed: {e}")))??;
-    Ok(Json(BatchResponse { items }))
+    let engine = Arc::clone(&state.engine);
+    let (valid, errors) = state
+        .pool
+        .run(Work::Batch, deadline.clone(), move || {
+            engine.validate_items(request.items)
+        })
+        .await?;
+    // The valid items in parts, one per pool thread, all queued at once: they run side by
+    // side, and a single estimate queued meanwhile goes before the parts not yet started. One
+    // version of the profiles for the whole batch; each item's answer is the one it gets alone.
+    let profiles = state.engine.profiles.snapshot();
+    let part_items = valid
+        .len()
+        .div_ceil(state.pool.threads())
+        .max(MIN_PART_ITEMS);
+    let mut parts = Vec::new();
+    let mut rest = valid;
+    while !rest.is_empty() {
+        let tail = rest.split_off(part_items.min(rest.len()));
+        parts.push(std::mem::replace(&mut rest, tail));
+    }
+    let pending: Vec<_> = parts
+        .into_iter()
+        .map(|part| {
+            let (engine, profiles) = (Arc::clone(&state.engine), profiles.clone());
+            let work = deadline.clone();
+            state.pool.run(Work::Batch, deadline.clone(), move || {
+                let answers = answer_items_until(&engine, &part, &profiles, started, &work);
+                release_freed_memory();
+                answers
+            })
+        })
+        .collect();
+    let mut answers = Vec::with_capacity(errors.len());
+    for part in pending {
+        answers.extend(part.await?);
+    }
+    Ok(Json(BatchResponse {
+        items: batch_outcomes(errors, answers),
+    }))
 }
 
-/// Hands the heaps' freed pages back to the system after a batch: mimalloc (the service's
+/// Hands the heaps' freed pages back to the system after a part of a batch: mimalloc (the service's
 /// allocator) and glibc's (ONNX Runtime's buffers) keep a batch's megabytes of features and
 /// answers, and a flood of batches would leave the process that much larger for good.
 fn release_freed_memory() {

@@ -7,24 +7,24 @@ use axum::extract::{FromRequest, Request};
 use axum::http::{header, StatusCode};
 use serde::de::DeserializeOwned;
 
-use crate::api::parse::{deserialize, parse_estimate, parse_json};
-use crate::api::types::EstimateRequest;
+use crate::api::parse::{deserialize, parse_json};
 use crate::error::ApiError;
 use crate::http::AppState;
 
 /// A JSON object body.
 pub struct JsonBody<T>(pub T);
 
-/// An estimate request body, which may also be a Hugging Face `config.json` as the hub serves
-/// it with the training setup beside its keys ([`parse_estimate`]).
-pub struct EstimateBody(pub EstimateRequest);
+/// A JSON body still unparsed: the estimate routes parse it on the estimate pool
+/// ([`crate::http::pool`]), since a large one is milliseconds of CPU (an estimate body with
+/// [`crate::api::parse::parse_estimate`], which also takes a Hugging Face `config.json` as the
+/// hub serves it with the training setup beside its keys).
+pub struct JsonBytes(pub Bytes);
 
-impl FromRequest<AppState> for EstimateBody {
+impl FromRequest<AppState> for JsonBytes {
     type Rejection = ApiError;
 
     async fn from_request(request: Request, state: &AppState) -> Result<Self, Self::Rejection> {
-        let bytes = body_bytes(request, state).await?;
-        parse_estimate(&bytes, "").map(EstimateBody)
+        body_bytes(request, state).await.map(JsonBytes)
     }
 }
 

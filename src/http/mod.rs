@@ -8,6 +8,7 @@ pub mod estimate;
 pub mod extract;
 pub mod gpus;
 pub mod idempotency;
+pub mod pool;
 pub mod service;
 
 use std::sync::atomic::AtomicBool;
@@ -48,9 +49,12 @@ pub struct AppState {
     pub limits: Limits,
     /// One permit per request in flight; none left means refuse with 503 at once.
     pub permits: Arc<Semaphore>,
-    /// Batches estimated at once: a flood of batches waits here, and single estimates keep the
-    /// other cores and ONNX Runtime sessions.
+    /// Batches estimated at once: a flood of batches waits here (each is spread over the
+    /// estimate pool, where single estimates go first).
     pub batch_slots: Arc<Semaphore>,
+    /// The threads every estimate's CPU work runs on, off the async workers that accept
+    /// connections and answer health.
+    pub pool: Arc<pool::CpuPool>,
     /// Who may call the routes that change state.
     pub writes: WriteAccess,
     /// Every process watch, on one thread; stopped on shutdown.

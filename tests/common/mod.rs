@@ -92,6 +92,17 @@ fn run(app: Application) -> TestApp {
     }
 }
 
+/// A POST of a JSON body already serialized, by `client`, to `url`.
+pub async fn post_bytes(client: &reqwest::Client, url: &str, body: &[u8]) -> reqwest::Response {
+    client
+        .post(url)
+        .header("content-type", "application/json")
+        .body(body.to_vec())
+        .send()
+        .await
+        .expect("an answer")
+}
+
 impl TestApp {
     pub async fn get(&self, path: &str) -> reqwest::Response {
         self.client

@@ -1,0 +1,358 @@
+//! The threads that do estimate work (parsing, validation, the estimators and physics,
+//! placement), apart from the async workers. The async workers accept connections, read
+//! bodies, route and answer `/healthz` and `/readyz`; no estimate runs on them, so no estimate
+//! can delay a probe (issue 34: two costly requests once stalled every route for 131 s).
+//!
+//! - Bounded: one thread per core; work waits in a queue, which the request permits and batch
+//!   slots bound.
+//! - Single requests go first: a thread free takes a waiting single estimate before any part
+//!   of a batch, so that a batch spread over every thread delays one by one chunk at most.
+//! - Lower priority (Linux nice 10): when every core is busy with estimates, an async worker
+//!   woken by a probe or a new connection still runs at once.
+//! - Work nobody waits for stops: when the caller's future is dropped (the request answered
+//!   503 at its timeout, or its connection closed) its [`Deadline`] is abandoned, and the work
+//!   stops at its next check, or is not started. Work past its deadline is not started either.
+//!   Stopped work is counted in `gpucast_cancelled_total`.
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+
+use crate::engine::Deadline;
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+
+/// What a piece of work belongs to: its place in the queue and its metric label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Work {
+    /// `POST /v1/estimate`: taken first.
+    Estimate,
+    /// A part of `POST /v1/estimate/batch`: taken when no single estimate waits.
+    Batch,
+}
+
+impl Work {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Work::Estimate => "estimate",
+            Work::Batch => "batch",
+        }
+    }
+}
+
+/// The nice value of the pool's threads: below the async workers (nice 0), which then win a
+/// busy core whenever they have something to do.
+#[cfg(target_os = "linux")]
+const POOL_NICE: libc::c_int = 10;
+
+type Job = Box<dyn FnOnce() + Send>;
+
+#[derive(Default)]
+struct Queues {
+    estimates: VecDeque<Job>,
+    batches: VecDeque<Job>,
+    closed: bool,
+}
+
+struct Shared {
+    queues: Mutex<Queues>,
+    work: Condvar,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Queues> {
+        self.queues.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The estimate threads. Dropping the pool stops them once the work they run ends; work still
+/// queued is dropped, and whoever waits on it gets a 500.
+pub struct CpuPool {
+    shared: Arc<Shared>,
+    threads: usize,
+    metrics: Arc<Metrics>,
+}
+
+impl CpuPool {
+    /// `threads` threads (at least one), named `gpucast-cpu-N`.
+    pub fn new(threads: usize, metrics: Arc<Metrics>) -> std::io::Result<CpuPool> {
+        let threads = threads.max(1);
+        let shared = Arc::new(Shared {
+            queues: Mutex::new(Queues::default()),
+            work: Condvar::new(),
+        });
+        for n in 0..threads {
+            let shared = Arc::clone(&shared);
+            std::thread::Builder::new()
+                .name(format!("gpucast-cpu-{n}"))
+                .spawn(move || serve(&shared))?;
+        }
+        Ok(CpuPool {
+            shared,
+            threads,
+            metrics,
+        })
+    }
+
+    /// How many threads estimate at once: what a batch is spread over.
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
+    /// Queues `work` now and returns its outcome when done. Dropping the returned future
+    /// before it is done abandons `deadline` (the work's own copy, checked inside its loops).
+    /// Work whose deadline has passed or was abandoned when a thread takes it is not started;
+    /// an outcome of [`ApiError::Timeout`] (not started, or stopped inside its loops) counts as
+    /// cancelled.
+    pub fn run<T, F>(
+        &self,
+        kind: Work,
+        deadline: Deadline,
+        work: F,
+    ) -> impl Future<Output = Result<T, ApiError>> + Send + 'static
+    where
+        T: Send + 'static,
+        F: FnOnce() -> Result<T, ApiError> + Send + 'static,
+    {
+        let (sender, receiver) = tokio::sync::oneshot::channel();
+        let metrics = Arc::clone(&self.metrics);
+        let abandon = AbandonOnDrop(Some(deadline.clone()));
+        let job: Job = Box::new(move || {
+            let (stage, outcome) = if deadline.check().is_err() {
+                ("queued", Err(ApiError::Timeout))
+            } else {
+                let outcome = catch_unwind(AssertUnwindSafe(work)).unwrap_or_else(|_| {
+                    Err(ApiError::Internal(format!(
+                        "{} work panicked",
+                        kind.as_str()
+                    )))
+                });
+                ("running", outcome)
+            };
+            if matches!(outcome, Err(ApiError::Timeout)) {
+                metrics
+                    .cancelled_total
+                    .with_label_values(&[kind.as_str(), stage])
+                    .inc();
+            }
+            // The caller may be gone (answered 503 at its timeout): nothing to tell.
+            let _ = sender.send(outcome);
+        });
+        {
+            let mut queues = self.shared.lock();
+            match kind {
+                Work::Estimate => queues.estimates.push_back(job),
+                Work::Batch => queues.batches.push_back(job),
+            }
+        }
+        self.shared.work.notify_one();
+        async move {
+            let mut abandon = abandon;
+            let outcome = receiver.await.unwrap_or_else(|_| {
+                Err(ApiError::Internal(
+                    "estimate work was dropped unfinished".into(),
+                ))
+            });
+            abandon.0 = None;
+            outcome
+        }
+    }
+}
+
+/// Abandons its deadline when dropped armed: the caller stopped waiting before the outcome.
+struct AbandonOnDrop(Option<Deadline>);
+
+impl Drop for AbandonOnDrop {
+    fn drop(&mut self) {
+        if let Some(deadline) = &self.0 {
+            deadline.abandon();
+        }
+    }
+}
+
+impl Drop for CpuPool {
+    fn drop(&mut self) {
+        let dropped = {
+            let mut queues = self.shared.lock();
+            queues.closed = true;
+            (
+                std::mem::take(&mut queues.estimates),
+                std::mem::take(&mut queues.batches),
+            )
+        };
+        // Outside the lock: dropping a job tells its caller.
+        drop(dropped);
+        self.shared.work.notify_all();
+    }
+}
+
+/// One pool thread: single estimates first, then parts of batches, until the pool is dropped.
+fn serve(shared: &Shared) {
+    lower_priority();
+    loop {
+        let job = {
+            let mut queues = shared.lock();
+            loop {
+                if queues.closed {
+                    return;
+                }
+                if let Some(job) = queues.estimates.pop_front() {
+                    break job;
+                }
+                if let Some(job) = queues.batches.pop_front() {
+                    break job;
+                }
+                queues = shared.work.wait(queues).unwrap_or_else(|p| p.into_inner());
+            }
+        };
+        job();
+    }
+}
+
+/// This thread at [`POOL_NICE`] (on Linux a nice value is a thread's own); elsewhere, and
+/// where the system refuses, the thread keeps its priority.
+fn lower_priority() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: gettid and setpriority read and set this thread's scheduling value only.
+    unsafe {
+        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+        libc::setpriority(libc::PRIO_PROCESS, tid, POOL_NICE);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    fn pool(threads: usize) -> CpuPool {
+        CpuPool::new(threads, Arc::new(Metrics::new())).expect("threads start")
+    }
+
+    #[tokio::test]
+    async fn work_is_answered_by_the_pool_threads() {
+        let pool = pool(2);
+        let name = pool
+            .run(Work::Estimate, Deadline::NONE, || {
+                Ok(std::thread::current().name().map(str::to_owned))
+            })
+            .await
+            .unwrap();
+        assert!(name.unwrap().starts_with("gpucast-cpu-"));
+    }
+
+    #[tokio::test]
+    async fn work_past_its_deadline_is_not_started_and_counted_cancelled() {
+        let pool = pool(1);
+        let passed = Deadline::at(Instant::now() - Duration::from_millis(1));
+        let outcome = pool
+            .run(Work::Batch, passed, || -> Result<(), ApiError> {
+                panic!("must not start")
+            })
+            .await;
+        assert!(matches!(outcome, Err(ApiError::Timeout)));
+        let metrics = pool.metrics.render();
+        assert!(
+            metrics.contains(r#"gpucast_cancelled_total{stage="queued",work="batch"} 1"#),
+            "{metrics}"
+        );
+    }
+
+    #[tokio::test]
+    async fn work_whose_caller_stopped_waiting_stops_at_its_next_check() {
+        let pool = pool(1);
+        let deadline = Deadline::at(Instant::now() + Duration::from_secs(60));
+        let (started, running) = std::sync::mpsc::channel::<()>();
+        let (stopped, stop) = std::sync::mpsc::channel::<bool>();
+        let work = deadline.clone();
+        let waiting = pool.run(Work::Batch, deadline, move || {
+            started.send(()).unwrap();
+            // A long loop, checking its deadline at every step.
+            let outcome: Result<(), ApiError> = loop {
+                if let Err(error) = work.check() {
+                    break Err(error);
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            };
+            stopped
+                .send(matches!(outcome, Err(ApiError::Timeout)))
+                .unwrap();
+            outcome
+        });
+        // Polled once, so that it is a future that waits; then dropped, as at a timeout.
+        let mut waiting = Box::pin(waiting);
+        assert!(futures_poll_once(waiting.as_mut()).await.is_none());
+        running.recv().unwrap();
+        drop(waiting);
+        assert!(stop.recv_timeout(Duration::from_secs(5)).unwrap());
+        // Counted once the work has returned, just after.
+        let counted = Instant::now();
+        let line = r#"gpucast_cancelled_total{stage="running",work="batch"} 1"#;
+        while !pool.metrics.render().contains(line) {
+            assert!(counted.elapsed() < Duration::from_secs(5), "not counted");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// One poll of `future`: its output if ready.
+    async fn futures_poll_once<F: Future + Unpin>(future: F) -> Option<F::Output> {
+        let mut future = future;
+        std::future::poll_fn(|context| {
+            std::task::Poll::Ready(match std::pin::Pin::new(&mut future).poll(context) {
+                std::task::Poll::Ready(output) => Some(output),
+                std::task::Poll::Pending => None,
+            })
+        })
+        .await
+    }
+
+    #[tokio::test]
+    async fn a_panic_is_an_internal_error_and_the_thread_serves_on() {
+        let pool = pool(1);
+        let outcome = pool
+            .run(
+                Work::Estimate,
+                Deadline::NONE,
+                || -> Result<(), ApiError> { panic!("boom") },
+            )
+            .await;
+        assert!(matches!(outcome, Err(ApiError::Internal(_))));
+        assert_eq!(
+            pool.run(Work::Estimate, Deadline::NONE, || Ok(7))
+                .await
+                .unwrap(),
+            7
+        );
+    }
+
+    #[tokio::test]
+    async fn a_waiting_single_estimate_goes_before_waiting_batch_parts() {
+        let pool = pool(1);
+        let order = Arc::new(Mutex::new(Vec::new()));
+        // Holds the one thread while the others queue.
+        let (release, hold) = std::sync::mpsc::channel::<()>();
+        let busy = pool.run(Work::Batch, Deadline::NONE, move || {
+            hold.recv().ok();
+            Ok(())
+        });
+        let mut waiting = Vec::new();
+        for (kind, label) in [
+            (Work::Batch, "batch 1"),
+            (Work::Batch, "batch 2"),
+            (Work::Estimate, "single"),
+        ] {
+            let order = Arc::clone(&order);
+            waiting.push(pool.run(kind, Deadline::NONE, move || {
+                order.lock().unwrap().push(label);
+                Ok(())
+            }));
+        }
+        release.send(()).unwrap();
+        busy.await.unwrap();
+        for done in waiting {
+            done.await.unwrap();
+        }
+        assert_eq!(*order.lock().unwrap(), ["single", "batch 1", "batch 2"]);
+    }
+}
