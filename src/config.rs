@@ -192,8 +192,9 @@ pub struct ServeConfig {
     #[arg(long, env = "GPUCAST_MAX_BODY_BYTES", default_value_t = DEFAULT_MAX_BODY_BYTES)]
     pub max_body_bytes: usize,
 
-    /// Request-body bytes held at once, over every connection; a body that would pass it is
-    /// refused with 503 and Retry-After before it is read.
+    /// Request-body bytes held at once, over every connection, charged as they arrive (each
+    /// body's first 64 KiB free); a body whose next bytes would pass it is refused with 503 and
+    /// Retry-After at once.
     #[arg(long, env = "GPUCAST_MAX_BODY_BYTES_IN_FLIGHT", default_value_t = 64 * 1024 * 1024)]
     pub max_body_bytes_in_flight: usize,
 

@@ -377,26 +377,57 @@ async fn browser_shaped_writes_are_refused_on_loopback() {
     assert_eq!(response.status(), 200);
 }
 
-/// Large bodies take their bytes from one budget over every connection before they are read:
-/// with room for one 2 MiB body, a second large body is refused at once while the first
-/// trickles, while small ones (a single estimate), the probes and bodiless requests still
-/// answer, and the room comes back when the first is answered 408.
+/// Bodies are charged for the bytes they sent, as they arrive: with room for one 2 MiB body,
+/// 40 trickling bodies (half declaring 2 MiB, half chunked, each a few bytes sent) take none
+/// of it, and a large batch still answers. Two bodies that did send most of the budget leave
+/// too little for a large one, refused at once, while small ones (a single estimate), the
+/// probes and bodiless requests still answer; their room comes back when they are answered 408.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bodies_in_flight_are_held_to_one_budget() {
+async fn bodies_in_flight_hold_only_the_bytes_they_sent() {
     let mut config = config();
     config.max_body_bytes_in_flight = config.max_body_bytes;
-    config.body_read_timeout_secs = 2;
+    config.body_read_timeout_secs = 3;
+    let budget = config.max_body_bytes_in_flight;
     let app = spawn_app_with(config).await;
     let port = app.port;
-    let mut trickling = blocking(move || {
-        send(
-            port,
-            b"POST /v1/estimate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 2097152\r\n\r\n{\"batch_size\": 1",
-        )
+    let large = serde_json::json!({"items": vec![example_job(); 250]});
+    let large_bytes = serde_json::to_vec(&large).unwrap().len();
+    assert!(large_bytes > 128 * 1024, "{large_bytes}");
+
+    let trickles = blocking(move || {
+        (0..40)
+            .map(|i| {
+                let head: &[u8] = if i % 2 == 0 {
+                    b"POST /v1/estimate/batch HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 2097152\r\n\r\n{\"items\""
+                } else {
+                    b"POST /v1/estimate/batch HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n1\r\n{\r\n"
+                };
+                send(port, head)
+            })
+            .collect::<Vec<_>>()
     })
     .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let large = serde_json::json!({"items": vec![example_job(); 250]});
+    let answered = app.post_json("/v1/estimate/batch", &large).await;
+    assert_eq!(
+        answered.status(),
+        200,
+        "trickles hold nothing they did not send"
+    );
+
+    // Two bodies send all but half of what the large batch would take of the budget.
+    let held = budget - (large_bytes - 64 * 1024) / 2;
+    let sent = held / 2 + 64 * 1024;
+    let fill = move || {
+        let head = format!(
+            "POST /v1/estimate/batch HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {budget}\r\n\r\n"
+        );
+        let mut stream = send(port, head.as_bytes());
+        stream.write_all(&vec![b' '; sent]).unwrap();
+        stream
+    };
+    let mut filling = [blocking(fill).await, blocking(fill).await];
+    tokio::time::sleep(Duration::from_millis(300)).await;
     let refused = app.post_json("/v1/estimate/batch", &large).await;
     assert_eq!(refused.status(), 503);
     assert!(refused.headers().contains_key("retry-after"));
@@ -404,10 +435,17 @@ async fn bodies_in_flight_are_held_to_one_budget() {
     assert_eq!(small.status(), 200, "a single estimate is not refused");
     assert_eq!(app.get("/healthz").await.status(), 200);
     assert_eq!(app.get("/v1/gpus").await.status(), 200);
-    let (status, _) = blocking(move || status_within(&mut trickling, Duration::from_secs(8))).await;
-    assert_eq!(status, Some(408));
+    let statuses = blocking(move || {
+        filling
+            .iter_mut()
+            .map(|stream| status_within(stream, Duration::from_secs(8)).0)
+            .collect::<Vec<_>>()
+    })
+    .await;
+    assert_eq!(statuses, [Some(408), Some(408)]);
     let answered = app.post_json("/v1/estimate/batch", &large).await;
     assert_eq!(answered.status(), 200, "the budget is back");
+    drop(trickles);
 }
 
 /// Past --max-connections a new connection is closed at once, and one closing makes room.

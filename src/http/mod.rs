@@ -2,6 +2,7 @@
 //! every route (metrics, concurrency limit, timeout).
 
 pub mod auth;
+pub mod body;
 pub mod calibration;
 pub mod devices;
 pub mod estimate;
@@ -327,17 +328,13 @@ async fn guard(State(state): State<AppState>, request: Request, next: Next) -> R
 /// that a saturated service is not restarted for being busy.
 const UNGUARDED_ROUTES: [&str; 3] = ["/healthz", "/readyz", "/metrics"];
 
-/// Bodies up to this many bytes take nothing from the shared budget: at most
-/// `--max-connections` of them are held at once (1,024 x 64 KiB = 64 MiB by default).
-const SMALL_BODY_BYTES: u64 = 64 * 1024;
-
 /// The routes that change state: checked (origin, host, token) before their body is read.
 const WRITE_ROUTES: [&str; 2] = ["/v1/calibration/observations", "/v1/calibration/watch"];
 
-/// Admission before buffering: a write shows its right to write, and every body takes its
-/// bytes from the budget held over all connections, before a byte of it is read. Then the
-/// body, then a permit: a client that trickles its body holds a connection and its bytes,
-/// never one of the request slots. A declared length over the limit is refused before any
+/// Admission before buffering: a write shows its right to write before a byte of its body is
+/// read. Then the body, its bytes taken from the budget held over all connections as they
+/// arrive, then a permit: a client that trickles its body holds a connection and the bytes it
+/// sent, never one of the request slots. A declared length over the limit is refused before any
 /// byte is read; a body that does not arrive in time is answered 408.
 async fn admit(state: &AppState, route: &str, request: Request, next: Next) -> Response {
     let limit = state.limits.max_body_bytes;
@@ -362,36 +359,15 @@ async fn admit(state: &AppState, route: &str, request: Request, next: Next) -> R
             return refused.into_response();
         }
     }
-    // What the body may hold: its declared length, the limit when it is chunked. Small bodies
-    // (every single estimate) are bounded by the connection cap instead of the shared budget,
-    // so that one caller's stalled large bodies cannot refuse everyone else's estimates.
-    let holds = axum::body::HttpBody::size_hint(request.body())
-        .exact()
-        .unwrap_or(limit as u64)
-        .min(limit as u64);
-    let _bytes_held = if holds > SMALL_BODY_BYTES {
-        let kib = u32::try_from(holds.div_ceil(1024)).unwrap_or(u32::MAX);
-        match state.body_budget.clone().try_acquire_many_owned(kib) {
-            Ok(permit) => Some(permit),
-            Err(_) => return ApiError::Overloaded.into_response(),
-        }
-    } else {
-        None
-    };
+    // The body is charged for the bytes that arrive, as they arrive (`body`): a declared
+    // length or a chunked header holds nothing it has not sent.
     let (parts, body) = request.into_parts();
     let timeout = state.limits.body_read_timeout;
-    let bytes = match tokio::time::timeout(timeout, axum::body::to_bytes(body, limit)).await {
+    let read = tokio::time::timeout(timeout, body::read_within(body, limit, &state.body_budget));
+    let body::ReadBody { bytes, _held } = match read.await {
         Err(_) => return ApiError::BodyTimeout(timeout.as_secs()).into_response(),
-        Ok(Err(error)) => {
-            let too_large = std::error::Error::source(&error)
-                .is_some_and(|e| e.is::<http_body_util::LengthLimitError>());
-            return if too_large {
-                ApiError::PayloadTooLarge(limit).into_response()
-            } else {
-                ApiError::UnreadableBody(error.to_string()).into_response()
-            };
-        }
-        Ok(Ok(bytes)) => bytes,
+        Ok(Err(refused)) => return refused.into_response(),
+        Ok(Ok(read)) => read,
     };
     let request = Request::from_parts(parts, axum::body::Body::from(bytes));
     if UNGUARDED_ROUTES.contains(&route) {
