@@ -120,11 +120,30 @@ pub enum DbError {
     },
     #[error("postgres: {0}")]
     Postgres(#[from] postgres::Error),
+    /// The data directory cannot be made.
+    #[error("{path}: {source}")]
+    DataDir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("{0}")]
     Other(String),
     /// The SQLite file is not a sound database.
     #[error("damaged: {0}")]
     Damaged(String),
+}
+
+impl DbError {
+    /// What a caller is told (in a 503's detail, in `/readyz`): the error without the store's
+    /// filesystem paths, which say where the service keeps its data. The whole error goes to
+    /// the log.
+    pub fn for_callers(&self) -> String {
+        match self {
+            DbError::Sqlite { source, .. } => format!("sqlite: {source}"),
+            DbError::DataDir { source, .. } => format!("data directory: {source}"),
+            other => other.to_string(),
+        }
+    }
 }
 
 /// One version of the schema: its number and its statements for each backend.
@@ -279,8 +298,10 @@ impl SqliteDb {
     /// a middle frame) is copied there before SQLite recovers what it can. Either way the
     /// service starts, and [`ObservationDb::startup_warnings`] says what happened.
     pub fn open(data_dir: &Path) -> Result<SqliteDb, DbError> {
-        std::fs::create_dir_all(data_dir)
-            .map_err(|e| DbError::Other(format!("{}: {e}", data_dir.display())))?;
+        std::fs::create_dir_all(data_dir).map_err(|source| DbError::DataDir {
+            path: data_dir.to_path_buf(),
+            source,
+        })?;
         let path = data_dir.join(SQLITE_FILE);
         let mut warnings = Vec::new();
         if let Some(checked) = std::fs::read(sidecar(&path, "-wal"))
@@ -809,6 +830,29 @@ impl ObservationDb for PostgresDb {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn what_callers_are_told_names_no_path() {
+        let secret = PathBuf::from("/srv/secret-data/gpucast");
+        let errors = [
+            DbError::Sqlite {
+                path: secret.join(SQLITE_FILE),
+                source: rusqlite::Error::InvalidQuery,
+            },
+            DbError::DataDir {
+                path: secret.clone(),
+                source: std::io::Error::other("read-only file system"),
+            },
+        ];
+        for error in errors {
+            assert!(
+                error.to_string().contains("secret-data"),
+                "the log keeps it"
+            );
+            let told = error.for_callers();
+            assert!(!told.contains("secret-data"), "{told}");
+        }
+    }
 
     const DEFAULT_TEST_RETENTION: Retention = Retention {
         per_key: 1000,

@@ -72,7 +72,8 @@ pub struct ProfileStore {
 
 impl From<DbError> for ProfileError {
     fn from(e: DbError) -> ProfileError {
-        ProfileError::Store(e.to_string())
+        tracing::error!(error = %e, "observation store");
+        ProfileError::Store(e.for_callers())
     }
 }
 
@@ -121,7 +122,7 @@ impl ProfileStore {
     /// Notes whether a database call worked (the store's health, for readiness and answers).
     fn noted<T>(&self, result: Result<T, DbError>) -> Result<T, ProfileError> {
         *self.fault.lock().unwrap_or_else(|p| p.into_inner()) =
-            result.as_ref().err().map(ToString::to_string);
+            result.as_ref().err().map(DbError::for_callers);
         result.map_err(ProfileError::from)
     }
 
