@@ -171,6 +171,12 @@ pub struct ServeConfig {
     #[arg(long, env = "GPUCAST_LISTEN", default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
 
+    /// A second address answering only /healthz and /readyz, on a thread and runtime of its
+    /// own with its own connection cap: probes there are answered whatever the main port is
+    /// doing (its connection cap full, its workers busy). Off unless given.
+    #[arg(long, env = "GPUCAST_HEALTH_LISTEN")]
+    pub health_listen: Option<SocketAddr>,
+
     /// Directory holding manifest.json and the ONNX models it lists.
     #[arg(long, env = "GPUCAST_MODELS", default_value = "models")]
     pub models: PathBuf,
@@ -482,6 +488,7 @@ impl ServeConfig {
     pub fn for_tests(models: PathBuf, ort_dylib: PathBuf) -> ServeConfig {
         ServeConfig {
             listen: "127.0.0.1:0".parse().expect("valid address"),
+            health_listen: None,
             models,
             ort_dylib,
             log_format: LogFormat::Text,

@@ -27,6 +27,8 @@ use crate::metrics::Metrics;
 pub struct Application {
     listener: TcpListener,
     port: u16,
+    /// `--health-listen`'s socket, bound at build, served on its own thread from `run_until`.
+    health: Option<std::net::TcpListener>,
     state: AppState,
     timeouts: ConnectionTimeouts,
     /// How often the profiles are re-derived from the store.
@@ -162,6 +164,14 @@ impl Application {
             source,
         })?;
         let port = bound.port();
+        let health = config
+            .health_listen
+            .map(|address| {
+                std::net::TcpListener::bind(address)
+                    .and_then(|l| l.set_nonblocking(true).map(|()| l))
+                    .map_err(|source| StartupError::Bind { address, source })
+            })
+            .transpose()?;
         let writes = WriteAccess::new(config.token.clone(), bound);
         match writes {
             WriteAccess::Disabled => tracing::warn!(address = %bound, "{}", writes.describe()),
@@ -207,6 +217,7 @@ impl Application {
         Ok(Application {
             listener,
             port,
+            health,
             state,
             profile_refresh: Duration::from_secs(config.profile_refresh_secs),
             timeouts: ConnectionTimeouts {
@@ -225,6 +236,14 @@ impl Application {
         &self.state
     }
 
+    /// The health listener's port (`--health-listen`), when there is one.
+    pub fn health_port(&self) -> Option<u16> {
+        self.health
+            .as_ref()
+            .and_then(|l| l.local_addr().ok())
+            .map(|a| a.port())
+    }
+
     /// Serves until `shutdown` resolves, then stops accepting, marks itself not ready and
     /// finishes the requests in flight, for at most the drain timeout.
     ///
@@ -235,12 +254,9 @@ impl Application {
         self,
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
-        use hyper_util::rt::{TokioIo, TokioTimer};
-        use hyper_util::server::graceful::GracefulShutdown;
-        use hyper_util::service::TowerToHyperService;
-
         let Application {
             listener,
+            health,
             state,
             timeouts,
             profile_refresh,
@@ -249,47 +265,20 @@ impl Application {
         let ready = state.ready.clone();
         let watches = Arc::clone(&state.watches);
         let refresher = tokio::spawn(refresh_profiles(state.clone(), profile_refresh));
+        let health = health
+            .map(|listener| HealthListener::start(listener, state.clone(), timeouts.header_read))
+            .transpose()?;
         let router = http::router(state);
         ready.store(true, Ordering::Release);
         tracing::info!(address = %listener.local_addr()?, "ready");
-        let connections = GracefulShutdown::new();
-        let mut connection = hyper::server::conn::http1::Builder::new();
-        connection
-            .timer(TokioTimer::new())
-            .header_read_timeout(timeouts.header_read);
-        let connection_slots = Arc::new(Semaphore::new(timeouts.max_connections));
-        tokio::pin!(shutdown);
-        loop {
-            let stream = tokio::select! {
-                accepted = listener.accept() => match accepted {
-                    Ok((stream, _)) => stream,
-                    Err(error) => {
-                        // Out of file descriptors, say: wait a little rather than spin.
-                        tracing::warn!(%error, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                },
-                () = &mut shutdown => break,
-            };
-            // Every connection holds its slot until it ends: past the cap, a new one is closed
-            // at once rather than queued in memory.
-            let Ok(slot) = connection_slots.clone().try_acquire_owned() else {
-                tracing::debug!("connection closed: --max-connections are open");
-                drop(stream);
-                continue;
-            };
-            let service = TowerToHyperService::new(router.clone());
-            let served =
-                connections.watch(connection.serve_connection(TokioIo::new(stream), service));
-            tokio::spawn(async move {
-                if let Err(error) = served.await {
-                    tracing::debug!(%error, "connection ended with an error");
-                }
-                drop(slot);
-            });
-        }
-        drop(listener);
+        let connections = accept_until(
+            listener,
+            router,
+            timeouts.max_connections,
+            timeouts.header_read,
+            shutdown,
+        )
+        .await;
         refresher.abort();
         ready.store(false, Ordering::Release);
         watches.stop();
@@ -302,7 +291,123 @@ impl Application {
                 "connections still open after the drain timeout are closed"
             );
         }
+        // Probes keep their answer (not ready) through the drain, then the listener goes.
+        drop(health);
         Ok(())
+    }
+}
+
+/// Accepts connections on `listener` and serves `router` on each until `shutdown` resolves,
+/// then stops accepting; the connections still open are the caller's to drain. hyper's own
+/// connection loop rather than `axum::serve`, for what that does not offer: a header read
+/// timeout (a client that never finishes its header would hold a connection, and a graceful
+/// shutdown, forever) and a cap on connections open at once.
+async fn accept_until(
+    listener: TcpListener,
+    router: axum::Router,
+    max_connections: usize,
+    header_read: Duration,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> hyper_util::server::graceful::GracefulShutdown {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    use hyper_util::server::graceful::GracefulShutdown;
+    use hyper_util::service::TowerToHyperService;
+
+    let connections = GracefulShutdown::new();
+    let mut connection = hyper::server::conn::http1::Builder::new();
+    connection
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_read);
+    let connection_slots = Arc::new(Semaphore::new(max_connections));
+    tokio::pin!(shutdown);
+    loop {
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(error) => {
+                    // Out of file descriptors, say: wait a little rather than spin.
+                    tracing::warn!(%error, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        // Every connection holds its slot until it ends: past the cap, a new one is closed at
+        // once rather than queued in memory.
+        let Ok(slot) = connection_slots.clone().try_acquire_owned() else {
+            tracing::debug!("connection closed: the connection cap is reached");
+            drop(stream);
+            continue;
+        };
+        let service = TowerToHyperService::new(router.clone());
+        let served = connections.watch(connection.serve_connection(TokioIo::new(stream), service));
+        tokio::spawn(async move {
+            if let Err(error) = served.await {
+                tracing::debug!(%error, "connection ended with an error");
+            }
+            drop(slot);
+        });
+    }
+    connections
+}
+
+/// Connections the health listener holds open at once: probes, not traffic.
+const HEALTH_CONNECTIONS: usize = 64;
+
+/// `/healthz` and `/readyz` on a second address, served by a one-thread runtime on a thread of
+/// its own: no estimate, connection flood or busy worker on the main port delays them. Stops
+/// when dropped.
+struct HealthListener {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl HealthListener {
+    fn start(
+        listener: std::net::TcpListener,
+        state: AppState,
+        header_read: Duration,
+    ) -> std::io::Result<HealthListener> {
+        let address = listener.local_addr()?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("gpucast-health".into())
+            .spawn(move || {
+                runtime.block_on(async move {
+                    let listener = match TcpListener::from_std(listener) {
+                        Ok(listener) => listener,
+                        Err(error) => {
+                            tracing::error!(%error, "health listener failed");
+                            return;
+                        }
+                    };
+                    let router = http::health_router(state);
+                    let stopped = async {
+                        let _ = stopped.await;
+                    };
+                    accept_until(listener, router, HEALTH_CONNECTIONS, header_read, stopped).await;
+                });
+            })?;
+        tracing::info!(address = %address, "health listener ready");
+        Ok(HealthListener {
+            stop: Some(stop),
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for HealthListener {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
     }
 }
 

@@ -471,3 +471,51 @@ async fn connections_past_the_cap_are_closed_at_once() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(app.get("/healthz").await.status(), 200);
 }
+
+/// The health listener (`--health-listen`) answers /healthz and /readyz while the main port
+/// has every connection taken and closes new ones at once; it answers nothing else, and it
+/// says not ready once the service is shutting down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_health_listener_answers_while_the_main_port_is_full() {
+    let mut config = config();
+    config.max_connections = 3;
+    config.health_listen = Some("127.0.0.1:0".parse().unwrap());
+    let mut app = spawn_app_with(config).await;
+    let port = app.port;
+    let health = app.health_port.expect("a health port");
+    let (main, healthz, readyz, other) = blocking(move || {
+        let held: Vec<TcpStream> = (0..3)
+            .map(|_| TcpStream::connect(("127.0.0.1", port)).unwrap())
+            .collect();
+        std::thread::sleep(Duration::from_millis(200));
+        let get = |port: u16, path: &str| {
+            let mut stream = send(
+                port,
+                format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes(),
+            );
+            status_within(&mut stream, Duration::from_secs(3)).0
+        };
+        let answers = (
+            get(port, "/healthz"),
+            get(health, "/healthz"),
+            get(health, "/readyz"),
+            get(health, "/v1/gpus"),
+        );
+        drop(held);
+        answers
+    })
+    .await;
+    assert_eq!(main, None, "the main port is full");
+    assert_eq!((healthz, readyz, other), (Some(200), Some(200), Some(404)));
+
+    app.state
+        .ready
+        .store(false, std::sync::atomic::Ordering::Release);
+    let readyz = blocking(move || {
+        let mut stream = send(health, b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n");
+        status_within(&mut stream, Duration::from_secs(3)).0
+    })
+    .await;
+    assert_eq!(readyz, Some(503));
+    let _ = app.shutdown.take().map(|s| s.send(()));
+}

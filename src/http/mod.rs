@@ -289,6 +289,16 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
+/// The routes of the health listener (`--health-listen`): liveness and readiness alone, no
+/// admission (no body is read), answered on its own thread.
+pub fn health_router(state: AppState) -> Router {
+    Router::new()
+        .route("/healthz", axum::routing::get(service::healthz))
+        .route("/readyz", axum::routing::get(service::readyz))
+        .fallback(not_found)
+        .with_state(state)
+}
+
 /// Unknown paths get a problem like every other error. The path is the caller's: echoed cut short.
 async fn not_found(uri: axum::http::Uri) -> ApiError {
     ApiError::NotFound(echo(uri.path()))

@@ -48,6 +48,8 @@ pub fn example_job() -> Value {
 pub struct TestApp {
     pub address: String,
     pub port: u16,
+    /// The health listener's port, when the config asked for one (`health_listen`).
+    pub health_port: Option<u16>,
     /// The running server's state: its permits and readiness flag.
     pub state: AppState,
     pub client: reqwest::Client,
@@ -77,6 +79,7 @@ pub async fn spawn_app_with_devices(config: ServeConfig, devices: Arc<dyn GpuDev
 
 fn run(app: Application) -> TestApp {
     let port = app.port();
+    let health_port = app.health_port();
     let state = app.state().clone();
     let (shutdown, stop) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(app.run_until(async move {
@@ -85,6 +88,7 @@ fn run(app: Application) -> TestApp {
     TestApp {
         address: format!("http://127.0.0.1:{port}"),
         port,
+        health_port,
         state,
         client: reqwest::Client::new(),
         shutdown: Some(shutdown),
