@@ -10,7 +10,9 @@ Attackers (threads, a connection of their own per request, closed as soon as the
 half send request-cpu.py's `config` case (a Llama-3-8B config.json with modules_to_save x 256,
 ranked on 16 GPUs), half batches of 256 README jobs each ranked on the same 16 GPUs (4,096
 card estimates a batch). Meanwhile a prober sends GET /healthz then GET /readyz, a new
-connection each, every 10 ms, and a legitimate client the README request every 10 ms. With
+connection each, every 10 ms, on the main port and on the health listener (`--health-listen`),
+and a legitimate client the README request every 10 ms. `--hold-connections 1024` also keeps the
+main port's whole connection cap taken by idle connections. With
 `--maximal` the batches are the adversarial suite's `maximal_batch` instead (as many 512-layer
 jobs as fit in the 2 MB body limit). `--serve-arg=--request-timeout-secs=1` (repeatable) passes
 flags to the server: with a short timeout and many attackers, work outlasts its request.
@@ -93,6 +95,12 @@ def main():
     parser.add_argument("--attackers", type=int, default=8)
     parser.add_argument("--maximal", action="store_true")
     parser.add_argument("--serve-arg", action="append", default=[], help="passed to gpucast serve (repeatable)")
+    parser.add_argument(
+        "--hold-connections",
+        type=int,
+        default=0,
+        help="also keep this many idle connections open on the main port (1024: its whole cap)",
+    )
     options = parser.parse_args()
     binary, seconds, attackers = os.path.abspath(options.binary), options.seconds, options.attackers
     maximal = options.maximal
@@ -101,11 +109,29 @@ def main():
     ranked = dict(readme, gpu=request_cpu.GPUS)
     batch = maximal_batch() if maximal else json.dumps({"items": [ranked] * 256}).encode()
     legit = json.dumps(readme).encode()
-    port = free_port()
+    port, health_port = free_port(), free_port()
     flood, done = threading.Event(), threading.Event()
     lock = threading.Lock()
     statuses = collections.Counter()
-    probes = {"/healthz": [], "/readyz": [], "legitimate": []}
+    probes = {"/healthz": [], "/readyz": [], "health /healthz": [], "health /readyz": [], "legitimate": []}
+
+    def holder():
+        """Keeps `--hold-connections` idle connections open on the main port: the header
+        timeout closes them after 5 s, so a fresh set is opened every 4 s before the old goes."""
+        held = []
+        while not flood.is_set():
+            fresh = []
+            for _ in range(options.hold_connections):
+                try:
+                    fresh.append(socket.create_connection(("127.0.0.1", port), timeout=1))
+                except OSError:
+                    break
+            for sock in held:
+                sock.close()
+            held = fresh
+            flood.wait(4.0)
+        for sock in held:
+            sock.close()
 
     def attacker(n):
         path, body = ("/v1/estimate", config) if n % 2 == 0 else ("/v1/estimate/batch", batch)
@@ -118,8 +144,10 @@ def main():
         while not done.is_set():
             for path in ("/healthz", "/readyz"):
                 sample = raw_request(port, "GET", path, timeout=30)
+                on_health_port = raw_request(health_port, "GET", path, timeout=30)
                 with lock:
                     probes[path].append(sample)
+                    probes[f"health {path}"].append(on_health_port)
             time.sleep(0.01)
 
     def legitimate():
@@ -130,10 +158,13 @@ def main():
             time.sleep(0.01)
 
     with tempfile.TemporaryDirectory(prefix="gpucast-health-flood-") as store:
-        server = Server(binary, port, data_dir=store, extra_args=options.serve_arg)
+        health_arg = f"--health-listen=127.0.0.1:{health_port}"
+        server = Server(binary, port, data_dir=store, extra_args=[health_arg, *options.serve_arg])
         try:
             pid = server.process.pid
             threads = [threading.Thread(target=attacker, args=(n,)) for n in range(attackers)]
+            if options.hold_connections:
+                threads.append(threading.Thread(target=holder))
             for thread in threads:
                 thread.start()
             time.sleep(1.0)  # the flood under way before anything is measured
@@ -165,6 +196,9 @@ def main():
                 "attacker_statuses": dict(statuses),
                 "healthz": summary(probes["/healthz"]),
                 "readyz": summary(probes["/readyz"]),
+                "held_connections": options.hold_connections,
+                "health_port_healthz": summary(probes["health /healthz"]),
+                "health_port_readyz": summary(probes["health /readyz"]),
                 "legitimate_readme": summary(probes["legitimate"]),
                 "busy_after_stop_s": round(busy_until - stopped, 2),
                 "cpu_after_stop_s": round(last - cpu_at_stop, 2),

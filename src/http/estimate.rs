@@ -9,15 +9,17 @@ use axum::Json;
 use crate::api::parse::{parse_estimate, parse_json};
 use crate::api::types::{BatchRequest, BatchResponse, EstimateRequest, EstimateResponse, Problem};
 use crate::engine::answer::{answer_items_until, answer_until};
+use crate::engine::validate::ValidEstimateRequest;
 use crate::engine::{batch_outcomes, Deadline};
 use crate::error::ApiError;
 use crate::http::extract::JsonBytes;
 use crate::http::pool::Work;
 use crate::http::AppState;
 
-/// The fewest items a part of a batch holds: smaller parts cost more in hand-offs and model
-/// calls than they gain in spread.
-const MIN_PART_ITEMS: usize = 8;
+/// The most card estimates (an item ranked on n cards is n) a part of a batch holds when the
+/// batch has more than one part per thread: a part runs to its end once started, so this
+/// bounds how long a single estimate waits for a thread (about 5 ms on this machine's cores).
+const MAX_PART_CARD_ESTIMATES: usize = 64;
 
 /// Estimate one job.
 #[utoipa::path(
@@ -112,20 +114,11 @@ pub async fn estimate_batch(
             engine.validate_items(request.items)
         })
         .await?;
-    // The valid items in parts, one per pool thread, all queued at once: they run side by
-    // side, and a single estimate queued meanwhile goes before the parts not yet started. One
+    // The valid items in parts (`into_parts`), all queued at once: they run side by side,
+    // and a single estimate queued meanwhile goes before the parts not yet started. One
     // version of the profiles for the whole batch; each item's answer is the one it gets alone.
     let profiles = state.engine.profiles.snapshot();
-    let part_items = valid
-        .len()
-        .div_ceil(state.pool.threads())
-        .max(MIN_PART_ITEMS);
-    let mut parts = Vec::new();
-    let mut rest = valid;
-    while !rest.is_empty() {
-        let tail = rest.split_off(part_items.min(rest.len()));
-        parts.push(std::mem::replace(&mut rest, tail));
-    }
+    let parts = into_parts(valid, state.pool.threads());
     let pending: Vec<_> = parts
         .into_iter()
         .map(|part| {
@@ -145,6 +138,32 @@ pub async fn estimate_batch(
     Ok(Json(BatchResponse {
         items: batch_outcomes(errors, answers),
     }))
+}
+
+/// A batch's valid items in order, cut into parts of about equal work (an item ranked on n
+/// cards weighs n): one per pool thread, or more, of at most [`MAX_PART_CARD_ESTIMATES`]
+/// each, so that no part holds a thread long.
+fn into_parts(items: Vec<ValidEstimateRequest>, threads: usize) -> Vec<Vec<ValidEstimateRequest>> {
+    let weight = |item: &ValidEstimateRequest| 1 + item.others.len();
+    let total: usize = items.iter().map(weight).sum();
+    let per_part = total
+        .div_ceil(threads.max(1))
+        .min(MAX_PART_CARD_ESTIMATES)
+        .max(1);
+    let mut parts = Vec::new();
+    let (mut part, mut held) = (Vec::new(), 0);
+    for item in items {
+        held += weight(&item);
+        part.push(item);
+        if held >= per_part {
+            parts.push(std::mem::take(&mut part));
+            held = 0;
+        }
+    }
+    if !part.is_empty() {
+        parts.push(part);
+    }
+    parts
 }
 
 /// Hands the heaps' freed pages back to the system after a part of a batch: mimalloc (the service's

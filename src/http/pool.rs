@@ -6,7 +6,9 @@
 //! - Bounded: one thread per core; work waits in a queue, which the request permits and batch
 //!   slots bound.
 //! - Single requests go first: a thread free takes a waiting single estimate before any part
-//!   of a batch, so that a batch spread over every thread delays one by one chunk at most.
+//!   of a batch, so that a batch spread over every thread delays one by one part at most.
+//!   But not forever: when no part has been taken for [`BATCH_PATIENCE`], the oldest waiting
+//!   part goes next, so a flood of singles slows batches without starving them.
 //! - Lower priority (Linux nice 10): when every core is busy with estimates, an async worker
 //!   woken by a probe or a new connection still runs at once.
 //! - Work nobody waits for stops: when the caller's future is dropped (the request answered
@@ -18,6 +20,7 @@ use std::collections::VecDeque;
 use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use crate::engine::Deadline;
 use crate::error::ApiError;
@@ -48,11 +51,38 @@ const POOL_NICE: libc::c_int = 10;
 
 type Job = Box<dyn FnOnce() + Send>;
 
+/// How long batch parts wait behind single estimates before one of them goes first: under a
+/// flood of singles, batches still get a part through every this often (a part is a few
+/// milliseconds of work, so singles wait that much longer at most).
+const BATCH_PATIENCE: Duration = Duration::from_millis(20);
+
 #[derive(Default)]
 struct Queues {
     estimates: VecDeque<Job>,
-    batches: VecDeque<Job>,
+    /// Parts of batches, each with when it was queued.
+    batches: VecDeque<(Instant, Job)>,
+    /// When a thread last took a batch part.
+    last_batch_taken: Option<Instant>,
     closed: bool,
+}
+
+impl Queues {
+    /// The next job for a free thread: a batch part that has waited [`BATCH_PATIENCE`] since
+    /// it was queued and since the last part was taken, else a single estimate, else a part.
+    fn next(&mut self, now: Instant) -> Option<Job> {
+        let part_due = self.batches.front().is_some_and(|(queued, _)| {
+            let since = self.last_batch_taken.map_or(*queued, |t| t.max(*queued));
+            now.saturating_duration_since(since) >= BATCH_PATIENCE
+        });
+        if !part_due {
+            if let Some(job) = self.estimates.pop_front() {
+                return Some(job);
+            }
+        }
+        let (_, job) = self.batches.pop_front()?;
+        self.last_batch_taken = Some(now);
+        Some(job)
+    }
 }
 
 struct Shared {
@@ -143,7 +173,7 @@ impl CpuPool {
             let mut queues = self.shared.lock();
             match kind {
                 Work::Estimate => queues.estimates.push_back(job),
-                Work::Batch => queues.batches.push_back(job),
+                Work::Batch => queues.batches.push_back((Instant::now(), job)),
             }
         }
         self.shared.work.notify_one();
@@ -187,7 +217,8 @@ impl Drop for CpuPool {
     }
 }
 
-/// One pool thread: single estimates first, then parts of batches, until the pool is dropped.
+/// One pool thread: single estimates first, then parts of batches ([`Queues::next`]), until
+/// the pool is dropped.
 fn serve(shared: &Shared) {
     lower_priority();
     loop {
@@ -197,10 +228,7 @@ fn serve(shared: &Shared) {
                 if queues.closed {
                     return;
                 }
-                if let Some(job) = queues.estimates.pop_front() {
-                    break job;
-                }
-                if let Some(job) = queues.batches.pop_front() {
+                if let Some(job) = queues.next(Instant::now()) {
                     break job;
                 }
                 queues = shared.work.wait(queues).unwrap_or_else(|p| p.into_inner());
@@ -224,10 +252,40 @@ fn lower_priority() {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::{Duration, Instant};
 
     fn pool(threads: usize) -> CpuPool {
         CpuPool::new(threads, Arc::new(Metrics::new())).expect("threads start")
+    }
+
+    /// A job that records its name when run.
+    fn named(name: &'static str, ran: &Arc<Mutex<Vec<&'static str>>>) -> Job {
+        let ran = Arc::clone(ran);
+        Box::new(move || ran.lock().unwrap().push(name))
+    }
+
+    #[test]
+    fn singles_go_first_until_a_part_has_waited_its_patience() {
+        let ran = Arc::new(Mutex::new(Vec::new()));
+        let start = Instant::now();
+        let mut queues = Queues::default();
+        queues.batches.push_back((start, named("part 1", &ran)));
+        queues.batches.push_back((start, named("part 2", &ran)));
+        for _ in 0..3 {
+            queues.estimates.push_back(named("single", &ran));
+        }
+        // Before the patience: singles first.
+        queues.next(start + BATCH_PATIENCE / 2).unwrap()();
+        // Past it: one part goes first, then singles again until the patience passes anew.
+        let late = start + BATCH_PATIENCE;
+        queues.next(late).unwrap()();
+        queues.next(late).unwrap()();
+        queues.next(late + BATCH_PATIENCE).unwrap()();
+        queues.next(late + BATCH_PATIENCE).unwrap()();
+        assert!(queues.next(late + BATCH_PATIENCE).is_none());
+        assert_eq!(
+            *ran.lock().unwrap(),
+            ["single", "part 1", "single", "part 2", "single"]
+        );
     }
 
     #[tokio::test]
