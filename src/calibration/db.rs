@@ -198,7 +198,47 @@ pub const MIGRATIONS: &[Migration] = &[
         sqlite: ADD_BYTES,
         postgres: ADD_BYTES,
     },
+    Migration {
+        version: 4,
+        sqlite: "CREATE TABLE store_totals (
+        one INTEGER PRIMARY KEY CHECK (one = 1),
+        row_count BIGINT NOT NULL,
+        byte_count BIGINT NOT NULL
+    );
+    INSERT INTO store_totals SELECT 1, COUNT(*), COALESCE(SUM(bytes), 0) FROM observations;
+    CREATE TRIGGER observations_counted AFTER INSERT ON observations BEGIN
+        UPDATE store_totals SET row_count = row_count + 1, byte_count = byte_count + NEW.bytes;
+    END;
+    CREATE TRIGGER observations_uncounted AFTER DELETE ON observations BEGIN
+        UPDATE store_totals SET row_count = row_count - 1, byte_count = byte_count - OLD.bytes;
+    END;",
+        postgres: "CREATE TABLE store_totals (
+        one INTEGER PRIMARY KEY CHECK (one = 1),
+        row_count BIGINT NOT NULL,
+        byte_count BIGINT NOT NULL
+    );
+    INSERT INTO store_totals SELECT 1, COUNT(*), COALESCE(SUM(bytes), 0) FROM observations;
+    CREATE FUNCTION observations_count() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        IF TG_OP = 'INSERT' THEN
+            UPDATE store_totals SET row_count = row_count + 1, byte_count = byte_count + NEW.bytes;
+        ELSE
+            UPDATE store_totals SET row_count = row_count - 1, byte_count = byte_count - OLD.bytes;
+        END IF;
+        RETURN NULL;
+    END $$;
+    CREATE TRIGGER observations_counted AFTER INSERT OR DELETE ON observations
+        FOR EACH ROW EXECUTE FUNCTION observations_count();",
+    },
 ];
+
+/// Version 4 keeps the rows and bytes stored in `store_totals` (triggers on every insert and
+/// delete), so that a write's retention and the store's fingerprint cost what they delete,
+/// not a scan of the store.
+const TOTALS: &str = "SELECT row_count, byte_count FROM store_totals";
+
+/// How many rows the oldest-first walk of the byte retention reads at a time.
+const TRIM_CHUNK: i64 = 256;
 
 /// Each row's stored text bytes, so that retention in bytes sums a column instead of reading
 /// every job. Rows of former versions count 0 until they age out.
@@ -218,6 +258,9 @@ pub trait ObservationDb: Send + Sync + std::fmt::Debug {
     fn fingerprint(&self) -> Result<Fingerprint, DbError>;
     /// Every row as profiles need it, oldest first.
     fn fit_rows(&self) -> Result<Vec<FitRow>, DbError>;
+    /// One key's rows as profiles need them, oldest first (through the key's index: a write
+    /// re-derives the keys it touched from these, not from the whole store).
+    fn fit_rows_of(&self, gpu: &str, environment: Option<&str>) -> Result<Vec<FitRow>, DbError>;
     /// Every row with its job description, oldest first, handed to `each` one at a time.
     fn export(
         &self,
@@ -267,6 +310,38 @@ pub(crate) fn unix_now() -> i64 {
 
 /// A stored row's text column as JSON (`null` if it is not JSON).
 /// A stored step time and its curve: both or neither.
+/// The columns a [`FitRow`] is read from, in its order.
+const FIT_COLUMNS: &str = "SELECT id, batch_id, recorded_at, gpu, environment, observed_peak_mib, predicted_mib, breakdown, step_time_ms, step_time_curve
+     FROM observations";
+
+fn sqlite_fit_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<FitRow> {
+    Ok(FitRow {
+        id: r.get(0)?,
+        batch_id: r.get(1)?,
+        recorded_at: r.get(2)?,
+        gpu: r.get(3)?,
+        environment: r.get(4)?,
+        observed_peak_mib: r.get(5)?,
+        predicted_mib: r.get(6)?,
+        breakdown: r.get(7)?,
+        step_time: step_time(r.get(8)?, r.get(9)?),
+    })
+}
+
+fn postgres_fit_row(r: &postgres::Row) -> FitRow {
+    FitRow {
+        id: r.get(0),
+        batch_id: r.get(1),
+        recorded_at: r.get(2),
+        gpu: r.get(3),
+        environment: r.get(4),
+        observed_peak_mib: r.get(5),
+        predicted_mib: r.get(6),
+        breakdown: r.get(7),
+        step_time: step_time(r.get(8), r.get(9)),
+    }
+}
+
 fn step_time(ms: Option<f64>, curve: Option<String>) -> Option<(f64, String)> {
     ms.zip(curve)
 }
@@ -500,12 +575,40 @@ impl ObservationDb for SqliteDb {
                 for (gpu, environment) in keys(batch) {
                     trim.execute(rusqlite::params![gpu, environment, retention.per_key as i64])?;
                 }
-                tx.execute(
-                    "DELETE FROM observations WHERE id <=
-                       (SELECT id FROM observations ORDER BY id DESC LIMIT 1 OFFSET ?1)",
-                    [retention.total as i64],
+                let (rows, _) = tx.query_row(TOTALS, [], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)))?;
+                let excess = rows - retention.total as i64;
+                if excess > 0 {
+                    tx.execute(
+                        "DELETE FROM observations WHERE id <=
+                           (SELECT id FROM observations ORDER BY id LIMIT 1 OFFSET ?1 - 1)",
+                        [excess],
+                    )?;
+                }
+                let (_, bytes) = tx.query_row(TOTALS, [], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)))?;
+                let mut excess = bytes - retention.bytes as i64;
+                let mut after = 0i64;
+                let mut chunk = tx.prepare_cached(
+                    "SELECT id, bytes FROM observations WHERE id > ?1 ORDER BY id LIMIT ?2",
                 )?;
-                tx.execute(TRIM_TO_BYTES_SQLITE, [retention.bytes as i64])?;
+                while excess > 0 {
+                    let rows: Vec<(i64, i64)> = chunk
+                        .query_map([after, TRIM_CHUNK], |r| Ok((r.get(0)?, r.get(1)?)))?
+                        .collect::<Result<_, _>>()?;
+                    let Some(&(last, _)) = rows.last() else { break };
+                    for (id, row_bytes) in rows {
+                        after = id;
+                        excess -= row_bytes;
+                        if excess <= 0 {
+                            break;
+                        }
+                    }
+                    if excess > 0 {
+                        after = last;
+                    }
+                }
+                if after > 0 {
+                    tx.execute("DELETE FROM observations WHERE id <= ?1", [after])?;
+                }
             }
             tx.commit()
         })
@@ -514,7 +617,8 @@ impl ObservationDb for SqliteDb {
     fn fingerprint(&self) -> Result<Fingerprint, DbError> {
         self.with(|c| {
             c.query_row(
-                "SELECT COUNT(*), COALESCE(MIN(id), 0), COALESCE(MAX(id), 0) FROM observations",
+                "SELECT (SELECT row_count FROM store_totals), COALESCE(MIN(id), 0), COALESCE(MAX(id), 0)
+                 FROM observations",
                 [],
                 |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
             )
@@ -523,23 +627,18 @@ impl ObservationDb for SqliteDb {
 
     fn fit_rows(&self) -> Result<Vec<FitRow>, DbError> {
         self.with(|c| {
-            let mut statement = c.prepare_cached(
-                "SELECT id, batch_id, recorded_at, gpu, environment, observed_peak_mib, predicted_mib, breakdown, step_time_ms, step_time_curve
-                 FROM observations ORDER BY id",
-            )?;
-            let rows = statement.query_map([], |r| {
-                Ok(FitRow {
-                    id: r.get(0)?,
-                    batch_id: r.get(1)?,
-                    recorded_at: r.get(2)?,
-                    gpu: r.get(3)?,
-                    environment: r.get(4)?,
-                    observed_peak_mib: r.get(5)?,
-                    predicted_mib: r.get(6)?,
-                    breakdown: r.get(7)?,
-                    step_time: step_time(r.get(8)?, r.get(9)?),
-                })
-            })?;
+            let mut statement = c.prepare_cached(&format!("{FIT_COLUMNS} ORDER BY id"))?;
+            let rows = statement.query_map([], sqlite_fit_row)?;
+            rows.collect()
+        })
+    }
+
+    fn fit_rows_of(&self, gpu: &str, environment: Option<&str>) -> Result<Vec<FitRow>, DbError> {
+        self.with(|c| {
+            let mut statement = c.prepare_cached(&format!(
+                "{FIT_COLUMNS} WHERE gpu = ?1 AND environment IS ?2 ORDER BY id"
+            ))?;
+            let rows = statement.query_map(rusqlite::params![gpu, environment], sqlite_fit_row)?;
             rows.collect()
         })
     }
@@ -596,15 +695,6 @@ impl ObservationDb for SqliteDb {
         self.warnings.clone()
     }
 }
-
-/// Deletes the oldest rows until the newest ones' bytes fit the retention's: every row at or
-/// before the newest one whose running total (newest first) passes it.
-const TRIM_TO_BYTES_SQLITE: &str = "DELETE FROM observations WHERE id <=
-    (SELECT id FROM (SELECT id, SUM(bytes) OVER (ORDER BY id DESC) AS kept FROM observations)
-     WHERE kept > ?1 ORDER BY id DESC LIMIT 1)";
-const TRIM_TO_BYTES_POSTGRES: &str = "DELETE FROM observations WHERE id <=
-    (SELECT id FROM (SELECT id, (SUM(bytes) OVER (ORDER BY id DESC))::BIGINT AS kept FROM observations) AS running
-     WHERE kept > $1::BIGINT ORDER BY id DESC LIMIT 1)";
 
 impl NewObservation {
     /// The bytes of its stored texts.
@@ -740,12 +830,40 @@ impl ObservationDb for PostgresDb {
                     &[&gpu, &environment, &per_key],
                 )?;
             }
-            tx.execute(
-                "DELETE FROM observations WHERE id <=
-                   (SELECT id FROM observations ORDER BY id DESC LIMIT 1 OFFSET $1)",
-                &[&total],
-            )?;
-            tx.execute(TRIM_TO_BYTES_POSTGRES, &[&(retention.bytes as i64)])?;
+            let rows: i64 = tx.query_one(TOTALS, &[])?.get(0);
+            let excess = rows - total;
+            if excess > 0 {
+                tx.execute(
+                    "DELETE FROM observations WHERE id <=
+                       (SELECT id FROM observations ORDER BY id LIMIT 1 OFFSET $1 - 1)",
+                    &[&excess],
+                )?;
+            }
+            let bytes: i64 = tx.query_one(TOTALS, &[])?.get(1);
+            let mut excess = bytes - retention.bytes as i64;
+            let mut after = 0i64;
+            while excess > 0 {
+                let rows = tx.query(
+                    "SELECT id, bytes FROM observations WHERE id > $1 ORDER BY id LIMIT $2",
+                    &[&after, &TRIM_CHUNK],
+                )?;
+                let Some(last) = rows.last().map(|r| r.get::<_, i64>(0)) else {
+                    break;
+                };
+                for row in &rows {
+                    after = row.get(0);
+                    excess -= row.get::<_, i64>(1);
+                    if excess <= 0 {
+                        break;
+                    }
+                }
+                if excess > 0 {
+                    after = last;
+                }
+            }
+            if after > 0 {
+                tx.execute("DELETE FROM observations WHERE id <= $1", &[&after])?;
+            }
             tx.commit()
         })
     }
@@ -753,7 +871,8 @@ impl ObservationDb for PostgresDb {
     fn fingerprint(&self) -> Result<Fingerprint, DbError> {
         self.with(|c| {
             let row = c.query_one(
-                "SELECT COUNT(*)::BIGINT, COALESCE(MIN(id), 0)::BIGINT, COALESCE(MAX(id), 0)::BIGINT FROM observations",
+                "SELECT (SELECT row_count FROM store_totals), COALESCE(MIN(id), 0)::BIGINT, COALESCE(MAX(id), 0)::BIGINT
+                 FROM observations",
                 &[],
             )?;
             Ok((row.get(0), row.get(1), row.get(2)))
@@ -762,25 +881,20 @@ impl ObservationDb for PostgresDb {
 
     fn fit_rows(&self) -> Result<Vec<FitRow>, DbError> {
         self.with(|c| {
+            let rows = c.query(&format!("{FIT_COLUMNS} ORDER BY id"), &[])?;
+            Ok(rows.iter().map(postgres_fit_row).collect())
+        })
+    }
+
+    fn fit_rows_of(&self, gpu: &str, environment: Option<&str>) -> Result<Vec<FitRow>, DbError> {
+        self.with(|c| {
             let rows = c.query(
-                "SELECT id, batch_id, recorded_at, gpu, environment, observed_peak_mib, predicted_mib, breakdown, step_time_ms, step_time_curve
-                 FROM observations ORDER BY id",
-                &[],
+                &format!(
+                    "{FIT_COLUMNS} WHERE gpu = $1 AND environment IS NOT DISTINCT FROM $2 ORDER BY id"
+                ),
+                &[&gpu, &environment],
             )?;
-            Ok(rows
-                .iter()
-                .map(|r| FitRow {
-                    id: r.get(0),
-                    batch_id: r.get(1),
-                    recorded_at: r.get(2),
-                    gpu: r.get(3),
-                    environment: r.get(4),
-                    observed_peak_mib: r.get(5),
-                    predicted_mib: r.get(6),
-                    breakdown: r.get(7),
-                    step_time: step_time(r.get(8), r.get(9)),
-                })
-                .collect())
+            Ok(rows.iter().map(postgres_fit_row).collect())
         })
     }
 
@@ -963,6 +1077,22 @@ mod tests {
             .map(|r| r.observed_peak_mib)
             .collect();
         assert_eq!(kept, vec![1003.0, 1004.0, 1005.0]);
+        assert_totals_match(&db);
+    }
+
+    /// The totals the triggers keep are the table's.
+    fn assert_totals_match(db: &SqliteDb) {
+        db.with(|c| {
+            let kept: (i64, i64) = c.query_row(TOTALS, [], |r| Ok((r.get(0)?, r.get(1)?)))?;
+            let counted: (i64, i64) = c.query_row(
+                "SELECT COUNT(*), COALESCE(SUM(bytes), 0) FROM observations",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )?;
+            assert_eq!(kept, counted);
+            Ok(())
+        })
+        .unwrap();
     }
 
     #[test]
@@ -993,6 +1123,7 @@ mod tests {
         .unwrap();
         let rows = db.fit_rows().unwrap();
         assert_eq!(rows.len(), 5, "the total bound");
+        assert_totals_match(&db);
         let t4: Vec<f64> = rows
             .iter()
             .filter(|r| r.gpu == "t4" && r.environment.is_none())

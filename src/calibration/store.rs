@@ -215,11 +215,6 @@ impl ProfileStore {
             return Ok(Vec::new());
         }
         self.noted(self.db.insert(&batch, self.retention))?;
-        // Committed: whatever happens next, the call is answered as recorded (a retry would
-        // record it twice). A refresh that fails here is retried by the periodic one.
-        if let Err(error) = self.refresh() {
-            tracing::warn!(%error, "recorded, but the profiles could not be derived again yet");
-        }
         let mut keys: Vec<ProfileKey> = Vec::new();
         for o in &batch {
             let key = (o.gpu.clone(), o.environment.clone());
@@ -227,11 +222,38 @@ impl ProfileStore {
                 keys.push(key);
             }
         }
+        // Committed: whatever happens next, the call is answered as recorded (a retry would
+        // record it twice). Only the keys the batch touched are derived again, from their own
+        // rows: a write costs its keys' rows (at most the retention per key), not the store.
+        // The periodic refresh catches up with the rest (other replicas' rows, rows the
+        // retention trimmed from other keys), and retries a derivation that fails here.
+        if let Err(error) = self.derive_keys(&keys) {
+            tracing::warn!(%error, "recorded, but the profiles could not be derived again yet");
+        }
         let map = self.read();
         Ok(keys
             .iter()
             .filter_map(|k| map.get(k).map(|d| d.update.clone()))
             .collect())
+    }
+
+    /// Re-derives `keys`' profiles from their rows alone. The store's fingerprint is left as
+    /// last seen, so the next [`Self::refresh`] still reads everything once (it reuses these
+    /// derivations where the rows are the same).
+    fn derive_keys(&self, keys: &[ProfileKey]) -> Result<(), ProfileError> {
+        let _seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let mut derived = Vec::with_capacity(keys.len());
+        for key in keys {
+            let rows = self.noted(self.db.fit_rows_of(&key.0, key.1.as_deref()))?;
+            let rows: Vec<&FitRow> = rows.iter().collect();
+            derived.push((key.clone(), derive_key(key, &rows)));
+        }
+        let mut map = HashMap::clone(&self.read());
+        for (key, update) in derived {
+            map.insert(key, update);
+        }
+        *self.profiles.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(map);
+        Ok(())
     }
 
     /// Re-derives the profiles if the stored observations changed since the last time; true
@@ -459,21 +481,30 @@ fn derive_all(
     by_key
         .into_iter()
         .map(|(key, rows)| {
-            let signature = (
-                rows.len(),
-                rows.first().map_or(0, |r| r.id),
-                rows.last().map_or(0, |r| r.id),
-            );
             let derived = match previous.get(&key) {
-                Some(d) if d.rows == signature => d.clone(),
-                _ => Derived {
-                    rows: signature,
-                    update: derive_profile(&key.0, key.1.as_deref(), &rows),
-                },
+                Some(d) if d.rows == signature(&rows) => d.clone(),
+                _ => derive_key(&key, &rows),
             };
             (key, derived)
         })
         .collect()
+}
+
+/// What says a key's rows are the same as when it was derived: (count, first id, last id).
+fn signature(rows: &[&FitRow]) -> (usize, i64, i64) {
+    (
+        rows.len(),
+        rows.first().map_or(0, |r| r.id),
+        rows.last().map_or(0, |r| r.id),
+    )
+}
+
+/// One key's profile from its rows (oldest first), with their signature.
+fn derive_key(key: &ProfileKey, rows: &[&FitRow]) -> Derived {
+    Derived {
+        rows: signature(rows),
+        update: derive_profile(&key.0, key.1.as_deref(), rows),
+    }
 }
 
 /// The seam: one key's observations (oldest first) in, its profile out.
