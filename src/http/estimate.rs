@@ -148,8 +148,7 @@ fn into_parts(items: Vec<ValidEstimateRequest>, threads: usize) -> Vec<Vec<Valid
     let total: usize = items.iter().map(weight).sum();
     let per_part = total
         .div_ceil(threads.max(1))
-        .min(MAX_PART_CARD_ESTIMATES)
-        .max(1);
+        .clamp(1, MAX_PART_CARD_ESTIMATES);
     let mut parts = Vec::new();
     let (mut part, mut held) = (Vec::new(), 0);
     for item in items {
