@@ -20,6 +20,14 @@ Cases:
 
 Prints one line per run (status, wall and CPU seconds a request) and a JSON summary (each
 case's CPU seconds a request per run and their median) last.
+
+    python3 scripts/request-cpu.py target/release/gpucast --search 60 [--seed 1]
+
+searches instead: that many random bodies up to the limits (MAX_LAYERS layers, 256 names of
+256 characters in every module list, 16 cards, config.json jobs of up to 512 layers at long
+sequences and large worlds, module printouts of thousands of repeated blocks, batches of 256
+such items), each sent once and its CPU time measured as above. Prints the worst five and a
+JSON summary whose `worst_cpu_seconds` the issue's target holds to at most 1 s.
 """
 
 import json
@@ -146,11 +154,160 @@ def measure(server, port, case, runs):
     }
 
 
+def random_names(rng, count, chars):
+    """`count` dotted names of about `chars` characters, near misses of one another."""
+    stem = "".join(rng.choice("abcdefgh_.") for _ in range(max(1, chars - 12))).strip(".") or "m"
+    return [f"{stem}.{rng.randrange(10**6)}"[:256] for _ in range(count)]
+
+
+def random_layers_body(rng):
+    count = rng.choice([64, 512, 2048, 4096])
+    chars = rng.choice([8, 64, 256])
+    names = random_names(rng, count, chars)
+    lists = random_names(rng, 256, rng.choice([8, 256])) + rng.sample(names, min(8, count))
+    kinds = ["linear", "conv2d", "layer_norm", "relu", "attention", "embedding", "dropout"]
+    layers = [
+        {
+            "kind": rng.choice(kinds),
+            "output_size": rng.choice([64, 4096, 1 << 20]),
+            "params": rng.choice([0, 4096, 1 << 24]),
+            "name": n,
+        }
+        for n in names
+    ]
+    body = {
+        "family": rng.choice(["transformer", "cnn", "mlp"]),
+        "batch_size": rng.choice([1, 64, 4096]),
+        "precision": rng.choice(["fp32", "bf16", "amp_bf16"]),
+        "optimizer": rng.choice(["adam", "sgd", "adamw_8bit"]),
+        "layers": layers,
+        "gpu": rng.sample(GPUS, rng.choice([1, 4, 16])),
+    }
+    roll = rng.random()
+    if roll < 0.5:
+        body["lora"] = {
+            "rank": rng.choice([8, 256]),
+            "target_modules": lists[: rng.choice([1, 256])],
+            "modules_to_save": lists[-256:],
+        }
+    elif roll < 0.75:
+        body["activation_checkpointing"] = lists[:256]
+    else:
+        body["trainable"] = {"modules": lists[:256]}
+    return body
+
+
+def random_config_body(rng):
+    folder = os.path.join(ROOT, "tests", "fixtures", "transformer_configs", "public")
+    with open(os.path.join(folder, rng.choice(sorted(os.listdir(folder))))) as f:
+        config = json.load(f)
+    config["num_hidden_layers"] = rng.choice([config.get("num_hidden_layers", 12), 512])
+    body = {
+        "transformer_config": config,
+        "seq_len": rng.choice([512, 8192, 131072]),
+        "batch_size": rng.choice([1, 8, 1024]),
+        "precision": "bf16",
+        "optimizer": rng.choice(["adamw", "paged_adamw_8bit"]),
+        "gpu": rng.sample(GPUS, rng.choice([1, 16])),
+    }
+    if rng.random() < 0.5:
+        body["lora"] = {"rank": 16, "target_modules": "all-linear", "modules_to_save": random_names(rng, 256, 256)}
+    if rng.random() < 0.5:
+        world = rng.choice([8, 1024, 1 << 20])
+        body["parallelism"] = {"strategy": rng.choice(["zero3", "fsdp", "ddp"]), "world_size": world}
+    return body
+
+
+def random_printout_body(rng):
+    blocks = rng.choice([64, 4096, 100000])
+    width = rng.choice([64, 3000000])
+    text = (
+        f"Net(\n  (0-{blocks - 1}): {blocks} x Block(\n    (fc): Linear(in_features={width}, out_features={width}, bias=True)\n"
+        "    (act): GELU()\n    (drop): Dropout(p=0.1, inplace=False)\n  )\n)"
+    )
+    return {
+        "summary": {"format": "module_print", "text": text},
+        "batch_size": rng.choice([1, 64]),
+        "gpu": rng.sample(GPUS, 16),
+    }
+
+
+FORMS = {"layers": random_layers_body, "config": random_config_body, "printout": random_printout_body}
+
+
+def fitted(body):
+    """`body` cut to the 2 MB limit (layers dropped from the end), or None."""
+    while len(json.dumps(body).encode()) > BODY_LIMIT:
+        layers = body.get("layers")
+        if not layers or len(layers) < 2:
+            return None
+        del layers[len(layers) // 2 :]
+    return body
+
+
+def search(server, port, count, seed):
+    import random
+
+    rng = random.Random(seed)
+    pid = server.process.pid
+    results = []
+    for n in range(count):
+        form = rng.choice([*FORMS, "batch"])
+        if form == "batch":
+            item_form = rng.choice(list(FORMS))
+            items = [FORMS[item_form](rng) for _ in range(rng.choice([4, 256]))]
+            body, path = fitted_batch(items), "/v1/estimate/batch"
+        else:
+            body, path = fitted(FORMS[form](rng)), "/v1/estimate"
+        if body is None:
+            continue
+        size = len(json.dumps(body).encode())
+        before = settled_cpu(pid, quiet=0.3)
+        started = time.perf_counter()
+        status, answer = call_json(port, "POST", path, body, timeout=900)
+        wall = time.perf_counter() - started
+        cpu = settled_cpu(pid, quiet=0.3) - before
+        shape = form if form != "batch" else f"batch of {len(body['items'])} {item_form}"
+        results.append(
+            {
+                "n": n,
+                "form": shape,
+                "bytes": size,
+                "status": status,
+                "wall_seconds": round(wall, 3),
+                "cpu_seconds": round(cpu, 3),
+            }
+        )
+        print(f"{n}: {shape}, {size} bytes: {status}, {wall:.3f} s wall, {cpu:.3f} s CPU", flush=True)
+    results.sort(key=lambda r: r["cpu_seconds"], reverse=True)
+    return {
+        "bodies": len(results),
+        "seed": seed,
+        "statuses": {
+            str(k): sum(1 for r in results if r["status"] == k) for k in sorted({r["status"] for r in results}, key=str)
+        },
+        "worst": results[:5],
+        "worst_cpu_seconds": results[0]["cpu_seconds"] if results else None,
+    }
+
+
+def fitted_batch(items):
+    """A batch body of `items`, halved until it fits in the 2 MB limit, or None."""
+    while len(items) > 1 and len(json.dumps({"items": items}).encode()) > BODY_LIMIT:
+        del items[len(items) // 2 :]
+    if len(json.dumps({"items": items}).encode()) > BODY_LIMIT:
+        items[0] = fitted(items[0])
+        if items[0] is None:
+            return None
+    return {"items": items}
+
+
 def main():
     args = sys.argv[1:]
     if not args or args[0].startswith("-"):
         raise SystemExit(__doc__)
     binary, runs, cases = os.path.abspath(args[0]), 3, []
+    searched, seed = 0, 1
     rest = args[1:]
     while rest:
         flag = rest.pop(0)
@@ -158,6 +315,10 @@ def main():
             runs = int(rest.pop(0))
         elif flag == "--case":
             cases.append(rest.pop(0))
+        elif flag == "--search":
+            searched = int(rest.pop(0))
+        elif flag == "--seed":
+            seed = int(rest.pop(0))
         else:
             raise SystemExit(f"unknown argument {flag}\n{__doc__}")
     summary = {"binary": binary, "cases": {}}
@@ -167,8 +328,11 @@ def main():
         # and it is the work that is measured, not the 503.
         server = Server(binary, port, data_dir=store, extra_args=("--request-timeout-secs", "900"))
         try:
-            for case in cases or list(CASES):
-                summary["cases"][case] = measure(server, port, case, runs)
+            if searched:
+                summary["search"] = search(server, port, searched, seed)
+            else:
+                for case in cases or list(CASES):
+                    summary["cases"][case] = measure(server, port, case, runs)
         finally:
             server.stop()
     print(json.dumps(summary))

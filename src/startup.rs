@@ -317,7 +317,8 @@ async fn accept_until(
     let mut connection = hyper::server::conn::http1::Builder::new();
     connection
         .timer(TokioTimer::new())
-        .header_read_timeout(header_read);
+        .header_read_timeout(header_read)
+        .max_buf_size(READ_BUFFER_BYTES);
     let connection_slots = Arc::new(Semaphore::new(max_connections));
     tokio::pin!(shutdown);
     loop {
@@ -351,6 +352,11 @@ async fn accept_until(
     }
     connections
 }
+
+/// The most a connection's read buffer holds (hyper's default is about 400 KB): bodies are
+/// charged to the budget as they leave it, so this bounds what a connection holds beyond its
+/// charge (a thousand connections sending at once: 64 MiB, not 400).
+const READ_BUFFER_BYTES: usize = 64 * 1024;
 
 /// Connections the health listener holds open at once: probes, not traffic.
 const HEALTH_CONNECTIONS: usize = 64;

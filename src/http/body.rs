@@ -35,6 +35,12 @@ pub async fn read_within(
     budget: &Arc<Semaphore>,
 ) -> Result<ReadBody, ApiError> {
     let mut body = body;
+    // Room for a declared length is made once its first bytes arrive (allocated, not yet
+    // touched, for a body that stalls there): growing by doubling would copy a large body
+    // several times and leave the allocator holding the freed steps.
+    let declared = axum::body::HttpBody::size_hint(&body)
+        .exact()
+        .map(|length| usize::try_from(length).unwrap_or(usize::MAX).min(limit));
     let mut bytes: Vec<u8> = Vec::new();
     let mut held: Option<OwnedSemaphorePermit> = None;
     while let Some(frame) = body.frame().await {
@@ -44,6 +50,9 @@ pub async fn read_within(
         };
         if bytes.len() + data.len() > limit {
             return Err(ApiError::PayloadTooLarge(limit));
+        }
+        if bytes.is_empty() {
+            bytes.reserve_exact(declared.unwrap_or(0).max(data.len()));
         }
         bytes.extend_from_slice(&data);
         let wanted = permits_for(bytes.len());
