@@ -35,27 +35,26 @@ pub async fn read_within(
     budget: &Arc<Semaphore>,
 ) -> Result<ReadBody, ApiError> {
     let mut body = body;
-    // Room for a declared length is made once its first bytes arrive (allocated, not yet
-    // touched, for a body that stalls there): growing by doubling would copy a large body
-    // several times and leave the allocator holding the freed steps.
-    let declared = axum::body::HttpBody::size_hint(&body)
-        .exact()
-        .map(|length| usize::try_from(length).unwrap_or(usize::MAX).min(limit));
-    let mut bytes: Vec<u8> = Vec::new();
+    // The frames as they arrive, joined once at the end: no copy while reading, and no
+    // memory for bytes that have not come (a body that declares 2 MiB and stalls holds what
+    // it sent).
+    // Declared first, dropped last: after the frames it releases.
+    let mut unfinished = ReleaseIfUnfinished(true, 0);
+    let mut frames: Vec<Bytes> = Vec::new();
+    let mut len = 0usize;
     let mut held: Option<OwnedSemaphorePermit> = None;
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|error| ApiError::UnreadableBody(error.to_string()))?;
         let Ok(data) = frame.into_data() else {
             continue; // trailers carry no body bytes
         };
-        if bytes.len() + data.len() > limit {
+        if len + data.len() > limit {
             return Err(ApiError::PayloadTooLarge(limit));
         }
-        if bytes.is_empty() {
-            bytes.reserve_exact(declared.unwrap_or(0).max(data.len()));
-        }
-        bytes.extend_from_slice(&data);
-        let wanted = permits_for(bytes.len());
+        len += data.len();
+        unfinished.1 = len;
+        frames.push(data);
+        let wanted = permits_for(len);
         let have = held.as_ref().map_or(0, |p| p.num_permits());
         if wanted > have {
             let more = u32::try_from(wanted - have).unwrap_or(u32::MAX);
@@ -69,16 +68,53 @@ pub async fn read_within(
             }
         }
     }
-    Ok(ReadBody {
-        bytes: Bytes::from(bytes),
-        _held: held,
-    })
+    unfinished.0 = false;
+    let bytes = if frames.len() == 1 {
+        frames.pop().unwrap_or_default()
+    } else {
+        let mut joined = Vec::with_capacity(len);
+        for frame in &frames {
+            joined.extend_from_slice(frame);
+        }
+        Bytes::from(joined)
+    };
+    Ok(ReadBody { bytes, _held: held })
+}
+
+/// A body read that ends without its bytes (refused, too large, timed out: the future
+/// dropped) after it held more than its free share: its frames, freed on this thread, are
+/// handed back to the system, or a flood of large bodies would leave the process larger.
+struct ReleaseIfUnfinished(bool, usize);
+
+impl Drop for ReleaseIfUnfinished {
+    fn drop(&mut self) {
+        if self.0 && self.1 > FREE_BYTES_PER_BODY {
+            release_freed_memory();
+        }
+    }
 }
 
 /// The permits a body of `len` bytes holds.
 fn permits_for(len: usize) -> usize {
     len.saturating_sub(FREE_BYTES_PER_BODY)
         .div_ceil(BYTES_PER_PERMIT)
+}
+
+/// Hands the heaps' freed pages back to the system, on the calling thread (mimalloc's heaps
+/// are per thread): mimalloc (the service's allocator) and glibc's (ONNX Runtime's buffers)
+/// keep a batch's megabytes of features and answers, or a large body's frames, and a flood of
+/// them would leave the process that much larger for good.
+pub fn release_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only returns free memory at the top of glibc's heaps and arenas; it
+    // touches no memory the program holds.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+    // SAFETY: mi_collect frees what mimalloc holds unused; it touches no live allocation.
+    unsafe {
+        libmimalloc_sys::mi_collect(true);
+    }
 }
 
 #[cfg(test)]

@@ -126,7 +126,7 @@ pub async fn estimate_batch(
             let work = deadline.clone();
             state.pool.run(Work::Batch, deadline.clone(), move || {
                 let answers = answer_items_until(&engine, &part, &profiles, started, &work);
-                release_freed_memory();
+                super::body::release_freed_memory();
                 answers
             })
         })
@@ -163,20 +163,4 @@ fn into_parts(items: Vec<ValidEstimateRequest>, threads: usize) -> Vec<Vec<Valid
         parts.push(part);
     }
     parts
-}
-
-/// Hands the heaps' freed pages back to the system after a part of a batch: mimalloc (the service's
-/// allocator) and glibc's (ONNX Runtime's buffers) keep a batch's megabytes of features and
-/// answers, and a flood of batches would leave the process that much larger for good.
-fn release_freed_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim only returns free memory at the top of glibc's heaps and arenas; it
-    // touches no memory the program holds.
-    unsafe {
-        libc::malloc_trim(0);
-    }
-    // SAFETY: mi_collect frees what mimalloc holds unused; it touches no live allocation.
-    unsafe {
-        libmimalloc_sys::mi_collect(true);
-    }
 }
