@@ -70,6 +70,9 @@ class CallbackMethods:
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.observer.step()
 
+    def on_train_end(self, *args: Any, **kwargs: Any) -> None:
+        """Both frameworks name a hook so, with other arguments: this one takes either's."""
+
     # Lightning hooks.
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         if self.job is None:

@@ -11,6 +11,8 @@ import json
 import os
 from typing import Any
 
+# The attention kernels the service models (`load.attn_implementation`).
+ATTENTION_KERNELS = ("eager", "sdpa", "flash_attention_2", "flash_attention_3")
 # Training-argument names that state the tokens per sample (TRL's SFTConfig and kin).
 SEQ_LEN_ARGUMENTS = ("max_seq_length", "max_length")
 
@@ -92,6 +94,9 @@ def model_fields(model: Any) -> dict[str, Any]:
     dtype = weights_dtype(model)
     if dtype is not None:
         load["torch_dtype"] = dtype
+    attention = getattr(config, "_attn_implementation", None)
+    if attention in ATTENTION_KERNELS:
+        load["attn_implementation"] = attention
     quantization = raw_config.get("quantization_config")
     if quantization:
         load["quantization_config"] = jsonable(quantization)
@@ -202,6 +207,14 @@ def from_lightning(
     precision = getattr(trainer, "precision", None)
     if precision is not None:
         job["precision"] = str(precision)
+        load = job.get("load", {})
+        if load.get("torch_dtype") == "float32" and "quantization_config" not in load:
+            # fp32 weights are what `*-mixed` precisions train, yet the service reads any
+            # `load` (stated or defaulted fp32) as the precision and refuses `precision` beside
+            # it; `precision` says it all, and the kernel goes as `attention`.
+            del job["load"]
+            if "attn_implementation" in load:
+                job["attention"] = "eager" if load["attn_implementation"] == "eager" else "sdpa"
     accumulation = int(getattr(trainer, "accumulate_grad_batches", 1) or 1)
     job["micro_batch_size"] = int(batch_size)
     job["gradient_accumulation_steps"] = accumulation

@@ -230,6 +230,8 @@ JOB_FIELDS = (
     "seq_len",
     "gpu",
     "precision",
+    "attention",
+    "input_shape",
     "batch_size",
     "micro_batch_size",
     "gradient_accumulation_steps",
