@@ -8,6 +8,9 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
+if [[ -z "${GPUCAST_BINARY:-}" ]]; then
+    cargo build --locked --quiet  # a no-op after scripts/test.sh's cargo test
+fi
 BINARY="${GPUCAST_BINARY:-$ROOT/target/debug/gpucast}"
 CLIENT_PYTHON="$(scripts/client-venv.sh)"
 DESCRIBE_PYTHON="$(scripts/describe-venv.sh)"
