@@ -2,7 +2,8 @@
 # Runs every test: the format and lint gates (cargo fmt --check, clippy with warnings as errors,
 # ruff check and ruff format --check on the Python: ruff.toml),
 # Rust unit and integration tests (real server on ephemeral ports, committed
-# models through ONNX Runtime; the calibration store on SQLite and on a throw-away PostgreSQL), the Python feature-parity and probe tests (stdlib only), then
+# models through ONNX Runtime; the calibration store on SQLite and on a throw-away PostgreSQL), the Python
+# client against the real service (scripts/client-test.sh), the Python feature-parity and probe tests (stdlib only), then
 # describe's tests (model walk, training-step simulation, allocator model) in a project venv
 # with pinned torch/timm/transformers (scripts/describe-venv.sh: created once, then reused).
 set -euo pipefail
@@ -39,6 +40,10 @@ if ! command -v initdb >/dev/null 2>&1 && ! ls /usr/lib/postgresql/*/bin/initdb 
     fi
 fi
 scripts/postgres-test.sh cargo test --locked --all-targets
+# The Python client (python/) against the service cargo just built (target/debug/gpucast on a
+# loopback port): its own venv without torch (.venv-client), then the trainer and callback tests
+# in describe's venv (scripts/client-test.sh).
+scripts/client-test.sh
 python3 -m unittest discover -s training/tests -v
 python3 -m unittest discover -s probe/tests -t . -v
 DESCRIBE_PYTHON="$(scripts/describe-venv.sh)"

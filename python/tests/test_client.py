@@ -1,0 +1,327 @@
+"""The client against openapi/openapi.json (no service needed) and against the real service
+(GPUCAST_URL, as scripts/client-test.sh starts it); standard library only: this runs in the
+package's own venv, without torch."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import os
+import sys
+import unittest
+import uuid
+from pathlib import Path
+
+import gpucast
+from gpucast.models import JOB_FIELDS, OBSERVATION_FIELDS, Model
+
+URL = os.environ.get("GPUCAST_URL")
+OPENAPI = Path(os.environ.get("GPUCAST_OPENAPI", "openapi/openapi.json"))
+EXAMPLES = OPENAPI.parent / "examples"
+# Fields the client reads that the spec does not declare: RFC 7807's `type` (absent means
+# about:blank, which the client fills in).
+NOT_IN_SPEC = {("Problem", "type")}
+
+
+def load_spec() -> dict:
+    with open(OPENAPI, encoding="utf-8") as file:
+        return json.load(file)
+
+
+def schema_properties(schema: dict) -> dict:
+    """The properties of a schema, through an allOf (EstimateRequest's layers-or-summary rule)."""
+    properties = dict(schema.get("properties", {}))
+    for part in schema.get("allOf", []):
+        properties.update(part.get("properties", {}))
+    return properties
+
+
+def schema_required(schema: dict) -> set:
+    required = set(schema.get("required", []))
+    for part in schema.get("allOf", []):
+        required |= set(part.get("required", [])) if "oneOf" not in part else set()
+    return required
+
+
+def referenced_schemas(node: object) -> set:
+    """Every schema name a property refers to, through oneOf/items/nullable wrappers."""
+    names = set()
+    if isinstance(node, dict):
+        ref = node.get("$ref")
+        if isinstance(ref, str):
+            names.add(ref.rsplit("/", 1)[-1])
+        for value in node.values():
+            names |= referenced_schemas(value)
+    elif isinstance(node, list):
+        for value in node:
+            names |= referenced_schemas(value)
+    return names
+
+
+def models() -> list:
+    found = []
+    for name in gpucast.__all__:
+        value = getattr(gpucast, name)
+        if isinstance(value, type) and issubclass(value, Model) and value.SCHEMA:
+            found.append(value)
+    return found
+
+
+class ContractTest(unittest.TestCase):
+    """A route, or a field the client reads, renamed in the service fails here."""
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls.spec = load_spec()
+        cls.schemas = cls.spec["components"]["schemas"]
+
+    def test_every_route_is_a_client_method_and_the_other_way_round(self) -> None:
+        in_spec = {(method.upper(), path) for path, ops in self.spec["paths"].items() for method in ops}
+        in_client = {(route.method, route.path) for route in gpucast.ROUTES.values()}
+        self.assertEqual(in_client, in_spec)
+        for name in gpucast.ROUTES:
+            self.assertTrue(callable(getattr(gpucast.Client, name)), name)
+            self.assertTrue(asyncio.iscoroutinefunction(getattr(gpucast.AsyncClient, name)), name)
+
+    def test_answers_and_bodies_are_the_spec_schemas(self) -> None:
+        for name, route in gpucast.ROUTES.items():
+            operation = self.spec["paths"][route.path][route.method.lower()]
+            success = next(r for status, r in operation["responses"].items() if status.startswith("2"))
+            content = success.get("content", {})
+            if route.response is None:
+                self.assertIn("text/plain", content, name)
+            else:
+                ref = content["application/json"]["schema"]["$ref"]
+                self.assertEqual(ref.rsplit("/", 1)[-1], route.response.SCHEMA, name)
+            body = operation.get("requestBody", {}).get("content", {}).get("application/json", {})
+            wanted = body.get("schema", {}).get("$ref", "").rsplit("/", 1)[-1] or None
+            self.assertEqual(route.request_schema, wanted, name)
+            for status, response in operation["responses"].items():
+                if status.startswith(("4", "5")):
+                    problem = response["content"]["application/problem+json"]["schema"]["$ref"]
+                    self.assertTrue(problem.endswith("/Problem"), (name, status))
+
+    def test_every_field_read_is_in_its_schema(self) -> None:
+        for model in models():
+            schema = self.schemas[model.SCHEMA]
+            properties = schema_properties(schema)
+            wire_names = set(model.wire_fields().values())
+            for key in wire_names:
+                if (model.SCHEMA, key) not in NOT_IN_SPEC:
+                    self.assertIn(key, set(properties), f"{model.__name__}.{key} not in {model.SCHEMA}")
+            # What the service always sends, the client has a field for.
+            self.assertLessEqual(schema_required(schema), wire_names, model.__name__)
+            for key, nested in model.nested_models().items():
+                self.assertIn(nested.SCHEMA, referenced_schemas(properties[key]), f"{model.__name__}.{key}")
+
+    def test_jobs_and_observations_write_spec_fields(self) -> None:
+        job_properties = schema_properties(self.schemas["EstimateRequest"])
+        for key in JOB_FIELDS:
+            self.assertIn(key, job_properties)
+        observation = self.schemas["ObservationRequest"]
+        self.assertLessEqual(set(OBSERVATION_FIELDS), set(observation["properties"]))
+        self.assertLessEqual(set(observation["required"]), set(OBSERVATION_FIELDS))
+        headers = [p["name"] for p in self.spec["paths"]["/v1/calibration/observations"]["post"]["parameters"]]
+        self.assertIn("Idempotency-Key", headers)
+
+    def test_unknown_fields_are_kept(self) -> None:
+        answer = gpucast.FitResponse.from_dict({"gpu": "x", "fits": True, "new_field": 1})
+        self.assertEqual(answer.extra, {"new_field": 1})
+        self.assertTrue(answer.fits)
+
+
+class EnvironmentLabelTest(unittest.TestCase):
+    def test_labels_keep_to_the_service_rules(self) -> None:
+        self.assertEqual(gpucast.environment_label("2.5.1+cu124", "12.4", "550.54.15"), "torch2.5-cu124-drv550.54.15")
+        self.assertEqual(gpucast.environment_label("2.15.0+cpu", None, None), "torch2.15")
+        self.assertIsNone(gpucast.environment_label(None, None, None))
+        odd = gpucast.environment_label("2.5.0a0+git/abc", "12.4", "5" * 80)
+        self.assertLessEqual(len(odd), 64)
+        self.assertRegex(odd, r"^[A-Za-z0-9._+-]{1,64}$")
+
+
+class FakeStats:
+    """A CUDA device that is not there: the figures a test chooses."""
+
+    def __init__(self, peak_mib: float, name: str = "h100-80gb") -> None:
+        self.peak = int(peak_mib * 1024 * 1024)
+        self.name = name
+        self.resets = 0
+        self.samples = 0
+
+    def available(self) -> bool:
+        return True
+
+    def reset(self) -> None:
+        self.resets += 1
+
+    def sample(self) -> None:
+        self.samples += 1
+
+    def reading(self) -> gpucast.MemoryReading:
+        return gpucast.MemoryReading(max_allocated=self.peak // 2, max_reserved=self.peak // 2, device_peak=self.peak)
+
+    def device_name(self) -> str:
+        return self.name
+
+    def environment(self) -> str:
+        return gpucast.environment_label("2.5.1", "12.4", "550.54.15")
+
+
+def example_job() -> dict:
+    with open(EXAMPLES / "config_request.json", encoding="utf-8") as file:
+        job = json.load(file)
+    job["gpu"] = "h100-80gb"
+    return job
+
+
+@unittest.skipUnless(URL, "GPUCAST_URL unset: scripts/client-test.sh starts the service and sets it")
+class RoundTripTest(unittest.TestCase):
+    """One call of every route against the real service."""
+
+    def setUp(self) -> None:
+        self.client = gpucast.Client(URL)
+        self.job = example_job()
+
+    def test_estimate(self) -> None:
+        answer = self.client.estimate(self.job)
+        self.assertIsInstance(answer, gpucast.EstimateResponse)
+        self.assertGreater(answer.memory.estimate_mib, 0)
+        self.assertEqual(answer.fit.gpu, "h100-80gb")
+        self.assertTrue(answer.fit.fits)
+        self.assertGreater(answer.performance.step_time_ms, 0)
+        self.assertEqual(answer.family, "transformer")
+
+    def test_estimate_error_carries_problem_details(self) -> None:
+        del self.job["batch_size"]
+        with self.assertRaises(gpucast.ProblemError) as caught:
+            self.client.estimate(self.job)
+        error = caught.exception
+        self.assertEqual(error.status, 422)
+        self.assertEqual(error.problem.status, 422)
+        self.assertIn("batch_size", error.detail)
+        self.assertTrue(error.title)
+        self.assertEqual(error.type, "about:blank")
+
+    def test_estimate_batch(self) -> None:
+        bad = dict(self.job, batch_size=0)
+        answer = self.client.estimate_batch([self.job, bad])
+        self.assertEqual([item.index for item in answer.items], [0, 1])
+        self.assertEqual(answer.items[0].status, 200)
+        self.assertGreater(answer.items[0].estimate.memory.estimate_mib, 0)
+        self.assertEqual(answer.items[1].status, 422)
+        self.assertIn("batch_size", answer.items[1].error.detail)
+
+    def test_reads(self) -> None:
+        self.assertEqual(self.client.healthz().status, "ok")
+        self.assertTrue(self.client.readyz().ready)
+        self.assertIn("# TYPE", self.client.metrics())
+        gpus = self.client.gpus().gpus
+        self.assertTrue(any(gpu.get("id") == "h100-80gb" for gpu in gpus))
+        self.assertTrue(self.client.estimators().estimators)
+        devices = self.client.devices()
+        self.assertFalse(devices.nvml)
+        self.assertIsInstance(self.client.profiles().profiles, list)
+
+    def test_observe_with_idempotency_key(self) -> None:
+        peak = self.client.estimate(self.job).memory.estimate_mib * 1.05
+        observation = {"gpu": "h100-80gb", "job": self.job, "observed_peak_mib": peak, "step_time_ms": 900.0}
+        key = str(uuid.uuid4())
+        first = self.client.observe(observation, idempotency_key=key)
+        self.assertEqual(first.recorded, 1)
+        self.assertTrue(any(p.get("gpu") == "h100-80gb" for p in first.profiles))
+        replay = self.client.observe(observation, idempotency_key=key)
+        self.assertEqual(replay, first)
+        with self.assertRaises(gpucast.ProblemError) as caught:
+            self.client.observe(dict(observation, observed_peak_mib=1.0))
+        self.assertEqual(caught.exception.status, 422)
+        profiles = self.client.profiles().profiles
+        self.assertTrue(any(p.get("gpu") == "h100-80gb" for p in profiles))
+
+    def test_watch_without_nvml_is_a_problem(self) -> None:
+        # The test service runs --no-nvml: the route answers, with 409 and its details.
+        with self.assertRaises(gpucast.ProblemError) as caught:
+            self.client.watch(os.getpid(), self.job, interval_ms=100, max_seconds=5)
+        self.assertEqual(caught.exception.status, 409)
+        self.assertIn("NVML", caught.exception.detail)
+
+    def test_every_route_async(self) -> None:
+        client = gpucast.AsyncClient(URL)
+
+        async def run() -> list:
+            return await asyncio.gather(
+                client.estimate(self.job),
+                client.estimate_batch([self.job]),
+                client.gpus(),
+                client.estimators(),
+                client.devices(),
+                client.healthz(),
+                client.readyz(),
+                client.metrics(),
+                client.profiles(),
+                client.watch(os.getpid(), self.job),
+                return_exceptions=True,
+            )
+
+        estimate, batch, gpus, estimators, devices, health, ready, metrics, profiles, watch = asyncio.run(run())
+        self.assertGreater(estimate.memory.estimate_mib, 0)
+        self.assertEqual(batch.items[0].estimate.memory.estimate_mib, estimate.memory.estimate_mib)
+        self.assertTrue(gpus.gpus and estimators.estimators)
+        self.assertFalse(devices.nvml)
+        self.assertEqual(health.status, "ok")
+        self.assertTrue(ready.ready)
+        self.assertIn("# TYPE", metrics)
+        self.assertIsInstance(profiles, gpucast.ProfilesResponse)
+        self.assertIsInstance(watch, gpucast.ProblemError)
+        peak = estimate.memory.estimate_mib * 1.05
+        observed = asyncio.run(client.observe([{"gpu": "h100-80gb", "job": self.job, "observed_peak_mib": peak}]))
+        self.assertEqual(observed.recorded, 1)
+
+    def test_unreachable_service_is_a_transport_error(self) -> None:
+        with self.assertRaises(gpucast.TransportError):
+            gpucast.Client("http://127.0.0.1:9", timeout=2).healthz()
+
+
+@unittest.skipUnless(URL, "GPUCAST_URL unset: scripts/client-test.sh starts the service and sets it")
+class TrackTest(unittest.TestCase):
+    """The plain-PyTorch observer, its CUDA figures faked (no GPU here, and no torch needed)."""
+
+    def test_posts_after_the_steps(self) -> None:
+        client = gpucast.Client(URL)
+        job = example_job()
+        peak = client.estimate(job).memory.estimate_mib * 1.05
+        stats = FakeStats(peak)
+        ticks = iter(float(t) for t in range(100))
+        with gpucast.track(client, job, steps=3, stats=stats, clock=lambda: next(ticks)) as observer:
+            for _ in range(5):
+                observer.step()
+        self.assertEqual(observer.response.recorded, 1)
+        self.assertEqual(stats.resets, 1)
+        self.assertEqual(observer.observation["gpu"], "h100-80gb")
+        self.assertAlmostEqual(observer.observation["observed_peak_mib"], peak, delta=0.01)
+        self.assertEqual(observer.observation["step_time_ms"], 1000.0)
+        self.assertEqual(observer.observation["environment"], "torch2.5-cu124-drv550.54.15")
+
+    def test_a_failed_post_is_a_warning(self) -> None:
+        job = example_job()
+        with self.assertLogs("gpucast", logging.WARNING) as logs:
+            with gpucast.track("http://127.0.0.1:9", job, steps=2, stats=FakeStats(1000.0)) as observer:
+                observer.step()
+                observer.step()
+        self.assertIsNone(observer.response)
+        self.assertIn("training goes on", "\n".join(logs.output))
+        # An impossible peak is refused (422): a warning too.
+        with self.assertLogs("gpucast", logging.WARNING):
+            with gpucast.track(URL, job, steps=1, stats=FakeStats(1.0)) as observer:
+                observer.step()
+        self.assertIsNone(observer.response)
+
+    def test_no_torch_was_imported(self) -> None:
+        self.assertNotIn("torch", sys.modules)
+        self.assertTrue(dataclasses.is_dataclass(gpucast.EstimateResponse))
+
+
+if __name__ == "__main__":
+    unittest.main()
