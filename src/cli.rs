@@ -109,7 +109,17 @@ fn job_input(args: &EstimateArgs) -> Result<Vec<u8>, String> {
         (None, None) => {
             return Err("give a job file (`-` for standard input) or --config config.json".into())
         }
-        (Some(file), None) => read(file)?,
+        (Some(file), None) => {
+            let bytes = read(file)?;
+            // A printout saved as the tool printed it is the job's summary, as it is.
+            if crate::api::parse::looks_like_printout(&bytes) && !args.batch {
+                let text = String::from_utf8_lossy(&bytes);
+                serde_json::to_vec(&serde_json::json!({ "summary": { "text": text } }))
+                    .expect("a JSON value serialises")
+            } else {
+                bytes
+            }
+        }
         (None, Some(config)) => {
             let text = read(&config.to_string_lossy())?;
             let config: Value = serde_json::from_slice(&text)
@@ -181,9 +191,12 @@ fn setup_fields(flags: &crate::config::JobFlags) -> serde_json::Map<String, Valu
             };
             let mut lora = serde_json::json!({
                 "rank": rank,
-                "alpha": flags.lora_alpha.unwrap_or(2.0 * rank as f64),
                 "target_modules": targets,
             });
+            // Absent, the API's default (PEFT's), as every other client gets.
+            if let Some(alpha) = flags.lora_alpha {
+                lora["alpha"] = Value::from(alpha);
+            }
             if let Some(base) = &flags.base_weights {
                 lora["base_weights"] = Value::from(base.as_str());
             }

@@ -109,12 +109,16 @@ pub struct JobFlags {
     /// A Hugging Face config.json, as the hub serves it: the job's model.
     #[arg(long)]
     pub config: Option<PathBuf>,
+    /// Samples per optimizer step on each GPU (the micro-batch times the accumulation steps).
     #[arg(long)]
     pub batch_size: Option<u64>,
+    /// Tokens per sample, for a transformer (a maximum under dynamic padding).
     #[arg(long)]
     pub seq_len: Option<u64>,
+    /// Samples per forward and backward pass, when smaller than the batch (accumulation).
     #[arg(long)]
     pub micro_batch_size: Option<u64>,
+    /// Micro-batches accumulated per optimizer step.
     #[arg(long)]
     pub gradient_accumulation_steps: Option<u64>,
     /// fp32, tf32, amp_fp16, amp_bf16, fp16, bf16.
@@ -130,7 +134,8 @@ pub struct JobFlags {
     /// LoRA on every linear layer but the head (`--lora-targets` to name them) at this rank.
     #[arg(long)]
     pub lora_rank: Option<u64>,
-    /// LoRA alpha; twice the rank when absent.
+    /// LoRA alpha (a scale: no memory of its own); PEFT's default, 8, when absent, as in the API
+    /// and describe.
     #[arg(long, requires = "lora_rank")]
     pub lora_alpha: Option<f64>,
     /// Module names the adapters go on, separated by commas (`all-linear` by default).
@@ -154,7 +159,7 @@ pub struct JobFlags {
     /// A catalogue GPU (`gpucast gpus` lists them), or `attached`.
     #[arg(long)]
     pub gpu: Option<String>,
-    /// The confidence of the bound and of `fits` (0.5 to 0.999).
+    /// The confidence of the bound and of `fits` (0.5 to 0.99).
     #[arg(long)]
     pub confidence: Option<f64>,
 }
@@ -256,14 +261,15 @@ pub struct ServeConfig {
     pub drain_timeout_secs: u64,
 
     /// Directory of the calibration store: the SQLite database of observations
-    /// (gpucast.sqlite3, WAL), created if missing. Unused with --database-url. Profile files of
+    /// (gpucast.sqlite3, WAL), created if missing; by default under the user's data home
+    /// ($XDG_DATA_HOME/gpucast, else ~/.local/share/gpucast), never the working directory. Unused with --database-url. Profile files of
     /// former versions (<gpu>.json, from --profiles) found here are imported into an empty
     /// database.
     #[arg(
         long,
         alias = "profiles",
         env = "GPUCAST_STORE_DIR",
-        default_value = "gpucast-data"
+        default_value_os_t = default_data_dir()
     )]
     pub data_dir: PathBuf,
 
@@ -372,6 +378,23 @@ impl std::str::FromStr for DatabaseUrl {
     }
 }
 
+/// The store's default directory: `$XDG_DATA_HOME/gpucast`, else `~/.local/share/gpucast`
+/// (the XDG base directories), else `gpucast-data` in the working directory when neither
+/// variable is set.
+pub fn default_data_dir() -> PathBuf {
+    let absolute = |var: &str| {
+        std::env::var_os(var)
+            .map(PathBuf::from)
+            .filter(|p| p.is_absolute())
+    };
+    absolute("XDG_DATA_HOME")
+        .or_else(|| absolute("HOME").map(|home| home.join(".local").join("share")))
+        .map_or_else(
+            || PathBuf::from("gpucast-data"),
+            |data| data.join("gpucast"),
+        )
+}
+
 /// Where `gpucast observations export` reads.
 #[derive(Debug, Clone, Args)]
 pub struct StoreArgs {
@@ -380,7 +403,7 @@ pub struct StoreArgs {
         long,
         alias = "profiles",
         env = "GPUCAST_STORE_DIR",
-        default_value = "gpucast-data"
+        default_value_os_t = default_data_dir()
     )]
     pub data_dir: PathBuf,
 

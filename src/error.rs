@@ -30,8 +30,19 @@ pub enum ApiError {
     UnreadableBody(String),
     #[error("content-encoding is not accepted: send the body uncompressed")]
     UnsupportedEncoding,
-    #[error("content-type must be application/json")]
+    #[error(
+        "content-type must be application/json; a model printout (torchsummary, torchinfo, \
+         print(model), Keras) goes inside JSON: {{\"summary\": {{\"text\": \"<the printout>\"}}, \
+         \"batch_size\": 32}}"
+    )]
     UnsupportedMediaType,
+    /// The body is a model printout pasted as it is, not JSON.
+    #[error(
+        "the body is a model printout, not JSON: send it as {{\"summary\": {{\"text\": \
+         \"<the printout>\"}}, \"batch_size\": 32}} (the CLI takes the file as it is: gpucast \
+         estimate --batch-size 32 printout.txt)"
+    )]
+    PrintoutBody,
     #[error("the service is at its concurrency limit; retry shortly")]
     Overloaded,
     #[error("the request took too long")]
@@ -74,9 +85,9 @@ impl ApiError {
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::UnreadableBody(_) => StatusCode::BAD_REQUEST,
-            ApiError::UnsupportedMediaType | ApiError::UnsupportedEncoding => {
-                StatusCode::UNSUPPORTED_MEDIA_TYPE
-            }
+            ApiError::UnsupportedMediaType
+            | ApiError::PrintoutBody
+            | ApiError::UnsupportedEncoding => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::Overloaded
             | ApiError::Timeout
             | ApiError::NotReady
@@ -99,7 +110,7 @@ impl ApiError {
             ApiError::PayloadTooLarge(_) => "Payload too large",
             ApiError::BodyTimeout(_) => "Request timeout",
             ApiError::UnreadableBody(_) => "Unreadable body",
-            ApiError::UnsupportedMediaType => "Unsupported media type",
+            ApiError::UnsupportedMediaType | ApiError::PrintoutBody => "Unsupported media type",
             ApiError::UnsupportedEncoding => "Unsupported content encoding",
             ApiError::Overloaded => "Overloaded",
             ApiError::Timeout => "Timeout",

@@ -372,3 +372,23 @@ fn the_users_files_are_read_from_their_flags_as_the_setup_they_state() {
     assert_eq!(missing.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&missing.stderr).contains("no/such.json"));
 }
+
+/// A printout saved as the tool printed it is a job as it is (its batch from --batch-size),
+/// answered as the same text under `summary` would be.
+#[test]
+fn a_printout_file_is_answered_as_it_is() {
+    let printout =
+        std::fs::read_to_string(root().join("tests/fixtures/summaries/resnet18_torchsummary.txt"))
+            .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("resnet18.txt");
+    std::fs::write(&file, &printout).unwrap();
+    let as_is = gpucast(
+        &["estimate", "--batch-size", "32", file.to_str().unwrap()],
+        None,
+    );
+    assert!(as_is.status.success(), "{as_is:?}");
+    let wrapped = serde_json::json!({"summary": {"text": printout}, "batch_size": 32});
+    let from_json = gpucast(&["estimate", "-"], Some(wrapped.to_string().as_bytes()));
+    assert_eq!(json(&as_is)["memory"], json(&from_json)["memory"]);
+}

@@ -295,7 +295,7 @@ pub struct LoraRequest {
     #[serde(deserialize_with = "whole_number::one")]
     #[schema(minimum = 1, maximum = 65536)]
     pub rank: u64,
-    /// Scaling numerator (default: the rank); does not change memory.
+    /// Scaling numerator (default: 8, PEFT's); does not change memory.
     #[serde(default)]
     pub alpha: Option<f64>,
     /// PEFT's `lora_dropout` (0 to below 1, default 0): above 0 every adapted layer keeps its

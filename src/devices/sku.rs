@@ -83,8 +83,13 @@ impl fmt::Display for Sku {
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SkuError {
-    #[error("unknown GPU `{input}`; known: {known}")]
-    Unknown { input: String, known: String },
+    #[error("unknown GPU `{input}`{suggestion}; known: {known}")]
+    Unknown {
+        input: String,
+        /// `; did you mean rtx-4090?` when a name is near, else empty.
+        suggestion: String,
+        known: String,
+    },
     #[error("`{0}` is ambiguous: say which, e.g. {1}")]
     Ambiguous(String, String),
     #[error("{0}")]
@@ -261,16 +266,61 @@ impl Catalogue {
             .collect();
         let more = self.skus.len().saturating_sub(SHOWN_IDS);
         let more = if more > 0 {
-            format!(" and {more} more (GET /v1/gpus lists them)")
+            format!(" and {more} more (GET /v1/gpus and `gpucast gpus` list them)")
         } else {
             String::new()
         };
         // Ids are at most 64 characters, so the message stays bounded.
         known.truncate(SHOWN_IDS);
+        let near = self.near(input);
+        let suggestion = if near.is_empty() {
+            String::new()
+        } else {
+            format!("; did you mean {}?", near.join(" or "))
+        };
         SkuError::Unknown {
             input: echo(input),
+            suggestion,
             known: format!("{}{more}", known.join(", ")),
         }
+    }
+
+    /// The ids whose names are nearest to `input` (at most three): a name holding it or held
+    /// by it (`4090` in `rtx4090`), else within an edit distance of a third of its length
+    /// (`a10o` for `a100`), compared on letters and digits alone, case aside.
+    fn near(&self, input: &str) -> Vec<&str> {
+        const SHOWN: usize = 3;
+        let squash = |s: &str| -> String {
+            s.chars()
+                .filter(char::is_ascii_alphanumeric)
+                .map(|c| c.to_ascii_lowercase())
+                .collect()
+        };
+        let wanted = squash(input);
+        if wanted.len() < 2 || wanted.len() > 64 {
+            return Vec::new();
+        }
+        let reach = (wanted.len() / 3).max(1);
+        let mut scored: Vec<(usize, &str)> = self
+            .skus
+            .iter()
+            .filter_map(|sku| {
+                let best = sku
+                    .names()
+                    .map(|name| {
+                        let name = squash(name);
+                        if name.contains(&wanted) || wanted.contains(&name) {
+                            0
+                        } else {
+                            strsim::levenshtein(&name, &wanted)
+                        }
+                    })
+                    .min()?;
+                (best <= reach).then_some((best, sku.id.as_str()))
+            })
+            .collect();
+        scored.sort();
+        scored.into_iter().take(SHOWN).map(|(_, id)| id).collect()
     }
 
     fn ambiguous(&self, input: &str, candidates: &[usize]) -> SkuError {
@@ -491,6 +541,17 @@ mod tests {
             Err(SkuError::Unknown { .. })
         ));
         assert!(matches!(parse(""), Err(SkuError::Unknown { .. })));
+    }
+
+    #[test]
+    fn an_unknown_name_near_a_known_one_is_suggested() {
+        let error = parse("4090").unwrap_err().to_string();
+        assert!(error.contains("did you mean rtx-4090?"), "{error}");
+        let error = parse("h10o").unwrap_err().to_string();
+        assert!(error.contains("did you mean h100"), "{error}");
+        let error = parse("zzzz-9999").unwrap_err().to_string();
+        assert!(!error.contains("did you mean"), "{error}");
+        assert!(error.contains("`gpucast gpus`"), "{error}");
         let message = parse("rtx").unwrap_err().to_string();
         assert!(message.contains("a100-40gb"), "{message}");
         assert!(message.contains("GET /v1/gpus"), "{message}");

@@ -367,6 +367,15 @@ fn config_job(
     }
     let kernel =
         transformer::AttentionKernel::parse(request.attention.as_deref()).map_err(invalid)?;
+    // A multimodal config (Gemma 3, LLaVA, Qwen2-VL, ...) holds its language model under
+    // `text_config`: that is what is built, and the answer says what it leaves out.
+    let multimodal = !config.contains_key("hidden_size")
+        && !config.contains_key("d_model")
+        && !config.contains_key("n_embd");
+    let (config, text_only) = match config.get("text_config") {
+        Some(serde_json::Value::Object(text)) if multimodal => (text, true),
+        _ => (config, false),
+    };
     let parsed = transformer::TransformerConfig::parse(config).map_err(invalid)?;
     // The precision picks the attention kernel: read it before building.
     let setup = unchecked_setup(request);
@@ -375,6 +384,14 @@ fn config_job(
         .unwrap_or_default();
     let mut model = transformer::build(parsed, seq_len, precision, kernel).map_err(invalid)?;
     let mut warnings = std::mem::take(&mut model.warnings);
+    if text_only {
+        warnings.push(
+            "transformer_config: a multimodal config; answered from its text_config, the \
+             language model alone (the vision tower and projector are not counted: add them \
+             as a layer list or trace the whole model with describe)"
+                .into(),
+        );
+    }
     // (Both before the layers move into the job: autocast's weight copies are counted from them.)
     let loss = transformer::parse_loss_implementation(request.loss_implementation.as_deref())
         .map_err(invalid)?;
@@ -471,11 +488,19 @@ fn note_defaults(request: &EstimateRequest, job: &Job, warnings: &mut Vec<String
             job.optimizer().as_str()
         ));
     }
-    if request.precision.is_none() {
-        warnings.push(format!(
+    match request.precision.as_deref().map(str::to_ascii_lowercase) {
+        None => warnings.push(format!(
             "precision: not given; {} assumed",
             job.precision().as_str()
-        ));
+        )),
+        // Pure bf16 here, where HF Trainer's `--bf16` and Lightning's `bf16-mixed` mean
+        // autocast: a full fine-tune stated the Trainer's way would read half its memory.
+        Some(word) if word == "bf16" || word == "bfloat16" => warnings.push(format!(
+            "precision: `{word}` read as pure bf16 (weights, gradients and optimizer state in \
+             bf16); for autocast over fp32 weights (HF Trainer's --bf16, Lightning's \
+             bf16-mixed) state amp_bf16"
+        )),
+        Some(_) => {}
     }
 }
 

@@ -16,6 +16,8 @@ pub const MAX_WORLD_SIZE: u64 = 1 << 20;
 pub const MAX_ACCUMULATION: u64 = 1 << 20;
 /// Largest LoRA rank accepted (any real adapter is far below).
 pub const MAX_LORA_RANK: u64 = 1 << 16;
+/// LoRA's alpha when none is given: PEFT's `LoraConfig` default (a scale; no memory of its own).
+pub const PEFT_DEFAULT_ALPHA: f64 = 8.0;
 
 /// A setup field that cannot be read, or a combination that cannot run: `field: message`.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -756,7 +758,8 @@ fn lora(raw: Option<UncheckedLora<'_>>) -> Result<Option<Lora>, SetupError> {
             format!("must be between 1 and {MAX_LORA_RANK}, got {}", raw.rank),
         ));
     }
-    let alpha = raw.alpha.unwrap_or(raw.rank as f64);
+    // PEFT's default, as an adapter_config.json without lora_alpha and describe read it.
+    let alpha = raw.alpha.unwrap_or(PEFT_DEFAULT_ALPHA);
     if !alpha.is_finite() || alpha <= 0.0 || alpha > 1e6 {
         return Err(SetupError::new(
             "lora.alpha",

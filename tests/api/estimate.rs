@@ -436,3 +436,46 @@ async fn a_kind_outside_a_sequence_classifiers_vocabulary_leaves_it_out() {
     assert!(body["memory"]["estimators"]["sequence_transformer"].is_null());
     assert!(body["memory"]["estimate_mib"].as_f64().unwrap() > 0.0);
 }
+
+/// What a new user gets wrong, answered with what to do: a printout pasted as the body is a
+/// 415 showing how to wrap it; `bf16` is answered with a warning saying it is pure bf16 and
+/// how to state autocast; a GPU near a known one is suggested.
+#[tokio::test]
+async fn common_mistakes_are_answered_with_what_to_do() {
+    let app = spawn_app().await;
+    let printout = "Net(\n  (fc): Linear(in_features=3, out_features=4, bias=True)\n)";
+    let pasted = crate::common::post_bytes(
+        &app.client,
+        &format!("{}/v1/estimate", app.address),
+        printout.as_bytes(),
+    )
+    .await;
+    assert_eq!(pasted.status(), 415);
+    let problem: Value = pasted.json().await.unwrap();
+    assert!(
+        problem["detail"].as_str().unwrap().contains("\"summary\""),
+        "{problem}"
+    );
+
+    let mut job = example_job();
+    job["precision"] = "bfloat16".into();
+    let answer: Value = app.post_json_value("/v1/estimate", &job).await;
+    let warnings = answer["warnings"].to_string();
+    assert!(
+        warnings.contains("pure bf16") && warnings.contains("amp_bf16"),
+        "{warnings}"
+    );
+
+    let mut job = example_job();
+    job["gpu"] = "4090".into();
+    let refused = app.post_json("/v1/estimate", &job).await;
+    assert_eq!(refused.status(), 422);
+    let problem: Value = refused.json().await.unwrap();
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("did you mean rtx-4090?"),
+        "{problem}"
+    );
+}

@@ -1011,3 +1011,31 @@ async fn reward_heads_and_reference_models() {
         .await;
     assert_eq!(response.status(), 422);
 }
+
+/// A multimodal config (its language model under `text_config`, as Gemma 3, LLaVA and
+/// Qwen2-VL ship) is answered from that text config, as the text config alone is, with a
+/// warning saying what it leaves out.
+#[tokio::test]
+async fn a_multimodal_config_is_answered_from_its_text_config() {
+    let app = spawn_app().await;
+    let text = config("public/meta-llama__Llama-3.2-1B");
+    let multimodal = json!({
+        "model_type": "llava",
+        "architectures": ["LlavaForConditionalGeneration"],
+        "vision_config": {"model_type": "clip_vision_model", "hidden_size": 1024},
+        "text_config": text.clone(),
+    });
+    let setup = json!({"batch_size": 4, "seq_len": 1024, "precision": "amp_bf16"});
+    let mut from_text = setup.clone();
+    from_text["transformer_config"] = text;
+    let mut from_multimodal = setup.clone();
+    from_multimodal["transformer_config"] = multimodal;
+    let alone: Value = app.post_json_value("/v1/estimate", &from_text).await;
+    let answered: Value = app.post_json_value("/v1/estimate", &from_multimodal).await;
+    assert_eq!(answered["memory"], alone["memory"], "{answered}");
+    let warnings = answered["warnings"].to_string();
+    assert!(
+        warnings.contains("answered from its text_config"),
+        "{warnings}"
+    );
+}

@@ -57,7 +57,8 @@ pub fn read(
         ));
     }
     let rank = count(map, prefix, "r", MAX_LORA_RANK)?.unwrap_or(8);
-    let alpha = number(map, prefix, "lora_alpha", 1e6)?.unwrap_or(8.0);
+    let alpha =
+        number(map, prefix, "lora_alpha", 1e6)?.unwrap_or(crate::job::setup::PEFT_DEFAULT_ALPHA);
     let dropout = number(map, prefix, "lora_dropout", 1.0)?.unwrap_or(0.0);
     let targets = match present(map, "target_modules") {
         Some(Value::String(s)) if s.eq_ignore_ascii_case("all-linear") => None,
