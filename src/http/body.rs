@@ -69,15 +69,14 @@ pub async fn read_within(
         }
     }
     unfinished.0 = false;
-    let bytes = if frames.len() == 1 {
-        frames.pop().unwrap_or_default()
-    } else {
-        let mut joined = Vec::with_capacity(len);
-        for frame in &frames {
-            joined.extend_from_slice(frame);
-        }
-        Bytes::from(joined)
-    };
+    // Copied out, even a single frame: a frame is a slice of hyper's read buffer, which
+    // hyper cannot reuse while the request holds it.
+    let mut joined = Vec::with_capacity(len);
+    for frame in &frames {
+        joined.extend_from_slice(frame);
+    }
+    drop(frames);
+    let bytes = Bytes::from(joined);
     Ok(ReadBody { bytes, _held: held })
 }
 
