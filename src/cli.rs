@@ -121,11 +121,25 @@ fn job_input(args: &EstimateArgs) -> Result<Vec<u8>, String> {
             }
         }
         (None, Some(config)) => {
-            let text = read(&config.to_string_lossy())?;
-            let config: Value = serde_json::from_slice(&text)
-                .map_err(|e| format!("--config {}: {e}", config.display()))?;
-            serde_json::to_vec(&serde_json::json!({ "transformer_config": config }))
-                .expect("a JSON value serialises")
+            let named = config.to_string_lossy();
+            // A file when there is one by that name, else a hub repo (`org/name`).
+            let mut request = if config.is_file() || !crate::hub::is_repo_id(&named) {
+                let text = read(&named)?;
+                let config: Value = serde_json::from_slice(&text)
+                    .map_err(|e| format!("--config {}: {e}", config.display()))?;
+                serde_json::json!({ "transformer_config": config })
+            } else {
+                let model = crate::hub::model(&named).map_err(|e| format!("--config {e}"))?;
+                let mut request = serde_json::json!({ "transformer_config": model.config });
+                if let Some(adapter) = model.adapter_config {
+                    request["adapter_config"] = adapter;
+                }
+                request
+            };
+            if let Some(object) = request.as_object_mut() {
+                object.retain(|_, v| !v.is_null());
+            }
+            serde_json::to_vec(&request).expect("a JSON value serialises")
         }
     };
     let mut fields = setup_fields(flags);

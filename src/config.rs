@@ -106,8 +106,10 @@ pub struct EstimateArgs {
 /// --gpu rtx-4090`. Each sets the request field of the same name.
 #[derive(Debug, Clone, Default, Args)]
 pub struct JobFlags {
-    /// A Hugging Face config.json, as the hub serves it: the job's model.
-    #[arg(long)]
+    /// A Hugging Face config.json, as the hub serves it, or a hub repo id (`org/name`): its
+    /// config.json (an adapter repo: its adapter_config.json and its base's config.json) from
+    /// the local Hugging Face cache, else the hub (HF_ENDPOINT, HF_TOKEN, HF_HUB_OFFLINE).
+    #[arg(long, value_name = "FILE|REPO")]
     pub config: Option<PathBuf>,
     /// Samples per optimizer step on each GPU (the micro-batch times the accumulation steps).
     #[arg(long)]

@@ -10,6 +10,7 @@ pub mod engine;
 pub mod error;
 pub mod estimators;
 pub mod http;
+pub mod hub;
 pub mod job;
 pub mod metrics;
 pub mod parsers;
