@@ -379,14 +379,10 @@ async fn admit(state: &AppState, route: &str, request: Request, next: Next) -> R
         Ok(Err(refused)) => return refused.into_response(),
         Ok(Ok(read)) => read,
     };
-    // A large body's frames and copies are freed on other threads by now or soon; handing
-    // them back is this worker's to do (its heap), once the request is answered.
-    let large = bytes.len() > body::FREE_BYTES_PER_BODY;
     let request = Request::from_parts(parts, axum::body::Body::from(bytes));
     if UNGUARDED_ROUTES.contains(&route) {
         return next.run(request).await;
     }
-    let _release = ReleaseWhenAnswered { large };
     let Ok(permit) = state.permits.clone().try_acquire_owned() else {
         return ApiError::Overloaded.into_response();
     };
@@ -397,22 +393,6 @@ async fn admit(state: &AppState, route: &str, request: Request, next: Next) -> R
     };
     drop(permit);
     response
-}
-
-/// Hands freed memory back when the request it guards is answered (dropped), if its body was
-/// large. (A flag, not an `Option` of the guard: `bool::then_some` builds its value and drops
-/// it when false, which ran this on every request and cost a third of single-estimate
-/// throughput.)
-struct ReleaseWhenAnswered {
-    large: bool,
-}
-
-impl Drop for ReleaseWhenAnswered {
-    fn drop(&mut self) {
-        if self.large {
-            body::release_freed_memory();
-        }
-    }
 }
 
 /// The method as a metrics label: the standard ones by name, anything else `other`, so that
