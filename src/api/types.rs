@@ -132,7 +132,7 @@ pub struct EstimateRequest {
     #[serde(default)]
     pub model: Option<String>,
     /// A Hugging Face `config.json` (Llama, Mistral, Qwen2, Gemma, Phi-3, Mixtral-style MoE,
-    /// GPT-2, GPT-NeoX, BERT, T5) instead of `layers`: the model's layers, parameters and
+    /// GPT-2, GPT-NeoX, BERT, T5, ChatGLM) instead of `layers`: the model's layers, parameters and
     /// activations are built from it at `seq_len` tokens (required with it). Unknown keys are
     /// ignored; missing essentials are a 422 naming them. The analytic training step answers.
     #[serde(default, deserialize_with = "crate::api::unique_keys::object")]

@@ -32,6 +32,7 @@ const DEFAULT_TARGETS: &[(&str, &[&str])] = &[
     ("phi3", &["qkv_proj"]),
     ("gpt2", &["c_attn"]),
     ("gpt_neox", &["query_key_value"]),
+    ("chatglm", &["query_key_value"]),
     ("bert", &["query", "value"]),
     ("t5", &["q", "v"]),
 ];

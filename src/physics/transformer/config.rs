@@ -63,6 +63,8 @@ pub enum Architecture {
     Phi,
     Bert,
     T5,
+    /// ChatGLM2/3, GLM-4 (THUDM's remote code): fused query_key_value and SwiGLU projections.
+    ChatGlm,
 }
 
 impl Architecture {
@@ -74,6 +76,7 @@ impl Architecture {
             Architecture::Phi => "phi",
             Architecture::Bert => "bert",
             Architecture::T5 => "t5",
+            Architecture::ChatGlm => "chatglm",
         }
     }
 }
@@ -100,6 +103,8 @@ pub struct TransformerConfig {
     pub gated: bool,
     /// Phi-3's fused qkv_proj and gate_up_proj.
     pub fused: bool,
+    /// LayerNorm where the family's default is RMSNorm (ChatGLM's `rmsnorm: false`).
+    pub layer_norm: bool,
     /// Biases on the q/k/v projections (Qwen2, `attention_bias`).
     pub qkv_bias: bool,
     pub mlp_bias: bool,
@@ -222,6 +227,7 @@ impl TransformerConfig {
             "phi" => Architecture::Phi,
             "bert" | "roberta" | "xlm-roberta" | "camembert" => Architecture::Bert,
             "t5" | "mt5" | "umt5" => Architecture::T5,
+            "chatglm" => Architecture::ChatGlm,
             "llama" | "mistral" | "qwen2" | "qwen3" | "gemma" | "phi3" | "mixtral"
             | "qwen2_moe" | "qwen3_moe" | "olmo" | "granite" | "yi" | "internlm2" | "codellama" => {
                 Architecture::Decoder
@@ -249,7 +255,8 @@ impl TransformerConfig {
             1,
             MAX_HEADS,
         )?;
-        let vocab = whole(config, &["vocab_size"], 1, MAX_VOCAB)?;
+        // ChatGLM's embedding and output layer are of the padded vocabulary.
+        let vocab = whole(config, &["padded_vocab_size", "vocab_size"], 1, MAX_VOCAB)?;
         if hidden.is_none() {
             missing.push("hidden_size (or n_embd, d_model)");
         }
@@ -264,12 +271,22 @@ impl TransformerConfig {
         }
         let intermediate = whole(
             config,
-            &["intermediate_size", "n_inner", "d_ff", "ffn_dim"],
+            &[
+                "intermediate_size",
+                "n_inner",
+                "d_ff",
+                "ffn_dim",
+                "ffn_hidden_size",
+            ],
             1,
             MAX_INTERMEDIATE,
         )?;
         if intermediate.is_none() && architecture == Architecture::Decoder {
             missing.push("intermediate_size");
+        }
+        if intermediate.is_none() && architecture == Architecture::ChatGlm {
+            // The first ChatGLM-6B (GLM layout, 2D positions) names neither.
+            missing.push("ffn_hidden_size (ChatGLM2 and later)");
         }
         if !missing.is_empty() {
             return Err(ConfigError(format!(
@@ -285,7 +302,7 @@ impl TransformerConfig {
             vocab.unwrap_or(1),
         );
         let intermediate = intermediate.unwrap_or(4 * hidden);
-        let head_dim = match whole(config, &["head_dim", "d_kv"], 1, MAX_HIDDEN)? {
+        let head_dim = match whole(config, &["head_dim", "d_kv", "kv_channels"], 1, MAX_HIDDEN)? {
             Some(d) => d,
             None => {
                 if hidden % heads != 0 {
@@ -303,13 +320,17 @@ impl TransformerConfig {
                 heads * head_dim
             )));
         }
-        let kv_heads = whole(
-            config,
-            &["num_key_value_heads", "multi_query_group_num"],
-            1,
-            heads,
-        )?
-        .unwrap_or(heads);
+        // ChatGLM's groups count only under `multi_query_attention`.
+        let kv_keys: &[&str] = if architecture == Architecture::ChatGlm {
+            if flag(config, "multi_query_attention")?.unwrap_or(false) {
+                &["multi_query_group_num"]
+            } else {
+                &[]
+            }
+        } else {
+            &["num_key_value_heads", "multi_query_group_num"]
+        };
+        let kv_heads = whole(config, kv_keys, 1, heads)?.unwrap_or(heads);
         if heads % kv_heads != 0 {
             return Err(ConfigError(format!(
                 "num_key_value_heads: {kv_heads} does not divide num_attention_heads {heads}"
@@ -354,14 +375,14 @@ impl TransformerConfig {
             ],
         )
         .unwrap_or(match architecture {
-            Architecture::Decoder => "silu",
+            Architecture::Decoder | Architecture::ChatGlm => "silu",
             Architecture::Gpt2 | Architecture::Phi => "gelu_new",
             Architecture::T5 => "relu",
             _ => "gelu",
         })
         .to_ascii_lowercase();
         let gated = match architecture {
-            Architecture::Decoder => true,
+            Architecture::Decoder | Architecture::ChatGlm => true,
             Architecture::T5 => act.starts_with("gated"),
             _ => false,
         };
@@ -374,7 +395,7 @@ impl TransformerConfig {
         let tied = flag(config, "tie_word_embeddings")?.unwrap_or(tied_default);
         let positions = whole(
             config,
-            &["n_positions", "max_position_embeddings"],
+            &["n_positions", "max_position_embeddings", "seq_length"],
             1,
             MAX_POSITIONS,
         )?
@@ -406,12 +427,16 @@ impl TransformerConfig {
             ],
             hidden_default,
         )?;
+        let chatglm = architecture == Architecture::ChatGlm;
         Ok(TransformerConfig {
             fused: model_type == "phi3",
+            layer_norm: chatglm && !flag(config, "rmsnorm")?.unwrap_or(true),
             qkv_bias: model_type == "qwen2"
                 || model_type == "qwen2_moe"
-                || flag(config, "attention_bias")?.unwrap_or(false),
-            mlp_bias: flag(config, "mlp_bias")?.unwrap_or(false),
+                || flag(config, "attention_bias")?.unwrap_or(false)
+                || (chatglm && flag(config, "add_qkv_bias")?.unwrap_or(false)),
+            mlp_bias: flag(config, "mlp_bias")?.unwrap_or(false)
+                || (chatglm && flag(config, "add_bias_linear")?.unwrap_or(false)),
             type_vocab: whole(config, &["type_vocab_size"], 0, 1024)?.unwrap_or(2),
             relative_buckets: whole(config, &["relative_attention_num_buckets"], 1, 4096)?
                 .unwrap_or(32),

@@ -1,6 +1,6 @@
 //! Transformer jobs from a Hugging Face `config.json` alone (issue 16): the configuration keys
 //! of the common architectures (Llama, Mistral, Qwen2, Gemma, Phi-3, Mixtral-style MoE, GPT-2,
-//! GPT-NeoX, BERT, T5) become the layer list `describe` would trace from the model (HF module
+//! GPT-NeoX, BERT, T5, ChatGLM) become the layer list `describe` would trace from the model (HF module
 //! paths as names, linear shapes, forward FLOPs) and the activations a training step keeps,
 //! counted tensor by tensor as autograd saves them with the attention kernel a GPU runs.
 //!
@@ -9,6 +9,7 @@
 //! each layer, as transformers 5 builds them).
 
 mod bert;
+mod chatglm;
 mod config;
 mod decoder;
 mod gpt2;
@@ -351,6 +352,7 @@ pub fn build(
         Architecture::Phi => phi::body(&mut b, &s, &mut outside),
         Architecture::Bert => bert::body(&mut b, &s, &mut outside),
         Architecture::T5 => t5::body(&mut b, &s, &mut outside),
+        Architecture::ChatGlm => chatglm::body(&mut b, &s, &mut outside),
     };
     // The head: the language model's over the vocabulary, or a reward or value model's
     // (`...ForSequenceClassification`): a score over every position, pooled at the last token
@@ -572,6 +574,62 @@ mod tests {
         assert!(names.contains(&"model.layers.31.mlp.down_proj"));
         assert_eq!(names.last(), Some(&"lm_head"));
         assert!(!model.math_attention);
+    }
+
+    /// THUDM/chatglm3-6b's config.json (remote code, `model_type: chatglm`).
+    fn chatglm3() -> serde_json::Value {
+        serde_json::json!({
+            "model_type": "chatglm", "architectures": ["ChatGLMModel"],
+            "add_bias_linear": false, "add_qkv_bias": true, "ffn_hidden_size": 13696,
+            "hidden_size": 4096, "kv_channels": 128, "multi_query_attention": true,
+            "multi_query_group_num": 2, "num_attention_heads": 32, "num_layers": 28,
+            "padded_vocab_size": 65024, "vocab_size": 65024, "rmsnorm": true,
+            "seq_length": 8192, "hidden_dropout": 0.0, "attention_dropout": 0.0
+        })
+    }
+
+    #[test]
+    fn chatglm_has_its_fused_projections_and_the_published_size() {
+        let model = build(
+            config(chatglm3()).unwrap(),
+            1024,
+            Precision::Bf16,
+            AttentionKernel::Auto,
+        )
+        .unwrap();
+        let shape = |name: &str| {
+            model
+                .details
+                .iter()
+                .zip(&model.layers)
+                .find(|(d, _)| d.name.as_deref() == Some(name))
+                .map(|(d, l)| (d.in_features, d.out_features, l.params))
+                .unwrap_or_else(|| panic!("{name} not built"))
+        };
+        // 32 query heads and 2 key/value groups of 128, with their biases.
+        assert_eq!(
+            shape("transformer.encoder.layers.0.self_attention.query_key_value"),
+            (Some(4096), Some(4608), 4096 * 4608 + 4608)
+        );
+        assert_eq!(
+            shape("transformer.encoder.layers.27.mlp.dense_h_to_4h"),
+            (Some(4096), Some(2 * 13696), 4096 * 2 * 13696)
+        );
+        assert_eq!(
+            shape("transformer.output_layer"),
+            (Some(4096), Some(65024), 4096 * 65024)
+        );
+        // The model card's 6.24 B parameters.
+        let billions = model.params() as f64 / 1e9;
+        assert!((6.235..6.245).contains(&billions), "{billions}");
+        // Without multi-query attention every head has its own keys and values.
+        let mut mha = chatglm3();
+        mha["multi_query_attention"] = serde_json::json!(false);
+        assert_eq!(config(mha).unwrap().kv_heads, 32);
+        // The first ChatGLM-6B (another layout) is named, not guessed.
+        let mut first = chatglm3();
+        first.as_object_mut().unwrap().remove("ffn_hidden_size");
+        assert!(config(first).unwrap_err().0.contains("ffn_hidden_size"));
     }
 
     #[test]
