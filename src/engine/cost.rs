@@ -16,7 +16,7 @@ use crate::api::types::{EstimateRequest, NamesRequest};
 use crate::error::ApiError;
 use crate::job::validated::MAX_LAYERS;
 use crate::parsers;
-use crate::physics::transformer::TransformerConfig;
+use crate::parsers::transformer::TransformerConfig;
 
 /// Each job: parsing, validating and answering it, whatever its size.
 const JOB_UNITS: u64 = 500;

@@ -13,7 +13,7 @@ use crate::job::setup::{
     BaseWeights, Optimizer, OptimizerImplementation, Precision, Strategy, DEFAULT_GROUP_SIZE,
 };
 use crate::parsers::files::{self, Files, Read};
-use crate::physics::transformer::AttentionKernel;
+use crate::parsers::transformer::AttentionKernel;
 
 /// The request with what its files state written in, what was read, and what was assumed.
 pub struct Applied {

@@ -20,9 +20,9 @@ use crate::job::{
     UncheckedLayer, UncheckedSimulation,
 };
 use crate::job::{Alternative, Assumption, LayerDetail, UncheckedSetup};
+use crate::parsers::transformer;
 use crate::parsers::{parse_summary, SampleShape, SummaryFormat};
 use crate::physics::saved;
-use crate::physics::transformer;
 
 /// Said back when a summary's saved tensors were derived rather than traced.
 pub const DERIVED_SAVED_TENSORS_WARNING: &str = "saved_tensors: derived from the summary's \
@@ -335,7 +335,7 @@ fn batch_size(request: &EstimateRequest) -> Result<u64, ApiError> {
 }
 
 /// A job built from a Hugging Face configuration (issue 16): the layers and activations come
-/// from `physics::transformer`, the setup as for any job; the analytic step answers it.
+/// from `parsers::transformer`, the setup as for any job; the analytic step answers it.
 fn config_job(
     request: &EstimateRequest,
     config: &serde_json::Map<String, serde_json::Value>,

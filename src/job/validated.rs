@@ -17,7 +17,7 @@ use super::setup::{
 pub use super::setup::{Optimizer, Precision};
 
 /// The activations of a model whose structure is known (built from its configuration,
-/// [`crate::physics::transformer`]), per sample, bytes at the job's precision: what the step keeps
+/// [`crate::parsers::transformer`]), per sample, bytes at the job's precision: what the step keeps
 /// instead of the traced saved tensors scaled by a precision's share.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct KnownActivations {

@@ -1,6 +1,9 @@
-//! Model summaries pasted by users, parsed into layers.
+//! Model summaries pasted by users and the Hugging Face configurations they hand over, parsed
+//! into layers.
 //!
-//! Three families of text are understood:
+//! A `config.json` becomes the layers and saved tensors its model builds in [`transformer`];
+//! the files users' tools write (Trainer arguments, PEFT, DeepSpeed) in [`files`]. Three families
+//! of printed text are understood:
 //! - [`SummaryFormat::Torchsummary`]: the tables of `torchsummary.summary` and of
 //!   `torchinfo.summary` (tree prefixes, `depth-idx`, `--`, `(recursive)`).
 //! - [`SummaryFormat::ModulePrint`]: `print(model)`, plain (parameters derived from the printed
@@ -16,6 +19,7 @@
 //! yields layers or a [`SummaryError`] naming a line, never a panic.
 
 pub mod files;
+pub mod transformer;
 pub mod vocabulary;
 
 use crate::job::echo;

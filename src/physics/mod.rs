@@ -1,7 +1,6 @@
 //! The one physical model of a training step's GPU memory and time: the training step by
 //! category at its two moments (`step`), the per-parameter and traced first principles
-//! (`analytic`), saved tensors (`saved`), a model built from its Hugging Face configuration
-//! (`transformer`), the figure and floor of a job on a card (`peak`), the answer's breakdown
+//! (`analytic`), saved tensors (`saved`), the figure and floor of a job on a card (`peak`), the answer's breakdown
 //! (`breakdown`), what an unstated field moves (`assumed`), the figure's uncertainty
 //! (`uncertainty`) and the roofline (`perf`).
 //! "Physics first, learning second": a learned figure may correct these, never contradict them.
@@ -13,7 +12,6 @@ pub mod peak;
 pub mod perf;
 pub mod saved;
 pub mod step;
-pub mod transformer;
 pub mod uncertainty;
 
 pub use breakdown::{Breakdown, BreakdownSource};
