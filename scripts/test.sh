@@ -3,7 +3,8 @@
 # ruff check and ruff format --check on the Python: ruff.toml),
 # Rust unit and integration tests (real server on ephemeral ports, committed
 # models through ONNX Runtime; the calibration store on SQLite and on a throw-away PostgreSQL), the Python
-# client against the real service (scripts/client-test.sh), the Python feature-parity and probe tests (stdlib only), then
+# client against the real service (scripts/client-test.sh), schemathesis against the real
+# service from the OpenAPI document (scripts/schemathesis.sh), the Python feature-parity and probe tests (stdlib only), then
 # describe's tests (model walk, training-step simulation, allocator model) in a project venv
 # with pinned torch/timm/transformers (scripts/describe-venv.sh: created once, then reused).
 set -euo pipefail
@@ -40,6 +41,10 @@ if ! command -v initdb >/dev/null 2>&1 && ! ls /usr/lib/postgresql/*/bin/initdb 
     fi
 fi
 scripts/postgres-test.sh cargo test --locked --all-targets
+# Property-based tests of the HTTP API from openapi/openapi.json (scripts/schemathesis.sh:
+# schemathesis from .venv-tools, --checks all --mode all, bounded and seeded, against
+# target/debug/gpucast with its store in a temporary directory; about 2 minutes on 2 cores).
+scripts/schemathesis.sh
 # The Python client (python/) against the service cargo just built (target/debug/gpucast on a
 # loopback port): its own venv without torch (.venv-client), then the trainer and callback tests
 # in describe's venv (scripts/client-test.sh).

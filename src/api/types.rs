@@ -50,7 +50,7 @@ pub struct EstimateRequest {
     /// `model.summary()` (Keras 2 or 3). `format` may be left out: it is then detected.
     /// What was assumed to read it (derived parameters, sizes, shared weights) is answered in
     /// `warnings`.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "object_only::optional")]
     pub summary: Option<SummaryRequest>,
     /// Sequence length (tokens per sample); required with a `module_print` summary that has
     /// token layers (embeddings, attention) and no `input_shape`.
@@ -84,18 +84,18 @@ pub struct EstimateRequest {
     #[schema(minimum = 1, maximum = 1048576)]
     pub gradient_accumulation_steps: Option<u64>,
     /// Only these parameters train, the rest are frozen (no gradients, no optimizer state).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "object_only::optional")]
     pub trainable: Option<TrainableRequest>,
     /// LoRA adapters on a frozen base (QLoRA with `base_weights: nf4`).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "object_only::optional")]
     pub lora: Option<LoraRequest>,
     /// The GPU layout: data parallelism (DDP, FSDP, ZeRO), tensor, pipeline and context
     /// parallel degrees. The answer is for the most loaded GPU.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "object_only::optional")]
     pub parallelism: Option<ParallelismRequest>,
     /// What lives in CPU memory instead (DeepSpeed ZeRO-Offload, FSDP `CPUOffload`, torchao's
     /// `CPUOffloadOptimizer`).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "object_only::optional")]
     pub offload: Option<OffloadRequest>,
     /// With `precision` bf16 or fp16: `fp32` keeps an fp32 master copy of what trains with the
     /// optimizer state (sharded with it by ZeRO), the step run on it in fp32, as DeepSpeed's
@@ -115,12 +115,12 @@ pub struct EstimateRequest {
     pub input_shape: Option<Vec<u64>>,
     /// What autograd keeps for backward, as `gpucast_describe` traces it on the meta device:
     /// when present, the MiB figure comes from the regressors that use it (more accurate).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "object_only::optional")]
     pub saved_tensors: Option<SavedTensorsRequest>,
     /// `gpucast_describe`'s simulation of a whole training step at this batch size: when
     /// present, the MiB figure comes from it (the `simulated` estimator, or a regressor that
     /// requires it), and `fit` from its minimum capacity and reserved peak.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "object_only::optional")]
     pub simulation: Option<SimulationRequest>,
     /// The share of the card's memory the job caps its caching allocator at
     /// (`torch.cuda.set_per_process_memory_fraction`), greater than 0 and at most 1: the job
@@ -215,11 +215,44 @@ pub struct EstimateRequest {
 pub const MAX_GPU_CHOICES: usize = 16;
 
 /// One card, or a list of cards to rank.
-#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(untagged)]
 pub enum GpuChoice {
     One(GpuRequest),
     Many(Vec<GpuRequest>),
+}
+
+// By hand: the derive cannot bound the list's length, which the parser does.
+impl utoipa::PartialSchema for GpuChoice {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{ArrayBuilder, OneOfBuilder};
+        let card = utoipa::openapi::Ref::from_schema_name("GpuRequest");
+        OneOfBuilder::new()
+            .item(card.clone())
+            .item(
+                ArrayBuilder::new()
+                    .items(card)
+                    .min_items(Some(1))
+                    .max_items(Some(MAX_GPU_CHOICES)),
+            )
+            .description(Some("One card, or a list of cards to rank."))
+            .into()
+    }
+}
+
+impl ToSchema for GpuChoice {
+    fn schemas(
+        schemas: &mut Vec<(
+            String,
+            utoipa::openapi::RefOr<utoipa::openapi::schema::Schema>,
+        )>,
+    ) {
+        schemas.push((
+            "GpuRequest".into(),
+            <GpuRequest as utoipa::PartialSchema>::schema(),
+        ));
+        <GpuRequest as ToSchema>::schemas(schemas);
+    }
 }
 
 impl GpuChoice {
@@ -283,7 +316,7 @@ pub struct TrainableRequest {
     #[schema(maximum = 10_000_000_000_000_u64)]
     pub params: Option<u64>,
     #[serde(default)]
-    #[schema(max_items = 256)]
+    #[schema(min_items = 1, max_items = 256)]
     pub modules: Option<Vec<String>>,
 }
 
@@ -575,6 +608,7 @@ pub struct SimulationRequest {
     #[schema(maximum = 17_592_186_044_416_u64)]
     pub min_capacity_bytes: u64,
     /// Allocated bytes by category at the allocated peak; they sum to `allocated_peak_bytes`.
+    #[serde(deserialize_with = "object_only::one")]
     pub breakdown_at_peak: SimulatedBreakdownRequest,
     /// The attention kernel simulated (informational): `eager`, `math`, `efficient`, `flash`
     /// or `none`.
@@ -1141,6 +1175,12 @@ pub struct CalibrationResponse {
 }
 
 /// One measured peak of a job on a GPU.
+///
+/// Rules across fields that no schema states, refused with 422 naming the field: the job's
+/// own `gpu`, when given, names the same one card as `gpu` (not another, not a list); its own
+/// `environment`, when given, is `environment`; `observed_peak_mib` lies between the job's
+/// physical floor and the card's memory; `step_time_ms` needs a card with performance figures
+/// (not a custom card known only by its memory).
 #[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 #[schema(example = json!({"gpu": "h100-80gb", "observed_peak_mib": 2310, "job": {
@@ -1156,6 +1196,7 @@ pub struct ObservationRequest {
     /// A catalogue GPU, `attached`, or a custom card (`{"name", "capacity_mib"}`).
     pub gpu: GpuRequest,
     /// The job, as `POST /v1/estimate` takes it.
+    #[serde(deserialize_with = "object_only::one")]
     pub job: EstimateRequest,
     /// Peak GPU memory the job reached, MiB, as nvidia-smi reports it: at least the job's
     /// physical floor (model state and CUDA context) and at most the GPU's capacity; a peak
@@ -1285,6 +1326,7 @@ pub struct WatchRequest {
     #[schema(maximum = 4294967295_u64)]
     pub pid: u64,
     /// The job the process runs, as `POST /v1/estimate` takes it.
+    #[serde(deserialize_with = "object_only::one")]
     pub job: EstimateRequest,
     /// Longest watch, seconds (default 86,400, at most 30 days); a watch cut short records nothing.
     #[serde(default, deserialize_with = "whole_number::optional")]
@@ -1505,6 +1547,47 @@ pub struct ReadyResponse {
 
 /// Non-negative whole numbers, also when a client's JSON writes them as `29440.0` (JSON Schema's
 /// `integer` admits that; serde's `u64` alone would not).
+/// Structs read from JSON objects only: serde's derive also reads a struct from an array of
+/// its fields in order (`"trainable": [null, null]` was accepted), which the schema of an
+/// object does not allow (found by schemathesis's negative_data_rejection).
+mod object_only {
+    use std::marker::PhantomData;
+
+    use serde::de::{MapAccess, Visitor};
+    use serde::{Deserialize, Deserializer};
+
+    struct Object<T>(T);
+
+    impl<'de, T: Deserialize<'de>> Deserialize<'de> for Object<T> {
+        fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+            struct Only<T>(PhantomData<T>);
+            impl<'de, T: Deserialize<'de>> Visitor<'de> for Only<T> {
+                type Value = T;
+                fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                    f.write_str("a JSON object")
+                }
+                fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+                    T::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+                }
+            }
+            deserializer.deserialize_map(Only(PhantomData)).map(Object)
+        }
+    }
+
+    pub fn one<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
+        deserializer: D,
+    ) -> Result<T, D::Error> {
+        Object::deserialize(deserializer).map(|Object(value)| value)
+    }
+
+    pub fn optional<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
+        deserializer: D,
+    ) -> Result<Option<T>, D::Error> {
+        Option::<Object<T>>::deserialize(deserializer)
+            .map(|object| object.map(|Object(value)| value))
+    }
+}
+
 mod whole_number {
     use serde::de::{Deserializer, Error, Unexpected, Visitor};
     use serde::Deserialize;

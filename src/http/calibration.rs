@@ -84,7 +84,10 @@ pub async fn profiles(State(state): State<AppState>) -> Json<ProfilesResponse> {
         (status = 401, description = "Missing or wrong bearer token", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "Writes disabled: no token configured and the listener is not loopback-only", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "`attached` without an NVML device", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Invalid observation, or an Idempotency-Key used with another body", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "Not `Content-Type: application/json` (a write must say it is JSON), or a compressed body", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid observation (its rules across fields are in `ObservationRequest`), more than 1,000 of them, or an Idempotency-Key used with another body", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The calibration store is unavailable (nothing was recorded), the service is overloaded, or the request timeout passed (the recording may have finished: retry with the same Idempotency-Key); see Retry-After", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u64, description = "Seconds to wait"))),
     )
 )]
 pub async fn observe(
@@ -396,6 +399,7 @@ fn refuse_too_many_profiles(
         (status = 401, description = "Missing or wrong bearer token", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "Writes disabled: no token configured and the listener is not loopback-only", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "No NVML device on this host, or the process is watched already", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "Not `Content-Type: application/json` (a write must say it is JSON), or a compressed body", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid request", body = Problem, content_type = "application/problem+json"),
         (status = 429, description = "As many processes are watched as `--max-watches` allows; Retry-After says when to try again", body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = u64, description = "Seconds to wait"))),

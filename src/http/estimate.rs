@@ -32,9 +32,10 @@ const MAX_PART_CARD_ESTIMATES: usize = 64;
         (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "`gpu: attached` on a host without an NVML device", body = Problem, content_type = "application/problem+json"),
-        (status = 415, description = "Not JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "Not JSON: a `Content-Type` other than `application/json` (none is read as JSON), a model printout pasted as the body, or a compressed body", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid job description, or one priced above the cost budget (`--max-request-cost`) from its sizes", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Overloaded or not ready; see Retry-After", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Overloaded or not ready, or the request timeout passed; see Retry-After", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u64, description = "Seconds to wait"))),
     )
 )]
 #[tracing::instrument(skip_all, fields(family, layers))]
@@ -73,8 +74,10 @@ pub async fn estimate(
         (status = 200, description = "One outcome per item, in order", body = BatchResponse),
         (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "Not JSON: a `Content-Type` other than `application/json` (none is read as JSON), or a compressed body", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Not a batch, too many items, or items priced together above the cost budget (`--max-request-cost`)", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Overloaded or not ready", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Overloaded or not ready, or the request timeout passed; see Retry-After", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u64, description = "Seconds to wait"))),
     )
 )]
 #[tracing::instrument(skip_all, fields(items))]

@@ -98,15 +98,17 @@ fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(calibration::watch))
 }
 
-/// States in the spec what the code enforces: a job gives exactly one of `layers` and
-/// `summary` (a derived struct schema can only make both optional).
-struct LayersOrSummary;
+/// States in the spec what the code enforces across a job's fields (`engine::validate`): it
+/// gives exactly one model, as `layers`, a `summary` printout or a `transformer_config`, the
+/// last with `seq_len` and without the traced `saved_tensors` and `simulation`, and only it
+/// with `attention` and `loss_implementation`; and `batch_size`, unless the Trainer's
+/// `training_arguments` state it. A derived struct schema can only make each optional; a field absent and one sent as null are the same to the service, so "not given"
+/// reads `{"type": "null"}` in each alternative (a key it may lack).
+struct OneModelPerJob;
 
-impl utoipa::Modify for LayersOrSummary {
+impl utoipa::Modify for OneModelPerJob {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
-        use utoipa::openapi::schema::{
-            AllOfBuilder, ArrayBuilder, ObjectBuilder, OneOfBuilder, Schema, Type,
-        };
+        use utoipa::openapi::schema::{AllOfBuilder, ObjectBuilder, OneOfBuilder, Schema, Type};
         use utoipa::openapi::RefOr;
         let Some(components) = openapi.components.as_mut() else {
             return;
@@ -116,23 +118,104 @@ impl utoipa::Modify for LayersOrSummary {
             return;
         };
         let example = request.example.clone();
-        let exactly_one = OneOfBuilder::new()
+        let null = || ObjectBuilder::new().schema_type(Type::Null);
+        let given = |kind| ObjectBuilder::new().schema_type(kind);
+        // (title, description, the fields given, the fields left out)
+        let alternatives = [
+            (
+                "LayerListJob",
+                "The model as a layer list (`layers`), optionally with `describe`'s traced \
+                 `saved_tensors` and `simulation`.",
+                vec![("layers", Type::Array)],
+                vec![
+                    "summary",
+                    "transformer_config",
+                    "attention",
+                    "loss_implementation",
+                ],
+            ),
+            (
+                "SummaryJob",
+                "The model as a printout (`summary`): torchsummary, torchinfo, print(model) or \
+                 Keras.",
+                vec![("summary", Type::Object)],
+                vec![
+                    "layers",
+                    "transformer_config",
+                    "attention",
+                    "loss_implementation",
+                ],
+            ),
+            (
+                "TransformerConfigJob",
+                "The model as a Hugging Face `config.json` (`transformer_config`) at `seq_len` \
+                 tokens; `family`, when given, is `transformer`.",
+                vec![
+                    ("transformer_config", Type::Object),
+                    ("seq_len", Type::Integer),
+                ],
+                vec!["layers", "summary", "saved_tensors", "simulation"],
+            ),
+        ];
+        let mut exactly_one = OneOfBuilder::new();
+        for (title, description, required, absent) in alternatives {
+            let mut branch = ObjectBuilder::new()
+                .title(Some(title))
+                .description(Some(description));
+            for (field, kind) in required {
+                branch = branch.required(field).property(field, given(kind));
+            }
+            for field in absent {
+                branch = branch.property(field, null());
+            }
+            if title == "TransformerConfigJob" {
+                branch = branch.property(
+                    "family",
+                    ObjectBuilder::new()
+                        .schema_type(utoipa::openapi::schema::SchemaType::from_iter([
+                            Type::String,
+                            Type::Null,
+                        ]))
+                        .enum_values(Some([
+                            serde_json::Value::from("transformer"),
+                            serde_json::Value::Null,
+                        ])),
+                );
+            }
+            exactly_one = exactly_one.item(branch);
+        }
+        // The samples per step: `batch_size`, or the Trainer's arguments that state them.
+        let batch = utoipa::openapi::schema::AnyOfBuilder::new()
             .item(
                 ObjectBuilder::new()
-                    .required("layers")
-                    .property("layers", ArrayBuilder::new()),
+                    .required("batch_size")
+                    .property("batch_size", given(Type::Integer)),
             )
             .item(
                 ObjectBuilder::new()
-                    .required("summary")
-                    .property("summary", ObjectBuilder::new().schema_type(Type::Object)),
+                    .required("training_arguments")
+                    .property(
+                        "training_arguments",
+                        given(Type::Object).required("per_device_train_batch_size"),
+                    ),
             );
-        let description = request.description.clone();
+        let description = request.description.clone().map(|d| {
+            format!(
+                "{d}\n\nExactly one model: `layers`, `summary` or `transformer_config` (the \
+                 alternatives below); `batch_size`, unless `training_arguments` state \
+                 `per_device_train_batch_size`. Rules no schema states are refused with 422 naming the \
+                 field: a value the request states otherwise than its \
+                 files (`training_arguments`, `adapter_config`, `deepspeed`, `load`) is refused; \
+                 the layers, printout or config must describe a model the service can build; \
+                 and a request priced above the cost budget (`--max-request-cost`) is refused."
+            )
+        });
         // `example`, not 3.1's `examples`: it is what Swagger UI's "Try it out" fills in.
         #[allow(deprecated)]
         let schema = AllOfBuilder::new()
             .item(request)
             .item(exactly_one)
+            .item(batch)
             .description(description)
             .example(example)
             .build();
@@ -166,10 +249,103 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
 fn complete(mut api: utoipa::openapi::OpenApi) -> utoipa::openapi::OpenApi {
     use utoipa::Modify;
     api.info.version = env!("CARGO_PKG_VERSION").to_string();
-    LayersOrSummary.modify(&mut api);
+    OneModelPerJob.modify(&mut api);
+    GuardResponses.modify(&mut api);
     ResponseExamples.modify(&mut api);
     RequestExamples.modify(&mut api);
     api
+}
+
+/// What [`admit`] answers before a handler runs, in the spec of every route it guards, so
+/// that no route's list can leave it out: a POST's body refused (unreadable 400, late 408,
+/// over `--max-body-bytes` 413, compressed 415), a write's headers refused ([`WRITE_ROUTES`]:
+/// not JSON 415, a foreign page or host 403, no token 401), no request slot or body bytes
+/// left, or the request timeout (503 with Retry-After) on every route but
+/// [`UNGUARDED_ROUTES`]. A route's own entry for a status is kept (it says more). Routes
+/// without a request body are not documented with the body's statuses: a GET with a body is
+/// outside their contract (it is answered the same way).
+struct GuardResponses;
+
+impl utoipa::Modify for GuardResponses {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::header::HeaderBuilder;
+        use utoipa::openapi::schema::{ObjectBuilder, Type};
+        use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
+        let problem = |description: &str, retry_after: bool| {
+            let mut response = ResponseBuilder::new().description(description).content(
+                "application/problem+json",
+                ContentBuilder::new()
+                    .schema(Some(Ref::from_schema_name("Problem")))
+                    .build(),
+            );
+            if retry_after {
+                response = response.header(
+                    "Retry-After",
+                    HeaderBuilder::new()
+                        .schema(ObjectBuilder::new().schema_type(Type::Integer))
+                        .description(Some("Seconds to wait before retrying"))
+                        .build(),
+                );
+            }
+            RefOr::T(response.build())
+        };
+        for (route, item) in openapi.paths.paths.iter_mut() {
+            let guarded = !UNGUARDED_ROUTES.contains(&route.as_str());
+            let write = WRITE_ROUTES.contains(&route.as_str());
+            let operations = [(false, item.get.as_mut()), (true, item.post.as_mut())];
+            for (post, operation) in operations {
+                let Some(operation) = operation else {
+                    continue;
+                };
+                let mut statuses: Vec<(&str, &str, bool)> = Vec::new();
+                if post {
+                    statuses.extend([
+                        ("400", "The body could not be read", false),
+                        (
+                            "408",
+                            "The body did not arrive within `--body-read-timeout-secs`",
+                            false,
+                        ),
+                        ("413", "Body larger than `--max-body-bytes`", false),
+                        (
+                            "415",
+                            "A compressed body (`Content-Encoding`): send it uncompressed",
+                            false,
+                        ),
+                    ]);
+                }
+                if post && write {
+                    statuses.extend([
+                        ("401", "Missing or wrong bearer token", false),
+                        (
+                            "403",
+                            "Writes disabled, or from another site's page, origin or host",
+                            false,
+                        ),
+                        (
+                            "415",
+                            "Not `Content-Type: application/json` (a write must say it is JSON)",
+                            false,
+                        ),
+                    ]);
+                }
+                if guarded {
+                    statuses.push((
+                        "503",
+                        "Overloaded (every request slot taken, or the bytes bodies may hold at \
+                         once), or the request timeout passed; see Retry-After",
+                        true,
+                    ));
+                }
+                for (status, description, retry_after) in statuses {
+                    let responses = &mut operation.responses.responses;
+                    if !responses.contains_key(status) {
+                        responses.insert(status.to_string(), problem(description, retry_after));
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// Named request examples of `POST /v1/estimate` beside the schema's layer-list example, one
