@@ -55,7 +55,7 @@ pub async fn admission(
         .run(Work::Estimate, deadline, move || {
             let review: AdmissionReviewRequest = parse_json(&body, "")?;
             span.record("uid", crate::job::echo(&review.request.uid));
-            crate::kubernetes::review(&engine, &cluster, review, started, &work)
+            crate::kubernetes::admit(&engine, &cluster, review, started, &work)
         })
         .await?;
     Ok(Json(AdmissionReviewResponse::new(response)))

@@ -6,7 +6,7 @@
 //! figure and bound as annotations; a job that fits none is denied with its figure. No axum
 //! here: `http::admission` reads the body and answers.
 //!
-//! - [`review`]: the AdmissionReview wire types.
+//! - [`admit`]: a review answered; [`review`]: the AdmissionReview wire types.
 //! - [`pods`]: the pod templates of an object and the JSON Patch that places them.
 
 pub mod pods;
@@ -132,7 +132,7 @@ enum Refusal {
 
 /// The answer to a review: allowed as it is, allowed with a patch, or denied. An error is
 /// the service's own failure (the webhook's failurePolicy applies), or a review that is not one.
-pub fn review(
+pub fn admit(
     engine: &Engine,
     cluster: &ClusterProducts,
     review: AdmissionReviewRequest,
@@ -162,6 +162,7 @@ pub fn review(
     }
 }
 
+/// The review of a well-formed request: allowed, patched or refused.
 fn decide(
     engine: &Engine,
     cluster: &ClusterProducts,
