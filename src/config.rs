@@ -314,6 +314,32 @@ pub struct ServeConfig {
     /// built-in ones, or replace those with the same id. Checked at start-up.
     #[arg(long, env = "GPUCAST_GPUS")]
     pub gpus: Option<PathBuf>,
+
+    /// Answer POST /v1/kubernetes/admission, the Kubernetes mutating admission webhook (it
+    /// sets a node affinity on the GPU products a job fits); 404 unless given.
+    #[arg(long, env = "GPUCAST_ADMISSION")]
+    pub admission: bool,
+
+    /// The GPU products this cluster's nodes carry, as GPU Feature Discovery labels them
+    /// (`nvidia.com/gpu.product`, comma-separated: `NVIDIA-A100-SXM4-80GB,NVIDIA-H100-80GB-HBM3`;
+    /// `gpucast gpus --format json` lists each card's): the admission webhook's affinity names
+    /// only these. Every catalogued product when absent.
+    #[arg(
+        long,
+        env = "GPUCAST_ADMISSION_PRODUCTS",
+        value_delimiter = ',',
+        requires = "admission"
+    )]
+    pub admission_products: Vec<String>,
+
+    /// A PEM certificate chain to serve HTTPS with (with --tls-key); Kubernetes calls webhooks
+    /// over TLS only. Plain HTTP when absent.
+    #[arg(long, env = "GPUCAST_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// The PEM private key of --tls-cert (PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, env = "GPUCAST_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
 }
 
 /// The largest request body, bytes (`--max-body-bytes`; `gpucast estimate` reads no more).
@@ -544,6 +570,10 @@ impl ServeConfig {
             max_watches: 64,
             no_nvml: true,
             gpus: None,
+            admission: false,
+            admission_products: Vec::new(),
+            tls_cert: None,
+            tls_key: None,
         }
     }
 }

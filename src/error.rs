@@ -66,6 +66,10 @@ pub enum ApiError {
     /// The request needs a GPU this host does not have (or cannot read).
     #[error("{0}")]
     NoDevice(String),
+    /// The route is listed but switched off by configuration: 404, as if it were not there;
+    /// the detail says how to switch it on.
+    #[error("{0}")]
+    Off(String),
     /// No route has this path.
     #[error("no route {0}; the routes are listed at /docs")]
     NotFound(String),
@@ -97,7 +101,7 @@ impl ApiError {
             ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::TooManyWatches(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::NoDevice(_) => StatusCode::CONFLICT,
-            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::NotFound(_) | ApiError::Off(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -121,7 +125,7 @@ impl ApiError {
             ApiError::Conflict(_) => "Conflict",
             ApiError::TooManyWatches(_) => "Too many watches",
             ApiError::NoDevice(_) => "No such device",
-            ApiError::NotFound(_) => "Not found",
+            ApiError::NotFound(_) | ApiError::Off(_) => "Not found",
             ApiError::MethodNotAllowed(_) => "Method not allowed",
             ApiError::Internal(_) => "Internal error",
         }

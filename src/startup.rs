@@ -33,6 +33,8 @@ pub struct Application {
     timeouts: ConnectionTimeouts,
     /// How often the profiles are re-derived from the store.
     profile_refresh: Duration,
+    /// `--tls-cert`/`--tls-key`: connections are TLS.
+    tls: Option<tokio_rustls::TlsAcceptor>,
 }
 
 /// What bounds a connection rather than a request.
@@ -91,6 +93,30 @@ impl Application {
                 let catalogue = Catalogue::load(path)?;
                 tracing::info!(file = %path.display(), gpus = catalogue.all().len(), "GPU catalogue extended");
                 catalogue
+            }
+        };
+        // Checked before the models load: a wrong product or certificate fails at once.
+        let admission = if config.admission {
+            let cluster =
+                crate::kubernetes::ClusterProducts::new(&catalogue, &config.admission_products)
+                    .map_err(StartupError::Config)?;
+            tracing::info!(
+                products = cluster.products().collect::<Vec<_>>().join(","),
+                "the Kubernetes admission webhook places on these GPU products"
+            );
+            Some(Arc::new(cluster))
+        } else {
+            None
+        };
+        let tls = match (&config.tls_cert, &config.tls_key) {
+            (Some(cert), Some(key)) => {
+                Some(crate::tls::acceptor(cert, key).map_err(StartupError::Config)?)
+            }
+            (None, None) => None,
+            _ => {
+                return Err(StartupError::Config(
+                    "--tls-cert and --tls-key go together".into(),
+                ))
             }
         };
         match devices.unavailable_reason() {
@@ -213,6 +239,7 @@ impl Application {
             body_budget: Arc::new(Semaphore::new(
                 config.max_body_bytes_in_flight.div_ceil(1024),
             )),
+            admission,
         };
         Ok(Application {
             listener,
@@ -220,6 +247,7 @@ impl Application {
             health,
             state,
             profile_refresh: Duration::from_secs(config.profile_refresh_secs),
+            tls,
             timeouts: ConnectionTimeouts {
                 header_read: Duration::from_secs(config.header_read_timeout_secs),
                 max_connections: config.max_connections,
@@ -260,6 +288,7 @@ impl Application {
             state,
             timeouts,
             profile_refresh,
+            tls,
             ..
         } = self;
         let ready = state.ready.clone();
@@ -270,10 +299,11 @@ impl Application {
             .transpose()?;
         let router = http::router(state);
         ready.store(true, Ordering::Release);
-        tracing::info!(address = %listener.local_addr()?, "ready");
+        tracing::info!(address = %listener.local_addr()?, tls = tls.is_some(), "ready");
         let connections = accept_until(
             listener,
             router,
+            tls,
             timeouts.max_connections,
             timeouts.header_read,
             shutdown,
@@ -301,10 +331,14 @@ impl Application {
 /// then stops accepting; the connections still open are the caller's to drain. hyper's own
 /// connection loop rather than `axum::serve`, for what that does not offer: a header read
 /// timeout (a client that never finishes its header would hold a connection, and a graceful
-/// shutdown, forever) and a cap on connections open at once.
+/// shutdown, forever) and a cap on connections open at once. With `tls`, each connection's
+/// handshake runs on its own task, holding the connection's slot, and must end within the
+/// header timeout too: a client that opens a connection and never shakes hands is closed like
+/// one that never sends its header.
 async fn accept_until(
     listener: TcpListener,
     router: axum::Router,
+    tls: Option<tokio_rustls::TlsAcceptor>,
     max_connections: usize,
     header_read: Duration,
     shutdown: impl std::future::Future<Output = ()>,
@@ -342,6 +376,30 @@ async fn accept_until(
             continue;
         };
         let service = TowerToHyperService::new(router.clone());
+        if let Some(tls) = &tls {
+            let (tls, connection, watcher) =
+                (tls.clone(), connection.clone(), connections.watcher());
+            tokio::spawn(async move {
+                let stream = match tokio::time::timeout(header_read, tls.accept(stream)).await {
+                    Ok(Ok(stream)) => stream,
+                    Ok(Err(error)) => {
+                        tracing::debug!(%error, "TLS handshake failed");
+                        return;
+                    }
+                    Err(_) => {
+                        tracing::debug!("TLS handshake timed out");
+                        return;
+                    }
+                };
+                let served =
+                    watcher.watch(connection.serve_connection(TokioIo::new(stream), service));
+                if let Err(error) = served.await {
+                    tracing::debug!(%error, "connection ended with an error");
+                }
+                drop(slot);
+            });
+            continue;
+        }
         let served = connections.watch(connection.serve_connection(TokioIo::new(stream), service));
         tokio::spawn(async move {
             if let Err(error) = served.await {
@@ -395,7 +453,16 @@ impl HealthListener {
                     let stopped = async {
                         let _ = stopped.await;
                     };
-                    accept_until(listener, router, HEALTH_CONNECTIONS, header_read, stopped).await;
+                    // Plain HTTP: probes (httpGet) and the kubelet need no certificate.
+                    accept_until(
+                        listener,
+                        router,
+                        None,
+                        HEALTH_CONNECTIONS,
+                        header_read,
+                        stopped,
+                    )
+                    .await;
                 });
             })?;
         tracing::info!(address = %address, "health listener ready");

@@ -15,6 +15,7 @@ fn gpu_response(sku: &Sku) -> GpuResponse {
         id: sku.id.clone(),
         name: sku.name.clone(),
         aliases: sku.aliases.clone(),
+        gfd_products: sku.gfd_products.clone(),
         memory_mib: sku.capacity_mib,
         memory_gb: sku.memory_gb,
         vendor: sku.vendor.as_str().to_string(),

@@ -1717,6 +1717,7 @@ pub struct SourceResponse {
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[schema(example = json!({
     "id": "l4", "name": "NVIDIA L4", "aliases": ["NVIDIA L4", "L4", "L4 24GB"],
+    "gfd_products": ["NVIDIA-L4"],
     "memory_mib": 23034, "memory_gb": 24, "compute_capability": "8.9",
     "peaks": {"sm_count": 58, "max_warps_per_sm": 48, "boost_clock_mhz": 2040,
         "memory_bandwidth_gb_s": 300.0, "fp32_tflops": 30.3, "tf32_tflops": 60.0,
@@ -1731,6 +1732,10 @@ pub struct GpuResponse {
     pub name: String,
     /// Other names it is matched by (what nvidia-smi prints, short forms).
     pub aliases: Vec<String>,
+    /// What GPU Feature Discovery labels a node with this card (`nvidia.com/gpu.product`):
+    /// the NVML names with spaces as dashes. Empty for a card it does not label.
+    #[serde(default)]
+    pub gfd_products: Vec<String>,
     /// Memory as nvidia-smi reports it (`memory.total`), MiB: the capacity fits are checked
     /// against.
     pub memory_mib: u64,

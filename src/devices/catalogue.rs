@@ -42,6 +42,11 @@ struct EntryFile {
     name: String,
     #[serde(default)]
     aliases: Vec<String>,
+    /// The values GPU Feature Discovery writes for the node label `nvidia.com/gpu.product` on
+    /// a node with this card: the NVML name with its spaces as dashes (`NVIDIA-A100-SXM4-40GB`).
+    /// NVIDIA cards only; the admission webhook's node affinity lists them.
+    #[serde(default)]
+    gfd_products: Vec<String>,
     /// nvidia-smi's `memory.total`, MiB.
     memory_mib: u64,
     /// The marketing size in GB, which users type (`a100 40gb`).
@@ -197,6 +202,25 @@ fn check_entry(e: EntryFile, origin: Origin) -> Result<Sku, String> {
     for (i, alias) in e.aliases.iter().enumerate() {
         text(&format!("aliases[{i}]"), alias, MAX_NAME_CHARS)?;
     }
+    if e.gfd_products.len() > MAX_ALIASES {
+        return Err(format!(
+            "gfd_products: {} given; at most {MAX_ALIASES}",
+            e.gfd_products.len()
+        ));
+    }
+    if e.vendor != Vendor::Nvidia && !e.gfd_products.is_empty() {
+        return Err("gfd_products: GPU Feature Discovery labels NVIDIA cards only".into());
+    }
+    for (i, product) in e.gfd_products.iter().enumerate() {
+        if !valid_label_value(product) {
+            return Err(format!(
+                "gfd_products[{i}]: must be a Kubernetes label value (1 to 63 letters, digits, \
+                 `-`, `_` or `.`, a letter or digit at each end), as GPU Feature Discovery \
+                 writes the NVML name with its spaces as dashes, got `{}`",
+                crate::job::echo(product)
+            ));
+        }
+    }
     if !(1..=MAX_MEMORY_MIB).contains(&e.memory_mib) {
         return Err(format!(
             "memory_mib: must be 1 to {MAX_MEMORY_MIB}, got {}",
@@ -258,6 +282,7 @@ fn check_entry(e: EntryFile, origin: Origin) -> Result<Sku, String> {
         id: e.id,
         name: e.name,
         aliases: e.aliases,
+        gfd_products: e.gfd_products,
         capacity_mib: e.memory_mib,
         memory_gb: e.memory_gb,
         vendor: e.vendor,
@@ -309,6 +334,17 @@ fn positive(field: &str, value: f64, max: f64) -> Result<(), String> {
             "{field}: must be a positive finite number up to {max}, got {shown}"
         ))
     }
+}
+
+/// A Kubernetes label value (not empty here): at most 63 characters of `[A-Za-z0-9._-]`,
+/// beginning and ending with a letter or digit.
+pub fn valid_label_value(value: &str) -> bool {
+    let bytes = value.as_bytes();
+    let inner = |b: &u8| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.');
+    (1..=63).contains(&bytes.len())
+        && bytes.iter().all(inner)
+        && bytes[0].is_ascii_alphanumeric()
+        && bytes[bytes.len() - 1].is_ascii_alphanumeric()
 }
 
 /// `8.0`, `10.0`, `12.1`.
@@ -389,6 +425,60 @@ mod tests {
         let catalogue = Catalogue::with_overrides(&file(vec![nvl]), "extra.json").unwrap();
         assert_eq!(catalogue.parse("NVIDIA H200 NVL").unwrap().id, "h200-nvl");
         assert_eq!(catalogue.parse("NVIDIA H200").unwrap().id, "h200-141gb");
+    }
+
+    #[test]
+    fn every_nvidia_card_carries_its_gfd_products_as_gfd_writes_them() {
+        // GPU Feature Discovery labels `nvidia.com/gpu.product` with the NVML name, spaces
+        // as dashes: each product is one of the entry's names so rewritten.
+        for sku in Catalogue::builtin().all() {
+            match sku.vendor {
+                Vendor::Nvidia => assert!(!sku.gfd_products.is_empty(), "{}", sku.id),
+                Vendor::Amd => assert!(sku.gfd_products.is_empty(), "{}", sku.id),
+            }
+            for product in &sku.gfd_products {
+                assert!(
+                    sku.names().any(|name| name.replace(' ', "-") == *product),
+                    "{}: {product}",
+                    sku.id
+                );
+            }
+        }
+        let catalogue = Catalogue::builtin();
+        for (product, id) in [
+            ("NVIDIA-A100-SXM4-80GB", "a100-80gb"),
+            ("NVIDIA-H100-80GB-HBM3", "h100-80gb"),
+            ("NVIDIA-GeForce-RTX-4090", "rtx-4090"),
+            ("Tesla-V100-SXM2-16GB", "v100-16gb"),
+        ] {
+            assert_eq!(catalogue.by_gfd_product(product).unwrap().id, id);
+        }
+    }
+
+    #[test]
+    fn gfd_products_are_label_values_of_nvidia_cards_held_by_one_entry() {
+        let mut bad = entry("bad");
+        bad["gfd_products"] = serde_json::json!(["NVIDIA Card bad"]);
+        assert!(error(vec![bad]).contains("gfd_products[0]"));
+        let mut amd = entry("amd-card");
+        amd["vendor"] = "amd".into();
+        amd["compute_capability"] = "gfx942".into();
+        amd["gfd_products"] = serde_json::json!(["AMD-Card"]);
+        assert!(error(vec![amd]).contains("NVIDIA cards only"));
+        let (mut a, mut b) = (entry("a"), entry("b"));
+        a["gfd_products"] = serde_json::json!(["NVIDIA-Card"]);
+        b["gfd_products"] = serde_json::json!(["NVIDIA-Card"]);
+        assert!(error(vec![a, b]).contains("names both"));
+        // An added card takes a product from a built-in one, as it takes a name.
+        let mut nvl = entry("h200-nvl");
+        nvl["gfd_products"] = serde_json::json!(["NVIDIA-H200-NVL"]);
+        let catalogue = Catalogue::with_overrides(&file(vec![nvl]), "extra.json").unwrap();
+        assert_eq!(
+            catalogue.by_gfd_product("NVIDIA-H200-NVL").unwrap().id,
+            "h200-nvl"
+        );
+        let h200 = catalogue.by_id("h200-141gb").unwrap();
+        assert_eq!(h200.gfd_products, ["NVIDIA-H200"]);
     }
 
     #[test]

@@ -26,6 +26,9 @@ pub struct Sku {
     pub name: String,
     /// Other names it goes by: what the driver prints (`NVIDIA A100-SXM4-40GB`), short forms.
     pub aliases: Vec<String>,
+    /// What GPU Feature Discovery labels a node with this card (`nvidia.com/gpu.product`):
+    /// the NVML names with spaces as dashes; none for a card it does not label (AMD).
+    pub gfd_products: Vec<String>,
     pub capacity_mib: u64,
     /// The marketing memory size in GB (`40` for an A100 40GB): what users type.
     pub memory_gb: u32,
@@ -128,6 +131,35 @@ impl Catalogue {
                 return Err(format!("id `{}` appears twice", sku.id));
             }
         }
+        // A node's product label must say one card: a product held by two entries would place
+        // a job by the wrong card's capacity. As with names, an added entry takes a product
+        // from a built-in one (`skus` holds the added entries first).
+        let mut products: HashMap<String, usize> = HashMap::new();
+        for index in 0..skus.len() {
+            let added = index < added_count;
+            let mut kept = Vec::with_capacity(skus[index].gfd_products.len());
+            for product in std::mem::take(&mut skus[index].gfd_products) {
+                match products.get(&product) {
+                    Some(&other) if other != index && (other < added_count) == added => {
+                        return Err(format!(
+                            "the GPU Feature Discovery product `{}` names both `{}` and `{}`",
+                            echo(&product),
+                            skus[other].id,
+                            skus[index].id
+                        ));
+                    }
+                    Some(&other) if other != index => continue,
+                    Some(_) => {}
+                    None => {
+                        products.insert(product.clone(), index);
+                    }
+                }
+                if !kept.contains(&product) {
+                    kept.push(product);
+                }
+            }
+            skus[index].gfd_products = kept;
+        }
         let mut exact: HashMap<Vec<String>, usize> = HashMap::new();
         let mut loose: HashMap<Vec<String>, Vec<usize>> = HashMap::new();
         let mut family: HashMap<Vec<String>, Vec<usize>> = HashMap::new();
@@ -185,6 +217,13 @@ impl Catalogue {
     /// Every entry: those of the `--gpus` file first, then the built-in ones, each in file order.
     pub fn all(&self) -> &[Sku] {
         &self.skus
+    }
+
+    /// The entry whose GPU Feature Discovery products (`nvidia.com/gpu.product`) hold `product`.
+    pub fn by_gfd_product(&self, product: &str) -> Option<&Sku> {
+        self.skus
+            .iter()
+            .find(|s| s.gfd_products.iter().any(|p| p == product))
     }
 
     /// The entry with this canonical id.

@@ -1,6 +1,7 @@
 //! The HTTP API: router, shared state, the OpenAPI document and the middleware that guards
 //! every route (metrics, concurrency limit, timeout).
 
+pub mod admission;
 pub mod auth;
 pub mod body;
 pub mod calibration;
@@ -66,6 +67,8 @@ pub struct AppState {
     pub write_hosts: Arc<WriteHosts>,
     /// Request-body bytes that may be held at once, in KiB permits.
     pub body_budget: Arc<Semaphore>,
+    /// The GPU products the admission webhook places on; `None`: the webhook is off (404).
+    pub admission: Option<Arc<crate::kubernetes::ClusterProducts>>,
 }
 
 #[derive(OpenApi)]
@@ -78,6 +81,7 @@ pub struct AppState {
         (name = "estimate", description = "Memory and utilization estimates"),
         (name = "operations", description = "Health, readiness and metrics"),
         (name = "devices", description = "GPUs of this host and per-GPU calibration"),
+        (name = "kubernetes", description = "The mutating admission webhook (with --admission)"),
     ),
     modifiers(&BearerSecurity)
 )]
@@ -96,6 +100,7 @@ fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(calibration::profiles))
         .routes(routes!(calibration::observe))
         .routes(routes!(calibration::watch))
+        .routes(routes!(admission::admission))
 }
 
 /// States in the spec what the code enforces across a job's fields (`engine::validate`): it

@@ -2,6 +2,7 @@
 //! models and talks to it over HTTP.
 
 mod accuracy;
+mod admission;
 mod assumed;
 mod batch;
 mod calibration;

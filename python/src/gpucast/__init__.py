@@ -14,6 +14,7 @@ from .client import ROUTES, AsyncClient, Client
 from .errors import GpucastError, ProblemError, TransportError
 from .jobs import from_lightning, from_trainer
 from .models import (
+    AdmissionReviewResponse,
     BatchItemResponse,
     BatchResponse,
     DevicesResponse,
@@ -34,6 +35,7 @@ from .observe import CudaMemoryStats, MemoryReading, MemoryStats, Observer, envi
 
 __all__ = [
     "ROUTES",
+    "AdmissionReviewResponse",
     "AsyncClient",
     "BatchItemResponse",
     "BatchResponse",

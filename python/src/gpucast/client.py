@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 
 from .errors import ProblemError, TransportError
 from .models import (
+    AdmissionReviewResponse,
     BatchResponse,
     DevicesResponse,
     EstimateResponse,
@@ -49,6 +50,7 @@ ROUTES: dict[str, Route] = {
     "profiles": Route("GET", "/v1/calibration/profiles", ProfilesResponse),
     "observe": Route("POST", "/v1/calibration/observations", ObservationsResponse, "ObservationsRequest"),
     "watch": Route("POST", "/v1/calibration/watch", WatchResponse, "WatchRequest"),
+    "admission": Route("POST", "/v1/kubernetes/admission", AdmissionReviewResponse, "AdmissionReviewRequest"),
 }
 
 Job = Mapping[str, Any]
@@ -135,6 +137,11 @@ class Client:
         if max_seconds is not None:
             body["max_seconds"] = max_seconds
         return self._call("watch", body)
+
+    def admission(self, review: Mapping[str, Any]) -> AdmissionReviewResponse:
+        """POST /v1/kubernetes/admission (a service started with --admission): what the webhook
+        answers the API server for this AdmissionReview."""
+        return self._call("admission", dict(review))
 
     def _call(self, name: str, body: Any = None, headers: Mapping[str, str] | None = None) -> Any:
         route = ROUTES[name]
@@ -232,3 +239,6 @@ class AsyncClient:
         max_seconds: int | None = None,
     ) -> WatchResponse:
         return await asyncio.to_thread(self.sync.watch, pid, job, interval_ms=interval_ms, max_seconds=max_seconds)
+
+    async def admission(self, review: Mapping[str, Any]) -> AdmissionReviewResponse:
+        return await asyncio.to_thread(self.sync.admission, review)

@@ -211,6 +211,17 @@ class ObservationsResponse(Model):
 
 
 @dataclass
+class AdmissionReviewResponse(Model):
+    """The admission webhook's answer (`serve --admission`): `.response` holds `allowed`, the
+    base64 JSON Patch (`patch`) or the denial (`status.message`)."""
+
+    SCHEMA: ClassVar[str] = "AdmissionReviewResponse"
+    api_version: str = wire("apiVersion")
+    kind: str = ""
+    response: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class WatchResponse(Model):
     SCHEMA: ClassVar[str] = "WatchResponse"
     pid: int = 0
