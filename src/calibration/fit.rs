@@ -17,6 +17,15 @@ pub const SCALE_RANGE: (f64, f64) = (0.25, 4.0);
 /// Smallest calibrated estimate, MiB: a negative offset must not produce a zero or negative need.
 pub const MIN_ESTIMATE_MIB: f64 = 1.0;
 
+/// The most one update may move a profile: its calibrated figure at the median prediction of
+/// its samples, and its scale, each by at most this factor up or down.
+///
+/// Why: a profile moves every estimate for its GPU, so one batch of wrong observations (a
+/// broken measurement, a mislabelled GPU, a hostile client) must not swing every answer at
+/// once. Genuine shifts are still learned: the samples are kept whole and each update refits
+/// from all of them, so a few updates reach the fit (1.25^3 ≈ 2).
+pub const MAX_STEP: f64 = 1.25;
+
 /// One observed job: what the unshifted model predicted and what the GPU showed.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Sample {

@@ -2,9 +2,9 @@
 //! whether (and how many copies of) the job fits there.
 
 use crate::calibration::store::ProfileSnapshot;
-use crate::devices::derived;
 use crate::devices::performance::GpuPerformance;
 use crate::devices::sku::{Catalogue, GpuSelector, SkuError};
+use crate::devices::{derived, CUSTOM_PREFIX};
 use crate::devices::{DeviceError, GpuDevices};
 use crate::estimators::MibAnswer;
 use crate::job::MemoryFraction;
@@ -20,8 +20,6 @@ pub const MAX_CUSTOM_NAME_CHARS: usize = 64;
 pub const MAX_CUSTOM_CAPACITY_MIB: u64 = 1 << 20;
 /// Most custom cards with a calibration profile (each is a file and metric series).
 pub const MAX_CUSTOM_PROFILES: usize = 256;
-/// What a custom card's profile key starts with.
-pub const CUSTOM_PREFIX: &str = "custom-";
 
 /// A GPU an estimate is placed on.
 #[derive(Debug, Clone, PartialEq)]
@@ -684,7 +682,7 @@ mod tests {
             resolve("LAB_CARD", MAX_CUSTOM_CAPACITY_MIB).unwrap().gpu
         );
         let long = resolve(&"x".repeat(64), 1).unwrap().gpu;
-        assert!(crate::calibration::profile::valid_key(&long), "{long}");
+        assert!(crate::devices::valid_key(&long), "{long}");
         for (name, capacity) in [
             ("", 1000),
             ("---", 1000),

@@ -14,9 +14,10 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use super::environment::EnvironmentFit;
-use super::fit::{fit_profile, median_prediction, residual_quantiles, Fitted};
+use super::fit::{fit_profile, median_prediction, residual_quantiles, Fitted, MAX_STEP};
 pub use super::fit::{Sample, MIN_ESTIMATE_MIB, MIN_SAMPLES_FOR_SCALE, QUANTILES, SCALE_RANGE};
 use super::step_time::HostFit;
+use crate::devices::valid_key;
 
 /// The profile file format this code reads and writes.
 pub const SCHEMA_VERSION: u32 = 1;
@@ -26,14 +27,6 @@ pub const MAX_SAMPLES: usize = 1000;
 pub const UPPER_QUANTILE: &str = "0.95";
 /// Below this many observations the residual quantiles are too rough to widen a bound with.
 pub const MIN_OBSERVATIONS_FOR_QUANTILE_BOUND: u64 = 10;
-/// The most one update may move a profile: its calibrated figure at the median prediction of
-/// its samples, and its scale, each by at most this factor up or down.
-///
-/// Why: a profile moves every estimate for its GPU, so one batch of wrong observations (a
-/// broken measurement, a mislabelled GPU, a hostile client) must not swing every answer at
-/// once. Genuine shifts are still learned: the samples are kept whole and each update refits
-/// from all of them, so a few updates reach the fit (1.25^3 ≈ 2).
-pub const MAX_STEP: f64 = 1.25;
 /// The most calibration may move an answer, whatever was observed, however often and by
 /// whom: a factor and a fixed cost around the uncalibrated figure ([`reach`]).
 ///
@@ -150,15 +143,6 @@ impl std::fmt::Display for ProfileWarning {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}: {}", self.path.display(), self.reason)
     }
-}
-
-/// Whether `key` is safe as a file stem and an id: 1 to 64 of `[a-z0-9-]`, starting alphanumeric.
-pub fn valid_key(key: &str) -> bool {
-    (1..=64).contains(&key.len())
-        && key
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && key.as_bytes()[0] != b'-'
 }
 
 pub(crate) fn check_mib(what: &str, value: f64) -> Result<(), ProfileError> {

@@ -33,9 +33,9 @@ const SEARCH_POINTS: usize = 400;
 /// The longest step time an observation may report, ms (an hour).
 pub const MAX_STEP_TIME_MS: f64 = 3_600_000.0;
 /// The most one update may move a host cost (and so any step time, which grows at most in
-/// proportion to it), up or down: memory's [`crate::calibration::profile::MAX_STEP`], for the
+/// proportion to it), up or down: memory's [`crate::calibration::fit::MAX_STEP`], for the
 /// same reason (one batch of wrong observations must not swing every ranking at once).
-pub const MAX_HOST_STEP: f64 = crate::calibration::profile::MAX_STEP;
+pub const MAX_HOST_STEP: f64 = crate::calibration::fit::MAX_STEP;
 /// The farthest a fitted host cost may sit from the calibrated one, either way, however many
 /// observations ask for more: a 2022 stack on an older host runs at about three times the
 /// calibrated 15 us (docs/roofline.md), so four times leaves room for real hosts and none for

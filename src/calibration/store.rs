@@ -16,18 +16,20 @@ use super::db::{
     self, DbError, Fingerprint, FitRow, NewObservation, ObservationDb, Retention, Source,
 };
 use super::environment::{self, EnvironmentSample};
+use super::fit::MAX_STEP;
 use super::profile::{
-    check_mib, valid_key, Calibrated, CalibrationProfile, ProfileError, ProfileWarning, Sample,
-    MAX_SAMPLES, MAX_STEP, MIN_ESTIMATE_MIB,
+    check_mib, Calibrated, CalibrationProfile, ProfileError, ProfileWarning, Sample, MAX_SAMPLES,
+    MIN_ESTIMATE_MIB,
 };
 use super::step_time::{self, HostFit, StepTimeSample};
+use crate::devices::valid_key;
 use crate::physics::Breakdown;
 
 /// A profile's key: the GPU, and the environment for an environment's own profile.
 pub type ProfileKey = (String, Option<String>);
 
 /// How many of a key's most recent batches are replayed, each held to
-/// [`crate::calibration::profile::MAX_STEP`] from the profile before it; the rows before them
+/// [`crate::calibration::fit::MAX_STEP`] from the profile before it; the rows before them
 /// are fitted at once as the starting point. Bounds the work of a derivation (at most nine
 /// fits) while keeping one batch from swinging a profile by more than a step.
 pub const REPLAYED_BATCHES: usize = 8;

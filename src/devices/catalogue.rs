@@ -6,7 +6,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use crate::calibration::profile::valid_key;
+use super::{valid_key, CUSTOM_PREFIX};
 use crate::devices::performance::GpuPerformance;
 use crate::devices::sku::{Catalogue, Origin, Sku, Source, Vendor};
 
@@ -187,9 +187,7 @@ fn check_entry(e: EntryFile, origin: Origin) -> Result<Sku, String> {
         ));
     }
     // Custom cards' profiles are `custom-...`: a catalogue card must not share one.
-    if e.id
-        .starts_with(crate::calibration::placement::CUSTOM_PREFIX)
-    {
+    if e.id.starts_with(CUSTOM_PREFIX) {
         return Err("id: `custom-` is kept for cards described in requests".into());
     }
     text("name", &e.name, MAX_NAME_CHARS)?;

@@ -23,6 +23,20 @@ pub use fake::FakeDevices;
 
 use serde::Serialize;
 
+/// What the key of a card described in a request starts with (`custom-<slug>-<capacity>mib`).
+pub const CUSTOM_PREFIX: &str = "custom-";
+
+/// Whether `key` is a card key (a catalogue id, an attached card's slug, a custom card's key),
+/// safe as a file stem and a calibration profile's id: 1 to 64 of `[a-z0-9-]`, starting
+/// alphanumeric.
+pub fn valid_key(key: &str) -> bool {
+    (1..=64).contains(&key.len())
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && key.as_bytes()[0] != b'-'
+}
+
 /// One GPU as the driver reports it. Memory figures are MiB, as nvidia-smi shows them.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct GpuDevice {

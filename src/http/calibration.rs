@@ -18,11 +18,12 @@ use crate::api::types::{
 use crate::calibration::db::{NewObservation, Source};
 use crate::calibration::environment::CONTEXT_RANGE_MIB;
 use crate::calibration::placement::Target;
-use crate::calibration::placement::{CUSTOM_PREFIX, MAX_CUSTOM_PROFILES};
+use crate::calibration::placement::MAX_CUSTOM_PROFILES;
 use crate::calibration::profile::{CalibrationProfile, ProfileError};
 use crate::calibration::step_time;
 use crate::calibration::store::Update;
 use crate::devices::watch::{AddError, WatchConfig, WatchDone};
+use crate::devices::CUSTOM_PREFIX;
 use crate::engine::validate::{self, resolve, to_job};
 use crate::error::ApiError;
 use crate::estimators::FIRST_PRINCIPLES;

@@ -2,8 +2,8 @@
 //! have taken instead, so that the answer can say how far each moves the figure and the bound
 //! can widen with that doubt (`physics::assumed`).
 
+use super::activations::KnownActivations;
 use super::setup::{LossImplementation, OptimizerImplementation};
-use super::validated::KnownActivations;
 
 /// Another value an assumed field could have taken, as the job would hold it.
 #[derive(Debug, Clone, Copy, PartialEq)]

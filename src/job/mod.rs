@@ -3,6 +3,7 @@
 //! (confidence, memory classes). Parsed at the edge from untrusted input; no HTTP, no ONNX, no
 //! physics here.
 
+pub mod activations;
 pub mod assumed;
 pub mod detail;
 pub mod matched;
@@ -11,13 +12,13 @@ pub mod names;
 pub mod setup;
 pub mod validated;
 
+pub use activations::KnownActivations;
 pub use assumed::{Alternative, Assumption};
 pub use detail::{Detail, Group};
 pub use memory::{Confidence, MemoryClass, MemoryClasses, MemoryFraction, ResidualQuantiles};
 pub use names::LayerDetail;
 pub use setup::LossImplementation;
 pub use setup::{Setup, SetupError, SetupFamily, UncheckedSetup};
-pub use validated::KnownActivations;
 pub use validated::{
     Family, Job, JobError, Layer, LayerKind, Optimizer, Precision, SavedTensors,
     SimulatedCategories, Simulation, UncheckedLayer, UncheckedSimulation,

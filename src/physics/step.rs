@@ -14,7 +14,8 @@ use crate::job::setup::{
     BaseWeights, Checkpointing, LoraTargets, Optimizer, OptimizerImplementation, Reference, Setup,
     Strategy, Trainable,
 };
-use crate::job::validated::{Job, KnownActivations, Layer, LayerKind, SimulatedCategories};
+use crate::job::validated::{Job, Layer, LayerKind, SimulatedCategories};
+use crate::job::KnownActivations;
 use crate::job::LayerDetail;
 
 /// bitsandbytes keeps 32-bit state for parameters below this size (`min_8bit_size`).

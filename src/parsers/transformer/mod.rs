@@ -21,7 +21,8 @@ pub use config::*;
 
 use crate::job::echo;
 use crate::job::setup::LossImplementation;
-use crate::job::validated::{KnownActivations, Layer, LayerKind, Precision, MAX_LAYERS};
+use crate::job::validated::{Layer, LayerKind, Precision, MAX_LAYERS};
+use crate::job::KnownActivations;
 use crate::job::LayerDetail;
 
 /// Saved elements per token by storage class; bytes follow the precision ([`Saved::bytes`]).
