@@ -273,6 +273,31 @@ impl Catalogue {
         }
     }
 
+    /// The other cards `input` could have meant when it resolved to `chosen` by a family name
+    /// without a form factor (`H100` is the SXM card; `h100-pcie` shares its name and memory):
+    /// the ids to name in a warning, none when `input` is an id or names a form factor.
+    pub fn also_named(&self, input: &str, chosen: &Sku) -> Vec<&str> {
+        let key = tokens(input);
+        if input.trim().eq_ignore_ascii_case(&chosen.id)
+            || key.iter().any(|t| FORM_FACTORS.contains(&t.as_str()))
+        {
+            return Vec::new();
+        }
+        let memory: Vec<u32> = key.iter().filter_map(|t| memory_gb_of(t)).collect();
+        let family: Vec<String> = key
+            .into_iter()
+            .filter(|t| memory_gb_of(t).is_none())
+            .collect();
+        self.family
+            .get(&family)
+            .into_iter()
+            .flatten()
+            .map(|&i| &self.skus[i])
+            .filter(|s| s.id != chosen.id && (memory.is_empty() || s.memory_gb == chosen.memory_gb))
+            .map(|s| s.id.as_str())
+            .collect()
+    }
+
     /// Like [`Catalogue::parse`] for a name the driver reported: `None` for models not here.
     pub fn from_device_name(&self, name: &str) -> Option<&Sku> {
         self.parse(name).ok()
@@ -532,6 +557,21 @@ mod tests {
         assert_eq!(id("NVIDIA B200"), "b200");
         assert_eq!(id("NVIDIA RTX 6000 Ada Generation"), "rtx-6000-ada");
         assert_eq!(id("NVIDIA RTX A6000"), "rtx-a6000");
+    }
+
+    #[test]
+    fn a_family_name_without_its_form_factor_says_which_others_it_could_be() {
+        let catalogue = Catalogue::builtin();
+        let also = |input: &str| {
+            let chosen = catalogue.parse(input).unwrap();
+            catalogue.also_named(input, chosen)
+        };
+        assert_eq!(also("H100"), vec!["h100-pcie"]);
+        assert_eq!(also("h100 80gb"), vec!["h100-pcie"]);
+        assert!(also("h100-80gb").is_empty(), "an id is explicit");
+        assert!(also("H100 SXM5").is_empty(), "a form factor is explicit");
+        assert!(also("A100 40GB").is_empty(), "one card of that memory");
+        assert!(also("rtx 4090").is_empty());
     }
 
     #[test]

@@ -67,6 +67,8 @@ pub fn validate(
     let fraction = MemoryFraction::parse(request.memory_fraction)
         .map_err(|e| ApiError::InvalidInput(e.to_string()))?;
     let (target, others) = resolve_choice(request.gpu.as_ref(), catalogue, devices)?;
+    let mut warnings = warnings;
+    warnings.extend(also_named(request.gpu.as_ref(), catalogue));
     let environment = environment(request.environment.as_deref())?;
     let classifiers = match request.estimators.as_deref() {
         None | Some("figures") => false,
@@ -126,6 +128,39 @@ fn resolve_choice(
     let mut targets = targets.into_iter();
     let first = targets.next().expect("a gpu list holds at least one card");
     Ok((first, targets.collect()))
+}
+
+/// `H100` is the SXM card, where `A100` is refused as ambiguous: said back with the other
+/// cards of that name, so that a PCIe card's user knows to name it.
+fn also_named(choice: Option<&GpuChoice>, catalogue: &Catalogue) -> Vec<String> {
+    let names: Vec<&str> = match choice {
+        Some(GpuChoice::One(GpuRequest::Name(name))) => vec![name.as_str()],
+        Some(GpuChoice::Many(cards)) => cards
+            .iter()
+            .filter_map(|c| match c {
+                GpuRequest::Name(name) => Some(name.as_str()),
+                _ => None,
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
+    names
+        .into_iter()
+        .filter_map(|name| {
+            let chosen = catalogue.parse(name).ok()?;
+            let others = catalogue.also_named(name, chosen);
+            (!others.is_empty()).then(|| {
+                format!(
+                    "gpu: `{}` read as {} ({}); {} also {} that name: give its id to choose",
+                    echo(name),
+                    chosen.id,
+                    chosen.name,
+                    others.join(", "),
+                    if others.len() == 1 { "has" } else { "have" }
+                )
+            })
+        })
+        .collect()
 }
 
 /// An optional environment label, checked.

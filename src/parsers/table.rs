@@ -53,12 +53,34 @@ pub(super) fn parse(
     let mut torchinfo = false;
     // The height of the first image-shaped output (`[B, C, H, W]`).
     let mut first_height = None;
-    for (index, raw) in text.lines().enumerate() {
+    // Once the footer has begun, the table is over: what follows (a user's notes, as workload
+    // files keep them beside a printout) is not read.
+    let mut in_footer = false;
+    let mut lines = text.lines().enumerate();
+    for (index, raw) in lines.by_ref() {
         let line = index.saturating_add(1);
         let trimmed = raw.trim();
         if let Some(total) = footer_total(trimmed) {
             footer = total.ok().map(|total| (total, line));
+            in_footer = true;
             continue;
+        }
+        if in_footer
+            && !(trimmed.is_empty()
+                || is_rule(trimmed)
+                || is_footer(trimmed)
+                || trimmed.starts_with("Input size (MB):"))
+        {
+            let last = lines.last().map_or(line, |(i, _)| i.saturating_add(1));
+            let span = if last > line {
+                format!("lines {line}-{last}")
+            } else {
+                format!("line {line}")
+            };
+            warnings.push(format!(
+                "summary.text {span}: after the table's footer and not part of it; ignored"
+            ));
+            break;
         }
         if let Some(rest) = trimmed.strip_prefix("Input size (MB):") {
             input_megabytes = rest.trim().parse::<f64>().ok().filter(|mb| *mb > 0.0);

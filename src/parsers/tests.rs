@@ -127,6 +127,37 @@ fn a_torchinfo_table_keeps_leaf_rows_and_reads_dashes_as_zero() {
     assert_eq!(layers, from_torchsummary);
 }
 
+/// A published scheduler's workload files keep a torchinfo table with the user's notes after
+/// it: the table is read, the notes are ignored and said to be.
+#[test]
+fn notes_after_a_tables_footer_are_ignored_with_a_warning() {
+    for (table, format) in [
+        (RESNET18_TORCHINFO, SummaryFormat::Torchsummary),
+        (RESNET18_TORCHSUMMARY, SummaryFormat::Torchsummary),
+        (RESNET18_TORCHINFO, SummaryFormat::Auto),
+    ] {
+        let plain = parse_summary(format, table, 8, tokens(None)).unwrap();
+        let noted = format!(
+            "{table}\nNotes: trained with SGD, lr 0.1, on 4 GPUs.\nMeasured: 5.1 GB (nvidia-smi)\n"
+        );
+        let read = parse_summary(format, &noted, 8, tokens(None)).unwrap();
+        assert_eq!(read.layers, plain.layers);
+        let first = table.lines().count() + 2;
+        let said = format!("summary.text lines {first}-{}:", first + 1);
+        assert!(
+            read.warnings
+                .iter()
+                .any(|w| w.starts_with(&said) && w.contains("ignored")),
+            "{:?}",
+            read.warnings
+        );
+        assert_eq!(read.warnings.len(), plain.warnings.len() + 1);
+    }
+    // A stray line among the rows, before any footer, is still an error naming it.
+    let broken = RESNET18_TORCHINFO.replacen("Conv2d", "Notes: Conv2d", 1);
+    assert!(parse_summary(SummaryFormat::Torchsummary, &broken, 8, tokens(None)).is_err());
+}
+
 #[test]
 fn torchinfo_attention_containers_leftover_params_and_extra_columns_are_understood() {
     let text = "\
