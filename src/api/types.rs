@@ -1420,9 +1420,13 @@ pub struct BatchResponse {
 /// An error, problem-details style (RFC 9457).
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct Problem {
+    #[schema(example = "Invalid request")]
     pub title: String,
+    /// The HTTP status, repeated.
+    #[schema(example = 422)]
     pub status: u16,
     /// What went wrong, naming the offending field.
+    #[schema(example = "batch_size: must be between 1 and 1048576, got 0")]
     pub detail: String,
 }
 

@@ -355,19 +355,20 @@ impl utoipa::Modify for GuardResponses {
 
 /// Named request examples of `POST /v1/estimate` beside the schema's layer-list example, one
 /// per kind of input Swagger UI can send: `cargo test --test api request_examples` checks each
-/// is answered.
+/// is answered. Swagger UI offers them in the order of their names and fills in the first, so
+/// the names are numbered: the README's first job (the layer list) comes first.
 struct RequestExamples;
 
 /// `(name, summary, request)` of each named example.
 pub const REQUEST_EXAMPLES: [(&str, &str, &str); 2] = [
     (
-        "describe",
+        "2_describe",
         "A describe job: timm resnet10t at batch 64 on 32 x 32 images, with its traced saved \
          tensors and its training-step simulation (python -m gpucast_describe)",
         include_str!("../../openapi/examples/describe_request.json"),
     ),
     (
-        "transformer_config",
+        "3_transformer_config",
         "A Hugging Face config.json job: QLoRA of Llama-3-8B (NF4 base, LoRA r16 on every \
          linear layer) at 2,048 tokens with full activation checkpointing on an RTX 4090",
         include_str!("../../openapi/examples/config_request.json"),
@@ -403,7 +404,7 @@ impl utoipa::Modify for RequestExamples {
                 .build();
             content
                 .examples
-                .insert("layers".to_string(), RefOr::T(example));
+                .insert("1_layers".to_string(), RefOr::T(example));
         }
         for (name, summary, request) in REQUEST_EXAMPLES {
             let Ok(value) = serde_json::from_str::<serde_json::Value>(request) else {

@@ -167,7 +167,16 @@ async fn request_examples_are_answered() {
         .expect("named request examples")
         .clone();
     let names: Vec<&str> = examples.keys().map(String::as_str).collect();
-    assert_eq!(names, ["describe", "layers", "transformer_config"]);
+    assert_eq!(names, ["1_layers", "2_describe", "3_transformer_config"]);
+    // The one Swagger UI fills in is the README's first request.
+    let readme = std::fs::read_to_string(repo_root().join("README.md")).unwrap();
+    let first = readme
+        .split("-d '")
+        .nth(1)
+        .and_then(|rest| rest.split('\'').next())
+        .expect("a curl -d example in the README");
+    let first: Value = serde_json::from_str(first).unwrap();
+    assert_eq!(examples["1_layers"]["value"], first);
     for (name, example) in &examples {
         let response = app.post_json("/v1/estimate", &example["value"]).await;
         assert_eq!(response.status(), 200, "{name}");
