@@ -38,9 +38,10 @@ pub fn apply(request: &EstimateRequest) -> Result<Option<Applied>, ApiError> {
     let mut merged = Merge {
         request: request.clone(),
         read: Vec::new(),
+        warnings: stated.warnings.clone(),
     };
     let r = &mut merged;
-    r.put("precision", &stated.precision, |req| &mut req.precision)?;
+    r.precision(&stated.precision)?;
     if let Some(m) = stated.fp32_master.as_ref().filter(|m| m.value) {
         r.state(
             "master_weights",
@@ -101,7 +102,7 @@ pub fn apply(request: &EstimateRequest) -> Result<Option<Applied>, ApiError> {
     Ok(Some(Applied {
         request: merged.request,
         read: merged.read,
-        warnings: stated.warnings,
+        warnings: merged.warnings,
     }))
 }
 
@@ -175,6 +176,7 @@ fn conflict(field: &str, given: &str, from: &str, value: &str) -> ApiError {
 struct Merge {
     request: EstimateRequest,
     read: Vec<FromFileResponse>,
+    warnings: Vec<String>,
 }
 
 impl Merge {
@@ -219,6 +221,39 @@ impl Merge {
         self.state(field, &read.from, value.wire(), slot, |g| {
             V::agrees(g, value)
         })
+    }
+
+    /// The precision the files state, against the request's own. The weights' dtype a load
+    /// states is not the whole precision: fp32 weights train in fp32, tf32 or under autocast
+    /// (the request's field says which), and 16-bit weights under autocast train as pure
+    /// 16-bit (autocast keeps no fp32 copy of them), as the files' own rule reads the
+    /// Trainer's `bf16=True` beside them.
+    fn precision(&mut self, stated: &Option<Read<Precision>>) -> Result<(), ApiError> {
+        let Some(read) = stated else { return Ok(()) };
+        let given = self.request.precision.as_deref().and_then(Precision::parse);
+        if let (Some(given), true) = (given, read.from.starts_with("load.")) {
+            let fp32_weights = matches!(
+                given,
+                Precision::Fp32 | Precision::Tf32 | Precision::AmpFp16 | Precision::AmpBf16
+            );
+            if read.value == Precision::Fp32 && fp32_weights {
+                return Ok(());
+            }
+            if given.is_autocast() && read.value.compute_bytes() == 2.0 {
+                self.warnings.push(format!(
+                    "precision: {} over the {} weights {} loads trains as pure {} (autocast \
+                     keeps no fp32 copy of 16-bit weights)",
+                    given.as_str(),
+                    read.value.as_str(),
+                    read.from,
+                    read.value.as_str()
+                ));
+                self.request.precision = Some(read.value.as_str().to_string());
+                self.note("precision", read.value.as_str(), &read.from);
+                return Ok(());
+            }
+        }
+        self.put("precision", stated, |req| &mut req.precision)
     }
 
     /// The request's `batch_size` must be whole micro-batches x accumulation (per GPU, or

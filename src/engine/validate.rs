@@ -189,6 +189,11 @@ fn to_job_reading(
         return to_job_stated(request).map(|(job, warnings)| (job, warnings, Vec::new()));
     };
     let (job, mut warnings) = to_job_stated(&applied.request)?;
+    // The files chose the precision and `setup.from_files` says where: the caller did not
+    // type `bf16`, so the warning about the word is not theirs.
+    if applied.read.iter().any(|r| r.field == "precision") {
+        warnings.retain(|w| !w.starts_with(PURE_BF16_WORD));
+    }
     warnings.extend(applied.warnings);
     Ok((job, warnings, applied.read))
 }
@@ -515,6 +520,9 @@ fn with_assumed_implementation(request: &EstimateRequest, job: Job) -> Job {
     })
 }
 
+/// How the warning about the word `bf16` begins.
+const PURE_BF16_WORD: &str = "precision: `";
+
 /// Says which of the setup's defaults the job was answered with.
 fn note_defaults(request: &EstimateRequest, job: &Job, warnings: &mut Vec<String>) {
     if request.optimizer.is_none() {
@@ -531,7 +539,7 @@ fn note_defaults(request: &EstimateRequest, job: &Job, warnings: &mut Vec<String
         // Pure bf16 here, where HF Trainer's `--bf16` and Lightning's `bf16-mixed` mean
         // autocast: a full fine-tune stated the Trainer's way would read half its memory.
         Some(word) if word == "bf16" || word == "bfloat16" => warnings.push(format!(
-            "precision: `{word}` read as pure bf16 (weights, gradients and optimizer state in \
+            "{PURE_BF16_WORD}{word}` read as pure bf16 (weights, gradients and optimizer state in \
              bf16); for autocast over fp32 weights (HF Trainer's --bf16, Lightning's \
              bf16-mixed) state amp_bf16"
         )),

@@ -306,6 +306,52 @@ async fn lightning_precision_strings_are_answered_as_the_services_own() {
     }
 }
 
+/// A load states the weights' dtype, the precision field how they train: fp32 weights agree
+/// with fp32, tf32 and autocast; 16-bit weights under autocast train as pure 16-bit (as the
+/// Trainer's `bf16=True` beside them is read), said back; pure bf16 over fp32 weights is a
+/// contradiction naming both places.
+#[tokio::test]
+async fn a_load_and_the_precision_field_are_read_together() {
+    let app = spawn_app().await;
+    let base = base_request(
+        &json!({"config": "public/meta-llama__Llama-3.2-1B", "seq_len": 512, "batch_size": 4}),
+    );
+    let with = |precision: &str, dtype: Option<&str>| {
+        let mut body = base.clone();
+        body["precision"] = json!(precision);
+        if let Some(dtype) = dtype {
+            body["load"] = json!({"torch_dtype": dtype});
+        }
+        body
+    };
+    for precision in ["fp32", "tf32", "amp_fp16", "amp_bf16"] {
+        let loaded = answer(&app, &with(precision, Some("float32"))).await;
+        let alone = answer(&app, &with(precision, None)).await;
+        assert_eq!(loaded["memory"], alone["memory"], "{precision}");
+        assert_eq!(loaded["setup"]["precision"], precision);
+    }
+    let amp_over_bf16 = answer(&app, &with("amp_bf16", Some("bfloat16"))).await;
+    let pure = answer(&app, &with("bf16", None)).await;
+    assert_eq!(amp_over_bf16["memory"], pure["memory"]);
+    let warnings = amp_over_bf16["warnings"].as_array().unwrap();
+    assert!(
+        warnings.iter().any(|w| w
+            .as_str()
+            .unwrap()
+            .contains("amp_bf16 over the bf16 weights load.torch_dtype loads")),
+        "{warnings:?}"
+    );
+    // The files chose bf16: the warning about the word is not the caller's.
+    assert!(
+        !warnings
+            .iter()
+            .any(|w| w.as_str().unwrap().starts_with("precision: `bf16`")),
+        "{warnings:?}"
+    );
+    let detail = refused(&app, &with("bf16", Some("float32"))).await;
+    assert!(detail.contains("load.torch_dtype"), "{detail}");
+}
+
 #[tokio::test]
 async fn a_batch_item_with_files_is_answered_as_alone_and_echoes_them() {
     let app = spawn_app().await;
