@@ -147,6 +147,7 @@ fn job_input(args: &EstimateArgs) -> Result<Vec<u8>, String> {
         ("training_arguments", &flags.training_args),
         ("adapter_config", &flags.adapter_config),
         ("deepspeed", &flags.deepspeed),
+        ("fsdp", &flags.fsdp),
     ] {
         if let Some(file) = file {
             let text = read(&file.to_string_lossy())?;

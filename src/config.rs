@@ -158,6 +158,10 @@ pub struct JobFlags {
     /// (`parallelism.world_size`).
     #[arg(long = "deepspeed", value_name = "FILE")]
     pub deepspeed: Option<PathBuf>,
+    /// accelerate's FSDP options as JSON (its config, or the fsdp_config mapping): sharding
+    /// strategy, parameter offload, activation checkpointing, mixed precision and processes.
+    #[arg(long = "fsdp", value_name = "FILE")]
+    pub fsdp: Option<PathBuf>,
     /// A catalogue GPU (`gpucast gpus` lists them), or `attached`.
     #[arg(long)]
     pub gpu: Option<String>,

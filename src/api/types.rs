@@ -161,6 +161,15 @@ pub struct EstimateRequest {
     #[serde(default, deserialize_with = "crate::api::unique_keys::object")]
     #[schema(value_type = Option<Object>, example = json!({"zero_optimization": {"stage": 3}, "bf16": {"enabled": "auto"}, "train_micro_batch_size_per_gpu": "auto"}))]
     pub deepspeed: Option<serde_json::Map<String, serde_json::Value>>,
+    /// accelerate's FSDP options, as JSON: its config (`distributed_type: FSDP`,
+    /// `fsdp_config`, `mixed_precision` as autocast, `num_processes` as
+    /// `parallelism.world_size`) or the `fsdp_config` mapping alone. `sharding_strategy`
+    /// (`FULL_SHARD`: fsdp, `SHARD_GRAD_OP`: zero2, `NO_SHARD`: ddp; accelerate's default
+    /// FULL_SHARD) or FSDP2's `reshard_after_forward`, `offload_params` and
+    /// `activation_checkpointing` are read, with or without their `fsdp_` prefix.
+    #[serde(default, deserialize_with = "crate::api::unique_keys::object")]
+    #[schema(value_type = Option<Object>, example = json!({"distributed_type": "FSDP", "mixed_precision": "bf16", "num_processes": 8, "fsdp_config": {"fsdp_sharding_strategy": "FULL_SHARD", "fsdp_offload_params": false, "fsdp_activation_checkpointing": true}}))]
+    pub fsdp: Option<serde_json::Map<String, serde_json::Value>>,
     /// How `from_pretrained` loaded the model: `torch_dtype` (`bfloat16`, `float16`, `float32`
     /// or `auto`: the config's; not given: fp32, or fp16 when quantised, as transformers 4)
     /// and `quantization_config` (bitsandbytes `load_in_4bit` / `load_in_8bit`, GPTQ or AWQ

@@ -1,4 +1,4 @@
-//! The files a request carries (`training_arguments`, `adapter_config`, `deepspeed`, `load`),
+//! The files a request carries (`training_arguments`, `adapter_config`, `deepspeed`, `fsdp`, `load`),
 //! read by [`crate::parsers::files`], written into the request's own setup fields: the job is
 //! then validated as if the caller had stated them, so the answer from the files is the
 //! hand-stated setup's. A field the request states otherwise is a 422 naming both places.
@@ -28,6 +28,7 @@ pub fn apply(request: &EstimateRequest) -> Result<Option<Applied>, ApiError> {
         training_arguments: request.training_arguments.as_ref(),
         adapter_config: request.adapter_config.as_ref(),
         deepspeed: request.deepspeed.as_ref(),
+        fsdp: request.fsdp.as_ref(),
         load: request.load.as_ref(),
         model_config: request.transformer_config.as_ref(),
     };
@@ -69,6 +70,12 @@ pub fn apply(request: &EstimateRequest) -> Result<Option<Applied>, ApiError> {
     }
     r.put("parallelism.strategy", &stated.strategy, |req| {
         &mut req.parallelism.get_or_insert_with(no_parallelism).strategy
+    })?;
+    r.put("parallelism.world_size", &stated.world_size, |req| {
+        &mut req
+            .parallelism
+            .get_or_insert_with(no_parallelism)
+            .world_size
     })?;
     r.put(
         "offload.optimizer_state",

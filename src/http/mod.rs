@@ -210,7 +210,7 @@ impl utoipa::Modify for OneModelPerJob {
                  alternatives below); `batch_size`, unless `training_arguments` state \
                  `per_device_train_batch_size`. Rules no schema states are refused with 422 naming the \
                  field: a value the request states otherwise than its \
-                 files (`training_arguments`, `adapter_config`, `deepspeed`, `load`) is refused; \
+                 files (`training_arguments`, `adapter_config`, `deepspeed`, `fsdp`, `load`) is refused; \
                  the layers, printout or config must describe a model the service can build; \
                  and a request priced above the cost budget (`--max-request-cost`) is refused."
             )

@@ -1098,6 +1098,12 @@ impl fmt::Display for Precision {
     }
 }
 
+impl fmt::Display for Strategy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// What the training loop does for the loss over the vocabulary: what it keeps for backward
 /// and what backward starts with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

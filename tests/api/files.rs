@@ -48,6 +48,7 @@ fn requests(folder: &std::path::Path) -> (Value, Value) {
         ("training_args.json", "training_arguments"),
         ("adapter_config.json", "adapter_config"),
         ("deepspeed.json", "deepspeed"),
+        ("fsdp.json", "fsdp"),
         ("load.json", "load"),
     ] {
         let path = folder.join(file);
@@ -111,6 +112,7 @@ async fn each_published_recipes_files_are_answered_as_its_setup_stated_by_hand()
                     "training_arguments.",
                     "adapter_config.",
                     "deepspeed.",
+                    "fsdp.",
                     "load."
                 ]
                 .iter()

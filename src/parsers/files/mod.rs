@@ -1,6 +1,7 @@
 //! The files users' training tools write, read as they are: Hugging Face `TrainingArguments`
-//! (`training_args.json`, `to_dict()`), PEFT's `adapter_config.json`, a DeepSpeed config and
-//! how `from_pretrained` loaded the model (`torch_dtype`, `quantization_config`).
+//! (`training_args.json`, `to_dict()`), PEFT's `adapter_config.json`, a DeepSpeed config,
+//! accelerate's FSDP options and how `from_pretrained` loaded the model (`torch_dtype`,
+//! `quantization_config`).
 //!
 //! Each file is a big dict: unknown keys are ignored, but every value read is checked (its
 //! type, its range, a string's length) and refused with a [`FileError`] naming its place
@@ -10,6 +11,7 @@
 //! the Trainer itself requires.
 
 mod deepspeed;
+mod fsdp;
 mod load;
 mod peft;
 mod training_args;
@@ -23,6 +25,7 @@ use crate::job::setup::{
 };
 
 pub use deepspeed::DeepSpeed;
+pub use fsdp::Fsdp;
 pub use load::Load;
 pub use peft::AdapterLora;
 pub use training_args::TrainingArguments;
@@ -69,6 +72,8 @@ pub struct Files<'a> {
     pub training_arguments: Option<&'a Map<String, Value>>,
     pub adapter_config: Option<&'a Map<String, Value>>,
     pub deepspeed: Option<&'a Map<String, Value>>,
+    /// accelerate's config (or its `fsdp_config`).
+    pub fsdp: Option<&'a Map<String, Value>>,
     pub load: Option<&'a Map<String, Value>>,
     /// The model's `config.json`, for `torch_dtype: "auto"` and PEFT's default targets.
     pub model_config: Option<&'a Map<String, Value>>,
@@ -79,6 +84,7 @@ impl Files<'_> {
         self.training_arguments.is_none()
             && self.adapter_config.is_none()
             && self.deepspeed.is_none()
+            && self.fsdp.is_none()
             && self.load.is_none()
     }
 }
@@ -104,6 +110,8 @@ pub struct FileSetup {
     pub offload_optimizer: Option<Read<bool>>,
     /// DeepSpeed's `offload_param`, FSDP's `offload`: the gradients and state go with them.
     pub offload_parameters: Option<Read<bool>>,
+    /// accelerate's `num_processes`.
+    pub world_size: Option<Read<u64>>,
     pub lora: Option<Read<AdapterLora>>,
     /// From `quantization_config`.
     pub base_weights: Option<Read<BaseWeights>>,
@@ -135,6 +143,7 @@ pub fn read(files: Files<'_>) -> Result<FileSetup, FileError> {
     let ds = ds_map
         .map(|(map, place)| DeepSpeed::read(map, place, args.as_ref()))
         .transpose()?;
+    let fsdp = files.fsdp.map(|map| Fsdp::read(map, "fsdp")).transpose()?;
     let load = files
         .load
         .map(|map| Load::read(map, "load", files.model_config))
@@ -163,6 +172,28 @@ pub fn read(files: Files<'_>) -> Result<FileSetup, FileError> {
         } else {
             setup.optimizer = args.optimizer.clone();
             setup.implementation = args.implementation.clone();
+        }
+    }
+    if let Some(fsdp) = &fsdp {
+        if let Some(ds) = &ds {
+            return Err(FileError::new(
+                "fsdp",
+                format!(
+                    "FSDP and DeepSpeed ({}) both stated: give one",
+                    ds.stage.from
+                ),
+            ));
+        }
+        setup.strategy = agree(setup.strategy.take(), Some(fsdp.strategy.clone()))?;
+        setup.offload_parameters = agree(
+            setup.offload_parameters.take(),
+            fsdp.offload_parameters.clone(),
+        )?;
+        setup.world_size = fsdp.world_size.clone();
+        // FSDP's own checkpointing wraps each block as the Trainer's does: either turns it on
+        // (the Trainer's dict always holds `gradient_checkpointing`, false by default).
+        if let Some(on) = fsdp.checkpointing.as_ref().filter(|c| c.value) {
+            setup.checkpointing = Some(on.clone());
         }
     }
     if let Some(ds) = &ds {
@@ -194,8 +225,14 @@ pub fn read(files: Files<'_>) -> Result<FileSetup, FileError> {
         setup.base_weights = load.base_weights.clone();
         setup.attention = load.attention.clone();
     }
+    // accelerate's mixed_precision is autocast, as the Trainer's flags: they must agree.
+    let autocast = agree(
+        args.as_ref().and_then(|a| a.autocast.clone()),
+        fsdp.as_ref().and_then(|f| f.autocast.clone()),
+    )?;
     let (precision, master) = precision(
         args.as_ref(),
+        autocast,
         ds.as_ref(),
         load.as_ref(),
         &mut setup.warnings,
@@ -213,6 +250,7 @@ type PrecisionRead = (Option<Read<Precision>>, Option<Read<bool>>);
 /// over fp32 weights: `bf16=True` is `amp_bf16`).
 fn precision(
     args: Option<&TrainingArguments>,
+    autocast: Option<Read<Precision>>,
     ds: Option<&DeepSpeed>,
     load: Option<&Load>,
     warnings: &mut Vec<String>,
@@ -227,7 +265,6 @@ fn precision(
             }
         });
     }
-    let autocast = args.and_then(|a| a.autocast.clone());
     if let Some(dtype) = load.map(|l| &l.dtype) {
         if dtype.value != Precision::Fp32 {
             if let Some(amp) = &autocast {

@@ -125,6 +125,91 @@ fn fsdp_options_state_the_strategy_and_offload() {
     assert!(args_only(json!({"fsdp": "hybrid_shard"})).is_err());
 }
 
+fn with_fsdp(args: Option<Value>, fsdp: Value) -> Result<FileSetup, FileError> {
+    let args = args.map(map);
+    let fsdp = map(fsdp);
+    read(Files {
+        training_arguments: args.as_ref(),
+        fsdp: Some(&fsdp),
+        ..Files::default()
+    })
+}
+
+#[test]
+fn accelerates_fsdp_config_states_sharding_offload_checkpointing_precision_and_gpus() {
+    let setup = with_fsdp(
+        None,
+        json!({"distributed_type": "FSDP", "mixed_precision": "bf16", "num_processes": 16,
+               "fsdp_config": {"fsdp_sharding_strategy": "SHARD_GRAD_OP",
+                               "fsdp_offload_params": true,
+                               "fsdp_activation_checkpointing": true,
+                               "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP"}}),
+    )
+    .unwrap();
+    let strategy = setup.strategy.unwrap();
+    assert_eq!(strategy.value, Strategy::Zero2);
+    assert_eq!(strategy.from, "fsdp.fsdp_config.fsdp_sharding_strategy");
+    assert!(setup.offload_parameters.unwrap().value);
+    assert!(setup.checkpointing.unwrap().value);
+    assert_eq!(setup.precision.unwrap().value, Precision::AmpBf16);
+    assert_eq!(setup.world_size.unwrap().value, 16);
+    // The fsdp_config mapping alone, as the Trainer takes it: numbers, FSDP2's reshard flag,
+    // accelerate's default.
+    let alone = |options: Value| with_fsdp(None, options).map(|s| s.strategy.unwrap().value);
+    assert_eq!(
+        alone(json!({"sharding_strategy": 3})).unwrap(),
+        Strategy::Ddp
+    );
+    assert_eq!(
+        alone(json!({"reshard_after_forward": false})).unwrap(),
+        Strategy::Zero2
+    );
+    assert_eq!(alone(json!({})).unwrap(), Strategy::Fsdp);
+    assert_eq!(
+        with_fsdp(None, json!({"mixed_precision": "no", "fsdp_config": {}}))
+            .unwrap()
+            .precision,
+        None
+    );
+    // Refused, naming the place.
+    for (options, place) in [
+        (
+            json!({"sharding_strategy": "HYBRID_SHARD"}),
+            "fsdp.sharding_strategy",
+        ),
+        (json!({"sharding_strategy": 9}), "fsdp.sharding_strategy"),
+        (
+            json!({"sharding_strategy": "FULL_SHARD", "reshard_after_forward": false}),
+            "fsdp.reshard_after_forward",
+        ),
+        (
+            json!({"distributed_type": "DEEPSPEED", "fsdp_config": {}}),
+            "fsdp.distributed_type",
+        ),
+        (
+            json!({"mixed_precision": "fp8", "fsdp_config": {}}),
+            "fsdp.mixed_precision",
+        ),
+        (json!({"fsdp_config": [1]}), "fsdp.fsdp_config"),
+    ] {
+        let error = with_fsdp(None, options).unwrap_err();
+        assert_eq!(error.place, place, "{error}");
+    }
+    // The Trainer's own options must agree with it.
+    let error = with_fsdp(
+        Some(json!({"fsdp": "full_shard auto_wrap"})),
+        json!({"sharding_strategy": "SHARD_GRAD_OP"}),
+    )
+    .unwrap_err();
+    assert!(error.message.contains("training_arguments.fsdp"), "{error}");
+    let error = with_fsdp(
+        Some(json!({"fp16": true})),
+        json!({"mixed_precision": "bf16", "fsdp_config": {}}),
+    )
+    .unwrap_err();
+    assert_eq!(error.place, "fsdp.mixed_precision", "{error}");
+}
+
 fn with_deepspeed(args: Option<Value>, ds: Value) -> Result<FileSetup, FileError> {
     let args = args.map(map);
     let ds = map(ds);
