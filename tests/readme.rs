@@ -116,3 +116,51 @@ fn figures_quoted_from_example_answers_are_the_committed_answers() {
     }
     println!("{markers} quoted answers checked");
 }
+
+/// Every `gpucast estimate ... --format table` command the README shows is followed by a
+/// `text` block holding its output, and that is what the command prints now.
+#[test]
+fn the_readmes_command_line_examples_show_their_output() {
+    let readme = readme();
+    let blocks: Vec<(&str, &str)> = readme
+        .split("```")
+        .skip(1)
+        .step_by(2)
+        .filter_map(|block| block.split_once('\n'))
+        .collect();
+    let mut checked = 0;
+    for (i, (lang, body)) in blocks.iter().enumerate() {
+        let command = body.trim();
+        if *lang != "sh"
+            || !command.starts_with("gpucast estimate")
+            || !command.contains("--format table")
+        {
+            continue;
+        }
+        let (next_lang, shown) = blocks.get(i + 1).copied().unwrap_or(("", ""));
+        assert_eq!(next_lang, "text", "no output shown after `{command}`");
+        let args: Vec<String> = command
+            .replace("\\\n", " ")
+            .split_whitespace()
+            .skip(1)
+            .map(str::to_string)
+            .collect();
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_gpucast"))
+            .args(&args)
+            .current_dir(repo())
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "`{command}`: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&output.stdout),
+            *shown,
+            "`{command}`"
+        );
+        checked += 1;
+    }
+    assert!(checked >= 2, "{checked} examples checked");
+}
