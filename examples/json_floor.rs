@@ -1,6 +1,6 @@
 //! The floor an estimate route cannot go below: axum reading a JSON body and writing back a
 //! JSON reply of the size the service's answer has, nothing else. `scripts/floor-bench.py` runs
-//! it beside the service under the same load and reports the ratios (docs/performance.md).
+//! it beside the service under the same load and reports the ratios (docs/reports/performance.md).
 //!
 //!     cargo run --release --example json_floor -- PORT REPLY.json
 

@@ -14,7 +14,7 @@ store overwritten with garbage; the CLI fed a 50 MB file; last, SIGTERM with a h
 held open: seconds until the process exits.
 
 Targets (the hardening issue), each checked and listed pass/fail in the report and in
-docs/hardening.md (written by this script, never by hand): the attackers' statuses as expected;
+docs/reports/hardening.md (written by this script, never by hand): the attackers' statuses as expected;
 peak RSS <= 250 MiB under every attack and back near the baseline (within 50 MiB) afterwards;
 the legitimate client sees no errors and /healthz never fails; cross-site writes refused and
 nothing recorded; calibration poisoning stays within its reach and flips no fit; a 1.5 MB
@@ -1503,9 +1503,9 @@ def main():
             indent=1,
         )
         handle.write("\n")
-    page = os.path.join(ROOT, "docs", "hardening.md")
+    page = os.path.join(ROOT, "docs", "reports", "hardening.md")
     write_page(page, command, shown, reports, failed)
-    print(f"report: {os.path.relpath(out, ROOT)}; page: docs/hardening.md; {suite_seconds} s")
+    print(f"report: {os.path.relpath(out, ROOT)}; page: docs/reports/hardening.md; {suite_seconds} s")
     missed = [t for t in TARGETS if not t["asserted"] and not t["passed"]]
     for t in missed:
         print(f"missed (reported only): {t['attack']}: {t['target']}: {t['measured']}")

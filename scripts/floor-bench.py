@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The service's speed against its floor, written to docs/performance.md:
+"""The service's speed against its floor, written to docs/reports/performance.md:
 
 1. the service against an empty axum JSON handler (examples/json_floor.rs) that reads the same
    body and writes a reply of the same bytes, under the same load in the same run, at c=1 and
@@ -232,7 +232,7 @@ def main():
     parser.add_argument("--floor", default=os.path.join(ROOT, "target", "release", "examples", "json_floor"))
     parser.add_argument("--oha", default=shutil.which("oha") or os.path.expanduser("~/.cargo/bin/oha"))
     parser.add_argument("--stages", default=os.path.join(ROOT, "target", "release", "examples", "stage_timings"))
-    parser.add_argument("--out", default=os.path.join(ROOT, "docs", "performance.md"))
+    parser.add_argument("--out", default=os.path.join(ROOT, "docs", "reports", "performance.md"))
     args = parser.parse_args()
     for path in (args.gpucast, args.floor, args.stages, args.oha):
         if not os.path.exists(path):

@@ -229,7 +229,7 @@ pub struct ServeConfig {
     pub max_batch_items: usize,
 
     /// The most work one request may cost, in units of about one layer answered on one card
-    /// (docs/guide.md, "Errors"): a request (a batch: all its items) priced above it from its
+    /// (docs/user/guide.md, "Errors"): a request (a batch: all its items) priced above it from its
     /// sizes (layers, cards, `estimators: all`, bytes of module names, items) is refused with
     /// 422 naming the fields that make it expensive, before any work.
     #[arg(long, env = "GPUCAST_MAX_REQUEST_COST", default_value_t = DEFAULT_MAX_REQUEST_COST)]

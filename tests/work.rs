@@ -7,7 +7,7 @@
 //!   `gpucast_cancelled_total`.
 //!
 //! The only timing assertion is a hang guard (a probe within 1 s) far above what it guards;
-//! the latencies themselves are measured on a release build (docs/hardening.md).
+//! the latencies themselves are measured on a release build (docs/reports/hardening.md).
 
 mod common;
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Retrain every estimator and rewrite models/, data/mlp/, data/timm/ (derived files),
-# tests/fixtures/golden_features.json, models/manifest.json, training/report.md,
-# training/report_real.md and training/report_simulated.md: the stages of the training
+# tests/fixtures/golden_features.json, models/manifest.json, docs/reports/training-mlp.md,
+# docs/reports/training-real.md and docs/reports/training-simulated.md: the stages of the training
 # package, `python -m gpucast_training STAGE` (training/gpucast_training/__main__.py).
 #
 #   training/retrain.sh                      # venv at .venv from training/requirements.txt
@@ -31,7 +31,7 @@ export PYTHONPATH="training${PYTHONPATH:+:$PYTHONPATH}"
 "$PYTHON" -m gpucast_training timm "$@"
 # 2a. The simulated-step regressor (physics first: simulated reserved peak + context, a capped
 #     learned correction near the timm data), its extrapolation domain, the `simulated` block,
-#     and the evaluation on CV, held-out families and the public rows (training/report_simulated.md).
+#     and the evaluation on CV, held-out families and the public rows (docs/reports/training-simulated.md).
 #     Needs the committed simulations: describe/scripts/simulate_timm_training_set.py and
 #     `python -m gpucast_training public-rows` make them again (~40 min and ~5 min on two cores).
 "$PYTHON" -m gpucast_training simulated "$@"

@@ -349,7 +349,7 @@ def describe_module(
 
     The training setup (checked first: a bad value raises ValueError naming the field) is
     emitted at the top level, each field only when it is not the default (see
-    ``docs/setups.md``): ``optimizer_implementation`` (not ``foreach``),
+    ``docs/user/setups.md``): ``optimizer_implementation`` (not ``foreach``),
     ``activation_checkpointing`` (not ``"none"``), ``gradient_accumulation_steps`` k > 1 with
     ``micro_batch_size`` = ``batch_size`` (the samples of one forward/backward pass, what is
     simulated) and ``batch_size`` = ``batch_size`` x k (the samples of one optimizer step),

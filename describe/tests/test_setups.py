@@ -1,4 +1,4 @@
-"""The training setups the simulation runs (docs/setups.md): precisions, optimizers and their
+"""The training setups the simulation runs (docs/user/setups.md): precisions, optimizers and their
 implementations, gradient accumulation, the module transforms of adapters.py (LoRA, frozen
 modules, activation checkpointing) and the output contract. Small toy models, each simulated
 in well under a second; the sizes asserted are what the physics of each setup makes them."""

@@ -5,7 +5,7 @@ import torch.nn as nn
 
 
 def mlp() -> nn.Module:
-    """The docs/models.md example shape: linear, batch norm, relu, dropout, linear, softmax."""
+    """The docs/design/models.md example shape: linear, batch norm, relu, dropout, linear, softmax."""
     return nn.Sequential(
         nn.Linear(20, 30),
         nn.BatchNorm1d(30),

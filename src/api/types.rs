@@ -863,7 +863,7 @@ pub struct BreakdownResponse {
 /// `simulation`: the job's whole-step simulation (on the most loaded GPU of its layout);
 /// `analytic`: per-parameter bytes of the optimizer and precision, activations from the traced
 /// saved tensors or the layer outputs; `training_step`: the analytic training step of a setup
-/// the learned models do not know (docs/setups.md), per GPU.
+/// the learned models do not know (docs/user/setups.md), per GPU.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum BreakdownSourceName {
@@ -919,7 +919,7 @@ pub struct GpuRankResponse {
 }
 
 /// One training step on the target GPU, from the roofline performance model
-/// (docs/roofline.md): the kernels of forward, backward (with recomputation) and the
+/// (docs/design/roofline.md): the kernels of forward, backward (with recomputation) and the
 /// optimizer, each at the dtype's achievable peak or the DRAM bandwidth, dispatched by an
 /// eager host. One GPU of the layout: its compute, and the data-parallel collectives compute
 /// does not hide (`collectives_ms`).
@@ -1095,7 +1095,7 @@ pub struct FitResponse {
 /// figure F is `log(measured / F) / share`, with `share` the uncertain terms' part of F
 /// (activations, temporaries, allocator cache), at least the calibration's least share; the
 /// peak at score s is `F exp(scale assumed_factor s share)`. `score_quantiles` are split-conformal quantiles
-/// of the scores of `scores_group`'s measured rows (data/uncertainty.json, docs/accuracy.md).
+/// of the scores of `scores_group`'s measured rows (data/uncertainty.json, docs/reports/accuracy.md).
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct UncertaintyResponse {
     /// What the figure rests on: `simulation`, `simulated_setup`, `config`, `setup_step`,
@@ -1130,7 +1130,7 @@ pub struct UncertaintyResponse {
     /// added): 0 when nothing is assumed.
     pub assumed_log_range: f64,
     /// What the scores are multiplied by for that range: `1 + w assumed_log_range`, `w` the
-    /// calibration's weight, fitted with the quantiles on held-out rows (docs/accuracy.md).
+    /// calibration's weight, fitted with the quantiles on held-out rows (docs/reports/accuracy.md).
     pub assumed_factor: f64,
 }
 

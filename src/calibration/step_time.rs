@@ -3,7 +3,7 @@
 //! The roofline (`physics::perf`) times every kernel on the card's data sheet, but the host that
 //! issues them is the environment's: Python, PyTorch's dispatcher and autograd, autocast, the
 //! CPU. Its cost per op was fitted once on the MLP campaign (15 us); a 2022 stack on an older
-//! host runs at about three times that (docs/roofline.md: BERT with AMP on a V100), and
+//! host runs at about three times that (docs/design/roofline.md: BERT with AMP on a V100), and
 //! only a step it dispatches faster than the GPU computes shows it. It is the one constant of
 //! the model that belongs to the environment rather than to the card or the job, so it is the
 //! one observed step times fit.
@@ -38,7 +38,7 @@ pub const MAX_STEP_TIME_MS: f64 = 3_600_000.0;
 pub const MAX_HOST_STEP: f64 = crate::calibration::fit::MAX_STEP;
 /// The farthest a fitted host cost may sit from the calibrated one, either way, however many
 /// observations ask for more: a 2022 stack on an older host runs at about three times the
-/// calibrated 15 us (docs/roofline.md), so four times leaves room for real hosts and none for
+/// calibrated 15 us (docs/design/roofline.md), so four times leaves room for real hosts and none for
 /// readings of other jobs than the ones described.
 pub const MAX_HOST_FACTOR: f64 = 4.0;
 

@@ -25,7 +25,7 @@ const UTILIZATION_TARGETS: [&str; 3] = ["smact", "smocc", "drama"];
 
 /// The metrics whose learned regressor (trained on A100 40 GB MLP measurements) answers
 /// before the roofline on the reference card: those where it beat the roofline on the
-/// held-out MLP rows (`cargo test --test api roofline -- --nocapture`, docs/roofline.md):
+/// held-out MLP rows (`cargo test --test api roofline -- --nocapture`, docs/design/roofline.md):
 /// SMACT (MAE 0.010 against the roofline's 0.038); on SMOCC the roofline wins (0.014 against
 /// 0.027). Elsewhere, and on every other card, the roofline answers.
 const LEARNED_FIRST: [&str; 1] = ["smact"];

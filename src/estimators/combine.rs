@@ -159,7 +159,7 @@ pub const OUTSIDE_LEARNED_SETUPS: &str = "learned estimators left out: they were
 one-GPU jobs that train every parameter in fp32 or fp16 autocast with sgd, momentum, adam or \
 adamw, without checkpointing or accumulation; the memory regressors answer this job's layers \
 in that setup, and the training step of this job's setup carries their correction where it is \
-trusted (memory.base_correction, docs/setups.md)";
+trusted (memory.base_correction, docs/user/setups.md)";
 
 /// Residual quantiles of the `training_step` figure (log of measured / figure), which leads
 /// for jobs outside the learned setups that carry no simulation.

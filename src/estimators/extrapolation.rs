@@ -14,7 +14,7 @@ use serde::Deserialize;
 use crate::estimators::features::{AggregateFeatures, FeatureSpec};
 use crate::job::{Job, Optimizer, Precision};
 
-/// `simulated_domain.json` as the training pipeline writes it (docs/models.md).
+/// `simulated_domain.json` as the training pipeline writes it (docs/design/models.md).
 #[derive(Debug, Deserialize)]
 struct DomainFile {
     /// How each coordinate is normalised: the ONNX inputs' `{name, transform, mean, std}`.
@@ -257,7 +257,7 @@ const LANES: usize = 16;
 /// [`LANES`] points, each block coordinate-major (`LANES` first coordinates, then `LANES`
 /// second ones, ...), so that the compiler vectorises across points (twice as fast as a scan
 /// point by point). Brute force over 3,000 points of 11 coordinates takes about 10 us
-/// (docs/speed.md) and is exact; a k-d tree gains little where the number of points is barely
+/// (docs/reports/speed.md) and is exact; a k-d tree gains little where the number of points is barely
 /// above 2^dimensions.
 #[derive(Debug)]
 struct Points {

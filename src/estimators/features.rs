@@ -1,5 +1,5 @@
 //! Feature extraction, identical to `training/gpucast_training/features.py` (pinned together by
-//! `tests/fixtures/golden_features.json`). docs/models.md defines every feature.
+//! `tests/fixtures/golden_features.json`). docs/design/models.md defines every feature.
 
 use serde::Deserialize;
 

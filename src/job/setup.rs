@@ -1,6 +1,6 @@
 //! How a job is trained: precision, optimizer, activation checkpointing, accumulation, frozen
 //! weights and adapters, and the GPU layout. Parsed from untrusted input into a [`Setup`] here;
-//! what each choice does to memory lives in [`super::step`]. docs/setups.md is the contract.
+//! what each choice does to memory lives in [`super::step`]. docs/user/setups.md is the contract.
 
 use std::fmt;
 
@@ -843,7 +843,7 @@ fn lora(raw: Option<UncheckedLora<'_>>) -> Result<Option<Lora>, SetupError> {
 
 impl Setup {
     /// Reads the setup fields of a job of `batch_size` samples per step (per data-parallel
-    /// replica, or for all of them: see docs/setups.md).
+    /// replica, or for all of them: see docs/user/setups.md).
     pub fn parse(batch_size: u64, raw: &UncheckedSetup<'_>) -> Result<Setup, SetupError> {
         let precision = match raw.precision {
             None => Precision::default(),

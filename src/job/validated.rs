@@ -30,7 +30,7 @@ pub const MAX_LAYER_FLOPS: u64 = 1_000_000_000_000_000_000;
 pub const MAX_SAVED_BYTES: u64 = 1 << 44;
 
 /// What a layer does, in the canonical vocabulary shared with the training pipeline and the
-/// `describe` tool (see docs/models.md).
+/// `describe` tool (see docs/design/models.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum LayerKind {
     Linear,
@@ -344,7 +344,7 @@ pub struct UncheckedLayer<'a> {
 
 /// The tensors autograd keeps for backward in one training forward pass, as `describe` traces
 /// them on the meta device: `per_sample_bytes x batch + fixed_bytes`. Where a job has them they
-/// are the best single predictor of its activation memory (docs/models.md).
+/// are the best single predictor of its activation memory (docs/design/models.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SavedTensors {
     pub per_sample_bytes: u64,

@@ -1,5 +1,5 @@
 //! Analytic memory models: closed formulas over the job description, no learning. Identical
-//! to `training/gpucast_training/features.py` (docs/models.md defines both).
+//! to `training/gpucast_training/features.py` (docs/design/models.md defines both).
 
 use crate::job::validated::{Job, Precision};
 

@@ -7,7 +7,7 @@
 //! report: SMACT (time-weighted share of SMs with work), SMOCC (resident warps over the SM's
 //! maximum, time-weighted) and DRAMA (bytes moved over the bytes the DRAM could have moved).
 //!
-//! docs/roofline.md describes the model, its constants and how it was evaluated.
+//! docs/design/roofline.md describes the model, its constants and how it was evaluated.
 
 use crate::devices::performance::GpuPerformance;
 use crate::job::names;

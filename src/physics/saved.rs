@@ -1,7 +1,7 @@
 //! The tensors autograd keeps for backward, derived from a layer list when nobody traced them.
 //!
 //! `gpucast_describe` traces a job's [`SavedTensors`] on the meta device, and the best learned
-//! estimators need them (docs/models.md). A job read from a pasted summary has only its layers
+//! estimators need them (docs/design/models.md). A job read from a pasted summary has only its layers
 //! (kind, output size per sample, parameters), so this module rebuilds what a training forward
 //! pass saves from what each kind of layer keeps for its backward in PyTorch, fp32:
 //!

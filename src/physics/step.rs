@@ -8,7 +8,7 @@
 //! state, every activation kept, the first gradients and the gradient of the largest output)
 //! and the optimizer's step (weights, optimizer state, every gradient and the optimizer's
 //! temporaries). Gradients from earlier micro-batches are alive in both when the step
-//! accumulates. docs/setups.md states the rules; each constant says where it comes from.
+//! accumulates. docs/user/setups.md states the rules; each constant says where it comes from.
 
 use crate::job::setup::{
     BaseWeights, Checkpointing, LoraTargets, Optimizer, OptimizerImplementation, Reference, Setup,

@@ -14,7 +14,7 @@
 //! `(n + 1) c` of its `n` rows, so that a new job like them lies above the bound with
 //! probability at most `1 - c`) on a grid of levels. A group with fewer than `min_rows` rows
 //! answers with its level of detail's scores, and that with all rows'. The docs report the
-//! bounds' held-out calibration (docs/accuracy.md).
+//! bounds' held-out calibration (docs/reports/accuracy.md).
 //!
 //! The peak at score `s` is `F_m exp(scale s share_m)` at the larger of the step's moments `m`;
 //! `scale` is 1, or more for a job far from the data the scores were measured on, or what a

@@ -780,7 +780,7 @@ async fn an_environment_with_a_smaller_context_is_learned_below_physics_floor() 
     assert_eq!(response.status(), 422);
 }
 
-/// The guarantee of docs/calibration.md, as a property: whatever an attacker posts (valid
+/// The guarantee of docs/user/calibration.md, as a property: whatever an attacker posts (valid
 /// observations only: above each job's floor, within the card), however many times and for
 /// whichever jobs, every job's answer stays within `reach` of its uncalibrated answer:
 /// (u - 1,024) / 1.5 <= estimate <= 1.5 u + 1,024 MiB, the bound within 1.5 b + 1,024. The

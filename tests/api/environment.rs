@@ -8,7 +8,7 @@
 //! other rows are estimated. Each figure is compared like with like with what the source
 //! measured (device, reserved, allocated...). Beside it, today's profile line
 //! (`fit_profile` on the like-with-like totals). `cargo test --test api environment --
-//! --nocapture` prints the table docs/calibration.md quotes.
+//! --nocapture` prints the table docs/user/calibration.md quotes.
 
 use std::collections::BTreeMap;
 
@@ -319,7 +319,7 @@ async fn an_environment_fitted_from_three_of_its_rows_is_no_worse_on_its_other_r
     // What is stable: with 3 observations, the environment's fit does not make a source's
     // other rows worse than no calibration, pooled over the sources, and beats today's profile
     // line there. (Per source it does not: the sources physics already answers within ~10 %
-    // lose a little; see docs/calibration.md.)
+    // lose a little; see docs/user/calibration.md.)
     let (pooled, _) = &overall[&3];
     let environment = median(pooled.environment.clone());
     assert!(

@@ -49,7 +49,7 @@ async fn estimating_the_example_job_returns_every_documented_field() {
         assert!((0.0..=1.0).contains(&value), "{metric} = {value}");
     }
     // SMACT from the learned MLP regressor, SMOCC and DRAMA from the roofline
-    // (docs/roofline.md); nothing is null.
+    // (docs/design/roofline.md); nothing is null.
     assert_eq!(
         body["utilization"]["sources"],
         json!({"smact": "learned", "smocc": "roofline", "drama": "roofline"})

@@ -37,7 +37,7 @@ struct Case {
     label: String,
     request: EstimateRequest,
     /// Parameters, gradients and optimizer state in MiB, from the request itself: the
-    /// simulation's categories, or the per-parameter bytes of docs/models.md.
+    /// simulation's categories, or the per-parameter bytes of docs/design/models.md.
     model_state_mib: [f64; 3],
 }
 

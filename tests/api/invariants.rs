@@ -311,7 +311,7 @@ async fn config_jobs_obey_the_memory_saving_changes_and_grow_with_batch_and_sequ
         ("pure bf16", json!({}), json!({"precision": "bf16"})),
         // LoRA's adapters keep their own copy of each adapted input (PEFT casts it to the
         // adapters' dtype; under autocast lora_A casts it again), so on a small model at long
-        // sequences LoRA can need more than full fine-tuning (docs/setups.md). It saves where
+        // sequences LoRA can need more than full fine-tuning (docs/user/setups.md). It saves where
         // the weights' gradients and state outweigh the activations: one short sequence.
         (
             "lora",

@@ -2,7 +2,7 @@
 //! of the held-out MLP rows (data/mlp/test.jsonl.gz, A100 40 GB) beside the learned ONNX
 //! regressors and the train rows' mean, per architecture shape; and step times of published
 //! training runs (data/perf/step_times.json). `cargo test --test api roofline -- --nocapture`
-//! prints the tables docs/roofline.md quotes.
+//! prints the tables docs/design/roofline.md quotes.
 
 use std::collections::BTreeMap;
 
@@ -264,7 +264,7 @@ async fn roofline_step_times_are_reported_against_published_training_throughputs
         errors.len(),
         100.0 * median(errors.clone())
     );
-    // What was measured when this was written (docs/roofline.md): keep it from sliding.
+    // What was measured when this was written (docs/design/roofline.md): keep it from sliding.
     assert!(
         within * 2 >= errors.len(),
         "{within} of {} within 30 %",

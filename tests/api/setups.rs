@@ -1,4 +1,4 @@
-//! Training setups (docs/setups.md): each field moves the per-GPU figure the way the physics
+//! Training setups (docs/user/setups.md): each field moves the per-GPU figure the way the physics
 //! says, combinations that cannot run are 422s naming the field, and the answer states the
 //! setup it is for.
 

@@ -6,20 +6,20 @@ Stages, in the order `all` runs them (each after the ones before it):
   timm       timm (cnn / transformer) estimators and the MLP memory regressor
   simulated  the simulated-step regressor, its domain and the `simulated` manifest block
   golden     the golden fixture's simulated cases (stdlib only)
-  evaluate   training/report_real.md from the timm stage's predictions (stdlib only)
+  evaluate   docs/reports/training-real.md from the timm stage's predictions (stdlib only)
 
 and, outside `all` (slow, needs describe/ and transformers):
 
   public-rows  data/public/jobs.jsonl.gz from public_training_memory.csv
-  public-setups  data/public/setup_jobs.jsonl.gz: every row whose training setup docs/setups.md
+  public-setups  data/public/setup_jobs.jsonl.gz: every row whose training setup docs/user/setups.md
                can express, with DeepSpeed's and accelerate's baselines (those two packages are
                needed for it only); --simulate asks describe to simulate each row's setup
   public-offload  data/public/offload_jobs.jsonl.gz: the rows left out for CPU offload alone,
              as jobs from their configs (stdlib only)
-  decisions  data/uncertainty.json (the spreads of the uncertain terms) and docs/accuracy.md:
+  decisions  data/uncertainty.json (the spreads of the uncertain terms) and docs/reports/accuracy.md:
              figures, bounds and fit decisions of `gpucast estimate --batch` on the measured
              rows, leave one source or family out (stdlib only; needs a built gpucast)
-  setup-simulations  docs/setup-simulations.md: the training setups of config-path jobs
+  setup-simulations  docs/reports/setup-simulations.md: the training setups of config-path jobs
              (modules_to_save, reward heads, reference models, loss implementations) against
              describe's simulation of the same jobs, figures and deltas (stdlib here; describe
              runs in .venv-describe; needs target/release/gpucast)

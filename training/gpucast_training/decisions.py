@@ -1,5 +1,5 @@
 """Decisions, not only figures: computes the held-out score quantiles that bound every figure
-(data/uncertainty.json) and scores the served rule as a scheduler meets it (docs/accuracy.md).
+(data/uncertainty.json) and scores the served rule as a scheduler meets it (docs/reports/accuracy.md).
 
 Every answer comes from `gpucast estimate --batch` (the service's own code), never from a copy
 of its rules here. The measured rows (all committed, derived from ../shared/data):
@@ -56,7 +56,7 @@ REFERENCE_CAPACITY = CAPACITY_MIB  # the reference card's, from data/gpus.json
 # stated wrong.
 MIN_SHARE = 1.0
 # A group with fewer rows answers with its parent's quantiles (`physics::uncertainty`).
-# Held out (docs/accuracy.md, "Group size"), 19 rows (the rank 0.95 needs) gives LoRA rows their
+# Held out (docs/reports/accuracy.md, "Group size"), 19 rows (the rank 0.95 needs) gives LoRA rows their
 # own quantiles (bound 1.64 -> 1.33x, refused with room 30.7 -> 22.7 %) but sharded rows too,
 # and those do not carry from one source to another (above the 0.95 bound 0.22 -> 0.29; LLM
 # rows 0.07 -> 0.10, past the 0.08 target): 30 is served.
@@ -65,7 +65,7 @@ MIN_ROWS = 30
 MIN_ROWS_TRIED = (19,)
 # How much the log range of the figures a request's unstated fields allow (loss implementation,
 # optimizer implementation: `physics::assumed`) widens a score's normaliser. Held out, every
-# weight tried gave the same coverage and more refusals (docs/accuracy.md, "The unstated
+# weight tried gave the same coverage and more refusals (docs/reports/accuracy.md, "The unstated
 # fields' weight": 1 and 3 refused 38.1 and 42.1 % of the LLM runs with room, 0 refused 36.7 %):
 # on the published rows the loss left unsaid does not tell the large errors from the small, so
 # the served bound rests on the model's measured errors alone and the ranges are only listed.
@@ -933,10 +933,10 @@ def run(layout=None, threads=None, gpucast=None):
         by_min_rows[rows_needed] = held_out_curve(gpucast, every, pairs, kept_out)
     MIN_ROWS = served_rows
     command = "python -m gpucast_training decisions"
-    (ROOT / "docs/accuracy.md").write_text(
+    (ROOT / "docs/reports/accuracy.md").write_text(
         report(served, held_out, unaudited, kept_out, committed, command, by_weight, by_min_rows)
     )
-    print((ROOT / "docs/accuracy.md").read_text())
+    print((ROOT / "docs/reports/accuracy.md").read_text())
 
 
 if __name__ == "__main__":

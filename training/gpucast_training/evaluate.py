@@ -1,6 +1,6 @@
 """Evaluate the real-model (timm cnn / transformer) MiB estimators beside the baselines.
 
-    python -m gpucast_training evaluate      # prints the table, writes training/report_real.md
+    python -m gpucast_training evaluate      # prints the table, writes docs/reports/training-real.md
 
 Reads the out-of-fold predictions of the grouped cross-validation that the timm stage
 wrote (data/timm/cv_predictions.csv.gz, data/timm/cv_quantiles.json) and its held-out figures
@@ -406,5 +406,5 @@ def run(layout, threads=None):
         out.append("")
     text = "\n".join(out) + "\n"
     print(text)
-    with open(layout.out("training", "report_real.md"), "w") as handle:
+    with open(layout.out("docs", "reports", "training-real.md"), "w") as handle:
         handle.write(text)

@@ -2,7 +2,7 @@
 
 Pure standard library on purpose: the service's CI runs the feature tests without numpy or
 torch, and the Rust implementation in src/ must agree with this file bit for bit (up to float
-rounding).  The definitions follow docs/models.md; keep the two in step.
+rounding).  The definitions follow docs/design/models.md; keep the two in step.
 """
 
 import ast
@@ -30,7 +30,7 @@ CANONICAL_KINDS = [
     "identity",
 ]
 
-# Every canonical kind the service accepts (Rust `LayerKind::ALL`, docs/models.md), in the
+# Every canonical kind the service accepts (Rust `LayerKind::ALL`, docs/design/models.md), in the
 # order used for the real-model sequence estimators' `kind_vocab`.
 ALL_KINDS = [
     "linear",
@@ -180,7 +180,7 @@ COUNT_FEATURES = [
     "n_dropout",
     "n_activation",
 ]
-# Features added for the real-model families (docs/models.md "Real-model families").
+# Features added for the real-model families (docs/design/models.md "Real-model families").
 REAL_COUNT_FEATURES = [
     "n_conv",
     "n_attention",
@@ -561,7 +561,7 @@ def memory_class(peak_mib, bins=CLASS_BINS_MIB):
 
 
 def csv_row_to_job(row):
-    """Job description (docs/models.md) from a row of gpumemnet_mlp_a100.csv (a csv.DictReader dict)."""
+    """Job description (docs/design/models.md) from a row of gpumemnet_mlp_a100.csv (a csv.DictReader dict)."""
     layers = [
         {"kind": normalise_kind(kind), "output_size": int(output_size), "params": int(params)}
         for kind, output_size, params in ast.literal_eval(row["Activations-Params"])

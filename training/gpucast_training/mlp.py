@@ -3,7 +3,7 @@
     python -m gpucast_training mlp      (from training/; retrain.sh runs it first)
 
 Writes models/{mlp_ensemble,sequence_transformer,smact,smocc}.onnx, data/mlp/, the base
-models/manifest.json and tests/fixtures/golden_features.json, and training/report.md.
+models/manifest.json and tests/fixtures/golden_features.json, and docs/reports/training-mlp.md.
 """
 
 import json
@@ -50,7 +50,7 @@ ENSEMBLE = dict(members=5, hidden=32, epochs=1000, lr=1e-2, weight_decay=1e-3)
 TRANSFORMER = dict(d_model=32, n_heads=4, n_layers=2, d_ff=64, epochs=40, batch=64, lr=3e-3, weight_decay=1e-4)
 # Independently seeded transformers averaged inside the exported graph (seeds seed, seed+1, ...).
 # Chosen by grouped CV among the member counts whose N=1 latency (L=46, one thread) stays within
-# ~250 us: see training/report_sequence_members.md (K=5 scored best in CV but took ~360 us).
+# ~250 us: see docs/reports/training-sequence-members.md (K=5 scored best in CV but took ~360 us).
 SEQUENCE_MEMBERS = 1
 REGRESSOR = dict(members=3, hidden=32, epochs=500, lr=1e-2, weight_decay=1e-3)
 
@@ -610,7 +610,7 @@ def run(layout, threads=None):
         tok_entries,
     )
     write_report(
-        layout.out("training", "report.md"),
+        layout.out("docs", "reports", "training-mlp.md"),
         len(records),
         len(train),
         len(test),

@@ -1,6 +1,6 @@
 """Torch modules of the gpucast estimators (the mlp stage, mlp.py, exports them to ONNX).
 
-All models take the *normalised* inputs of docs/models.md.  Peak memory is close to linear in
+All models take the *normalised* inputs of docs/design/models.md.  Peak memory is close to linear in
 parameter and activation counts (CUDA context + ~16 B/param for Adam fp32 + activations x batch),
 while the inputs are log-scaled, so every model carries a fixed "linear-scale" input layer: it
 undoes the normalisation of a few count features inside the graph (expm1(x * std + mean)) and

@@ -160,7 +160,7 @@ def run(layout, threads=None):
         "",
         "Made by `cd training && python -m gpucast_training perf-data` (training/gpucast_training/perf_data.py)"
         " from the read-only measured data; the roofline performance model (src/physics/perf.rs,"
-        " docs/roofline.md) is fitted on the first file and checked on both.",
+        " docs/design/roofline.md) is fitted on the first file and checked on both.",
         "",
         "- generated: %s" % datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat(),
         "- `mlp_train_utilization.jsonl.gz`: the %d TRAIN rows of `data/mlp/splits.json` (never its test rows)"

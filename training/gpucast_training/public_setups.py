@@ -1,5 +1,5 @@
 """Every row of public_training_memory.csv whose training setup the request contract of
-docs/setups.md can express, as a gpucast job with that setup, plus three model-state baselines.
+docs/user/setups.md can express, as a gpucast job with that setup, plus three model-state baselines.
 
     python -m gpucast_training public-setups [--public-csv CSV] [--threads N] [--simulate]
         (from training/; needs describe/ and transformers/timm/torchvision; the baselines need
@@ -13,7 +13,7 @@ Writes data/public/setup_jobs.jsonl.gz, one line per expressible row:
 - `job` is the body of POST /v1/estimate: the layers and saved tensors of `describe_module`
   (the model built on the meta device from its published configuration, nothing downloaded;
   saved tensors traced in fp32, the service scales them by precision) and the setup fields of
-  docs/setups.md (precision, optimizer, optimizer_implementation, activation_checkpointing,
+  docs/user/setups.md (precision, optimizer, optimizer_implementation, activation_checkpointing,
   micro_batch_size, gradient_accumulation_steps, parallelism, lora / trainable).
 - `compare` says what the figure is: `allocated` (torch.cuda.max_memory_allocated),
   `reserved` (max_memory_reserved), `active` (torchtune's peak active bytes), `device`
@@ -1419,7 +1419,7 @@ def write_doc(layout, csv_path, rows, lines, left, built, elapsed, simulate):
             "# data/public/setup_jobs.jsonl.gz: provenance",
             "",
             "Every row of `public_training_memory.csv` whose training setup the request contract of",
-            "docs/setups.md can express, as a gpucast job (the body of `POST /v1/estimate`) with that",
+            "docs/user/setups.md can express, as a gpucast job (the body of `POST /v1/estimate`) with that",
             "setup, plus DeepSpeed's and accelerate's model-state baselines. The rules, the published",
             "configurations the models are built from and the line format: training/gpucast_training/public_setups.py.",
             "",

@@ -1,4 +1,4 @@
-"""docs/setup-simulations.md: the training setups of `transformer_config` jobs (issue 25) checked
+"""docs/reports/setup-simulations.md: the training setups of `transformer_config` jobs (issue 25) checked
 against describe's simulation of the same jobs.
 
     python -m gpucast_training setup-simulations        (from training/; or PYTHONPATH=training)
@@ -56,7 +56,7 @@ import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-OUT = ("docs", "setup-simulations.md")
+OUT = ("docs", "reports", "setup-simulations.md")
 COMMAND = "python -m gpucast_training setup-simulations"
 MIB = 1024.0 * 1024.0
 

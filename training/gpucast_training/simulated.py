@@ -22,7 +22,7 @@ public_training_memory.csv that gpucast can express (data/public/jobs.jsonl.gz, 
 the CV and held-out figures stay in the manifest. Writes models/timm_simulated_regressor.onnx,
 models/simulated_domain.json, merges the entries and the `simulated` block into
 models/manifest.json, and writes data/timm/simulated_figures.json and
-training/report_simulated.md.
+docs/reports/training-simulated.md.
 """
 
 import gzip
@@ -668,5 +668,5 @@ def write_report(result, path):
 def run(layout, threads=None):
     torch.set_num_threads(threads or THREADS)
     result = run_stage(layout)
-    write_report(result, layout.out("training", "report_simulated.md"))
+    write_report(result, layout.out("docs", "reports", "training-simulated.md"))
     print(json.dumps({k: result[k] for k in ("context_mib", "typical_distance", "cv", "test")}, indent=1))

@@ -6,7 +6,7 @@
 Writes data/timm/test.jsonl.gz, data/timm/cv_predictions.csv.gz, cv_quantiles.json and
 pipeline_figures.json, models/timm_*.onnx, models/mlp_regressor.onnx, merges its entries into
 models/manifest.json and adds the real-model golden cases to tests/fixtures/golden_features.json.
-(The evaluate stage writes training/report_real.md from these.)
+(The evaluate stage writes docs/reports/training-real.md from these.)
 """
 
 import json

@@ -1,7 +1,7 @@
 """Torch modules of the real-model (cnn / transformer) and MLP MiB estimators.
 
 Every model predicts the natural log of the peak MiB as a learned correction of the analytic
-`first_principles_mib` (docs/models.md): the graph recovers log(first_principles) from its
+`first_principles_mib` (docs/design/models.md): the graph recovers log(first_principles) from its
 normalised log1p input (x * std + mean; log1p(v) = log(v) to 1e-3 for v >= 1,300 MiB) and adds
 the mean correction of an ensemble of small MLPs.  Ensemble members are stacked into batched
 weight tensors ([K, in, out]), so the whole ensemble is three MatMuls in the ONNX graph.

@@ -1,4 +1,4 @@
-"""public_setups: the CSV columns parsed into docs/setups.md's fields, on strings taken from
+"""public_setups: the CSV columns parsed into docs/user/setups.md's fields, on strings taken from
 public_training_memory.csv, and the committed data/public/setup_jobs.jsonl.gz checked against
 the CSV (every row emitted or left out with a reason). Standard library only.
 

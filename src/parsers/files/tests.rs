@@ -63,7 +63,7 @@ fn the_trainers_bf16_is_autocast_and_no_flag_is_fp32() {
 
 #[test]
 fn optim_names_map_to_the_optimizer_and_how_it_steps() {
-    // "optim optimizer implementation", as docs/guide.md lists them.
+    // "optim optimizer implementation", as docs/user/guide.md lists them.
     let expected = "adamw_torch adamw foreach, adamw_torch_fused adamw fused, \
         adamw_hf adamw for_loop, adafactor adafactor for_loop, sgd sgd foreach, \
         adamw_bnb_8bit adamw_8bit fused, adamw_8bit adamw_8bit fused, \
