@@ -10,6 +10,7 @@
 //! temporaries). Gradients from earlier micro-batches are alive in both when the step
 //! accumulates. docs/user/setups.md states the rules; each constant says where it comes from.
 
+use crate::job::matched::NamedLayers;
 use crate::job::setup::{
     BaseWeights, Checkpointing, LoraTargets, Optimizer, OptimizerImplementation, Reference, Setup,
     Strategy, Trainable,
@@ -173,6 +174,22 @@ pub fn analytic_step(job: &Job) -> StepMemory {
 /// own: what another value of a field the request left unsaid would give
 /// (`physics::assumed`), without copying the job.
 pub fn analytic_step_as(job: &Job, setup: &Setup, known: Option<KnownActivations>) -> StepMemory {
+    // The layers the setup's module lists name, matched once per job (not per card or step).
+    let named = job.named_layers(setup);
+    let plans = plan_layers(job, setup, known, &named);
+    let model = model_state(&plans, setup);
+    let kept = kept_for_backward(job, setup, known, &named, &plans);
+    on_the_gpu(job, setup, &model, &kept)
+}
+
+/// Stage one: each layer's trainable parameters, adapters, stored weights, reference copy,
+/// optimizer state and dequantised weight, whole model.
+fn plan_layers(
+    job: &Job,
+    setup: &Setup,
+    known: Option<KnownActivations>,
+    named: &NamedLayers,
+) -> Vec<LayerPlan> {
     let layers = job.layers();
     let details = job.layer_details();
     let detail = |i: usize| details.get(i);
@@ -182,9 +199,6 @@ pub fn analytic_step_as(job: &Job, setup: &Setup, known: Option<KnownActivations
     let state_storage = if setup.fp32_master { 4.0 } else { storage };
     let head = layers.iter().rposition(|l| l.kind == LayerKind::Linear);
     let total_params: f64 = layers.iter().map(|l| l.params as f64).sum();
-    // The layers the setup's module lists name, matched once per job (not per card or step).
-    let named = job.named_layers(setup);
-
     // Which layers LoRA adapts, and which base weights are quantised (bitsandbytes quantises
     // every linear layer but the output head, whatever the adapters' targets).
     let lora = setup.lora.as_ref();
@@ -219,7 +233,7 @@ pub fn analytic_step_as(job: &Job, setup: &Setup, known: Option<KnownActivations
             }),
         _ => None,
     };
-    let plans: Vec<LayerPlan> = layers
+    layers
         .iter()
         .enumerate()
         .map(|(i, layer)| {
@@ -256,33 +270,9 @@ pub fn analytic_step_as(job: &Job, setup: &Setup, known: Option<KnownActivations
             let quantised = lora
                 .map(|l| l.base_weights)
                 .filter(|_| layer.kind == LayerKind::Linear && Some(i) != head && !base_trains);
-            let weight_bytes = match quantised {
-                Some(BaseWeights::Nf4) => params * NF4_BYTES,
-                // Packed int4, an fp16 scale and a packed 4-bit zero per group and output; GPTQ
-                // adds an int32 group index per input.
-                Some(BaseWeights::Gptq { group_size }) => {
-                    params * (0.5 + 2.5 / group_size as f64)
-                        + linear_shape(layer, detail(i)).0 * 4.0
-                }
-                Some(BaseWeights::Awq { group_size }) => params * (0.5 + 2.5 / group_size as f64),
-                Some(BaseWeights::Int8) => params * 1.0 + linear_shape(layer, detail(i)).1 * 4.0,
-                _ => {
-                    // Autocast keeps a 16-bit copy of each weight a matmul saved for backward
-                    // (FSDP gathers 16-bit weights instead: see the collective buffers).
-                    // (A model built from its configuration counts them with its activations,
-                    // as describe's simulation does.)
-                    let cast = if precision.is_autocast()
-                        && is_matmul(layer.kind)
-                        && !setup.parallelism.strategy.shards().2
-                        && known.is_none()
-                    {
-                        2.0
-                    } else {
-                        0.0
-                    };
-                    layer.params as f64 * (storage + cast)
-                }
-            } + if saved(i) { params * storage } else { 0.0 };
+            let weight_bytes =
+                stored_weight_bytes(layer, detail(i), params, quantised, setup, known.is_some())
+                    + if saved(i) { params * storage } else { 0.0 };
             // Adafactor factors every matrix: linear weights by their shape, embedding tables
             // by a square guess (their vocabulary is not in the layer list).
             let shape = matches!(layer.kind, LayerKind::Linear | LayerKind::Embedding)
@@ -324,8 +314,64 @@ pub fn analytic_step_as(job: &Job, setup: &Setup, known: Option<KnownActivations
                 },
             }
         })
-        .collect();
+        .collect()
+}
 
+/// Bytes of one layer's base weights as the GPU stores them: quantised, or in the weights'
+/// dtype with autocast's 16-bit copy of a matmul's weight beside it.
+fn stored_weight_bytes(
+    layer: &Layer,
+    detail: Option<&LayerDetail>,
+    params: f64,
+    quantised: Option<BaseWeights>,
+    setup: &Setup,
+    activations_known: bool,
+) -> f64 {
+    let precision = setup.precision;
+    let storage = precision.storage_bytes();
+    match quantised {
+        Some(BaseWeights::Nf4) => params * NF4_BYTES,
+        // Packed int4, an fp16 scale and a packed 4-bit zero per group and output; GPTQ
+        // adds an int32 group index per input.
+        Some(BaseWeights::Gptq { group_size }) => {
+            params * (0.5 + 2.5 / group_size as f64) + linear_shape(layer, detail).0 * 4.0
+        }
+        Some(BaseWeights::Awq { group_size }) => params * (0.5 + 2.5 / group_size as f64),
+        Some(BaseWeights::Int8) => params * 1.0 + linear_shape(layer, detail).1 * 4.0,
+        _ => {
+            // Autocast keeps a 16-bit copy of each weight a matmul saved for backward
+            // (FSDP gathers 16-bit weights instead: see the collective buffers).
+            // (A model built from its configuration counts them with its activations,
+            // as describe's simulation does.)
+            let cast = if precision.is_autocast()
+                && is_matmul(layer.kind)
+                && !setup.parallelism.strategy.shards().2
+                && !activations_known
+            {
+                2.0
+            } else {
+                0.0
+            };
+            layer.params as f64 * (storage + cast)
+        }
+    }
+}
+
+/// What the model's weights, gradients and optimizer hold, whole model, before sharding.
+struct ModelState {
+    weights: f64,
+    gradients: f64,
+    state: f64,
+    optimizer_temporaries: f64,
+    largest_gradient: f64,
+    adapter_params: f64,
+    base_trainable: f64,
+}
+
+/// Stage two: the model state of the planned layers.
+fn model_state(plans: &[LayerPlan], setup: &Setup) -> ModelState {
+    let storage = setup.precision.storage_bytes();
+    let state_storage = if setup.fp32_master { 4.0 } else { storage };
     let adapter_params: f64 = plans.iter().map(|p| p.adapters).sum();
     let base_trainable: f64 = plans.iter().map(|p| p.trainable).sum();
     let weights: f64 = plans
@@ -369,6 +415,39 @@ pub fn analytic_step_as(job: &Job, setup: &Setup, known: Option<KnownActivations
         };
     let largest_gradient = plans.iter().map(gradient_bytes).fold(0.0, f64::max);
 
+    ModelState {
+        weights,
+        gradients,
+        state,
+        optimizer_temporaries,
+        largest_gradient,
+        adapter_params,
+        base_trainable,
+    }
+}
+
+/// What backward needs at the step's start, bytes: the activations kept and the temporaries
+/// it begins with.
+struct KeptForBackward {
+    activations: f64,
+    backward_temporaries: f64,
+}
+
+/// Stage three: the activations kept for backward at the micro-batch (checkpointing, freeze
+/// tuning, LoRA's inputs) and what backward starts with.
+fn kept_for_backward(
+    job: &Job,
+    setup: &Setup,
+    known: Option<KnownActivations>,
+    named: &NamedLayers,
+    plans: &[LayerPlan],
+) -> KeptForBackward {
+    let layers = job.layers();
+    let details = job.layer_details();
+    let detail = |i: usize| details.get(i);
+    let precision = setup.precision;
+    let storage = precision.storage_bytes();
+    let lora = setup.lora.as_ref();
     // Activations kept for backward at the micro-batch, by layer in proportion to its output.
     let micro = setup.micro_batch_size as f64;
     let compute_activation_bytes = precision.compute_bytes();
@@ -489,6 +568,32 @@ pub fn analytic_step_as(job: &Job, setup: &Setup, known: Option<KnownActivations
             None => largest_output * micro * 4.0,
         };
 
+    KeptForBackward {
+        activations,
+        backward_temporaries,
+    }
+}
+
+/// Stage four: the model state and what backward keeps on the most loaded GPU (sharding,
+/// model parallelism, offload, the layout's buffers), at the larger of the step's two moments.
+fn on_the_gpu(job: &Job, setup: &Setup, model: &ModelState, kept: &KeptForBackward) -> StepMemory {
+    let layers = job.layers();
+    let total_params: f64 = layers.iter().map(|l| l.params as f64).sum();
+    let precision = setup.precision;
+    let storage = precision.storage_bytes();
+    let ModelState {
+        weights,
+        gradients,
+        state,
+        optimizer_temporaries,
+        largest_gradient,
+        adapter_params,
+        base_trainable,
+    } = *model;
+    let KeptForBackward {
+        activations,
+        backward_temporaries,
+    } = *kept;
     // Sharding and model parallelism.
     let p = setup.parallelism;
     let model_parallel = (p.tensor * p.pipeline) as f64;
