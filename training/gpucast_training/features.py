@@ -6,9 +6,22 @@ rounding).  The definitions follow docs/design/models.md; keep the two in step.
 """
 
 import ast
+import json
 import math
+from pathlib import Path
 
 from .constants import MIB, MLP_CLASS_BINS_MIB
+
+# The service's layer-kind vocabulary (`gpucast layer-kinds`, openapi/layer_kinds.json): every
+# canonical kind in the order of the real-model sequence estimators' `kind_vocab`, the aliases a
+# name may arrive as, and the groups features count. Read from the one file, never restated.
+with open(Path(__file__).resolve().parents[2] / "openapi" / "layer_kinds.json") as _vocabulary:
+    _LAYER_KINDS = json.load(_vocabulary)
+ALL_KINDS = _LAYER_KINDS["kinds"]
+KIND_ALIASES = _LAYER_KINDS["aliases"]
+ACTIVATION_KINDS = _LAYER_KINDS["groups"]["activation"]
+CONV_KINDS = _LAYER_KINDS["groups"]["convolution"]
+NORM_KINDS = _LAYER_KINDS["groups"]["normalisation"]
 
 # Canonical layer kinds, in the order used for the sequence model's `kind_vocab`.
 CANONICAL_KINDS = [
@@ -30,124 +43,6 @@ CANONICAL_KINDS = [
     "identity",
 ]
 
-# Every canonical kind the service accepts (Rust `LayerKind::ALL`, docs/design/models.md), in the
-# order used for the real-model sequence estimators' `kind_vocab`.
-ALL_KINDS = [
-    "linear",
-    "conv1d",
-    "conv2d",
-    "conv3d",
-    "conv_transpose2d",
-    "batch_norm",
-    "layer_norm",
-    "group_norm",
-    "instance_norm",
-    "rms_norm",
-    "dropout",
-    "drop_path",
-    "relu",
-    "relu6",
-    "leaky_relu",
-    "prelu",
-    "elu",
-    "selu",
-    "gelu",
-    "silu",
-    "mish",
-    "softplus",
-    "tanh",
-    "sigmoid",
-    "hardswish",
-    "hardsigmoid",
-    "softmax",
-    "identity",
-    "max_pool",
-    "avg_pool",
-    "adaptive_avg_pool",
-    "adaptive_max_pool",
-    "embedding",
-    "attention",
-    "flatten",
-    "upsample",
-    "other",
-]
-
-# Accepted spellings after normalisation (lower case, without "_", "-" and spaces); the same
-# table as Rust `LayerKind::parse`.
-KIND_ALIASES = {
-    "linear": "linear",
-    "dense": "linear",
-    "conv1d": "conv1d",
-    "conv2d": "conv2d",
-    "conv": "conv2d",
-    "conv3d": "conv3d",
-    "convtranspose2d": "conv_transpose2d",
-    "batchnorm": "batch_norm",
-    "batchnormalization": "batch_norm",
-    "batchnorm1d": "batch_norm",
-    "batchnorm2d": "batch_norm",
-    "batchnorm3d": "batch_norm",
-    "bn": "batch_norm",
-    "layernorm": "layer_norm",
-    "groupnorm": "group_norm",
-    "instancenorm": "instance_norm",
-    "instancenorm2d": "instance_norm",
-    "rmsnorm": "rms_norm",
-    "dropout": "dropout",
-    "droppath": "drop_path",
-    "relu": "relu",
-    "relu6": "relu6",
-    "leakyrelu": "leaky_relu",
-    "prelu": "prelu",
-    "elu": "elu",
-    "selu": "selu",
-    "gelu": "gelu",
-    "silu": "silu",
-    "swish": "silu",
-    "mish": "mish",
-    "softplus": "softplus",
-    "tanh": "tanh",
-    "sigmoid": "sigmoid",
-    "hardswish": "hardswish",
-    "hardsigmoid": "hardsigmoid",
-    "softmax": "softmax",
-    "identity": "identity",
-    "maxpool": "max_pool",
-    "maxpool2d": "max_pool",
-    "avgpool": "avg_pool",
-    "avgpool2d": "avg_pool",
-    "adaptiveavgpool": "adaptive_avg_pool",
-    "adaptiveavgpool2d": "adaptive_avg_pool",
-    "adaptivemaxpool": "adaptive_max_pool",
-    "adaptivemaxpool2d": "adaptive_max_pool",
-    "embedding": "embedding",
-    "attention": "attention",
-    "multiheadattention": "attention",
-    "flatten": "flatten",
-    "upsample": "upsample",
-    "other": "other",
-}
-
-ACTIVATION_KINDS = [
-    "relu",
-    "relu6",
-    "leaky_relu",
-    "prelu",
-    "elu",
-    "selu",
-    "gelu",
-    "silu",
-    "mish",
-    "softplus",
-    "tanh",
-    "sigmoid",
-    "hardswish",
-    "hardsigmoid",
-    "softmax",
-    "identity",
-]
-CONV_KINDS = ["conv1d", "conv2d", "conv3d", "conv_transpose2d"]
-NORM_KINDS = ["batch_norm", "layer_norm", "group_norm", "instance_norm", "rms_norm"]
 
 # Output-layer activations: never the hidden activation.
 OUTPUT_ACTIVATIONS = ("softmax", "sigmoid")
