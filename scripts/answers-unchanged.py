@@ -25,6 +25,7 @@ failed; any other difference (a decision, a class, a text, a larger move) still 
 import glob
 import gzip
 import json
+import re
 import os
 import socket
 import subprocess
@@ -221,6 +222,13 @@ def main():
     )
     for index, (where, a, b) in beyond[:5]:
         print(f"  item {index}: {where}: {json.dumps(a)[:120]} vs {json.dumps(b)[:120]}")
+    # Which fields moved, list positions aside (`.estimate.warnings[]`: 176 answers).
+    fields = {}
+    for _, (where, _, _) in leaves:
+        field = re.sub(r"\[\d+\]", "[]", where)
+        fields[field] = fields.get(field, 0) + 1
+    for field, count in sorted(fields.items(), key=lambda kv: -kv[1]):
+        print(f"  {field}: {count}")
     if len(old) != len(new) or beyond or (differ and not tolerate):
         return 1
     return 0
