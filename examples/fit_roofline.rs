@@ -1,5 +1,5 @@
 //! Fits the roofline performance model's two host constants (`host_us_per_op`,
-//! `step_host_us`: src/physics/perf.rs) on the measured SMACT and SMOCC of the MLP TRAIN rows
+//! `step_host_us`: src/physics/perf/) on the measured SMACT and SMOCC of the MLP TRAIN rows
 //! (data/perf/mlp_train_utilization.jsonl.gz, A100 40 GB), with leave-one-shape-out folds:
 //! for each architecture shape, the constants that minimise the mean absolute error of
 //! SMACT + SMOCC on the other three shapes are scored on it. Then the constants chosen on all

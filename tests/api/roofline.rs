@@ -1,4 +1,4 @@
-//! The roofline performance model (src/physics/perf.rs) against measurements: SMACT and SMOCC
+//! The roofline performance model (src/physics/perf/) against measurements: SMACT and SMOCC
 //! of the held-out MLP rows (data/mlp/test.jsonl.gz, A100 40 GB) beside the learned ONNX
 //! regressors and the train rows' mean, per architecture shape; and step times of published
 //! training runs (data/perf/step_times.json). `cargo test --test api roofline -- --nocapture`

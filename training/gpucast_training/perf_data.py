@@ -1,4 +1,4 @@
-"""The measured data the roofline performance model (src/physics/perf.rs) is fitted and checked on.
+"""The measured data the roofline performance model (src/physics/perf/) is fitted and checked on.
 Standard library only.
 
 Writes, under data/perf/:
@@ -159,7 +159,7 @@ def run(layout, threads=None):
         "# data/perf: provenance",
         "",
         "Made by `cd training && python -m gpucast_training perf-data` (training/gpucast_training/perf_data.py)"
-        " from the read-only measured data; the roofline performance model (src/physics/perf.rs,"
+        " from the read-only measured data; the roofline performance model (src/physics/perf/,"
         " docs/design/roofline.md) is fitted on the first file and checked on both.",
         "",
         "- generated: %s" % datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat(),
