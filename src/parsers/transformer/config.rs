@@ -184,6 +184,20 @@ fn probability(
     }
 }
 
+/// A configuration's sizes, read and checked.
+struct Sizes {
+    hidden: u64,
+    layers: u64,
+    decoder_layers: u64,
+    heads: u64,
+    kv_heads: u64,
+    head_dim: u64,
+    intermediate: u64,
+    vocab: u64,
+    experts: u64,
+    experts_per_token: u64,
+}
+
 impl TransformerConfig {
     /// About how many modules the built model lists: a decoder's 11 a block and the few around
     /// them (other layouts differ by a few), never more than a job may hold plus one. What the
@@ -195,9 +209,12 @@ impl TransformerConfig {
             .min(MAX_LAYERS + 1)
     }
 
-    /// Reads a `config.json` object. Unknown keys are ignored; missing essentials are named.
-    pub fn parse(config: &Map<String, Value>) -> Result<TransformerConfig, ConfigError> {
-        let mut notes = Vec::new();
+    /// The model type (declared, else told from the keys) and the layout it is built as;
+    /// with the first of `architectures`, lower case.
+    fn architecture_of(
+        config: &Map<String, Value>,
+        notes: &mut Vec<String>,
+    ) -> (String, Architecture, String) {
         let declared = text(config, &["model_type"]).map(str::to_ascii_lowercase);
         let architectures = config
             .get("architectures")
@@ -241,6 +258,15 @@ impl TransformerConfig {
                 Architecture::Decoder
             }
         };
+        (model_type, architecture, architectures)
+    }
+
+    /// The sizes the configuration states, each bounded, the essentials named when missing.
+    fn sizes(
+        config: &Map<String, Value>,
+        architecture: Architecture,
+        model_type: &str,
+    ) -> Result<Sizes, ConfigError> {
         let mut missing: Vec<&str> = Vec::new();
         let hidden = whole(config, &["hidden_size", "n_embd", "d_model"], 1, MAX_HIDDEN)?;
         let layers = whole(
@@ -292,7 +318,7 @@ impl TransformerConfig {
             return Err(ConfigError(format!(
                 "missing {} (model_type {})",
                 missing.join(", "),
-                echo(&model_type)
+                echo(model_type)
             )));
         }
         let (hidden, layers, heads, vocab) = (
@@ -365,6 +391,36 @@ impl TransformerConfig {
         } else {
             intermediate
         };
+        Ok(Sizes {
+            hidden,
+            layers,
+            decoder_layers,
+            heads,
+            kv_heads,
+            head_dim,
+            intermediate,
+            vocab,
+            experts,
+            experts_per_token,
+        })
+    }
+
+    /// Reads a `config.json` object. Unknown keys are ignored; missing essentials are named.
+    pub fn parse(config: &Map<String, Value>) -> Result<TransformerConfig, ConfigError> {
+        let mut notes = Vec::new();
+        let (model_type, architecture, architectures) = Self::architecture_of(config, &mut notes);
+        let Sizes {
+            hidden,
+            layers,
+            decoder_layers,
+            heads,
+            kv_heads,
+            head_dim,
+            intermediate,
+            vocab,
+            experts,
+            experts_per_token,
+        } = Self::sizes(config, architecture, &model_type)?;
         let act = text(
             config,
             &[
