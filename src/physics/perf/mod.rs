@@ -109,178 +109,46 @@ pub fn roofline(job: &Job, gpu: &GpuPerformance) -> Roofline {
 pub fn roofline_with(job: &Job, gpu: &GpuPerformance, constants: &Constants) -> Roofline {
     let setup = job.setup();
     let layers = job.layers();
-    let details = job.layer_details();
-    let detail = |i: usize| details.get(i);
     let precision = setup.precision;
-    let element = activation_bytes(precision);
     let storage = precision.storage_bytes();
     let max_warps = f64::from(gpu.max_warps_per_sm);
-    let micro = setup.micro_batch_size as f64;
     let p = setup.parallelism;
     // Tensor parallelism gives each GPU 1/t of every layer's outputs, context parallelism 1/c
     // of the positions, pipeline parallelism the first 1/p of the layers (the first stage,
     // which also holds the most activations). Collectives are not modelled.
-    let split = (p.tensor * p.context) as f64;
     let stage = layers.len().div_ceil(p.pipeline.max(1) as usize);
-    let seq = job
-        .input_shape()
-        .filter(|s| s.len() == 1)
-        .map(|s| s[0] as f64);
     let inferred = inferred_linear_shapes(job);
-    let head = layers.iter().rposition(|l| l.kind == LayerKind::Linear);
-    let total_params: f64 = layers.iter().map(|l| l.params as f64).sum();
-
-    // Which layers train their weights, which carry LoRA adapters (as the memory step reads
-    // them, from the module lists matched once per job).
-    let lora = setup.lora.as_ref();
-    let named = job.named_layers(setup);
-    let trains_share = |i: usize| -> f64 {
-        if layers[i].params == 0 {
-            return 0.0;
-        }
-        match (&setup.trainable, lora) {
-            (Trainable::Modules(_), _) => f64::from(u8::from(named.trainable(i))),
-            (_, Some(_)) => 0.0,
-            (Trainable::Params(n), None) if total_params > 0.0 => {
-                (*n as f64 / total_params).min(1.0)
-            }
-            _ => 1.0,
-        }
-    };
-    let adapted = |i: usize| -> bool {
-        let Some(lora) = lora else { return false };
-        layers[i].kind == LayerKind::Linear
-            && match &lora.targets {
-                LoraTargets::AllLinear => Some(i) != head,
-                LoraTargets::Names(_) => named.targeted(i),
-            }
-    };
-    // Backward computes a layer's input gradient only when something before it trains.
-    let first_trained = (0..layers.len()).find(|&i| trains_share(i) > 0.0 || adapted(i));
-    let needs_input_grad = |i: usize| first_trained.is_some_and(|f| i > f);
-    let recomputed: &[std::ops::Range<usize>] = match &setup.checkpointing {
-        Checkpointing::None => &[],
-        Checkpointing::Full => job.blocks(),
-        Checkpointing::Modules(_) => named.checkpointed(),
-    };
-    let mut is_recomputed = vec![false; layers.len()];
-    for range in recomputed {
-        is_recomputed[range.clone()]
-            .iter_mut()
-            .for_each(|r| *r = true);
-    }
-    let shares: Vec<f64> = (0..layers.len()).map(trains_share).collect();
     let attention: Vec<Option<AttentionRead>> = (0..layers.len())
         .map(|i| {
             (layers[i].kind == LayerKind::Attention).then(|| attention_read(job, i, &inferred))
         })
         .collect();
-    let adapters: Vec<bool> = (0..layers.len()).map(adapted).collect();
-    let trains_share = |i: usize| shares[i];
-    let adapted = |i: usize| adapters[i];
-
-    let mut timeline = Timeline::new(gpu, constants, precision);
-    let mut forward_us = 0.0;
-    let mut backward_us = 0.0;
+    let roles = LayerRoles::of(job);
     // One micro-batch from a synchronised start; the step repeats it `accumulation` times.
     let step = Step {
         job,
-        micro,
-        split,
-        seq,
-        element,
+        micro: setup.micro_batch_size as f64,
+        split: (p.tensor * p.context) as f64,
+        seq: job
+            .input_shape()
+            .filter(|s| s.len() == 1)
+            .map(|s| s[0] as f64),
+        element: activation_bytes(precision),
         inferred: &inferred,
         attention: &attention,
     };
-    let forward = |t: &mut Timeline, i: usize| {
-        layer_kernels(
-            t,
-            &step,
-            i,
-            Pass::Forward,
-            LayerRole {
-                adapted: adapted(i),
-                trains: 0.0,
-                input_grad: false,
-            },
-        )
-    };
-    // Repeated blocks that launch the same kernels are timed once and applied as many times.
-    let role = |i: usize| LayerRole {
-        adapted: adapted(i),
-        trains: trains_share(i),
-        input_grad: needs_input_grad(i),
-    };
-    let key = |i: usize| LayerKey {
-        layer: layers[i],
-        in_features: detail(i).and_then(|d| d.in_features),
-        out_features: detail(i).and_then(|d| d.out_features),
-        flops: detail(i).and_then(|d| d.flops),
-        inferred: inferred[i],
-        attention: attention[i],
-        role: role(i),
-        recomputed: is_recomputed[i],
-    };
-    // Each layer's key once: comparing every block's layers with the first's reads them all.
-    let keys: Vec<LayerKey> = (0..stage).map(key).collect();
-    let repeats = repeats(job.blocks(), stage, |a, b| keys[a] == keys[b]);
-    let mut next = repeats.iter().peekable();
-    let mut i = 0;
-    while i < stage {
-        match next.next_if(|(first, _)| first.start == i) {
-            Some((first, count)) => {
-                let mut block = timeline.recording();
-                first.clone().for_each(|j| forward(&mut block, j));
-                timeline.repeat(&block.span(), *count);
-                i += first.len() * count;
-            }
-            None => {
-                forward(&mut timeline, i);
-                i += 1;
-            }
-        }
-    }
-    let out = layers.last().map_or(1.0, |l| l.output_size as f64) * micro;
-    timeline.run(
-        elementwise(out, 3.0 * out * 4.0, max_warps),
-        LOSS_KERNELS / 2,
-    );
-    forward_us += timeline.done;
-    let started = timeline.done;
-    timeline.run(
-        elementwise(out, 3.0 * out * 4.0, max_warps),
-        LOSS_KERNELS / 2,
-    );
-    let backward = |t: &mut Timeline, i: usize| {
-        if is_recomputed[i] {
-            forward(t, i);
-        }
-        layer_kernels(t, &step, i, Pass::Backward, role(i));
-    };
-    let mut next = repeats.iter().rev().peekable();
-    let mut i = stage;
-    while i > 0 {
-        match next.next_if(|(first, count)| first.start + first.len() * count == i) {
-            Some((first, count)) => {
-                let mut block = timeline.recording();
-                first.clone().rev().for_each(|j| backward(&mut block, j));
-                timeline.repeat(&block.span(), *count);
-                i -= first.len() * count;
-            }
-            None => {
-                i -= 1;
-                backward(&mut timeline, i);
-            }
-        }
-    }
-    backward_us += timeline.sync() - started;
+    let mut timeline = Timeline::new(gpu, constants, precision);
+    let (mut forward_us, mut backward_us) = micro_batch(&mut timeline, &step, &roles, stage);
+    let (shares, adapters) = (&roles.shares, &roles.adapters);
+    let trains_share = |i: usize| shares[i];
+    let adapted = |i: usize| adapters[i];
     let accumulation = setup.accumulation.max(1) as f64;
     let micro_us = timeline.done;
     let collectives = collectives(
         job,
         gpu,
-        &shares,
-        &adapters,
+        shares,
+        adapters,
         stage,
         Phases {
             forward_us,
@@ -348,6 +216,182 @@ pub fn roofline_with(job: &Job, gpu: &GpuPerformance, constants: &Constants) -> 
         bytes: scaled.bytes,
         collectives_ms: collectives.total_us * 1e-3,
     }
+}
+
+/// What each layer does in the step: the share of its weights that trains, whether it carries
+/// LoRA adapters, whether backward computes its input's gradient, whether it is recomputed.
+struct LayerRoles {
+    shares: Vec<f64>,
+    adapters: Vec<bool>,
+    input_grad: Vec<bool>,
+    recomputed: Vec<bool>,
+}
+
+impl LayerRoles {
+    /// Read as the memory step reads them, from the module lists matched once per job.
+    fn of(job: &Job) -> LayerRoles {
+        let setup = job.setup();
+        let layers = job.layers();
+        let head = layers.iter().rposition(|l| l.kind == LayerKind::Linear);
+        let total_params: f64 = layers.iter().map(|l| l.params as f64).sum();
+
+        // Which layers train their weights, which carry LoRA adapters (as the memory step reads
+        // them, from the module lists matched once per job).
+        let lora = setup.lora.as_ref();
+        let named = job.named_layers(setup);
+        let trains_share = |i: usize| -> f64 {
+            if layers[i].params == 0 {
+                return 0.0;
+            }
+            match (&setup.trainable, lora) {
+                (Trainable::Modules(_), _) => f64::from(u8::from(named.trainable(i))),
+                (_, Some(_)) => 0.0,
+                (Trainable::Params(n), None) if total_params > 0.0 => {
+                    (*n as f64 / total_params).min(1.0)
+                }
+                _ => 1.0,
+            }
+        };
+        let adapted = |i: usize| -> bool {
+            let Some(lora) = lora else { return false };
+            layers[i].kind == LayerKind::Linear
+                && match &lora.targets {
+                    LoraTargets::AllLinear => Some(i) != head,
+                    LoraTargets::Names(_) => named.targeted(i),
+                }
+        };
+        // Backward computes a layer's input gradient only when something before it trains.
+        let first_trained = (0..layers.len()).find(|&i| trains_share(i) > 0.0 || adapted(i));
+        let needs_input_grad = |i: usize| first_trained.is_some_and(|f| i > f);
+        let recomputed: &[std::ops::Range<usize>] = match &setup.checkpointing {
+            Checkpointing::None => &[],
+            Checkpointing::Full => job.blocks(),
+            Checkpointing::Modules(_) => named.checkpointed(),
+        };
+        let mut is_recomputed = vec![false; layers.len()];
+        for range in recomputed {
+            is_recomputed[range.clone()]
+                .iter_mut()
+                .for_each(|r| *r = true);
+        }
+        let shares: Vec<f64> = (0..layers.len()).map(trains_share).collect();
+        let adapters: Vec<bool> = (0..layers.len()).map(adapted).collect();
+        let input_grad = (0..layers.len()).map(needs_input_grad).collect();
+        LayerRoles {
+            shares,
+            adapters,
+            input_grad,
+            recomputed: is_recomputed,
+        }
+    }
+
+    fn role(&self, i: usize) -> LayerRole {
+        LayerRole {
+            adapted: self.adapters[i],
+            trains: self.shares[i],
+            input_grad: self.input_grad[i],
+        }
+    }
+}
+
+/// Stage two: one micro-batch's forward, loss and backward (recomputation included) on
+/// `timeline` from a synchronised start, repeated blocks timed once; its forward and backward
+/// times, us.
+fn micro_batch(
+    timeline: &mut Timeline,
+    step: &Step,
+    roles: &LayerRoles,
+    stage: usize,
+) -> (f64, f64) {
+    let job = step.job;
+    let layers = job.layers();
+    let details = job.layer_details();
+    let detail = |i: usize| details.get(i);
+    let micro = step.micro;
+    let max_warps = f64::from(timeline.gpu.max_warps_per_sm);
+    let is_recomputed = &roles.recomputed;
+    let (inferred, attention) = (step.inferred, step.attention);
+    let mut forward_us = 0.0;
+    let mut backward_us = 0.0;
+    let forward = |t: &mut Timeline, i: usize| {
+        layer_kernels(
+            t,
+            step,
+            i,
+            Pass::Forward,
+            LayerRole {
+                adapted: roles.adapters[i],
+                trains: 0.0,
+                input_grad: false,
+            },
+        )
+    };
+    // Repeated blocks that launch the same kernels are timed once and applied as many times.
+    let role = |i: usize| roles.role(i);
+    let key = |i: usize| LayerKey {
+        layer: layers[i],
+        in_features: detail(i).and_then(|d| d.in_features),
+        out_features: detail(i).and_then(|d| d.out_features),
+        flops: detail(i).and_then(|d| d.flops),
+        inferred: inferred[i],
+        attention: attention[i],
+        role: role(i),
+        recomputed: is_recomputed[i],
+    };
+    // Each layer's key once: comparing every block's layers with the first's reads them all.
+    let keys: Vec<LayerKey> = (0..stage).map(key).collect();
+    let repeats = repeats(job.blocks(), stage, |a, b| keys[a] == keys[b]);
+    let mut next = repeats.iter().peekable();
+    let mut i = 0;
+    while i < stage {
+        match next.next_if(|(first, _)| first.start == i) {
+            Some((first, count)) => {
+                let mut block = timeline.recording();
+                first.clone().for_each(|j| forward(&mut block, j));
+                timeline.repeat(&block.span(), *count);
+                i += first.len() * count;
+            }
+            None => {
+                forward(timeline, i);
+                i += 1;
+            }
+        }
+    }
+    let out = layers.last().map_or(1.0, |l| l.output_size as f64) * micro;
+    timeline.run(
+        elementwise(out, 3.0 * out * 4.0, max_warps),
+        LOSS_KERNELS / 2,
+    );
+    forward_us += timeline.done;
+    let started = timeline.done;
+    timeline.run(
+        elementwise(out, 3.0 * out * 4.0, max_warps),
+        LOSS_KERNELS / 2,
+    );
+    let backward = |t: &mut Timeline, i: usize| {
+        if is_recomputed[i] {
+            forward(t, i);
+        }
+        layer_kernels(t, step, i, Pass::Backward, role(i));
+    };
+    let mut next = repeats.iter().rev().peekable();
+    let mut i = stage;
+    while i > 0 {
+        match next.next_if(|(first, count)| first.start + first.len() * count == i) {
+            Some((first, count)) => {
+                let mut block = timeline.recording();
+                first.clone().rev().for_each(|j| backward(&mut block, j));
+                timeline.repeat(&block.span(), *count);
+                i -= first.len() * count;
+            }
+            None => {
+                i -= 1;
+                backward(timeline, i);
+            }
+        }
+    }
+    backward_us += timeline.sync() - started;
+    (forward_us, backward_us)
 }
 
 /// Elements of one sample's input: the input shape's, else the first layer's inputs.
