@@ -3,7 +3,8 @@
 
 use crate::devices::performance::GpuPerformance;
 use crate::job::setup::{BaseWeights, Optimizer, OptimizerImplementation, Precision};
-use crate::job::validated::{Job, LayerKind};
+use crate::job::validated::{Job, Layer, LayerKind};
+use crate::job::LayerDetail;
 
 use super::*;
 
@@ -149,10 +150,83 @@ pub(super) struct Step<'a> {
 
 /// The kernels of layer `i` for one pass over `micro` samples.
 pub(super) fn layer_kernels(t: &mut Timeline, step: &Step, i: usize, pass: Pass, role: LayerRole) {
+    let job = step.job;
+    let layer = &job.layers()[i];
+    let detail = job.layer_details().get(i);
+    let work = LayerWork {
+        step,
+        i,
+        layer,
+        detail,
+        given_flops: detail.and_then(|d| d.flops).map(|f| f as f64),
+        sms: f64::from(t.gpu.sm_count),
+        max_warps: f64::from(t.gpu.max_warps_per_sm),
+        output: layer.output_size as f64 * step.micro / step.split,
+        weights: layer.params as f64 / job.setup().parallelism.tensor as f64,
+        forward: pass == Pass::Forward,
+        role,
+    };
+    match layer.kind {
+        LayerKind::Linear
+        | LayerKind::Conv1d
+        | LayerKind::Conv2d
+        | LayerKind::Conv3d
+        | LayerKind::ConvTranspose2d => matmul_kernels(t, &work),
+        LayerKind::Attention => attention_kernels(t, &work),
+        LayerKind::Embedding => embedding_kernels(t, &work),
+        LayerKind::Identity | LayerKind::Flatten => {}
+        _ => memory_bound_kernels(t, &work),
+    }
+}
+
+/// What one layer's kernels read, worked out once.
+#[derive(Clone, Copy)]
+pub(super) struct LayerWork<'a> {
+    step: &'a Step<'a>,
+    i: usize,
+    layer: &'a Layer,
+    detail: Option<&'a LayerDetail>,
+    /// The layer's own FLOPs, when the job gives them.
+    given_flops: Option<f64>,
+    sms: f64,
+    max_warps: f64,
+    /// Output elements of the micro-batch on this GPU.
+    output: f64,
+    /// Weights on this GPU.
+    weights: f64,
+    forward: bool,
+    role: LayerRole,
+}
+
+impl LayerWork<'_> {
+    /// A layer's own given FLOPs replace the derived ones (same shape, scaled work).
+    fn scaled(&self, mut k: Kernel, derived_per_sample: f64) -> Kernel {
+        if let Some(f) = self.given_flops.filter(|_| derived_per_sample > 0.0) {
+            k.flops *= f / derived_per_sample;
+        }
+        k
+    }
+}
+
+/// A linear layer or convolution: its GEMMs (dequantised or autocast weights first), the
+/// input's and weights' gradients, LoRA's small GEMMs.
+fn matmul_kernels(t: &mut Timeline, w: &LayerWork) {
+    let LayerWork {
+        step,
+        i,
+        layer,
+        detail,
+        sms,
+        max_warps,
+        output,
+        weights,
+        forward,
+        role,
+        ..
+    } = *w;
     let Step {
         job,
         micro,
-        split,
         seq,
         element,
         ..
@@ -161,179 +235,206 @@ pub(super) fn layer_kernels(t: &mut Timeline, step: &Step, i: usize, pass: Pass,
         adapted,
         trains,
         input_grad,
+        ..
     } = role;
-    let layer = &job.layers()[i];
-    let detail = job.layer_details().get(i);
-    let given_flops = detail.and_then(|d| d.flops).map(|f| f as f64);
-    let sms = f64::from(t.gpu.sm_count);
-    let max_warps = f64::from(t.gpu.max_warps_per_sm);
-    let output = layer.output_size as f64 * micro / split;
-    let weights = layer.params as f64 / job.setup().parallelism.tensor as f64;
-    let forward = pass == Pass::Forward;
-    // A layer's own given FLOPs replace the derived ones (same shape, scaled work).
-    let scaled = |mut k: Kernel, derived_per_sample: f64| {
-        if let Some(f) = given_flops.filter(|_| derived_per_sample > 0.0) {
-            k.flops *= f / derived_per_sample;
-        }
-        k
-    };
     let kind = layer.kind;
-    match kind {
-        LayerKind::Linear
-        | LayerKind::Conv1d
-        | LayerKind::Conv2d
-        | LayerKind::Conv3d
-        | LayerKind::ConvTranspose2d => {
-            let (shape, unit) = if kind == LayerKind::Linear {
-                let shape = match (detail.and_then(|d| d.out_features), step.inferred[i]) {
-                    (None, Some(shape)) => shape,
-                    _ => linear_shape(layer, detail, seq),
-                };
-                (shape, Unit::Matmul)
-            } else {
-                (conv_shape(layer, detail), Unit::Conv)
-            };
-            // Context parallelism splits the positions, tensor parallelism the outputs.
-            let p = job.setup().parallelism;
-            let m = shape.positions * micro / p.context as f64;
-            let (n, k) = (shape.outputs / p.tensor as f64, shape.inputs);
-            let per_sample = 2.0 * shape.positions * shape.outputs * shape.inputs;
-            let base = job.setup().lora.as_ref().map(|l| l.base_weights);
-            let quantised = adapted && base.is_some_and(|b| b.is_4bit() || b == BaseWeights::Int8);
-            if forward {
-                if quantised {
-                    // Dequantise the base weight before its matmul (and again in backward).
-                    t.run(elementwise(weights, weights * 2.5, max_warps), 1);
-                } else if t.precision.is_autocast() {
-                    // Autocast casts each fp32 weight to 16 bits before the matmul.
-                    t.run(elementwise(weights, weights * 6.0, max_warps), 1);
-                }
-                t.run(scaled(gemm(m, n, k, element, unit, sms), per_sample), 1);
-            } else {
-                if quantised {
-                    t.run(elementwise(weights, weights * 2.5, max_warps), 1);
-                }
-                if input_grad {
-                    t.run(scaled(gemm(m, k, n, element, unit, sms), per_sample), 1);
-                }
-                if trains > 0.0 {
-                    let mut wgrad = scaled(gemm(k, n, m, element, unit, sms), per_sample);
-                    wgrad.flops *= trains;
-                    t.run(wgrad, 1);
-                    // The bias gradient: a reduction over the output.
-                    t.run(elementwise(output, output * element, max_warps), 1);
-                }
-            }
-            if adapted {
-                // LoRA: x @ A, then @ B, scaled and added (forward); their gradients and the
-                // input's through them (backward). Small GEMMs: dispatch-bound.
-                let rank = job.setup().lora.as_ref().map_or(8.0, |l| l.rank as f64);
-                let a = gemm(m, rank, k, element, unit, sms);
-                let b = gemm(m, n, rank, element, unit, sms);
-                let add = elementwise(m * n, 3.0 * m * n * element, max_warps);
-                if forward {
-                    t.run(a, 1);
-                    t.run(b, 1);
-                    t.run(add, 2);
-                } else {
-                    t.run(b, 2);
-                    t.run(a, 2);
-                    t.run(add, 1);
-                }
-            }
+    let scaled = |k: Kernel, derived_per_sample: f64| w.scaled(k, derived_per_sample);
+    let (shape, unit) = if kind == LayerKind::Linear {
+        let shape = match (detail.and_then(|d| d.out_features), step.inferred[i]) {
+            (None, Some(shape)) => shape,
+            _ => linear_shape(layer, detail, seq),
+        };
+        (shape, Unit::Matmul)
+    } else {
+        (conv_shape(layer, detail), Unit::Conv)
+    };
+    // Context parallelism splits the positions, tensor parallelism the outputs.
+    let p = job.setup().parallelism;
+    let m = shape.positions * micro / p.context as f64;
+    let (n, k) = (shape.outputs / p.tensor as f64, shape.inputs);
+    let per_sample = 2.0 * shape.positions * shape.outputs * shape.inputs;
+    let base = job.setup().lora.as_ref().map(|l| l.base_weights);
+    let quantised = adapted && base.is_some_and(|b| b.is_4bit() || b == BaseWeights::Int8);
+    if forward {
+        if quantised {
+            // Dequantise the base weight before its matmul (and again in backward).
+            t.run(elementwise(weights, weights * 2.5, max_warps), 1);
+        } else if t.precision.is_autocast() {
+            // Autocast casts each fp32 weight to 16 bits before the matmul.
+            t.run(elementwise(weights, weights * 6.0, max_warps), 1);
         }
-        LayerKind::Attention => {
-            let AttentionRead::Shaped(shape) =
-                step.attention[i].unwrap_or(AttentionRead::Shaped(None))
-            else {
-                return;
-            };
-            match shape {
-                Some((tokens, width)) => {
-                    // Context parallelism splits the queries, tensor parallelism the heads.
-                    let p = job.setup().parallelism;
-                    let queries = tokens / p.context as f64;
-                    let width = width / p.tensor as f64;
-                    let per_sample = 4.0 * queries * tokens * width;
-                    let tokens = queries;
-                    let times = if forward { 1.0 } else { 2.5 };
-                    let heads = (width / ATTENTION_HEAD_DIM).max(1.0);
-                    let kernel = Kernel {
-                        flops: per_sample * micro * times,
-                        bytes: 4.0 * tokens * width * micro * element * times,
-                        unit: Unit::Matmul,
-                        blocks: micro * heads * (tokens / ATTENTION_ROWS_PER_BLOCK).ceil(),
-                        warps_per_block: GEMM_SMALL_WARPS,
-                        blocks_per_sm: GEMM_BLOCKS_PER_SM,
-                    };
-                    let eager = job
-                        .simulation()
-                        .and_then(|s| s.attention.as_deref())
-                        .is_some_and(|a| a == "math" || a == "eager");
-                    if eager {
-                        // Unfused: two batched GEMMs around the materialised scores (heads x
-                        // T x T), which scale, mask, softmax and dropout pass over in turn
-                        // (forward ~4 kernels of 2-3 passes; backward as many, 3 passes).
-                        let scores = heads * tokens * tokens * micro;
-                        let mut gemms = kernel;
-                        gemms.bytes = scores * element * times;
-                        let mut gemms = scaled(gemms, per_sample * times);
-                        gemms.flops /= 2.0;
-                        t.run(gemms, 2);
-                        let passes = if forward { 2.5 } else { 3.0 };
-                        t.run(elementwise(scores, passes * scores * element, max_warps), 4);
-                    } else {
-                        t.run(scaled(kernel, per_sample * times), 1);
-                    }
-                }
-                None => {
-                    let passes = if forward { 2.0 } else { 3.0 };
-                    t.run(elementwise(output, passes * output * element, max_warps), 1);
-                }
-            }
+        t.run(scaled(gemm(m, n, k, element, unit, sms), per_sample), 1);
+    } else {
+        if quantised {
+            t.run(elementwise(weights, weights * 2.5, max_warps), 1);
         }
-        LayerKind::Embedding => {
-            if forward {
-                t.run(elementwise(output, 2.0 * output * element, max_warps), 1);
-            } else if trains > 0.0 {
-                // Zero the table's gradient, then scatter-add the rows (sorted indices).
-                t.run(elementwise(weights, weights * element, max_warps), 1);
-                t.run(elementwise(output, 3.0 * output * element, max_warps), 2);
-            }
+        if input_grad {
+            t.run(scaled(gemm(m, k, n, element, unit, sms), per_sample), 1);
         }
-        LayerKind::Identity | LayerKind::Flatten => {}
-        _ => {
-            // Memory-bound: read the input, write the output (backward: read the output's
-            // gradient and what was saved, write the input's). Normalisations read twice
-            // (statistics, then normalise) and reduce their weights' gradients; dropout
-            // writes (reads back) a one-byte mask; pooling reads a window (2x2) per output.
-            let (passes, kernels) = match (kind, forward) {
-                (k, true) if k.is_normalisation() => {
-                    (3.0, if k == LayerKind::BatchNorm { 2 } else { 1 })
-                }
-                (k, false) if k.is_normalisation() => (4.0, 2),
-                (LayerKind::Dropout | LayerKind::DropPath, _) => (2.0 + 1.0 / element, 1),
-                (
-                    LayerKind::MaxPool
-                    | LayerKind::AvgPool
-                    | LayerKind::AdaptiveAvgPool
-                    | LayerKind::AdaptiveMaxPool,
-                    _,
-                ) => (5.0, 1),
-                (_, true) => (2.0, 1),
-                (_, false) => (3.0, 1),
-            };
-            if !forward && !input_grad && trains == 0.0 {
-                return;
-            }
-            let per = passes / kernels as f64;
-            let mut kernel = elementwise(output, per * output * element, max_warps);
-            if let Some(f) = given_flops {
-                kernel.flops = f * micro / split / kernels as f64;
-            }
-            t.run(kernel, kernels);
+        if trains > 0.0 {
+            let mut wgrad = scaled(gemm(k, n, m, element, unit, sms), per_sample);
+            wgrad.flops *= trains;
+            t.run(wgrad, 1);
+            // The bias gradient: a reduction over the output.
+            t.run(elementwise(output, output * element, max_warps), 1);
         }
     }
+    if adapted {
+        // LoRA: x @ A, then @ B, scaled and added (forward); their gradients and the
+        // input's through them (backward). Small GEMMs: dispatch-bound.
+        let rank = job.setup().lora.as_ref().map_or(8.0, |l| l.rank as f64);
+        let a = gemm(m, rank, k, element, unit, sms);
+        let b = gemm(m, n, rank, element, unit, sms);
+        let add = elementwise(m * n, 3.0 * m * n * element, max_warps);
+        if forward {
+            t.run(a, 1);
+            t.run(b, 1);
+            t.run(add, 2);
+        } else {
+            t.run(b, 2);
+            t.run(a, 2);
+            t.run(add, 1);
+        }
+    }
+}
+
+/// An attention layer: one fused kernel, or the eager path's GEMMs around materialised scores.
+fn attention_kernels(t: &mut Timeline, w: &LayerWork) {
+    let LayerWork {
+        step,
+        i,
+        max_warps,
+        output,
+        forward,
+        ..
+    } = *w;
+    let Step {
+        job,
+        micro,
+        element,
+        ..
+    } = *step;
+    let scaled = |k: Kernel, derived_per_sample: f64| w.scaled(k, derived_per_sample);
+    let AttentionRead::Shaped(shape) = step.attention[i].unwrap_or(AttentionRead::Shaped(None))
+    else {
+        return;
+    };
+    match shape {
+        Some((tokens, width)) => {
+            // Context parallelism splits the queries, tensor parallelism the heads.
+            let p = job.setup().parallelism;
+            let queries = tokens / p.context as f64;
+            let width = width / p.tensor as f64;
+            let per_sample = 4.0 * queries * tokens * width;
+            let tokens = queries;
+            let times = if forward { 1.0 } else { 2.5 };
+            let heads = (width / ATTENTION_HEAD_DIM).max(1.0);
+            let kernel = Kernel {
+                flops: per_sample * micro * times,
+                bytes: 4.0 * tokens * width * micro * element * times,
+                unit: Unit::Matmul,
+                blocks: micro * heads * (tokens / ATTENTION_ROWS_PER_BLOCK).ceil(),
+                warps_per_block: GEMM_SMALL_WARPS,
+                blocks_per_sm: GEMM_BLOCKS_PER_SM,
+            };
+            let eager = job
+                .simulation()
+                .and_then(|s| s.attention.as_deref())
+                .is_some_and(|a| a == "math" || a == "eager");
+            if eager {
+                // Unfused: two batched GEMMs around the materialised scores (heads x
+                // T x T), which scale, mask, softmax and dropout pass over in turn
+                // (forward ~4 kernels of 2-3 passes; backward as many, 3 passes).
+                let scores = heads * tokens * tokens * micro;
+                let mut gemms = kernel;
+                gemms.bytes = scores * element * times;
+                let mut gemms = scaled(gemms, per_sample * times);
+                gemms.flops /= 2.0;
+                t.run(gemms, 2);
+                let passes = if forward { 2.5 } else { 3.0 };
+                t.run(elementwise(scores, passes * scores * element, max_warps), 4);
+            } else {
+                t.run(scaled(kernel, per_sample * times), 1);
+            }
+        }
+        None => {
+            let passes = if forward { 2.0 } else { 3.0 };
+            t.run(elementwise(output, passes * output * element, max_warps), 1);
+        }
+    }
+}
+
+/// An embedding: a gather forward; zeroing and scatter-adding the table's gradient backward.
+fn embedding_kernels(t: &mut Timeline, w: &LayerWork) {
+    let LayerWork {
+        step,
+        max_warps,
+        output,
+        weights,
+        forward,
+        role,
+        ..
+    } = *w;
+    let Step { element, .. } = *step;
+    let LayerRole { trains, .. } = role;
+    if forward {
+        t.run(elementwise(output, 2.0 * output * element, max_warps), 1);
+    } else if trains > 0.0 {
+        // Zero the table's gradient, then scatter-add the rows (sorted indices).
+        t.run(elementwise(weights, weights * element, max_warps), 1);
+        t.run(elementwise(output, 3.0 * output * element, max_warps), 2);
+    }
+}
+
+/// Every other layer: memory-bound passes over its input and output.
+fn memory_bound_kernels(t: &mut Timeline, w: &LayerWork) {
+    let LayerWork {
+        step,
+        layer,
+        given_flops,
+        max_warps,
+        output,
+        forward,
+        role,
+        ..
+    } = *w;
+    let Step {
+        micro,
+        split,
+        element,
+        ..
+    } = *step;
+    let LayerRole {
+        trains, input_grad, ..
+    } = role;
+    let kind = layer.kind;
+    // Memory-bound: read the input, write the output (backward: read the output's
+    // gradient and what was saved, write the input's). Normalisations read twice
+    // (statistics, then normalise) and reduce their weights' gradients; dropout
+    // writes (reads back) a one-byte mask; pooling reads a window (2x2) per output.
+    let (passes, kernels) = match (kind, forward) {
+        (k, true) if k.is_normalisation() => (3.0, if k == LayerKind::BatchNorm { 2 } else { 1 }),
+        (k, false) if k.is_normalisation() => (4.0, 2),
+        (LayerKind::Dropout | LayerKind::DropPath, _) => (2.0 + 1.0 / element, 1),
+        (
+            LayerKind::MaxPool
+            | LayerKind::AvgPool
+            | LayerKind::AdaptiveAvgPool
+            | LayerKind::AdaptiveMaxPool,
+            _,
+        ) => (5.0, 1),
+        (_, true) => (2.0, 1),
+        (_, false) => (3.0, 1),
+    };
+    if !forward && !input_grad && trains == 0.0 {
+        return;
+    }
+    let per = passes / kernels as f64;
+    let mut kernel = elementwise(output, per * output * element, max_warps);
+    if let Some(f) = given_flops {
+        kernel.flops = f * micro / split / kernels as f64;
+    }
+    t.run(kernel, kernels);
 }
 
 /// The optimizer's kernels over the trainable parameters of one GPU.
