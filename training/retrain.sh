@@ -41,4 +41,4 @@ export PYTHONPATH="training${PYTHONPATH:+:$PYTHONPATH}"
 # 3. Grouped-CV comparison with FakeTensor, Horus, first principles and GPUMemNet.
 "$PYTHON" -m gpucast_training evaluate "$@" > /dev/null
 # The feature tests are stdlib-only; run them with the pipeline's interpreter as a final check.
-"$PYTHON" -m unittest discover -s training/tests
+"$PYTHON" -m unittest discover -s training/tests -t training

@@ -4,7 +4,7 @@
 it) leaves about 1 - c of each kind's measured peaks above the bound at confidence c. A bound
 too wide fails here as one too narrow does (issue 33's targets).
 
-Run from the repository root:  python3 -m unittest discover -s training/tests
+Run from the repository root:  python3 -m unittest discover -s training/tests -t training
 """
 
 import hashlib

@@ -5,9 +5,9 @@ figure, bound, far) that the service's rule (src/estimators/combine.rs) is check
 a change to either side that the other does not make fails one of the two tests. After a
 deliberate change of the rule on both sides, rewrite the file with
 
-    python3 training/tests/test_combine.py --write
+    cd training && python3 -m tests.test_combine --write
 
-Run from the repository root:  python3 -m unittest discover -s training/tests
+Run from the repository root:  python3 -m unittest discover -s training/tests -t training
 """
 
 import ast
@@ -17,10 +17,10 @@ import os
 import sys
 import unittest
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(REPO, "training"))
+from gpucast_training import combine as cb
 
-from gpucast_training import combine as cb  # noqa: E402
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 
 GOLDEN = os.path.join(REPO, "training", "tests", "golden", "combine.json")
 
@@ -146,7 +146,7 @@ def golden():
         "bound figure x exp(learned_log_ratio x widen); far, simulated_mib with the bound "
         "figure x exp(simulated_log_ratio x widen), capped at capacity_mib (not below the figure) "
         "when runs_on_card; then figure = max(figure, floor_mib) and bound = max(bound, figure). "
-        "Written by python3 training/tests/test_combine.py --write.",
+        "Written by cd training && python3 -m tests.test_combine --write.",
         "near": cb.NEAR,
         "far": cb.FAR,
         "max_widen": cb.MAX_WIDEN,

@@ -1,19 +1,17 @@
 """The decisions evaluation's own rules: the conformal quantiles, the audit and the like-with-like
 figures (stdlib).
 
-Run from the repository root:  python3 -m unittest discover -s training/tests
+Run from the repository root:  python3 -m unittest discover -s training/tests -t training
 """
 
 import json
 import math
 import os
-import sys
 import unittest
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(REPO, "training"))
+from gpucast_training import decisions
 
-from gpucast_training import decisions  # noqa: E402
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def answer(estimate, bound, known, context, uncertain, cache, parameters):

@@ -1,18 +1,17 @@
 """Feature extraction vs the golden fixture shared with the Rust service (stdlib only).
 
-Run from the repository root:  python3 -m unittest discover -s training/tests
+Run from the repository root:  python3 -m unittest discover -s training/tests -t training
 """
 
 import json
 import math
 import os
-import sys
 import unittest
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(REPO, "training"))
+from gpucast_training import features as gf
 
-from gpucast_training import features as gf  # noqa: E402
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 
 GOLDEN = os.path.join(REPO, "tests", "fixtures", "golden_features.json")
 MANIFEST = os.path.join(REPO, "models", "manifest.json")

@@ -1,15 +1,12 @@
 """label_audit on readings taken from timm_a100_train.csv (stdlib only).
 
-Run from the repository root:  python3 -m unittest discover -s training/tests
+Run from the repository root:  python3 -m unittest discover -s training/tests -t training
 """
 
-import os
-import sys
 import unittest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from gpucast_training import label_audit as la  # noqa: E402
+from gpucast_training import label_audit as la
 
 
 def rows(model, readings):

@@ -1,20 +1,19 @@
 """The training package's paths and shared constants (stdlib only).
 
-Run from the repository root:  python3 -m unittest discover -s training/tests
+Run from the repository root:  python3 -m unittest discover -s training/tests -t training
 """
 
 import json
 import os
-import sys
 import tempfile
 import unittest
 from unittest import mock
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(REPO, "training"))
+from gpucast_training import constants
+from gpucast_training import data
 
-from gpucast_training import constants  # noqa: E402
-from gpucast_training import data  # noqa: E402
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 
 ENV = ("GPUCAST_DATA_DIR", "GPUCAST_OUT_DIR", "GPUCAST_MLP_CSV", "GPUCAST_TIMM_CSV", "GPUCAST_PUBLIC_CSV")
 

@@ -1,17 +1,15 @@
 """data/perf: the roofline model's measured rows (stdlib only).
 
-Run from the repository root:  python3 -m unittest discover -s training/tests
+Run from the repository root:  python3 -m unittest discover -s training/tests -t training
 """
 
 import json
 import os
-import sys
 import unittest
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(REPO, "training"))
+from gpucast_training import data, perf_data
 
-from gpucast_training import data, perf_data  # noqa: E402
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 class PerfDataTest(unittest.TestCase):

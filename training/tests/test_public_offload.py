@@ -1,19 +1,18 @@
 """The offload rows' rules (stdlib): each reads only a row that still says what it read, and
 builds a job from a committed config.
 
-Run from the repository root:  python3 -m unittest discover -s training/tests
+Run from the repository root:  python3 -m unittest discover -s training/tests -t training
 """
 
 import csv
 import os
-import sys
 import tempfile
 import unittest
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(REPO, "training"))
+from gpucast_training import public_offload
 
-from gpucast_training import public_offload  # noqa: E402
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 
 COLUMNS = [
     "source_url_or_repo_path",

@@ -2,7 +2,7 @@
 public_training_memory.csv, and the committed data/public/setup_jobs.jsonl.gz checked against
 the CSV (every row emitted or left out with a reason). Standard library only.
 
-Run from the repository root:  python3 -m unittest discover -s training/tests
+Run from the repository root:  python3 -m unittest discover -s training/tests -t training
 """
 
 import csv
@@ -10,13 +10,11 @@ import gzip
 import hashlib
 import json
 import os
-import sys
 import unittest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from gpucast_training import public_setups as ps  # noqa: E402
-from gpucast_training.data import PUBLIC_CSV, REPO, default_data_dir  # noqa: E402
+from gpucast_training import public_setups as ps
+from gpucast_training.data import PUBLIC_CSV, REPO, default_data_dir
 
 CSV_PATH = os.environ.get("GPUCAST_PUBLIC_CSV") or os.path.join(default_data_dir(), PUBLIC_CSV)
 JOBS = os.path.join(REPO, *ps.OUT_JOBS)

@@ -1,17 +1,16 @@
 """The setup-simulations stage's pure parts (stdlib): its case list, the requests it sends, the
 delta arithmetic and the tables, without torch or the gpucast binary.
 
-Run from the repository root:  python3 -m unittest discover -s training/tests
+Run from the repository root:  python3 -m unittest discover -s training/tests -t training
 """
 
 import os
-import sys
 import unittest
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(REPO, "training"))
+from gpucast_training import setup_simulations as ss
 
-from gpucast_training import setup_simulations as ss  # noqa: E402
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 
 MIB = 1024 * 1024
 

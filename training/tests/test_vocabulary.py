@@ -3,13 +3,11 @@ output of `gpucast layer-kinds`): features computed here must count what the ser
 
 import json
 import os
-import sys
 import unittest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "training"))
+from gpucast_training import features as gf
 
-from gpucast_training import features as gf  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 class VocabularyTest(unittest.TestCase):
