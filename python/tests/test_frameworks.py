@@ -128,6 +128,31 @@ class HuggingFaceTest(unittest.TestCase):
         self.assertEqual(job["parallelism"], {"world_size": 1})
         self.assertGreater(self.client.estimate(job).memory.estimate_mib, 0)
 
+    def test_fsdp_plugin_is_sent_as_the_fsdp_field(self) -> None:
+        from types import SimpleNamespace
+
+        trainer = hf_trainer(tiny_llama(), self.tmp.name)
+        # accelerate's FSDP plugin as a launched Trainer holds it (no process group here).
+        plugin = SimpleNamespace(
+            sharding_strategy=SimpleNamespace(name="SHARD_GRAD_OP"),
+            cpu_offload=SimpleNamespace(offload_params=False),
+            activation_checkpointing=True,
+        )
+        launched = SimpleNamespace(
+            model=trainer.model,
+            args=trainer.args,
+            accelerator=SimpleNamespace(state=SimpleNamespace(fsdp_plugin=plugin)),
+        )
+        job = gpucast.from_trainer(launched, seq_len=SEQ_LEN, gpu="h100-80gb")
+        self.assertEqual(
+            job["fsdp"],
+            {"sharding_strategy": "SHARD_GRAD_OP", "offload_params": False, "activation_checkpointing": True},
+        )
+        self.assertEqual(job["parallelism"], {"world_size": 1})
+        answer = self.client.estimate(job)
+        self.assertEqual(answer.setup.get("activation_checkpointing"), "full")
+        self.assertEqual(answer.setup["parallelism"]["strategy"], "zero2")
+
     def test_callback_posts_an_observation(self) -> None:
         model = tiny_llama()
         probe = hf_trainer(model, self.tmp.name)

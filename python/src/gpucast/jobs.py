@@ -44,11 +44,38 @@ def from_trainer(
     """The job of a Hugging Face `Trainer` (or TRL trainer), to estimate before `train()`.
 
     Reads the model's config (`transformer_config`), the training arguments, the PEFT adapter,
-    the DeepSpeed config and how the weights were loaded (`load`). `seq_len` (tokens per sample)
+    the DeepSpeed config, accelerate's FSDP plugin (`fsdp`) and how the weights were loaded
+    (`load`). `seq_len` (tokens per sample)
     defaults to the arguments' `max_seq_length` / `max_length`; `gpu` to this host's first CUDA
     device. Other keyword arguments are job fields that override what was read.
     """
+    fsdp = fsdp_options(getattr(getattr(getattr(trainer, "accelerator", None), "state", None), "fsdp_plugin", None))
+    if fsdp is not None:
+        fields = {"fsdp": fsdp, **fields}
     return job_from_hf(trainer.model, trainer.args, seq_len=seq_len, gpu=gpu, **fields)
+
+
+def fsdp_options(plugin: Any) -> dict[str, Any] | None:
+    """accelerate's `FullyShardedDataParallelPlugin` as the service's `fsdp` field (its
+    `fsdp_config` keys): the sharding strategy (FSDP2: `reshard_after_forward`), parameter
+    offload and activation checkpointing."""
+    if plugin is None:
+        return None
+    options: dict[str, Any] = {}
+    strategy = getattr(plugin, "sharding_strategy", None)
+    if strategy is not None:
+        options["sharding_strategy"] = getattr(strategy, "name", None) or jsonable(strategy)
+    reshard = getattr(plugin, "reshard_after_forward", None)
+    if isinstance(reshard, bool):
+        options["reshard_after_forward"] = reshard
+    offload = getattr(plugin, "cpu_offload", None)
+    offload = getattr(offload, "offload_params", offload)
+    if isinstance(offload, bool):
+        options["offload_params"] = offload
+    checkpointing = getattr(plugin, "activation_checkpointing", None)
+    if isinstance(checkpointing, bool):
+        options["activation_checkpointing"] = checkpointing
+    return options
 
 
 def job_from_hf(model: Any, args: Any, *, seq_len: int | None = None, gpu: Any = None, **fields: Any) -> dict[str, Any]:
@@ -62,7 +89,7 @@ def job_from_hf(model: Any, args: Any, *, seq_len: int | None = None, gpu: Any =
     if deepspeed is not None:
         job["deepspeed"] = deepspeed
         training_arguments.pop("deepspeed", None)
-    if deepspeed is not None or training_arguments.get("fsdp"):
+    if deepspeed is not None or training_arguments.get("fsdp") or "fsdp" in fields:
         # The service shards by the data-parallel degree, which the config does not hold.
         job["parallelism"] = {"world_size": int(getattr(args, "world_size", 1) or 1)}
     if seq_len is None:
