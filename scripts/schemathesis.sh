@@ -27,7 +27,7 @@ TOOLS="$(scripts/tools-venv.sh)"
 DATA="$(mktemp -d)"
 TOKEN="schemathesis-$RANDOM$RANDOM"
 PORT="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
-"$BINARY" serve --listen "127.0.0.1:$PORT" --no-nvml --data-dir "$DATA" --models "$ROOT/models" \
+"$BINARY" serve --listen "127.0.0.1:$PORT" --no-nvml --admission --data-dir "$DATA" --models "$ROOT/models" \
     --token "$TOKEN" >"$DATA/serve.log" 2>&1 &
 SERVER=$!
 stop() {

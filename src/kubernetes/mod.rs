@@ -147,6 +147,15 @@ pub fn admit(
         )));
     }
     let request = review.request;
+    if request
+        .object
+        .as_ref()
+        .is_some_and(|o| !o.is_object() && !o.is_null())
+    {
+        return Err(ApiError::InvalidInput(
+            "request.object: expected the object under review (a JSON object)".into(),
+        ));
+    }
     let uid_chars = request.uid.chars().count();
     if uid_chars == 0 || uid_chars > MAX_UID_CHARS {
         return Err(ApiError::InvalidInput(format!(

@@ -33,8 +33,10 @@ pub const MAX_UID_CHARS: usize = 128;
 pub struct AdmissionReviewRequest {
     /// `admission.k8s.io/v1`.
     #[serde(rename = "apiVersion")]
+    #[schema(pattern = "^admission\\.k8s\\.io/v1$")]
     pub api_version: String,
     /// `AdmissionReview`.
+    #[schema(pattern = "^AdmissionReview$")]
     pub kind: String,
     pub request: AdmissionRequest,
 }
@@ -43,6 +45,7 @@ pub struct AdmissionReviewRequest {
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct AdmissionRequest {
     /// Echoed in the answer.
+    #[schema(min_length = 1, max_length = 128)]
     pub uid: String,
     /// The kind of `object`: a Pod (`v1`), a Job (`batch/v1`) or a PyTorchJob
     /// (`kubeflow.org/v1`) is read; any other is allowed unchanged.
@@ -55,9 +58,9 @@ pub struct AdmissionRequest {
     pub namespace: Option<String>,
     #[serde(default)]
     pub name: Option<String>,
-    /// The object as it would be stored.
+    /// The object as it would be stored (null on a DELETE).
     #[serde(default)]
-    #[schema(value_type = Object)]
+    #[schema(value_type = Option<Object>)]
     pub object: Option<serde_json::Value>,
 }
 

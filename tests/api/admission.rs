@@ -442,6 +442,11 @@ async fn a_malformed_job_annotation_is_denied_with_the_validation_message() {
         )
         .await;
     assert_eq!(response.status(), 422);
+    // An object under review that is not an object (schemathesis sent a list).
+    let response = app
+        .post_json(ROUTE, &review(("", "v1", "Pod"), json!([null, null])))
+        .await;
+    assert_eq!(response.status(), 422);
 }
 
 #[tokio::test]
