@@ -27,13 +27,11 @@ import gzip
 import json
 import re
 import os
-import socket
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.error
-import urllib.request
+
+from harness import Server, call_json, free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHUNK = 40
@@ -113,38 +111,17 @@ def answers(binary, batches):
 def answers_alone(binary, items):
     """Every item's answer (or problem) from `binary` serving on loopback, one request each: what
     a caller that sends one job at a time gets."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     with tempfile.TemporaryDirectory(prefix="gpucast-alone-") as store:
-        service = subprocess.Popen(
-            [binary, "serve", "--listen", f"127.0.0.1:{port}", "--no-nvml", "--data-dir", store],
-            cwd=ROOT,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        service = Server(binary, port, data_dir=store)
         try:
-            for _ in range(600):
-                try:
-                    urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1)
-                    break
-                except Exception:
-                    time.sleep(0.1)
             out = []
             for item in items:
-                request = urllib.request.Request(
-                    f"http://127.0.0.1:{port}/v1/estimate",
-                    data=json.dumps(item).encode(),
-                    headers={"content-type": "application/json"},
-                )
-                try:
-                    out.append({"estimate": json.load(urllib.request.urlopen(request, timeout=60))})
-                except urllib.error.HTTPError as e:
-                    out.append({"error": json.load(e)})
+                status, answer = call_json(port, "POST", "/v1/estimate", item)
+                out.append({"estimate": answer} if status == 200 else {"error": answer})
             return out
         finally:
-            service.terminate()
-            service.wait(timeout=60)
+            service.stop()
 
 
 def without_latency(value):

@@ -26,12 +26,13 @@ import gzip
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
+
+from harness import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -52,12 +53,6 @@ def commit():
         return sha + ("+" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_ready(port, path):

@@ -33,7 +33,8 @@ import tempfile
 import threading
 import time
 
-from adversarial import Server, free_port, maximal_batch
+from adversarial import maximal_batch
+from harness import Server, free_port
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 _spec = importlib.util.spec_from_file_location("request_cpu", os.path.join(HERE, "request-cpu.py"))

@@ -37,7 +37,7 @@ import sys
 import tempfile
 import time
 
-from adversarial import Server, call_json, free_port
+from harness import Server, call_json, free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TICKS = os.sysconf("SC_CLK_TCK")

@@ -20,7 +20,8 @@ import statistics
 import tempfile
 import time
 
-from adversarial import Server, call_json, example_job, free_port
+from adversarial import example_job
+from harness import Server, call_json, free_port
 
 CARDS = ["a100-40gb", "a100-80gb", "h100-sxm", "l40s"]
 
