@@ -16,6 +16,7 @@ pub mod kubernetes;
 pub mod metrics;
 pub mod parsers;
 pub mod physics;
+pub mod placement;
 pub mod shutdown;
 pub mod startup;
 pub mod telemetry;

@@ -12,7 +12,6 @@ use crate::api::types::{
     PerformanceBoundName, PerformanceResponse, PerformanceSourceName, SetupResponse,
     UncertaintyResponse, UtilizationResponse,
 };
-use crate::calibration::placement::{FitBasis, Placement};
 use crate::calibration::step_time::HostFit;
 use crate::estimators::{ClassAnswer, Estimate};
 use crate::job::setup::Trainable;
@@ -22,6 +21,7 @@ use crate::physics::perf::{self, Bound, Roofline};
 use crate::physics::step;
 use crate::physics::uncertainty::PeakDistribution;
 use crate::physics::{Breakdown, BreakdownSource, Physics};
+use crate::placement::{FitBasis, Placement};
 
 pub fn performance_response(r: &Roofline, host: Option<&HostFit>) -> PerformanceResponse {
     PerformanceResponse {

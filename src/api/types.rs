@@ -440,9 +440,9 @@ pub struct CustomGpuRequest {
 }
 
 impl GpuRequest {
-    /// What the request asks for, for [`crate::calibration::placement::Target::resolve`].
-    pub fn ask(&self) -> crate::calibration::placement::GpuAsk<'_> {
-        use crate::calibration::placement::GpuAsk;
+    /// What the request asks for, for [`crate::placement::Target::resolve`].
+    pub fn ask(&self) -> crate::placement::GpuAsk<'_> {
+        use crate::placement::GpuAsk;
         match self {
             GpuRequest::Name(name) => GpuAsk::Name(name),
             GpuRequest::Custom(custom) => GpuAsk::Custom {

@@ -1,5 +1,5 @@
-//! What the service learns per GPU from the peaks of jobs that really ran there, and how an
-//! estimate is placed on a GPU.
+//! What the service learns per GPU from the peaks of jobs that really ran there (placing an
+//! estimate on a GPU with it is [`crate::placement`]'s).
 //!
 //! - [`profile`]: one GPU's calibration profile (offset, scale, residual quantiles) and how it
 //!   moves an estimate.
@@ -14,15 +14,12 @@
 //! - [`step_time`]: the host's cost per op fitted to observed step times, the one roofline
 //!   constant that belongs to the environment.
 //! - [`label`]: the environment label.
-//! - [`placement`]: the GPU an answer is for, its profile applied, whether and how many copies
-//!   of the job fit there.
 
 pub mod db;
 pub mod environment;
 pub mod export;
 pub mod fit;
 pub mod label;
-pub mod placement;
 pub mod profile;
 pub mod step_time;
 pub mod store;

@@ -9,7 +9,6 @@ use crate::api::answer::{performance_response, round_1, round_to, setup_response
 use crate::api::types::{
     EstimateResponse, GpuRankResponse, SetupResponse, UtilizationResponse, UtilizationSourceName,
 };
-use crate::calibration::placement::{self, place, Candidate, Target, REFERENCE_SKU};
 use crate::calibration::step_time::HostFit;
 use crate::calibration::store::ProfileSnapshot;
 use crate::engine::validate::ValidEstimateRequest;
@@ -19,6 +18,7 @@ use crate::estimators::manifest::EstimatorKind;
 use crate::estimators::{Estimate, EstimateError, Query};
 use crate::job::{Confidence, Job, MemoryFraction};
 use crate::physics::perf::{self, Roofline};
+use crate::placement::{self, place, Candidate, Target, REFERENCE_SKU};
 
 /// The utilization metrics answered, each a fraction or null with a reason.
 const UTILIZATION_TARGETS: [&str; 3] = ["smact", "smocc", "drama"];

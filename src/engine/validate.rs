@@ -6,7 +6,6 @@
 use crate::api::types::{
     EstimateRequest, FromFileResponse, GpuChoice, GpuRequest, NamesRequest, SummaryFormatRequest,
 };
-use crate::calibration::placement::{PlacementError, Target};
 use crate::devices::sku::Catalogue;
 use crate::devices::GpuDevices;
 use crate::engine::files;
@@ -23,6 +22,7 @@ use crate::job::{Alternative, Assumption, LayerDetail, UncheckedSetup};
 use crate::parsers::transformer;
 use crate::parsers::{parse_summary, SampleShape, SummaryFormat};
 use crate::physics::saved;
+use crate::placement::{PlacementError, Target};
 
 /// Said back when a summary's saved tensors were derived rather than traced.
 pub const DERIVED_SAVED_TENSORS_WARNING: &str = "saved_tensors: derived from the summary's \

@@ -17,8 +17,6 @@ use crate::api::types::{
 };
 use crate::calibration::db::{NewObservation, Source};
 use crate::calibration::environment::CONTEXT_RANGE_MIB;
-use crate::calibration::placement::Target;
-use crate::calibration::placement::MAX_CUSTOM_PROFILES;
 use crate::calibration::profile::{CalibrationProfile, ProfileError};
 use crate::calibration::step_time;
 use crate::calibration::store::Update;
@@ -31,6 +29,8 @@ use crate::http::auth::require_write_access;
 use crate::http::extract::{JsonBody, JsonObjectOrArray};
 use crate::http::idempotency::{self, Claim};
 use crate::http::AppState;
+use crate::placement::Target;
+use crate::placement::MAX_CUSTOM_PROFILES;
 
 /// Observations accepted in one call.
 const MAX_OBSERVATIONS: usize = 1000;

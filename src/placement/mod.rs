@@ -1,0 +1,134 @@
+//! Where a job is to run, beside the engine that answers it: the GPU a request names, that
+//! GPU's calibration profile applied to the answer, whether (and how many copies of) the job
+//! fits there, and the order in which to offer the cards of a list.
+//!
+//! - [`target`]: the card a request asks about, resolved in the catalogue, on the host or
+//!   described by the request.
+//! - [`fit`]: whether a job fits a card and how many copies of it do.
+//! - [`rank`]: the order of a list's cards.
+//! - here: [`place`], the answer moved onto a card by its profile, held to physics, and the
+//!   decision read from the peak's distribution.
+
+mod fit;
+mod rank;
+mod target;
+
+pub use fit::{copies_within, fit, Fit, FitBasis};
+pub use rank::{rank, Candidate};
+pub use target::{
+    GpuAsk, PlacementError, Target, MAX_CUSTOM_CAPACITY_MIB, MAX_CUSTOM_NAME_CHARS,
+    MAX_CUSTOM_PROFILES, REFERENCE_SKU,
+};
+
+use crate::calibration::store::ProfileSnapshot;
+use crate::estimators::MibAnswer;
+use crate::job::MemoryFraction;
+use crate::physics::uncertainty::PeakDistribution;
+use crate::physics::Physics;
+
+/// An estimate moved onto a target GPU.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Placement {
+    pub target: Target,
+    pub estimate_mib: f64,
+    pub upper_bound_mib: f64,
+    /// True when the figure was raised to the physics floor (before or after calibration).
+    pub floored: bool,
+    /// Observations behind the profile used; `None` when the GPU has no profile yet.
+    pub profile_observations: Option<u64>,
+    /// The environment whose profile was used; `None` for the GPU's own (or none).
+    pub profile_environment: Option<String>,
+    pub fit: Fit,
+    pub fit_basis: FitBasis,
+    /// The distribution of the peak the bound and the decision were read from.
+    pub peak: PeakDistribution,
+}
+
+/// Applies the target's calibration profile (if it has one: the profile of the GPU in
+/// `environment`, else the GPU's own), holds the result to physics (a profile is learning
+/// too), and checks the fit against the target's capacity. An environment's profile with an
+/// environment fit applies it to physics' breakdown of the answered figure at `confidence`
+/// ([`ProfileSnapshot::calibrate_breakdown`]); the GPU's own profile applies its line.
+// Each argument is a distinct input of the decision; a struct would only rename them.
+#[allow(clippy::too_many_arguments)]
+pub fn place(
+    answer: &MibAnswer,
+    target: Target,
+    environment: Option<&str>,
+    profiles: &ProfileSnapshot,
+    physics: &Physics,
+    distribution: &PeakDistribution,
+    fraction: Option<MemoryFraction>,
+    confidence: f64,
+) -> Placement {
+    let calibrated = profiles.calibrate_breakdown(
+        &target.gpu,
+        environment,
+        answer.estimate_mib,
+        Some(answer.upper_bound_mib),
+        &physics.breakdown(answer.estimate_mib),
+        confidence,
+    );
+    let (estimate_mib, upper_bound_mib, profile_observations) = match &calibrated {
+        Some(c) => (c.estimate_mib, c.upper_bound_mib, Some(c.observations)),
+        None => (answer.estimate_mib, answer.upper_bound_mib, None),
+    };
+    // An environment's fitted context replaces physics' own in the floor: a smaller context
+    // (lazy loading, a newer driver) lowers what the job can need.
+    let floor = match calibrated.as_ref().and_then(|c| c.cuda_context_mib) {
+        Some(context) => physics.floor_with_context_mib(context),
+        None => physics.floor_mib(),
+    };
+    let settled = physics.settle_above(floor, estimate_mib, upper_bound_mib);
+    // The distribution the decision reads: the answer's, or around a calibrated figure with
+    // the spread the profile's bound implies (observations narrow or widen it).
+    let mut peak = *distribution;
+    if calibrated.is_some() {
+        peak = physics.distribution(distribution.group, confidence, settled.estimate_mib, 1.0);
+        peak.scale = distribution.scale;
+        peak.assumed_log_range = distribution.assumed_log_range;
+        peak.fit_bound(confidence, settled.upper_bound_mib);
+    }
+    let (mut fit, fit_basis) = fit(
+        target.capacity_mib,
+        settled.upper_bound_mib,
+        physics,
+        fraction,
+    );
+    // `fits` is the decision at the confidence: the probability of running out of memory on
+    // the card (within the cap of a memory fraction) at most 1 - confidence.
+    let room = match fraction {
+        Some(f) => {
+            let capacity = target.capacity_mib as f64;
+            (f.get() * capacity).min(capacity - physics.parts.cuda_context)
+                + physics.parts.cuda_context
+        }
+        None => target.capacity_mib as f64,
+    };
+    let oom_probability = peak.oom_probability(room);
+    fit.oom_probability = oom_probability;
+    fit.fits = oom_probability <= 1.0 - confidence + DECISION_TOLERANCE;
+    fit.max_colocated = if fit.fits {
+        fit.max_colocated.max(1)
+    } else {
+        0
+    };
+    Placement {
+        target,
+        estimate_mib: settled.estimate_mib,
+        upper_bound_mib: settled.upper_bound_mib,
+        floored: answer.floored || settled.floored,
+        profile_observations,
+        profile_environment: calibrated.and_then(|c| c.environment),
+        fit,
+        fit_basis,
+        peak,
+    }
+}
+
+/// Rounding room in comparing a probability with 1 - confidence: a bound read at the
+/// confidence and a capacity equal to it are a fit.
+const DECISION_TOLERANCE: f64 = 1e-9;
+
+#[cfg(test)]
+mod tests;
