@@ -96,9 +96,22 @@ def raw_aggregate(jobs, gpucast=None):
     return [f["aggregate"] for f in features(jobs, gpucast)]
 
 
-def raw_tokens(jobs, gpucast=None):
-    """Each job's raw per-layer token features, one list per layer in TOKEN_FEATURES order."""
-    return [f["tokens"] for f in features(jobs, gpucast)]
+def raw_tokens(jobs, names, gpucast=None):
+    """Each job's raw per-layer token features, one list per layer with the columns `names`."""
+    out = []
+    for f in features(jobs, gpucast):
+        columns = [f["token_features"].index(name) for name in names]
+        out.append([[token[c] for c in columns] for token in f["tokens"]])
+    return out
+
+
+def canonical(jobs, gpucast=None):
+    """Copies of the jobs with each layer's kind as the service reads it (its canonical name)."""
+    out = []
+    for job, f in zip(jobs, features(jobs, gpucast)):
+        layers = [dict(layer, kind=kind) for layer, kind in zip(job["layers"], f["kinds"])]
+        out.append(dict(job, layers=layers))
+    return out
 
 
 def kind_ids(jobs, kind_vocab, gpucast=None):
