@@ -6,7 +6,7 @@ Standard library only (the MLP CSV's layer kinds are read by the built gpucast: 
   `<repository root>/../shared/data`; one file can be named on its own (`--mlp-csv` /
   `$GPUCAST_MLP_CSV`, `--timm-csv` / `$GPUCAST_TIMM_CSV`, `--public-csv` / `$GPUCAST_PUBLIC_CSV`).
 - Outputs: under `--out-dir`, else `$GPUCAST_OUT_DIR`, else the repository root, at the paths
-  the repository has them (models/, data/mlp/, data/timm/, tests/fixtures/, docs/reports/training-*.md).
+  the repository has them (models/, data/mlp/, data/timm/, docs/reports/training-*.md).
 - Project files a stage reads (committed inputs such as data/timm/descriptions.jsonl.gz, and
   what an earlier stage wrote, such as models/manifest.json): from the output directory when
   it has them, else from the repository. A stage run alone into an empty directory thus
