@@ -49,7 +49,7 @@ scripts/schemathesis.sh
 # loopback port): its own venv without torch (.venv-client), then the trainer and callback tests
 # in describe's venv (scripts/client-test.sh).
 scripts/client-test.sh
-python3 -m unittest discover -s training/tests -t training -v
+GPUCAST_BINARY="$PWD/target/debug/gpucast" python3 -m unittest discover -s training/tests -t training -v
 python3 -m unittest discover -s probe/tests -t . -v
 DESCRIBE_PYTHON="$(scripts/describe-venv.sh)"
 (cd describe && "$DESCRIBE_PYTHON" -m unittest discover -s tests -v)

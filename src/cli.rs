@@ -1,7 +1,8 @@
 //! `gpucast estimate FILE|-`: a job description answered from the command line with the
 //! committed models, no server. The same code path as `POST /v1/estimate` (validation, the
 //! estimators, the answer) and the same JSON; `--batch` answers as `POST /v1/estimate/batch`;
-//! bad input exits with status 2 and the problem JSON the API would return.
+//! bad input exits with status 2 and the problem JSON the API would return. `gpucast features`
+//! prints what the estimators read of the same jobs, for the training pipeline.
 
 use std::io::{Read, Write};
 use std::sync::Arc;
@@ -13,12 +14,16 @@ use crate::api::parse::{parse_estimate, parse_json};
 use crate::api::types::{BatchRequest, BatchResponse};
 use crate::calibration::db;
 use crate::calibration::store::{ProfileStore, DEFAULT_RETENTION};
-use crate::config::{located, EstimateArgs, OutputFormat};
+use crate::config::{located, EstimateArgs, FeaturesArgs, OutputFormat};
 use crate::devices::sku::Catalogue;
 use crate::devices::NoDevices;
-use crate::engine::Engine;
+use crate::engine::cost::Cost;
+use crate::engine::validate::to_job;
+use crate::engine::{parse_items, Engine};
 use crate::error::ApiError;
+use crate::estimators::features::{raw_token_feature, AggregateFeatures, TOKEN_FEATURES};
 use crate::estimators::Estimators;
+use crate::job::Job;
 use crate::metrics::Metrics;
 use crate::physics::uncertainty::{self, Calibration};
 
@@ -221,6 +226,95 @@ fn setup_fields(flags: &crate::config::JobFlags) -> serde_json::Map<String, Valu
     set("gpu", flags.gpu.clone().map(Value::from));
     set("confidence", flags.confidence.map(Value::from));
     fields
+}
+
+/// `gpucast features [--batch] FILE|-`: what the estimators read of each job, read as the
+/// estimate routes read it (the same limits, parsing, pricing and validation, the same
+/// problem JSON for a bad item), with no models loaded. The training pipeline learns from this
+/// output (training/gpucast_training/service.py) instead of restating the features.
+pub fn features(args: &FeaturesArgs) -> i32 {
+    let bytes = match read_input(&args.file, args.max_body_bytes) {
+        Ok(bytes) => bytes,
+        Err(e) => {
+            eprintln!("gpucast features: {}: {e}", args.file);
+            return FAILED;
+        }
+    };
+    if args.batch {
+        let parsed = batch_items(&bytes, crate::config::DEFAULT_MAX_BATCH_ITEMS)
+            .and_then(|items| parse_items(items, args.max_request_cost));
+        let parsed = match parsed {
+            Ok(parsed) => parsed,
+            Err(error) => return problem(error),
+        };
+        let items: Vec<Value> = parsed
+            .into_iter()
+            .enumerate()
+            .map(|(index, request)| {
+                let job = request.and_then(|request| {
+                    to_job(&request).map_err(|e| e.within(&format!("items[{index}].")))
+                });
+                match job {
+                    Ok(job) => serde_json::json!({
+                        "index": index,
+                        "status": 200,
+                        "features": job_features(&job),
+                    }),
+                    Err(error) => serde_json::json!({
+                        "index": index,
+                        "status": error.status().as_u16(),
+                        "error": error.problem(),
+                    }),
+                }
+            })
+            .collect();
+        // One compact line: a program reads it, and a batch of models of 900 layers each
+        // pretty-printed runs to tens of megabytes.
+        let value = serde_json::json!({ "items": items });
+        out(&format!(
+            "{}\n",
+            serde_json::to_string(&value).expect("values serialise")
+        ));
+        return 0;
+    }
+    let job = parse_estimate(&bytes, "").and_then(|request| {
+        Cost::of(&request).check(args.max_request_cost, None)?;
+        to_job(&request)
+    });
+    match job {
+        Ok(job) => {
+            print(OutputFormat::Json, &job_features(&job), false);
+            0
+        }
+        Err(error) => problem(error),
+    }
+}
+
+/// One job's features: every aggregate feature by name (the analytic figures among them), the
+/// family, and per layer its canonical kind and raw token features (`token_features` names the
+/// columns). Raw values: a model's normalisation is the manifest's, applied by its reader.
+fn job_features(job: &Job) -> Value {
+    let aggregate: serde_json::Map<String, Value> = AggregateFeatures::of(job)
+        .named()
+        .into_iter()
+        .map(|(name, value)| (name, Value::from(value)))
+        .collect();
+    let kinds: Vec<&str> = job.layers().iter().map(|l| l.kind.as_str()).collect();
+    let tokens: Vec<Vec<f64>> = (0..job.layers().len())
+        .map(|index| {
+            TOKEN_FEATURES
+                .iter()
+                .map(|name| raw_token_feature(job, index, name).expect("a known token feature"))
+                .collect()
+        })
+        .collect();
+    serde_json::json!({
+        "family": job.family().as_str(),
+        "aggregate": aggregate,
+        "kinds": kinds,
+        "token_features": TOKEN_FEATURES,
+        "tokens": tokens,
+    })
 }
 
 /// `gpucast gpus`: the catalogue, as a table for people or the JSON of `GET /v1/gpus`.

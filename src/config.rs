@@ -32,6 +32,10 @@ pub enum Command {
     /// Answer a job description (the JSON of POST /v1/estimate) from the command line with the
     /// committed models, no server; bad input exits 2 with the API's problem JSON.
     Estimate(EstimateArgs),
+    /// Print what the estimators read of each job (the JSON of POST /v1/estimate): the raw
+    /// aggregate features by name, the layers' kinds and token features; what the training
+    /// pipeline learns from, so that it never restates the rules. No models needed.
+    Features(FeaturesArgs),
     /// List the GPU catalogue: the names `--gpu` and requests take.
     Gpus {
         #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
@@ -99,6 +103,25 @@ pub struct EstimateArgs {
     /// given or the directory holds a store; otherwise no profile applies.
     #[command(flatten)]
     pub store: StoreArgs,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct FeaturesArgs {
+    /// The job file (the JSON of POST /v1/estimate), or `-` for standard input.
+    pub file: String,
+
+    /// A batch: `{"items": [...]}` or a JSON array of jobs, one result per item as
+    /// `estimate --batch` answers (an item's error is its problem JSON).
+    #[arg(long)]
+    pub batch: bool,
+
+    /// Largest input read, in bytes: the server's body limit, as `estimate` reads.
+    #[arg(long, env = "GPUCAST_MAX_BODY_BYTES", default_value_t = DEFAULT_MAX_BODY_BYTES)]
+    pub max_body_bytes: usize,
+
+    /// The most work units one job (or a `--batch`, all its jobs) may cost, as `estimate`.
+    #[arg(long, env = "GPUCAST_MAX_REQUEST_COST", default_value_t = DEFAULT_MAX_REQUEST_COST)]
+    pub max_request_cost: u64,
 }
 
 /// The common questions as flags: `gpucast estimate --config config.json --seq-len 2048

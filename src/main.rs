@@ -15,6 +15,7 @@ fn main() -> anyhow::Result<()> {
         // No runtime, no server: the answer and the exit status.
         Command::Estimate(args) => std::process::exit(gpucast::cli::estimate(args)),
         Command::Gpus { format } => std::process::exit(gpucast::cli::gpus(*format)),
+        Command::Features(args) => std::process::exit(gpucast::cli::features(args)),
         _ => {}
     }
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
@@ -55,7 +56,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             eprintln!("gpucast: {written} observations exported");
             Ok(())
         }
-        Command::Estimate(_) | Command::Gpus { .. } => {
+        Command::Estimate(_) | Command::Gpus { .. } | Command::Features(_) => {
             unreachable!("answered before the runtime starts")
         }
         Command::Serve(config) => {

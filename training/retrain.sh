@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Retrain every estimator and rewrite models/, data/mlp/, data/timm/ (derived files),
-# tests/fixtures/golden_features.json, models/manifest.json, docs/reports/training-mlp.md,
+# models/manifest.json, docs/reports/training-mlp.md,
 # docs/reports/training-real.md and docs/reports/training-simulated.md: the stages of the training
 # package, `python -m gpucast_training STAGE` (training/gpucast_training/__main__.py).
 #
@@ -11,6 +11,8 @@
 #   training/retrain.sh --out-dir /tmp/retrained # write the outputs there (same layout) instead
 #
 # Options (--data-dir, --out-dir, --mlp-csv, --timm-csv, --threads, ...) go to every stage.
+# Every feature the stages learn from is the built gpucast's (`gpucast features --batch`): build
+# it first (cargo build --release), or name one with GPUCAST_BINARY.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,10 +26,10 @@ if [[ -z "${PYTHON:-}" ]]; then
 fi
 export PYTHONPATH="training${PYTHONPATH:+:$PYTHONPATH}"
 
-# 1. MLP classifiers and utilization regressors; writes the base manifest and golden fixture.
+# 1. MLP classifiers and utilization regressors; writes the base manifest.
 "$PYTHON" -m gpucast_training mlp "$@"
 # 2. Real-model (timm cnn / transformer) estimators and the MLP memory regressor; merges their
-#    entries into models/manifest.json and their cases into the golden fixture.
+#    entries into models/manifest.json.
 "$PYTHON" -m gpucast_training timm "$@"
 # 2a. The simulated-step regressor (physics first: simulated reserved peak + context, a capped
 #     learned correction near the timm data), its extrapolation domain, the `simulated` block,
@@ -35,10 +37,7 @@ export PYTHONPATH="training${PYTHONPATH:+:$PYTHONPATH}"
 #     Needs the committed simulations: describe/scripts/simulate_timm_training_set.py and
 #     `python -m gpucast_training public-rows` make them again (~40 min and ~5 min on two cores).
 "$PYTHON" -m gpucast_training simulated "$@"
-# 2b. Golden cases with describe's simulation, and the simulation features of every case
-#     (stdlib only; run after every step that writes the golden fixture).
-"$PYTHON" -m gpucast_training golden "$@"
 # 3. Grouped-CV comparison with FakeTensor, Horus, first principles and GPUMemNet.
 "$PYTHON" -m gpucast_training evaluate "$@" > /dev/null
-# The feature tests are stdlib-only; run them with the pipeline's interpreter as a final check.
+# The training tests are stdlib-only; run them with the pipeline's interpreter as a final check.
 "$PYTHON" -m unittest discover -s training/tests -t training

@@ -140,16 +140,7 @@ impl Engine {
         items: Vec<Box<serde_json::value::RawValue>>,
     ) -> Result<(Vec<ValidEstimateRequest>, Vec<Option<ApiError>>), ApiError> {
         let count = items.len();
-        let parsed: Vec<Result<EstimateRequest, ApiError>> = items
-            .into_iter()
-            .enumerate()
-            .map(|(index, item)| parse_estimate(item.get().as_bytes(), &format!("items[{index}]")))
-            .collect();
-        let mut price = cost::Cost::default();
-        for request in parsed.iter().flatten() {
-            price.add(&cost::Cost::of(request));
-        }
-        price.check(self.cost_budget, Some(count))?;
+        let parsed = parse_items(items, self.cost_budget)?;
         let (mut valid, mut errors) = (Vec::with_capacity(count), Vec::with_capacity(count));
         for (index, request) in parsed.into_iter().enumerate() {
             let checked = request.and_then(|request| {
@@ -166,6 +157,27 @@ impl Engine {
         }
         Ok((valid, errors))
     }
+}
+
+/// A batch's items parsed and priced together: above `budget` the batch is refused whole,
+/// before any item is validated; else per item its request or its error (naming its index).
+/// `gpucast features --batch` reads its items as the estimate routes do through this.
+pub fn parse_items(
+    items: Vec<Box<serde_json::value::RawValue>>,
+    budget: u64,
+) -> Result<Vec<Result<EstimateRequest, ApiError>>, ApiError> {
+    let count = items.len();
+    let parsed: Vec<Result<EstimateRequest, ApiError>> = items
+        .into_iter()
+        .enumerate()
+        .map(|(index, item)| parse_estimate(item.get().as_bytes(), &format!("items[{index}]")))
+        .collect();
+    let mut price = cost::Cost::default();
+    for request in parsed.iter().flatten() {
+        price.add(&cost::Cost::of(request));
+    }
+    price.check(budget, Some(count))?;
+    Ok(parsed)
 }
 
 /// A batch's outcomes in order: each item's error (from [`Engine::validate_items`]) or the

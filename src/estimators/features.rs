@@ -1,5 +1,6 @@
-//! Feature extraction, identical to `training/gpucast_training/features.py` (pinned together by
-//! `tests/fixtures/golden_features.json`). docs/design/models.md defines every feature.
+//! Feature extraction: what the estimators read of a job. The training pipeline reads the same
+//! features from `gpucast features --batch` (training/gpucast_training/service.py), so there is
+//! one implementation. docs/design/models.md defines every feature.
 
 use serde::Deserialize;
 
@@ -80,6 +81,45 @@ pub struct AggregateFeatures {
     /// regressors that require one read them, and only simulated jobs reach those).
     simulated: [f64; SIMULATION_FEATURES.len()],
     hidden_activation: LayerKind,
+}
+
+/// The aggregate features that are neither a simulation figure nor an activation's one-hot.
+const MEASURE_FEATURES: [&str; 25] = [
+    "depth",
+    "n_layers",
+    "total_params",
+    "total_activations",
+    "batch_size",
+    "activations_x_batch",
+    "params_x_batch",
+    "max_output_size",
+    "n_batch_norm",
+    "n_dropout",
+    "n_activation",
+    "n_conv",
+    "n_attention",
+    "n_norm",
+    "n_embedding",
+    "input_pixels",
+    "conv_outputs_x_batch",
+    "norm_outputs_x_batch",
+    "activation_outputs_x_batch",
+    "linear_outputs_x_batch",
+    "attention_outputs_x_batch",
+    "other_outputs_x_batch",
+    "first_principles_mib",
+    "traced_first_principles_mib",
+    "horus_mib",
+];
+
+/// Every name [`AggregateFeatures::get`] knows: the measures, the simulation's figures, then
+/// the `act_<name>` one-hots.
+pub fn aggregate_feature_names() -> impl Iterator<Item = String> {
+    MEASURE_FEATURES
+        .into_iter()
+        .chain(SIMULATION_FEATURES)
+        .map(str::to_string)
+        .chain(ONE_HOT_ACTIVATIONS.map(|k| format!("act_{}", k.as_str())))
 }
 
 /// The simulation's figures as features, in this order: allocated, reserved and minimum
@@ -235,6 +275,17 @@ impl AggregateFeatures {
             }
         };
         Some(value)
+    }
+
+    /// Every feature by name ([`aggregate_feature_names`]'s order): what `gpucast features`
+    /// prints for training to learn from.
+    pub fn named(&self) -> Vec<(String, f64)> {
+        aggregate_feature_names()
+            .map(|name| {
+                let value = self.get(&name).expect("every listed name is known");
+                (name, value)
+            })
+            .collect()
     }
 
     /// The model input vector for `specs`, in their order.
@@ -456,6 +507,26 @@ mod tests {
             .map(|name| f.get(name).unwrap())
             .collect();
         assert_eq!(values, [15.5, 20.0, 16.0, 1.0, 2.0, 3.0, 4.0, 5.5]);
+    }
+
+    #[test]
+    fn every_named_feature_is_known_once_and_unknown_names_are_not() {
+        let f = AggregateFeatures::of(&job(2, &[("linear", 3, 12), ("gelu", 3, 0)]));
+        let named = f.named();
+        assert_eq!(named.len(), 44);
+        let mut names: Vec<&str> = named.iter().map(|(n, _)| n.as_str()).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), 44, "a name listed twice");
+        let value = |name: &str| named.iter().find(|(n, _)| n == name).map(|(_, v)| *v);
+        assert_eq!(value("act_gelu"), Some(1.0));
+        assert_eq!(value("sim_reserved_mib"), Some(0.0));
+        assert_eq!(value("params_x_batch"), Some(24.0));
+        assert_eq!(
+            f.get("act_softmax"),
+            None,
+            "an output activation has no one-hot"
+        );
     }
 
     #[test]

@@ -1,5 +1,5 @@
-//! Analytic memory models: closed formulas over the job description, no learning. Identical
-//! to `training/gpucast_training/features.py` (docs/design/models.md defines both).
+//! Analytic memory models: closed formulas over the job description, no learning
+//! (docs/design/models.md). Training reads them as features from `gpucast features`.
 
 use crate::job::validated::{Job, Precision};
 
@@ -68,7 +68,7 @@ pub fn activation_bytes(job: &Job) -> f64 {
 }
 
 /// Bytes of weights, gradients and optimizer state, and bytes per activation element (one
-/// product, as `training/gpucast_training/features.py` computes it, so both agree to the last bit).
+/// product, so that the figure keeps its bits: tests/fixtures/features.json pins them).
 fn model_state_and_activation_bytes(job: &Job, params: f64) -> (f64, f64) {
     let (weight_bytes, activation_bytes) = weight_and_activation_bytes(job.precision());
     let gradient_bytes = job.precision().storage_bytes();

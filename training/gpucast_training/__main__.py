@@ -1,11 +1,11 @@
 """python -m gpucast_training STAGE [options]   (from training/, or with PYTHONPATH=training)
 
-Stages, in the order `all` runs them (each after the ones before it):
+Stages, in the order `all` runs them (each after the ones before it; every feature they learn
+from is the built gpucast's: `gpucast features --batch`, gpucast_training/service.py):
 
-  mlp        MLP classifiers and utilization regressors; the base manifest and golden fixture
+  mlp        MLP classifiers and utilization regressors; the base manifest
   timm       timm (cnn / transformer) estimators and the MLP memory regressor
   simulated  the simulated-step regressor, its domain and the `simulated` manifest block
-  golden     the golden fixture's simulated cases (stdlib only)
   evaluate   docs/reports/training-real.md from the timm stage's predictions (stdlib only)
 
 and, outside `all` (slow, needs describe/ and transformers):
@@ -37,7 +37,6 @@ STAGES = {
     "mlp": "mlp",
     "timm": "timm",
     "simulated": "simulated",
-    "golden": "golden",
     "evaluate": "evaluate",
     "public-rows": "public_rows",
     "public-setups": "public_setups",
@@ -46,7 +45,7 @@ STAGES = {
     "decisions": "decisions",
     "setup-simulations": "setup_simulations",
 }
-ALL = ["mlp", "timm", "simulated", "golden", "evaluate"]
+ALL = ["mlp", "timm", "simulated", "evaluate"]
 
 
 def parser():

@@ -6,6 +6,16 @@ service's src/estimators/combine.rs (`correction_applies`, `within_measured_rang
 Standard library only. training/tests/golden/combine.json holds cases of this rule (inputs ->
 outputs) that training/tests/test_combine.py checks `combine` against; the service's rule is
 checked against the same file.
+
+Why a Python statement of the rule remains when the features come from the service (issue 36):
+the stage scores models while it trains them. Its inputs are the out-of-fold predictions of fold
+models, a CUDA context, residual quantiles and a typical distance fitted per fold or per stage,
+and per-row card capacities of the public rows; `gpucast estimate --batch` answers only with the
+committed models and the manifest's context, quantiles and domain, so it cannot produce these
+figures for models that are not (yet) served. Scoring through the binary would need a throw-away
+models directory per fold (ONNX members, a manifest, a domain file). The golden cases keep the
+two statements equal instead. simulated.py's `simulated_figure`, `floor_figure` and
+`runs_on_card` stay for the same reason: they take the fold's fitted context.
 """
 
 import math

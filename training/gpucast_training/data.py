@@ -1,12 +1,12 @@
 """Where a run reads its data and writes its outputs, and the gzip'd JSON-lines files.
 
-Standard library only.
+Standard library only (the MLP CSV's layer kinds are read by the built gpucast: service.py).
 
 - Measured data (read-only CSVs): `--data-dir`, else `$GPUCAST_DATA_DIR`, else
   `<repository root>/../shared/data`; one file can be named on its own (`--mlp-csv` /
   `$GPUCAST_MLP_CSV`, `--timm-csv` / `$GPUCAST_TIMM_CSV`, `--public-csv` / `$GPUCAST_PUBLIC_CSV`).
 - Outputs: under `--out-dir`, else `$GPUCAST_OUT_DIR`, else the repository root, at the paths
-  the repository has them (models/, data/mlp/, data/timm/, tests/fixtures/, docs/reports/training-*.md).
+  the repository has them (models/, data/mlp/, data/timm/, docs/reports/training-*.md).
 - Project files a stage reads (committed inputs such as data/timm/descriptions.jsonl.gz, and
   what an earlier stage wrote, such as models/manifest.json): from the output directory when
   it has them, else from the repository. A stage run alone into an empty directory thus
@@ -22,6 +22,7 @@ import re
 import time
 
 from . import features as gf
+from . import service
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MLP_CSV = "gpumemnet_mlp_a100.csv"
@@ -109,15 +110,17 @@ def load_mlp_records(csv_path):
     """The rows of gpumemnet_mlp_a100.csv as records (job, peak, class, utilization, group)."""
     with open(csv_path, newline="") as handle:
         rows = list(csv.DictReader(handle))
+    # The kinds as the service reads the CSV's spellings: the jobs written to data/mlp/ are canonical.
+    jobs = service.canonical([gf.csv_row_to_job(row) for row in rows])
     records = []
-    for index, row in enumerate(rows):
+    for index, (row, job) in enumerate(zip(rows, jobs)):
         peak = int(row["Max GPU Memory (MiB)"])
         records.append(
             {
                 "index": index,
                 "id": row["Filename"][: -len(".out")] if row["Filename"].endswith(".out") else row["Filename"],
                 "group": gf.group_key(row["Filename"]),
-                "job": gf.csv_row_to_job(row),
+                "job": job,
                 "peak": peak,
                 "label": gf.memory_class(peak),
                 "smact": float(row["Avg SMACT"]),

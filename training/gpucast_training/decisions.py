@@ -40,13 +40,12 @@ import tempfile
 from collections import defaultdict
 from pathlib import Path
 
+from . import service
 from .cards import card_of
 from .constants import CAPACITY_MIB
 from .public_setups import eager_attention
 
 ROOT = Path(__file__).resolve().parents[2]
-BATCH = 256  # the CLI's batch limit
-MAX_BODY_BYTES = 2 * 1024 * 1024  # the CLI's input limit, the server's body limit
 REFERENCE_CAPACITY = CAPACITY_MIB  # the reference card's, from data/gpus.json
 # The least uncertain share a score is divided by. 1 divides by nothing: held out (leave one
 # source or family out, every row), dividing by the uncertain share at least 0.1 / 0.3 / 0.5
@@ -254,35 +253,13 @@ def config_job(row, card, source=None):
     return job
 
 
-def chunks(requests):
-    """Batches the CLI takes: at most BATCH items and MAX_BODY_BYTES of JSON each."""
-    batch, size = [], 16
-    for request in requests:
-        length = len(json.dumps(request)) + 2
-        if batch and (len(batch) == BATCH or size + length > MAX_BODY_BYTES):
-            yield batch
-            batch, size = [], 16
-        batch.append(request)
-        size += length
-    if batch:
-        yield batch
-
-
 def answer_all(gpucast, requests, uncertainty=None, confidence=None):
     if confidence is not None:
         requests = [dict(r, confidence=confidence) for r in requests]
+    extra = ["--uncertainty", uncertainty] if uncertainty else []
     answers = []
-    for batch in chunks(requests):
-        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-            json.dump({"items": batch}, f)
-        command = [gpucast, "estimate", "--batch", f.name]
-        if uncertainty:
-            command += ["--uncertainty", uncertainty]
-        done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
-        os.unlink(f.name)
-        if done.returncode != 0:
-            raise SystemExit(f"gpucast estimate failed: {done.stderr[-2000:]}")
-        answers += [item.get("estimate") for item in json.loads(done.stdout)["items"]]
+    for batch in service.chunks(requests):
+        answers += [item.get("estimate") for item in service.run_batch("estimate", batch, extra, gpucast)]
     return answers
 
 
@@ -894,12 +871,9 @@ def held_out_curve(gpucast, every, pairs, kept_out):
 
 
 def run(layout=None, threads=None, gpucast=None):
-    # The newest build: a release binary left from an earlier session would answer with older
-    # code (and refuse the fields added since).
-    built = [p for p in [ROOT / "target/release/gpucast", ROOT / "target/debug/gpucast"] if p.exists()]
-    gpucast = gpucast or (str(max(built, key=lambda p: p.stat().st_mtime)) if built else None)
-    if not gpucast:
-        raise SystemExit("build gpucast first: cargo build --release")
+    # $GPUCAST_BINARY, else the newest build: a release binary left from an earlier session
+    # would answer with older code (and refuse the fields added since).
+    gpucast = gpucast or service.binary()
     every = rows()
     print(f"{len(every)} rows; answering with the committed quantiles")
     answers = answer_all(gpucast, [r["request"] for r in every])

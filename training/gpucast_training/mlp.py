@@ -3,7 +3,8 @@
     python -m gpucast_training mlp      (from training/; retrain.sh runs it first)
 
 Writes models/{mlp_ensemble,sequence_transformer,smact,smocc}.onnx, data/mlp/, the base
-models/manifest.json and tests/fixtures/golden_features.json, and docs/reports/training-mlp.md.
+models/manifest.json, and docs/reports/training-mlp.md. Every feature comes from the service
+(`gpucast features --batch`, service.py).
 """
 
 import json
@@ -19,6 +20,7 @@ from sklearn.model_selection import GroupKFold, GroupShuffleSplit
 from . import features as gf
 from . import manifest as mf
 from . import mlp_models as gm
+from . import service
 from .constants import MLP_CLASS_BINS_MIB as CLASS_BINS_MIB
 from .constants import MLP_FOLDS as N_FOLDS
 from .constants import MLP_MAX_TOKENS as MAX_TOKENS
@@ -90,24 +92,24 @@ def fit_entries(raw_columns, names, transforms):
 
 
 def fit_aggregate_entries(jobs):
-    raws = [gf.raw_aggregate_features(job) for job in jobs]
+    raws = service.raw_aggregate(jobs)
     columns = [[raw[name] for raw in raws] for name in gf.AGGREGATE_FEATURES]
     return fit_entries(columns, gf.AGGREGATE_FEATURES, gf.DEFAULT_TRANSFORMS)
 
 
 def fit_token_entries(jobs):
-    tokens = [token for job in jobs for token in gf.raw_token_features(job)]
+    tokens = [token for tokens in service.raw_tokens(jobs, gf.TOKEN_FEATURES) for token in tokens]
     columns = [[token[i] for token in tokens] for i in range(len(gf.TOKEN_FEATURES))]
     return fit_entries(columns, gf.TOKEN_FEATURES, gf.DEFAULT_TOKEN_TRANSFORMS)
 
 
 def encode_aggregate(jobs, entries):
-    return np.array([gf.aggregate_vector(job, entries) for job in jobs], dtype=np.float32)
+    return np.array(gf.aggregate_vectors(jobs, entries), dtype=np.float32)
 
 
 def encode_sequence(jobs, entries, kind_vocab, length=None):
-    ids = [gf.kind_ids(job, kind_vocab) for job in jobs]
-    tokens = [gf.token_vectors(job, entries) for job in jobs]
+    ids = service.kind_ids(jobs, kind_vocab)
+    tokens = gf.token_vectors(jobs, entries)
     length = length or max(len(row) for row in ids)
     kind_ids = np.zeros((len(jobs), length), dtype=np.int64)
     token_features = np.zeros((len(jobs), length, len(entries)), dtype=np.float32)
@@ -333,129 +335,6 @@ def write_test_file(test_records, path):
     )
 
 
-def golden_jobs(records, test_idx):
-    """Golden cases: a few held-out CSV jobs plus hand-made edge cases."""
-    test = [records[i] for i in test_idx]
-    by_length = sorted(test, key=lambda r: (len(r["job"]["layers"]), r["index"]))
-    chosen = [test[0], test[1], by_length[0], by_length[-1]]
-    # One job per several hidden activations, and the CSV's rare sigmoid output layer.
-    for kind in ("identity", "prelu", "selu", "mish"):
-        chosen.append(
-            next(
-                r
-                for r in test
-                if gf.hidden_activation([l["kind"] for l in r["job"]["layers"]]) == kind and r not in chosen
-            )
-        )
-    sigmoid_rows = [r for r in records if any(l["kind"] == "sigmoid" for l in r["job"]["layers"])]
-    if sigmoid_rows:
-        chosen.append(sigmoid_rows[0])
-    cases = [("csv_row_%d" % r["index"], r["job"]) for r in chosen]
-    # The CSV's own spellings must be accepted as they are.
-    first = chosen[0]
-    from ast import literal_eval
-
-    cases.append(
-        (
-            "csv_row_%d_csv_spellings" % first["index"],
-            {
-                "family": "mlp",
-                "batch_size": first["job"]["batch_size"],
-                "layers": [
-                    {"kind": k, "output_size": o, "params": p}
-                    for k, o, p in literal_eval(first["raw_row"]["Activations-Params"])
-                ],
-            },
-        )
-    )
-    cases += [
-        ("single_linear_layer", {"batch_size": 1, "layers": [{"kind": "linear", "output_size": 10, "params": 110}]}),
-        (
-            "all_activation_kinds_with_aliases",
-            {
-                "family": "mlp",
-                "batch_size": 32,
-                "layers": [
-                    {"kind": "Dense", "output_size": 64, "params": 8256},
-                    {"kind": "BatchNorm1d", "output_size": 64, "params": 128},
-                    {"kind": "bn", "output_size": 64, "params": 128},
-                    {"kind": "Dropout", "output_size": 64, "params": 0},
-                    {"kind": "ReLU", "output_size": 64, "params": 0},
-                    {"kind": "Leaky_ReLU", "output_size": 64, "params": 0},
-                    {"kind": "PReLU", "output_size": 64, "params": 1},
-                    {"kind": "ELU", "output_size": 64, "params": 0},
-                    {"kind": "SELU", "output_size": 64, "params": 0},
-                    {"kind": "GELU", "output_size": 64, "params": 0},
-                    {"kind": "Swish", "output_size": 64, "params": 0},
-                    {"kind": "Mish", "output_size": 64, "params": 0},
-                    {"kind": "Softplus", "output_size": 64, "params": 0},
-                    {"kind": "Tanh", "output_size": 64, "params": 0},
-                    {"kind": "Identity", "output_size": 64, "params": 0},
-                    {"kind": "batch normalization", "output_size": 64, "params": 128},
-                    {"kind": "linear", "output_size": 10, "params": 650},
-                    {"kind": "Sigmoid", "output_size": 10, "params": 0},
-                    {"kind": "Softmax", "output_size": 10, "params": 0},
-                ],
-            },
-        ),
-        (
-            "sigmoid_output_only",
-            {
-                "family": "mlp",
-                "batch_size": 256,
-                "layers": [
-                    {"kind": "linear", "output_size": 512, "params": 524800},
-                    {"kind": "linear", "output_size": 1, "params": 513},
-                    {"kind": "sigmoid", "output_size": 1, "params": 0},
-                ],
-            },
-        ),
-        (
-            "softmax_output_only",
-            {
-                "family": "mlp",
-                "batch_size": 1024,
-                "layers": [
-                    {"kind": "linear", "output_size": 4096, "params": 16781312},
-                    {"kind": "dropout", "output_size": 4096, "params": 0},
-                    {"kind": "linear", "output_size": 1000, "params": 4097000},
-                    {"kind": "softmax", "output_size": 1000, "params": 0},
-                ],
-            },
-        ),
-        (
-            "hidden_activation_tie_first_wins",
-            {
-                "family": "mlp",
-                "batch_size": 8,
-                "layers": [
-                    {"kind": "linear", "output_size": 32, "params": 1056},
-                    {"kind": "tanh", "output_size": 32, "params": 0},
-                    {"kind": "linear", "output_size": 32, "params": 1056},
-                    {"kind": "gelu", "output_size": 32, "params": 0},
-                    {"kind": "linear", "output_size": 32, "params": 1056},
-                    {"kind": "gelu", "output_size": 32, "params": 0},
-                    {"kind": "linear", "output_size": 32, "params": 1056},
-                    {"kind": "tanh", "output_size": 32, "params": 0},
-                    {"kind": "linear", "output_size": 2, "params": 66},
-                    {"kind": "softmax", "output_size": 2, "params": 0},
-                    {"kind": "softmax", "output_size": 2, "params": 0},
-                ],
-            },
-        ),
-    ]
-    return cases
-
-
-def write_golden(path, cases, agg_entries, tok_entries):
-    """The fixture's base: the MLP cases (the later stages add their estimators and cases)."""
-    golden = {
-        "estimators": {"aggregate": "mlp_ensemble", "sequence": "sequence_transformer"},
-        "cases": [mf.golden_case(name, job, agg_entries, gf.CANONICAL_KINDS, tok_entries) for name, job in cases],
-    }
-    mf.write_json(path, golden)
-
-
 def run(layout, threads=None):
     torch.set_num_threads(threads or THREADS)
     torch.manual_seed(SEED)
@@ -603,12 +482,6 @@ def run(layout, threads=None):
         csv_path, len(records), len(train), len(test), paths, agg_entries, tok_entries, cv, test_figures
     )
     mf.write_manifest(layout.out("models", "manifest.json"), manifest)
-    write_golden(
-        layout.out("tests", "fixtures", "golden_features.json"),
-        golden_jobs(records, test_idx),
-        agg_entries,
-        tok_entries,
-    )
     write_report(
         layout.out("docs", "reports", "training-mlp.md"),
         len(records),

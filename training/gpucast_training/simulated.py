@@ -22,7 +22,8 @@ public_training_memory.csv that gpucast can express (data/public/jobs.jsonl.gz, 
 the CV and held-out figures stay in the manifest. Writes models/timm_simulated_regressor.onnx,
 models/simulated_domain.json, merges the entries and the `simulated` block into
 models/manifest.json, and writes data/timm/simulated_figures.json and
-docs/reports/training-simulated.md.
+docs/reports/training-simulated.md. The features are the built gpucast's (`gpucast features
+--batch`, service.py).
 """
 
 import gzip
@@ -39,6 +40,7 @@ from torch import nn
 from . import features as gf
 from . import manifest as mf
 from . import timm as rp
+from . import service
 from . import timm_models as rm
 from .cards import capacity_of, card_of
 from .combine import FAR, MAX_WIDEN, NEAR, combine
@@ -128,6 +130,8 @@ def fit_context(records):
     return float(np.clip(np.median(diffs), 300.0, 3000.0))
 
 
+# The service's simulated figure, floor and card check with a context fitted here per fold: the
+# stage scores models the service does not serve (combine.py says why they are stated here).
 def reserved_on_card(job, context, capacity=CAPACITY_MIB):
     """The reserved peak the card shows: capped at the usable memory when the step fits (the
     allocator frees its cache before an allocation fails)."""
@@ -215,8 +219,8 @@ def run_stage(layout):
     train = [r for r in records if r["group"] not in test_groups]
     test = [r for r in records if r["group"] in test_groups]
     log("simulated: %d of %d rows simulated; train %d / test %d" % (len(records), n_all, len(train), len(test)))
-    raws = [gf.raw_aggregate_features(r["job"]) for r in train]
-    test_raws = [gf.raw_aggregate_features(r["job"]) for r in test]
+    raws = service.raw_aggregate([r["job"] for r in train])
+    test_raws = service.raw_aggregate([r["job"] for r in test])
     groups = np.array([r["group"] for r in train])
     usable = rp.training_rows(train)
     folds = list(
@@ -433,7 +437,7 @@ def evaluate_public(layout, session, entries, points, context, served):
         return None
     rows = read_jsonl_gz(path)
     out = []
-    raws = [gf.raw_aggregate_features(r["job"]) for r in rows]
+    raws = service.raw_aggregate([r["job"] for r in rows])
     log_learned = session.run(None, {"features": rp.encode(raws, entries)})[0][:, 0]
     distances = nearest_distances(points, domain_vectors(raws, entries))
     for row, raw, learned, distance in zip(rows, raws, log_learned, distances):

@@ -5,7 +5,7 @@
 
 Writes data/timm/test.jsonl.gz, data/timm/cv_predictions.csv.gz, cv_quantiles.json and
 pipeline_figures.json, models/timm_*.onnx, models/mlp_regressor.onnx, merges its entries into
-models/manifest.json and adds the real-model golden cases to tests/fixtures/golden_features.json.
+models/manifest.json. Every feature comes from the service (`gpucast features --batch`, service.py).
 (The evaluate stage writes docs/reports/training-real.md from these.)
 """
 
@@ -21,6 +21,7 @@ from sklearn.model_selection import GroupKFold
 from . import features as gf
 from . import label_audit
 from . import manifest as mf
+from . import service
 from . import timm_models as rm
 from .constants import BOUND_CONFIDENCE, CAPACITY_MIB, CONFIDENCES, FAMILIES, MLP_FOLDS, SEED, VERSION
 from .constants import REAL_CLASS_BINS_MIB as CLASS_BINS_MIB
@@ -166,7 +167,7 @@ def encode(raws, entries):
 
 
 def fit_token_entries(jobs):
-    tokens = [token for job in jobs for token in gf.raw_token_features(job)]
+    tokens = [token for tokens in service.raw_tokens(jobs, gf.TOKEN_FEATURES) for token in tokens]
     entries = []
     for index, name in enumerate(gf.TOKEN_FEATURES):
         transform = gf.DEFAULT_TOKEN_TRANSFORMS[name]
@@ -179,12 +180,9 @@ def fit_token_entries(jobs):
 
 def encode_tokens(jobs, entries):
     """Per job: kind ids [L] and normalised token features [L, T] (numpy)."""
-    out = []
-    for job in jobs:
-        ids = np.array(gf.kind_ids(job, gf.ALL_KINDS), dtype=np.int64)
-        feats = np.array(gf.token_vectors(job, entries), dtype=np.float32)
-        out.append((ids, feats))
-    return out
+    ids = service.kind_ids(jobs, gf.ALL_KINDS)
+    feats = gf.token_vectors(jobs, entries)
+    return [(np.array(i, dtype=np.int64), np.array(f, dtype=np.float32)) for i, f in zip(ids, feats)]
 
 
 def pad_tokens(encoded, length=None):
@@ -457,7 +455,7 @@ def export(model, example_inputs, input_names, output_name, dynamic_axes, path):
 
 
 def onnx_aggregate(session, jobs, entries):
-    x = encode([gf.raw_aggregate_features(j) for j in jobs], entries)
+    x = encode(service.raw_aggregate(jobs), entries)
     return session.run(None, {"features": x})[0]
 
 
@@ -493,7 +491,7 @@ def load_mlp(csv_path, splits_path):
 def run_mlp_regressor(layout, threads):
     records, splits = load_mlp(layout.mlp_csv, layout.read("data", "mlp", "splits.json"))
     train = [records[i] for i in splits["train_rows"]]
-    raws = [gf.raw_aggregate_features(r["job"]) for r in train]
+    raws = service.raw_aggregate([r["job"] for r in train])
     folds = GroupKFold(n_splits=MLP_FOLDS, shuffle=True, random_state=SEED).split(
         np.zeros(len(train)), groups=[r["group"] for r in train]
     )
@@ -519,9 +517,7 @@ def run_mlp_regressor(layout, threads):
     test = [dict(r, id="%d@0" % i) for i, r in enumerate(test)]
     test_pred = onnx_aggregate(session, [r["job"] for r in test], entries)
     with torch.no_grad():
-        torch_pred = model(
-            torch.as_tensor(encode([gf.raw_aggregate_features(r["job"]) for r in test], entries))
-        ).numpy()
+        torch_pred = model(torch.as_tensor(encode(service.raw_aggregate([r["job"] for r in test]), entries))).numpy()
     figures = {
         "cv": cv,
         "test": regression_figures(test_pred, test, {"mlp": quantiles}),
@@ -593,7 +589,7 @@ def run_timm(layout, threads):
         "timm: %d rows (%s dropped), train %d rows / test %d rows (%d groups held out)"
         % (len(records), dropped, len(train), len(test), len(test_groups))
     )
-    raws = [gf.raw_aggregate_features(r["job"]) for r in train]
+    raws = service.raw_aggregate([r["job"] for r in train])
     jobs = [r["job"] for r in train]
     groups = [r["group"] for r in train]
     folds = list(
@@ -703,9 +699,9 @@ def run_timm(layout, threads):
     t_traced = onnx_aggregate(sessions["timm_traced_regressor"], test_jobs, traced_entries)[:, 0]
     t_agg = onnx_aggregate(sessions["timm_mlp_ensemble"], test_jobs, entries)
     t_seq = onnx_sequence(sessions["timm_sequence_transformer"], test_jobs, token_entries)
-    x_test = torch.as_tensor(encode([gf.raw_aggregate_features(j) for j in test_jobs], entries))
+    x_test = torch.as_tensor(encode(service.raw_aggregate(test_jobs), entries))
     with torch.no_grad():
-        x_test_traced = torch.as_tensor(encode([gf.raw_aggregate_features(j) for j in test_jobs], traced_entries))
+        x_test_traced = torch.as_tensor(encode(service.raw_aggregate(test_jobs), traced_entries))
         diffs = {
             "timm_regressor": float(np.abs(regressor(x_test).numpy()[:, 0] - t_reg).max()),
             "timm_traced_regressor": float(np.abs(traced(x_test_traced).numpy()[:, 0] - t_traced).max()),
@@ -807,7 +803,7 @@ def save_oof(layout, train, oof_reg, oof_traced, oof_agg, oof_seq, raws, quantil
     mf.write_json(layout.out("data", "timm", "cv_quantiles.json"), quantiles, newline=False)
 
 
-# ----------------------------------------------------------------------------- manifest/golden
+# ----------------------------------------------------------------------------- manifest
 
 REAL_NAMES = {
     family: {
@@ -948,64 +944,6 @@ def merge_manifest(layout, entries, timm_result):
     return manifest
 
 
-def golden_real_jobs(test_records):
-    """A few held-out timm jobs of each family (shortest, longest, a middle one) plus
-    optimizer / precision variants."""
-    cases = []
-    for family in FAMILIES:
-        members = sorted(
-            (r for r in test_records if r["family"] == family),
-            key=lambda r: (len(r["job"]["layers"]), r["job"]["model"], r["job"]["batch_size"]),
-        )
-        for label, record in (
-            ("shortest", members[0]),
-            ("median", members[len(members) // 2]),
-            ("longest", members[-1]),
-        ):
-            cases.append(("timm_%s_%s" % (family, label), record["job"]))
-    base = dict(cases[0][1])
-    # (optimizer, precision, the case's label): bf16 and fp16 autocast, named as before the
-    # service had pure 16-bit precisions.
-    for optimizer, precision, label in (
-        ("sgd", "fp32", "fp32"),
-        ("momentum", "mixed16", "mixed16"),
-        ("AdamW", "amp_bf16", "bf16"),
-        ("nesterov", "amp_fp16", "fp16"),
-    ):
-        job = dict(base, optimizer=optimizer, precision=precision)
-        cases.append(("timm_cnn_shortest_%s_%s" % (optimizer.lower(), label), job))
-    cases.append(("timm_cnn_shortest_untraced", {k: v for k, v in base.items() if k != "saved_tensors"}))
-    no_shape = {k: v for k, v in cases[3][1].items() if k != "input_shape"}
-    cases.append(("timm_transformer_shortest_no_input_shape", dict(no_shape, optimizer="sgd", precision="amp")))
-    return cases
-
-
-def write_golden(layout, manifest, test_records):
-    """The mlp stage's fixture with mlp_memory_regressor's vectors on its cases, and the real cases."""
-    path = ("tests", "fixtures", "golden_features.json")
-    golden = mf.read_json(layout.read(*path))
-    by_name = mf.estimators_by_name(manifest)
-    golden["estimators"]["extra_aggregate"] = ["mlp_memory_regressor"]
-    for case in golden["cases"]:
-        case["raw_aggregate"] = gf.raw_aggregate_features(case["job"])
-        case["extra_aggregate"] = {
-            "mlp_memory_regressor": gf.aggregate_vector(
-                case["job"], by_name["mlp_memory_regressor"]["input"]["features"]
-            )
-        }
-    names = REAL_NAMES["cnn"]
-    golden["real_estimators"] = {
-        "aggregate": names["regressor"],
-        "sequence": names["sequence_transformer"],
-        "extra_aggregate": [names["mlp_ensemble"], names["traced_regressor"]],
-    }
-    golden["real_cases"] = [
-        mf.manifest_golden_case(name, job, golden["real_estimators"], by_name)
-        for name, job in golden_real_jobs(test_records)
-    ]
-    mf.write_json(layout.out(*path), golden)
-
-
 def run(layout, threads=None):
     torch.set_num_threads(threads or THREADS)
     started = time.time()
@@ -1013,8 +951,7 @@ def run(layout, threads=None):
     mlp_entry, mlp_figures, _ = run_mlp_regressor(layout, 1)
     log("MLP regressor: cv %s test %s" % (mlp_figures["cv"], mlp_figures["test"]))
     timm = run_timm(layout, 1)
-    manifest = merge_manifest(layout, [mlp_entry] + timm_entries(timm), timm)
-    write_golden(layout, manifest, timm["test_records"])
+    merge_manifest(layout, [mlp_entry] + timm_entries(timm), timm)
     mf.write_json(
         layout.out("data", "timm", "pipeline_figures.json"),
         {
