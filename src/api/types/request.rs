@@ -1,0 +1,731 @@
+//! A training job to estimate: the model, its setup and the GPU(s) it is for.
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use super::*;
+use crate::job::Family;
+
+/// A training job to estimate.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({
+    "family": "mlp",
+    "batch_size": 996,
+    "optimizer": "adam",
+    "precision": "fp32",
+    "layers": [
+        {"kind": "linear", "output_size": 1173, "params": 2753031},
+        {"kind": "batch_norm", "output_size": 1173, "params": 2346},
+        {"kind": "relu", "output_size": 1173, "params": 0},
+        {"kind": "dropout", "output_size": 1173, "params": 0},
+        {"kind": "linear", "output_size": 586, "params": 687964},
+        {"kind": "batch_norm", "output_size": 586, "params": 1172},
+        {"kind": "relu", "output_size": 586, "params": 0},
+        {"kind": "dropout", "output_size": 586, "params": 0},
+        {"kind": "linear", "output_size": 197, "params": 115639},
+        {"kind": "softmax", "output_size": 197, "params": 0}
+    ]
+}))]
+pub struct EstimateRequest {
+    /// `mlp`, `cnn` or `transformer`; inferred from the layers when absent (attention makes a
+    /// transformer, convolutions a CNN).
+    #[serde(default)]
+    #[schema(value_type = Option<FamilyName>)]
+    pub family: Option<String>,
+    /// Samples per training step. Required, unless `training_arguments` state
+    /// `per_device_train_batch_size`: it is then that x `gradient_accumulation_steps` (the
+    /// samples a GPU takes per step).
+    #[schema(minimum = 1, maximum = 1048576)]
+    #[serde(default, deserialize_with = "whole_number::optional")]
+    pub batch_size: Option<u64>,
+    /// The model's layers in execution order (1 to 4096). Give either `layers` or `summary`.
+    #[serde(default, deserialize_with = "layer_objects")]
+    #[schema(min_items = 1, max_items = 4096)]
+    pub layers: Option<Vec<LayerRequest>>,
+    /// The model as printed text instead of a layer list: a `torchsummary` or `torchinfo` table,
+    /// `print(model)` (plain, or annotated with `, N params` per module), or a Keras
+    /// `model.summary()` (Keras 2 or 3). `format` may be left out: it is then detected.
+    /// What was assumed to read it (derived parameters, sizes, shared weights) is answered in
+    /// `warnings`.
+    #[serde(default, deserialize_with = "object_only::optional")]
+    pub summary: Option<SummaryRequest>,
+    /// Sequence length (tokens per sample); required with a `module_print` summary that has
+    /// token layers (embeddings, attention) and no `input_shape`.
+    #[serde(default, deserialize_with = "whole_number::optional")]
+    #[schema(minimum = 1, maximum = 1_000_000)]
+    pub seq_len: Option<u64>,
+    /// `sgd`, `momentum`, `adam` (default), `adamw`, `adafactor`, `adam_8bit`, `adamw_8bit`
+    /// (bitsandbytes), `paged_adamw` or `paged_adamw_8bit` (state outside PyTorch's allocator).
+    #[serde(default)]
+    pub optimizer: Option<String>,
+    /// `fp32` (default), `tf32`, `amp_fp16` / `amp_bf16` (autocast, fp32 master weights;
+    /// `mixed16` = `amp_fp16`), `bf16` / `fp16` (pure 16-bit weights, gradients and state).
+    /// Lightning's strings are read too: `bf16-mixed` (`amp_bf16`), `16-mixed` (`amp_fp16`),
+    /// `bf16-true` (`bf16`), `16-true` (`fp16`), `32-true` (`fp32`).
+    #[serde(default)]
+    pub precision: Option<String>,
+    /// How the optimizer steps: `foreach` (default, PyTorch's GPU default), `fused`, `for_loop`.
+    #[serde(default)]
+    pub optimizer_implementation: Option<String>,
+    /// `none` (default), `full` (every repeated block, found from the layer names) or a list
+    /// of module names (layer-name prefixes) that recompute their forward in backward.
+    #[serde(default)]
+    pub activation_checkpointing: Option<NamesRequest>,
+    /// Samples per GPU per forward/backward (the peak follows it). Default: `batch_size /
+    /// gradient_accumulation_steps`.
+    #[serde(default, deserialize_with = "whole_number::optional")]
+    #[schema(minimum = 1, maximum = 1048576)]
+    pub micro_batch_size: Option<u64>,
+    /// Micro-batches per optimizer step (default 1); gradients persist between them.
+    #[serde(default, deserialize_with = "whole_number::optional")]
+    #[schema(minimum = 1, maximum = 1048576)]
+    pub gradient_accumulation_steps: Option<u64>,
+    /// Only these parameters train, the rest are frozen (no gradients, no optimizer state).
+    #[serde(default, deserialize_with = "object_only::optional")]
+    pub trainable: Option<TrainableRequest>,
+    /// LoRA adapters on a frozen base (QLoRA with `base_weights: nf4`).
+    #[serde(default, deserialize_with = "object_only::optional")]
+    pub lora: Option<LoraRequest>,
+    /// The GPU layout: data parallelism (DDP, FSDP, ZeRO), tensor, pipeline and context
+    /// parallel degrees. The answer is for the most loaded GPU.
+    #[serde(default, deserialize_with = "object_only::optional")]
+    pub parallelism: Option<ParallelismRequest>,
+    /// What lives in CPU memory instead (DeepSpeed ZeRO-Offload, FSDP `CPUOffload`, torchao's
+    /// `CPUOffloadOptimizer`).
+    #[serde(default, deserialize_with = "object_only::optional")]
+    pub offload: Option<OffloadRequest>,
+    /// With `precision` bf16 or fp16: `fp32` keeps an fp32 master copy of what trains with the
+    /// optimizer state (sharded with it by ZeRO), the step run on it in fp32, as DeepSpeed's
+    /// bf16/fp16 modes do; `none` (default) steps the 16-bit weights themselves.
+    #[serde(default)]
+    pub master_weights: Option<String>,
+    /// Preference training's reference model (TRL's DPO and kin): `copy` (a frozen copy of the
+    /// weights beside the trained ones), `adapters_disabled` (with `lora`: the base without its
+    /// adapters, no second copy) or `none` (default). Give `batch_size` in sequences (a
+    /// chosen/rejected pair is two).
+    #[serde(default)]
+    pub reference_model: Option<String>,
+    /// Per-sample input shape, e.g. `[3, 224, 224]`: sizes the layers of a `module_print` summary
+    /// with convolutions (otherwise informational for most estimators).
+    #[serde(default, deserialize_with = "whole_number::optional_list")]
+    #[schema(value_type = Option<Vec<Dimension>>, min_items = 1, max_items = 5)]
+    pub input_shape: Option<Vec<u64>>,
+    /// What autograd keeps for backward, as `gpucast_describe` traces it on the meta device:
+    /// when present, the MiB figure comes from the regressors that use it (more accurate).
+    #[serde(default, deserialize_with = "object_only::optional")]
+    pub saved_tensors: Option<SavedTensorsRequest>,
+    /// `gpucast_describe`'s simulation of a whole training step at this batch size: when
+    /// present, the MiB figure comes from it (the `simulated` estimator, or a regressor that
+    /// requires it), and `fit` from its minimum capacity and reserved peak.
+    #[serde(default, deserialize_with = "object_only::optional")]
+    pub simulation: Option<SimulationRequest>,
+    /// The share of the card's memory the job caps its caching allocator at
+    /// (`torch.cuda.set_per_process_memory_fraction`), greater than 0 and at most 1: the job
+    /// must run within the cap, and each copy then occupies the cap plus the CUDA context.
+    #[serde(default)]
+    #[schema(exclusive_minimum = 0.0, maximum = 1.0)]
+    pub memory_fraction: Option<f64>,
+    /// Where the description came from, e.g. `timm:resnet50` (informational).
+    #[serde(default)]
+    pub model: Option<String>,
+    /// A Hugging Face `config.json` (Llama, Mistral, Qwen2, Gemma, Phi-3, Mixtral-style MoE,
+    /// GPT-2, GPT-NeoX, BERT, T5, ChatGLM) instead of `layers`: the model's layers, parameters and
+    /// activations are built from it at `seq_len` tokens (required with it). Unknown keys are
+    /// ignored; missing essentials are a 422 naming them. The analytic training step answers.
+    #[serde(default, deserialize_with = "crate::api::unique_keys::object")]
+    #[schema(value_type = Option<Object>, example = json!({"model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 32000}))]
+    pub transformer_config: Option<serde_json::Map<String, serde_json::Value>>,
+    /// Hugging Face `TrainingArguments.to_dict()`, as the Trainer saves it
+    /// (`training_args.json`): `per_device_train_batch_size` is the micro-batch,
+    /// `gradient_accumulation_steps`, `gradient_checkpointing` (`full`), `bf16` / `fp16`
+    /// autocast (`amp_bf16` / `amp_fp16`), `tf32`, `optim` (`adamw_torch`,
+    /// `adamw_torch_fused`, `adamw_hf`, `adafactor`, `sgd`, `adamw_bnb_8bit`, `adamw_8bit`,
+    /// `paged_adamw_8bit`, `paged_adamw_32bit`, ...), `fsdp`, and `deepspeed` when it is the
+    /// config itself. Other keys are ignored. What is read is echoed in `setup.from_files`; a
+    /// value the request states otherwise is a 422 naming both.
+    #[serde(default, deserialize_with = "crate::api::unique_keys::object")]
+    #[schema(value_type = Option<Object>, example = json!({"per_device_train_batch_size": 4, "gradient_accumulation_steps": 4, "gradient_checkpointing": true, "bf16": true, "optim": "paged_adamw_8bit"}))]
+    pub training_arguments: Option<serde_json::Map<String, serde_json::Value>>,
+    /// PEFT's `adapter_config.json` (`peft_type` LORA): the `lora` block from `r`,
+    /// `lora_alpha`, `lora_dropout`, `target_modules` and `modules_to_save`.
+    #[serde(default, deserialize_with = "crate::api::unique_keys::object")]
+    #[schema(value_type = Option<Object>, example = json!({"peft_type": "LORA", "r": 16, "lora_alpha": 32, "lora_dropout": 0.05, "target_modules": ["q_proj", "v_proj"], "bias": "none"}))]
+    pub adapter_config: Option<serde_json::Map<String, serde_json::Value>>,
+    /// A DeepSpeed config: `zero_optimization.stage` (0: ddp, 1-3: zero1-zero3),
+    /// `offload_optimizer` / `offload_param` devices, `bf16` / `fp16` (16-bit weights with fp32
+    /// master weights), its `optimizer`; `"auto"` resolved from `training_arguments` as the
+    /// Trainer does. `parallelism.world_size` still says how many GPUs.
+    #[serde(default, deserialize_with = "crate::api::unique_keys::object")]
+    #[schema(value_type = Option<Object>, example = json!({"zero_optimization": {"stage": 3}, "bf16": {"enabled": "auto"}, "train_micro_batch_size_per_gpu": "auto"}))]
+    pub deepspeed: Option<serde_json::Map<String, serde_json::Value>>,
+    /// accelerate's FSDP options, as JSON: its config (`distributed_type: FSDP`,
+    /// `fsdp_config`, `mixed_precision` as autocast, `num_processes` as
+    /// `parallelism.world_size`) or the `fsdp_config` mapping alone. `sharding_strategy`
+    /// (`FULL_SHARD`: fsdp, `SHARD_GRAD_OP`: zero2, `NO_SHARD`: ddp; accelerate's default
+    /// FULL_SHARD) or FSDP2's `reshard_after_forward`, `offload_params` and
+    /// `activation_checkpointing` are read, with or without their `fsdp_` prefix.
+    #[serde(default, deserialize_with = "crate::api::unique_keys::object")]
+    #[schema(value_type = Option<Object>, example = json!({"distributed_type": "FSDP", "mixed_precision": "bf16", "num_processes": 8, "fsdp_config": {"fsdp_sharding_strategy": "FULL_SHARD", "fsdp_offload_params": false, "fsdp_activation_checkpointing": true}}))]
+    pub fsdp: Option<serde_json::Map<String, serde_json::Value>>,
+    /// How `from_pretrained` loaded the model: `torch_dtype` (`bfloat16`, `float16`, `float32`
+    /// or `auto`: the config's; not given: fp32, or fp16 when quantised, as transformers 4)
+    /// and `quantization_config` (bitsandbytes `load_in_4bit` / `load_in_8bit`, GPTQ or AWQ
+    /// 4-bit) as `lora.base_weights`; `attn_implementation` as `attention`. 16-bit weights
+    /// train as pure `bf16` / `fp16`.
+    #[serde(default, deserialize_with = "crate::api::unique_keys::object")]
+    #[schema(value_type = Option<Object>, example = json!({"torch_dtype": "bfloat16", "quantization_config": {"load_in_4bit": true, "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": true}}))]
+    pub load: Option<serde_json::Map<String, serde_json::Value>>,
+    /// With `transformer_config`: how the loss over the vocabulary is taken. `upcast_fp32`
+    /// (default: Hugging Face transformers' loss, the whole logits in fp32), `chunked`
+    /// (litgpt's `chunked_cross_entropy`, torchtune's `CEWithChunkedOutputLoss`), `fused`
+    /// (Liger's fused linear cross-entropy, Cut Cross-Entropy: no logits kept) or `native`
+    /// (`F.cross_entropy` on the logits in their own dtype: 16-bit under pure bf16/fp16).
+    #[serde(default)]
+    pub loss_implementation: Option<String>,
+    /// With `transformer_config`: the attention kernel, `sdpa` (default: flash or
+    /// memory-efficient attention, no N x N tensors, as a GPU picks) or `eager` (the N x N
+    /// probabilities kept).
+    #[serde(default)]
+    pub attention: Option<String>,
+    /// Confidence of `memory.upper_bound_mib`: the share of jobs whose true peak stays at or
+    /// below it (0.5 to 0.99, default 0.95).
+    #[serde(default)]
+    pub confidence: Option<f64>,
+    /// Which estimators run: `figures` (default: those the answer's figures come from: the
+    /// memory and utilization regressors, the simulation, the analytic models and physics) or
+    /// `all` (the memory classifiers too: their opinions under `memory.estimators`, and 40 % of
+    /// `memory.class.probabilities` from their mean; the class itself is always the figure's).
+    /// The classifiers cost most of a layer job's time.
+    #[serde(default)]
+    #[schema(value_type = Option<String>, example = "all")]
+    pub estimators: Option<String>,
+    /// The GPU to estimate for: a catalogue GPU (`h100-80gb`, `A100 80GB`, `rtx 4090`, ...;
+    /// `GET /v1/gpus` lists them), `attached` (this host's first GPU), or a card described by
+    /// its name and memory. Default: the A100 40 GB the estimators were trained on. A list of
+    /// up to 16 cards ranks them (`gpu_ranking`) and answers for the best-ranked one.
+    #[serde(default)]
+    pub gpu: Option<GpuChoice>,
+    /// The software environment the job runs in (e.g. `torch2.5-cu124`: 1 to 64 letters,
+    /// digits, `.`, `_`, `+`, `-`): the GPU's calibration profile in that environment is used
+    /// when there is one, else the GPU's own; `calibration.environment` says which.
+    #[serde(default)]
+    #[schema(
+        max_length = 64,
+        pattern = "^[A-Za-z0-9._+-]{1,64}$",
+        example = "torch2.5-cu124"
+    )]
+    pub environment: Option<String>,
+}
+
+/// Most cards a `gpu` list may name: enough for any cluster's kinds, bounded for the CPU.
+pub const MAX_GPU_CHOICES: usize = 16;
+
+/// One card, or a list of cards to rank.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum GpuChoice {
+    One(GpuRequest),
+    Many(Vec<GpuRequest>),
+}
+
+// By hand: the derive cannot bound the list's length, which the parser does.
+impl utoipa::PartialSchema for GpuChoice {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{ArrayBuilder, OneOfBuilder};
+        let card = utoipa::openapi::Ref::from_schema_name("GpuRequest");
+        OneOfBuilder::new()
+            .item(card.clone())
+            .item(
+                ArrayBuilder::new()
+                    .items(card)
+                    .min_items(Some(1))
+                    .max_items(Some(MAX_GPU_CHOICES)),
+            )
+            .description(Some("One card, or a list of cards to rank."))
+            .into()
+    }
+}
+
+impl ToSchema for GpuChoice {
+    fn schemas(
+        schemas: &mut Vec<(
+            String,
+            utoipa::openapi::RefOr<utoipa::openapi::schema::Schema>,
+        )>,
+    ) {
+        schemas.push((
+            "GpuRequest".into(),
+            <GpuRequest as utoipa::PartialSchema>::schema(),
+        ));
+        <GpuRequest as ToSchema>::schemas(schemas);
+    }
+}
+
+impl GpuChoice {
+    /// The cards asked about, in the caller's order.
+    pub fn cards(&self) -> &[GpuRequest] {
+        match self {
+            GpuChoice::One(card) => std::slice::from_ref(card),
+            GpuChoice::Many(cards) => cards,
+        }
+    }
+}
+
+impl From<GpuRequest> for GpuChoice {
+    fn from(card: GpuRequest) -> GpuChoice {
+        GpuChoice::One(card)
+    }
+}
+
+// By hand, like `GpuRequest`: a list is bounded before its items are read.
+impl<'de> Deserialize<'de> for GpuChoice {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        match serde_json::Value::deserialize(deserializer)? {
+            serde_json::Value::Array(items) => {
+                if items.is_empty() || items.len() > MAX_GPU_CHOICES {
+                    return Err(D::Error::custom(format!(
+                        "a list of GPUs holds 1 to {MAX_GPU_CHOICES} cards, got {}",
+                        items.len()
+                    )));
+                }
+                items
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, item)| {
+                        serde_json::from_value(item)
+                            .map_err(|e| D::Error::custom(format!("gpu[{i}]: {e}")))
+                    })
+                    .collect::<Result<_, _>>()
+                    .map(GpuChoice::Many)
+            }
+            one => serde_json::from_value(one)
+                .map(GpuChoice::One)
+                .map_err(D::Error::custom),
+        }
+    }
+}
+
+/// A keyword (`none`, `full`, `all-linear`) or a list of module names.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum NamesRequest {
+    Keyword(String),
+    Names(Vec<String>),
+}
+
+/// Which parameters train: a count, or module names (layer-name prefixes).
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TrainableRequest {
+    #[serde(default, deserialize_with = "whole_number::optional")]
+    #[schema(maximum = 10_000_000_000_000_u64)]
+    pub params: Option<u64>,
+    #[serde(default)]
+    #[schema(min_items = 1, max_items = 256)]
+    pub modules: Option<Vec<String>>,
+}
+
+/// LoRA adapters, as PEFT builds them.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"rank": 16, "alpha": 32, "target_modules": ["q_proj", "v_proj"], "base_weights": "nf4"}))]
+pub struct LoraRequest {
+    #[serde(deserialize_with = "whole_number::one")]
+    #[schema(minimum = 1, maximum = 65536)]
+    pub rank: u64,
+    /// Scaling numerator (default: 8, PEFT's); does not change memory.
+    #[serde(default)]
+    pub alpha: Option<f64>,
+    /// PEFT's `lora_dropout` (0 to below 1, default 0): above 0 every adapted layer keeps its
+    /// dropped input and mask for backward.
+    #[serde(default)]
+    pub dropout: Option<f64>,
+    /// Layer names (PEFT's rule: the whole name or its last dotted components, e.g. `q_proj`)
+    /// or `all-linear` (every linear layer but the output head).
+    pub target_modules: NamesRequest,
+    /// The frozen base: `same` (the job's precision, default), `int8`, `nf4` (QLoRA),
+    /// `gptq_int4` or `awq_int4` (4-bit checkpoints with group-wise scales and zeros).
+    #[serde(default)]
+    pub base_weights: Option<String>,
+    /// With `gptq_int4` or `awq_int4`: inputs per quantisation group (default 128).
+    #[serde(default, deserialize_with = "whole_number::optional")]
+    #[schema(minimum = 1, maximum = 65536)]
+    pub group_size: Option<u64>,
+    /// PEFT's `modules_to_save` (e.g. `["embed_tokens", "lm_head"]`, a classifier `score`):
+    /// each gets a trained copy beside the frozen original, with its gradients and optimizer
+    /// state.
+    #[serde(default)]
+    pub modules_to_save: Option<Vec<String>>,
+}
+
+/// CPU offload. `parameters` (FSDP `CPUOffload(offload_params=True)`, ZeRO-3
+/// `offload_param`; needs `parallelism.strategy` fsdp or zero3) takes the gradients and the
+/// optimizer state with them.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"optimizer_state": true}))]
+pub struct OffloadRequest {
+    /// The optimizer's state and step on the CPU (ZeRO-Offload, torchao CPUOffloadOptimizer).
+    #[serde(default)]
+    pub optimizer_state: Option<bool>,
+    /// Each gradient copied to the CPU as backward makes it (torchao `offload_gradients`).
+    #[serde(default)]
+    pub gradients: Option<bool>,
+    /// The weights on the CPU, each unit brought in for its forward and backward.
+    #[serde(default)]
+    pub parameters: Option<bool>,
+}
+
+/// What is offloaded, as understood.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct OffloadResponse {
+    pub optimizer_state: bool,
+    pub gradients: bool,
+    pub parameters: bool,
+}
+
+/// The GPU layout. `world_size` = data x `tensor_parallel` x `pipeline_parallel` x
+/// `context_parallel`.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"strategy": "fsdp", "world_size": 8}))]
+pub struct ParallelismRequest {
+    /// `none` (default), `ddp`, `fsdp` (full shard), `zero1`, `zero2`, `zero3`.
+    #[serde(default)]
+    pub strategy: Option<String>,
+    #[serde(default, deserialize_with = "whole_number::optional")]
+    #[schema(minimum = 1, maximum = 1048576)]
+    pub world_size: Option<u64>,
+    #[serde(default, deserialize_with = "whole_number::optional")]
+    #[schema(minimum = 1, maximum = 1048576)]
+    pub tensor_parallel: Option<u64>,
+    #[serde(default, deserialize_with = "whole_number::optional")]
+    #[schema(minimum = 1, maximum = 1048576)]
+    pub pipeline_parallel: Option<u64>,
+    #[serde(default, deserialize_with = "whole_number::optional")]
+    #[schema(minimum = 1, maximum = 1048576)]
+    pub context_parallel: Option<u64>,
+}
+
+/// A GPU a request names: a catalogue id, name or alias (`h100-80gb`, `A100 80GB`,
+/// `NVIDIA GeForce RTX 4090`; matched case-insensitively, `GET /v1/gpus` lists them) or
+/// `attached` (this host's first GPU); or a card the catalogue lacks, described by its name and
+/// memory.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum GpuRequest {
+    #[schema(example = "h100-80gb")]
+    Name(String),
+    Custom(CustomGpuRequest),
+}
+
+/// A card known by its memory only. Its calibration profile is `custom-`, a slug of its name
+/// and its capacity (`custom-lab-card-2-24000mib`: even a name the catalogue knows is not a
+/// catalogue card, and another capacity is another card); it has no
+/// peak figures, so answers give no utilization for it.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"name": "lab-card-2", "capacity_mib": 24000}))]
+pub struct CustomGpuRequest {
+    /// 1 to 64 letters, digits, spaces, `-`, `_` or `.`.
+    #[schema(min_length = 1, max_length = 64, pattern = "^[A-Za-z0-9 ._-]{1,64}$")]
+    pub name: String,
+    /// Usable memory, MiB, as nvidia-smi reports it (`memory.total`).
+    #[schema(minimum = 1, maximum = 1048576)]
+    pub capacity_mib: u64,
+}
+
+impl GpuRequest {
+    /// What the request asks for, for [`crate::placement::Target::resolve`].
+    pub fn ask(&self) -> crate::placement::GpuAsk<'_> {
+        use crate::placement::GpuAsk;
+        match self {
+            GpuRequest::Name(name) => GpuAsk::Name(name),
+            GpuRequest::Custom(custom) => GpuAsk::Custom {
+                name: &custom.name,
+                capacity_mib: custom.capacity_mib,
+            },
+        }
+    }
+}
+
+// By hand rather than `untagged`, so that a wrong value says what is expected.
+impl<'de> Deserialize<'de> for GpuRequest {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        match serde_json::Value::deserialize(deserializer)? {
+            serde_json::Value::String(name) => Ok(GpuRequest::Name(name)),
+            object @ serde_json::Value::Object(_) => serde_json::from_value(object)
+                .map(GpuRequest::Custom)
+                .map_err(|e| D::Error::custom(format!("a custom GPU: {e}"))),
+            _ => Err(D::Error::custom(
+                "expected a GPU name or an object {\"name\": ..., \"capacity_mib\": ...}",
+            )),
+        }
+    }
+}
+
+/// Model families. Documents the schema only.
+pub struct FamilyName;
+
+impl utoipa::PartialSchema for FamilyName {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        let names = [Family::Mlp, Family::Cnn, Family::Transformer].map(Family::as_str);
+        string_enum(
+            names.into_iter(),
+            "A model family: it selects the estimators.",
+        )
+    }
+}
+
+impl ToSchema for FamilyName {}
+
+/// The canonical layer kinds. Other spellings (`BatchNorm2d`, `LeakyReLU`,
+/// `batch_normalization`) are accepted too. Documents the schema only.
+pub struct LayerKindName;
+
+impl utoipa::PartialSchema for LayerKindName {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        let names = crate::job::LayerKind::ALL
+            .into_iter()
+            .map(crate::job::LayerKind::as_str);
+        string_enum(
+            names,
+            "A layer kind; matched case-insensitively ignoring `_`, `-` and spaces.",
+        )
+    }
+}
+
+impl ToSchema for LayerKindName {}
+
+/// One dimension of an input shape. Documents the schema only.
+pub struct Dimension;
+
+impl utoipa::PartialSchema for Dimension {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{ObjectBuilder, Type};
+        ObjectBuilder::new()
+            .schema_type(Type::Integer)
+            .minimum(Some(1))
+            .maximum(Some(1_000_000))
+            .into()
+    }
+}
+
+impl ToSchema for Dimension {}
+
+fn string_enum<'a>(
+    values: impl Iterator<Item = &'a str>,
+    description: &str,
+) -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+    use utoipa::openapi::schema::{ObjectBuilder, Type};
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .enum_values(Some(values))
+        .description(Some(description))
+        .into()
+}
+
+/// A model summary as printed by a tool.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SummaryRequest {
+    /// Which tool printed `text`; `auto` (the default) detects it.
+    #[serde(default)]
+    pub format: SummaryFormatRequest,
+    /// The printed text (at most 1 MiB).
+    #[schema(min_length = 1, max_length = 1048576)]
+    pub text: String,
+}
+
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SummaryFormatRequest {
+    /// Detected from the text: a Keras table, a torchsummary/torchinfo table or a module print.
+    #[default]
+    Auto,
+    /// The table of `torchsummary.summary` or `torchinfo.summary` (any depth).
+    Torchsummary,
+    /// `print(model)`: plain (parameters derived from the printed constructor arguments, sizes
+    /// from `seq_len` or `input_shape`) or annotated with `, N params` per module.
+    ModulePrint,
+    /// Keras `model.summary()`: Keras 3's box-drawn table or Keras 2's columns.
+    Keras,
+}
+
+/// The tensors autograd keeps for backward in one training forward pass (parameters excluded,
+/// each storage once): `per_sample_bytes x batch_size + fixed_bytes`.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SavedTensorsRequest {
+    /// Bytes per sample.
+    #[serde(deserialize_with = "whole_number::one")]
+    #[schema(maximum = 17_592_186_044_416_u64)]
+    pub per_sample_bytes: u64,
+    /// Bytes that do not grow with the batch (e.g. standardised weights).
+    #[serde(deserialize_with = "whole_number::one")]
+    #[schema(maximum = 17_592_186_044_416_u64)]
+    pub fixed_bytes: u64,
+}
+
+/// The allocator's figures for one training step as `gpucast_describe` simulates it (fake
+/// tensors replayed through a model of PyTorch's CUDA caching allocator), bytes. Consistent:
+/// allocated <= min capacity <= reserved, and the categories sum to the allocated peak.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({
+    "batch_size": 64,
+    "optimizer": "adam",
+    "precision": "fp32",
+    "allocated_peak_bytes": 9000000000_u64,
+    "reserved_peak_bytes": 9400000000_u64,
+    "min_capacity_bytes": 9100000000_u64,
+    "breakdown_at_peak": {
+        "parameters": 102228128, "gradients": 102228128, "optimizer_state": 204456256,
+        "activations": 8300000000_u64, "temporaries": 291087488
+    },
+    "attention": "efficient",
+    "interpolated": false
+}))]
+pub struct SimulationRequest {
+    /// The batch size simulated: must be the job's micro-batch (its `batch_size` unless it
+    /// accumulates).
+    #[serde(deserialize_with = "whole_number::one")]
+    #[schema(minimum = 1, maximum = 1048576)]
+    pub batch_size: u64,
+    /// The optimizer simulated; when given, it must be the job's (`adamw` is not `adam`).
+    #[serde(default)]
+    pub optimizer: Option<String>,
+    /// The precision simulated; when given, it must be the job's (`bf16` is `mixed16`).
+    #[serde(default)]
+    pub precision: Option<String>,
+    /// The allocator's allocated peak in the second (steady-state) training step.
+    #[serde(deserialize_with = "whole_number::one")]
+    #[schema(maximum = 17_592_186_044_416_u64)]
+    pub allocated_peak_bytes: u64,
+    /// Its reserved (segment) peak with unlimited memory; at least `allocated_peak_bytes`.
+    #[serde(deserialize_with = "whole_number::one")]
+    #[schema(maximum = 17_592_186_044_416_u64)]
+    pub reserved_peak_bytes: u64,
+    /// The smallest allocator capacity on which the step runs (the allocator frees its cache
+    /// before it fails): from `allocated_peak_bytes` to `reserved_peak_bytes`.
+    #[serde(deserialize_with = "whole_number::one")]
+    #[schema(maximum = 17_592_186_044_416_u64)]
+    pub min_capacity_bytes: u64,
+    /// Allocated bytes by category at the allocated peak; they sum to `allocated_peak_bytes`.
+    #[serde(deserialize_with = "object_only::one")]
+    pub breakdown_at_peak: SimulatedBreakdownRequest,
+    /// The attention kernel simulated (informational): `eager`, `math`, `efficient`, `flash`
+    /// or `none`.
+    #[serde(default)]
+    pub attention: Option<String>,
+    /// True when the figures were interpolated from two other batch sizes (default false).
+    #[serde(default)]
+    pub interpolated: Option<bool>,
+    /// The checkpointing simulated (`none`, `full` or module names): must be the job's.
+    #[serde(default)]
+    pub activation_checkpointing: Option<NamesRequest>,
+    /// Micro-batches per simulated step: must be the job's (default 1).
+    #[serde(default, deserialize_with = "whole_number::optional")]
+    pub gradient_accumulation_steps: Option<u64>,
+    /// The optimizer implementation simulated: must be the job's (default foreach).
+    #[serde(default)]
+    pub optimizer_implementation: Option<String>,
+    /// Parameters that trained in the simulated step.
+    #[serde(default, deserialize_with = "whole_number::optional")]
+    pub trainable_params: Option<u64>,
+    /// A paged optimizer's state (CUDA unified memory): not in the peaks above.
+    #[serde(default, deserialize_with = "whole_number::optional")]
+    #[schema(maximum = 17_592_186_044_416_u64)]
+    pub paged_optimizer_state_bytes: Option<u64>,
+}
+
+/// Allocated bytes by category at the simulated allocated peak.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SimulatedBreakdownRequest {
+    /// Weights (both copies in mixed precision).
+    #[serde(deserialize_with = "whole_number::one")]
+    #[schema(maximum = 17_592_186_044_416_u64)]
+    pub parameters: u64,
+    #[serde(deserialize_with = "whole_number::one")]
+    #[schema(maximum = 17_592_186_044_416_u64)]
+    pub gradients: u64,
+    #[serde(deserialize_with = "whole_number::one")]
+    #[schema(maximum = 17_592_186_044_416_u64)]
+    pub optimizer_state: u64,
+    /// Tensors kept for backward.
+    #[serde(deserialize_with = "whole_number::one")]
+    #[schema(maximum = 17_592_186_044_416_u64)]
+    pub activations: u64,
+    /// Everything else live at the peak (workspaces, intermediates).
+    #[serde(deserialize_with = "whole_number::one")]
+    #[schema(maximum = 17_592_186_044_416_u64)]
+    pub temporaries: u64,
+}
+
+/// Layers as JSON objects only: serde would also read a struct from an array by position
+/// (`["linear", 10, 5]`), a second spelling of the same layer that no one documents.
+fn layer_objects<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<Vec<LayerRequest>>, D::Error> {
+    struct Object(LayerRequest);
+    impl<'de> Deserialize<'de> for Object {
+        fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+            struct Visitor;
+            impl<'de> serde::de::Visitor<'de> for Visitor {
+                type Value = LayerRequest;
+                fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                    f.write_str("a layer object")
+                }
+                fn visit_map<A: serde::de::MapAccess<'de>>(
+                    self,
+                    map: A,
+                ) -> Result<LayerRequest, A::Error> {
+                    LayerRequest::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+                }
+            }
+            deserializer.deserialize_map(Visitor).map(Object)
+        }
+    }
+    let layers = Option::<Vec<Object>>::deserialize(deserializer)?;
+    Ok(layers.map(|layers| layers.into_iter().map(|Object(layer)| layer).collect()))
+}
+
+/// One layer of the model.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LayerRequest {
+    /// Layer kind, e.g. `linear`, `batch_norm`, `relu`, `dropout`, `conv2d`, `attention`;
+    /// matched case-insensitively ignoring `_`, `-` and spaces (`BatchNorm1d`, `LeakyReLU` work).
+    #[schema(value_type = LayerKindName)]
+    pub kind: String,
+    /// Elements of the layer's output for one sample.
+    #[serde(deserialize_with = "whole_number::one")]
+    #[schema(maximum = 10_000_000_000_000_u64)]
+    pub output_size: u64,
+    /// Parameters the layer owns.
+    #[serde(deserialize_with = "whole_number::one")]
+    #[schema(maximum = 10_000_000_000_000_u64)]
+    pub params: u64,
+    /// Module path, e.g. `layer1.0.conv1`: what `lora.target_modules`, `trainable.modules` and
+    /// a list of `activation_checkpointing` modules match.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// A linear layer's input features (with `out_features`: sizes LoRA adapters and bounds
+    /// their rank; `describe` emits both).
+    #[serde(default, deserialize_with = "whole_number::optional")]
+    #[schema(minimum = 1, maximum = 10_000_000_000_000_u64)]
+    pub in_features: Option<u64>,
+    /// A linear layer's output features.
+    #[serde(default, deserialize_with = "whole_number::optional")]
+    #[schema(minimum = 1, maximum = 10_000_000_000_000_u64)]
+    pub out_features: Option<u64>,
+    /// Forward FLOPs of the layer for one sample, multiply-add counted as 2 (`describe` counts
+    /// them with torch's FlopCounterMode). The performance model derives them when absent.
+    #[serde(default, deserialize_with = "whole_number::optional")]
+    #[schema(maximum = 1_000_000_000_000_000_000_u64)]
+    pub flops: Option<u64>,
+}
