@@ -602,6 +602,22 @@ mod tests {
         );
     }
 
+    #[test]
+    fn an_in_process_graph_fed_fewer_features_than_it_reads_fails_the_load() {
+        let error = load_edited(|manifest, _| {
+            let features = &mut entry_named(manifest, "smact")["input"]["features"];
+            features.as_array_mut().unwrap().pop();
+        })
+        .err()
+        .expect("a row of the wrong width is refused at load, not on the first request");
+        let message = error.to_string();
+        assert!(
+            message.contains("estimator 'smact' cannot run on in_process")
+                && message.contains("a row of zeros fails"),
+            "{message}"
+        );
+    }
+
     fn replace_all(bytes: &[u8], from: &[u8], to: &[u8]) -> Vec<u8> {
         let mut out = Vec::with_capacity(bytes.len());
         let mut i = 0;
