@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::manifest::{EstimatorEntry, EstimatorKind, Requirement};
+use super::manifest::{EstimatorEntry, EstimatorKind, Requirement, Runtime};
 use super::onnx::{InferenceError, Model, ModelInput};
 use super::EstimateError;
 use crate::estimators::features::{AggregateFeatures, FeatureSpec, TokenFeatures};
@@ -25,6 +25,8 @@ pub struct Estimator {
     pub family: Family,
     pub(super) input: Input,
     pub(super) model: Box<dyn Model>,
+    /// What `model` is, as the manifest fixed it.
+    pub(super) runtime: Runtime,
     pub(super) classes: Option<MemoryClasses>,
     pub(super) quantiles: Option<ResidualQuantiles>,
 }
@@ -34,9 +36,9 @@ impl Estimator {
         &self.entry.name
     }
 
-    /// What evaluates its model: `in_process` or `onnxruntime`.
+    /// What evaluates its model, as the manifest fixed it: `in_process` or `onnxruntime`.
     pub fn runtime(&self) -> &'static str {
-        self.model.runtime()
+        self.runtime.as_str()
     }
 
     /// Why a sequence estimator cannot read this valid job (more layers than positions, or a

@@ -1,6 +1,6 @@
 //! Loading: the manifest read and checked, every model file verified against its checksum and
-//! its contract (features known, graph inputs and outputs), the `simulated` block and its
-//! training domain.
+//! its contract (features known, graph inputs and outputs) and loaded on the runtime its entry
+//! names, the `simulated` block and its training domain.
 
 use std::path::{Path, PathBuf};
 
@@ -10,8 +10,8 @@ use super::estimator::{Estimator, Input};
 use super::extrapolation::TrainingDomain;
 use super::feedforward::FeedForward;
 use super::manifest::{
-    EstimatorEntry, EstimatorKind, FileRef, InputSpec, Manifest, SimulatedEntry, MANIFEST_FILE,
-    SUPPORTED_SCHEMA_VERSION,
+    EstimatorEntry, EstimatorKind, FileRef, InputSpec, Manifest, Runtime, SimulatedEntry,
+    MANIFEST_FILE, SUPPORTED_SCHEMA_VERSION,
 };
 use super::onnx::{self, Model, ModelInput, OnnxModel};
 use super::Estimators;
@@ -102,7 +102,8 @@ fn load_domain(dir: &Path, reference: &FileRef) -> Result<TrainingDomain, LoadEr
 
 impl Estimators {
     /// Loads and checks every estimator of `dir/manifest.json`: file present, checksum equal,
-    /// features known, graph inputs and outputs as the contract says.
+    /// features known, graph inputs and outputs as the contract says, each model on the one
+    /// runtime its entry names (a model that cannot run there fails the load).
     pub fn load(
         dir: &Path,
         ort_dylib: &Path,
@@ -143,13 +144,13 @@ impl Estimators {
         ) {
             model.domain = Some(load_domain(dir, domain)?);
         }
-        let environment = onnx::environment(ort_dylib).map_err(LoadError::Runtime)?;
         let mut estimators = Vec::with_capacity(manifest.estimators.len());
         for entry in &manifest.estimators {
             let path = dir.join(&entry.file);
             let Checked {
                 family,
                 input,
+                runtime,
                 classes,
                 quantiles,
             } = check_entry(entry)
@@ -166,32 +167,31 @@ impl Estimators {
                     actual,
                 });
             }
-            let input_names: &[&str] = match input {
-                Input::Aggregate(_) => &["features"],
-                Input::Sequence { .. } => &["kind_ids", "token_features", "mask"],
-            };
-            let model = OnnxModel::load(
-                environment,
+            let model = load_model(
+                entry,
+                runtime,
+                &input,
                 &bytes,
-                input_names,
-                &entry.output,
+                ort_dylib,
                 sessions_per_model,
             )
-            .map_err(|reason| LoadError::Model {
-                path: path.clone(),
-                reason,
+            .map_err(|reason| match reason {
+                ModelRefused::Runtime(reason) => LoadError::Runtime(reason),
+                ModelRefused::Model(reason) => LoadError::Model {
+                    path: path.clone(),
+                    reason: format!(
+                        "estimator '{}' cannot run on {}: {reason}",
+                        entry.name,
+                        runtime.as_str()
+                    ),
+                },
             })?;
-            let model: Box<dyn Model> = match &input {
-                Input::Aggregate(specs) => {
-                    in_process(&entry.name, &bytes, &entry.output, specs.len(), model)
-                }
-                Input::Sequence { .. } => Box::new(model),
-            };
             estimators.push(Estimator {
                 entry: entry.clone(),
                 family,
                 input,
                 model,
+                runtime,
                 classes,
                 quantiles,
             });
@@ -219,87 +219,61 @@ impl Estimators {
     }
 }
 
-/// An aggregate model evaluated in process when its graph is one [`FeedForward`] knows and
-/// both agree on probe rows; ONNX Runtime's sessions otherwise (and the log says why).
-fn in_process(
-    name: &str,
+/// Why a model was not loaded on its runtime.
+enum ModelRefused {
+    /// ONNX Runtime itself could not start.
+    Runtime(String),
+    /// The model cannot run there.
+    Model(String),
+}
+
+/// Loads a model on the one runtime its entry names: in process, a graph of ops the
+/// evaluator knows that answers a row of zeros (the features' means); on ONNX Runtime, a pool
+/// of `sessions` sessions whose graph has the inputs and the output the service uses.
+fn load_model(
+    entry: &EstimatorEntry,
+    runtime: Runtime,
+    input: &Input,
     bytes: &[u8],
-    output: &str,
-    width: usize,
-    runtime: OnnxModel,
-) -> Box<dyn Model> {
-    let checked = checked_feedforward(bytes, output, width, &runtime);
-    match checked {
-        Ok(graph) => {
-            tracing::debug!(estimator = name, "evaluated in process");
-            Box::new(graph)
+    ort_dylib: &Path,
+    sessions: usize,
+) -> Result<Box<dyn Model>, ModelRefused> {
+    match (runtime, input) {
+        (Runtime::InProcess, Input::Aggregate(specs)) => {
+            let graph =
+                FeedForward::from_onnx(bytes, &entry.output).map_err(ModelRefused::Model)?;
+            let zeros = vec![0.0; specs.len()];
+            let row = ModelInput::Aggregate {
+                rows: &zeros,
+                n_rows: 1,
+            };
+            graph
+                .infer(row)
+                .map_err(|e| ModelRefused::Model(format!("a row of zeros fails: {}", e.0)))?;
+            Ok(Box::new(graph))
         }
-        Err(why) => {
-            tracing::warn!(estimator = name, %why, "left to ONNX Runtime");
-            Box::new(runtime)
+        (Runtime::InProcess, Input::Sequence { .. }) => Err(ModelRefused::Model(
+            "the in-process evaluator reads aggregate features only".into(),
+        )),
+        (Runtime::OnnxRuntime, _) => {
+            // Started on the first model that needs it: a manifest of in-process models only
+            // never loads the library.
+            let environment = onnx::environment(ort_dylib).map_err(ModelRefused::Runtime)?;
+            let input_names: &[&str] = match input {
+                Input::Aggregate(_) => &["features"],
+                Input::Sequence { .. } => &["kind_ids", "token_features", "mask"],
+            };
+            let model = OnnxModel::load(environment, bytes, input_names, &entry.output, sessions)
+                .map_err(ModelRefused::Model)?;
+            Ok(Box::new(model))
         }
     }
-}
-
-/// The graph read in process, if it agrees with ONNX Runtime's run of it on probe rows.
-fn checked_feedforward(
-    bytes: &[u8],
-    output: &str,
-    width: usize,
-    runtime: &OnnxModel,
-) -> Result<FeedForward, String> {
-    let graph = FeedForward::from_onnx(bytes, output)?;
-    let rows = probe_rows(width);
-    let input = ModelInput::Aggregate {
-        rows: &rows,
-        n_rows: PROBE_ROWS,
-    };
-    let expected = runtime.infer(input).map_err(|e| e.to_string())?;
-    let got = graph.infer(input).map_err(|e| e.to_string())?;
-    match disagreement(&expected, &got) {
-        None => Ok(graph),
-        Some(why) => Err(format!("disagrees with ONNX Runtime on probe rows: {why}")),
-    }
-}
-
-const PROBE_ROWS: usize = 64;
-
-/// `PROBE_ROWS` rows of normalised features spread over -3..3, and one of zeros: the
-/// range the estimators are fed.
-fn probe_rows(width: usize) -> Vec<f32> {
-    let mut state: u32 = 0x9E37_79B9;
-    (0..PROBE_ROWS * width)
-        .map(|i| {
-            if i < width {
-                return 0.0;
-            }
-            state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-            (state >> 8) as f32 / (1u32 << 24) as f32 * 6.0 - 3.0
-        })
-        .collect()
-}
-
-/// Where two runs of one model part by more than float rounding of different summation
-/// orders and approximated functions can: 1e-4 relative, 1e-6 absolute.
-fn disagreement(expected: &[f32], got: &[f32]) -> Option<String> {
-    if expected.len() != got.len() {
-        return Some(format!("{} values against {}", got.len(), expected.len()));
-    }
-    expected
-        .iter()
-        .zip(got)
-        .position(|(&e, &g)| {
-            let same = (e.is_nan() && g.is_nan())
-                || e == g
-                || (e - g).abs() <= 1e-6 + 1e-4 * e.abs().max(g.abs());
-            !same
-        })
-        .map(|i| format!("value {i}: {} against {}", got[i], expected[i]))
 }
 
 struct Checked {
     family: Family,
     input: Input,
+    runtime: Runtime,
     classes: Option<MemoryClasses>,
     quantiles: Option<ResidualQuantiles>,
 }
@@ -354,6 +328,15 @@ fn check_entry(entry: &EstimatorEntry) -> Result<Checked, String> {
             }
         }
     };
+    let runtime = match entry.runtime.as_deref() {
+        None => Runtime::default_for(&entry.input),
+        Some(name) => Runtime::parse(name).ok_or_else(|| {
+            format!(
+                "unknown runtime '{name}' (this build runs {})",
+                Runtime::NAMES.join(" or ")
+            )
+        })?,
+    };
     let classes = match &entry.class_bins_mib {
         Some(bins) => Some(MemoryClasses::new(bins.clone()).map_err(|e| e.to_string())?),
         None => None,
@@ -386,6 +369,7 @@ fn check_entry(entry: &EstimatorEntry) -> Result<Checked, String> {
     Ok(Checked {
         family,
         input,
+        runtime,
         classes,
         quantiles,
     })
@@ -395,19 +379,112 @@ fn check_entry(entry: &EstimatorEntry) -> Result<Checked, String> {
 mod tests {
     use super::*;
 
-    fn committed() -> (PathBuf, Manifest, &'static ort::environment::Environment) {
-        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-        let dylib = std::env::var("ORT_DYLIB_PATH")
+    fn root() -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    }
+
+    fn dylib() -> PathBuf {
+        std::env::var("ORT_DYLIB_PATH")
             .map(PathBuf::from)
-            .unwrap_or_else(|_| root.join(".cache/onnxruntime/libonnxruntime.so"));
-        let models = root.join("models");
-        let manifest = std::fs::read(models.join(MANIFEST_FILE)).unwrap();
-        let environment = onnx::environment(&dylib).unwrap();
-        (
-            models,
-            serde_json::from_slice(&manifest).unwrap(),
-            environment,
+            .unwrap_or_else(|_| root().join(".cache/onnxruntime/libonnxruntime.so"))
+    }
+
+    fn committed_manifest() -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(root().join("models").join(MANIFEST_FILE)).unwrap())
+            .unwrap()
+    }
+
+    /// Loads a copy of the committed models whose manifest `edit` changed (it may also write
+    /// files into the copy, given its path).
+    fn load_edited(
+        edit: impl FnOnce(&mut serde_json::Value, &Path),
+    ) -> Result<Estimators, LoadError> {
+        let dir = tempfile::tempdir().unwrap();
+        for file in std::fs::read_dir(root().join("models")).unwrap() {
+            let file = file.unwrap().path();
+            std::fs::copy(&file, dir.path().join(file.file_name().unwrap())).unwrap();
+        }
+        let mut manifest = committed_manifest();
+        edit(&mut manifest, dir.path());
+        std::fs::write(
+            dir.path().join(MANIFEST_FILE),
+            serde_json::to_vec(&manifest).unwrap(),
         )
+        .unwrap();
+        Estimators::load(dir.path(), &dylib(), 1)
+    }
+
+    fn entry_named<'a>(
+        manifest: &'a mut serde_json::Value,
+        name: &str,
+    ) -> &'a mut serde_json::Value {
+        manifest["estimators"]
+            .as_array_mut()
+            .unwrap()
+            .iter_mut()
+            .find(|e| e["name"] == name)
+            .unwrap()
+    }
+
+    fn committed() -> (PathBuf, Manifest) {
+        let manifest = serde_json::from_value(committed_manifest()).unwrap();
+        (root().join("models"), manifest)
+    }
+
+    const PROBE_ROWS: usize = 64;
+
+    /// `PROBE_ROWS` rows of normalised features spread over -3..3, and one of zeros: the
+    /// range the estimators are fed.
+    fn probe_rows(width: usize) -> Vec<f32> {
+        let mut state: u32 = 0x9E37_79B9;
+        (0..PROBE_ROWS * width)
+            .map(|i| {
+                if i < width {
+                    return 0.0;
+                }
+                state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                (state >> 8) as f32 / (1u32 << 24) as f32 * 6.0 - 3.0
+            })
+            .collect()
+    }
+
+    /// Where two runs of one model part by more than float rounding of different summation
+    /// orders and approximated functions can: 1e-4 relative, 1e-6 absolute.
+    fn disagreement(expected: &[f32], got: &[f32]) -> Option<String> {
+        if expected.len() != got.len() {
+            return Some(format!("{} values against {}", got.len(), expected.len()));
+        }
+        expected
+            .iter()
+            .zip(got)
+            .position(|(&e, &g)| {
+                let same = (e.is_nan() && g.is_nan())
+                    || e == g
+                    || (e - g).abs() <= 1e-6 + 1e-4 * e.abs().max(g.abs());
+                !same
+            })
+            .map(|i| format!("value {i}: {} against {}", got[i], expected[i]))
+    }
+
+    /// Where the in-process run of `graph_file` parts from ONNX Runtime's run of
+    /// `runtime_file` on the probe rows.
+    fn disagreement_with_onnx_runtime(
+        graph_file: &Path,
+        runtime_file: &Path,
+        output: &str,
+        width: usize,
+    ) -> Option<String> {
+        let environment = onnx::environment(&dylib()).unwrap();
+        let runtime_bytes = std::fs::read(runtime_file).unwrap();
+        let runtime =
+            OnnxModel::load(environment, &runtime_bytes, &["features"], output, 1).unwrap();
+        let graph = FeedForward::from_onnx(&std::fs::read(graph_file).unwrap(), output).unwrap();
+        let rows = probe_rows(width);
+        let input = ModelInput::Aggregate {
+            rows: &rows,
+            n_rows: PROBE_ROWS,
+        };
+        disagreement(&runtime.infer(input).unwrap(), &graph.infer(input).unwrap())
     }
 
     fn aggregate_width(entry: &EstimatorEntry) -> Option<usize> {
@@ -417,19 +494,28 @@ mod tests {
         }
     }
 
+    // The load no longer compares the evaluator with ONNX Runtime; this test does, for every
+    // committed in-process model, so the evaluator stays right.
     #[test]
     fn every_committed_aggregate_model_is_evaluated_in_process_and_agrees_with_onnx_runtime() {
-        let (models, manifest, environment) = committed();
+        let (models, manifest) = committed();
         let mut checked = 0;
         for entry in &manifest.estimators {
             let Some(width) = aggregate_width(entry) else {
                 continue;
             };
-            let bytes = std::fs::read(models.join(&entry.file)).unwrap();
-            let runtime =
-                OnnxModel::load(environment, &bytes, &["features"], &entry.output, 1).unwrap();
-            if let Err(why) = checked_feedforward(&bytes, &entry.output, width, &runtime) {
-                panic!("{}: {why}", entry.name);
+            assert_eq!(
+                entry.runtime.as_deref(),
+                Some("in_process"),
+                "{}",
+                entry.name
+            );
+            let file = models.join(&entry.file);
+            if let Some(why) = disagreement_with_onnx_runtime(&file, &file, &entry.output, width) {
+                panic!(
+                    "{}: disagrees with ONNX Runtime on probe rows: {why}",
+                    entry.name
+                );
             }
             checked += 1;
         }
@@ -440,25 +526,18 @@ mod tests {
     }
 
     #[test]
-    fn a_graph_that_disagrees_with_onnx_runtime_is_left_to_it() {
-        let (models, manifest, environment) = committed();
-        let entry = |name: &str| {
-            manifest
-                .estimators
-                .iter()
-                .find(|e| e.name == name)
-                .unwrap()
-                .clone()
-        };
+    fn the_agreement_check_sees_other_weights() {
+        let (models, manifest) = committed();
+        let entry = |name: &str| manifest.estimators.iter().find(|e| e.name == name).unwrap();
         // The same inputs and output, other weights: SMOCC's graph against SMACT's runtime.
         let (smact, smocc) = (entry("smact"), entry("smocc"));
-        let runtime_bytes = std::fs::read(models.join(&smact.file)).unwrap();
-        let runtime =
-            OnnxModel::load(environment, &runtime_bytes, &["features"], &smact.output, 1).unwrap();
-        let graph_bytes = std::fs::read(models.join(&smocc.file)).unwrap();
-        let width = aggregate_width(&smact).unwrap();
-        let why = checked_feedforward(&graph_bytes, &smocc.output, width, &runtime).unwrap_err();
-        assert!(why.contains("disagrees with ONNX Runtime"), "{why}");
+        let why = disagreement_with_onnx_runtime(
+            &models.join(&smocc.file),
+            &models.join(&smact.file),
+            &smact.output,
+            aggregate_width(smact).unwrap(),
+        );
+        assert!(why.is_some());
     }
 
     #[test]
@@ -467,5 +546,137 @@ mod tests {
         assert!(disagreement(&[1.0], &[1.001]).is_some());
         assert!(disagreement(&[0.0], &[1e-5]).is_some());
         assert!(disagreement(&[1.0], &[1.0, 2.0]).is_some());
+    }
+
+    #[test]
+    fn every_committed_model_runs_on_the_runtime_its_entry_names() {
+        let estimators = Estimators::load(&root().join("models"), &dylib(), 1).unwrap();
+        for estimator in estimators.all() {
+            let named = estimator.entry.runtime.as_deref();
+            assert_eq!(named, Some(estimator.runtime()), "{}", estimator.name());
+            let expected = match estimator.entry.input {
+                InputSpec::Aggregate { .. } => "in_process",
+                InputSpec::Sequence { .. } => "onnxruntime",
+            };
+            assert_eq!(estimator.runtime(), expected, "{}", estimator.name());
+        }
+    }
+
+    #[test]
+    fn an_unknown_runtime_fails_the_load_naming_the_model() {
+        let error = load_edited(|manifest, _| {
+            entry_named(manifest, "smocc")["runtime"] = "tract".into();
+        })
+        .err()
+        .expect("an unknown runtime is refused");
+        let message = error.to_string();
+        assert!(matches!(error, LoadError::Manifest { .. }), "{message}");
+        assert!(
+            message.contains("estimator 'smocc'") && message.contains("unknown runtime 'tract'"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn an_in_process_model_with_an_op_the_evaluator_does_not_know_fails_the_load() {
+        let error = load_edited(|manifest, dir| {
+            // Every Sigmoid of smact's graph made a Softsign: the same bytes' length, so the
+            // protobuf stays valid, and ONNX Runtime would run it.
+            let bytes = std::fs::read(dir.join("smact.onnx")).unwrap();
+            let text = String::from_utf8_lossy(&bytes).into_owned();
+            assert!(text.contains("Sigmoid"));
+            let patched: Vec<u8> = replace_all(&bytes, b"Sigmoid", b"Softsgn");
+            std::fs::write(dir.join("smact_patched.onnx"), &patched).unwrap();
+            let entry = entry_named(manifest, "smact");
+            entry["file"] = "smact_patched.onnx".into();
+            entry["sha256"] = hex::encode(Sha256::digest(&patched)).into();
+        })
+        .err()
+        .expect("a graph with an unknown op is refused in process");
+        let message = error.to_string();
+        assert!(matches!(error, LoadError::Model { .. }), "{message}");
+        assert!(
+            message.contains("estimator 'smact' cannot run on in_process")
+                && message.contains("Softsgn"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn an_in_process_graph_fed_fewer_features_than_it_reads_fails_the_load() {
+        let error = load_edited(|manifest, _| {
+            let features = &mut entry_named(manifest, "smact")["input"]["features"];
+            features.as_array_mut().unwrap().pop();
+        })
+        .err()
+        .expect("a row of the wrong width is refused at load, not on the first request");
+        let message = error.to_string();
+        assert!(
+            message.contains("estimator 'smact' cannot run on in_process")
+                && message.contains("a row of zeros fails"),
+            "{message}"
+        );
+    }
+
+    fn replace_all(bytes: &[u8], from: &[u8], to: &[u8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(bytes.len());
+        let mut i = 0;
+        while i < bytes.len() {
+            if bytes[i..].starts_with(from) {
+                out.extend_from_slice(to);
+                i += from.len();
+            } else {
+                out.push(bytes[i]);
+                i += 1;
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn a_sequence_model_named_in_process_fails_the_load() {
+        let error = load_edited(|manifest, _| {
+            entry_named(manifest, "sequence_transformer")["runtime"] = "in_process".into();
+        })
+        .err()
+        .expect("the evaluator reads aggregate graphs only");
+        let message = error.to_string();
+        assert!(
+            message.contains("estimator 'sequence_transformer' cannot run on in_process"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn an_aggregate_model_may_be_named_onnx_runtime() {
+        let estimators = load_edited(|manifest, _| {
+            entry_named(manifest, "smact")["runtime"] = "onnxruntime".into();
+        })
+        .unwrap();
+        let smact = estimators
+            .all()
+            .iter()
+            .find(|e| e.name() == "smact")
+            .unwrap();
+        assert_eq!(smact.runtime(), "onnxruntime");
+    }
+
+    #[test]
+    fn a_manifest_without_runtimes_runs_aggregate_graphs_in_process_and_sequences_on_onnx_runtime()
+    {
+        let estimators = load_edited(|manifest, _| {
+            for entry in manifest["estimators"].as_array_mut().unwrap() {
+                entry.as_object_mut().unwrap().remove("runtime");
+            }
+        })
+        .unwrap();
+        for estimator in estimators.all() {
+            assert_eq!(estimator.entry.runtime, None);
+            let expected = match estimator.entry.input {
+                InputSpec::Aggregate { .. } => "in_process",
+                InputSpec::Sequence { .. } => "onnxruntime",
+            };
+            assert_eq!(estimator.runtime(), expected, "{}", estimator.name());
+        }
     }
 }

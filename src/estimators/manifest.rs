@@ -83,6 +83,11 @@ pub struct EstimatorEntry {
     pub sha256: String,
     pub input: InputSpec,
     pub output: String,
+    /// What evaluates the graph: `in_process` or `onnxruntime` ([`Runtime`]); absent in older
+    /// manifests, where [`Runtime::default_for`] decides. Kept as text so that a name this
+    /// build does not know is refused with the estimator's name, not serde's line and column.
+    #[serde(default)]
+    pub runtime: Option<String>,
     #[serde(default)]
     pub class_bins_mib: Option<Vec<u64>>,
     /// What a regressor predicts (`smact`, `smocc`, `drama`).
@@ -103,6 +108,45 @@ pub struct EstimatorEntry {
     /// other estimators. Only memory regressors may require anything.
     #[serde(default)]
     pub requires: Vec<Requirement>,
+}
+
+/// What evaluates an estimator's graph, fixed by its manifest entry: the one runtime it is
+/// loaded on, with no second copy of it and no fallback to another.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Runtime {
+    /// gpucast's own evaluator of the aggregate feed-forward graphs ([`super::feedforward`]).
+    InProcess,
+    /// ONNX Runtime's sessions.
+    OnnxRuntime,
+}
+
+impl Runtime {
+    pub const NAMES: [&'static str; 2] = ["in_process", "onnxruntime"];
+
+    pub fn parse(name: &str) -> Option<Runtime> {
+        match name {
+            "in_process" => Some(Runtime::InProcess),
+            "onnxruntime" => Some(Runtime::OnnxRuntime),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Runtime::InProcess => "in_process",
+            Runtime::OnnxRuntime => "onnxruntime",
+        }
+    }
+
+    /// The runtime of an entry that names none (manifests written before the field): what
+    /// served such entries before, in process for aggregate graphs and ONNX Runtime for
+    /// sequence ones. An aggregate graph the evaluator cannot read then fails the load.
+    pub fn default_for(input: &InputSpec) -> Runtime {
+        match input {
+            InputSpec::Aggregate { .. } => Runtime::InProcess,
+            InputSpec::Sequence { .. } => Runtime::OnnxRuntime,
+        }
+    }
 }
 
 /// Something a job may carry besides its layers.

@@ -33,11 +33,6 @@ pub struct InferenceError(pub String);
 /// A loaded model: `n_rows` jobs in, their outputs out, row-major (`[n_rows, outputs]`).
 pub trait Model: Send + Sync {
     fn infer(&self, input: ModelInput<'_>) -> Result<Vec<f32>, InferenceError>;
-
-    /// What evaluates it: `onnxruntime`, or `in_process` ([`super::feedforward`]).
-    fn runtime(&self) -> &'static str {
-        "onnxruntime"
-    }
 }
 
 static ENVIRONMENT: OnceLock<Result<Environment, String>> = OnceLock::new();

@@ -519,6 +519,7 @@ def build_manifest(csv_path, n_rows, n_train, n_test, paths, agg_entries, tok_en
             **file_entry("mlp_ensemble"),
             input=aggregate_input,
             output="probabilities",
+            runtime=mf.IN_PROCESS,
             class_bins_mib=CLASS_BINS_MIB,
             validation={
                 "cv_accuracy": cv["ensemble"]["accuracy"],
@@ -540,6 +541,7 @@ def build_manifest(csv_path, n_rows, n_train, n_test, paths, agg_entries, tok_en
                 "token_features": tok_entries,
             },
             output="probabilities",
+            runtime=mf.ONNXRUNTIME,
             class_bins_mib=CLASS_BINS_MIB,
             validation={
                 "cv_accuracy": cv["transformer"]["accuracy"],
@@ -560,6 +562,7 @@ def build_manifest(csv_path, n_rows, n_train, n_test, paths, agg_entries, tok_en
                 **file_entry(target),
                 input=aggregate_input,
                 output="value",
+                runtime=mf.IN_PROCESS,
                 validation={
                     "cv_mae": cv[target]["mae"],
                     "test_mae": test[target]["mae"],

@@ -519,6 +519,7 @@ def merge_manifest(layout, result, entries, onnx_path, domain_path):
                 "requires": ["simulation"],
                 "input": {"type": "aggregate", "features": entries},
                 "output": "log_mib",
+                "runtime": mf.IN_PROCESS,
                 "residual_quantiles": result["quantiles"][family],
                 "capacity_mib": CAPACITY_MIB,
                 "test_file": TEST_FILE,

@@ -533,6 +533,7 @@ def run_mlp_regressor(layout, threads):
         "sha256": mf.sha256_of(path),
         "input": {"type": "aggregate", "features": entries},
         "output": "log_mib",
+        "runtime": mf.IN_PROCESS,
         "residual_quantiles": quantiles,
         "capacity_mib": CAPACITY_MIB,
         "test_file": test_file,
@@ -833,6 +834,7 @@ def timm_entries(result):
                 "sha256": sha["timm_regressor"],
                 "input": {"type": "aggregate", "features": result["entries"]},
                 "output": "log_mib",
+                "runtime": mf.IN_PROCESS,
                 "residual_quantiles": result["quantiles"][family],
                 "capacity_mib": CAPACITY_MIB,
                 "validation": {**prefixed("cv_", cv["regressor"]), **prefixed("test_", test["regressor"])},
@@ -848,6 +850,7 @@ def timm_entries(result):
                 "requires": ["saved_tensors"],
                 "input": {"type": "aggregate", "features": result["traced_entries"]},
                 "output": "log_mib",
+                "runtime": mf.IN_PROCESS,
                 "residual_quantiles": result["traced_quantiles"][family],
                 "capacity_mib": CAPACITY_MIB,
                 "validation": {
@@ -865,6 +868,7 @@ def timm_entries(result):
                 "sha256": sha["timm_mlp_ensemble"],
                 "input": {"type": "aggregate", "features": result["entries"]},
                 "output": "probabilities",
+                "runtime": mf.IN_PROCESS,
                 "class_bins_mib": CLASS_BINS_MIB,
                 "validation": {**prefixed("cv_", cv["mlp_ensemble"]), **prefixed("test_", test["mlp_ensemble"])},
             }
@@ -883,6 +887,7 @@ def timm_entries(result):
                     "token_features": result["token_entries"],
                 },
                 "output": "probabilities",
+                "runtime": mf.ONNXRUNTIME,
                 "class_bins_mib": CLASS_BINS_MIB,
                 "validation": {
                     **prefixed("cv_", cv["sequence_transformer"]),

@@ -62,8 +62,9 @@ pub struct EstimatorInfo {
     pub kind: String,
     /// `aggregate` (whole-job features) or `sequence` (one token per layer).
     pub input: String,
-    /// What evaluates the model: `in_process` (the small feed-forward graphs, read from the
-    /// same file and checked against ONNX Runtime at start-up) or `onnxruntime`.
+    /// What evaluates the model, as the manifest's `runtime` fixes it: `in_process` (gpucast's
+    /// own evaluator of the small feed-forward graphs, read from the `.onnx` file) or
+    /// `onnxruntime`.
     pub runtime: String,
     pub file: String,
     pub sha256: String,
