@@ -1,7 +1,7 @@
-//! The README against the tree and the committed answers: its Layout block names every source
-//! file and folder and nothing that is not there, and every figure it quotes from an example
-//! answer is what that committed answer says (tests/api/docs.rs holds the committed answers to
-//! what the service answers now).
+//! The README and CONTRIBUTING against the tree and the committed answers: CONTRIBUTING.md's
+//! Layout block (the map of src/) names every source file and folder and nothing that is not
+//! there, and every figure the README quotes from an example answer is what that committed
+//! answer says (tests/api/docs.rs holds the committed answers to what the service answers now).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -61,7 +61,8 @@ fn walk(dir: &Path, files: &mut BTreeSet<String>, folders: &mut BTreeSet<String>
 
 #[test]
 fn the_layout_names_every_source_file_and_folder_and_nothing_else() {
-    let (named_files, named_folders) = named(&layout_block(&readme()));
+    let contributing = std::fs::read_to_string(repo().join("CONTRIBUTING.md")).unwrap();
+    let (named_files, named_folders) = named(&layout_block(&contributing));
     let (mut files, mut folders) = (BTreeSet::new(), BTreeSet::new());
     walk(&repo().join("src"), &mut files, &mut folders);
     let missing: Vec<_> = files.difference(&named_files).collect();
