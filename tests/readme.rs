@@ -165,3 +165,44 @@ fn the_readmes_command_line_examples_show_their_output() {
     }
     assert!(checked >= 2, "{checked} examples checked");
 }
+
+/// The table of serve's flags in docs/user/operations.md names exactly the flags
+/// `gpucast serve --help` lists (the code is the reference; the table says what each bounds).
+#[test]
+fn the_configuration_table_names_every_serve_flag_and_no_other() {
+    let flag_words = |text: &str| -> BTreeSet<String> {
+        text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
+            .filter(|w| w.starts_with("--") && w.len() > 2)
+            .map(str::to_string)
+            .collect()
+    };
+    let help = std::process::Command::new(env!("CARGO_BIN_EXE_gpucast"))
+        .args(["serve", "--help"])
+        .output()
+        .unwrap();
+    let mut listed: BTreeSet<String> = String::from_utf8(help.stdout)
+        .unwrap()
+        .lines()
+        .filter_map(|line| line.trim_start().split_whitespace().next())
+        .filter(|w| w.starts_with("--"))
+        .map(|w| w.trim_end_matches(',').to_string())
+        .collect();
+    listed.remove("--help");
+    let operations = std::fs::read_to_string(repo().join("docs/user/operations.md")).unwrap();
+    let start = operations
+        .find("\n## Configuration")
+        .expect("a Configuration section");
+    let section = &operations[start..];
+    let end = section[1..].find("\n## ").map_or(section.len(), |e| e + 1);
+    let rows = section[..end]
+        .lines()
+        .filter(|l| l.starts_with("| `--"))
+        .map(|l| l.split('|').nth(1).unwrap())
+        .collect::<Vec<_>>()
+        .join(" ");
+    let tabled = flag_words(&rows);
+    assert_eq!(
+        tabled, listed,
+        "docs/user/operations.md's Configuration table against `gpucast serve --help`"
+    );
+}
