@@ -5,7 +5,7 @@
     python describe/scripts/gpu_check.py --dry-run --only 19   # here: code paths on the CPU
 
 The device image's python3 has torch, torchvision, timm and transformers (other versions than
-describe/requirements-test.txt pins: say which in the results). The dry run of all 20 jobs
+the workspace lock (uv.lock) pins: say which in the results). The dry run of all 20 jobs
 passes here except GPT-2 XL, whose real fp32 Adam step needs ~25 GB of host memory.
 
 For each job of JOBS, in a fresh subprocess (a clean allocator and its own CUDA context): the
