@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Drives a release build of gpucast with oha and writes load-tests/report.json.
 
-Run through scripts/load-test.sh, which builds the binary and installs oha first. Standard
-library only. Every run is bounded in time; all traffic goes to 127.0.0.1.
+Run through scripts/load-test.sh, which builds the binary and installs oha first; by hand, as a
+module from the repository root (`python3 -m load-tests.run --help`): the server comes from the
+harness the scripts share, scripts/harness.py. Standard library only. Every run is bounded in
+time; all traffic goes to 127.0.0.1.
 
 Scenarios (durations scale with --scale; see load-tests/README.md):
   startup      start the binary N times, time exec -> GET /readyz says ready; time SIGTERM -> exit
@@ -25,15 +27,13 @@ import json
 import os
 import platform
 import re
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
+
+from scripts.harness import Server, call, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -74,9 +74,9 @@ def build_bodies(out: Path) -> dict[str, dict]:
     """Writes every body to `out` and returns {name: {path, content_type, expect, items, layers}}."""
     timm = read_jsonl_gz(ROOT / "data/timm/descriptions.jsonl.gz")
     mlp = [r["job"] for r in read_jsonl_gz(ROOT / "data/mlp/test.jsonl.gz")]
-    example = json.loads(subprocess.run(
-        [str(ARGS.binary), "openapi"], check=True, capture_output=True, text=True
-    ).stdout)["components"]["schemas"]["EstimateRequest"]["example"]
+    example = json.loads(
+        subprocess.run([str(ARGS.binary), "openapi"], check=True, capture_output=True, text=True).stdout
+    )["components"]["schemas"]["EstimateRequest"]["example"]
 
     bodies: dict[str, dict] = {}
 
@@ -124,8 +124,16 @@ def add_streams(out: Path, bodies: dict[str, dict], families: list[str]) -> None
         data = b"".join(Path(bodies[m]["path"]).read_bytes() + b"\n" for m in members)
         path = out / f"{name}.lines"
         path.write_bytes(data)
-        bodies[name] = {"path": str(path), "lines": True, "content_type": "application/json", "expect": expect,
-                        "items": 1, "layers": None, "bytes": len(data), "members": members}
+        bodies[name] = {
+            "path": str(path),
+            "lines": True,
+            "content_type": "application/json",
+            "expect": expect,
+            "items": 1,
+            "layers": None,
+            "bytes": len(data),
+            "members": members,
+        }
 
     # One realistic job of each family served, for the fixed-rate and saturation runs.
     lines("single_mix", families, {200})
@@ -135,83 +143,23 @@ def add_streams(out: Path, bodies: dict[str, dict], families: list[str]) -> None
 
 
 # ---------------------------------------------------------------------------------------------
-# The server
+# The server: scripts/harness.py's (the harness the scripts share), configured as the load test
+# runs it: the models and ONNX Runtime of the options, RUST_LOG=warn, a scratch data directory
+# (the load test must not write into the repository), /readyz asked every 2 ms so that
+# exec -> ready is timed to the millisecond.
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def http(method: str, url: str, body: bytes | None = None, content_type: str | None = None, timeout=5.0):
-    request = urllib.request.Request(url, data=body, method=method)
-    if content_type:
-        request.add_header("content-type", content_type)
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
-
-
-class Server:
-    def __init__(self, port: int, log: Path):
-        env = dict(os.environ)
-        env.update({
-            "GPUCAST_LISTEN": f"127.0.0.1:{port}",
-            "GPUCAST_MODELS": str(ARGS.models),
-            "ORT_DYLIB_PATH": str(ARGS.ort_dylib),
-            "RUST_LOG": env.get("RUST_LOG", "warn"),
-            # A scratch profile directory: the load test must not write into the repository.
-            "GPUCAST_STORE_DIR": str(log.parent / "data"),
-            "GPUCAST_NO_NVML": "true",
-        })
-        self.base = f"http://127.0.0.1:{port}"
-        self.log = open(log, "ab")
-        self.started = time.perf_counter()
-        self.process = subprocess.Popen([str(ARGS.binary), "serve"], env=env, stdout=self.log, stderr=self.log)
-
-    def wait_ready(self, limit_s: float = 30.0) -> float:
-        """Milliseconds from exec to the first GET /readyz answering {"ready": true}."""
-        deadline = self.started + limit_s
-        while time.perf_counter() < deadline:
-            if self.process.poll() is not None:
-                raise SystemExit(f"gpucast exited with {self.process.returncode} before it was ready; see {self.log.name}")
-            try:
-                status, body = http("GET", self.base + "/readyz", timeout=1.0)
-                if status == 200 and json.loads(body).get("ready") is True:
-                    return (time.perf_counter() - self.started) * 1000.0
-            except (urllib.error.URLError, ConnectionError, OSError, ValueError):
-                pass
-            time.sleep(0.002)
-        raise SystemExit(f"gpucast not ready after {limit_s} s; see {self.log.name}")
-
-    def memory(self) -> dict:
-        """VmRSS and VmHWM (peak RSS) in MiB."""
-        fields = {}
-        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key in ("VmRSS", "VmHWM"):
-                fields[key] = round(int(value.split()[0]) / 1024.0, 1)
-        return {"rss_mib": fields.get("VmRSS"), "hwm_mib": fields.get("VmHWM")}
-
-    def cpu_seconds(self) -> float:
-        stat = Path(f"/proc/{self.process.pid}/stat").read_text()
-        fields = stat[stat.rindex(")") + 2:].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-    def stop(self, limit_s: float = 15.0) -> dict:
-        """SIGTERM, then milliseconds until the process exits (graceful shutdown)."""
-        started = time.perf_counter()
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            code = self.process.wait(timeout=limit_s)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            code = self.process.wait()
-        self.log.close()
-        return {"exit_code": code, "shutdown_ms": round((time.perf_counter() - started) * 1000.0, 1)}
+def start_server(log: Path) -> Server:
+    return Server(
+        str(ARGS.binary),
+        free_port(),
+        data_dir=log.parent / "data",
+        extra_args=["--models", str(ARGS.models)],
+        log=log,
+        ready_timeout=30,
+        env={"ORT_DYLIB_PATH": str(ARGS.ort_dylib), "RUST_LOG": os.environ.get("RUST_LOG", "warn")},
+        poll_s=0.002,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -221,10 +169,21 @@ class Server:
 def oha(base: str, route: str, body: dict, *, seconds: float, connections: int, rate: int | None = None) -> dict:
     """One oha run; returns its JSON summary. Requests are bounded by time (-z) and count (-n)."""
     cmd = [
-        str(ARGS.oha), f"{base}{route}",
-        "-m", "POST", "-T", body["content_type"], "-Z" if body.get("lines") else "-D", body["path"],
-        "-z", f"{seconds:g}s", "-c", str(connections),
-        "--no-tui", "--output-format", "json",
+        str(ARGS.oha),
+        f"{base}{route}",
+        "-m",
+        "POST",
+        "-T",
+        body["content_type"],
+        "-Z" if body.get("lines") else "-D",
+        body["path"],
+        "-z",
+        f"{seconds:g}s",
+        "-c",
+        str(connections),
+        "--no-tui",
+        "--output-format",
+        "json",
         # Requests in flight at the deadline are awaited, not counted as errors.
         "-w",
     ]
@@ -276,11 +235,11 @@ def summarize(result: dict, expect, items: int = 1) -> dict:
     return out
 
 
-def server_status_counts(base: str) -> dict:
+def server_status_counts(server: Server) -> dict:
     """Responses by route and status as the server counted them (gpucast_http_requests_total)."""
-    status, body = http("GET", base + "/metrics")
+    status, body, _ = call(server.port, "GET", "/metrics", timeout=5.0)
     counts: dict[str, dict[str, int]] = {}
-    pattern = re.compile(r'^gpucast_http_requests_total\{(.*)\} (\S+)$')
+    pattern = re.compile(r"^gpucast_http_requests_total\{(.*)\} (\S+)$")
     for line in body.decode().splitlines():
         match = pattern.match(line)
         if not match:
@@ -301,12 +260,21 @@ def machine() -> dict:
             cpu = line.split(":", 1)[1].strip()
             break
     mem_total = next(
-        (int(l.split()[1]) // 1024 for l in Path("/proc/meminfo").read_text().splitlines() if l.startswith("MemTotal")), None
+        (int(l.split()[1]) // 1024 for l in Path("/proc/meminfo").read_text().splitlines() if l.startswith("MemTotal")),
+        None,
     )
     oha_version = subprocess.run([str(ARGS.oha), "--version"], capture_output=True, text=True).stdout.strip()
     try:
-        commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-        dirty = bool(subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True).stdout.strip())
+        commit = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        ).stdout.strip()
+        dirty = bool(
+            subprocess.run(
+                ["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+                capture_output=True,
+                text=True,
+            ).stdout.strip()
+        )
     except OSError:
         commit, dirty = None, None
     return {
@@ -350,10 +318,10 @@ def main() -> int:
     # Start-up: a few cold starts, each stopped with SIGTERM; the last one serves the load.
     startups, shutdowns = [], []
     for attempt in range(ARGS.starts):
-        server = Server(free_port(), log)
-        startups.append(round(server.wait_ready(), 1))
+        server = start_server(log)
+        startups.append(round(server.ready_ms, 1))
         if attempt < ARGS.starts - 1:
-            shutdowns.append(server.stop())
+            shutdowns.append(server.stop(timeout=15))
     report["startup"] = {
         "exec_to_ready_ms": startups,
         "median_ms": sorted(startups)[len(startups) // 2],
@@ -368,7 +336,14 @@ def main() -> int:
     skipped: dict[str, str] = {}
     for name, body in bodies.items():
         route = "/v1/estimate/batch" if name.startswith("batch") else "/v1/estimate"
-        status, answer = http("POST", base + route, Path(body["path"]).read_bytes(), body["content_type"], timeout=30)
+        status, answer, _ = call(
+            server.port,
+            "POST",
+            route,
+            Path(body["path"]).read_bytes(),
+            {"content-type": body["content_type"]},
+            timeout=30,
+        )
         if status == 422 and b"no memory estimator is loaded" in answer:
             skipped[name] = json.loads(answer)["detail"]
             continue
@@ -386,7 +361,11 @@ def main() -> int:
     add_streams(work, bodies, families)
     report["skipped"] = skipped
     report["bodies"] = {
-        k: {kk: (sorted(v[kk]) if isinstance(v[kk], set) else v[kk]) for kk in ("bytes", "items", "layers", "expect", "members") if kk in v}
+        k: {
+            kk: (sorted(v[kk]) if isinstance(v[kk], set) else v[kk])
+            for kk in ("bytes", "items", "layers", "expect", "members")
+            if kk in v
+        }
         for k, v in bodies.items()
     }
     for name, why in skipped.items():
@@ -416,12 +395,14 @@ def main() -> int:
     result = oha(base, "/v1/estimate", bodies["mixed"], seconds=secs(15), connections=32, rate=ARGS.mixed_rate)
     mixed = summarize(result, bodies["mixed"]["expect"])
     counts = mixed["status_counts"]
-    mixed.update({
-        "target_rate": ARGS.mixed_rate,
-        "bad_share_sent": round(3 / 30, 3),
-        "bad_share_answered": round((counts.get("400", 0) + counts.get("422", 0)) / max(1, mixed["responses"]), 3),
-        "latency_corrected": True,
-    })
+    mixed.update(
+        {
+            "target_rate": ARGS.mixed_rate,
+            "bad_share_sent": round(3 / 30, 3),
+            "bad_share_answered": round((counts.get("400", 0) + counts.get("422", 0)) / max(1, mixed["responses"]), 3),
+            "latency_corrected": True,
+        }
+    )
     record("mixed_10pct_bad", mixed)
 
     # (d) a fixed rate for a minute, then saturation.
@@ -436,15 +417,16 @@ def main() -> int:
 
     memory["after_load"] = server.memory()
     report["server_cpu_seconds"] = round(server.cpu_seconds(), 1)
-    report["server_status_counts"] = server_status_counts(base)
-    report["shutdown_after_load"] = server.stop()
+    report["server_status_counts"] = server_status_counts(server)
+    report["shutdown_after_load"] = server.stop(timeout=15)
     report["scenarios"] = scenarios
     report["memory"] = memory
     report["load_average_after"] = loadavg()
     report["elapsed_s"] = round(time.perf_counter() - t0, 1)
 
     verdict = {
-        "fixed_rate_p99": fixed["latency_ms"]["p99"] is not None and fixed["latency_ms"]["p99"] < TARGETS["fixed_rate_p99_ms_max"],
+        "fixed_rate_p99": fixed["latency_ms"]["p99"] is not None
+        and fixed["latency_ms"]["p99"] < TARGETS["fixed_rate_p99_ms_max"],
         "fixed_rate_zero_errors": fixed["errors"] <= TARGETS["fixed_rate_errors_max"],
         "fixed_rate_reached": fixed["requests_per_s"] >= 0.95 * ARGS.rate,
         "saturation_rps": saturation["requests_per_s"] >= TARGETS["saturation_rps_min"],

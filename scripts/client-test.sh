@@ -3,7 +3,7 @@
 # (cargo build first) on a free loopback port with a throw-away calibration store, waits for
 # /readyz, runs the client tests in .venv-client (scripts/client-venv.sh: the package without
 # torch) and the trainer/callback tests in describe's venv (torch, transformers, peft,
-# lightning: scripts/describe-venv.sh) with the package installed --no-deps, then stops it.
+# lightning: scripts/describe-venv.sh; the package editable there, from the workspace lock), then stops it.
 # GPUCAST_BINARY overrides the binary. ORT_DYLIB_PATH must name ONNX Runtime (scripts/test.sh).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -14,7 +14,11 @@ fi
 BINARY="${GPUCAST_BINARY:-$ROOT/target/debug/gpucast}"
 CLIENT_PYTHON="$(scripts/client-venv.sh)"
 DESCRIBE_PYTHON="$(scripts/describe-venv.sh)"
-"$DESCRIBE_PYTHON" -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps ./python >&2
+if [[ -n "${GPUCAST_DESCRIBE_PYTHON:-}" ]]; then
+    # describe's venv holds the client editable (the workspace lock); an interpreter given
+    # instead gets the working tree's package.
+    "$DESCRIBE_PYTHON" -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps ./python >&2
+fi
 DATA="$(mktemp -d)"
 PORT="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
 "$BINARY" serve --listen "127.0.0.1:$PORT" --no-nvml --data-dir "$DATA" --models "$ROOT/models" \

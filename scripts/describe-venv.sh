@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
-# Prints the path of a Python that has describe's pinned test dependencies (torch, torchvision,
-# timm, transformers from PyPI): the project venv .venv-describe, created once and reused while
-# describe/requirements-test.txt is unchanged. GPUCAST_DESCRIBE_PYTHON overrides it.
+# Prints the path of a Python with describe's pinned test dependencies (torch, torchvision,
+# timm, transformers; accelerate, peft and lightning for the client's trainer tests) and the
+# workspace's four packages installed editable (describe, training, probe, the client): the
+# project venv .venv-describe, the `describe` group of the workspace lock (pyproject.toml,
+# uv.lock), synced by scripts/uv-sync.sh: created once (torch is ~3 GB), then reused and moved
+# in place when the lock moves. --inexact keeps what the lock does not name for this group
+# (training/retrain.sh adds the `retrain` group to the same venv). GPUCAST_DESCRIBE_PYTHON
+# overrides it (an interpreter with those packages installed).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 if [[ -n "${GPUCAST_DESCRIBE_PYTHON:-}" ]]; then
@@ -9,13 +14,5 @@ if [[ -n "${GPUCAST_DESCRIBE_PYTHON:-}" ]]; then
     exit 0
 fi
 VENV="$ROOT/.venv-describe"
-REQUIREMENTS="$ROOT/describe/requirements-test.txt"
-STAMP="$VENV/.requirements.sha256"
-WANT="$(sha256sum "$REQUIREMENTS" | cut -d' ' -f1)"
-if [[ ! -x "$VENV/bin/python" || ! -f "$STAMP" || "$(cat "$STAMP")" != "$WANT" ]]; then
-    echo "describe: creating $VENV from $REQUIREMENTS (torch is ~3 GB; once)" >&2
-    python3 -m venv "$VENV"
-    "$VENV/bin/pip" install --quiet --disable-pip-version-check -r "$REQUIREMENTS" >&2
-    echo "$WANT" > "$STAMP"
-fi
+"$ROOT/scripts/uv-sync.sh" "$VENV" --inexact --group describe "$@"
 echo "$VENV/bin/python"

@@ -1,7 +1,9 @@
 """The harness the scripts share: a `gpucast serve` on a free loopback port with its own data
-directory, started, waited for and stopped, and calls to it (plain, JSON, or written by hand).
-Stdlib only; the scripts import it from their own folder (adversarial.py, health-flood.py,
-request-cpu.py, write-cost.py, answers-unchanged.py, floor-bench.py).
+directory, started, waited for (the time it took), measured (memory, CPU) and stopped (the time
+that took), and calls to it (plain, JSON, or written by hand). Stdlib only. The scripts of this
+folder import it from their own folder (adversarial.py, health-flood.py, request-cpu.py,
+write-cost.py, answers-unchanged.py, floor-bench.py); the load test, run as a module from the
+repository root (`python3 -m load-tests.run`), as `scripts.harness`.
 """
 
 import json
@@ -23,43 +25,75 @@ def free_port():
         return s.getsockname()[1]
 
 
-class Server:
-    """A `gpucast serve` on loopback with its own data directory. `log`: a file its stderr goes
-    to (else discarded). `must_start`: exit the suite when it does not become ready (else
-    `ready` says whether it did)."""
+def _says_ready(body):
+    """GET /readyz's 200 body says {"ready": true} (a body that is no JSON object: ready)."""
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        return True
+    return not isinstance(answer, dict) or answer.get("ready", True) is True
 
-    def __init__(self, binary, port, data_dir=None, extra_args=(), log=None, must_start=True, ready_timeout=120):
+
+class Server:
+    """A `gpucast serve` on loopback with its own data directory, started and waited for until
+    GET /readyz answers 200 with {"ready": true}: `ready` says whether it did, `readyz` holds the
+    last answer (status, body), `ready_ms` the milliseconds from exec to ready. `log`: a file its
+    output (stdout and stderr) is appended to (else discarded). `must_start`: exit the suite when
+    it does not become ready. `extra_args`: more flags of serve; `env`: more environment
+    variables; `poll_s`: the pause between two asks of /readyz."""
+
+    def __init__(
+        self,
+        binary,
+        port,
+        data_dir=None,
+        extra_args=(),
+        log=None,
+        must_start=True,
+        ready_timeout=120,
+        env=None,
+        poll_s=0.2,
+    ):
         self.port = port
-        self.data_dir = data_dir or f"/tmp/gpucast-harness-{port}"
+        self.base = f"http://127.0.0.1:{port}"
+        self.data_dir = str(data_dir or f"/tmp/gpucast-harness-{port}")
         if self.data_dir not in DATA_DIRS:
             DATA_DIRS.append(self.data_dir)
         self.log = log
-        stderr = open(log, "ab") if log else subprocess.DEVNULL
+        output = open(log, "ab") if log else subprocess.DEVNULL
+        self.started = time.perf_counter()
         self.process = subprocess.Popen(
             [binary, "serve", "--listen", f"127.0.0.1:{port}", "--no-nvml", "--data-dir", self.data_dir, *extra_args],
             cwd=ROOT,
-            stdout=subprocess.DEVNULL,
-            stderr=stderr,
+            env=dict(os.environ, **env) if env else None,
+            stdout=output,
+            stderr=output,
         )
         if log:
-            stderr.close()
+            output.close()
         self.ready = False
         self.readyz = None
+        self.ready_ms = None
         deadline = time.time() + ready_timeout
         while time.time() < deadline and self.process.poll() is None:
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as r:
+                with urllib.request.urlopen(f"{self.base}/readyz", timeout=1) as r:
                     self.readyz = (r.status, r.read().decode(errors="replace"))
-                self.ready = True
-                break
+                if _says_ready(self.readyz[1]):
+                    self.ready_ms = (time.perf_counter() - self.started) * 1000.0
+                    self.ready = True
+                    break
+                time.sleep(poll_s)
             except urllib.error.HTTPError as error:
                 self.readyz = (error.code, error.read().decode(errors="replace"))
-                time.sleep(0.2)
+                time.sleep(poll_s)
             except Exception:
-                time.sleep(0.2)
+                time.sleep(poll_s)
         if not self.ready and must_start:
+            exited = self.process.poll()
             self.stop()
-            raise SystemExit("the server did not become ready")
+            why = f"exited with {exited}" if exited is not None else f"not ready after {ready_timeout} s"
+            raise SystemExit(f"the server did not become ready ({why})" + (f"; see {log}" if log else ""))
 
     def rss_mib(self):
         try:
@@ -71,14 +105,38 @@ class Server:
             pass
         return 0.0
 
-    def stop(self, sig=signal.SIGTERM):
+    def memory(self):
+        """VmRSS and VmHWM (the peak RSS) in MiB, from /proc."""
+        fields = {}
+        with open(f"/proc/{self.process.pid}/status") as status:
+            for line in status:
+                key, _, value = line.partition(":")
+                if key in ("VmRSS", "VmHWM"):
+                    fields[key] = round(int(value.split()[0]) / 1024.0, 1)
+        return {"rss_mib": fields.get("VmRSS"), "hwm_mib": fields.get("VmHWM")}
+
+    def cpu_seconds(self):
+        """User and system CPU seconds the server has used, from /proc."""
+        with open(f"/proc/{self.process.pid}/stat") as handle:
+            stat = handle.read()
+        fields = stat[stat.rindex(")") + 2 :].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def stop(self, sig=signal.SIGTERM, timeout=60):
+        """Sends `sig` (SIGKILL after `timeout` seconds) and waits: {"exit_code", "shutdown_ms"}
+        (the milliseconds from the signal to the exit; 0 when it had exited already)."""
+        started = time.perf_counter()
         if self.process.poll() is None:
             self.process.send_signal(sig)
             try:
-                self.process.wait(timeout=60)
+                self.process.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+            shutdown_ms = round((time.perf_counter() - started) * 1000.0, 1)
+        else:
+            shutdown_ms = 0.0
+        return {"exit_code": self.process.returncode, "shutdown_ms": shutdown_ms}
 
 
 def request(port, method, path, body=None, timeout=30):

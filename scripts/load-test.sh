@@ -5,7 +5,7 @@
 #   scripts/load-test.sh                 the full run (about 2.5 minutes of load)
 #   scripts/load-test.sh --scale 0.1     every duration x0.1: a quick check that it all works
 #   scripts/load-test.sh --strict        exit 1 when a target is missed
-#   (other options: load-tests/run.py --help)
+#   (other options: python3 -m load-tests.run --help, from the repository root)
 #
 # All traffic goes to loopback; every run is bounded in time. See load-tests/README.md.
 set -euo pipefail
@@ -21,7 +21,8 @@ fi
 scripts/fetch-onnxruntime.sh
 cargo build --release --locked --quiet --bin gpucast
 
-exec python3 load-tests/run.py \
+# A module from the repository root: it imports the server harness as scripts.harness.
+exec python3 -m load-tests.run \
     --binary "$ROOT/target/release/gpucast" \
     --models "$ROOT/models" \
     --ort-dylib "${ORT_DYLIB_PATH:-$ROOT/.cache/onnxruntime/libonnxruntime.so}" \

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Property-based tests of the HTTP API from the committed OpenAPI document
 # (openapi/openapi.json, which tests/api/docs.rs holds equal to the served one): schemathesis
-# (pinned in scripts/requirements-tools.txt, in .venv-tools) generates valid and invalid
+# (pinned in the workspace lock, in .venv-tools) generates valid and invalid
 # requests for every operation and checks every answer (--checks all --mode all): no 5xx, only
 # documented statuses, content types and headers, bodies matching their schemas, invalid data
 # refused, valid data accepted. scripts/schemathesis.toml holds the exceptions, each with why.

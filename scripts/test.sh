@@ -4,9 +4,10 @@
 # Rust unit and integration tests (real server on ephemeral ports, committed
 # models through ONNX Runtime; the calibration store on SQLite and on a throw-away PostgreSQL), the Python
 # client against the real service (scripts/client-test.sh), schemathesis against the real
-# service from the OpenAPI document (scripts/schemathesis.sh), the Python feature-parity and probe tests (stdlib only), then
+# service from the OpenAPI document (scripts/schemathesis.sh), the training and probe tests (stdlib only), then
 # describe's tests (model walk, training-step simulation, allocator model) in a project venv
-# with pinned torch/timm/transformers (scripts/describe-venv.sh: created once, then reused).
+# with pinned torch/timm/transformers (scripts/describe-venv.sh: the workspace lock's `describe`
+# group, created once, then reused).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
@@ -24,8 +25,9 @@ if cargo clippy --version >/dev/null 2>&1 || rustup component add clippy >/dev/n
 else
     echo "warning: clippy unavailable: lint gate skipped" >&2
 fi
-# The Python gate: ruff pinned in scripts/requirements-tools.txt, from PyPI into the project venv
-# .venv-tools (scripts/tools-venv.sh: created once, then reused); ruff.toml says what it covers.
+# The Python gate: ruff pinned in the workspace lock (pyproject.toml's `tools` group, uv.lock), from
+# PyPI into the project venv .venv-tools (scripts/tools-venv.sh: created once, then reused);
+# ruff.toml says what it covers.
 TOOLS="$(scripts/tools-venv.sh)"
 "$TOOLS/ruff" check
 "$TOOLS/ruff" format --check

@@ -4,8 +4,8 @@
 # docs/reports/training-real.md and docs/reports/training-simulated.md: the stages of the training
 # package, `python -m gpucast_training STAGE` (training/gpucast_training/__main__.py).
 #
-#   training/retrain.sh                      # venv at .venv from training/requirements.txt
-#   PYTHON=/path/to/python training/retrain.sh   # use an existing interpreter instead
+#   training/retrain.sh                      # .venv-describe with the workspace's `retrain` group
+#   PYTHON=/path/to/python training/retrain.sh   # an interpreter with gpucast-training[retrain] instead
 #   GPUCAST_DATA_DIR=/path/to/data training/retrain.sh   # measured data (default ../shared/data)
 #   GPUCAST_MLP_CSV=/path/to/gpumemnet_mlp_a100.csv GPUCAST_TIMM_CSV=/path/to/timm_a100_train.csv training/retrain.sh
 #   training/retrain.sh --out-dir /tmp/retrained # write the outputs there (same layout) instead
@@ -16,15 +16,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# describe's venv holds torch and the workspace's packages (editable); the `retrain` group of the
+# workspace lock (uv.lock) adds onnx, onnxscript, onnxruntime and scikit-learn to it.
 if [[ -z "${PYTHON:-}" ]]; then
-    VENV="${GPUCAST_VENV:-.venv}"
-    if [[ ! -x "$VENV/bin/python" ]]; then
-        python3 -m venv "$VENV"
-        "$VENV/bin/pip" install --quiet -r training/requirements.txt
-    fi
-    PYTHON="$VENV/bin/python"
+    PYTHON="$(scripts/describe-venv.sh --group retrain)"
 fi
-export PYTHONPATH="training${PYTHONPATH:+:$PYTHONPATH}"
 
 # 1. MLP classifiers and utilization regressors; writes the base manifest.
 "$PYTHON" -m gpucast_training mlp "$@"

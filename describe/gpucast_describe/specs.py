@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import sys
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -76,8 +75,6 @@ def _build_factory(target: str) -> ResolvedSpec:
     module_path, sep, attr = target.partition(":")
     if not sep or not module_path or not attr:
         raise SpecError(f"bad module spec {target!r}: expected module:<python.path:factory>")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
     try:
         factory = importlib.import_module(module_path)
         for part in attr.split("."):

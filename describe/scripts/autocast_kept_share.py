@@ -3,16 +3,12 @@ service's analytic training step (src/physics/step.rs), the median of `amp / tra
 five models. For each, describe's simulated step in fp32 and in fp16 autocast at batch 8:
 prints the traced saved bytes, the simulated activations at the peak and their ratios.
 
-    cd /work/main && .venv-describe/bin/python describe/scripts/autocast_kept_share.py
+    cd describe && ../.venv-describe/bin/python -m scripts.autocast_kept_share
 """
-
-import os
-import sys
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from gpucast_describe import describe_module  # noqa: E402
+from gpucast_describe import describe_module
 
 
 class LossOf(torch.nn.Module):

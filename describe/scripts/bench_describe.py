@@ -2,7 +2,7 @@
 """Time describe's layer walk (per-layer FLOPs included) and the whole description, per model
 (a benchmark, not a test).
 
-    python describe/scripts/bench_describe.py [--repeats 5]
+    cd describe && python -m scripts.bench_describe [--repeats 5]
 
 For timm resnet50 (3x224x224) and Hugging Face GPT-2 small (1024 tokens): the model is built
 once on the meta device (not timed), then medians of --repeats runs: the bare layer walk
@@ -15,17 +15,11 @@ Time the whole CLI with `time python -m gpucast_describe ...`.
 import argparse
 import contextlib
 import statistics
-import sys
 import time
-from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-sys.path.insert(0, str(HERE.parent / "examples"))
+import torch
 
-import torch  # noqa: E402
-
-from gpucast_describe import describe_module, walker  # noqa: E402
+from gpucast_describe import describe_module, walker
 
 
 def walk_seconds(model, shape, dtype, repeats):
@@ -52,7 +46,7 @@ def resnet50():
 
 
 def gpt2_small():
-    import hf_models
+    from examples import hf_models  # describe/examples, from describe/ (the working directory)
 
     return hf_models.gpt2_small(), [1024], torch.int64
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Time the training-step simulation per model and batch size (a benchmark, not a test).
 
-    python describe/scripts/bench_simulation.py [--repeats 3]
-    python describe/scripts/bench_simulation.py --llama-8b [--repeats 3]
+    cd describe && python -m scripts.bench_simulation [--repeats 3]
+    cd describe && python -m scripts.bench_simulation --llama-8b [--repeats 3]
 
 For each model: built once on the meta device (not timed), one warm-up simulation, then the
 median of --repeats simulations at the batch size shown (two training steps, the allocator
@@ -19,15 +19,11 @@ time includes waiting for a core).
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import torch
 
-import torch  # noqa: E402
-
-from gpucast_describe import simulate_step  # noqa: E402
+from gpucast_describe import simulate_step
 
 
 def timm(name):

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Describe every distinct timm model of the training CSV, once, on the meta device.
 
-    python describe/scripts/describe_timm_training_set.py \
+    cd describe && python -m scripts.describe_timm_training_set \
         [--csv ../shared/data/timm_a100_train.csv] [--out data/timm] [--limit N] [--models a,b]
 
 Writes <out>/descriptions.jsonl.gz (one job description per line, batch_size 1, sorted by model
@@ -21,7 +21,6 @@ import gzip
 import io
 import hashlib
 import json
-import os
 import platform
 import shlex
 import signal
@@ -32,13 +31,11 @@ import traceback
 from datetime import datetime, timezone
 from pathlib import Path
 
+import torch
+
+from gpucast_describe import describe_module, resolve_spec, total_params
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))  # run from a checkout without installing the package
-
-import torch  # noqa: E402
-
-from gpucast_describe import describe_module, resolve_spec, total_params  # noqa: E402
-
 REPO = HERE.parent.parent
 # The measured data beside the repository (read-only; ../shared/data/README.md).
 DEFAULT_CSV = str(REPO.parent / "shared" / "data" / "timm_a100_train.csv")
@@ -205,7 +202,7 @@ def main() -> int:
 
     torch.set_num_threads(1)
     signal.signal(signal.SIGALRM, _on_alarm)
-    command = "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(__file__, REPO), *sys.argv[1:]])
+    command = "cd describe && python -m scripts.describe_timm_training_set " + shlex.join(sys.argv[1:])
 
     models = distinct_models(args.csv)
     n_models = len(models)

@@ -1,11 +1,14 @@
 #!/usr/bin/env python
 """Check the simulated training step against a real GPU (run it where `device` lends one).
 
-    python3 describe/scripts/gpu_check.py --out "$OUT"         # on the GPU machine, ~3 min
-    python describe/scripts/gpu_check.py --dry-run --only 19   # here: code paths on the CPU
+    cd describe && python3 -m scripts.gpu_check --out "$OUT"         # on the GPU machine, ~3 min
+    cd describe && python -m scripts.gpu_check --dry-run --only 19   # here: code paths on the CPU
+
+From describe/, so that gpucast_describe and examples/hf_models.py import without installing
+anything (the device image has neither).
 
 The device image's python3 has torch, torchvision, timm and transformers (other versions than
-describe/requirements-test.txt pins: say which in the results). The dry run of all 20 jobs
+the workspace lock (uv.lock) pins: say which in the results). The dry run of all 20 jobs
 passes here except GPT-2 XL, whose real fp32 Adam step needs ~25 GB of host memory.
 
 For each job of JOBS, in a fresh subprocess (a clean allocator and its own CUDA context): the
@@ -28,8 +31,6 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-sys.path.insert(0, str(HERE.parent / "examples"))
 
 # (name, builder spec, per-sample input shape or seq len, batch, optimizer, precision, attention)
 JOBS = [
@@ -179,10 +180,19 @@ def _build_real(spec):
         import torchvision
 
         return torchvision.models.get_model(rest, weights=None)
-    import importlib
+    return _example(spec)()
 
-    module_path, _, attr = rest.partition(":")
-    return getattr(importlib.import_module(module_path), attr)()
+
+def _example(spec):
+    """The factory a `module:hf_models:<name>` spec names: describe/examples/hf_models.py, imported
+    from describe/ (the working directory) as examples.hf_models; the spec keeps the name that
+    `cd describe/examples && python -m gpucast_describe` resolves."""
+    from examples import hf_models
+
+    module_path, _, attr = spec.partition(":")[2].partition(":")
+    if module_path != "hf_models":
+        raise ValueError(f"not an example model: {spec}")
+    return getattr(hf_models, attr)
 
 
 def simulate(index):
@@ -190,7 +200,11 @@ def simulate(index):
     from gpucast_describe import resolve_spec, simulate_step
 
     name, spec, shape, batch, optimizer, precision, attention = JOBS[index]
-    module = resolve_spec(spec).module
+    if spec.startswith("module:"):
+        with torch.device("meta"):  # as resolve_spec builds a module: factory
+            module = _example(spec)()
+    else:
+        module = resolve_spec(spec).module
     dtype = torch.int64 if len(shape) == 1 else torch.float32
     return simulate_step(module, shape, batch, dtype, optimizer=optimizer, precision=precision, attention=attention)
 
@@ -217,7 +231,7 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     lines = []
     child = subprocess.run(
-        [sys.executable, __file__, "--job", "-1"] + (["--dry-run"] if args.dry_run else []),
+        [sys.executable, "-m", __spec__.name, "--job", "-1"] + (["--dry-run"] if args.dry_run else []),
         capture_output=True,
         text=True,
         timeout=300,
@@ -233,7 +247,7 @@ def main():
     for index in jobs:
         name = JOBS[index][0]
         child = subprocess.run(
-            [sys.executable, __file__, "--job", str(index)] + (["--dry-run"] if args.dry_run else []),
+            [sys.executable, "-m", __spec__.name, "--job", str(index)] + (["--dry-run"] if args.dry_run else []),
             capture_output=True,
             text=True,
             timeout=600,

@@ -2,7 +2,7 @@
 """Simulate the training step of every timm model of the training CSV at each batch size it
 was measured at (fp32, Adam, as the campaign ran), on the meta device.
 
-    python describe/scripts/simulate_timm_training_set.py [--workers 2] [--limit N] [--models a,b]
+    cd describe && python -m scripts.simulate_timm_training_set [--workers 2] [--limit N] [--models a,b]
         [--simulate 8,128]
 
 Only the batch sizes of ``--simulate`` (default the smallest and largest of the CSV, 8 and 128)
@@ -24,7 +24,6 @@ import gzip
 import hashlib
 import json
 import multiprocessing
-import os
 import platform
 import shlex
 import signal
@@ -35,7 +34,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
 REPO = HERE.parent.parent
 # The measured data beside the repository (read-only; ../shared/data/README.md).
 DEFAULT_CSV = str(REPO.parent / "shared" / "data" / "timm_a100_train.csv")
@@ -99,7 +97,7 @@ def main() -> int:
     parser.add_argument("--models")
     parser.add_argument("--simulate", default="8,128", help="batch sizes simulated; the others are interpolated")
     args = parser.parse_args()
-    command = "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(__file__, REPO), *sys.argv[1:]])
+    command = "cd describe && python -m scripts.simulate_timm_training_set " + shlex.join(sys.argv[1:])
     todo = batches_by_model(args.csv)
     if args.models:
         wanted = set(args.models.split(","))

@@ -3,9 +3,9 @@
 describe (layer walk, saved-tensor trace, simulation) on models and lists the failures.
 
     # write describe/tests/timm_architectures.txt (the test's list)
-    python describe/scripts/timm_architectures.py select [--out PATH]
+    cd describe && python -m scripts.timm_architectures select [--out PATH]
     # describe + simulate models (the list's by default, --all: every timm model) at batch 2
-    python describe/scripts/timm_architectures.py sweep [--all | --models a,b] [--batch-size 2]
+    cd describe && python -m scripts.timm_architectures sweep [--all | --models a,b] [--batch-size 2]
         [--timeout-s 300] [--jsonl PATH]
 
 ``select``: for every module of ``timm.list_modules()`` (a model-entrypoint module:
@@ -31,7 +31,6 @@ import contextlib
 import io
 import json
 import math
-import os
 import platform
 import shlex
 import signal
@@ -39,11 +38,9 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))  # run from a checkout without installing the package
-
-import torch  # noqa: E402
-
 REPO = HERE.parent.parent
 DEFAULT_LIST = HERE.parent / "tests" / "timm_architectures.txt"
 
@@ -99,7 +96,7 @@ def size_of(name: str) -> tuple:
 def select(out: Path, timeout_s: int) -> int:
     import timm
 
-    command = "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(__file__, REPO), *sys.argv[1:]])
+    command = "cd describe && python -m scripts.timm_architectures " + shlex.join(sys.argv[1:])
     chosen, unbuildable = [], []
     started = time.perf_counter()
     for module in sorted(timm.list_modules()):

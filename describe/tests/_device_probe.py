@@ -1,12 +1,11 @@
 """One-off GPU probe behind the H200 figures in test_gpu_kernels.py and data/gpu_check/README.md
-(not a test; run where a GPU is lent: `python3 describe/tests/_device_probe.py`, writes
+(not a test; run where a GPU is lent: `cd describe && python3 -m tests._device_probe`, writes
 $OUT/probe.json): which SDPA kernel CUDA picks per dtype/mask/GQA case (the grad_fn), what
 autocast keeps around an fp16 cross-entropy/softmax, and what holding the model output through
 backward costs (BERT-base MLM, GPT-2 small, one step)."""
 
 import json
 import os
-import sys
 import time
 import traceback
 
@@ -125,8 +124,7 @@ try:
     import transformers
 
     R["transformers"] = transformers.__version__
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
-    import hf_models
+    from examples import hf_models  # describe/examples, from describe/ (the working directory)
 
     seen = []
     real = F.scaled_dot_product_attention
@@ -174,7 +172,6 @@ except Exception:
 save()
 
 # The output held through backward or not: BERT-base MLM fp32 batch 32 x 128 and GPT-2 small 8 x 512, one step each.
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 try:
     from gpucast_describe.simulate import default_loss
 

@@ -1,11 +1,8 @@
-"""Make the package and the toy models importable when the package is not installed."""
+"""Where the tests and describe's folder lie (the tests import gpucast_describe as installed, or
+from describe/, the working directory `cd describe && python -m unittest discover -s tests` runs in,
+and the toy models from the tests folder, which unittest's discovery puts on the path)."""
 
 import os
-import sys
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 PACKAGE_ROOT = os.path.dirname(TESTS_DIR)
-
-for path in (PACKAGE_ROOT, TESTS_DIR):
-    if path not in sys.path:
-        sys.path.insert(0, path)

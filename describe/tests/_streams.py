@@ -3,7 +3,6 @@ allocator model replays, and the result, with the switch off and on."""
 
 import torch
 
-import _paths  # noqa: F401
 from gpucast_describe import allocator, simulate, simulate_step
 
 

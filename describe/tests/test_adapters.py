@@ -8,7 +8,6 @@ import time
 import unittest
 import weakref
 
-import _paths  # noqa: F401
 import torch
 import torch.nn as nn
 import torch.nn.functional as F

@@ -5,7 +5,6 @@ import contextlib
 import io
 import unittest
 
-import _paths  # noqa: F401
 import torch
 import torch.nn as nn
 import torch.nn.functional as F

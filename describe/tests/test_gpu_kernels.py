@@ -6,7 +6,6 @@ import itertools
 import math
 import unittest
 
-import _paths  # noqa: F401
 import torch
 import torch.nn as nn
 import torch.nn.functional as F

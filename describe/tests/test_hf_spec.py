@@ -9,7 +9,6 @@ from unittest import mock
 
 import torch
 
-import _paths  # noqa: F401
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers imports huggingface_hub
 

@@ -1,6 +1,5 @@
 import unittest
 
-import _paths  # noqa: F401
 import torch.nn as nn
 
 from gpucast_describe import CANONICAL_KINDS, is_attention, kind_of

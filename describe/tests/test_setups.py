@@ -5,7 +5,6 @@ in well under a second; the sizes asserted are what the physics of each setup ma
 
 import unittest
 
-import _paths  # noqa: F401
 import torch
 import torch.nn as nn
 import torch.nn.functional as F

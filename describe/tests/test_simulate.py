@@ -1,6 +1,5 @@
 import unittest
 
-import _paths  # noqa: F401
 import torch
 import torch.nn as nn
 

@@ -1,6 +1,5 @@
 import unittest
 
-import _paths  # noqa: F401
 
 from gpucast_describe import SpecError, describe_spec, resolve_spec, total_params
 

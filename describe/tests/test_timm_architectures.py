@@ -18,18 +18,16 @@ LSTMs' meta kernels are Python decompositions, run time step by time step, mostl
 saved-tensor trace, which does not memoise meta kernels as the simulation does).
 """
 
-import importlib.util
 import os
 import unittest
 
-import _paths  # noqa: F401
+import _paths
 
 try:
     import timm
 except ImportError:  # timm is an optional extra
     timm = None
 
-SCRIPT = os.path.join(_paths.PACKAGE_ROOT, "scripts", "timm_architectures.py")
 LIST = os.path.join(_paths.TESTS_DIR, "timm_architectures.txt")
 BATCH_SIZE = 2
 
@@ -48,10 +46,9 @@ REGRESSIONS = {
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("timm_architectures", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from scripts import timm_architectures  # describe/scripts, from describe/ (the working directory)
+
+    return timm_architectures
 
 
 @unittest.skipIf(timm is None, "timm not installed")
@@ -68,7 +65,7 @@ class TimmArchitecturesTest(unittest.TestCase):
             sorted(listed),
             sorted(timm.list_modules()),
             f"the list is not of this timm ({timm.__version__}): regenerate it "
-            "with describe/scripts/timm_architectures.py select",
+            "with cd describe && python -m scripts.timm_architectures select",
         )
         for module, model in self.pairs:
             self.assertIn(model, timm.list_models(module=module), module)

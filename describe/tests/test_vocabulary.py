@@ -5,7 +5,7 @@ import json
 import os
 import unittest
 
-import _paths  # noqa: F401
+import _paths
 
 from gpucast_describe.kinds import CANONICAL_KINDS, CONV_KINDS, KIND_BY_CLASS_NAME
 

@@ -3,7 +3,6 @@ import io
 import math
 import unittest
 
-import _paths  # noqa: F401
 import torch
 import torch.nn as nn
 

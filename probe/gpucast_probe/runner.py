@@ -92,8 +92,8 @@ class SubprocessExecutor:
             with open(spec_path, "w") as f:
                 json.dump(spec.to_json(), f)
             env = dict(os.environ, CUDA_VISIBLE_DEVICES=self.uuid or str(self.index))
-            package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-            env["PYTHONPATH"] = package_root + os.pathsep + env.get("PYTHONPATH", "")
+            # The child imports gpucast_probe as this process did: installed, or from the
+            # working directory it inherits (`cd probe && python -m gpucast_probe`).
             command = [sys.executable, "-m", "gpucast_probe.train", spec_path, result_path, f"{train_seconds:.1f}"]
             dcgm = Dcgm(self.index) if self.use_dcgm else None
             if dcgm:

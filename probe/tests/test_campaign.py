@@ -1,4 +1,4 @@
-"""probe/campaign.py: the job plan, the family runner against stand-in children (no torch), and
+"""gpucast_probe.campaign: the job plan, the family runner against stand-in children (no torch), and
 the whole dry run on the CPU where an interpreter with torch is at hand."""
 
 import json
@@ -11,7 +11,7 @@ import time
 import unittest
 from pathlib import Path
 
-from probe import campaign
+from probe.gpucast_probe import campaign
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -159,7 +159,8 @@ class DryRun(unittest.TestCase):
             run = subprocess.run(
                 [
                     torch_python(),
-                    str(REPO / "probe" / "campaign.py"),
+                    "-m",
+                    "gpucast_probe.campaign",
                     "--dry-run",
                     "--out",
                     out,
@@ -173,6 +174,7 @@ class DryRun(unittest.TestCase):
                 capture_output=True,
                 text=True,
                 timeout=600,
+                cwd=REPO / "probe",  # gpucast_probe from here, as installed in describe's venv
                 env=dict(os.environ, GPUCAST_CAMPAIGN_CRASH=crash),
             )
             self.assertEqual(run.returncode, 0, run.stderr[-2000:])

@@ -1,4 +1,4 @@
-"""python -m gpucast_training STAGE [options]   (from training/, or with PYTHONPATH=training)
+"""python -m gpucast_training STAGE [options]   (from training/, or anywhere in .venv-describe, where it is installed)
 
 Stages, in the order `all` runs them (each after the ones before it; every feature they learn
 from is the built gpucast's: `gpucast features --batch`, gpucast_training/service.py):

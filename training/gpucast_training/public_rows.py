@@ -5,7 +5,7 @@ and a model that can be built here without downloading anything (timm, torchvisi
 Hugging Face transformers class built from its published configuration).
 
     python -m gpucast_training public-rows [--public-csv CSV]   (from training/; default
-        <data dir>/public_training_memory.csv, see data.py; needs describe/ and transformers)
+        <data dir>/public_training_memory.csv, see data.py; in .venv-describe: gpucast_describe and transformers)
 
 Writes data/public/jobs.jsonl.gz: one line per row, with the CSV row index, what was measured
 and how (`compare`: `allocated` = torch.cuda.max_memory_allocated, `allocated_minus_weights`
@@ -16,18 +16,15 @@ that are left out, and why, are counted in data/public/PROVENANCE.md.
 """
 
 import csv
-import os
-import sys
 import time
 
 import torch
 from torch import nn
 
-from . import manifest as mf
-from .data import REPO, write_jsonl_gz
+from gpucast_describe import describe_module
 
-sys.path.insert(0, os.path.join(REPO, "describe"))
-from gpucast_describe import describe_module  # noqa: E402
+from . import manifest as mf
+from .data import write_jsonl_gz
 
 THREADS = 1
 

@@ -2,7 +2,7 @@
 docs/user/setups.md can express, as a gpucast job with that setup, plus three model-state baselines.
 
     python -m gpucast_training public-setups [--public-csv CSV] [--threads N] [--simulate]
-        (from training/; needs describe/ and transformers/timm/torchvision; the baselines need
+        (from training/, in .venv-describe: gpucast_describe and transformers/timm/torchvision; the baselines need
         deepspeed and accelerate, evaluation-only packages, never dependencies of the service)
 
 Writes data/public/setup_jobs.jsonl.gz, one line per expressible row:
@@ -38,10 +38,9 @@ import csv
 import json
 import os
 import re
-import sys
 import time
 
-from .data import REPO, write_jsonl_gz
+from .data import write_jsonl_gz
 
 THREADS = 1
 OUT_JOBS = ("data", "public", "setup_jobs.jsonl.gz")
@@ -1306,7 +1305,6 @@ def run(layout, threads=None, simulate=False):
     import torch
 
     torch.set_num_threads(threads or THREADS)
-    sys.path.insert(0, os.path.join(REPO, "describe"))
     started = time.perf_counter()
     csv_path = layout.public_csv
     with open(csv_path, newline="") as handle:

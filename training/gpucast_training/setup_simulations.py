@@ -1,7 +1,7 @@
 """docs/reports/setup-simulations.md: the training setups of `transformer_config` jobs (issue 25) checked
 against describe's simulation of the same jobs.
 
-    python -m gpucast_training setup-simulations        (from training/; or PYTHONPATH=training)
+    python -m gpucast_training setup-simulations        (from training/, or anywhere in .venv-describe)
 
 For every case of CASES the service's figure for a config-path job (`gpucast estimate --batch`,
 the release binary: target/release/gpucast, or $GPUCAST_BINARY) is set beside describe's
@@ -646,7 +646,7 @@ def simulate(jobs, threads=1):
             f"no describe python at {python} (scripts/test.sh makes .venv-describe, or set $GPUCAST_DESCRIBE_PYTHON)"
         )
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([os.path.join(REPO, "describe"), os.path.join(REPO, "training")])
+    # describe's venv holds gpucast_describe and gpucast_training (editable, the workspace lock).
     env["HF_HUB_OFFLINE"] = "1"
     code = "from gpucast_training.setup_simulations import driver_main; driver_main()"
     done = subprocess.run(

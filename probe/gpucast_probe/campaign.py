@@ -7,8 +7,13 @@ rates), step time and samples/s; beside each, the job's `gpucast_describe` descr
 (layers with FLOPs, saved tensors, the simulated training step) so gpucast can be evaluated on
 it, and the provenance (GPU, driver, CUDA, torch, date).
 
-    python3 probe/campaign.py --out "$OUT" --minutes 7      # on the GPU machine
-    python probe/campaign.py --dry-run --out /tmp/c --match mlp-a,resnet18   # here, on the CPU
+    PYTHONPATH=probe:describe python3 -m gpucast_probe.campaign --out "$OUT" --minutes 7   # on the GPU machine
+    python -m gpucast_probe.campaign --dry-run --out /tmp/c --match mlp-a,resnet18   # here, in .venv-describe
+
+In .venv-describe the workspace's packages (gpucast_probe, gpucast_describe) are installed; the
+GPU machine's image has neither, so there PYTHONPATH names their folders (from the repository
+root). The Hugging Face models describe is tested on are loaded from the file
+describe/examples/hf_models.py.
 
 The parent needs no torch. It runs the jobs of each family in a child process
 (`--child`), one job after another, with `torch.cuda.empty_cache()` between them; the child
@@ -44,12 +49,8 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-DESCRIBE = REPO / "describe"
-for _path in (HERE, DESCRIBE, DESCRIBE / "examples"):
-    if str(_path) not in sys.path:
-        sys.path.insert(0, str(_path))
+REPO = Path(__file__).resolve().parents[2]
+HF_MODELS = REPO / "describe" / "examples" / "hf_models.py"
 
 PRECISIONS = ("fp32", "amp_bf16")
 OPTIMIZER = "adamw"  # torch.optim.AdamW, foreach (the default on CUDA), as describe simulates it
@@ -153,7 +154,7 @@ def build_model(job: dict, torch):
     if prefix == "hf":
         import transformers
 
-        import hf_models  # describe/examples/hf_models.py: the models describe is tested on
+        hf_models = _hf_models()
 
         if name == "gpt2_medium":
             return transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=24, n_embd=1024, n_head=16))
@@ -172,6 +173,17 @@ def build_model(job: dict, torch):
             )
         return getattr(hf_models, name)()
     raise ValueError(f"unknown model {model!r}")
+
+
+def _hf_models():
+    """describe/examples/hf_models.py (the models describe is tested on), loaded from its file:
+    an example script beside describe, not a package."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("hf_models", HF_MODELS)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def input_dtype(job: dict, torch):
@@ -286,7 +298,7 @@ def run_one(job: dict, torch, device: str, sampler_factory: Callable, steps: dic
     """Builds, warms up and measures one job in this process; returns its measurement."""
     import gc
 
-    from gpucast_probe.measure import CudaEventTimer, measure_steps
+    from .measure import CudaEventTimer, measure_steps
 
     default_loss, make_optimizer, _ = training_pieces(torch)
 
@@ -343,8 +355,8 @@ def run_one(job: dict, torch, device: str, sampler_factory: Callable, steps: dic
 def child(jobs_path: str, result_path: str, dry_run: bool) -> int:
     import torch
 
-    from gpucast_probe.measure import environment
-    from gpucast_probe.utilization import FakeSampler, choose_sampler, open_nvml_handle
+    from .measure import environment
+    from .utilization import FakeSampler, choose_sampler, open_nvml_handle
 
     with open(jobs_path) as f:
         jobs = json.load(f)
@@ -566,7 +578,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         )
 
     def child_argv(jobs_path: str, result_path: str) -> List[str]:
-        return [sys.executable, str(Path(__file__).resolve()), "--child", jobs_path, result_path] + (
+        return [sys.executable, "-m", "gpucast_probe.campaign", "--child", jobs_path, result_path] + (
             ["--dry-run"] if args.dry_run else []
         )
 

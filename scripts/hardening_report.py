@@ -1,0 +1,190 @@
+"""The adversarial suite's report writer: load-tests/adversarial.json (every attack's report and
+every target) and docs/reports/hardening.md (the generated page), from what the attacks
+(scripts/attacks/) returned and recorded."""
+
+import datetime
+import json
+import os
+import subprocess
+
+from attacks.suite import RSS_PEAK_TARGET_MIB, RSS_SETTLE_MARGIN_MIB, TARGETS
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PAGE = os.path.join(ROOT, "docs", "reports", "hardening.md")
+
+
+SENT = {
+    "batch_flood_8x2MiB": "8 concurrent POST /v1/estimate/batch of ~2 MiB (256-layer jobs)",
+    "slow_bodies_520": "520 sockets: Content-Length 100000, 15 bytes of body, then silence",
+    "content_length_1e12_x20": "20 concurrent headers declaring Content-Length 10^12",
+    "odd_methods_2000": "2,000 requests with distinct made-up methods (M0ETHOD, M1ETHOD, ...)",
+    "half_sent_headers_200": "200 sockets sending half a request header, then silence",
+    "poison_calibration_40": "20 observations of a 1 MiB peak, 20 of 10,000,000 MiB",
+    "watch_flood_4000": "4,000 POST /v1/calibration/watch (no GPU on this host)",
+    "held_bodies_600x2MiB": "600 sockets: Content-Length 2097152, 2 MiB minus 8 bytes of body, then silence",
+    "cpu_bomb_4x16gpu": "4 concurrent module prints of 4095 x Linear(3e6, 3e6), batch 8, 16 GPU ids",
+    "cross_site_writes": "POST to both write routes with no Content-Type, text/plain, Origin "
+    "http://evil.example, Sec-Fetch-Site cross-site, Host evil.example:PORT",
+    "unknown_field_echo": "POST /v1/estimate whose one unknown key is 1.5 MB long",
+    "adaptive_poisoning": "30 rounds of 2 x 250 observations pushing the README job's profile the way "
+    "it moved least (batch 1 at 40,000 MiB or batch 16,384 at its floor + 1), "
+    "without and with environment `attacker`; then 10 lists of every card at capacity",
+    "idempotency_churn_200x990": "200 calls of 990 valid observations, each with a fresh Idempotency-Key",
+    "profile_key_churn": "single observations on 40 environments of every catalogue GPU",
+    "store_bytes": "60 valid observations padded with whitespace to ~1.9 MB, "
+    "to a server with --max-store-bytes 33554432",
+    "store_faults": "(a) 20 observations, SIGKILL, bytes flipped in a middle WAL frame, restart; "
+    "(b) gpucast.sqlite3 overwritten with garbage, restart",
+    "cli_oversized_input": "`gpucast estimate` on a 50 MB file",
+    "sigterm_with_half_sent_header": "SIGTERM while a socket holds half a request header",
+}
+
+
+def brief(value, limit=400):
+    text = value if isinstance(value, str) else json.dumps(value, separators=(", ", ": "))
+    text = text.replace("|", "\\|").replace("\n", " ")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def came_back(report):
+    """What came back, in a line: statuses and the attack's own measurements."""
+    keep = {
+        k: v
+        for k, v in report.items()
+        if k
+        not in (
+            "attack",
+            "seconds",
+            "attacker_statuses",
+            "measured",
+            "rss_before_mib",
+            "rss_peak_mib",
+            "rss_after_mib",
+            "legitimate",
+            "healthz_failures",
+        )
+    }
+    measured = dict(report.get("measured") or {})
+    measured.pop("history", None)
+    measured.pop("answers", None)
+    if "victims" in measured:  # one line per victim: u, the range seen, the reach
+        measured["victims"] = [
+            f"batch {v['batch_size']}/{v['environment'] or 'no-env'}: u {v['u_mib']}, seen "
+            f"{v['seen_mib'][0]}..{v['seen_mib'][1]} in [{v['reach_mib'][0]}, {v['reach_mib'][1]}], "
+            f"bound up to {v['max_bound_mib']} of {v['bound_reach_mib']}"
+            f"{', VIOLATED' if v['violations'] else ''}"
+            for v in measured["victims"]
+        ]
+    parts = []
+    if "attacker_statuses" in report:
+        parts.append(f"statuses {brief(report['attacker_statuses'], 300)}")
+    if measured:
+        parts.append(brief(measured, 1600))
+    if keep:
+        parts.append(brief(keep, 1600))
+    return "; ".join(parts)
+
+
+def commit():
+    """The commit the checkout is at (with `+` when it has uncommitted changes)."""
+    try:
+        sha = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=ROOT,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=ROOT,
+        ).stdout.strip()
+        return sha + ("+" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def write_page(path, command, binary, reports, failed):
+    lines = [
+        "# Hardening: what the adversarial suite measured",
+        "",
+        f"Written by `{command}` on "
+        f"{datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')} at commit "
+        f"`{commit()}`, against `{binary}` on a {os.cpu_count()}-core machine. Generated: do not edit by hand; "
+        "run the command again.",
+        "",
+        f"Targets: peak RSS <= {RSS_PEAK_TARGET_MIB} MiB under every attack and back within "
+        f"{RSS_SETTLE_MARGIN_MIB} MiB of the baseline afterwards; the legitimate client (its own "
+        "process, one estimate every 20 ms) sees no errors and /healthz never fails; the "
+        "attack-specific ones below. Legitimate p99 <= 50 ms is reported, not asserted.",
+        "",
+        f"**{'All asserted targets met.' if not failed else f'{len(failed)} asserted target(s) failed.'}**",
+        "",
+    ]
+    if failed:
+        lines += [f"- FAILED: {t['attack']}: {t['target']} ({brief(t['measured'], 300)})" for t in failed]
+        lines.append("")
+    lines += ["## Attacks", ""]
+    for report in reports:
+        name = report["attack"]
+        legitimate = report.get("legitimate")
+        lines += [
+            f"### {name}",
+            "",
+            "| | |",
+            "|---|---|",
+            f"| sent | {brief(SENT.get(name, '-'))} |",
+            f"| came back | {came_back(report)} |",
+        ]
+        if "rss_peak_mib" in report:
+            lines.append(
+                f"| peak RSS | {report['rss_peak_mib']} MiB (before {report['rss_before_mib']}, "
+                f"after {report['rss_after_mib']}) |"
+            )
+        elif "max_rss_mib" in report:
+            lines.append(f"| peak RSS | {report['max_rss_mib']} MiB (the CLI process) |")
+        else:
+            lines.append("| peak RSS | - (servers of its own, restarted) |")
+        if legitimate:
+            lines.append(
+                f"| legitimate | p50 {legitimate['p50_ms']} ms, p99 {legitimate['p99_ms']} ms, "
+                f"{legitimate['answered']} answered, errors {brief(legitimate['errors'] or 'none')} |"
+            )
+            lines.append(f"| /healthz failures | {report['healthz_failures']} |")
+        else:
+            lines += ["| legitimate | - |", "| /healthz failures | - |"]
+        if "seconds" in report:
+            lines.append(f"| seconds | {report['seconds']} |")
+        lines.append("")
+    lines += ["## Targets", "", "| attack | target | measured | result |", "|---|---|---|---|"]
+    for t in TARGETS:
+        result = (
+            ("pass" if t["passed"] else "FAIL")
+            if t["asserted"]
+            else ("pass" if t["passed"] else "missed") + " (reported only)"
+        )
+        lines.append(f"| {t['attack']} | {brief(t['target'], 200)} | {brief(t['measured'], 300)} | {result} |")
+    lines.append("")
+    with open(path, "w") as handle:
+        handle.write("\n".join(lines))
+
+
+def write_report(out, command, binary, suite_seconds, reports, failed):
+    """load-tests/adversarial.json (or `out`): every attack's report, every target, the failed ones."""
+    with open(out, "w") as handle:
+        json.dump(
+            {
+                "binary": binary,
+                "command": command,
+                "suite_seconds": suite_seconds,
+                "attacks": reports,
+                "targets": TARGETS,
+                "failed_targets": [f"{t['attack']}: {t['target']}" for t in failed],
+            },
+            handle,
+            indent=1,
+        )
+        handle.write("\n")
