@@ -5,8 +5,8 @@ every target) and docs/reports/hardening.md (the generated page), from what the 
 import datetime
 import json
 import os
-import subprocess
 
+from harness import commit
 from attacks.suite import RSS_PEAK_TARGET_MIB, RSS_SETTLE_MARGIN_MIB, TARGETS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -83,28 +83,6 @@ def came_back(report):
     if keep:
         parts.append(brief(keep, 1600))
     return "; ".join(parts)
-
-
-def commit():
-    """The commit the checkout is at (with `+` when it has uncommitted changes)."""
-    try:
-        sha = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-            cwd=ROOT,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            check=True,
-            cwd=ROOT,
-        ).stdout.strip()
-        return sha + ("+" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def write_page(path, command, binary, reports, failed):
