@@ -183,7 +183,7 @@ fn the_configuration_table_names_every_serve_flag_and_no_other() {
     let mut listed: BTreeSet<String> = String::from_utf8(help.stdout)
         .unwrap()
         .lines()
-        .filter_map(|line| line.trim_start().split_whitespace().next())
+        .filter_map(|line| line.split_whitespace().next())
         .filter(|w| w.starts_with("--"))
         .map(|w| w.trim_end_matches(',').to_string())
         .collect();
