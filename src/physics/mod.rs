@@ -1,6 +1,6 @@
 //! The one physical model of a training step's GPU memory and time: the training step by
 //! category at its two moments (`step`), the per-parameter and traced first principles
-//! (`analytic`), saved tensors (`saved`), the figure and floor of a job on a card (`peak`), the answer's breakdown
+//! (`analytic`), saved tensors (`saved`), a linear layer's shape (`shapes`), the figure and floor of a job on a card (`peak`), the answer's breakdown
 //! (`breakdown`), what an unstated field moves (`assumed`), the figure's uncertainty
 //! (`uncertainty`) and the roofline (`perf`).
 //! "Physics first, learning second": a learned figure may correct these, never contradict them.
@@ -11,6 +11,7 @@ pub mod breakdown;
 pub mod peak;
 pub mod perf;
 pub mod saved;
+pub mod shapes;
 pub mod step;
 pub mod uncertainty;
 

@@ -18,6 +18,7 @@ use crate::job::setup::{
 use crate::job::validated::{Job, Layer, LayerKind, SimulatedCategories};
 use crate::job::KnownActivations;
 use crate::job::LayerDetail;
+use crate::physics::shapes;
 
 /// bitsandbytes keeps 32-bit state for parameters below this size (`min_8bit_size`).
 const MIN_8BIT_SIZE: u64 = 4096;
@@ -104,8 +105,15 @@ fn is_matmul(kind: LayerKind) -> bool {
     kind == LayerKind::Linear || kind == LayerKind::Attention || kind.is_convolution()
 }
 
-/// A linear layer's (in, out), or a square guess from its parameter count.
+/// A linear layer's (in, out), as [`shapes::linear_shape`] reads it for the step's time too.
 fn linear_shape(layer: &Layer, detail: Option<&LayerDetail>) -> (f64, f64) {
+    let shape = shapes::linear_shape(layer, detail, None);
+    (shape.inputs, shape.outputs)
+}
+
+/// An embedding table's two factors for Adafactor: its (vocabulary, width) where given, else a
+/// square guess (the vocabulary is not in a layer list).
+fn embedding_factors(layer: &Layer, detail: Option<&LayerDetail>) -> (f64, f64) {
     match detail.map(|d| (d.in_features, d.out_features)) {
         Some((Some(i), Some(o))) => (i as f64, o as f64),
         _ => {
@@ -275,8 +283,11 @@ fn plan_layers(
                     + if saved(i) { params * storage } else { 0.0 };
             // Adafactor factors every matrix: linear weights by their shape, embedding tables
             // by a square guess (their vocabulary is not in the layer list).
-            let shape = matches!(layer.kind, LayerKind::Linear | LayerKind::Embedding)
-                .then(|| linear_shape(layer, detail(i)));
+            let shape = match layer.kind {
+                LayerKind::Linear => Some(linear_shape(layer, detail(i))),
+                LayerKind::Embedding => Some(embedding_factors(layer, detail(i))),
+                _ => None,
+            };
             // A reference copy holds the weights as the model loaded them (not a saved
             // module's trained copy, nor autocast's casts).
             let reference_bytes = if setup.reference == Reference::Copy {

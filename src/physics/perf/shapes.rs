@@ -5,45 +5,7 @@ use crate::job::names;
 use crate::job::validated::{Job, Layer, LayerKind};
 use crate::job::LayerDetail;
 
-/// What the step knows of one layer.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(super) struct Shape {
-    /// Rows of the layer's GEMM per sample (tokens, output positions).
-    pub(super) positions: f64,
-    pub(super) inputs: f64,
-    pub(super) outputs: f64,
-}
-
-/// A linear layer's positions and (in, out): `out_features` when given (positions =
-/// output_size / out_features), else one position (an MLP: the output is the features).
-pub(super) fn linear_shape(layer: &Layer, detail: Option<&LayerDetail>, seq: Option<f64>) -> Shape {
-    let output = layer.output_size.max(1) as f64;
-    let params = layer.params.max(1) as f64;
-    match detail.and_then(|d| d.out_features) {
-        Some(out) => {
-            let out = out as f64;
-            let inputs = detail
-                .and_then(|d| d.in_features)
-                .map_or(params / out, |i| i as f64);
-            Shape {
-                positions: (output / out).max(1.0),
-                inputs,
-                outputs: out,
-            }
-        }
-        None => {
-            // A token model's linear without shapes: the sequence's positions when the output
-            // holds them; otherwise the output is the features.
-            let positions = seq.filter(|&s| output >= s * 2.0).unwrap_or(1.0);
-            let outputs = (output / positions).max(1.0);
-            Shape {
-                positions,
-                inputs: (params / outputs).max(1.0),
-                outputs,
-            }
-        }
-    }
-}
+pub(super) use crate::physics::shapes::{linear_shape, Shape};
 
 /// A convolution's output positions and implicit-GEMM (in, out). Without a channel count the
 /// kernel is taken as 3x3 with as many input as output channels, so that out_channels =
