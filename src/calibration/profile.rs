@@ -99,6 +99,9 @@ pub struct Calibrated {
     /// The CUDA context an environment's fit found, where one applied: the figure is held
     /// to the floor with this context instead of physics' own.
     pub cuda_context_mib: Option<f64>,
+    /// The stack's factor an environment's fit found, where one applied: the floor's model
+    /// state is held to it where it is below 1.
+    pub stack_factor: Option<f64>,
 }
 
 impl Calibrated {
@@ -299,6 +302,7 @@ impl CalibrationProfile {
             offset_mib: self.offset_mib,
             scale: self.scale,
             cuda_context_mib: None,
+            stack_factor: None,
         }
         .within_reach(predicted_mib, upper_mib)
     }

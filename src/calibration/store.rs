@@ -16,7 +16,7 @@ use super::db::{
     self, DbError, Fingerprint, FitRow, NewObservation, ObservationDb, Retention, Source,
 };
 use super::environment::{self, EnvironmentSample};
-use super::fit::MAX_STEP;
+
 use super::profile::{
     check_mib, Calibrated, CalibrationProfile, ProfileError, ProfileWarning, Sample, MAX_SAMPLES,
     MIN_ESTIMATE_MIB,
@@ -392,12 +392,10 @@ impl ProfileSnapshot {
 
     /// [`Self::calibrate`] for a job whose predicted `breakdown` (physics' categories of
     /// `predicted_mib`) is known. When the profile used is an environment's with an
-    /// [`environment::EnvironmentFit`], the estimate is the fit applied to the breakdown at
-    /// `confidence` ([`environment::apply`]), held within [`MAX_STEP`] of the environment's own
-    /// line (which each update moves by at most a step, so a batch of bad observations cannot
-    /// swing the fit's answers further than the line's); the upper bound is the larger of the
-    /// fit's and the line's, and never below the estimate. Otherwise the line, as
-    /// [`Self::calibrate`].
+    /// [`environment::EnvironmentFit`], the estimate and bound are the fit applied to the
+    /// breakdown at `confidence` ([`environment::apply`]): the environment's own bound from its
+    /// first observation, held within [`environment::reach`] of physics (the most any number
+    /// of observations may move it). Otherwise the line, as [`Self::calibrate`].
     pub fn calibrate_breakdown(
         &self,
         gpu: &str,
@@ -420,27 +418,20 @@ impl ProfileSnapshot {
         else {
             return Some(line);
         };
-        // The uncalibrated bound's margin, which a fit on a few observations may not narrow.
-        let prior_log_margin = upper_mib
-            .filter(|u| u.is_finite() && *u > predicted_mib)
-            .map_or(0.0, |u| (u / predicted_mib).ln());
-        let (estimate, bound) = environment::apply(fit, breakdown, confidence, prior_log_margin);
+        let (estimate, bound) = environment::apply(fit, breakdown, confidence);
         if !(estimate.is_finite() && bound.is_finite()) {
             return Some(line);
         }
-        let estimate_mib = estimate
-            .clamp(line.estimate_mib / MAX_STEP, line.estimate_mib * MAX_STEP)
-            .max(MIN_ESTIMATE_MIB);
-        let upper_bound_mib = bound.max(line.upper_bound_mib).max(estimate_mib);
-        Some(
-            Calibrated {
-                estimate_mib,
-                upper_bound_mib,
-                cuda_context_mib: fit.context_mib,
-                ..line
-            }
-            .within_reach(predicted_mib, upper_mib),
-        )
+        let (low, high) = environment::reach(predicted_mib);
+        let estimate_mib = estimate.clamp(low, high).max(MIN_ESTIMATE_MIB);
+        let upper_bound_mib = bound.min(high * (bound / estimate)).max(estimate_mib);
+        Some(Calibrated {
+            estimate_mib,
+            upper_bound_mib,
+            cuda_context_mib: fit.context_mib,
+            stack_factor: Some(fit.stack_factor),
+            ..line
+        })
     }
 }
 
@@ -1015,11 +1006,10 @@ mod tests {
         let own = store.get_key("a100-40gb", Some("torch2.5-cu124")).unwrap();
         let fit = own.environment_fit.expect("an environment fit");
         assert_eq!(fit.samples, jobs.len());
+        // Five small jobs cannot tell a smaller context from a leaner stack: between them
+        // the two take the 500 MiB (the context most of it, the jobs' sizes varying).
         let context = fit.context_mib.unwrap();
-        assert!(
-            (context - (1200.0 - SMALLER)).abs() < 100.0,
-            "context {context}"
-        );
+        assert!(context < 1200.0, "context {context}");
 
         // A job none of the observations described.
         let new = breakdown(1500.0, 2500.0);
@@ -1038,7 +1028,7 @@ mod tests {
         assert_eq!(moved.environment.as_deref(), Some("torch2.5-cu124"));
         let shift = predicted - moved.estimate_mib;
         assert!(
-            (shift - SMALLER).abs() < 100.0,
+            (shift - SMALLER).abs() < 0.03 * predicted,
             "moved by {shift} MiB: {moved:?}"
         );
         assert!(moved.upper_bound_mib >= moved.estimate_mib);

@@ -16,7 +16,7 @@ use crate::api::types::{
     ProfileResponse, ProfilesResponse, StepTimeFitResponse, WatchRequest, WatchResponse,
 };
 use crate::calibration::db::{NewObservation, Source};
-use crate::calibration::environment::CONTEXT_RANGE_MIB;
+use crate::calibration::environment::{CONTEXT_RANGE_MIB, FACTOR_RANGE};
 use crate::calibration::profile::{CalibrationProfile, ProfileError};
 use crate::calibration::step_time;
 use crate::calibration::store::Update;
@@ -251,11 +251,16 @@ fn record(state: &AppState, observations: Vec<Posted>) -> Result<ObservationsRes
         }
         let reference = reference_figure(state, &observation.job).map_err(at)?;
         // Nor below what physics says it must hold (model state and CUDA context): such a
-        // reading is not of this job.
-        if observed < reference.floor_mib {
+        // reading is not of this job. In a named environment, below what the leanest stack
+        // holds of it (the stack's factor's range): a stack may hold less than physics says.
+        let floor = match environment {
+            Some(_) => reference.floor_in_leanest_stack_mib,
+            None => reference.floor_mib,
+        };
+        if observed < floor {
             return Err(at(ApiError::InvalidInput(format!(
-                "observed_peak_mib: {observed} MiB is below the job's physical floor of {:.0} MiB (model state and the smallest CUDA context)",
-                reference.floor_mib
+                "observed_peak_mib: {observed} MiB is below the job's physical floor of {floor:.0} MiB (model state and the smallest CUDA context{})",
+                if environment.is_some() { ", in the leanest stack" } else { "" }
             ))));
         }
         let step_time = observation
@@ -545,6 +550,8 @@ struct Reference {
     /// ([`CONTEXT_RANGE_MIB`]): the context is the environment's, so an observation from
     /// one with a smaller context than physics assumes is not refused for it.
     floor_mib: f64,
+    /// The floor in a stack that holds the least of it ([`FACTOR_RANGE`]'s low end).
+    floor_in_leanest_stack_mib: f64,
     /// The predicted figure by category, MiB, as a JSON object.
     breakdown: String,
 }
@@ -561,11 +568,13 @@ fn reference_figure(state: &AppState, request: &EstimateRequest) -> Result<Refer
         .unwrap_or_else(|| estimate.mib_estimators[FIRST_PRINCIPLES]);
     let b = estimate.physics.breakdown(predicted_mib);
     let breakdown = serde_json::to_string(&b).expect("a breakdown serialises");
+    let least_context = CONTEXT_RANGE_MIB.0.min(estimate.physics.parts.cuda_context);
     Ok(Reference {
         predicted_mib,
-        floor_mib: estimate
+        floor_mib: estimate.physics.floor_with_context_mib(least_context),
+        floor_in_leanest_stack_mib: estimate
             .physics
-            .floor_with_context_mib(CONTEXT_RANGE_MIB.0.min(estimate.physics.parts.cuda_context)),
+            .floor_in_stack_mib(least_context, FACTOR_RANGE.0),
         breakdown,
     })
 }

@@ -280,7 +280,15 @@ impl Physics {
     /// The floor with another CUDA context than physics assumes: an environment's (its
     /// driver, CUDA and lazy loading set the context, not the job).
     pub fn floor_with_context_mib(&self, cuda_context_mib: f64) -> f64 {
-        self.floor_mib() - self.parts.cuda_context + cuda_context_mib.max(0.0)
+        self.floor_in_stack_mib(cuda_context_mib, 1.0)
+    }
+
+    /// The floor in an environment whose stack holds `stack_factor` times physics' bytes
+    /// (`calibration::environment`): a stack observed to hold less (its own sharding, a leaner
+    /// master copy) lowers the model state too; one that holds more leaves the floor as it is.
+    pub fn floor_in_stack_mib(&self, cuda_context_mib: f64, stack_factor: f64) -> f64 {
+        (self.floor_mib() - self.parts.cuda_context) * stack_factor.min(1.0)
+            + cuda_context_mib.max(0.0)
     }
 
     /// [`Physics::settle`] against `floor`.

@@ -75,9 +75,14 @@ pub fn place(
     };
     // An environment's fitted context replaces physics' own in the floor: a smaller context
     // (lazy loading, a newer driver) lowers what the job can need.
-    let floor = match calibrated.as_ref().and_then(|c| c.cuda_context_mib) {
-        Some(context) => physics.floor_with_context_mib(context),
-        None => physics.floor_mib(),
+    // A stack observed to hold less than physics says lowers the model state in the floor.
+    let floor = match &calibrated {
+        Some(c) if c.cuda_context_mib.is_some() || c.stack_factor.is_some() => physics
+            .floor_in_stack_mib(
+                c.cuda_context_mib.unwrap_or(physics.parts.cuda_context),
+                c.stack_factor.unwrap_or(1.0),
+            ),
+        _ => physics.floor_mib(),
     };
     let settled = physics.settle_above(floor, estimate_mib, upper_bound_mib);
     // The distribution the decision reads: the answer's, or around a calibrated figure with

@@ -37,8 +37,6 @@ struct Answered {
     measure: Measure,
     measured_mib: f64,
     predicted: Breakdown,
-    /// `ln(upper bound / estimate)` of the uncalibrated answer.
-    prior_log_margin: f64,
 }
 
 impl Answered {
@@ -49,7 +47,6 @@ impl Answered {
             &self.predicted,
             self.measure,
             CONFIDENCE,
-            self.prior_log_margin,
         )
     }
 }
@@ -123,10 +120,6 @@ async fn answered() -> (Vec<Answered>, usize) {
             measure: Measure::parse(line["compare"].as_str().unwrap()).unwrap(),
             measured_mib: line["measured_mib"].as_f64().unwrap(),
             predicted: breakdown(&answer),
-            prior_log_margin: (answer["memory"]["upper_bound_mib"].as_f64().unwrap()
-                / answer["memory"]["estimate_mib"].as_f64().unwrap())
-            .ln()
-            .max(0.0),
         });
     }
     (rows, extra_rows)

@@ -23,6 +23,9 @@ and, outside `all` (slow, needs describe/ and transformers):
              (modules_to_save, reward heads, reference models, loss implementations) against
              describe's simulation of the same jobs, figures and deltas (stdlib here; describe
              runs in .venv-describe; needs target/release/gpucast)
+  stacks     docs/reports/stack-learning.md: leave one framework out of the published runs,
+             post k = 0, 1, 3, 5 of its runs to a running service as observations of one
+             environment and ask its other runs there (stdlib only; needs a built gpucast)
 
 Data and output paths: see gpucast_training/data.py (--data-dir / $GPUCAST_DATA_DIR, default
 <repository root>/../shared/data; --out-dir / $GPUCAST_OUT_DIR, default the repository root).
@@ -44,6 +47,7 @@ STAGES = {
     "public-offload": "public_offload",
     "decisions": "decisions",
     "setup-simulations": "setup_simulations",
+    "stacks": "stacks",
 }
 ALL = ["mlp", "timm", "simulated", "evaluate"]
 
