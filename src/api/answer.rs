@@ -21,7 +21,7 @@ use crate::physics::perf::{self, Bound, Roofline};
 use crate::physics::step;
 use crate::physics::uncertainty::PeakDistribution;
 use crate::physics::{Breakdown, BreakdownSource, Physics};
-use crate::placement::{FitBasis, Placement};
+use crate::placement::{BoundBasis, FitBasis, Placement};
 
 pub fn performance_response(r: &Roofline, host: Option<&HostFit>) -> PerformanceResponse {
     PerformanceResponse {
@@ -210,7 +210,7 @@ pub fn to_response(
             extrapolation,
             uncertainty: placement
                 .as_ref()
-                .map(|p| uncertainty_response(&p.peak, &assumed, p.estimate_mib)),
+                .map(|p| uncertainty_response(&p.peak, &assumed, p.estimate_mib, p.basis)),
             peak_moment: moment,
             base_correction: base_correction.map(|f| round_to_f64(f, 1e4)),
         },
@@ -291,9 +291,11 @@ pub fn uncertainty_response(
     peak: &PeakDistribution,
     assumed: &[AssumedRange],
     estimate_mib: f64,
+    basis: BoundBasis,
 ) -> UncertaintyResponse {
     let t = &peak.terms;
     UncertaintyResponse {
+        basis: basis.as_str().into(),
         assumed: assumed
             .iter()
             .map(|r| AssumedResponse {

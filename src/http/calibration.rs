@@ -609,6 +609,8 @@ fn profile_response(p: &CalibrationProfile) -> ProfileResponse {
             cache_scale: f.cache_scale,
             observations: f.samples,
             log_residual_quantiles: f.log_residual_quantiles.clone(),
+            stack_factor: f.stack_factor,
+            log_margin_95: crate::calibration::environment::log_margin(f, 0.95),
         }),
         step_time_fit: p.host_fit.map(|f| StepTimeFitResponse {
             host_us_per_op: f.host_us_per_op,

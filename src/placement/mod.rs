@@ -42,6 +42,31 @@ pub struct Placement {
     pub fit_basis: FitBasis,
     /// The distribution of the peak the bound and the decision were read from.
     pub peak: PeakDistribution,
+    /// What the bound rests on.
+    pub basis: BoundBasis,
+}
+
+/// What a bound rests on (`memory.uncertainty.basis`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BoundBasis {
+    /// The held-out errors of the job's group over the published and measured jobs: right
+    /// for the stack they were measured on (transformers and PEFT on PyTorch, DeepSpeed
+    /// ZeRO-2, FSDP), not known for others; observations of an environment narrow it.
+    HeldOutGroups,
+    /// The GPU's own calibration profile (its line and residuals).
+    GpuProfile,
+    /// The named environment's own observations: its stack's factor and their scatter.
+    Environment,
+}
+
+impl BoundBasis {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BoundBasis::HeldOutGroups => "held_out_groups",
+            BoundBasis::GpuProfile => "gpu_profile",
+            BoundBasis::Environment => "environment",
+        }
+    }
 }
 
 /// Applies the target's calibration profile (if it has one: the profile of the GPU in
@@ -124,10 +149,15 @@ pub fn place(
         upper_bound_mib: settled.upper_bound_mib,
         floored: answer.floored || settled.floored,
         profile_observations,
-        profile_environment: calibrated.and_then(|c| c.environment),
+        profile_environment: calibrated.as_ref().and_then(|c| c.environment.clone()),
         fit,
         fit_basis,
         peak,
+        basis: match &calibrated {
+            Some(c) if c.stack_factor.is_some() => BoundBasis::Environment,
+            Some(_) => BoundBasis::GpuProfile,
+            None => BoundBasis::HeldOutGroups,
+        },
     }
 }
 

@@ -117,7 +117,9 @@ pub struct StepTimeFitResponse {
     "activation_scale": 0.97,
     "cache_scale": 1.0,
     "observations": 3,
-    "log_residual_quantiles": {"0.5": 0.0, "0.9": 0.01, "0.95": 0.01, "0.99": 0.01}
+    "log_residual_quantiles": {"0.5": 0.0, "0.9": 0.01, "0.95": 0.01, "0.99": 0.01},
+    "stack_factor": 1.31,
+    "log_margin_95": 0.21
 }))]
 pub struct EnvironmentFitResponse {
     /// The environment's cost outside the allocator (CUDA context, loaded modules, library
@@ -131,6 +133,12 @@ pub struct EnvironmentFitResponse {
     pub observations: usize,
     /// Quantiles of log(observed / fitted), by level ("0.5", "0.95", ...).
     pub log_residual_quantiles: BTreeMap<String, f64>,
+    /// The stack's factor on everything the allocator holds (1: physics as it is), within
+    /// 0.5-2: the most any observations may move this environment's answers.
+    pub stack_factor: f64,
+    /// ln(upper bound / figure) of the part the stack scales at confidence 0.95: the
+    /// environment's own doubt, narrowing as consistent observations come.
+    pub log_margin_95: f64,
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]

@@ -378,6 +378,12 @@ pub struct UncertaintyResponse {
     pub detail: String,
     /// The setup's family: `full`, `lora`, `qlora`, `sharded` or `offload`.
     pub setup_family: String,
+    /// What the bound rests on: `held_out_groups` (the held-out errors of the job's group,
+    /// measured on transformers and PEFT on PyTorch, DeepSpeed ZeRO-2 and FSDP: another stack
+    /// may lie outside; post three of its runs as observations of an `environment` to
+    /// narrow it), `gpu_profile` (the GPU's calibration profile) or `environment` (the named
+    /// environment's own observations: its stack's factor and their scatter).
+    pub basis: String,
     /// The group whose errors bound the figure: `detail/setup_family/model_family`, else
     /// `detail/setup_family`, `detail` or `all` where a group has too few measured rows.
     pub scores_group: String,
