@@ -18,7 +18,7 @@ use crate::job::setup::{
 use crate::job::validated::{Job, Layer, LayerKind, SimulatedCategories};
 use crate::job::KnownActivations;
 use crate::job::LayerDetail;
-use crate::physics::shapes;
+use crate::physics::{saved, shapes};
 
 /// bitsandbytes keeps 32-bit state for parameters below this size (`min_8bit_size`).
 const MIN_8BIT_SIZE: u64 = 4096;
@@ -127,6 +127,8 @@ fn embedding_factors(layer: &Layer, detail: Option<&LayerDetail>) -> (f64, f64) 
 struct LayerPlan {
     /// Base parameters that train.
     trainable: f64,
+    /// Whether the layer's own weight trains (a tied head's: the embedding's).
+    weight_trains: bool,
     /// LoRA adapter parameters on this layer.
     adapters: f64,
     /// Bytes of the base weights as stored.
@@ -307,6 +309,7 @@ fn plan_layers(
             };
             LayerPlan {
                 trainable,
+                weight_trains: base_trains,
                 adapters,
                 weight_bytes,
                 reference_bytes,
@@ -483,6 +486,37 @@ fn kept_for_backward(
         (Trainable::Modules(_), None) => plans.iter().position(|p| p.trainable > 0.0).unwrap_or(0),
         _ => 0,
     };
+    // What each adapted layer's adapters keep beside the base layer's own input, outside
+    // checkpointed blocks (inside, backward recomputes them). PEFT casts the input to the
+    // adapters' dtype (fp32, kept so by `autocast_adapter_dtype`) and lora_A keeps what it
+    // reads: under pure 16 bits a new fp32 copy, under autocast lora_A's own 16-bit cast, in
+    // fp32 the base layer's input itself. Dropout keeps its mask, and its output (fp32, or
+    // its 16-bit cast under autocast) is what lora_A keeps.
+    let adapter_input_bytes = match lora {
+        Some(l) if l.dropout > 0.0 => {
+            1.0 + if precision.is_autocast() {
+                compute_activation_bytes
+            } else {
+                ADAPTER_BYTES
+            }
+        }
+        Some(_) if precision.is_pure_16bit() => ADAPTER_BYTES,
+        Some(_) if precision.is_autocast() => compute_activation_bytes,
+        _ => 0.0,
+    };
+    // A frozen linear keeps nothing of its input (LoRA's base, freeze tuning's frozen
+    // layers); an adapted one's input is lora_A's own where the adapters keep a copy (above).
+    let frozen = |i: usize| {
+        !plans[i].weight_trains && (plans[i].adapters == 0.0 || adapter_input_bytes > 0.0)
+    };
+    // (A model built from its configuration counts its activations tensor by tensor.)
+    let frozen_inputs = if known.is_some() || plans.iter().all(|p| p.weight_trains) {
+        0.0
+    } else {
+        saved::frozen_linear_inputs(layers, details, frozen_prefix, frozen) as f64
+            * micro
+            * compute_activation_bytes
+    };
     let kept = match (known, job.saved_tensors()) {
         (Some(k), _) => {
             let frozen_blocks = job
@@ -493,12 +527,15 @@ fn kept_for_backward(
                 .min(k.blocks as usize) as f64;
             (k.outside + k.per_block * (k.blocks as f64 - frozen_blocks)) * micro + k.fixed
         }
-        (None, Some(saved)) => {
-            saved.bytes_at(setup.micro_batch_size) * kept_share * (1.0 - share(&(0..frozen_prefix)))
-        }
-        (None, None) => {
-            output_total * micro * 4.0 * kept_share * (1.0 - share(&(0..frozen_prefix)))
-        }
+        (None, Some(saved)) => (saved.bytes_at(setup.micro_batch_size)
+            * kept_share
+            * (1.0 - share(&(0..frozen_prefix)))
+            - frozen_inputs)
+            .max(0.0),
+        (None, None) => (output_total * micro * 4.0 * kept_share
+            * (1.0 - share(&(0..frozen_prefix)))
+            - frozen_inputs)
+            .max(0.0),
     };
     let checkpointed: &[std::ops::Range<usize>] = match &setup.checkpointing {
         Checkpointing::None => &[],
@@ -533,24 +570,6 @@ fn kept_for_backward(
             .sum();
         let largest = checkpointed.iter().map(share).fold(0.0, f64::max);
         kept * (1.0 - inside) + inputs + kept * largest
-    };
-    // What each adapted layer's adapters keep beside the base layer's own input, outside
-    // checkpointed blocks (inside, backward recomputes them). PEFT casts the input to the
-    // adapters' dtype (fp32, kept so by `autocast_adapter_dtype`) and lora_A keeps what it
-    // reads: under pure 16 bits a new fp32 copy, under autocast lora_A's own 16-bit cast, in
-    // fp32 the base layer's input itself. Dropout keeps its mask, and its output (fp32, or
-    // its 16-bit cast under autocast) is what lora_A keeps.
-    let adapter_input_bytes = match lora {
-        Some(l) if l.dropout > 0.0 => {
-            1.0 + if precision.is_autocast() {
-                compute_activation_bytes
-            } else {
-                ADAPTER_BYTES
-            }
-        }
-        Some(_) if precision.is_pure_16bit() => ADAPTER_BYTES,
-        Some(_) if precision.is_autocast() => compute_activation_bytes,
-        _ => 0.0,
     };
     let adapter_inputs = if adapter_input_bytes > 0.0 {
         (0..layers.len())
