@@ -582,7 +582,10 @@ mod tests {
             8 + 32
         );
         // Everything frozen: ln_1's output too.
-        assert_eq!(frozen_linear_inputs(&layers, &details, 0, |_| true), 8 + 8 + 32);
+        assert_eq!(
+            frozen_linear_inputs(&layers, &details, 0, |_| true),
+            8 + 8 + 32
+        );
         assert_eq!(frozen_linear_inputs(&layers, &details, 0, |_| false), 0);
         // Layers before `from` are not counted.
         assert_eq!(frozen_linear_inputs(&layers, &details, 6, |_| true), 32);

@@ -12,8 +12,8 @@
 
 use crate::job::matched::NamedLayers;
 use crate::job::setup::{
-    BaseWeights, Checkpointing, LoraTargets, Optimizer, OptimizerImplementation, Reference, Setup,
-    Strategy, Trainable,
+    BaseWeights, Checkpointing, ExpertLayout, LoraTargets, Optimizer, OptimizerImplementation,
+    Reference, Setup, Strategy, Trainable,
 };
 use crate::job::validated::{Job, Layer, LayerKind, SimulatedCategories};
 use crate::job::KnownActivations;
@@ -277,9 +277,16 @@ fn plan_layers(
             } else {
                 0.0
             };
-            let quantised = lora
-                .map(|l| l.base_weights)
-                .filter(|_| layer.kind == LayerKind::Linear && Some(i) != head && !base_trains);
+            // A mixture of experts' experts are quantised where each expert projection is an
+            // `nn.Linear` (transformers 4); fused into 3D parameters (transformers 5), the
+            // libraries leave them as loaded.
+            let experts = detail(i)
+                .and_then(|d| d.experts)
+                .filter(|_| lora.is_some_and(|l| l.expert_layout == ExpertLayout::PerExpertLinear));
+            let quantised = lora.map(|l| l.base_weights).filter(|_| {
+                (layer.kind == LayerKind::Linear && Some(i) != head || experts.is_some())
+                    && !base_trains
+            });
             let weight_bytes =
                 stored_weight_bytes(layer, detail(i), params, quantised, setup, known.is_some())
                     + if saved(i) { params * storage } else { 0.0 };
@@ -303,9 +310,17 @@ fn plan_layers(
             // A quantised base is dequantised whole for each matmul, forward and backward
             // (bitsandbytes' MatMul4Bit and int8 backward, the GPTQ/AWQ training kernels),
             // and freed after it: one layer's at a time.
-            let dequantised_bytes = match quantised {
-                Some(BaseWeights::Same) | None => 0.0,
-                Some(_) => params * precision.compute_bytes(),
+            let dequantised_bytes = match (quantised, experts) {
+                (Some(BaseWeights::Same) | None, _) => 0.0,
+                // Each expert's linears run one at a time.
+                (Some(_), Some(e)) => {
+                    e.linears()
+                        .iter()
+                        .map(|&(i, o)| (i * o) as f64)
+                        .fold(0.0, f64::max)
+                        * precision.compute_bytes()
+                }
+                (Some(_), None) => params * precision.compute_bytes(),
             };
             LayerPlan {
                 trainable,
@@ -343,15 +358,23 @@ fn stored_weight_bytes(
 ) -> f64 {
     let precision = setup.precision;
     let storage = precision.storage_bytes();
+    // The inputs and outputs of the linear layers quantised: an experts layer's, summed over
+    // its experts' linears.
+    let in_out = || match detail.and_then(|d| d.experts) {
+        Some(e) => e.linears().iter().fold((0.0, 0.0), |(i, o), &(li, lo)| {
+            (i + (e.count * li) as f64, o + (e.count * lo) as f64)
+        }),
+        None => linear_shape(layer, detail),
+    };
     match quantised {
         Some(BaseWeights::Nf4) => params * NF4_BYTES,
         // Packed int4, an fp16 scale and a packed 4-bit zero per group and output; GPTQ
         // adds an int32 group index per input.
         Some(BaseWeights::Gptq { group_size }) => {
-            params * (0.5 + 2.5 / group_size as f64) + linear_shape(layer, detail).0 * 4.0
+            params * (0.5 + 2.5 / group_size as f64) + in_out().0 * 4.0
         }
         Some(BaseWeights::Awq { group_size }) => params * (0.5 + 2.5 / group_size as f64),
-        Some(BaseWeights::Int8) => params * 1.0 + linear_shape(layer, detail).1 * 4.0,
+        Some(BaseWeights::Int8) => params * 1.0 + in_out().1 * 4.0,
         _ => {
             // Autocast keeps a 16-bit copy of each weight a matmul saved for backward
             // (FSDP gathers 16-bit weights instead: see the collective buffers).
@@ -532,10 +555,11 @@ fn kept_for_backward(
             * (1.0 - share(&(0..frozen_prefix)))
             - frozen_inputs)
             .max(0.0),
-        (None, None) => (output_total * micro * 4.0 * kept_share
-            * (1.0 - share(&(0..frozen_prefix)))
-            - frozen_inputs)
-            .max(0.0),
+        (None, None) => {
+            (output_total * micro * 4.0 * kept_share * (1.0 - share(&(0..frozen_prefix)))
+                - frozen_inputs)
+                .max(0.0)
+        }
     };
     let checkpointed: &[std::ops::Range<usize>] = match &setup.checkpointing {
         Checkpointing::None => &[],

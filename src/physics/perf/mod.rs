@@ -572,6 +572,7 @@ mod tests {
                     in_features: Some(i),
                     out_features: Some(o),
                     flops: None,
+                    experts: None,
                 });
             }
         }
