@@ -541,10 +541,13 @@ mod tests {
         assert_eq!(derive(&[], None).per_sample_bytes, 0);
     }
 
-    /// A GPT-2 block as describe lists it: (kind, output per sample, name, in, out).
+    /// A listed layer: kind, output per sample, name, (in, out).
+    type Row = (LayerKind, u64, &'static str, Option<(u64, u64)>);
+
+    /// A GPT-2 block as describe lists it.
     fn gpt2_block() -> (Vec<Layer>, Vec<LayerDetail>) {
         use LayerKind::*;
-        let rows: [(LayerKind, u64, &str, Option<(u64, u64)>); 9] = [
+        let rows: [Row; 9] = [
             (LayerNorm, 8, "h.0.ln_1", None),
             (Attention, 8, "h.0.attn", None),
             (Linear, 24, "h.0.attn.c_attn", Some((8, 24))),
@@ -564,6 +567,7 @@ mod tests {
                         in_features: shape.map(|s| s.0),
                         out_features: shape.map(|s| s.1),
                         flops: None,
+                        experts: None,
                     },
                 )
             })

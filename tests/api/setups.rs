@@ -418,7 +418,7 @@ fn the_analytic_step_agrees_with_the_simulated_steps_of_the_timm_models() {
 async fn a_quantised_base_quantises_each_experts_linears_as_the_layout_says() {
     let app = spawn_app().await;
     let config: Value = serde_json::from_str(include_str!(
-        "../fixtures/transformer_configs/public/mistralai__Mixtral-8x7B-v0.1.json"
+        "../fixtures/transformer_configs/moe/mistralai__Mixtral-8x7B-v0.1.json"
     ))
     .unwrap();
     let job = |base: &str, layout: Option<&str>| {
@@ -446,8 +446,7 @@ async fn a_quantised_base_quantises_each_experts_linears_as_the_layout_says() {
             "{parameters} MiB of weights, about {quarter} expected of {whole}"
         );
         assert_eq!(
-            answer["memory"]["uncertainty"]["assumed"][0]["field"],
-            "lora.expert_layout",
+            answer["memory"]["uncertainty"]["assumed"][0]["field"], "lora.expert_layout",
             "{answer}"
         );
         assert!(answer["warnings"].as_array().unwrap().iter().any(|w| w

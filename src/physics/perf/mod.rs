@@ -530,6 +530,7 @@ mod tests {
                 base_weights: Some("nf4"),
                 modules_to_save: None,
                 group_size: None,
+                expert_layout: None,
             }),
             ..plain()
         };
@@ -741,6 +742,7 @@ mod tests {
                         base_weights: None,
                         modules_to_save: None,
                         group_size: None,
+                        expert_layout: None,
                     }),
                     ..plain()
                 },
