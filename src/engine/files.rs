@@ -340,6 +340,7 @@ impl Merge {
                     target_modules: targets,
                     base_weights: None,
                     group_size: None,
+                    expert_layout: None,
                     modules_to_save: adapter.modules_to_save.clone(),
                 });
             }

@@ -11,8 +11,8 @@ use crate::devices::GpuDevices;
 use crate::engine::files;
 use crate::error::ApiError;
 use crate::job::setup::{
-    LossImplementation, OptimizerImplementation, UncheckedLora, UncheckedNames, UncheckedOffload,
-    UncheckedParallelism,
+    BaseWeights, ExpertLayout, LossImplementation, OptimizerImplementation, UncheckedLora,
+    UncheckedNames, UncheckedOffload, UncheckedParallelism,
 };
 use crate::job::{
     echo, Confidence, Job, LayerKind, MemoryFraction, SavedTensors, SimulatedCategories,
@@ -330,6 +330,7 @@ fn to_job_stated(request: &EstimateRequest) -> Result<(Job, Vec<String>), ApiErr
                 in_features: l.in_features,
                 out_features: l.out_features,
                 flops: l.flops,
+                experts: None,
             })
             .collect::<Vec<_>>()
     });
@@ -487,7 +488,42 @@ fn config_job(
         });
     }
     note_defaults(request, &job, &mut warnings);
+    let job = with_assumed_expert_layout(request, job, &mut warnings);
     Ok((with_assumed_implementation(request, job), warnings))
+}
+
+/// Notes an unstated expert layout where it matters (a mixture of experts under a quantised
+/// base): transformers 4's one `nn.Linear` per expert projection is assumed, which the
+/// published QLoRA and GPTQ-LoRA runs of Mixtral used and the libraries quantise; transformers
+/// 5's fused 3D experts stay in the weights' dtype and bound the range.
+fn with_assumed_expert_layout(
+    request: &EstimateRequest,
+    job: Job,
+    warnings: &mut Vec<String>,
+) -> Job {
+    let Some(lora) = job.setup().lora.as_ref() else {
+        return job;
+    };
+    let stated = request
+        .lora
+        .as_ref()
+        .is_some_and(|l| l.expert_layout.is_some());
+    let has_experts = job.layer_details().iter().any(|d| d.experts.is_some());
+    if stated || !has_experts || lora.base_weights == BaseWeights::Same {
+        return job;
+    }
+    let assumed = lora.expert_layout;
+    warnings.push(format!(
+        "lora.expert_layout: not given; {} assumed (transformers 4: an nn.Linear per expert \
+         projection, quantised with the base); transformers 5 fuses the experts into 3D \
+         parameters, which bitsandbytes leaves unquantised: state `fused` for that",
+        assumed.as_str()
+    ));
+    job.with_assumption(Assumption {
+        field: "lora.expert_layout",
+        assumed: assumed.as_str(),
+        alternatives: vec![Alternative::ExpertLayout(ExpertLayout::Fused)],
+    })
 }
 
 /// Notes an unstated optimizer implementation: PyTorch's default (foreach, a copy of the
@@ -575,6 +611,7 @@ fn unchecked_setup(request: &EstimateRequest) -> UncheckedSetup<'_> {
             base_weights: l.base_weights.as_deref(),
             modules_to_save: l.modules_to_save.as_deref(),
             group_size: l.group_size,
+            expert_layout: l.expert_layout.as_deref(),
         }),
         parallelism: request.parallelism.as_ref().map(|p| UncheckedParallelism {
             strategy: p.strategy.as_deref(),

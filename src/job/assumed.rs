@@ -3,7 +3,7 @@
 //! can widen with that doubt (`physics::assumed`).
 
 use super::activations::KnownActivations;
-use super::setup::{LossImplementation, OptimizerImplementation};
+use super::setup::{ExpertLayout, LossImplementation, OptimizerImplementation};
 
 /// Another value an assumed field could have taken, as the job would hold it.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -11,6 +11,9 @@ pub enum Alternative {
     /// The model's activations counted with another loss over the vocabulary.
     Loss(LossImplementation, KnownActivations),
     OptimizerImplementation(OptimizerImplementation),
+    /// A mixture of experts' experts held in another layout (whether a quantised base
+    /// quantises them).
+    ExpertLayout(ExpertLayout),
 }
 
 /// One field the request did not state: the value assumed and the others worth running (the

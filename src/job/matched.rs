@@ -131,6 +131,7 @@ mod tests {
                     base_weights: None,
                     modules_to_save: (!saved.is_empty()).then_some(saved),
                     group_size: None,
+                    expert_layout: None,
                 }),
                 activation_checkpointing: Some(UncheckedNames::Names(checkpointed)),
                 ..Default::default()

@@ -18,6 +18,26 @@ pub struct LayerDetail {
     /// request gave them (`describe` counts them with torch's FlopCounterMode); the
     /// performance model ([`crate::physics::perf`]) derives them otherwise.
     pub flops: Option<u64>,
+    /// A routed-experts module held as one layer (a config's mixture of experts).
+    pub experts: Option<Experts>,
+}
+
+/// A mixture of experts' routed experts, as a config's builder holds them in one layer: `count`
+/// gated MLPs, each `hidden` -> `intermediate` (gate and up) -> `hidden` (down).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Experts {
+    pub count: u64,
+    pub hidden: u64,
+    pub intermediate: u64,
+}
+
+impl Experts {
+    /// One expert's linear layers as transformers 4 builds them, an `nn.Linear` each
+    /// (Mixtral's w1, w3 and w2; Qwen MoE's gate, up and down projections): (in, out).
+    pub fn linears(self) -> [(u64, u64); 3] {
+        let (h, i) = (self.hidden, self.intermediate);
+        [(h, i), (h, i), (i, h)]
+    }
 }
 
 /// Whether `name` is `pattern` or a module inside it (`pattern.` prefix).

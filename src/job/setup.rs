@@ -320,6 +320,36 @@ impl BaseWeights {
     }
 }
 
+/// How a mixture of experts holds its experts' weights, which decides whether a quantised base
+/// quantises them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ExpertLayout {
+    /// One `nn.Linear` per expert projection (transformers 4): bitsandbytes, GPTQ and AWQ
+    /// quantise each like any linear layer.
+    #[default]
+    PerExpertLinear,
+    /// The experts fused into 3D parameters (transformers 5): bitsandbytes replaces only
+    /// `nn.Linear` modules, so they stay in the weights' dtype.
+    Fused,
+}
+
+impl ExpertLayout {
+    pub fn parse(raw: &str) -> Option<ExpertLayout> {
+        match raw.to_ascii_lowercase().as_str() {
+            "per_expert_linear" => Some(ExpertLayout::PerExpertLinear),
+            "fused" => Some(ExpertLayout::Fused),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ExpertLayout::PerExpertLinear => "per_expert_linear",
+            ExpertLayout::Fused => "fused",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LoraTargets {
     /// PEFT's `all-linear`: every linear layer but the output head (the model's last linear).
@@ -336,6 +366,8 @@ pub struct Lora {
     pub dropout: f64,
     pub targets: LoraTargets,
     pub base_weights: BaseWeights,
+    /// How a mixture of experts holds its experts (whether a quantised base quantises them).
+    pub expert_layout: ExpertLayout,
     /// PEFT's `modules_to_save`: a trained copy of each beside the frozen original.
     pub modules_to_save: Vec<String>,
 }
@@ -616,6 +648,7 @@ pub struct UncheckedLora<'a> {
     pub base_weights: Option<&'a str>,
     pub modules_to_save: Option<&'a [String]>,
     pub group_size: Option<u64>,
+    pub expert_layout: Option<&'a str>,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -831,12 +864,22 @@ fn lora(raw: Option<UncheckedLora<'_>>) -> Result<Option<Lora>, SetupError> {
         None => Vec::new(),
         Some(list) => distinct_names("lora.modules_to_save", list)?,
     };
+    let expert_layout = match raw.expert_layout {
+        None => ExpertLayout::default(),
+        Some(name) => ExpertLayout::parse(name).ok_or_else(|| {
+            SetupError::new(
+                "lora.expert_layout",
+                format!("unknown '{}' (known: per_expert_linear, fused)", echo(name)),
+            )
+        })?,
+    };
     Ok(Some(Lora {
         rank: raw.rank,
         alpha,
         dropout,
         targets,
         base_weights,
+        expert_layout,
         modules_to_save,
     }))
 }

@@ -63,6 +63,13 @@ pub fn ranges(job: &Job, step_mib: f64, peak_at_backward: bool) -> Vec<AssumedRa
 fn step_figure(job: &Job, alternative: Alternative) -> f64 {
     let physics = match alternative {
         Alternative::Loss(_, known) => Physics::step_as(job, job.setup(), Some(known)),
+        Alternative::ExpertLayout(layout) => {
+            let mut setup = job.setup().clone();
+            if let Some(lora) = setup.lora.as_mut() {
+                lora.expert_layout = layout;
+            }
+            Physics::step_as(job, &setup, job.known_activations())
+        }
         Alternative::OptimizerImplementation(implementation) => {
             let mut setup = job.setup().clone();
             setup.implementation = implementation;

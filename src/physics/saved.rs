@@ -41,7 +41,9 @@
 //! (10th-90th percentile 0.81-1.02), transformer 0.99 (0.85-1.10); on the 100 test models,
 //! never tuned on: cnn 0.99 (0.83-1.00), transformer 0.90 (0.83-1.04).
 
+use crate::job::names::within;
 use crate::job::validated::{Layer, LayerKind, SavedTensors, MAX_SAVED_BYTES};
+use crate::job::LayerDetail;
 
 /// Tensors of its output's size that attention keeps besides its output: q, k and v.
 const ATTENTION_TENSORS: u64 = 3;
@@ -266,6 +268,104 @@ pub fn derive(layers: &[Layer], input_elements: Option<u64>) -> SavedTensors {
     }
 }
 
+/// How far back a linear layer's input is looked for among the layers before it (past sibling
+/// linears, dropouts and a mismatched activation): a bounded walk, linear in the list.
+const MAX_PRODUCER_DISTANCE: usize = 8;
+
+/// Elements per sample that no layer keeps once the linear layers for which `frozen` holds
+/// stop keeping their inputs: a linear keeps its input for its weight's gradient alone (its
+/// input's gradient needs only the weight), so autograd saves nothing for a frozen one
+/// (PyTorch saves an operand only for the gradients it will compute). A tensor stays kept
+/// while a linear reading it trains, or where the layer that made it keeps its output
+/// (attention's output, read by its output projection; ReLU's, sigmoid's, softmax's).
+///
+/// Which tensor a linear reads, from the list's order: the nearest earlier layer, past linears
+/// (siblings reading the same tensor: q, k, v; gate and up) and layers that pass their input
+/// on, whose output is as large as the linear's input; a linear inside an attention module
+/// (by name) reads what the attention module does, but its last one reads the attention's
+/// output. A linear whose input is not found keeps it (nothing is freed on a guess). Layers
+/// before `from` are left out (the caller counts nothing of them).
+pub fn frozen_linear_inputs(
+    layers: &[Layer],
+    details: &[LayerDetail],
+    from: usize,
+    frozen: impl Fn(usize) -> bool,
+) -> u64 {
+    let name = |i: usize| details.get(i).and_then(|d| d.name.as_deref());
+    // Each attention module's last linear inside it (by name): its output projection.
+    let mut output_projection = vec![false; layers.len()];
+    let mut inside_attention = vec![false; layers.len()];
+    let mut attention: Option<usize> = None;
+    let mut last_inside: Option<usize> = None;
+    for (i, layer) in layers.iter().enumerate() {
+        if layer.kind == LayerKind::Attention {
+            if let Some(last) = last_inside.take() {
+                output_projection[last] = true;
+            }
+            attention = Some(i);
+        } else if layer.kind == LayerKind::Linear {
+            let inside = attention
+                .and_then(|a| Some((name(a)?, name(i)?)))
+                .is_some_and(|(a, l)| within(l, a));
+            if inside {
+                inside_attention[i] = true;
+                last_inside = Some(i);
+            }
+        }
+    }
+    if let Some(last) = last_inside {
+        output_projection[last] = true;
+    }
+    // Per tensor read (its producer's index): its elements, and whether every reader is frozen.
+    let mut read: std::collections::BTreeMap<usize, (u64, bool)> = Default::default();
+    for (i, layer) in layers.iter().enumerate().skip(from) {
+        if layer.kind != LayerKind::Linear {
+            continue;
+        }
+        let detail = details.get(i);
+        let inputs = detail.and_then(|d| {
+            let (i_features, o_features) = (d.in_features?, d.out_features?);
+            Some(layer.output_size / o_features.max(1) * i_features)
+        });
+        let producer = if output_projection[i] {
+            None
+        } else {
+            (i.saturating_sub(MAX_PRODUCER_DISTANCE)..i)
+                .rev()
+                .filter(|&j| {
+                    let kind = layers[j].kind;
+                    layers[j].output_size > 0
+                        && kind != LayerKind::Linear
+                        && kind != LayerKind::Attention
+                        && !passes_input_on(kind)
+                })
+                .find(|&j| inputs.is_none_or(|n| layers[j].output_size == n))
+                // Past an attention module only from inside it (by name): any other linear
+                // after one may read its output.
+                .filter(|&j| {
+                    inside_attention[i]
+                        || !layers[j + 1..i]
+                            .iter()
+                            .any(|l| l.kind == LayerKind::Attention)
+                })
+        };
+        let Some(producer) = producer.filter(|&j| j >= from) else {
+            // Its input is kept by what made it, or not found: it stays.
+            continue;
+        };
+        let entry = read
+            .entry(producer)
+            .or_insert((layers[producer].output_size, true));
+        if keeps(layers[producer].kind) == Keeps::Output || !frozen(i) {
+            entry.1 = false;
+        }
+    }
+    read.values()
+        .filter(|&&(_, freed)| freed)
+        .map(|&(elements, _)| elements)
+        .fold(0u64, u64::saturating_add)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -439,5 +539,62 @@ mod tests {
         let huge = vec![layer(LayerKind::Gelu, 10_000_000_000_000); 4096];
         assert_eq!(derive(&huge, None).per_sample_bytes, MAX_SAVED_BYTES);
         assert_eq!(derive(&[], None).per_sample_bytes, 0);
+    }
+
+    /// A listed layer: kind, output per sample, name, (in, out).
+    type Row = (LayerKind, u64, &'static str, Option<(u64, u64)>);
+
+    /// A GPT-2 block as describe lists it.
+    fn gpt2_block() -> (Vec<Layer>, Vec<LayerDetail>) {
+        use LayerKind::*;
+        let rows: [Row; 9] = [
+            (LayerNorm, 8, "h.0.ln_1", None),
+            (Attention, 8, "h.0.attn", None),
+            (Linear, 24, "h.0.attn.c_attn", Some((8, 24))),
+            (Linear, 8, "h.0.attn.c_proj", Some((8, 8))),
+            (Dropout, 8, "h.0.attn.resid_dropout", None),
+            (LayerNorm, 8, "h.0.ln_2", None),
+            (Linear, 32, "h.0.mlp.c_fc", Some((8, 32))),
+            (Gelu, 32, "h.0.mlp.act", None),
+            (Linear, 8, "h.0.mlp.c_proj", Some((32, 8))),
+        ];
+        rows.iter()
+            .map(|&(kind, output, name, shape)| {
+                (
+                    layer(kind, output),
+                    LayerDetail {
+                        name: Some(name.into()),
+                        in_features: shape.map(|s| s.0),
+                        out_features: shape.map(|s| s.1),
+                        flops: None,
+                        experts: None,
+                    },
+                )
+            })
+            .unzip()
+    }
+
+    #[test]
+    fn a_frozen_linear_frees_its_input_unless_a_trained_reader_or_its_maker_keeps_it() {
+        let (layers, details) = gpt2_block();
+        // LoRA on c_attn: c_fc's input (ln_2's output, 8) and mlp.c_proj's (gelu's output, 32)
+        // are freed; c_attn's adapter keeps ln_1's output; attention keeps its own output,
+        // which attn.c_proj reads.
+        let adapted = |i: usize| i == 2;
+        assert_eq!(
+            frozen_linear_inputs(&layers, &details, 0, |i| !adapted(i)),
+            8 + 32
+        );
+        // Everything frozen: ln_1's output too.
+        assert_eq!(
+            frozen_linear_inputs(&layers, &details, 0, |_| true),
+            8 + 8 + 32
+        );
+        assert_eq!(frozen_linear_inputs(&layers, &details, 0, |_| false), 0);
+        // Layers before `from` are not counted.
+        assert_eq!(frozen_linear_inputs(&layers, &details, 6, |_| true), 32);
+        // Without names no linear after the attention is known to read past it.
+        let unnamed = vec![LayerDetail::default(); layers.len()];
+        assert_eq!(frozen_linear_inputs(&layers, &unnamed, 0, |_| true), 8 + 32);
     }
 }

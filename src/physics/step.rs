@@ -12,13 +12,13 @@
 
 use crate::job::matched::NamedLayers;
 use crate::job::setup::{
-    BaseWeights, Checkpointing, LoraTargets, Optimizer, OptimizerImplementation, Reference, Setup,
-    Strategy, Trainable,
+    BaseWeights, Checkpointing, ExpertLayout, LoraTargets, Optimizer, OptimizerImplementation,
+    Reference, Setup, Strategy, Trainable,
 };
 use crate::job::validated::{Job, Layer, LayerKind, SimulatedCategories};
 use crate::job::KnownActivations;
 use crate::job::LayerDetail;
-use crate::physics::shapes;
+use crate::physics::{saved, shapes};
 
 /// bitsandbytes keeps 32-bit state for parameters below this size (`min_8bit_size`).
 const MIN_8BIT_SIZE: u64 = 4096;
@@ -127,6 +127,8 @@ fn embedding_factors(layer: &Layer, detail: Option<&LayerDetail>) -> (f64, f64) 
 struct LayerPlan {
     /// Base parameters that train.
     trainable: f64,
+    /// Whether the layer's own weight trains (a tied head's: the embedding's).
+    weight_trains: bool,
     /// LoRA adapter parameters on this layer.
     adapters: f64,
     /// Bytes of the base weights as stored.
@@ -275,9 +277,16 @@ fn plan_layers(
             } else {
                 0.0
             };
-            let quantised = lora
-                .map(|l| l.base_weights)
-                .filter(|_| layer.kind == LayerKind::Linear && Some(i) != head && !base_trains);
+            // A mixture of experts' experts are quantised where each expert projection is an
+            // `nn.Linear` (transformers 4); fused into 3D parameters (transformers 5), the
+            // libraries leave them as loaded.
+            let experts = detail(i)
+                .and_then(|d| d.experts)
+                .filter(|_| lora.is_some_and(|l| l.expert_layout == ExpertLayout::PerExpertLinear));
+            let quantised = lora.map(|l| l.base_weights).filter(|_| {
+                (layer.kind == LayerKind::Linear && Some(i) != head || experts.is_some())
+                    && !base_trains
+            });
             let weight_bytes =
                 stored_weight_bytes(layer, detail(i), params, quantised, setup, known.is_some())
                     + if saved(i) { params * storage } else { 0.0 };
@@ -301,12 +310,21 @@ fn plan_layers(
             // A quantised base is dequantised whole for each matmul, forward and backward
             // (bitsandbytes' MatMul4Bit and int8 backward, the GPTQ/AWQ training kernels),
             // and freed after it: one layer's at a time.
-            let dequantised_bytes = match quantised {
-                Some(BaseWeights::Same) | None => 0.0,
-                Some(_) => params * precision.compute_bytes(),
+            let dequantised_bytes = match (quantised, experts) {
+                (Some(BaseWeights::Same) | None, _) => 0.0,
+                // Each expert's linears run one at a time.
+                (Some(_), Some(e)) => {
+                    e.linears()
+                        .iter()
+                        .map(|&(i, o)| (i * o) as f64)
+                        .fold(0.0, f64::max)
+                        * precision.compute_bytes()
+                }
+                (Some(_), None) => params * precision.compute_bytes(),
             };
             LayerPlan {
                 trainable,
+                weight_trains: base_trains,
                 adapters,
                 weight_bytes,
                 reference_bytes,
@@ -340,15 +358,23 @@ fn stored_weight_bytes(
 ) -> f64 {
     let precision = setup.precision;
     let storage = precision.storage_bytes();
+    // The inputs and outputs of the linear layers quantised: an experts layer's, summed over
+    // its experts' linears.
+    let in_out = || match detail.and_then(|d| d.experts) {
+        Some(e) => e.linears().iter().fold((0.0, 0.0), |(i, o), &(li, lo)| {
+            (i + (e.count * li) as f64, o + (e.count * lo) as f64)
+        }),
+        None => linear_shape(layer, detail),
+    };
     match quantised {
         Some(BaseWeights::Nf4) => params * NF4_BYTES,
         // Packed int4, an fp16 scale and a packed 4-bit zero per group and output; GPTQ
         // adds an int32 group index per input.
         Some(BaseWeights::Gptq { group_size }) => {
-            params * (0.5 + 2.5 / group_size as f64) + linear_shape(layer, detail).0 * 4.0
+            params * (0.5 + 2.5 / group_size as f64) + in_out().0 * 4.0
         }
         Some(BaseWeights::Awq { group_size }) => params * (0.5 + 2.5 / group_size as f64),
-        Some(BaseWeights::Int8) => params * 1.0 + linear_shape(layer, detail).1 * 4.0,
+        Some(BaseWeights::Int8) => params * 1.0 + in_out().1 * 4.0,
         _ => {
             // Autocast keeps a 16-bit copy of each weight a matmul saved for backward
             // (FSDP gathers 16-bit weights instead: see the collective buffers).
@@ -483,6 +509,37 @@ fn kept_for_backward(
         (Trainable::Modules(_), None) => plans.iter().position(|p| p.trainable > 0.0).unwrap_or(0),
         _ => 0,
     };
+    // What each adapted layer's adapters keep beside the base layer's own input, outside
+    // checkpointed blocks (inside, backward recomputes them). PEFT casts the input to the
+    // adapters' dtype (fp32, kept so by `autocast_adapter_dtype`) and lora_A keeps what it
+    // reads: under pure 16 bits a new fp32 copy, under autocast lora_A's own 16-bit cast, in
+    // fp32 the base layer's input itself. Dropout keeps its mask, and its output (fp32, or
+    // its 16-bit cast under autocast) is what lora_A keeps.
+    let adapter_input_bytes = match lora {
+        Some(l) if l.dropout > 0.0 => {
+            1.0 + if precision.is_autocast() {
+                compute_activation_bytes
+            } else {
+                ADAPTER_BYTES
+            }
+        }
+        Some(_) if precision.is_pure_16bit() => ADAPTER_BYTES,
+        Some(_) if precision.is_autocast() => compute_activation_bytes,
+        _ => 0.0,
+    };
+    // A frozen linear keeps nothing of its input (LoRA's base, freeze tuning's frozen
+    // layers); an adapted one's input is lora_A's own where the adapters keep a copy (above).
+    let frozen = |i: usize| {
+        !plans[i].weight_trains && (plans[i].adapters == 0.0 || adapter_input_bytes > 0.0)
+    };
+    // (A model built from its configuration counts its activations tensor by tensor.)
+    let frozen_inputs = if known.is_some() || plans.iter().all(|p| p.weight_trains) {
+        0.0
+    } else {
+        saved::frozen_linear_inputs(layers, details, frozen_prefix, frozen) as f64
+            * micro
+            * compute_activation_bytes
+    };
     let kept = match (known, job.saved_tensors()) {
         (Some(k), _) => {
             let frozen_blocks = job
@@ -493,11 +550,15 @@ fn kept_for_backward(
                 .min(k.blocks as usize) as f64;
             (k.outside + k.per_block * (k.blocks as f64 - frozen_blocks)) * micro + k.fixed
         }
-        (None, Some(saved)) => {
-            saved.bytes_at(setup.micro_batch_size) * kept_share * (1.0 - share(&(0..frozen_prefix)))
-        }
+        (None, Some(saved)) => (saved.bytes_at(setup.micro_batch_size)
+            * kept_share
+            * (1.0 - share(&(0..frozen_prefix)))
+            - frozen_inputs)
+            .max(0.0),
         (None, None) => {
-            output_total * micro * 4.0 * kept_share * (1.0 - share(&(0..frozen_prefix)))
+            (output_total * micro * 4.0 * kept_share * (1.0 - share(&(0..frozen_prefix)))
+                - frozen_inputs)
+                .max(0.0)
         }
     };
     let checkpointed: &[std::ops::Range<usize>] = match &setup.checkpointing {
@@ -533,24 +594,6 @@ fn kept_for_backward(
             .sum();
         let largest = checkpointed.iter().map(share).fold(0.0, f64::max);
         kept * (1.0 - inside) + inputs + kept * largest
-    };
-    // What each adapted layer's adapters keep beside the base layer's own input, outside
-    // checkpointed blocks (inside, backward recomputes them). PEFT casts the input to the
-    // adapters' dtype (fp32, kept so by `autocast_adapter_dtype`) and lora_A keeps what it
-    // reads: under pure 16 bits a new fp32 copy, under autocast lora_A's own 16-bit cast, in
-    // fp32 the base layer's input itself. Dropout keeps its mask, and its output (fp32, or
-    // its 16-bit cast under autocast) is what lora_A keeps.
-    let adapter_input_bytes = match lora {
-        Some(l) if l.dropout > 0.0 => {
-            1.0 + if precision.is_autocast() {
-                compute_activation_bytes
-            } else {
-                ADAPTER_BYTES
-            }
-        }
-        Some(_) if precision.is_pure_16bit() => ADAPTER_BYTES,
-        Some(_) if precision.is_autocast() => compute_activation_bytes,
-        _ => 0.0,
     };
     let adapter_inputs = if adapter_input_bytes > 0.0 {
         (0..layers.len())

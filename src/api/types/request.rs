@@ -353,6 +353,13 @@ pub struct LoraRequest {
     #[serde(default, deserialize_with = "whole_number::optional")]
     #[schema(minimum = 1, maximum = 65536)]
     pub group_size: Option<u64>,
+    /// How a mixture of experts holds its experts, which decides whether a quantised base
+    /// quantises them: `per_expert_linear` (default: transformers 4, an `nn.Linear` per expert
+    /// projection, quantised like any linear) or `fused` (transformers 5's 3D expert
+    /// parameters, which bitsandbytes leaves in the weights' dtype).
+    #[serde(default)]
+    #[schema(example = "per_expert_linear")]
+    pub expert_layout: Option<String>,
     /// PEFT's `modules_to_save` (e.g. `["embed_tokens", "lm_head"]`, a classifier `score`):
     /// each gets a trained copy beside the frozen original, with its gradients and optimizer
     /// state.

@@ -133,6 +133,7 @@ fn lora_fields_are_checked_and_a_count_of_trainables_does_not_go_with_it() {
             base_weights: base,
             modules_to_save: None,
             group_size: None,
+            expert_layout: None,
         }),
         ..Default::default()
     };
@@ -154,6 +155,7 @@ fn lora_fields_are_checked_and_a_count_of_trainables_does_not_go_with_it() {
             base_weights: None,
             modules_to_save: None,
             group_size: None,
+            expert_layout: None,
         }),
         ..Default::default()
     };
@@ -167,6 +169,7 @@ fn lora_fields_are_checked_and_a_count_of_trainables_does_not_go_with_it() {
             base_weights: None,
             modules_to_save: None,
             group_size: None,
+            expert_layout: None,
         }),
         ..Default::default()
     };
@@ -188,6 +191,7 @@ fn lists_read_only_for_whether_they_name_a_layer_keep_each_name_once() {
             base_weights: None,
             modules_to_save: Some(&repeated),
             group_size: None,
+            expert_layout: None,
         }),
         activation_checkpointing: Some(UncheckedNames::Names(&repeated)),
         ..Default::default()

@@ -1,14 +1,14 @@
 //! Llama-style decoders (Llama, Mistral, Qwen2/3, Gemma, Phi-3, Mixtral and Qwen MoE, OLMo,
 //! Granite, InternLM2): pre-RMSNorm, rotary, gated MLP or routed experts.
 
-use super::{dotted, product, Body, Builder, Head, Saved, Shapes};
+use super::{dotted, Body, Builder, Head, Saved, Shapes};
+use crate::job::names::Experts;
 use crate::job::validated::LayerKind;
 
 /// The embeddings and the blocks (the head follows in [`super::build`]).
 pub(super) fn body(b: &mut Builder, s: &Shapes, outside: &mut Saved) -> Body {
     let Shapes {
         c,
-        seq,
         h,
         i_size,
         q,
@@ -80,13 +80,14 @@ pub(super) fn body(b: &mut Builder, s: &Shapes, outside: &mut Saved) -> Body {
         if c.experts > 0 {
             let (e, k) = (c.experts, c.experts_per_token);
             b.linear(dotted(&p, "mlp.gate"), c.hidden, e, false, true);
-            let expert_params = e * 3 * c.hidden * c.intermediate;
-            b.push(
+            b.experts(
                 dotted(&p, "mlp.experts"),
-                LayerKind::Other,
-                expert_params,
-                k * c.hidden,
-                product(&[6, k, c.hidden, c.intermediate, seq]),
+                Experts {
+                    count: e,
+                    hidden: c.hidden,
+                    intermediate: c.intermediate,
+                },
+                k,
             );
             b.push(
                 dotted(&p, "mlp.experts.act_fn"),

@@ -20,6 +20,7 @@ mod t5;
 pub use config::*;
 
 use crate::job::echo;
+use crate::job::names::Experts;
 use crate::job::setup::LossImplementation;
 use crate::job::validated::{Layer, LayerKind, Precision, MAX_LAYERS};
 use crate::job::KnownActivations;
@@ -141,7 +142,28 @@ impl Builder {
             in_features: None,
             out_features: None,
             flops: Some(flops),
+            experts: None,
         });
+    }
+
+    /// A mixture of experts' routed experts as one layer (a fused module, as transformers 5
+    /// builds them), with what quantising each expert's linears needs (`Experts`).
+    fn experts(&mut self, name: String, experts: Experts, routed: u64) {
+        let Experts {
+            count,
+            hidden,
+            intermediate,
+        } = experts;
+        self.push(
+            name,
+            LayerKind::Other,
+            product(&[count, 3, hidden, intermediate]),
+            routed * hidden,
+            product(&[6, routed, hidden, intermediate, self.seq]),
+        );
+        if let Some(detail) = self.details.last_mut() {
+            detail.experts = Some(experts);
+        }
     }
 
     /// A LayerNorm over `width` features: a weight and a bias.
@@ -171,6 +193,7 @@ impl Builder {
             in_features: Some(inputs),
             out_features: Some(outputs),
             flops: Some(flops),
+            experts: None,
         });
     }
 }

@@ -530,6 +530,7 @@ mod tests {
                 base_weights: Some("nf4"),
                 modules_to_save: None,
                 group_size: None,
+                expert_layout: None,
             }),
             ..plain()
         };
@@ -572,6 +573,7 @@ mod tests {
                     in_features: Some(i),
                     out_features: Some(o),
                     flops: None,
+                    experts: None,
                 });
             }
         }
@@ -740,6 +742,7 @@ mod tests {
                         base_weights: None,
                         modules_to_save: None,
                         group_size: None,
+                        expert_layout: None,
                     }),
                     ..plain()
                 },
