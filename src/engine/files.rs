@@ -5,7 +5,7 @@
 
 use crate::api::types::{
     EstimateRequest, FromFileResponse, LoraRequest, NamesRequest, OffloadRequest,
-    ParallelismRequest,
+    ParallelismRequest, ZeroRequest,
 };
 use crate::error::ApiError;
 use crate::job::echo;
@@ -84,6 +84,40 @@ pub fn apply(request: &EstimateRequest) -> Result<Option<Applied>, ApiError> {
     )?;
     r.put("offload.parameters", &stated.offload_parameters, |req| {
         &mut req.offload.get_or_insert_with(no_offload).parameters
+    })?;
+    let buffers = &stated.zero_buffers;
+    r.put(
+        "zero.reduce_bucket_size",
+        &buffers.reduce_bucket_size,
+        |req| &mut req.zero.get_or_insert_with(no_zero).reduce_bucket_size,
+    )?;
+    r.put(
+        "zero.prefetch_bucket_size",
+        &buffers.prefetch_bucket_size,
+        |req| &mut req.zero.get_or_insert_with(no_zero).prefetch_bucket_size,
+    )?;
+    r.put(
+        "zero.max_live_parameters",
+        &buffers.max_live_parameters,
+        |req| &mut req.zero.get_or_insert_with(no_zero).max_live_parameters,
+    )?;
+    r.put(
+        "zero.max_reuse_distance",
+        &buffers.max_reuse_distance,
+        |req| &mut req.zero.get_or_insert_with(no_zero).max_reuse_distance,
+    )?;
+    r.put(
+        "zero.param_persistence_threshold",
+        &buffers.param_persistence_threshold,
+        |req| {
+            &mut req
+                .zero
+                .get_or_insert_with(no_zero)
+                .param_persistence_threshold
+        },
+    )?;
+    r.put("zero.sub_group_size", &buffers.sub_group_size, |req| {
+        &mut req.zero.get_or_insert_with(no_zero).sub_group_size
     })?;
     // The kernel matters to a job built from its config only (elsewhere it is traced).
     if let Some(kernel) = stated.attention.as_ref() {
@@ -170,6 +204,17 @@ fn no_offload() -> OffloadRequest {
         optimizer_state: None,
         gradients: None,
         parameters: None,
+    }
+}
+
+fn no_zero() -> ZeroRequest {
+    ZeroRequest {
+        reduce_bucket_size: None,
+        prefetch_bucket_size: None,
+        max_live_parameters: None,
+        max_reuse_distance: None,
+        param_persistence_threshold: None,
+        sub_group_size: None,
     }
 }
 

@@ -12,7 +12,7 @@ use crate::engine::files;
 use crate::error::ApiError;
 use crate::job::setup::{
     BaseWeights, ExpertLayout, LossImplementation, OptimizerImplementation, UncheckedLora,
-    UncheckedNames, UncheckedOffload, UncheckedParallelism,
+    UncheckedNames, UncheckedOffload, UncheckedParallelism, UncheckedZero,
 };
 use crate::job::{
     echo, Confidence, Job, LayerKind, MemoryFraction, SavedTensors, SimulatedCategories,
@@ -626,6 +626,14 @@ fn unchecked_setup(request: &EstimateRequest) -> UncheckedSetup<'_> {
             optimizer_state: o.optimizer_state,
             gradients: o.gradients,
             parameters: o.parameters,
+        }),
+        zero: request.zero.as_ref().map(|z| UncheckedZero {
+            reduce_bucket_size: z.reduce_bucket_size,
+            prefetch_bucket_size: z.prefetch_bucket_size,
+            max_live_parameters: z.max_live_parameters,
+            max_reuse_distance: z.max_reuse_distance,
+            param_persistence_threshold: z.param_persistence_threshold,
+            sub_group_size: z.sub_group_size,
         }),
     }
 }

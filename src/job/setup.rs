@@ -472,6 +472,44 @@ pub struct Setup {
     pub fp32_master: bool,
     /// A frozen reference model beside the one that trains (DPO and its kin).
     pub reference: Reference,
+    /// DeepSpeed ZeRO's buffer sizes (read under `zero1`-`zero3`).
+    pub zero: ZeroBuffers,
+}
+
+/// Largest element count a ZeRO buffer setting may state (DeepSpeed's own defaults are at most
+/// 1e12: `sub_group_size` in stage3.py's signature).
+pub const MAX_ZERO_ELEMENTS: u64 = 1_000_000_000_000_000;
+
+/// DeepSpeed ZeRO's buffer settings, in elements (`zero_optimization` of its config). Each
+/// defaults to DeepSpeed's own (`DeepSpeedZeroConfig`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ZeroBuffers {
+    /// `reduce_bucket_size`: the contiguous gradient bucket, allocated whole at start-up.
+    pub reduce_bucket: u64,
+    /// `stage3_prefetch_bucket_size`: parameters gathered ahead of their use.
+    pub prefetch_bucket: u64,
+    /// `stage3_max_live_parameters`: no prefetch past this many gathered.
+    pub max_live_parameters: u64,
+    /// `stage3_max_reuse_distance`: a gathered parameter used again within this many
+    /// elements of the trace stays gathered.
+    pub max_reuse_distance: u64,
+    /// `stage3_param_persistence_threshold`: parameters this small are never partitioned.
+    pub persistence_threshold: u64,
+    /// `sub_group_size`: the optimizer steps its partition in groups this large.
+    pub sub_group: u64,
+}
+
+impl Default for ZeroBuffers {
+    fn default() -> ZeroBuffers {
+        ZeroBuffers {
+            reduce_bucket: 500_000_000,
+            prefetch_bucket: 50_000_000,
+            max_live_parameters: 1_000_000_000,
+            max_reuse_distance: 1_000_000_000,
+            persistence_threshold: 100_000,
+            sub_group: 1_000_000_000,
+        }
+    }
 }
 
 /// The reference model of preference training (TRL's DPO, KTO, ORPO-style trainers).
@@ -532,6 +570,7 @@ impl Setup {
             offload: Offload::default(),
             fp32_master: false,
             reference: Reference::None,
+            zero: ZeroBuffers::default(),
         }
     }
 
@@ -623,6 +662,18 @@ pub struct UncheckedSetup<'a> {
     pub offload: Option<UncheckedOffload>,
     pub master_weights: Option<&'a str>,
     pub reference_model: Option<&'a str>,
+    pub zero: Option<UncheckedZero>,
+}
+
+/// DeepSpeed ZeRO's buffer settings as a request gives them (elements).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct UncheckedZero {
+    pub reduce_bucket_size: Option<u64>,
+    pub prefetch_bucket_size: Option<u64>,
+    pub max_live_parameters: Option<u64>,
+    pub max_reuse_distance: Option<u64>,
+    pub param_persistence_threshold: Option<u64>,
+    pub sub_group_size: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -1047,6 +1098,7 @@ impl Setup {
                 ))
             }
         };
+        let zero = zero(raw.zero, parallelism)?;
         Ok(Setup {
             precision,
             optimizer,
@@ -1060,6 +1112,7 @@ impl Setup {
             offload,
             fp32_master,
             reference,
+            zero,
         })
     }
 }
@@ -1092,6 +1145,67 @@ fn offload(raw: Option<UncheckedOffload>, parallelism: Parallelism) -> Result<Of
         optimizer_state: parameters || raw.optimizer_state.unwrap_or(false),
         gradients: parameters || raw.gradients.unwrap_or(false),
         parameters,
+    })
+}
+
+/// ZeRO's buffer settings: given ones in range, the rest DeepSpeed's defaults; only under a
+/// ZeRO strategy (nothing else reads them).
+fn zero(raw: Option<UncheckedZero>, parallelism: Parallelism) -> Result<ZeroBuffers, SetupError> {
+    let defaults = ZeroBuffers::default();
+    let Some(raw) = raw else {
+        return Ok(defaults);
+    };
+    if !matches!(
+        parallelism.strategy,
+        Strategy::Zero1 | Strategy::Zero2 | Strategy::Zero3
+    ) {
+        return Err(SetupError::new(
+            "zero",
+            "DeepSpeed ZeRO's buffers go with parallelism.strategy zero1, zero2 or zero3",
+        ));
+    }
+    // A bucket holds at least one element; the other settings may be 0 (no prefetch, no
+    // reuse, nothing persistent).
+    let read = |field: &str, given: Option<u64>, default: u64, least: u64| match given {
+        None => Ok(default),
+        Some(n) if (least..=MAX_ZERO_ELEMENTS).contains(&n) => Ok(n),
+        Some(n) => Err(SetupError::new(
+            format!("zero.{field}"),
+            format!("must be between {least} and {MAX_ZERO_ELEMENTS} elements, got {n}"),
+        )),
+    };
+    Ok(ZeroBuffers {
+        reduce_bucket: read(
+            "reduce_bucket_size",
+            raw.reduce_bucket_size,
+            defaults.reduce_bucket,
+            1,
+        )?,
+        prefetch_bucket: read(
+            "prefetch_bucket_size",
+            raw.prefetch_bucket_size,
+            defaults.prefetch_bucket,
+            0,
+        )?,
+        max_live_parameters: read(
+            "max_live_parameters",
+            raw.max_live_parameters,
+            defaults.max_live_parameters,
+            0,
+        )?,
+        max_reuse_distance: read(
+            "max_reuse_distance",
+            raw.max_reuse_distance,
+            defaults.max_reuse_distance,
+            0,
+        )?,
+        persistence_threshold: read(
+            "param_persistence_threshold",
+            raw.param_persistence_threshold,
+            defaults.persistence_threshold,
+            0,
+        )?,
+        sub_group: read("sub_group_size", raw.sub_group_size, defaults.sub_group, 1)?,
     })
 }
 

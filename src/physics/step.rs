@@ -29,15 +29,6 @@ const ADAM_8BIT_BYTES: f64 = 2.0 + 2.0 * 4.0 / 256.0;
 const NF4_BYTES: f64 = 0.5 + 1.0 / 64.0 + 4.0 / (64.0 * 256.0);
 /// LoRA adapters train in fp32 whatever the base (PEFT's `autocast_adapter_dtype`).
 const ADAPTER_BYTES: f64 = 4.0;
-/// DeepSpeed ZeRO's default `reduce_bucket_size` (elements).
-const ZERO_REDUCE_BUCKET: f64 = 5e8;
-/// DeepSpeed ZeRO-3's default `stage3_max_reuse_distance` (elements of the parameter trace): a
-/// gathered parameter whose next use lies within it is not released. Across the turn from
-/// forward to backward that keeps the last half of it gathered (forward's rest plus backward's
-/// way back to it).
-const ZERO3_MAX_REUSE_DISTANCE: f64 = 1e9;
-/// DeepSpeed ZeRO-3's default `stage3_prefetch_bucket_size` (elements gathered ahead).
-const ZERO3_PREFETCH_BUCKET: f64 = 5e7;
 /// The share of the traced fp32 saved bytes a step keeps under autocast: matmuls and
 /// convolutions save 16-bit inputs, norms, softmax and losses fp32 ones. The median, over five
 /// models, of describe's simulated autocast activations at the peak over the traced fp32 bytes
@@ -399,6 +390,8 @@ struct ModelState {
     weights: f64,
     gradients: f64,
     state: f64,
+    /// Of which the fp32 copy of the gradients a step on an fp32 master takes.
+    fp32_gradient_copy: f64,
     optimizer_temporaries: f64,
     largest_gradient: f64,
     adapter_params: f64,
@@ -444,18 +437,19 @@ fn model_state(plans: &[LayerPlan], setup: &Setup) -> ModelState {
         }
     };
     // With an fp32 master the step also takes an fp32 copy of the gradients it applies.
-    let optimizer_temporaries = optimizer_temporaries
-        + if setup.fp32_master {
-            plans.iter().map(|p| p.trainable * 4.0).sum()
-        } else {
-            0.0
-        };
+    let fp32_gradient_copy = if setup.fp32_master {
+        plans.iter().map(|p| p.trainable * 4.0).sum()
+    } else {
+        0.0
+    };
+    let optimizer_temporaries = optimizer_temporaries + fp32_gradient_copy;
     let largest_gradient = plans.iter().map(gradient_bytes).fold(0.0, f64::max);
 
     ModelState {
         weights,
         gradients,
         state,
+        fp32_gradient_copy,
         optimizer_temporaries,
         largest_gradient,
         adapter_params,
@@ -639,6 +633,7 @@ fn on_the_gpu(job: &Job, setup: &Setup, model: &ModelState, kept: &KeptForBackwa
         weights,
         gradients,
         state,
+        fp32_gradient_copy,
         optimizer_temporaries,
         largest_gradient,
         adapter_params,
@@ -664,7 +659,17 @@ fn on_the_gpu(job: &Job, setup: &Setup, model: &ModelState, kept: &KeptForBackwa
             (per_gpu, 0.0)
         }
     };
-    let optimizer_temporaries = optimizer_temporaries / model_parallel / by(shard_state);
+    let zero3 = p.strategy == Strategy::Zero3;
+    let optimizer_temporaries = if zero3 {
+        // ZeRO-3 steps its partition sub-group by sub-group, each sub-group's gradients
+        // flattened into a new fp32 tensor first (stage3.py, `_prepare_fp32_grad_for_sub_group`):
+        // `sub_group_size` elements at most, whatever the weights' dtype.
+        let partition = (base_trainable + adapter_params) / model_parallel / by(shard_gradients);
+        (optimizer_temporaries - fp32_gradient_copy) / model_parallel / by(shard_state)
+            + partition.min(setup.zero.sub_group as f64) * 4.0
+    } else {
+        optimizer_temporaries / model_parallel / by(shard_state)
+    };
     // Offloaded to the CPU: the optimizer's state and its step (nothing of either stays);
     // the gradients, copied out as backward makes them (one tensor on the GPU at a time);
     // the weights, of which the GPU holds only the units gathered (the collective buffers).
@@ -674,12 +679,31 @@ fn on_the_gpu(job: &Job, setup: &Setup, model: &ModelState, kept: &KeptForBackwa
     } else {
         (state_gpu, paged_gpu, optimizer_temporaries)
     };
-    let gradients_gpu = if offload.gradients {
+    // ZeRO-3 keeps its gradient partitions with the optimizer: on the CPU when that is
+    // offloaded (stage3.py's `grad_partitions_flat_buffer` lives on the optimizer's device).
+    let gradients_offloaded = offload.gradients || (zero3 && offload.optimizer_state);
+    let gradients_gpu = if gradients_offloaded {
         (largest_gradient / model_parallel).min(gradients_gpu)
     } else {
         gradients_gpu
     };
-    let weights_gpu = if offload.parameters { 0.0 } else { weights_gpu };
+    // ZeRO-3 never partitions a parameter of at most `stage3_param_persistence_threshold`
+    // elements: every rank holds it whole on the GPU, offloaded or not.
+    let persistent = if zero3 {
+        let small: f64 = layers
+            .iter()
+            .map(|l| l.params)
+            .filter(|&n| n > 0 && n <= setup.zero.persistence_threshold)
+            .sum::<u64>() as f64;
+        small * weights / total_params.max(1.0) / model_parallel
+    } else {
+        0.0
+    };
+    let weights_gpu = if offload.parameters {
+        persistent
+    } else {
+        weights_gpu + persistent * (1.0 - 1.0 / by(shard_weights))
+    };
     // Tensor and context parallelism split the activations; the first pipeline stage keeps
     // up to `pipeline` micro-batches of its 1/pipeline of the layers in flight (1F1B).
     let in_flight = (p.pipeline.min(setup.accumulation.max(1))) as f64 / p.pipeline as f64;
@@ -687,13 +711,18 @@ fn on_the_gpu(job: &Job, setup: &Setup, model: &ModelState, kept: &KeptForBackwa
     let backward_temporaries = backward_temporaries / (p.tensor * p.context) as f64;
     let unsharded_gradients = gradients / model_parallel;
     let compute_bytes = precision.compute_bytes();
+    let reduce_bucket = setup.zero.reduce_bucket as f64;
     let collective = match p.strategy {
+        // ZeRO-3 allocates its contiguous gradient bucket at start-up whatever the layout
+        // (`reduce_bucket_size` elements of the weights' dtype); with one rank and the weights
+        // on the GPU nothing is gathered.
+        Strategy::Zero3 if p.data() <= 1 && !offload.parameters => reduce_bucket * storage,
         _ if p.data() <= 1 && !offload.parameters => 0.0,
         Strategy::None => 0.0,
         // DDP's buckets hold a flat copy of every gradient.
         Strategy::Ddp => unsharded_gradients,
         Strategy::Zero1 | Strategy::Zero2 => {
-            unsharded_gradients.min(ZERO_REDUCE_BUCKET * storage.min(4.0))
+            unsharded_gradients.min(reduce_bucket * storage.min(4.0))
         }
         // FSDP: the gathered weights of the unit running and of the one prefetched, and one
         // unit's gradients before their reduce-scatter.
@@ -718,10 +747,8 @@ fn on_the_gpu(job: &Job, setup: &Setup, model: &ModelState, kept: &KeptForBackwa
             } / model_parallel;
             let unit_trainable = unit_params * (gradients / weights.max(1.0)).min(1.0);
             if p.strategy == Strategy::Zero3 {
-                let kept = (ZERO3_MAX_REUSE_DISTANCE / 2.0 + ZERO3_PREFETCH_BUCKET)
-                    .min(total_params / model_parallel)
-                    .max(2.0 * unit_params);
-                kept * compute_bytes + ZERO_REDUCE_BUCKET * storage
+                zero3_gathered(layers, setup) / model_parallel * compute_bytes
+                    + reduce_bucket * storage
             } else {
                 2.0 * unit_params * compute_bytes + unit_trainable * 4.0
             }
@@ -733,7 +760,7 @@ fn on_the_gpu(job: &Job, setup: &Setup, model: &ModelState, kept: &KeptForBackwa
         0.0
     };
     // Accumulated gradients stay on the GPU between micro-batches, unless offloaded.
-    let accumulating = setup.accumulation > 1 && !offload.gradients;
+    let accumulating = setup.accumulation > 1 && !gradients_offloaded;
     let first_gradients = if accumulating {
         gradients_gpu
     } else {
@@ -782,6 +809,32 @@ fn on_the_gpu(job: &Job, setup: &Setup, model: &ModelState, kept: &KeptForBackwa
     }
 }
 
+/// The parameters ZeRO-3 holds gathered at the turn from forward to backward, elements
+/// (partitioned_param_coordinator.py). A module's parameters are released after it runs unless
+/// the trace uses them again within `stage3_max_reuse_distance` elements: at the turn, the last
+/// layers of forward are used again first in backward, so each layer whose forward rest and
+/// backward way back (twice the parameters after it) fall within the distance stays gathered,
+/// the last one always. Prefetching gathers `stage3_prefetch_bucket_size` more ahead, as long
+/// as fewer than `stage3_max_live_parameters` are gathered. Never less than the largest layer
+/// (a module is gathered whole to run).
+fn zero3_gathered(layers: &[Layer], setup: &Setup) -> f64 {
+    let zero = setup.zero;
+    let total: f64 = layers.iter().map(|l| l.params as f64).sum();
+    let mut after = 0.0;
+    let mut kept = 0.0;
+    for layer in layers.iter().rev() {
+        if 2.0 * after <= zero.max_reuse_distance as f64 {
+            kept += layer.params as f64;
+        }
+        after += layer.params as f64;
+    }
+    let prefetch = (zero.max_live_parameters as f64 - kept)
+        .max(0.0)
+        .min(zero.prefetch_bucket as f64);
+    let largest = layers.iter().map(|l| l.params as f64).fold(0.0, f64::max);
+    (kept + prefetch).max(largest).min(total)
+}
+
 /// A paged optimizer state of one GPU, split as the layout shards the optimizer state.
 pub fn shard_paged(job: &Job, bytes: u64) -> u64 {
     let p = job.setup().parallelism;
@@ -825,4 +878,107 @@ pub fn shard_simulated(job: &Job, simulated: SimulatedCategories) -> (SimulatedC
         temporaries: scale(simulated.temporaries, 1.0 / (p.tensor * p.context) as f64),
     };
     (categories, analytic_step(job).layout_buffers.round() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::job::setup::{
+        UncheckedOffload, UncheckedParallelism, UncheckedSetup, UncheckedZero,
+    };
+    use crate::job::validated::UncheckedLayer;
+
+    /// Ten linear layers of 1e8 parameters each, fp32, on one GPU under ZeRO-3 with `offload`.
+    fn zero3_job(offload: UncheckedOffload, zero: Option<UncheckedZero>) -> Job {
+        let layers = (0..10).map(|_| UncheckedLayer {
+            kind: "linear",
+            output_size: 1024,
+            params: 100_000_000,
+        });
+        Job::parse(None, 8, layers)
+            .unwrap()
+            .with_setup(&UncheckedSetup {
+                parallelism: Some(UncheckedParallelism {
+                    strategy: Some("zero3"),
+                    world_size: Some(1),
+                    ..Default::default()
+                }),
+                offload: Some(offload),
+                zero,
+                ..Default::default()
+            })
+            .unwrap()
+    }
+
+    #[test]
+    fn zero3_keeps_gathered_what_its_reuse_distance_and_prefetch_bucket_say() {
+        let parameters = UncheckedOffload {
+            parameters: Some(true),
+            ..Default::default()
+        };
+        // DeepSpeed's defaults: the last six layers lie within 1e9 of their reuse (twice the
+        // parameters after them), 5e7 more prefetched; the 5e8-element bucket beside them.
+        let defaults = analytic_step(&zero3_job(parameters, None));
+        assert_eq!(defaults.layout_buffers, (6.5e8 + 5e8) * 4.0);
+        // No reuse, no prefetch, a small bucket: the running layer and the bucket alone.
+        let tight = analytic_step(&zero3_job(
+            parameters,
+            Some(UncheckedZero {
+                reduce_bucket_size: Some(1_000),
+                prefetch_bucket_size: Some(0),
+                max_reuse_distance: Some(0),
+                ..Default::default()
+            }),
+        ));
+        assert_eq!(tight.layout_buffers, (1e8 + 1e3) * 4.0);
+        assert_eq!(tight.parameters, 0.0);
+    }
+
+    #[test]
+    fn zero3_with_the_optimizer_offloaded_keeps_its_gradients_on_the_cpu() {
+        let on_gpu = analytic_step(&zero3_job(UncheckedOffload::default(), None));
+        let offloaded = analytic_step(&zero3_job(
+            UncheckedOffload {
+                optimizer_state: Some(true),
+                ..Default::default()
+            },
+            None,
+        ));
+        // One layer's gradient as autograd makes it, not the partition of all ten.
+        let at_step = |m: &StepMemory| {
+            if m.at_optimizer_step {
+                m.gradients
+            } else {
+                m.other_moment.gradients
+            }
+        };
+        assert_eq!(at_step(&on_gpu), 1e9 * 4.0);
+        assert!(at_step(&offloaded) <= 1e8 * 4.0);
+        assert_eq!(offloaded.optimizer_state, 0.0);
+        // The reduce bucket is there on one GPU too.
+        assert_eq!(offloaded.layout_buffers, 5e8 * 4.0);
+    }
+
+    #[test]
+    fn zero3_steps_one_sub_group_of_fp32_gradients_at_a_time() {
+        let step = |sub_group_size| {
+            analytic_step(&zero3_job(
+                UncheckedOffload::default(),
+                Some(UncheckedZero {
+                    sub_group_size: Some(sub_group_size),
+                    ..Default::default()
+                }),
+            ))
+        };
+        let whole = step(1_000_000_000_000);
+        let small = step(1_000);
+        let temporaries = |m: &StepMemory| {
+            if m.at_optimizer_step {
+                m.temporaries
+            } else {
+                m.other_moment.temporaries
+            }
+        };
+        assert_eq!(temporaries(&whole) - temporaries(&small), (1e9 - 1e3) * 4.0);
+    }
 }

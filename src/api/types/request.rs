@@ -106,6 +106,11 @@ pub struct EstimateRequest {
     /// chosen/rejected pair is two).
     #[serde(default)]
     pub reference_model: Option<String>,
+    /// DeepSpeed ZeRO's buffer sizes (its `zero_optimization` settings, in elements), with
+    /// `parallelism.strategy` zero1-zero3; each unsaid one is DeepSpeed's default. A
+    /// `deepspeed` config fills them in.
+    #[serde(default, deserialize_with = "object_only::optional")]
+    pub zero: Option<ZeroRequest>,
     /// Per-sample input shape, e.g. `[3, 224, 224]`: sizes the layers of a `module_print` summary
     /// with convolutions (otherwise informational for most estimators).
     #[serde(default, deserialize_with = "whole_number::optional_list")]
@@ -383,6 +388,40 @@ pub struct OffloadRequest {
     /// The weights on the CPU, each unit brought in for its forward and backward.
     #[serde(default)]
     pub parameters: Option<bool>,
+}
+
+/// DeepSpeed ZeRO's buffer settings, in elements (`zero_optimization`'s keys without the
+/// `stage3_` prefix). Each unsaid one is DeepSpeed's default.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"reduce_bucket_size": 16777216, "prefetch_bucket_size": 15099494, "param_persistence_threshold": 40960}))]
+pub struct ZeroRequest {
+    /// `reduce_bucket_size`: the contiguous gradient bucket (default 5e8).
+    #[serde(default, deserialize_with = "whole_number::optional")]
+    #[schema(minimum = 1, maximum = 1000000000000000_u64)]
+    pub reduce_bucket_size: Option<u64>,
+    /// `stage3_prefetch_bucket_size`: parameters gathered ahead (default 5e7).
+    #[serde(default, deserialize_with = "whole_number::optional")]
+    #[schema(minimum = 0, maximum = 1000000000000000_u64)]
+    pub prefetch_bucket_size: Option<u64>,
+    /// `stage3_max_live_parameters`: no prefetch beyond this many gathered (default 1e9).
+    #[serde(default, deserialize_with = "whole_number::optional")]
+    #[schema(minimum = 0, maximum = 1000000000000000_u64)]
+    pub max_live_parameters: Option<u64>,
+    /// `stage3_max_reuse_distance`: a parameter used again within this many elements of the
+    /// trace stays gathered (default 1e9).
+    #[serde(default, deserialize_with = "whole_number::optional")]
+    #[schema(minimum = 0, maximum = 1000000000000000_u64)]
+    pub max_reuse_distance: Option<u64>,
+    /// `stage3_param_persistence_threshold`: parameters this small are never partitioned
+    /// (default 1e5).
+    #[serde(default, deserialize_with = "whole_number::optional")]
+    #[schema(minimum = 0, maximum = 1000000000000000_u64)]
+    pub param_persistence_threshold: Option<u64>,
+    /// `sub_group_size`: the optimizer steps its partition in groups this large (default 1e9).
+    #[serde(default, deserialize_with = "whole_number::optional")]
+    #[schema(minimum = 1, maximum = 1000000000000000_u64)]
+    pub sub_group_size: Option<u64>,
 }
 
 /// What is offloaded, as understood.

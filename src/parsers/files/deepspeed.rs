@@ -3,12 +3,18 @@
 //! transformers' `HfTrainerDeepSpeedConfig` does: the micro-batch from
 //! `per_device_train_batch_size`, the accumulation from `gradient_accumulation_steps`,
 //! `bf16.enabled` from `bf16 or bf16_full_eval`, `fp16.enabled` from `fp16 or fp16_full_eval`;
-//! a number the arguments contradict is refused, as the Trainer refuses it.
+//! a number the arguments contradict is refused, as the Trainer refuses it. ZeRO's buffer
+//! sizes are read too; the three `"auto"` ones are resolved from the model's hidden size as
+//! transformers' `trainer_config_finalize` does: `reduce_bucket_size` hidden², under stage 3
+//! `stage3_prefetch_bucket_size` 0.9 hidden² and `stage3_param_persistence_threshold`
+//! 10 hidden.
 
 use serde_json::{Map, Value};
 
-use super::{count, keyword, place, present, shown, FileError, Read, TrainingArguments};
-use crate::job::setup::{Optimizer, OptimizerImplementation, Precision, Strategy};
+use super::{count, keyword, number, place, present, shown, FileError, Read, TrainingArguments};
+use crate::job::setup::{
+    Optimizer, OptimizerImplementation, Precision, Strategy, MAX_ZERO_ELEMENTS,
+};
 
 /// What a DeepSpeed config states.
 #[derive(Debug, Clone)]
@@ -24,13 +30,28 @@ pub struct DeepSpeed {
     pub offload_parameters: Option<Read<bool>>,
     /// Its `optimizer` section: DeepSpeed's FusedAdam (CPU Adam when offloaded).
     pub optimizer: Option<(Read<Optimizer>, Option<Read<OptimizerImplementation>>)>,
+    /// `zero_optimization`'s buffer sizes, those it states.
+    pub buffers: ZeroBuffersRead,
+}
+
+/// ZeRO's buffer settings a config states, elements (`None`: DeepSpeed's default).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ZeroBuffersRead {
+    pub reduce_bucket_size: Option<Read<u64>>,
+    pub prefetch_bucket_size: Option<Read<u64>>,
+    pub max_live_parameters: Option<Read<u64>>,
+    pub max_reuse_distance: Option<Read<u64>>,
+    pub param_persistence_threshold: Option<Read<u64>>,
+    pub sub_group_size: Option<Read<u64>>,
 }
 
 impl DeepSpeed {
+    /// `hidden_size` is the model's (its config.json), for the `"auto"` buffer sizes.
     pub fn read(
         map: &Map<String, Value>,
         prefix: &str,
         args: Option<&TrainingArguments<'_>>,
+        hidden_size: Option<u64>,
     ) -> Result<DeepSpeed, FileError> {
         let zero = section(map, prefix, "zero_optimization")?;
         let zero_at = place(prefix, "zero_optimization");
@@ -144,7 +165,12 @@ impl DeepSpeed {
                 Some((Read::new(read, at), implementation))
             }
         };
+        let buffers = match zero {
+            Some(zero) if stage >= 1 => buffers(zero, &zero_at, stage, hidden_size)?,
+            _ => ZeroBuffersRead::default(),
+        };
         Ok(DeepSpeed {
+            buffers,
             prefix: prefix.to_string(),
             stage: Read::new(strategy, stage_at),
             micro_batch,
@@ -155,6 +181,67 @@ impl DeepSpeed {
             optimizer,
         })
     }
+}
+
+/// ZeRO's buffer sizes in `zero_optimization`. Under stages 1 and 2 only the reduce bucket
+/// is read (the rest are stage 3's).
+fn buffers(
+    zero: &Map<String, Value>,
+    at: &str,
+    stage: u64,
+    hidden_size: Option<u64>,
+) -> Result<ZeroBuffersRead, FileError> {
+    // transformers' `trainer_config_finalize` (and accelerate's `_prepare_deepspeed`).
+    let hidden = hidden_size.map(|h| h as f64);
+    let square = hidden.map(|h| h * h);
+    let read = |key: &str, auto: Option<f64>| -> Result<Option<Read<u64>>, FileError> {
+        let place = place(at, key);
+        match present(zero, key) {
+            None => Ok(None),
+            Some(value) if is_auto(value) => match auto {
+                Some(n) => Ok(Some(Read::new(
+                    (n.floor() as u64).min(MAX_ZERO_ELEMENTS),
+                    format!("{place} (auto: the model's hidden size)"),
+                ))),
+                None => Err(FileError::new(
+                    place,
+                    "'auto' is resolved from the model's hidden_size: give transformer_config \
+                     or a number",
+                )),
+            },
+            // DeepSpeed reads these as int(): 5e8 is a whole number written as a float.
+            Some(_) => {
+                let n = number(zero, at, key, MAX_ZERO_ELEMENTS as f64)?.expect("present");
+                Ok(Some(Read::new(n.floor() as u64, place)))
+            }
+        }
+    };
+    let stage3 = stage == 3;
+    let only3 = |key: &str, auto: Option<f64>| {
+        if stage3 {
+            read(key, auto)
+        } else {
+            Ok(None)
+        }
+    };
+    // Refused where DeepSpeed itself would refuse: no `"auto"` for the other three.
+    Ok(ZeroBuffersRead {
+        reduce_bucket_size: read("reduce_bucket_size", square)?.map(|r| Read {
+            value: r.value.max(1),
+            from: r.from,
+        }),
+        prefetch_bucket_size: only3("stage3_prefetch_bucket_size", square.map(|s| 0.9 * s))?,
+        param_persistence_threshold: only3(
+            "stage3_param_persistence_threshold",
+            hidden.map(|h| 10.0 * h),
+        )?,
+        max_live_parameters: only3("stage3_max_live_parameters", None)?,
+        max_reuse_distance: only3("stage3_max_reuse_distance", None)?,
+        sub_group_size: only3("sub_group_size", None)?.map(|r| Read {
+            value: r.value.max(1),
+            from: r.from,
+        }),
+    })
 }
 
 /// A section of the config (an object), if there.

@@ -24,7 +24,7 @@ use crate::job::setup::{
     MAX_LORA_RANK, MAX_NAMES, MAX_NAME_CHARS,
 };
 
-pub use deepspeed::DeepSpeed;
+pub use deepspeed::{DeepSpeed, ZeroBuffersRead};
 pub use fsdp::Fsdp;
 pub use load::Load;
 pub use peft::AdapterLora;
@@ -117,6 +117,8 @@ pub struct FileSetup {
     pub base_weights: Option<Read<BaseWeights>>,
     /// `eager` or `sdpa`, from `attn_implementation`.
     pub attention: Option<Read<&'static str>>,
+    /// DeepSpeed ZeRO's buffer sizes.
+    pub zero_buffers: ZeroBuffersRead,
     /// What was assumed or not used to read the files.
     pub warnings: Vec<String>,
 }
@@ -140,8 +142,15 @@ pub fn read(files: Files<'_>) -> Result<FileSetup, FileError> {
         (None, Some(inner)) => Some((inner, "training_arguments.deepspeed")),
         (None, None) => None,
     };
+    // What transformers reads as `model.config.hidden_size` (T5's `d_model`, GPT-2's `n_embd`
+    // through their attribute maps).
+    let hidden_size = files.model_config.and_then(|config| {
+        ["hidden_size", "d_model", "n_embd"]
+            .iter()
+            .find_map(|key| config.get(*key).and_then(Value::as_u64))
+    });
     let ds = ds_map
-        .map(|(map, place)| DeepSpeed::read(map, place, args.as_ref()))
+        .map(|(map, place)| DeepSpeed::read(map, place, args.as_ref(), hidden_size))
         .transpose()?;
     let fsdp = files.fsdp.map(|map| Fsdp::read(map, "fsdp")).transpose()?;
     let load = files
@@ -214,6 +223,7 @@ pub fn read(files: Files<'_>) -> Result<FileSetup, FileError> {
         setup.strategy = Some(ds.stage.clone());
         setup.offload_optimizer = ds.offload_optimizer.clone();
         setup.offload_parameters = ds.offload_parameters.clone();
+        setup.zero_buffers = ds.buffers.clone();
         if let Some((optimizer, implementation)) = &ds.optimizer {
             setup.optimizer = Some(optimizer.clone());
             setup.implementation = implementation.clone();

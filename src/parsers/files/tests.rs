@@ -553,3 +553,54 @@ fn lightning_precision_strings_are_read_as_lightning_means_them() {
         assert!(Precision::parse(lightning).is_some(), "{pair}");
     }
 }
+
+#[test]
+fn deepspeed_zero3_buffers_are_read_and_auto_ones_follow_the_hidden_size() {
+    let ds = map(json!({"zero_optimization": {
+        "stage": 3, "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
+        "stage3_param_persistence_threshold": "auto", "stage3_max_live_parameters": 1e9,
+        "stage3_max_reuse_distance": 0, "sub_group_size": 1e8}}));
+    let config = map(json!({"model_type": "llama", "hidden_size": 4096}));
+    let read_with = |config: Option<&Map<String, Value>>| {
+        read(Files {
+            deepspeed: Some(&ds),
+            model_config: config,
+            ..Files::default()
+        })
+    };
+    let buffers = read_with(Some(&config)).unwrap().zero_buffers;
+    let value = |r: &Option<Read<u64>>| r.as_ref().unwrap().value;
+    assert_eq!(value(&buffers.reduce_bucket_size), 4096 * 4096);
+    assert_eq!(value(&buffers.prefetch_bucket_size), 15_099_494);
+    assert_eq!(value(&buffers.param_persistence_threshold), 40_960);
+    assert_eq!(value(&buffers.max_live_parameters), 1_000_000_000);
+    assert_eq!(value(&buffers.max_reuse_distance), 0);
+    assert_eq!(value(&buffers.sub_group_size), 100_000_000);
+    assert!(buffers
+        .reduce_bucket_size
+        .unwrap()
+        .from
+        .contains("auto: the model's hidden size"));
+    // Without the model's config "auto" cannot be resolved, as the Trainer cannot.
+    let error = read_with(None).unwrap_err();
+    assert_eq!(
+        error.place,
+        "deepspeed.zero_optimization.reduce_bucket_size"
+    );
+    // Stage 2 reads its reduce bucket only; stage 0 none.
+    let stage = |n: u64| {
+        let ds = map(
+            json!({"zero_optimization": {"stage": n, "reduce_bucket_size": 2e8,
+                                                 "stage3_prefetch_bucket_size": 5}}),
+        );
+        read(Files {
+            deepspeed: Some(&ds),
+            ..Files::default()
+        })
+        .unwrap()
+        .zero_buffers
+    };
+    assert_eq!(value(&stage(2).reduce_bucket_size), 200_000_000);
+    assert!(stage(2).prefetch_bucket_size.is_none());
+    assert_eq!(stage(0), ZeroBuffersRead::default());
+}
