@@ -3,14 +3,26 @@
 //! can widen with that doubt (`physics::assumed`).
 
 use super::activations::KnownActivations;
-use super::setup::{LossImplementation, OptimizerImplementation};
+use super::setup::{
+    Checkpointing, LossImplementation, Optimizer, OptimizerImplementation, Precision,
+};
 
 /// Another value an assumed field could have taken, as the job would hold it.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Alternative {
     /// The model's activations counted with another loss over the vocabulary.
     Loss(LossImplementation, KnownActivations),
     OptimizerImplementation(OptimizerImplementation),
+    /// The job trained in another precision (the weights loaded in another dtype), with the
+    /// model's activations at it where they are known from its config (`None`: counted from
+    /// the layers).
+    Precision(Precision, Option<KnownActivations>),
+    Optimizer(Optimizer),
+    Checkpointing(Checkpointing),
+    /// The model's activations under another attention kernel (the N x N probabilities kept).
+    Attention(KnownActivations),
+    /// An fp32 master copy of what trains, stepped in fp32 (DeepSpeed's 16-bit modes).
+    MasterWeights,
 }
 
 /// One field the request did not state: the value assumed and the others worth running (the
