@@ -104,17 +104,17 @@ pub fn estimate(args: &EstimateArgs) -> i32 {
     }
 }
 
-/// The request: the job file or `--config`'s model, with the setup flags written over it.
+/// The request: the job file (or an empty job) with `--config`'s model and the setup flags
+/// written over it.
 fn job_input(args: &EstimateArgs) -> Result<Vec<u8>, String> {
     let flags = &args.job;
     let limit = args.max_body_bytes;
     let read = |file: &str| read_input(file, limit).map_err(|e| format!("{file}: {e}"));
     let base = match (&args.file, &flags.config) {
-        (Some(_), Some(_)) => return Err("give the job file or --config, not both".into()),
         (None, None) => {
             return Err("give a job file (`-` for standard input) or --config config.json".into())
         }
-        (Some(file), None) => {
+        (Some(file), _) => {
             let bytes = read(file)?;
             // A printout saved as the tool printed it is the job's summary, as it is.
             if crate::api::parse::looks_like_printout(&bytes) && !args.batch {
@@ -125,43 +125,33 @@ fn job_input(args: &EstimateArgs) -> Result<Vec<u8>, String> {
                 bytes
             }
         }
-        (None, Some(config)) => {
-            let named = config.to_string_lossy();
-            // A file when there is one by that name, else a hub repo (`org/name`).
-            let mut request = if config.is_file() || !crate::hub::is_repo_id(&named) {
-                let text = read(&named)?;
-                let config: Value = serde_json::from_slice(&text)
-                    .map_err(|e| format!("--config {}: {e}", config.display()))?;
-                serde_json::json!({ "transformer_config": config })
-            } else {
-                let model = crate::hub::model(&named).map_err(|e| format!("--config {e}"))?;
-                let mut request = serde_json::json!({ "transformer_config": model.config });
-                if let Some(adapter) = model.adapter_config {
-                    request["adapter_config"] = adapter;
-                }
-                request
-            };
-            if let Some(object) = request.as_object_mut() {
-                object.retain(|_, v| !v.is_null());
-            }
-            serde_json::to_vec(&request).expect("a JSON value serialises")
-        }
+        (None, Some(_)) => b"{}".to_vec(),
     };
-    let mut fields = setup_fields(flags);
+    let mut fields = match &flags.config {
+        Some(config) => model_fields(config, &read)?,
+        None => serde_json::Map::new(),
+    };
+    fields.extend(setup_fields(flags)?);
     for (key, file) in [
         ("training_arguments", &flags.training_args),
         ("adapter_config", &flags.adapter_config),
         ("deepspeed", &flags.deepspeed),
         ("fsdp", &flags.fsdp),
+        ("load", &flags.load),
+        ("saved_tensors", &flags.saved_tensors),
+        ("simulation", &flags.simulation),
     ] {
         if let Some(file) = file {
-            let text = read(&file.to_string_lossy())?;
-            let value: Value =
-                serde_json::from_slice(&text).map_err(|e| format!("{}: {e}", file.display()))?;
-            if !value.is_object() {
-                return Err(format!("{}: expected a JSON object", file.display()));
-            }
+            let value = json_object(&read(&file.to_string_lossy())?, file)?;
             fields.insert(key.into(), value);
+        }
+    }
+    if let Some(dtype) = &flags.torch_dtype {
+        let load = fields
+            .entry("load")
+            .or_insert_with(|| Value::Object(serde_json::Map::new()));
+        if let Some(load) = load.as_object_mut() {
+            load.insert("torch_dtype".into(), Value::from(dtype.as_str()));
         }
     }
     if fields.is_empty() {
@@ -174,18 +164,135 @@ fn job_input(args: &EstimateArgs) -> Result<Vec<u8>, String> {
     let object = job
         .as_object_mut()
         .ok_or("the job must be a JSON object to take the setup flags")?;
-    object.extend(fields);
+    for (key, value) in fields {
+        // A layout, offload or load the job states keeps the keys the flags do not set.
+        let nested = matches!(key.as_str(), "parallelism" | "offload" | "load");
+        match (object.get_mut(&key), value) {
+            (Some(Value::Object(given)), Value::Object(set)) if nested => given.extend(set),
+            (_, value) => {
+                object.insert(key, value);
+            }
+        }
+    }
     Ok(serde_json::to_vec(&job).expect("a JSON value serialises"))
 }
 
-/// The request fields the flags set.
-fn setup_fields(flags: &crate::config::JobFlags) -> serde_json::Map<String, Value> {
+/// A file's JSON object.
+fn json_object(text: &[u8], file: &std::path::Path) -> Result<Value, String> {
+    let value: Value =
+        serde_json::from_slice(text).map_err(|e| format!("{}: {e}", file.display()))?;
+    if !value.is_object() {
+        return Err(format!("{}: expected a JSON object", file.display()));
+    }
+    Ok(value)
+}
+
+/// `--config`'s fields: `transformer_config`, and `adapter_config` for an adapter. A file is a
+/// config.json; a directory is what `save_pretrained` writes (config.json, or PEFT's
+/// adapter_config.json whose base is a directory or a hub repo); else a hub repo id.
+fn model_fields(
+    config: &std::path::Path,
+    read: &dyn Fn(&str) -> Result<Vec<u8>, String>,
+) -> Result<serde_json::Map<String, Value>, String> {
+    let named = config.to_string_lossy();
+    let mut fields = serde_json::Map::new();
+    let read_json = |path: &std::path::Path| -> Result<Value, String> {
+        serde_json::from_slice(&read(&path.to_string_lossy())?)
+            .map_err(|e| format!("--config {}: {e}", path.display()))
+    };
+    if config.is_dir() {
+        let (model, adapter) = (
+            config.join("config.json"),
+            config.join("adapter_config.json"),
+        );
+        let adapter = adapter
+            .is_file()
+            .then(|| json_object(&read(&adapter.to_string_lossy())?, &adapter))
+            .transpose()?;
+        let model = if model.is_file() {
+            read_json(&model)?
+        } else {
+            // PEFT's directory: the base model it names.
+            let base = adapter
+                .as_ref()
+                .and_then(|a| a.get("base_model_name_or_path"))
+                .and_then(Value::as_str)
+                .ok_or_else(|| {
+                    format!(
+                        "--config {}: a directory without config.json (or adapter_config.json \
+                         naming its base_model_name_or_path)",
+                        config.display()
+                    )
+                })?;
+            let base_dir = std::path::Path::new(base).join("config.json");
+            if base_dir.is_file() {
+                read_json(&base_dir)?
+            } else if crate::hub::is_repo_id(base) {
+                crate::hub::model(base)
+                    .map_err(|e| format!("--config {}: {e}", config.display()))?
+                    .config
+            } else {
+                return Err(format!(
+                    "--config {}: the adapter's base '{base}' is neither a directory with \
+                     config.json nor a hub repo",
+                    config.display()
+                ));
+            }
+        };
+        fields.insert("transformer_config".into(), model);
+        if let Some(adapter) = adapter {
+            fields.insert("adapter_config".into(), adapter);
+        }
+    } else if config.is_file() || !crate::hub::is_repo_id(&named) {
+        fields.insert("transformer_config".into(), read_json(config)?);
+    } else {
+        let model = crate::hub::model(&named).map_err(|e| format!("--config {e}"))?;
+        fields.insert("transformer_config".into(), model.config);
+        if let Some(adapter) = model.adapter_config {
+            fields.insert("adapter_config".into(), adapter);
+        }
+    }
+    fields.retain(|_, v| !v.is_null());
+    Ok(fields)
+}
+
+/// Names separated by commas, as a JSON list.
+fn names(list: &str) -> Value {
+    Value::from(list.split(',').map(str::trim).collect::<Vec<_>>())
+}
+
+/// `--gpu`: one card, or several separated by commas (ranked); `NAME:MIB` a card by its
+/// memory.
+fn gpu_choice(raw: &str) -> Result<Value, String> {
+    let card = |part: &str| -> Result<Value, String> {
+        let part = part.trim();
+        match part.rsplit_once(':') {
+            Some((name, capacity)) => {
+                let capacity_mib: u64 = capacity.trim().parse().map_err(|_| {
+                    format!("--gpu {part}: NAME:MIB takes the card's memory in MiB")
+                })?;
+                Ok(serde_json::json!({ "name": name.trim(), "capacity_mib": capacity_mib }))
+            }
+            None => Ok(Value::from(part)),
+        }
+    };
+    let cards: Vec<Value> = raw.split(',').map(card).collect::<Result<_, _>>()?;
+    Ok(match <[Value; 1]>::try_from(cards) {
+        Ok([one]) => one,
+        Err(many) => Value::from(many),
+    })
+}
+
+/// The request fields the flags set. Each value is checked where the API checks it.
+fn setup_fields(flags: &crate::config::JobFlags) -> Result<serde_json::Map<String, Value>, String> {
     let mut fields = serde_json::Map::new();
     let mut set = |key: &str, value: Option<Value>| {
         if let Some(value) = value {
             fields.insert(key.into(), value);
         }
     };
+    let text = |value: &Option<String>| value.as_deref().map(Value::from);
+    set("family", text(&flags.family));
     set("batch_size", flags.batch_size.map(Value::from));
     set("seq_len", flags.seq_len.map(Value::from));
     set("micro_batch_size", flags.micro_batch_size.map(Value::from));
@@ -193,21 +300,35 @@ fn setup_fields(flags: &crate::config::JobFlags) -> serde_json::Map<String, Valu
         "gradient_accumulation_steps",
         flags.gradient_accumulation_steps.map(Value::from),
     );
-    set("precision", flags.precision.clone().map(Value::from));
-    set("optimizer", flags.optimizer.clone().map(Value::from));
+    set("precision", text(&flags.precision));
+    set("optimizer", text(&flags.optimizer));
+    set(
+        "optimizer_implementation",
+        text(&flags.optimizer_implementation),
+    );
+    set("master_weights", text(&flags.master_weights));
+    set("reference_model", text(&flags.reference_model));
     set(
         "activation_checkpointing",
         flags.activation_checkpointing.as_deref().map(|c| match c {
             "none" | "full" => Value::from(c),
-            modules => Value::from(modules.split(',').map(str::trim).collect::<Vec<_>>()),
+            modules => names(modules),
         }),
+    );
+    set(
+        "trainable",
+        match (flags.trainable_params, &flags.trainable_modules) {
+            (Some(params), _) => Some(serde_json::json!({ "params": params })),
+            (None, Some(modules)) => Some(serde_json::json!({ "modules": names(modules) })),
+            (None, None) => None,
+        },
     );
     set(
         "lora",
         flags.lora_rank.map(|rank| {
             let targets = match flags.lora_targets.as_deref() {
                 None | Some("all-linear") => Value::from("all-linear"),
-                Some(names) => Value::from(names.split(',').map(str::trim).collect::<Vec<_>>()),
+                Some(list) => names(list),
             };
             let mut lora = serde_json::json!({
                 "rank": rank,
@@ -217,15 +338,85 @@ fn setup_fields(flags: &crate::config::JobFlags) -> serde_json::Map<String, Valu
             if let Some(alpha) = flags.lora_alpha {
                 lora["alpha"] = Value::from(alpha);
             }
+            if let Some(dropout) = flags.lora_dropout {
+                lora["dropout"] = Value::from(dropout);
+            }
+            if let Some(list) = &flags.lora_modules_to_save {
+                lora["modules_to_save"] = names(list);
+            }
             if let Some(base) = &flags.base_weights {
                 lora["base_weights"] = Value::from(base.as_str());
+            }
+            if let Some(group) = flags.group_size {
+                lora["group_size"] = Value::from(group);
             }
             lora
         }),
     );
-    set("gpu", flags.gpu.clone().map(Value::from));
+    let mut parallelism = serde_json::Map::new();
+    for (key, value) in [
+        ("strategy", flags.strategy.as_deref().map(Value::from)),
+        ("world_size", flags.world_size.map(Value::from)),
+        ("tensor_parallel", flags.tensor_parallel.map(Value::from)),
+        (
+            "pipeline_parallel",
+            flags.pipeline_parallel.map(Value::from),
+        ),
+        ("context_parallel", flags.context_parallel.map(Value::from)),
+    ] {
+        if let Some(value) = value {
+            parallelism.insert(key.into(), value);
+        }
+    }
+    set(
+        "parallelism",
+        (!parallelism.is_empty()).then_some(Value::Object(parallelism)),
+    );
+    let offload = match &flags.offload {
+        None => None,
+        Some(list) => {
+            let mut offload = serde_json::Map::new();
+            for word in list.split(',').map(str::trim) {
+                match word {
+                    "optimizer_state" | "gradients" | "parameters" => {
+                        offload.insert(word.into(), Value::Bool(true));
+                    }
+                    other => {
+                        return Err(format!(
+                            "--offload: '{}' is none of optimizer_state, gradients, parameters",
+                            crate::job::echo(other)
+                        ))
+                    }
+                }
+            }
+            Some(Value::Object(offload))
+        }
+    };
+    set("offload", offload);
+    set("loss_implementation", text(&flags.loss_implementation));
+    set("attention", text(&flags.attention));
+    let input_shape = match &flags.input_shape {
+        None => None,
+        Some(dims) => Some(Value::from(
+            dims.split(',')
+                .map(|d| d.trim().parse::<u64>())
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|_| {
+                    format!(
+                        "--input-shape: '{}' is not whole numbers separated by commas",
+                        crate::job::echo(dims)
+                    )
+                })?,
+        )),
+    };
+    set("input_shape", input_shape);
+    set("memory_fraction", flags.memory_fraction.map(Value::from));
+    set("model", text(&flags.model));
+    set("estimators", text(&flags.estimators));
+    set("environment", text(&flags.environment));
+    set("gpu", flags.gpu.as_deref().map(gpu_choice).transpose()?);
     set("confidence", flags.confidence.map(Value::from));
-    fields
+    Ok(fields)
 }
 
 /// `gpucast features [--batch] FILE|-`: what the estimators read of each job, read as the

@@ -129,11 +129,16 @@ pub struct FeaturesArgs {
 /// --gpu rtx-4090`. Each sets the request field of the same name.
 #[derive(Debug, Clone, Default, Args)]
 pub struct JobFlags {
-    /// A Hugging Face config.json, as the hub serves it, or a hub repo id (`org/name`): its
-    /// config.json (an adapter repo: its adapter_config.json and its base's config.json) from
-    /// the local Hugging Face cache, else the hub (HF_ENDPOINT, HF_TOKEN, HF_HUB_OFFLINE).
-    #[arg(long, value_name = "FILE|REPO")]
+    /// A Hugging Face config.json, as the hub serves it; a directory holding one (what
+    /// `save_pretrained` writes, with its adapter_config.json when there is one); or a hub repo
+    /// id (`org/name`): its config.json (an adapter repo: its adapter_config.json and its
+    /// base's config.json) from the local Hugging Face cache, else the hub (HF_ENDPOINT,
+    /// HF_TOKEN, HF_HUB_OFFLINE). With a job file, the job's transformer_config.
+    #[arg(long, value_name = "FILE|DIR|REPO")]
     pub config: Option<PathBuf>,
+    /// mlp, cnn or transformer (inferred from the layers when absent).
+    #[arg(long)]
+    pub family: Option<String>,
     /// Samples per optimizer step on each GPU (the micro-batch times the accumulation steps).
     #[arg(long)]
     pub batch_size: Option<u64>,
@@ -153,6 +158,21 @@ pub struct JobFlags {
     /// paged_adamw_8bit.
     #[arg(long)]
     pub optimizer: Option<String>,
+    /// How the optimizer steps: foreach, fused, for_loop.
+    #[arg(long)]
+    pub optimizer_implementation: Option<String>,
+    /// With bf16 or fp16: fp32 (a master copy stepped in fp32, as DeepSpeed's) or none.
+    #[arg(long)]
+    pub master_weights: Option<String>,
+    /// Preference training's reference model: copy, adapters_disabled or none.
+    #[arg(long)]
+    pub reference_model: Option<String>,
+    /// Only this many parameters train (the rest frozen).
+    #[arg(long, conflicts_with = "trainable_modules")]
+    pub trainable_params: Option<u64>,
+    /// Only these modules train, names separated by commas.
+    #[arg(long)]
+    pub trainable_modules: Option<String>,
     /// none, full, or module names separated by commas.
     #[arg(long)]
     pub activation_checkpointing: Option<String>,
@@ -166,9 +186,71 @@ pub struct JobFlags {
     /// Module names the adapters go on, separated by commas (`all-linear` by default).
     #[arg(long, requires = "lora_rank")]
     pub lora_targets: Option<String>,
-    /// The frozen base under LoRA: same, nf4, int8.
+    /// PEFT's lora_dropout (0 to below 1; default 0).
+    #[arg(long, requires = "lora_rank")]
+    pub lora_dropout: Option<f64>,
+    /// PEFT's modules_to_save, names separated by commas (e.g. `embed_tokens,lm_head`).
+    #[arg(long, requires = "lora_rank")]
+    pub lora_modules_to_save: Option<String>,
+    /// The frozen base under LoRA: same, int8, nf4, gptq_int4, awq_int4.
     #[arg(long, requires = "lora_rank")]
     pub base_weights: Option<String>,
+    /// With gptq_int4 or awq_int4: inputs per quantisation group (default 128).
+    #[arg(long, requires = "lora_rank")]
+    pub group_size: Option<u64>,
+    /// The data-parallel layout: none, ddp, fsdp, zero1, zero2, zero3 (`parallelism.strategy`).
+    #[arg(long)]
+    pub strategy: Option<String>,
+    /// GPUs in all (`parallelism.world_size`): data x tensor x pipeline x context parallel.
+    #[arg(long)]
+    pub world_size: Option<u64>,
+    /// Tensor-parallel degree.
+    #[arg(long)]
+    pub tensor_parallel: Option<u64>,
+    /// Pipeline-parallel degree.
+    #[arg(long)]
+    pub pipeline_parallel: Option<u64>,
+    /// Context-parallel degree.
+    #[arg(long)]
+    pub context_parallel: Option<u64>,
+    /// What lives in CPU memory, separated by commas: optimizer_state, gradients, parameters.
+    #[arg(long, value_name = "LIST")]
+    pub offload: Option<String>,
+    /// How from_pretrained loaded the model, as JSON (its torch_dtype, quantization_config,
+    /// attn_implementation): the request's `load`.
+    #[arg(long, value_name = "FILE")]
+    pub load: Option<PathBuf>,
+    /// The weights' dtype from_pretrained loaded: bfloat16, float16, float32 or auto (the
+    /// config's); written as `load.torch_dtype`, over --load's.
+    #[arg(long)]
+    pub torch_dtype: Option<String>,
+    /// How the loss over the vocabulary is taken: upcast_fp32, chunked, fused, native.
+    #[arg(long)]
+    pub loss_implementation: Option<String>,
+    /// The attention kernel of a config job: sdpa or eager.
+    #[arg(long)]
+    pub attention: Option<String>,
+    /// Per-sample input shape, dimensions separated by commas (e.g. `3,224,224`).
+    #[arg(long, value_name = "DIMS")]
+    pub input_shape: Option<String>,
+    /// gpucast_describe's saved tensors (JSON): the request's `saved_tensors`.
+    #[arg(long, value_name = "FILE")]
+    pub saved_tensors: Option<PathBuf>,
+    /// gpucast_describe's simulation of a step (JSON): the request's `simulation`.
+    #[arg(long, value_name = "FILE")]
+    pub simulation: Option<PathBuf>,
+    /// The share of the card the job caps its allocator at (above 0, at most 1).
+    #[arg(long)]
+    pub memory_fraction: Option<f64>,
+    /// Where the description came from, e.g. `timm:resnet50` (informational).
+    #[arg(long)]
+    pub model: Option<String>,
+    /// figures (default) or all (the memory classifiers too).
+    #[arg(long)]
+    pub estimators: Option<String>,
+    /// The software environment whose calibration profile applies (e.g. `torch2.5-cu124`).
+    #[arg(long)]
+    pub environment: Option<String>,
     /// A Hugging Face Trainer's training_args.json (`TrainingArguments.to_dict()`): the
     /// micro-batch, accumulation, checkpointing, bf16/fp16 autocast and `optim`.
     #[arg(long, value_name = "FILE")]
@@ -177,15 +259,16 @@ pub struct JobFlags {
     #[arg(long, value_name = "FILE")]
     pub adapter_config: Option<PathBuf>,
     /// A DeepSpeed config: its ZeRO stage, offload and bf16/fp16, with "auto" taken from
-    /// --training-args as the Trainer takes it; the number of GPUs still comes from the job
-    /// (`parallelism.world_size`).
+    /// --training-args as the Trainer takes it; the number of GPUs comes from --world-size (or the
+    /// job's `parallelism.world_size`).
     #[arg(long = "deepspeed", value_name = "FILE")]
     pub deepspeed: Option<PathBuf>,
     /// accelerate's FSDP options as JSON (its config, or the fsdp_config mapping): sharding
     /// strategy, parameter offload, activation checkpointing, mixed precision and processes.
     #[arg(long = "fsdp", value_name = "FILE")]
     pub fsdp: Option<PathBuf>,
-    /// A catalogue GPU (`gpucast gpus` lists them), or `attached`.
+    /// A catalogue GPU (`gpucast gpus` lists them), `attached`, or a card by its name and
+    /// memory (`NAME:MIB`); several separated by commas are ranked.
     #[arg(long)]
     pub gpu: Option<String>,
     /// The confidence of the bound and of `fits` (0.5 to 0.99).

@@ -10,11 +10,14 @@ import json
 import logging
 import os
 import sys
+import types
 import unittest
 import uuid
 from pathlib import Path
+from unittest import mock
 
 import gpucast
+from gpucast import stack
 from gpucast.models import JOB_FIELDS, OBSERVATION_FIELDS, Model
 
 URL = os.environ.get("GPUCAST_URL")
@@ -140,6 +143,110 @@ class EnvironmentLabelTest(unittest.TestCase):
         odd = gpucast.environment_label("2.5.0a0+git/abc", "12.4", "5" * 80)
         self.assertLessEqual(len(odd), 64)
         self.assertRegex(odd, r"^[A-Za-z0-9._+-]{1,64}$")
+
+
+class StackLabelTest(unittest.TestCase):
+    """The stack an observation is labelled with: no service, no torch."""
+
+    def test_labels_name_the_framework_libraries_cuda_and_launcher(self) -> None:
+        versions = {"transformers": "4.46.3", "torch": "2.5.1+cu124", "peft": "0.13.2", "deepspeed": "0.15.4"}
+        label = gpucast.stack_label("transformers", versions, cuda="12.4", launched_by="deepspeed")
+        self.assertEqual(label, "hf4.46-torch2.5-cu124-peft0.13-ds0.15-deepspeed")
+        self.assertEqual(gpucast.stack_label("lightning", {"lightning": "2.4.0", "torch": "2.4.1"}), "pl2.4-torch2.4")
+        self.assertIsNone(gpucast.stack_label(None, {}))
+
+    def test_labels_keep_to_the_service_rules(self) -> None:
+        long = {name: "1" * 30 + ".2/3" for name in ("transformers", "torch", "peft", "deepspeed", "accelerate")}
+        label = gpucast.stack_label("transformers", long, cuda="12.4", launched_by="torchrun")
+        self.assertLessEqual(len(label), 64)
+        self.assertRegex(label, r"^[A-Za-z0-9._+-]{1,64}$")
+        # The framework comes first; what does not fit is left out, not cut in half.
+        self.assertTrue(label.startswith("hf" + "1" * 30 + ".2_3-"), label)
+
+    def test_the_launcher_is_read_from_the_environment_it_set(self) -> None:
+        self.assertEqual(stack.launcher({"TORCHELASTIC_RUN_ID": "none", "LOCAL_RANK": "0"}), "torchrun")
+        # accelerate's multi-GPU launch runs torch's elastic agent: accelerate is named.
+        accelerate = {"TORCHELASTIC_RUN_ID": "x", "ACCELERATE_MIXED_PRECISION": "bf16"}
+        self.assertEqual(stack.launcher(accelerate), "accelerate")
+        self.assertEqual(stack.launcher({"CROSS_RANK": "0", "LOCAL_SIZE": "8", "RANK": "3"}), "deepspeed")
+        self.assertIsNone(stack.launcher({"RANK": "0"}))
+
+    def test_detect_reads_the_installed_versions_of_what_the_job_uses(self) -> None:
+        versions = {"transformers": "5.0.0", "torch": "2.9.0", "deepspeed": "0.18.1", "accelerate": "1.11.0"}
+        label = stack.detect(
+            "transformers",
+            uses=("deepspeed",),
+            cuda="12.8",
+            environ={"TORCHELASTIC_RUN_ID": "abc"},
+            version=versions.get,
+        )
+        self.assertEqual(label, "hf5.0-torch2.9-cu128-ds0.18-torchrun")
+        # accelerate's launch names accelerate's version; DeepSpeed through it, DeepSpeed's.
+        through_accelerate = stack.detect(
+            "transformers",
+            environ={"ACCELERATE_MIXED_PRECISION": "bf16", "ACCELERATE_USE_DEEPSPEED": "true"},
+            version=versions.get,
+        )
+        self.assertEqual(through_accelerate, "hf5.0-torch2.9-ds0.18-acc1.11-accelerate")
+
+
+class FakeClient:
+    """The service's answers a test chooses, and what was sent to it."""
+
+    def __init__(self) -> None:
+        self.estimated: list[dict] = []
+        self.observed: list[dict] = []
+
+    def estimate(self, job: dict) -> gpucast.EstimateResponse:
+        self.estimated.append(job)
+        return gpucast.EstimateResponse.from_dict(
+            {
+                "family": "transformer",
+                "memory": {"estimate_mib": 36981.6, "upper_bound_mib": 46832.0, "confidence": 0.95},
+                "fit": {"gpu": "h100-80gb", "fits": True},
+            }
+        )
+
+    def observe(self, observation: dict, idempotency_key: str | None = None) -> gpucast.ObservationsResponse:
+        self.observed.append(observation)
+        return gpucast.ObservationsResponse(recorded=1)
+
+
+class CallbackStackTest(unittest.TestCase):
+    """The Trainer callback's hooks, called as the Trainer calls them: no service, no torch."""
+
+    def run_callback(self, **options: object) -> tuple:
+        from gpucast.callback import CallbackMethods
+
+        client = FakeClient()
+        callback = CallbackMethods(client, {"seq_len": 2048}, steps=2, stats=FakeStats(30000.0), **options)
+        args = types.SimpleNamespace(deepspeed={"zero_optimization": {"stage": 2}}, fsdp="")
+        environ = {"TORCHELASTIC_RUN_ID": "abc"}
+        versions = {"transformers": "4.46.3", "torch": "2.5.1", "deepspeed": "0.15.4"}.get
+        with mock.patch.dict(os.environ, environ), mock.patch.object(stack, "installed_version", versions):
+            with self.assertLogs("gpucast", logging.INFO) as logs:
+                callback.on_train_begin(args, None, None)
+                callback.on_step_end(args, None, None)
+                callback.on_step_end(args, None, None)
+        return client, callback, "\n".join(logs.output)
+
+    def test_observations_are_labelled_with_the_stack_and_the_estimate_logged(self) -> None:
+        client, callback, logs = self.run_callback(gpu="h100-80gb")
+        label = "hf4.46-torch2.5-ds0.15-torchrun"
+        self.assertEqual(client.observed[0]["environment"], label)
+        # The estimate is asked in the same environment, and logged.
+        self.assertEqual(client.estimated[0]["environment"], label)
+        self.assertEqual(client.estimated[0]["gpu"], "h100-80gb")
+        self.assertEqual(callback.estimate.memory.estimate_mib, 36981.6)
+        self.assertIn("gpucast: estimated 36982 MiB (bound 46832 MiB at 0.95) on h100-80gb: fits", logs)
+        self.assertIn(label, logs)
+
+    def test_a_named_environment_is_kept(self) -> None:
+        client, _, _ = self.run_callback(environment="cluster-a")
+        self.assertEqual(client.observed[0]["environment"], "cluster-a")
+        self.assertEqual(client.estimated[0]["environment"], "cluster-a")
+        # The device's name when no gpu is given.
+        self.assertEqual(client.estimated[0]["gpu"], "h100-80gb")
 
 
 class FakeStats:

@@ -166,7 +166,10 @@ class HuggingFaceTest(unittest.TestCase):
         hf_trainer(model, self.tmp.name, callbacks=[callback]).train()
         observer = callback.observer
         self.assertEqual(observer.response.recorded, 1)
-        self.assertEqual(observer.observation["environment"], "torch2.15-cu128-drv570.1")
+        # Labelled with the stack it ran on (the framework's and torch's versions), and the
+        # estimate made when training started.
+        self.assertRegex(observer.observation["environment"], r"^hf\d+\.\d+-torch\d+\.\d+")
+        self.assertGreater(callback.estimate.memory.estimate_mib, 0)
         self.assertGreater(observer.observation["step_time_ms"], 0)
         self.assertEqual(observer.observation["job"]["seq_len"], SEQ_LEN)
 

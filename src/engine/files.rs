@@ -20,6 +20,8 @@ pub struct Applied {
     pub request: EstimateRequest,
     pub read: Vec<FromFileResponse>,
     pub warnings: Vec<String>,
+    /// The load dtype the files left unsaid, taken from the config (transformers 5's default).
+    pub assumed_dtype: Option<files::AssumedDtype>,
 }
 
 /// Applies a request's files; `None` when it carries none (nothing is copied then).
@@ -31,6 +33,7 @@ pub fn apply(request: &EstimateRequest) -> Result<Option<Applied>, ApiError> {
         fsdp: request.fsdp.as_ref(),
         load: request.load.as_ref(),
         model_config: request.transformer_config.as_ref(),
+        precision_stated: request.precision.is_some(),
     };
     if given.is_empty() {
         return Ok(None);
@@ -144,6 +147,7 @@ pub fn apply(request: &EstimateRequest) -> Result<Option<Applied>, ApiError> {
         request: merged.request,
         read: merged.read,
         warnings: merged.warnings,
+        assumed_dtype: stated.assumed_dtype,
     }))
 }
 

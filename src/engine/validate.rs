@@ -11,14 +11,16 @@ use crate::devices::GpuDevices;
 use crate::engine::files;
 use crate::error::ApiError;
 use crate::job::setup::{
-    BaseWeights, ExpertLayout, LossImplementation, OptimizerImplementation, UncheckedLora,
-    UncheckedNames, UncheckedOffload, UncheckedParallelism, UncheckedZero,
+    BaseWeights, Checkpointing, ExpertLayout, LossImplementation, Optimizer,
+    OptimizerImplementation, Precision, UncheckedLora, UncheckedNames, UncheckedOffload,
+    UncheckedParallelism, UncheckedZero,
 };
 use crate::job::{
     echo, Confidence, Job, LayerKind, MemoryFraction, SavedTensors, SimulatedCategories,
     UncheckedLayer, UncheckedSimulation,
 };
-use crate::job::{Alternative, Assumption, LayerDetail, UncheckedSetup};
+use crate::job::{Alternative, Assumption, KnownActivations, LayerDetail, UncheckedSetup};
+use crate::parsers::files::AssumedDtype;
 use crate::parsers::transformer;
 use crate::parsers::{parse_summary, SampleShape, SummaryFormat};
 use crate::physics::saved;
@@ -186,9 +188,9 @@ fn to_job_reading(
     request: &EstimateRequest,
 ) -> Result<(Job, Vec<String>, Vec<FromFileResponse>), ApiError> {
     let Some(applied) = files::apply(request)? else {
-        return to_job_stated(request).map(|(job, warnings)| (job, warnings, Vec::new()));
+        return to_job_stated(request, None).map(|(job, warnings)| (job, warnings, Vec::new()));
     };
-    let (job, mut warnings) = to_job_stated(&applied.request)?;
+    let (job, mut warnings) = to_job_stated(&applied.request, applied.assumed_dtype)?;
     // The files chose the precision and `setup.from_files` says where: the caller did not
     // type `bf16`, so the warning about the word is not theirs.
     if applied.read.iter().any(|r| r.field == "precision") {
@@ -198,8 +200,12 @@ fn to_job_reading(
     Ok((job, warnings, applied.read))
 }
 
-/// The job of a request whose setup is in its own fields.
-fn to_job_stated(request: &EstimateRequest) -> Result<(Job, Vec<String>), ApiError> {
+/// The job of a request whose setup is in its own fields; `assumed_dtype`: the load dtype its
+/// files left unsaid, taken from its config.
+fn to_job_stated(
+    request: &EstimateRequest,
+    assumed_dtype: Option<AssumedDtype>,
+) -> Result<(Job, Vec<String>), ApiError> {
     let batch_size = batch_size(request)?;
     let mut warnings = Vec::new();
     if let Some(seq_len) = request.seq_len.filter(|&l| l == 0 || l > MAX_SEQ_LEN) {
@@ -212,7 +218,7 @@ fn to_job_stated(request: &EstimateRequest) -> Result<(Job, Vec<String>), ApiErr
     // The per-sample input: the request's, else what a printed table's footer says.
     let mut input_shape = request.input_shape.clone();
     if let Some(config) = &request.transformer_config {
-        return config_job(request, config);
+        return config_job(request, config, assumed_dtype);
     }
     if request.attention.is_some() {
         return Err(ApiError::InvalidInput(
@@ -361,6 +367,7 @@ fn to_job_stated(request: &EstimateRequest) -> Result<(Job, Vec<String>), ApiErr
         ));
     }
     note_defaults(request, &job, &mut warnings);
+    let job = with_assumed_setup(request, job, assumed_dtype, &|_| None, None);
     Ok((with_assumed_implementation(request, job), warnings))
 }
 
@@ -380,6 +387,7 @@ fn batch_size(request: &EstimateRequest) -> Result<u64, ApiError> {
 fn config_job(
     request: &EstimateRequest,
     config: &serde_json::Map<String, serde_json::Value>,
+    assumed_dtype: Option<AssumedDtype>,
 ) -> Result<(Job, Vec<String>), ApiError> {
     let invalid = |e: transformer::ConfigError| ApiError::InvalidInput(e.to_string());
     let batch_size = batch_size(request)?;
@@ -423,6 +431,8 @@ fn config_job(
     let precision = crate::job::Setup::parse(batch_size.max(1), &setup)
         .map(|s| s.precision)
         .unwrap_or_default();
+    // Kept to build the model again at an unstated field's other values.
+    let config_read = parsed.clone();
     let mut model = transformer::build(parsed, seq_len, precision, kernel).map_err(invalid)?;
     let mut warnings = std::mem::take(&mut model.warnings);
     if text_only {
@@ -488,6 +498,19 @@ fn config_job(
         });
     }
     note_defaults(request, &job, &mut warnings);
+    // The model's activations at another precision or kernel: built again, as each picks
+    // its own attention path (grouped-query attention in fp32 runs the math path).
+    let known_at = |precision: Precision, kernel: transformer::AttentionKernel| {
+        transformer::build(config_read.clone(), seq_len, precision, kernel)
+            .ok()
+            .map(|m| m.activations_with(precision, sharded_weights, loss))
+    };
+    let eager = request
+        .attention
+        .is_none()
+        .then(|| known_at(precision, transformer::AttentionKernel::Eager))
+        .flatten();
+    let job = with_assumed_setup(request, job, assumed_dtype, &|p| known_at(p, kernel), eager);
     let job = with_assumed_expert_layout(request, job, &mut warnings);
     Ok((with_assumed_implementation(request, job), warnings))
 }
@@ -524,6 +547,74 @@ fn with_assumed_expert_layout(
         assumed: assumed.as_str(),
         alternatives: vec![Alternative::ExpertLayout(ExpertLayout::Fused)],
     })
+}
+
+/// Notes the setup fields the request left unsaid whose other values move the figure (more
+/// than 5 % on common jobs, docs/user/guide.md): each defaults to the value that keeps the
+/// most but the load dtype, so the value that keeps the least bounds its range. `known_at`:
+/// the model's activations at another precision, where its config gives them (`None`:
+/// counted from the layers); `eager`: its activations under eager attention, where unstated.
+fn with_assumed_setup(
+    request: &EstimateRequest,
+    mut job: Job,
+    assumed_dtype: Option<AssumedDtype>,
+    known_at: &dyn Fn(Precision) -> Option<KnownActivations>,
+    eager: Option<KnownActivations>,
+) -> Job {
+    let setup = job.setup().clone();
+    if let Some(assumed) = assumed_dtype {
+        // transformers 5 loads the config's dtype; transformers 4 loaded fp32.
+        let alternative = assumed.alternative.unwrap_or_default();
+        job = job.with_assumption(Assumption {
+            field: "load.torch_dtype",
+            assumed: match assumed.dtype {
+                Precision::Fp16 => "float16",
+                _ => "bfloat16",
+            },
+            alternatives: vec![Alternative::Precision(alternative, known_at(alternative))],
+        });
+    }
+    if request.precision.is_none() {
+        let alternatives = [Precision::AmpBf16, Precision::Bf16]
+            .into_iter()
+            .filter(|&p| p != setup.precision)
+            .map(|p| Alternative::Precision(p, known_at(p)))
+            .collect();
+        job = job.with_assumption(Assumption {
+            field: "precision",
+            assumed: setup.precision.as_str(),
+            alternatives,
+        });
+    }
+    if request.optimizer.is_none() && setup.optimizer != Optimizer::Sgd {
+        job = job.with_assumption(Assumption {
+            field: "optimizer",
+            assumed: setup.optimizer.as_str(),
+            alternatives: vec![Alternative::Optimizer(Optimizer::Sgd)],
+        });
+    }
+    if request.activation_checkpointing.is_none() && setup.checkpointing == Checkpointing::None {
+        job = job.with_assumption(Assumption {
+            field: "activation_checkpointing",
+            assumed: Checkpointing::None.as_str(),
+            alternatives: vec![Alternative::Checkpointing(Checkpointing::Full)],
+        });
+    }
+    if let Some(eager) = eager {
+        job = job.with_assumption(Assumption {
+            field: "attention",
+            assumed: "sdpa",
+            alternatives: vec![Alternative::Attention(eager)],
+        });
+    }
+    if request.master_weights.is_none() && setup.precision.is_pure_16bit() && !setup.fp32_master {
+        job = job.with_assumption(Assumption {
+            field: "master_weights",
+            assumed: "none",
+            alternatives: vec![Alternative::MasterWeights],
+        });
+    }
+    job
 }
 
 /// Notes an unstated optimizer implementation: PyTorch's default (foreach, a copy of the

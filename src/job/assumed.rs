@@ -3,10 +3,13 @@
 //! can widen with that doubt (`physics::assumed`).
 
 use super::activations::KnownActivations;
-use super::setup::{ExpertLayout, LossImplementation, OptimizerImplementation};
+use super::setup::{
+    Checkpointing, ExpertLayout, LossImplementation, Optimizer, OptimizerImplementation,
+    Precision,
+};
 
 /// Another value an assumed field could have taken, as the job would hold it.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Alternative {
     /// The model's activations counted with another loss over the vocabulary.
     Loss(LossImplementation, KnownActivations),
@@ -14,6 +17,16 @@ pub enum Alternative {
     /// A mixture of experts' experts held in another layout (whether a quantised base
     /// quantises them).
     ExpertLayout(ExpertLayout),
+    /// The job trained in another precision (the weights loaded in another dtype), with the
+    /// model's activations at it where they are known from its config (`None`: counted from
+    /// the layers).
+    Precision(Precision, Option<KnownActivations>),
+    Optimizer(Optimizer),
+    Checkpointing(Checkpointing),
+    /// The model's activations under another attention kernel (the N x N probabilities kept).
+    Attention(KnownActivations),
+    /// An fp32 master copy of what trains, stepped in fp32 (DeepSpeed's 16-bit modes).
+    MasterWeights,
 }
 
 /// One field the request did not state: the value assumed and the others worth running (the

@@ -3,6 +3,7 @@
 //! (`physics::uncertainty`) and tell the caller which field to state to narrow it.
 
 use super::peak::Physics;
+use crate::job::setup::OptimizerImplementation;
 use crate::job::{Alternative, Job};
 
 /// How far one assumed field moves the figure over the values it could take: at most
@@ -36,7 +37,7 @@ pub fn ranges(job: &Job, step_mib: f64, peak_at_backward: bool) -> Vec<AssumedRa
         .iter()
         .filter_map(|assumption| {
             let (mut low, mut high) = (0.0f64, 0.0f64);
-            for &alternative in &assumption.alternatives {
+            for alternative in &assumption.alternatives {
                 if peak_at_backward
                     && matches!(alternative, Alternative::OptimizerImplementation(_))
                 {
@@ -60,23 +61,36 @@ pub fn ranges(job: &Job, step_mib: f64, peak_at_backward: bool) -> Vec<AssumedRa
 
 /// The analytic step's figure of `job` with `alternative` in place of the assumed value, as
 /// the answer reads a figure ([`Physics::settle`]).
-fn step_figure(job: &Job, alternative: Alternative) -> f64 {
-    let physics = match alternative {
-        Alternative::Loss(_, known) => Physics::step_as(job, job.setup(), Some(known)),
-        Alternative::ExpertLayout(layout) => {
-            let mut setup = job.setup().clone();
-            if let Some(lora) = setup.lora.as_mut() {
-                lora.expert_layout = layout;
-            }
-            Physics::step_as(job, &setup, job.known_activations())
-        }
+fn step_figure(job: &Job, alternative: &Alternative) -> f64 {
+    let mut setup = job.setup().clone();
+    let mut known = job.known_activations();
+    match alternative {
+        Alternative::Loss(_, other) | Alternative::Attention(other) => known = Some(*other),
         Alternative::OptimizerImplementation(implementation) => {
-            let mut setup = job.setup().clone();
-            setup.implementation = implementation;
-            Physics::step_as(job, &setup, job.known_activations())
+            setup.implementation = *implementation;
         }
-    };
-    settled_figure(&physics)
+        Alternative::Precision(precision, other) => {
+            setup.precision = *precision;
+            // A master copy belongs to pure 16-bit training only.
+            setup.fp32_master &= precision.is_pure_16bit();
+            known = *other;
+        }
+        Alternative::Optimizer(optimizer) => {
+            setup.optimizer = *optimizer;
+            // bitsandbytes' optimizers run fused only, the others keep the request's way.
+            if !optimizer.runs_as(setup.implementation) {
+                setup.implementation = OptimizerImplementation::Fused;
+            }
+        }
+        Alternative::Checkpointing(checkpointing) => setup.checkpointing = checkpointing.clone(),
+        Alternative::MasterWeights => setup.fp32_master = true,
+        Alternative::ExpertLayout(layout) => {
+            if let Some(lora) = setup.lora.as_mut() {
+                lora.expert_layout = *layout;
+            }
+        }
+    }
+    settled_figure(&Physics::step_as(job, &setup, known))
 }
 
 /// A step's figure held to its floor, as the answer reads it.

@@ -32,6 +32,7 @@ from .models import (
     WatchResponse,
 )
 from .observe import CudaMemoryStats, MemoryReading, MemoryStats, Observer, environment_label, track
+from .stack import stack_label
 
 __all__ = [
     "ROUTES",
@@ -64,6 +65,7 @@ __all__ = [
     "environment_label",
     "from_lightning",
     "from_trainer",
+    "stack_label",
     "track",
 ]
 

@@ -8,9 +8,16 @@ import importlib
 import importlib.util
 from typing import Any
 
+import logging
+import sys
+
 from .client import Client
 from .jobs import from_lightning, job_from_hf
+from .models import EstimateResponse
 from .observe import MemoryStats, Observer
+from .stack import detect
+
+log = logging.getLogger("gpucast")
 
 # The base classes, by module, in the order tried; both Lightning packages name it Callback.
 CALLBACK_BASES = (
@@ -58,6 +65,48 @@ class CallbackMethods:
         self.input_shape = input_shape
         self.observer = Observer(client, job, steps=steps, gpu=gpu, environment=environment, stats=stats)
         self.last_global_step: int | None = None
+        # The environment the user named; else the stack's label, read when training starts.
+        self.named_environment = environment
+        # The estimate made when training started (logged), for the caller.
+        self.estimate: EstimateResponse | None = None
+
+    def label_stack(self, framework: str, uses: tuple[str, ...]) -> None:
+        """The observation's environment: the user's, else the stack this process runs."""
+        if self.named_environment is not None:
+            return
+        torch = sys.modules.get("torch")
+        cuda = getattr(getattr(torch, "version", None), "cuda", None)
+        self.observer.environment = self.observer.guarded(
+            "reading the stack", lambda: detect(framework, uses=uses, cuda=cuda)
+        )
+
+    def estimate_job(self) -> None:
+        """Asks the service for the job's estimate in its environment, and logs it."""
+        job = self.observer.job
+        if not isinstance(job, dict):
+            return
+        request = dict(job)
+        environment = self.observer.environment
+        if environment and "environment" not in request:
+            request["environment"] = environment
+        gpu = self.observer.gpu
+        if gpu is None and self.observer.stats is not None and self.observer.stats.available():
+            gpu = self.observer.stats.device_name()
+        if gpu is not None and "gpu" not in request:
+            request["gpu"] = gpu
+        self.estimate = self.observer.guarded("estimating", lambda: self.observer.client.estimate(request))
+        if self.estimate is not None:
+            memory, fit = self.estimate.memory, self.estimate.fit
+            mib = "{:.0f} MiB".format
+            log.info(
+                "gpucast: estimated %s (bound %s at %s) on %s: %s; environment %s",
+                mib(memory.estimate_mib) if memory.estimate_mib is not None else "no figure",
+                mib(memory.upper_bound_mib) if memory.upper_bound_mib is not None else "none",
+                memory.confidence,
+                fit.gpu,
+                "fits" if fit.fits else "does not fit",
+                environment or "none",
+            )
 
     # Hugging Face Trainer hooks.
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
@@ -65,7 +114,18 @@ class CallbackMethods:
             self.observer.job = self.observer.guarded(
                 "building the job", lambda: job_from_hf(model, args, seq_len=self.seq_len)
             )
+        uses = tuple(
+            name
+            for name, used in (
+                ("peft", hasattr(model, "peft_config")),
+                ("deepspeed", bool(getattr(args, "deepspeed", None))),
+                ("accelerate", bool(getattr(args, "fsdp", None))),
+            )
+            if used
+        )
+        self.label_stack("transformers", uses)
         self.observer.start()
+        self.estimate_job()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.observer.step()
@@ -87,7 +147,13 @@ class CallbackMethods:
                 ),
             )
         self.last_global_step = trainer.global_step
+        strategy = type(getattr(trainer, "strategy", None)).__name__
+        uses = (("deepspeed",) if "DeepSpeed" in strategy else ()) + (
+            ("peft",) if hasattr(getattr(pl_module, "model", None), "peft_config") else ()
+        )
+        self.label_stack("lightning", uses)
         self.observer.start()
+        self.estimate_job()
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         # A step is an optimizer step: with accumulation, several batches make one.
@@ -101,8 +167,10 @@ def make_callback_class() -> type:
     return type("GpucastCallback", (CallbackMethods, *bases), {"__module__": "gpucast", "__doc__": DOC})
 
 
-DOC = """Posts an observation of a real run after `steps` optimizer steps: the device's peak
-memory (NVML, or CUDA's device-wide use), torch's allocator peaks (logged), the median step
-time, the environment label and the job (given, or built from the trainer). A Hugging Face
+DOC = """Estimates the job when training starts (logged) and posts an observation of the run
+after `steps` optimizer steps: the device's peak memory (NVML, or CUDA's device-wide use),
+torch's allocator peaks (logged), the median step time, the job (given, or built from the
+trainer) and its environment: the one named, else the stack it ran on (the framework's,
+torch's and the libraries' versions, CUDA and the launcher: `gpucast.stack`). A Hugging Face
 `TrainerCallback` and a Lightning `Callback`: `Trainer(..., callbacks=[GpucastCallback(url,
 seq_len=2048)])`. A failed post is a warning; training goes on."""

@@ -174,7 +174,9 @@ pub struct EstimateRequest {
     #[schema(value_type = Option<Object>, example = json!({"distributed_type": "FSDP", "mixed_precision": "bf16", "num_processes": 8, "fsdp_config": {"fsdp_sharding_strategy": "FULL_SHARD", "fsdp_offload_params": false, "fsdp_activation_checkpointing": true}}))]
     pub fsdp: Option<serde_json::Map<String, serde_json::Value>>,
     /// How `from_pretrained` loaded the model: `torch_dtype` (`bfloat16`, `float16`, `float32`
-    /// or `auto`: the config's; not given: fp32, or fp16 when quantised, as transformers 4)
+    /// or `auto`: the config's; not given: the config's 16-bit `torch_dtype` as transformers 5
+    /// loads by default, listed in `memory.uncertainty.assumed` against transformers 4's fp32,
+    /// unless the request states `precision`; without one, fp32, or fp16 when quantised)
     /// and `quantization_config` (bitsandbytes `load_in_4bit` / `load_in_8bit`, GPTQ or AWQ
     /// 4-bit) as `lora.base_weights`; `attn_implementation` as `attention`. 16-bit weights
     /// train as pure `bf16` / `fp16`.

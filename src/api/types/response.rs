@@ -418,7 +418,9 @@ pub struct UncertaintyResponse {
 /// One field the request did not state, and how far it moves the figure.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct AssumedResponse {
-    /// The request field, e.g. `loss_implementation` or `optimizer_implementation`.
+    /// The request field, e.g. `precision`, `optimizer`, `activation_checkpointing`,
+    /// `attention`, `master_weights`, `load.torch_dtype`, `loss_implementation` or
+    /// `optimizer_implementation`.
     pub field: String,
     /// The value the answer assumed.
     pub assumed: String,

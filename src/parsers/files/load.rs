@@ -1,7 +1,10 @@
 //! How `from_pretrained` loaded the model: `torch_dtype` (or `dtype`) and
 //! `quantization_config` (bitsandbytes 4/8-bit, GPTQ, AWQ), onto the job's precision and
-//! `lora.base_weights`. transformers 4's defaults are stated: fp32 weights unless told, and
-//! fp16 for a quantised model (its quantisers' default compute dtype).
+//! `lora.base_weights`. A dtype left unsaid is transformers 5's default, `"auto"`: the config's
+//! `torch_dtype` (huggingface/transformers#42805), where the job carries a config with a
+//! 16-bit one; transformers 4's fp32 is then the alternative the answer lists. Without such a
+//! config, transformers 4's defaults stand: fp32 weights, and fp16 for a quantised model (its
+//! quantisers' default compute dtype).
 
 use serde_json::{Map, Value};
 
@@ -17,16 +20,56 @@ pub struct Load {
     /// `attn_implementation`: `eager` keeps the N x N probabilities, the others (`sdpa`,
     /// flash attention) do not: the request's `attention` words.
     pub attention: Option<Read<&'static str>>,
+    /// Whether `dtype` is transformers 5's default (the config's 16-bit dtype) for a dtype
+    /// left unsaid: transformers 4 would load fp32.
+    pub dtype_assumed: bool,
     pub warnings: Vec<String>,
 }
 
+/// Where an unsaid load dtype is read from under transformers 5's default.
+const CONFIG_DTYPE: &str = "transformer_config.torch_dtype";
+
+/// transformers 5's dtype for weights loaded without one: the config's `torch_dtype` (or
+/// `dtype`) when it names a 16-bit type, with the warning that says so. `None` where the
+/// config names none, or fp32 (transformers 4's default then holds, and nothing moves).
+pub fn config_dtype(
+    model_config: Option<&Map<String, Value>>,
+    prefix: &str,
+) -> Option<(Read<Precision>, String)> {
+    let name = model_config.and_then(|c| {
+        ["torch_dtype", "dtype"]
+            .iter()
+            .find_map(|k| c.get(*k).and_then(Value::as_str))
+    })?;
+    let precision = dtype(name, CONFIG_DTYPE).ok()?;
+    if precision == Precision::Fp32 {
+        return None;
+    }
+    let word = precision.as_str();
+    let warning = format!(
+        "{prefix}.torch_dtype: not given; the weights are taken as {word}, the config's \
+         torch_dtype, as transformers 5's from_pretrained loads them by default (dtype=\"auto\"); \
+         transformers 4 loaded fp32 unless told, listed in memory.uncertainty.assumed: give \
+         {prefix}.torch_dtype (or precision) to say which"
+    );
+    let read = Read::new(
+        precision,
+        format!("{CONFIG_DTYPE} (load dtype not given: transformers 5's default)"),
+    );
+    Some((read, warning))
+}
+
 impl Load {
+    /// `dtype_from_config`: whether an unsaid dtype may follow the config's
+    /// ([`config_dtype`]); not where the request states its precision itself.
     pub fn read(
         map: &Map<String, Value>,
         prefix: &str,
         model_config: Option<&Map<String, Value>>,
+        dtype_from_config: bool,
     ) -> Result<Load, FileError> {
         let mut warnings = Vec::new();
+        let mut dtype_assumed = false;
         let base_weights = match present(map, "quantization_config") {
             None => None,
             Some(Value::Object(q)) => {
@@ -84,10 +127,17 @@ impl Load {
                     "{prefix}.torch_dtype (not given: transformers' fp16 for a quantised model)"
                 ),
             ),
-            None => Read::new(
-                Precision::Fp32,
-                format!("{prefix}.torch_dtype (not given: transformers 4's fp32)"),
-            ),
+            None => match config_dtype(model_config, prefix).filter(|_| dtype_from_config) {
+                Some((read, warning)) => {
+                    warnings.push(warning);
+                    dtype_assumed = true;
+                    read
+                }
+                None => Read::new(
+                    Precision::Fp32,
+                    format!("{prefix}.torch_dtype (not given: transformers 4's fp32)"),
+                ),
+            },
         };
         let attention = keyword(
             map,
@@ -104,6 +154,7 @@ impl Load {
             dtype,
             base_weights,
             attention,
+            dtype_assumed,
             warnings,
         })
     }

@@ -75,8 +75,12 @@ pub struct Files<'a> {
     /// accelerate's config (or its `fsdp_config`).
     pub fsdp: Option<&'a Map<String, Value>>,
     pub load: Option<&'a Map<String, Value>>,
-    /// The model's `config.json`, for `torch_dtype: "auto"` and PEFT's default targets.
+    /// The model's `config.json`, for `torch_dtype: "auto"`, an unsaid load dtype and PEFT's
+    /// default targets.
     pub model_config: Option<&'a Map<String, Value>>,
+    /// The request states its precision itself: a load dtype the files leave unsaid is then
+    /// not taken from the config (the precision says what the weights are).
+    pub precision_stated: bool,
 }
 
 impl Files<'_> {
@@ -119,8 +123,21 @@ pub struct FileSetup {
     pub attention: Option<Read<&'static str>>,
     /// DeepSpeed ZeRO's buffer sizes.
     pub zero_buffers: ZeroBuffersRead,
+    /// The load dtype, left unsaid, taken from the config (transformers 5's default).
+    pub assumed_dtype: Option<AssumedDtype>,
     /// What was assumed or not used to read the files.
     pub warnings: Vec<String>,
+}
+
+/// A load dtype the files leave unsaid, taken as transformers 5 loads it (the config's 16-bit
+/// dtype), and the precision transformers 4's fp32 default would have made instead.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AssumedDtype {
+    /// The dtype taken.
+    pub dtype: Precision,
+    /// The precision under transformers 4; `None`: the files state none (the request's
+    /// default).
+    pub alternative: Option<Precision>,
 }
 
 /// Reads the files into the setup they state.
@@ -153,10 +170,21 @@ pub fn read(files: Files<'_>) -> Result<FileSetup, FileError> {
         .map(|(map, place)| DeepSpeed::read(map, place, args.as_ref(), hidden_size))
         .transpose()?;
     let fsdp = files.fsdp.map(|map| Fsdp::read(map, "fsdp")).transpose()?;
-    let load = files
+    // DeepSpeed casts the model itself: no dtype is taken from the config under it.
+    let dtype_from_config = !files.precision_stated && ds.is_none();
+    let mut load = files
         .load
-        .map(|map| Load::read(map, "load", files.model_config))
+        .map(|map| Load::read(map, "load", files.model_config, dtype_from_config))
         .transpose()?;
+    if load.is_none() && dtype_from_config && !files.is_empty() {
+        load = load::config_dtype(files.model_config, "load").map(|(dtype, warning)| Load {
+            dtype,
+            base_weights: None,
+            attention: None,
+            dtype_assumed: true,
+            warnings: vec![warning],
+        });
+    }
     let lora = files
         .adapter_config
         .map(|map| peft::read(map, "adapter_config", files.model_config))
@@ -240,14 +268,35 @@ pub fn read(files: Files<'_>) -> Result<FileSetup, FileError> {
         args.as_ref().and_then(|a| a.autocast.clone()),
         fsdp.as_ref().and_then(|f| f.autocast.clone()),
     )?;
-    let (precision, master) = precision(
+    let (made, master) = precision(
         args.as_ref(),
-        autocast,
+        autocast.clone(),
         ds.as_ref(),
         load.as_ref(),
         &mut setup.warnings,
     )?;
-    setup.precision = precision;
+    if let Some(assumed) = load.as_ref().filter(|l| l.dtype_assumed) {
+        // What transformers 4 would have loaded: fp32 weights from a load block, none from
+        // the files where they hold no load block.
+        let fp32 = files.load.map(|_| Load {
+            dtype: Read::new(Precision::Fp32, assumed.dtype.from.clone()),
+            dtype_assumed: false,
+            warnings: Vec::new(),
+            ..assumed.clone()
+        });
+        let (alternative, _) = precision(
+            args.as_ref(),
+            autocast.clone(),
+            ds.as_ref(),
+            fp32.as_ref(),
+            &mut Vec::new(),
+        )?;
+        setup.assumed_dtype = Some(AssumedDtype {
+            dtype: assumed.dtype.value,
+            alternative: alternative.map(|p| p.value),
+        });
+    }
+    setup.precision = made;
     setup.fp32_master = master;
     Ok(setup)
 }

@@ -545,6 +545,87 @@ fn the_loaded_dtype_decides_pure_16_bits_and_auto_reads_the_config() {
 }
 
 #[test]
+fn an_unsaid_load_dtype_is_the_configs_16_bit_one_as_transformers_5_loads() {
+    let args = map(json!({"bf16": true, "per_device_train_batch_size": 1}));
+    let adapter = map(json!({"peft_type": "LORA", "r": 16}));
+    let config = |dtype: &str| map(json!({"model_type": "llama", "torch_dtype": dtype}));
+    let bf16_config = config("bfloat16");
+    let files = Files {
+        training_arguments: Some(&args),
+        adapter_config: Some(&adapter),
+        model_config: Some(&bf16_config),
+        ..Files::default()
+    };
+    // No load block: the config's bf16, trained as pure bf16 under the Trainer's autocast;
+    // transformers 4's fp32 (autocast over it) is the alternative, and a warning says so.
+    let taken = read(files).unwrap();
+    let precision = taken.precision.unwrap();
+    assert_eq!(precision.value, Precision::Bf16);
+    assert!(precision.from.starts_with("transformer_config.torch_dtype"));
+    assert_eq!(
+        taken.assumed_dtype,
+        Some(AssumedDtype {
+            dtype: Precision::Bf16,
+            alternative: Some(Precision::AmpBf16),
+        })
+    );
+    assert!(taken
+        .warnings
+        .iter()
+        .any(|w| w.starts_with("load.torch_dtype: not given") && w.contains("transformers 5")));
+    // A load block without a dtype leaves it unsaid too; with no Trainer flags the
+    // alternative is fp32 weights trained in fp32.
+    let attention_only = map(json!({"attn_implementation": "sdpa"}));
+    let unflagged = read(Files {
+        adapter_config: Some(&adapter),
+        load: Some(&attention_only),
+        model_config: Some(&bf16_config),
+        ..Files::default()
+    })
+    .unwrap();
+    assert_eq!(unflagged.precision.unwrap().value, Precision::Bf16);
+    assert_eq!(
+        unflagged.assumed_dtype.unwrap().alternative,
+        Some(Precision::Fp32)
+    );
+    // Nothing moves where the request states its precision, the config says fp32 or
+    // nothing, the dtype is stated, or DeepSpeed casts the model itself.
+    let stated = read(Files {
+        precision_stated: true,
+        ..files
+    })
+    .unwrap();
+    assert_eq!(stated.precision.unwrap().value, Precision::AmpBf16);
+    assert_eq!(stated.assumed_dtype, None);
+    let fp32_config = config("float32");
+    let no_dtype = map(json!({"model_type": "llama"}));
+    for model_config in [&fp32_config, &no_dtype] {
+        let plain = read(Files {
+            model_config: Some(model_config),
+            ..files
+        })
+        .unwrap();
+        assert_eq!(plain.precision.unwrap().value, Precision::AmpBf16);
+        assert_eq!(plain.assumed_dtype, None);
+    }
+    let fp32_load = map(json!({"torch_dtype": "float32"}));
+    let told = read(Files {
+        load: Some(&fp32_load),
+        ..files
+    })
+    .unwrap();
+    assert_eq!(told.precision.unwrap().value, Precision::AmpBf16);
+    assert_eq!(told.assumed_dtype, None);
+    let ds = map(json!({"zero_optimization": {"stage": 2}, "bf16": {"enabled": "auto"}}));
+    let deepspeed = read(Files {
+        deepspeed: Some(&ds),
+        ..files
+    })
+    .unwrap();
+    assert_eq!(deepspeed.assumed_dtype, None);
+}
+
+#[test]
 fn lightning_precision_strings_are_read_as_lightning_means_them() {
     let pairs = "bf16-mixed=amp_bf16 16-mixed=amp_fp16 bf16-true=bf16 16-true=fp16 32-true=fp32";
     for pair in pairs.split(' ') {
