@@ -322,8 +322,8 @@ fn fit_stack(samples: &[&EnvironmentSample]) -> (f64, StackSpread) {
             if part <= 1.0 {
                 return None;
             }
-            let observed = (s.observed_mib - outside_mib(&s.predicted, s.measure))
-                .max(FACTOR_RANGE.0 * part);
+            let observed =
+                (s.observed_mib - outside_mib(&s.predicted, s.measure)).max(FACTOR_RANGE.0 * part);
             let ratio = (observed / part).ln();
             let variance = WITHIN_STACK_LOG_SD.powi(2) + (CONTEXT_SPREAD_MIB / part).powi(2);
             Some((ratio, 1.0 / variance))
@@ -777,10 +777,7 @@ pub fn apply_measured(
 ) -> (f64, f64) {
     let estimate = fitted_mib(fit, predicted, measure);
     let margin = log_margin(fit, confidence);
-    let context = fit
-        .context_mib
-        .unwrap_or(predicted.cuda_context)
-        .max(0.0);
+    let context = fit.context_mib.unwrap_or(predicted.cuda_context).max(0.0);
     let outside = if measure.counts_context() {
         context.min(estimate)
     } else {
@@ -887,10 +884,7 @@ mod tests {
     fn one_observation_of_a_stack_moves_the_figure_most_of_the_way() {
         let fit = fit_environment(&stack_of(1, 0.0));
         // ln 1.4 shrunk by the prior between stacks: 1 / (1 + (0.15 / 0.25)^2) of the way.
-        assert!(
-            fit.stack_factor > 1.25 && fit.stack_factor < 1.4,
-            "{fit:?}"
-        );
+        assert!(fit.stack_factor > 1.25 && fit.stack_factor < 1.4, "{fit:?}");
         let other = job(15_000.0);
         let truth = in_stack(&other, 1.4);
         let before = other.total();
@@ -899,7 +893,10 @@ mod tests {
             (truth - estimate) < 0.4 * (truth - before),
             "{estimate} moved less than 60 % of the way from {before} to {truth}"
         );
-        assert!(bound > truth, "one observation's bound covers the stack: {bound}");
+        assert!(
+            bound > truth,
+            "one observation's bound covers the stack: {bound}"
+        );
     }
 
     #[test]
@@ -908,14 +905,26 @@ mod tests {
         let other = job(12_500.0);
         let truth = in_stack(&other, 1.4);
         let (estimate, bound) = apply(&fit, &other, 0.95);
-        assert!((estimate / truth - 1.0).abs() < 0.05, "{estimate} vs {truth}");
-        assert!(bound > truth && bound / estimate < 1.3, "{bound} / {estimate}");
+        assert!(
+            (estimate / truth - 1.0).abs() < 0.05,
+            "{estimate} vs {truth}"
+        );
+        assert!(
+            bound > truth && bound / estimate < 1.3,
+            "{bound} / {estimate}"
+        );
     }
 
     #[test]
     fn the_bound_narrows_as_consistent_rows_come_and_widens_when_they_scatter() {
-        let margin = |n: usize, scatter: f64| log_margin(&fit_environment(&stack_of(n, scatter)), 0.95);
-        assert!(margin(1, 0.0) > margin(3, 0.02), "{} {}", margin(1, 0.0), margin(3, 0.02));
+        let margin =
+            |n: usize, scatter: f64| log_margin(&fit_environment(&stack_of(n, scatter)), 0.95);
+        assert!(
+            margin(1, 0.0) > margin(3, 0.02),
+            "{} {}",
+            margin(1, 0.0),
+            margin(3, 0.02)
+        );
         assert!(margin(3, 0.02) > margin(10, 0.02));
         assert!(margin(5, 0.25) > margin(5, 0.02));
         // Nineteen rows: the rank 20 x 0.95 exists, the environment's own conformal quantile
@@ -986,7 +995,10 @@ mod tests {
         assert_eq!(fit.context_mib, None);
         let (estimate, _) = apply_measured(&fit, &job(3000.0), Measure::Allocated, 0.95);
         let truth = 4100.0 + 3000.0 + 300.0;
-        assert!((estimate / truth - 1.0).abs() < 0.03, "{estimate} vs {truth}");
+        assert!(
+            (estimate / truth - 1.0).abs() < 0.03,
+            "{estimate} vs {truth}"
+        );
     }
 
     #[test]
@@ -1031,7 +1043,10 @@ mod tests {
             (0.975, 1e9, 1.960),
         ] {
             let t = student_t_quantile(p, dof);
-            assert!((t / exact - 1.0).abs() < 0.005, "t({p}; {dof}) = {t}, not {exact}");
+            assert!(
+                (t / exact - 1.0).abs() < 0.005,
+                "t({p}; {dof}) = {t}, not {exact}"
+            );
         }
     }
 

@@ -4,8 +4,7 @@
 
 use super::activations::KnownActivations;
 use super::setup::{
-    Checkpointing, ExpertLayout, LossImplementation, Optimizer, OptimizerImplementation,
-    Precision,
+    Checkpointing, ExpertLayout, LossImplementation, Optimizer, OptimizerImplementation, Precision,
 };
 
 /// Another value an assumed field could have taken, as the job would hold it.

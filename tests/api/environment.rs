@@ -42,12 +42,7 @@ struct Answered {
 impl Answered {
     /// The row's estimate and bound at [`CONFIDENCE`] in `environment`, like with like.
     fn calibrated(&self, environment: &EnvironmentFit) -> (f64, f64) {
-        apply_measured(
-            environment,
-            &self.predicted,
-            self.measure,
-            CONFIDENCE,
-        )
+        apply_measured(environment, &self.predicted, self.measure, CONFIDENCE)
     }
 }
 
