@@ -414,6 +414,7 @@ fn setup_fields(flags: &crate::config::JobFlags) -> Result<serde_json::Map<Strin
     set("model", text(&flags.model));
     set("estimators", text(&flags.estimators));
     set("environment", text(&flags.environment));
+    set("stack", text(&flags.stack));
     set("gpu", flags.gpu.as_deref().map(gpu_choice).transpose()?);
     set("confidence", flags.confidence.map(Value::from));
     Ok(fields)

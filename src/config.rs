@@ -251,6 +251,10 @@ pub struct JobFlags {
     /// The software environment whose calibration profile applies (e.g. `torch2.5-cu124`).
     #[arg(long)]
     pub environment: Option<String>,
+    /// The training stack: transformers (default), accelerate, deepspeed, megatron, litgpt,
+    /// torchtitan, torchtune or other.
+    #[arg(long)]
+    pub stack: Option<String>,
     /// A Hugging Face Trainer's training_args.json (`TrainingArguments.to_dict()`): the
     /// micro-batch, accumulation, checkpointing, bf16/fp16 autocast and `optim`.
     #[arg(long, value_name = "FILE")]

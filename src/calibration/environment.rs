@@ -11,8 +11,9 @@
 //!    per cent where physics was tens of per cent off (docs/reports/stack-learning.md). `ln f`
 //!    is a robust (Huber) weighted mean of the observations' `ln(allocator part observed /
 //!    predicted)`, shrunk toward 0 with the spread between stacks ([`BETWEEN_STACKS_LOG_SD`])
-//!    as its prior: one observation of a large job moves the figure ~90 % of the way, and a
-//!    small job, whose residual may be its context's, less ([`CONTEXT_SPREAD_MIB`]). `f` stays
+//!    as its prior: one observation of a large job moves the figure 61 % of the way (in log),
+//!    three 82 %, and a small job, whose residual may be its context's, less
+//!    ([`CONTEXT_SPREAD_MIB`]). `f` stays
 //!    within [`FACTOR_RANGE`], the most any number of observations may move an answer.
 //! 2. **The categories** on the stack-scaled breakdown, as below: the context, the allocator's
 //!    fixed cost and, from [`MIN_SAMPLES_FOR_SCALES`] observations on, the activation and cache
@@ -120,16 +121,24 @@ pub const CROSS_FOLDS: usize = 10;
 /// stack.
 pub const FACTOR_RANGE: (f64, f64) = (0.5, 2.0);
 /// The spread of `ln f` between stacks, the factor's prior (mean 0: physics is right on
-/// average): the log-sd of the frameworks' median `ln(measured / figure)` over the published
-/// runs (docs/reports/stack-learning.md, k = 0).
+/// average). Measured on the published runs (training/gpucast_training/stacks.py's rows): the
+/// log-sd of the ten frameworks' median `ln(observed / figure)` is 0.11, but physics was
+/// partly checked on those sources; the stacks held back from it lie further out (InternEvo's
+/// runs 21-39 % above their figures, an older model code path 22 %), so the prior is wider.
 pub const BETWEEN_STACKS_LOG_SD: f64 = 0.25;
-/// The prior scatter of one stack's jobs around its factor, log-sd: what one factor per
-/// framework leaves on the published runs (3-23 % median error, docs/reports/stack-learning.md,
-/// "floor").
-pub const WITHIN_STACK_LOG_SD: f64 = 0.15;
-/// How many observations the prior scatter is worth: one, so that the environment's own
-/// scatter takes over from its second observation.
-pub const WITHIN_STACK_PRIOR_DOF: f64 = 1.0;
+/// The prior scatter of one stack's jobs around its factor, log-sd. Measured on the published
+/// runs: around each framework's median `ln(observed / figure)`, 1.48 MAD is 0.16 and the sd
+/// 0.28 (heavy tails: a framework's rows mix setups). 0.2 with [`WITHIN_STACK_PRIOR_DOF`] 2
+/// kept 4.9 % of the held-out runs above the 0.95 bound after three observations (0.15 with
+/// 1: 8.4 %), at a median width of 1.44x (1.38x), in the leave-one-framework-out replay
+/// (docs/reports/stack-learning.md). With [`BETWEEN_STACKS_LOG_SD`] it makes the spread of a
+/// never-observed stack's jobs, `sqrt(0.25² + 0.2²) = 0.32` (a 0.95 margin of x1.70): the
+/// published runs' own 0.95 quantile of `ln(observed / figure)`, each framework weighted
+/// alike, is 0.53 (x1.70).
+pub const WITHIN_STACK_LOG_SD: f64 = 0.2;
+/// How many observations the prior scatter is worth: two, so that a stack's own scatter takes
+/// over from its third observation.
+pub const WITHIN_STACK_PRIOR_DOF: f64 = 2.0;
 /// How far a job's fixed costs (context, workspaces) may lie from physics' before they are
 /// fitted, MiB: a small job's residual says less about the stack's factor than a large one's.
 pub const CONTEXT_SPREAD_MIB: f64 = 512.0;
@@ -164,6 +173,16 @@ impl StackSpread {
         StackSpread {
             scale: (WITHIN_STACK_LOG_SD.powi(2) + BETWEEN_STACKS_LOG_SD.powi(2)).sqrt(),
             dof: WITHIN_STACK_PRIOR_DOF,
+        }
+    }
+
+    /// A job of a stack the physics does not follow, never observed: its factor anywhere
+    /// within the spread between stacks, its own scatter around it; both known from the
+    /// published runs (a normal: the spreads are not estimated from the job's own rows).
+    pub fn between_stacks() -> StackSpread {
+        StackSpread {
+            dof: f64::INFINITY,
+            ..StackSpread::prior()
         }
     }
 
@@ -883,15 +902,15 @@ mod tests {
     #[test]
     fn one_observation_of_a_stack_moves_the_figure_most_of_the_way() {
         let fit = fit_environment(&stack_of(1, 0.0));
-        // ln 1.4 shrunk by the prior between stacks: 1 / (1 + (0.15 / 0.25)^2) of the way.
-        assert!(fit.stack_factor > 1.25 && fit.stack_factor < 1.4, "{fit:?}");
+        // ln 1.4 shrunk by the prior between stacks: 1 / (1 + (0.2 / 0.25)^2) of the way.
+        assert!(fit.stack_factor > 1.2 && fit.stack_factor < 1.4, "{fit:?}");
         let other = job(15_000.0);
         let truth = in_stack(&other, 1.4);
         let before = other.total();
         let (estimate, bound) = apply(&fit, &other, 0.95);
         assert!(
-            (truth - estimate) < 0.4 * (truth - before),
-            "{estimate} moved less than 60 % of the way from {before} to {truth}"
+            (truth - estimate) < 0.5 * (truth - before),
+            "{estimate} moved less than half the way from {before} to {truth}"
         );
         assert!(
             bound > truth,
@@ -910,7 +929,7 @@ mod tests {
             "{estimate} vs {truth}"
         );
         assert!(
-            bound > truth && bound / estimate < 1.3,
+            bound > truth && bound / estimate < 1.4,
             "{bound} / {estimate}"
         );
     }

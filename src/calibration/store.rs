@@ -395,7 +395,10 @@ impl ProfileSnapshot {
     /// [`environment::EnvironmentFit`], the estimate and bound are the fit applied to the
     /// breakdown at `confidence` ([`environment::apply`]): the environment's own bound from its
     /// first observation, held within [`environment::reach`] of physics (the most any number
-    /// of observations may move it). Otherwise the line, as [`Self::calibrate`].
+    /// of observations may move it). An environment observed on other cards but not on `gpu`
+    /// lends its stack (the factor and the categories' scales, not the context, which is the
+    /// card's and driver's): the one observed most. Otherwise the line, as
+    /// [`Self::calibrate`].
     pub fn calibrate_breakdown(
         &self,
         gpu: &str,
@@ -409,12 +412,32 @@ impl ProfileSnapshot {
             return None;
         }
         let map = &self.map;
-        let profile = nearest(map, gpu, environment)?;
-        let line = profile.calibrate(predicted_mib, upper_mib);
-        let Some(fit) = profile
-            .environment_fit
-            .as_ref()
-            .filter(|f| profile.environment.is_some() && f.samples > 0)
+        let own = environment.and_then(|e| profile(map, gpu, Some(e)));
+        let lent = match (own, environment) {
+            (None, Some(e)) => stack_elsewhere(map, e),
+            _ => None,
+        };
+        let line = match nearest(map, gpu, environment) {
+            Some(p) => p.calibrate(predicted_mib, upper_mib),
+            None => {
+                let lent = lent.as_ref()?;
+                Calibrated {
+                    sku: gpu.to_string(),
+                    environment: environment.map(str::to_string),
+                    estimate_mib: predicted_mib,
+                    upper_bound_mib: upper_mib.unwrap_or(predicted_mib),
+                    observations: lent.samples as u64,
+                    offset_mib: 0.0,
+                    scale: 1.0,
+                    cuda_context_mib: None,
+                    stack_factor: None,
+                }
+            }
+        };
+        let Some(fit) = own
+            .and_then(|p| p.environment_fit.as_ref())
+            .filter(|f| f.samples > 0)
+            .or(lent.as_ref())
         else {
             return Some(line);
         };
@@ -428,6 +451,12 @@ impl ProfileSnapshot {
         Some(Calibrated {
             estimate_mib,
             upper_bound_mib,
+            environment: environment.map(str::to_string),
+            observations: if own.is_some() {
+                line.observations
+            } else {
+                fit.samples as u64
+            },
             cuda_context_mib: fit.context_mib,
             stack_factor: Some(fit.stack_factor),
             ..line
@@ -443,6 +472,26 @@ fn profile<'a>(
 ) -> Option<&'a CalibrationProfile> {
     map.get(&(gpu.to_string(), environment.map(str::to_string)))
         .map(|d| &d.update.profile)
+}
+
+/// The fit of `environment` on the card where it was observed most, without the context
+/// (the card's and driver's, not the stack's): what the environment lends a card it was not
+/// observed on.
+fn stack_elsewhere(
+    map: &HashMap<ProfileKey, Derived>,
+    environment: &str,
+) -> Option<environment::EnvironmentFit> {
+    // The most observations; on a tie the first card by name (the map's order is not).
+    map.iter()
+        .filter(|((_, e), _)| e.as_deref() == Some(environment))
+        .filter_map(|((gpu, _), d)| Some((gpu, d.update.profile.environment_fit.as_ref()?)))
+        .filter(|(_, f)| f.samples > 0)
+        .max_by(|(a, f), (b, g)| f.samples.cmp(&g.samples).then(b.cmp(a)))
+        .map(|(_, f)| environment::EnvironmentFit {
+            context_mib: None,
+            allocator_fixed_mib: 0.0,
+            ..f.clone()
+        })
 }
 
 /// The profile an estimate of `gpu` in `environment` uses: the environment's, else the GPU's.
@@ -973,6 +1022,51 @@ mod tests {
 
     fn breakdown_json(b: &Breakdown) -> String {
         serde_json::to_string(b).unwrap()
+    }
+
+    /// Issue 44: a stack observed on one card is the same stack on another: its factor moves
+    /// the environment's answers on a card it was never observed on (the context stays the
+    /// card's), and nothing without the environment.
+    #[test]
+    fn an_environment_observed_on_one_card_lends_its_stack_to_another() {
+        let (_dir, store) = store();
+        let batch: Vec<NewObservation> = [(20_000.0, 9_000.0), (30_000.0, 12_000.0)]
+            .iter()
+            .map(|&(state, activations)| {
+                let b = breakdown(state, activations);
+                let allocator = b.total() - b.cuda_context;
+                NewObservation {
+                    breakdown: breakdown_json(&b),
+                    ..posted(
+                        "a100-80gb",
+                        Some("litgpt-a"),
+                        b.total(),
+                        b.cuda_context + 1.4 * allocator,
+                    )
+                }
+            })
+            .collect();
+        store.record(batch).unwrap();
+        let job = breakdown(25_000.0, 10_000.0);
+        let predicted = job.total();
+        let snapshot = store.snapshot();
+        let on = |gpu: &str, environment: Option<&str>| {
+            snapshot.calibrate_breakdown(gpu, environment, predicted, None, &job, 0.95)
+        };
+        let lent = on("h100-80gb", Some("litgpt-a")).expect("the stack is lent");
+        assert_eq!(lent.cuda_context_mib, None, "the context stays the card's");
+        assert!(
+            lent.estimate_mib > 1.25 * predicted && lent.estimate_mib < 1.4 * predicted,
+            "{lent:?}"
+        );
+        let own = on("a100-80gb", Some("litgpt-a")).unwrap();
+        assert_eq!(lent.stack_factor, own.stack_factor);
+        assert_eq!(
+            on("h100-80gb", None),
+            None,
+            "the card itself has learned nothing"
+        );
+        assert_eq!(on("h100-80gb", Some("other-stack")), None);
     }
 
     #[test]

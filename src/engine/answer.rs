@@ -9,6 +9,7 @@ use crate::api::answer::{performance_response, round_1, round_to, setup_response
 use crate::api::types::{
     EstimateResponse, GpuRankResponse, SetupResponse, UtilizationResponse, UtilizationSourceName,
 };
+use crate::calibration::label::Stack;
 use crate::calibration::step_time::HostFit;
 use crate::calibration::store::ProfileSnapshot;
 use crate::engine::validate::ValidEstimateRequest;
@@ -18,7 +19,7 @@ use crate::estimators::manifest::EstimatorKind;
 use crate::estimators::{Estimate, EstimateError, Query};
 use crate::job::{Confidence, Job, MemoryFraction};
 use crate::physics::perf::{self, Roofline};
-use crate::placement::{self, place, Candidate, Target, REFERENCE_SKU};
+use crate::placement::{self, place, BoundBasis, Candidate, Target, REFERENCE_SKU};
 
 /// The utilization metrics answered, each a fraction or null with a reason.
 const UTILIZATION_TARGETS: [&str; 3] = ["smact", "smocc", "drama"];
@@ -58,6 +59,7 @@ pub fn answer_until(
         fraction,
         target,
         environment,
+        stack,
         warnings,
         classifiers,
         from_files,
@@ -79,6 +81,7 @@ pub fn answer_until(
         profiles,
         target,
         environment,
+        stack,
         warnings,
         setup: SetupResponse {
             from_files,
@@ -129,6 +132,7 @@ fn answer_ranked(
             profiles: profiles.clone(),
             target: target.clone(),
             environment: request.environment.clone(),
+            stack: request.stack,
             warnings: request.warnings.clone(),
             setup: setup.clone(),
         };
@@ -226,6 +230,7 @@ pub fn answer_items_until(
                 profiles: profiles.clone(),
                 target: item.target.clone(),
                 environment: item.environment.clone(),
+                stack: item.stack,
                 warnings: item.warnings.clone(),
                 setup: SetupResponse {
                     from_files: item.from_files.clone(),
@@ -263,6 +268,8 @@ struct Asked {
     fraction: Option<MemoryFraction>,
     target: Target,
     environment: Option<String>,
+    /// The training stack the request names (`None`: unsaid).
+    stack: Option<Stack>,
     warnings: Vec<String>,
     setup: SetupResponse,
     /// The performance model on the target, or why there is none.
@@ -400,7 +407,8 @@ fn respond(
         fraction,
         target,
         environment,
-        warnings,
+        stack,
+        mut warnings,
         setup,
         roofline,
         profiles,
@@ -416,6 +424,7 @@ fn respond(
                 answer,
                 target,
                 environment.as_deref(),
+                stack,
                 &profiles,
                 &estimate.physics,
                 distribution,
@@ -423,6 +432,17 @@ fn respond(
                 confidence.get(),
             )
         });
+    if let (Some(p), Some(stack)) = (&placement, stack) {
+        if p.basis == BoundBasis::BetweenStacks {
+            warnings.push(format!(
+                "stack: {} is not a stack the physics follows and the bound was measured on; \
+                 the bound holds the spread between stacks: report three of its runs as \
+                 observations of an environment (POST /v1/calibration/observations) and name \
+                 it to narrow it",
+                stack.as_str()
+            ));
+        }
+    }
     // The class contains the figure answered, which a calibration profile may have moved.
     if let Some(placement) = &placement {
         estimate.class = estimate.class_for(Some(placement.estimate_mib));

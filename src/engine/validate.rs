@@ -6,6 +6,7 @@
 use crate::api::types::{
     EstimateRequest, FromFileResponse, GpuChoice, GpuRequest, NamesRequest, SummaryFormatRequest,
 };
+use crate::calibration::label::Stack;
 use crate::devices::sku::Catalogue;
 use crate::devices::GpuDevices;
 use crate::engine::files;
@@ -51,6 +52,8 @@ pub struct ValidEstimateRequest {
     /// The software environment the job runs in: its GPU's profile in that environment is
     /// used when there is one.
     pub environment: Option<String>,
+    /// The training stack the request names (`None`: unsaid, transformers assumed).
+    pub stack: Option<Stack>,
     /// What was assumed or overridden to read the request (said back as `warnings`).
     pub warnings: Vec<String>,
     /// The setup values read from the request's files (said back as `setup.from_files`).
@@ -72,6 +75,12 @@ pub fn validate(
     let mut warnings = warnings;
     warnings.extend(also_named(request.gpu.as_ref(), catalogue));
     let environment = environment(request.environment.as_deref())?;
+    let stack = request
+        .stack
+        .as_deref()
+        .map(Stack::parse)
+        .transpose()
+        .map_err(ApiError::InvalidInput)?;
     let classifiers = match request.estimators.as_deref() {
         None | Some("figures") => false,
         Some("all") => true,
@@ -91,6 +100,7 @@ pub fn validate(
         listed: matches!(request.gpu, Some(GpuChoice::Many(_))),
         classifiers,
         environment,
+        stack,
         warnings,
         from_files,
     })

@@ -20,6 +20,8 @@ pub use target::{
     MAX_CUSTOM_PROFILES, REFERENCE_SKU,
 };
 
+use crate::calibration::environment::StackSpread;
+use crate::calibration::label::Stack;
 use crate::calibration::store::ProfileSnapshot;
 use crate::estimators::MibAnswer;
 use crate::job::MemoryFraction;
@@ -57,6 +59,9 @@ pub enum BoundBasis {
     GpuProfile,
     /// The named environment's own observations: its stack's factor and their scatter.
     Environment,
+    /// A stack the physics does not follow, without observations of its environment: the
+    /// bound holds the spread between stacks ([`environment::StackSpread::between_stacks`]).
+    BetweenStacks,
 }
 
 impl BoundBasis {
@@ -65,6 +70,7 @@ impl BoundBasis {
             BoundBasis::HeldOutGroups => "held_out_groups",
             BoundBasis::GpuProfile => "gpu_profile",
             BoundBasis::Environment => "environment",
+            BoundBasis::BetweenStacks => "between_stacks",
         }
     }
 }
@@ -80,6 +86,7 @@ pub fn place(
     answer: &MibAnswer,
     target: Target,
     environment: Option<&str>,
+    stack: Option<Stack>,
     profiles: &ProfileSnapshot,
     physics: &Physics,
     distribution: &PeakDistribution,
@@ -109,11 +116,25 @@ pub fn place(
             ),
         _ => physics.floor_mib(),
     };
-    let settled = physics.settle_above(floor, estimate_mib, upper_bound_mib);
+    let mut settled = physics.settle_above(floor, estimate_mib, upper_bound_mib);
+    let mut basis = match &calibrated {
+        Some(c) if c.stack_factor.is_some() => BoundBasis::Environment,
+        Some(_) => BoundBasis::GpuProfile,
+        None => BoundBasis::HeldOutGroups,
+    };
+    // A stack the held-out errors were not measured on, and no observation of it: the bound
+    // holds the spread between stacks on the part a stack changes (all but the context).
+    if basis != BoundBasis::Environment && stack.is_some_and(|s| !s.is_modelled()) {
+        let context = physics.parts.cuda_context.clamp(0.0, settled.estimate_mib);
+        let margin = StackSpread::between_stacks().log_margin(confidence);
+        let between = context + (settled.estimate_mib - context) * margin.exp();
+        settled.upper_bound_mib = settled.upper_bound_mib.max(between);
+        basis = BoundBasis::BetweenStacks;
+    }
     // The distribution the decision reads: the answer's, or around a calibrated figure with
     // the spread the profile's bound implies (observations narrow or widen it).
     let mut peak = *distribution;
-    if calibrated.is_some() {
+    if calibrated.is_some() || basis == BoundBasis::BetweenStacks {
         peak = physics.distribution(distribution.group, confidence, settled.estimate_mib, 1.0);
         peak.scale = distribution.scale;
         peak.assumed_log_range = distribution.assumed_log_range;
@@ -153,11 +174,7 @@ pub fn place(
         fit,
         fit_basis,
         peak,
-        basis: match &calibrated {
-            Some(c) if c.stack_factor.is_some() => BoundBasis::Environment,
-            Some(_) => BoundBasis::GpuProfile,
-            None => BoundBasis::HeldOutGroups,
-        },
+        basis,
     }
 }
 

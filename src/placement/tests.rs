@@ -194,6 +194,7 @@ fn placing_holds_a_calibrated_figure_to_the_floor() {
         &answer(2_000.0, 2_200.0),
         target,
         None,
+        None,
         &profiles.snapshot(),
         &physics(),
         &physics().distribution(LAYERS, 0.95, 2_000.0, 1.0),
@@ -328,6 +329,7 @@ fn fit_uses_the_upper_bound_and_counts_copies() {
         &answer(9_000.0, 20_000.0),
         target.clone(),
         None,
+        None,
         &profiles.snapshot(),
         &physics(),
         &physics().distribution(LAYERS, 0.95, 9_000.0, 1.0),
@@ -340,6 +342,7 @@ fn fit_uses_the_upper_bound_and_counts_copies() {
     let placement = place(
         &answer(200_000.0, 210_000.0),
         target,
+        None,
         None,
         &profiles.snapshot(),
         &physics(),
@@ -367,6 +370,7 @@ fn a_profile_moves_the_estimate_onto_its_gpu() {
     let placement = place(
         &answer(10_000.0, 11_000.0),
         target,
+        None,
         None,
         &profiles.snapshot(),
         &physics(),

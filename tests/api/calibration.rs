@@ -885,3 +885,73 @@ async fn no_sequence_of_posts_moves_any_answer_beyond_its_reach() {
     );
     assert_eq!(now[4], before[4].0, "another GPU");
 }
+
+/// Issue 44: a stack the physics does not follow, stated and never observed, is bounded by the
+/// spread between stacks (a wider bound, `basis: between_stacks`, a warning saying how to
+/// narrow it); a stated modelled stack, or none, keeps the held-out bound; observations of
+/// the stack's environment give it the environment's own bound.
+#[tokio::test]
+async fn an_unmodelled_stack_holds_the_spread_between_stacks_until_its_environment_is_observed() {
+    const ENVIRONMENT: &str = "litgpt-cluster-a";
+    let app = spawn_app().await;
+    let jobs = jobs_in_environment("l40s", ENVIRONMENT, 4);
+    let mut plain = jobs[3].clone();
+    plain.as_object_mut().unwrap().remove("environment");
+    let basis = |a: &Value| {
+        a["memory"]["uncertainty"]["basis"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let width = |a: &Value| {
+        a["memory"]["upper_bound_mib"].as_f64().unwrap()
+            / a["memory"]["estimate_mib"].as_f64().unwrap()
+    };
+
+    let unsaid: Value = app.post_json_value("/v1/estimate", &plain).await;
+    let mut stated = plain.clone();
+    stated["stack"] = json!("transformers");
+    let modelled: Value = app.post_json_value("/v1/estimate", &stated).await;
+    stated["stack"] = json!("litgpt");
+    let other: Value = app.post_json_value("/v1/estimate", &stated).await;
+    assert_eq!(basis(&unsaid), "held_out_groups");
+    assert_eq!(
+        modelled["memory"], unsaid["memory"],
+        "a modelled stack changes nothing"
+    );
+    assert_eq!(basis(&other), "between_stacks");
+    assert_eq!(
+        other["memory"]["estimate_mib"],
+        unsaid["memory"]["estimate_mib"]
+    );
+    assert!(
+        width(&other) > width(&unsaid),
+        "{} vs {}",
+        width(&other),
+        width(&unsaid)
+    );
+    assert!(
+        other["warnings"].to_string().contains("stack: litgpt"),
+        "{}",
+        other["warnings"]
+    );
+
+    let mut before = Vec::new();
+    for job in &jobs[..3] {
+        let answer: Value = app.post_json_value("/v1/estimate", job).await;
+        before.push(answer["memory"].clone());
+    }
+    let observations = observations_shifted(&jobs[..3], &before, "l40s", ENVIRONMENT, 100.0);
+    let response = app
+        .post_json("/v1/calibration/observations", &observations)
+        .await;
+    assert_eq!(response.status(), 200);
+    stated["environment"] = json!(ENVIRONMENT);
+    let observed: Value = app.post_json_value("/v1/estimate", &stated).await;
+    assert_eq!(basis(&observed), "environment", "{observed}");
+
+    let mut unknown = plain.clone();
+    unknown["stack"] = json!("internevo");
+    let response = app.post_json("/v1/estimate", &unknown).await;
+    assert_eq!(response.status(), 422);
+}

@@ -18,11 +18,11 @@ by the best single factor per framework, fitted to all its runs (the median rati
 """
 
 import csv
-import datetime
 import json
 import os
 import random
 import shutil
+import socket
 import statistics
 import subprocess
 import tempfile
@@ -32,9 +32,11 @@ import urllib.request
 from collections import defaultdict
 
 from . import service
-from .decisions import ROOT, like_with_like, on_device, rows
+from .decisions import ROOT, like_with_like, on_device, rows, written_at
 
 KS = (0, 1, 3, 5)
+# The key of k = 0 with the framework's stack stated in the request.
+STATED = "0, stack stated"
 DRAWS = 5
 CONFIDENCE = 0.95
 TOKEN = "stack-learning"
@@ -43,6 +45,18 @@ TOKEN = "stack-learning"
 UNSTATED_CARD = "a100-80gb"
 # Frameworks with fewer runs are left out: one observation and too few others to ask.
 MIN_RUNS = 4
+# The `stack` each framework's runs state in the "0, stack stated" row: the Hugging Face stacks
+# the physics follows, the others by name, `other` for a framework with its own engine.
+STACK_OF = {
+    "hf-trainer": "transformers",
+    "transformers-peft": "transformers",
+    "ms-swift": "transformers",
+    "accelerate-peft": "accelerate",
+    "litgpt": "litgpt",
+    "litgpt-thunder": "litgpt",
+    "torchtune": "torchtune",
+    "torchtitan": "torchtitan",
+}
 
 
 def framework_of(name):
@@ -105,8 +119,6 @@ class Serve:
 
     def __init__(self, binary):
         self.dir = tempfile.mkdtemp(prefix="gpucast-stacks-")
-        import socket
-
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
@@ -150,10 +162,12 @@ class Serve:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def estimate(server, run, environment=None):
+def estimate(server, run, environment=None, stack=None):
     request = dict(run["request"], confidence=CONFIDENCE)
     if environment:
         request["environment"] = environment
+    if stack:
+        request["stack"] = stack
     status, answer = server.call("/v1/estimate", request)
     return answer if status == 200 else None
 
@@ -190,6 +204,10 @@ def evaluate(binary, framework, members):
         for run in members:
             out[0].append(score(run, plain[run["row"]])[:3])
             basis[0][plain[run["row"]]["memory"]["uncertainty"].get("basis", "-")] += 1
+            stated = estimate(server, run, stack=STACK_OF.get(framework, "other"))
+            if stated is not None:
+                out[STATED].append(score(run, stated)[:3])
+                basis[STATED][stated["memory"]["uncertainty"]["basis"]] += 1
         for k in KS[1:]:
             if k >= len(members):
                 continue
@@ -248,7 +266,7 @@ def run(layout, threads=None):
             continue
         results, basis, refused = evaluate(binary, framework, members)
         floor = single_factor_floor(binary, members)
-        for k in KS:
+        for k in (0, STATED, *KS[1:]):
             if not results.get(k):
                 continue
             errors = [e for e, _, _ in results[k]]
@@ -273,15 +291,11 @@ def run(layout, threads=None):
 
 
 def write_report(lines):
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, cwd=ROOT)
-    sha = commit.stdout.strip() + ("+" if dirty.stdout.strip() else "")
-    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     out = [
         "# Stack learning: leave one framework out, through the service",
         "",
-        f"Written by `cd training && python -m gpucast_training stacks` (training/gpucast_training/stacks.py) on {now} at "
-        f"commit `{sha}`. Do not edit by hand.",
+        "Written by `cd training && python -m gpucast_training stacks` (training/gpucast_training/stacks.py) on "
+        f"{written_at()}. Do not edit by hand.",
         "",
         "For each framework of public_training_memory.csv (its `framework` column, normalised), a fresh",
         "`gpucast serve` is started; k of its runs are posted one by one to",
@@ -291,7 +305,8 @@ def write_report(lines):
         "cell is over the asked runs of every draw. *floor*: the median error the best single factor",
         "per framework leaves (the median ratio over all its runs), the least learning can reach;",
         "*target*: the issue's bound after 3 observations, max(5 %, 1.25 x floor). *basis*: what",
-        "the answers' bounds rested on (`memory.uncertainty.basis`).",
+        "the answers' bounds rested on (`memory.uncertainty.basis`). *0, stack stated*: no observation, the",
+        "request's `stack` the framework's (transformers, accelerate, litgpt, torchtune, else other).",
         "",
         "| framework | runs | k | asked | median error | above the 0.95 bound | median bound / figure | floor | target at k = 3 | basis |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",

@@ -223,6 +223,15 @@ pub struct EstimateRequest {
         example = "torch2.5-cu124"
     )]
     pub environment: Option<String>,
+    /// The training stack the job runs on: `transformers` (default: Hugging Face transformers
+    /// and PEFT on PyTorch, Trainer, TRL or a custom loop), `accelerate`, `deepspeed` (the
+    /// stacks the physics follows and the bound was measured on), `megatron`, `litgpt`,
+    /// `torchtitan`, `torchtune` or `other` (a framework with its own engine). Without an
+    /// `environment` that has observations, another stack's bound holds the spread between
+    /// stacks (`memory.uncertainty.basis`: `between_stacks`).
+    #[serde(default)]
+    #[schema(example = "litgpt")]
+    pub stack: Option<String>,
 }
 
 /// Most cards a `gpu` list may name: enough for any cluster's kinds, bounded for the CPU.
