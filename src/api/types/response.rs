@@ -381,8 +381,10 @@ pub struct UncertaintyResponse {
     /// What the bound rests on: `held_out_groups` (the held-out errors of the job's group,
     /// measured on transformers and PEFT on PyTorch, DeepSpeed ZeRO-2 and FSDP: another stack
     /// may lie outside; post three of its runs as observations of an `environment` to
-    /// narrow it), `gpu_profile` (the GPU's calibration profile) or `environment` (the named
-    /// environment's own observations: its stack's factor and their scatter).
+    /// narrow it), `gpu_profile` (the GPU's calibration profile), `environment` (the named
+    /// environment's own observations: its stack's factor and their scatter) or
+    /// `between_stacks` (a `stack` the physics does not follow, never observed: the spread
+    /// between stacks).
     pub basis: String,
     /// The group whose errors bound the figure: `detail/setup_family/model_family`, else
     /// `detail/setup_family`, `detail` or `all` where a group has too few measured rows.
