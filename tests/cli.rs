@@ -771,6 +771,8 @@ fn every_request_field_has_a_flag() {
             "lora" => vec!["--lora-rank", "--lora-dropout", "--group-size"],
             "parallelism" => vec!["--strategy", "--world-size", "--tensor-parallel"],
             "trainable" => vec!["--trainable-params", "--trainable-modules"],
+            // ZeRO's buffer sizes come from the DeepSpeed config users have.
+            "zero" => vec!["--deepspeed"],
             _ => vec![],
         }
     };
