@@ -3,6 +3,7 @@ profile-key churn, a store bounded by --max-store-bytes fed padded observations,
 write-ahead log and a store overwritten with garbage."""
 
 import collections
+import math
 import json
 import os
 import re
@@ -47,6 +48,21 @@ def estimate(port, job):
     return answer
 
 
+def reach(u, b, environment):
+    """(low, high, bound high) MiB a victim's answer must stay in, whatever was posted: the GPU
+    line's reach without an environment, an environment's own (the stack's factor 0.5-2x and a
+    context's range, `environment::reach`) in one."""
+    if environment:
+        return 0.5 * u, 2 * u + 3072, 2 * max(b, u) + 3072
+    return (u - 1024) / 1.5, 1.5 * u + 1024, 1.5 * max(b, u) + 1024
+
+
+def within(estimate, bound, lo, hi, bound_hi):
+    """Whether an answer lies in its reach, as answered: the estimate rounded to 0.1 MiB, the
+    bound up to a whole MiB (a figure held at the reach's edge is within it)."""
+    return lo - 0.05 <= estimate <= hi + 0.05 and bound <= math.ceil(bound_hi)
+
+
 def adaptive_poisoning(port, rounds=30, per_post=250):
     """An attacker who sees the victims' estimates: each round it pushes the way that has moved
     them least so far (the README job at batch 1 observed at 40,000 MiB on a100-40gb, or at
@@ -54,7 +70,8 @@ def adaptive_poisoning(port, rounds=30, per_post=250):
     environment and as many in the environment `attacker`. The victims (the README job at batch
     8, 256 and 2048 on a100-40gb, with no environment and in `attacker`) must stay within
     [(u - 1024) / 1.5, 1.5u + 1024] MiB of their uncalibrated estimate u, bound within
-    1.5 max(b, u) + 1024. Then ten posts of a list with every catalogue card (a tiny job at its
+    1.5 max(b, u) + 1024 (in `attacker`: [0.5u, 2u + 3072], bound within 2 max(b, u) + 3072,
+    [`reach`]). Then ten posts of a list with every catalogue card (a tiny job at its
     capacity): the README job's fit must flip on none."""
     job = example_job()
     statuses = collections.Counter()
@@ -78,6 +95,7 @@ def adaptive_poisoning(port, rounds=30, per_post=250):
                 victim_job["environment"] = environment
             answer = estimate(port, victim_job)
             u, b = answer["memory"]["estimate_mib"], answer["memory"]["upper_bound_mib"]
+            lo, hi, bound_hi = reach(u, b, environment)
             victims.append(
                 {
                     "batch_size": batch,
@@ -85,9 +103,9 @@ def adaptive_poisoning(port, rounds=30, per_post=250):
                     "job": victim_job,
                     "u": u,
                     "b": b,
-                    "lo": (u - 1024) / 1.5,
-                    "hi": 1.5 * u + 1024,
-                    "bound_hi": 1.5 * max(b, u) + 1024,
+                    "lo": lo,
+                    "hi": hi,
+                    "bound_hi": bound_hi,
                     "min": u,
                     "max": u,
                     "max_bound": b,
@@ -113,7 +131,7 @@ def adaptive_poisoning(port, rounds=30, per_post=250):
             m, b = answer["memory"]["estimate_mib"], answer["memory"]["upper_bound_mib"]
             victim["min"], victim["max"] = min(victim["min"], m), max(victim["max"], m)
             victim["max_bound"] = max(victim["max_bound"], b)
-            if not victim["lo"] <= m <= victim["hi"] or b > victim["bound_hi"]:
+            if not within(m, b, victim["lo"], victim["hi"], victim["bound_hi"]):
                 victim["violations"].append({"round": round_ + 1, "estimate_mib": m, "bound_mib": b})
             moved["up"] = max(moved["up"], (m - victim["u"]) / (victim["hi"] - victim["u"]))
             moved["down"] = max(moved["down"], (victim["u"] - m) / (victim["u"] - victim["lo"]))
@@ -139,7 +157,8 @@ def adaptive_poisoning(port, rounds=30, per_post=250):
         m, bound = answer["memory"]["estimate_mib"], answer["memory"]["upper_bound_mib"]
         if fits and not answer["fit"]["fits"]:
             flips.append(f"{card}/{environment or 'no-env'}")
-        if card != "a100-40gb" and (not (u - 1024) / 1.5 <= m <= 1.5 * u + 1024 or bound > 1.5 * max(b, u) + 1024):
+        lo, hi, bound_hi = reach(u, b, environment)
+        if card != "a100-40gb" and not within(m, bound, lo, hi, bound_hi):
             outside.append(f"{card}/{environment or 'no-env'}: {u} -> {m} MiB (bound {b} -> {bound})")
     measured = {
         "rounds": rounds,

@@ -154,8 +154,9 @@ pub const FACTOR_HUBER: f64 = 1.5;
 const ITERATIONS: usize = 50;
 
 /// The range `[low, high]` an environment's fit may take a device figure to, around physics'
-/// `figure`, MiB: the factor's range, and a CUDA context's range beyond it. The largest effect
-/// of any number of observations, wrong ones included (docs/user/calibration.md).
+/// `figure`, MiB: the factor's range, and a CUDA context's range beyond it; its bound at most
+/// the `high` of the uncalibrated bound. The largest effect of any number of observations,
+/// wrong ones included (docs/user/calibration.md).
 pub fn reach(figure: f64) -> (f64, f64) {
     (
         figure * FACTOR_RANGE.0,

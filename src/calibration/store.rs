@@ -447,7 +447,12 @@ impl ProfileSnapshot {
         }
         let (low, high) = environment::reach(predicted_mib);
         let estimate_mib = estimate.clamp(low, high).max(MIN_ESTIMATE_MIB);
-        let upper_bound_mib = bound.min(high * (bound / estimate)).max(estimate_mib);
+        // The bound within the reach of the uncalibrated bound: however the observations
+        // scatter, they may not widen it past that (a bound as wide as the card refuses
+        // every fit).
+        let uncalibrated_bound = upper_mib.filter(|u| u.is_finite()).unwrap_or(predicted_mib);
+        let bound_high = environment::reach(uncalibrated_bound.max(predicted_mib)).1;
+        let upper_bound_mib = bound.min(bound_high).max(estimate_mib);
         Some(Calibrated {
             estimate_mib,
             upper_bound_mib,
@@ -1067,6 +1072,46 @@ mod tests {
             "the card itself has learned nothing"
         );
         assert_eq!(on("h100-80gb", Some("other-stack")), None);
+    }
+
+    /// However an environment's observations scatter, its bound stays within the reach of the
+    /// uncalibrated bound (a poisoner's wild readings cannot make every fit refused).
+    #[test]
+    fn scattered_observations_widen_a_bound_only_to_its_reach() {
+        let (_dir, store) = store();
+        // Twenty readings of one small job, every other one ten times its figure: past rank
+        // 20 x 0.95 the environment's own conformal quantile answers, a ratio of ~10.
+        let job = breakdown(300.0, 100.0);
+        let predicted = job.total();
+        let batch: Vec<NewObservation> = (0..20)
+            .map(|i| NewObservation {
+                breakdown: breakdown_json(&job),
+                ..posted(
+                    "a100-40gb",
+                    Some("scattered"),
+                    predicted,
+                    predicted * if i % 2 == 0 { 10.0 } else { 1.0 },
+                )
+            })
+            .collect();
+        store.record(batch).unwrap();
+        let answer = store
+            .snapshot()
+            .calibrate_breakdown(
+                "a100-40gb",
+                Some("scattered"),
+                predicted,
+                Some(1.2 * predicted),
+                &job,
+                0.95,
+            )
+            .unwrap();
+        let high = environment::reach(1.2 * predicted).1;
+        assert!(answer.upper_bound_mib <= high, "{answer:?} above {high}");
+        assert!(
+            answer.upper_bound_mib > 1.2 * predicted,
+            "{answer:?}: the scatter widens it"
+        );
     }
 
     #[test]
