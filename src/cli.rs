@@ -363,6 +363,10 @@ fn setup_fields(flags: &crate::config::JobFlags) -> Result<serde_json::Map<Strin
             flags.pipeline_parallel.map(Value::from),
         ),
         ("context_parallel", flags.context_parallel.map(Value::from)),
+        (
+            "sequence_parallel",
+            flags.sequence_parallel.map(Value::from),
+        ),
     ] {
         if let Some(value) = value {
             parallelism.insert(key.into(), value);

@@ -213,6 +213,10 @@ pub struct JobFlags {
     /// Context-parallel degree.
     #[arg(long)]
     pub context_parallel: Option<u64>,
+    /// Whether tensor parallelism splits the norms' inputs along the sequence too (default
+    /// false, Megatron's).
+    #[arg(long, value_name = "BOOL")]
+    pub sequence_parallel: Option<bool>,
     /// What lives in CPU memory, separated by commas: optimizer_state, gradients, parameters.
     #[arg(long, value_name = "LIST")]
     pub offload: Option<String>,

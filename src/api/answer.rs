@@ -78,6 +78,7 @@ pub fn setup_response(job: &Job, trained_params: Option<(f64, f64)>) -> SetupRes
             tensor_parallel: p.tensor,
             pipeline_parallel: p.pipeline,
             context_parallel: p.context,
+            sequence_parallel: p.sequence_parallel,
         },
         offload: OffloadResponse {
             optimizer_state: setup.offload.optimizer_state,

@@ -192,6 +192,15 @@ impl StackSpread {
         }
     }
 
+    /// The spread of a stack's factor alone, never observed: where the figures of the other
+    /// stacks lie around physics' (their jobs' own scatter aside).
+    pub fn stack_factor() -> StackSpread {
+        StackSpread {
+            scale: BETWEEN_STACKS_LOG_SD,
+            dof: f64::INFINITY,
+        }
+    }
+
     /// The log margin at `confidence`: the t quantile times the scale.
     pub fn log_margin(&self, confidence: f64) -> f64 {
         student_t_quantile(confidence.clamp(0.5, 0.9999), self.dof) * self.scale

@@ -19,6 +19,7 @@ use crate::estimators::manifest::EstimatorKind;
 use crate::estimators::{Estimate, EstimateError, Query};
 use crate::job::{Confidence, Job, MemoryFraction};
 use crate::physics::perf::{self, Roofline};
+use crate::physics::BreakdownSource;
 use crate::placement::{self, place, BoundBasis, Candidate, Target, REFERENCE_SKU};
 
 /// The utilization metrics answered, each a fraction or null with a reason.
@@ -442,6 +443,17 @@ fn respond(
                 stack.as_str()
             ));
         }
+    }
+    // Unsaid, the stack is assumed like the other fields the analytic step answers for;
+    // listed last, since stating it does not narrow the bound.
+    let physics_answers = estimate.physics.source == BreakdownSource::Step;
+    if let Some(p) = placement.as_ref().filter(|p| {
+        stack.is_none()
+            && physics_answers
+            && matches!(p.basis, BoundBasis::HeldOutGroups | BoundBasis::GpuProfile)
+    }) {
+        let range = placement::unsaid_stack(&estimate.physics, p.estimate_mib, confidence.get());
+        estimate.assumed.push(range);
     }
     // The class contains the figure answered, which a calibration profile may have moved.
     if let Some(placement) = &placement {

@@ -200,6 +200,7 @@ fn no_parallelism() -> ParallelismRequest {
         tensor_parallel: None,
         pipeline_parallel: None,
         context_parallel: None,
+        sequence_parallel: None,
     }
 }
 

@@ -197,6 +197,30 @@ pub fn to_job_noting(request: &EstimateRequest) -> Result<(Job, Vec<String>), Ap
 fn to_job_reading(
     request: &EstimateRequest,
 ) -> Result<(Job, Vec<String>, Vec<FromFileResponse>), ApiError> {
+    let (job, mut warnings, read) = to_job_from_files(request)?;
+    if let Some(stage) = pipeline_stage(&job) {
+        warnings.push(stage);
+    }
+    Ok((job, warnings, read))
+}
+
+/// Which pipeline stage's peak the answer is, when the job has more than one.
+fn pipeline_stage(job: &Job) -> Option<String> {
+    let setup = job.setup();
+    let stages = setup.parallelism.pipeline;
+    (stages > 1).then(|| {
+        format!(
+            "parallelism: the figure is the first of {stages} pipeline stages', the most loaded \
+             under 1F1B: it holds {} micro-batches' activations of its layers in flight, the \
+             last stage one",
+            stages.min(setup.accumulation.max(1))
+        )
+    })
+}
+
+fn to_job_from_files(
+    request: &EstimateRequest,
+) -> Result<(Job, Vec<String>, Vec<FromFileResponse>), ApiError> {
     let Some(applied) = files::apply(request)? else {
         return to_job_stated(request, None).map(|(job, warnings)| (job, warnings, Vec::new()));
     };
@@ -720,6 +744,7 @@ fn unchecked_setup(request: &EstimateRequest) -> UncheckedSetup<'_> {
             tensor_parallel: p.tensor_parallel,
             pipeline_parallel: p.pipeline_parallel,
             context_parallel: p.context_parallel,
+            sequence_parallel: p.sequence_parallel,
         }),
         master_weights: request.master_weights.as_deref(),
         reference_model: request.reference_model.as_deref(),

@@ -426,6 +426,8 @@ pub struct Parallelism {
     pub tensor: u64,
     pub pipeline: u64,
     pub context: u64,
+    /// Tensor parallelism splits the norms' and first linears' inputs along the sequence too.
+    pub sequence_parallel: bool,
 }
 
 impl Default for Parallelism {
@@ -436,6 +438,7 @@ impl Default for Parallelism {
             tensor: 1,
             pipeline: 1,
             context: 1,
+            sequence_parallel: false,
         }
     }
 }
@@ -709,6 +712,7 @@ pub struct UncheckedParallelism<'a> {
     pub tensor_parallel: Option<u64>,
     pub pipeline_parallel: Option<u64>,
     pub context_parallel: Option<u64>,
+    pub sequence_parallel: Option<bool>,
 }
 
 fn names(field: &str, raw: &[String]) -> Result<Vec<String>, SetupError> {
@@ -829,6 +833,7 @@ fn parallelism(raw: Option<UncheckedParallelism<'_>>) -> Result<Parallelism, Set
         tensor,
         pipeline,
         context,
+        sequence_parallel: raw.sequence_parallel.unwrap_or(false),
     })
 }
 

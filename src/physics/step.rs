@@ -462,6 +462,10 @@ fn model_state(plans: &[LayerPlan], setup: &Setup) -> ModelState {
 struct KeptForBackward {
     activations: f64,
     backward_temporaries: f64,
+    /// Of `activations`, what every tensor-parallel rank keeps whole without sequence
+    /// parallelism ([`BLOCK_WHOLE_BYTES`]; the blocks' checkpointed inputs; the embeddings'
+    /// output and the final norm's, not the vocabulary-parallel loss).
+    whole_under_tensor_parallel: f64,
 }
 
 /// Stage three: the activations kept for backward at the micro-batch (checkpointing, freeze
@@ -560,19 +564,26 @@ fn kept_for_backward(
         Checkpointing::Full => job.blocks(),
         Checkpointing::Modules(_) => named.checkpointed(),
     };
+    let whole_share = BLOCK_WHOLE_BYTES / BLOCK_BYTES;
+    let mut whole = kept * whole_share;
     let activations = if checkpointed.is_empty() {
+        if let Some(k) = known {
+            whole = (k.outside - k.loss + whole_share * k.per_block * k.blocks as f64) * micro;
+        }
         kept
     } else if let (Some(k), Checkpointing::Full) = (known, &setup.checkpointing) {
         // Every block keeps its input. Backward starts with the loss's tensors and gradients;
         // the first block it recomputes comes once they are freed: the larger of the two.
         let inputs = k.outside + k.blocks as f64 * k.block_input;
         let recomputing = inputs - k.loss + k.per_block;
-        k.fixed
-            + if recomputing > inputs + k.backward_temporaries {
-                recomputing * micro
-            } else {
-                inputs * micro
-            }
+        let whole_inputs = inputs - k.loss;
+        if recomputing > inputs + k.backward_temporaries {
+            whole = (whole_inputs + whole_share * k.per_block) * micro;
+            k.fixed + recomputing * micro
+        } else {
+            whole = whole_inputs * micro;
+            k.fixed + inputs * micro
+        }
     } else {
         // Each checkpointed block keeps only its input; backward recomputes one at a time.
         let inside: f64 = checkpointed.iter().map(share).sum::<f64>().min(1.0);
@@ -619,7 +630,39 @@ fn kept_for_backward(
     KeptForBackward {
         activations,
         backward_temporaries,
+        whole_under_tensor_parallel: whole.clamp(0.0, activations),
     }
+}
+
+/// A block's activations per token and hidden unit, bytes in 16 bits, and what of them every
+/// tensor-parallel rank reads whole without sequence parallelism: the two norms' inputs and
+/// the inputs of attention's and the MLP's first linears. Korthikanti et al. (2022) count 10
+/// of GPT's 34 (with dropout's masks); a Llama-style block (SwiGLU at 3.5x, no dropout)
+/// keeps about 44, 8 of them whole.
+const BLOCK_BYTES: f64 = 44.0;
+const BLOCK_WHOLE_BYTES: f64 = 8.0;
+/// What a checkpointed block keeps: its input, per token and hidden unit in 16 bits.
+const BLOCK_INPUT_BYTES: f64 = 2.0;
+
+/// The share of the activations one tensor-parallel rank holds. Sequence parallelism splits
+/// them all; without it (Megatron's default) each rank keeps a block's norm and linear inputs
+/// whole, and under full checkpointing the blocks' inputs too (one block is recomputed at a
+/// time). The loss's logits stay split: vocabulary-parallel.
+fn tensor_share(job: &Job, setup: &Setup) -> f64 {
+    let p = setup.parallelism;
+    let t = p.tensor as f64;
+    if p.tensor <= 1 || p.sequence_parallel {
+        return 1.0 / t;
+    }
+    let blocks = job.blocks().len() as f64;
+    let whole = match setup.checkpointing {
+        Checkpointing::Full if blocks > 0.0 => {
+            let inputs = BLOCK_INPUT_BYTES * blocks;
+            (inputs + BLOCK_WHOLE_BYTES) / (inputs + BLOCK_BYTES)
+        }
+        _ => BLOCK_WHOLE_BYTES / BLOCK_BYTES,
+    };
+    whole + (1.0 - whole) / t
 }
 
 /// Stage four: the model state and what backward keeps on the most loaded GPU (sharding,
@@ -642,6 +685,7 @@ fn on_the_gpu(job: &Job, setup: &Setup, model: &ModelState, kept: &KeptForBackwa
     let KeptForBackward {
         activations,
         backward_temporaries,
+        whole_under_tensor_parallel,
     } = *kept;
     // Sharding and model parallelism.
     let p = setup.parallelism;
@@ -704,10 +748,17 @@ fn on_the_gpu(job: &Job, setup: &Setup, model: &ModelState, kept: &KeptForBackwa
     } else {
         weights_gpu + persistent * (1.0 - 1.0 / by(shard_weights))
     };
-    // Tensor and context parallelism split the activations; the first pipeline stage keeps
-    // up to `pipeline` micro-batches of its 1/pipeline of the layers in flight (1F1B).
+    // Tensor and context parallelism split the activations (tensor parallelism not all of
+    // them); the first pipeline stage keeps up to `pipeline` micro-batches of its 1/pipeline
+    // of the layers in flight (1F1B).
     let in_flight = (p.pipeline.min(setup.accumulation.max(1))) as f64 / p.pipeline as f64;
-    let activations_gpu = activations / (p.tensor * p.context) as f64 * in_flight;
+    let whole = if p.sequence_parallel {
+        0.0
+    } else {
+        whole_under_tensor_parallel
+    };
+    let activations_gpu =
+        (whole + (activations - whole) / p.tensor as f64) / p.context as f64 * in_flight;
     let backward_temporaries = backward_temporaries / (p.tensor * p.context) as f64;
     let unsharded_gradients = gradients / model_parallel;
     let compute_bytes = precision.compute_bytes();
@@ -873,7 +924,7 @@ pub fn shard_simulated(job: &Job, simulated: SimulatedCategories) -> (SimulatedC
         ),
         activations: scale(
             simulated.activations,
-            in_flight / (p.tensor * p.context) as f64,
+            in_flight * tensor_share(job, setup) / p.context as f64,
         ),
         temporaries: scale(simulated.temporaries, 1.0 / (p.tensor * p.context) as f64),
     };

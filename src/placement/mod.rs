@@ -25,8 +25,27 @@ use crate::calibration::label::Stack;
 use crate::calibration::store::ProfileSnapshot;
 use crate::estimators::MibAnswer;
 use crate::job::MemoryFraction;
+use crate::physics::assumed::AssumedRange;
 use crate::physics::uncertainty::PeakDistribution;
 use crate::physics::Physics;
+
+/// The `stack` a request left unsaid, as an assumed field: transformers on PyTorch is
+/// assumed, and what the other stacks would answer lies within the spread between stacks'
+/// factors on the part a stack changes (all but the CUDA context), at `confidence` either
+/// side. Listed, not added to the bound: the held-out errors the bound reads were measured
+/// over published runs of many stacks, and a stack named and not modelled gets the spread
+/// between stacks itself ([`place`]).
+pub fn unsaid_stack(physics: &Physics, estimate_mib: f64, confidence: f64) -> AssumedRange {
+    let context = physics.parts.cuda_context.clamp(0.0, estimate_mib);
+    let margin = StackSpread::stack_factor().log_margin(confidence);
+    let part = estimate_mib - context;
+    AssumedRange {
+        field: "stack",
+        assumed: Stack::Transformers.as_str(),
+        down_mib: part * (1.0 - (-margin).exp()),
+        up_mib: part * (margin.exp() - 1.0),
+    }
+}
 
 /// An estimate moved onto a target GPU.
 #[derive(Debug, Clone, PartialEq)]

@@ -66,9 +66,10 @@ async fn an_unstated_loss_is_listed_with_the_figures_of_its_other_values() {
         (mib(&loss["low_mib"]) - fused_estimate).abs() <= 0.2,
         "{loss} vs the fused answer {fused_estimate}"
     );
-    // Widest first.
+    // Widest first (the unsaid stack last: stating it narrows nothing).
     let widths: Vec<f64> = list
         .iter()
+        .filter(|a| a["field"] != "stack")
         .map(|a| mib(&a["high_mib"]) - mib(&a["low_mib"]))
         .collect();
     assert!(widths.windows(2).all(|w| w[0] >= w[1]), "{widths:?}");
@@ -85,6 +86,7 @@ async fn a_request_that_states_every_field_is_bounded_by_model_error_alone() {
         ("activation_checkpointing", "none"),
         ("attention", "sdpa"),
         ("master_weights", "none"),
+        ("stack", "transformers"),
     ] {
         stated_job = with(stated_job, key, json!(value));
     }
@@ -104,6 +106,47 @@ async fn a_request_that_states_every_field_is_bounded_by_model_error_alone() {
     assert!(
         mib(&unstated["memory"]["upper_bound_mib"]) >= mib(&stated["memory"]["upper_bound_mib"])
     );
+}
+
+/// Unsaid, the stack is listed last with what the other stacks would answer; it is not in the
+/// bound, so stating the assumed one changes nothing, and a stated stack the physics does not
+/// follow is not listed: its bound holds the spread between stacks instead.
+#[tokio::test]
+async fn an_unsaid_stack_is_listed_with_the_spread_between_stacks() {
+    let app = spawn_app().await;
+    let unsaid = app.post_json_value("/v1/estimate", &llama_job()).await;
+    let list = assumed(&unsaid);
+    let stack = list
+        .last()
+        .unwrap_or_else(|| panic!("{}", unsaid["memory"]));
+    assert_eq!(stack["field"], "stack", "{list:?}");
+    assert_eq!(stack["assumed"], "transformers");
+    let figure = mib(&unsaid["memory"]["estimate_mib"]);
+    let (low, high) = (mib(&stack["low_mib"]), mib(&stack["high_mib"]));
+    assert!(
+        low < 0.8 * figure && high > 1.25 * figure,
+        "{stack} around {figure}"
+    );
+    let stated = app
+        .post_json_value(
+            "/v1/estimate",
+            &with(llama_job(), "stack", json!("transformers")),
+        )
+        .await;
+    assert!(field(&assumed(&stated), "stack").is_none());
+    for key in ["estimate_mib", "upper_bound_mib"] {
+        assert_eq!(unsaid["memory"][key], stated["memory"][key], "{key}");
+    }
+    assert_eq!(
+        unsaid["memory"]["uncertainty"]["assumed_log_range"],
+        stated["memory"]["uncertainty"]["assumed_log_range"]
+    );
+    let other = app
+        .post_json_value("/v1/estimate", &with(llama_job(), "stack", json!("litgpt")))
+        .await;
+    assert!(field(&assumed(&other), "stack").is_none());
+    assert_eq!(other["memory"]["uncertainty"]["basis"], "between_stacks");
+    assert!(mib(&other["memory"]["upper_bound_mib"]) > mib(&unsaid["memory"]["upper_bound_mib"]));
 }
 
 /// A full fine-tune answered by the training step: the optimizer's step is its peak, so how

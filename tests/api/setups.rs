@@ -209,6 +209,22 @@ async fn each_setup_moves_the_per_gpu_figure_the_way_physics_says() {
     let tp = at(json!({"parallelism": {"tensor_parallel": 4}})).await;
     assert!(part(&tp, "parameters") < 0.26 * part(&plain, "parameters"));
     assert_eq!(tp["setup"]["parallelism"]["world_size"], 4);
+    assert_eq!(tp["setup"]["parallelism"]["sequence_parallel"], false);
+    // Without sequence parallelism every rank keeps the norms' and first linears' inputs
+    // whole: more than a quarter of the activations; with it, a quarter.
+    let sp = at(json!({"parallelism": {"tensor_parallel": 4, "sequence_parallel": true}})).await;
+    let quarter = part(&plain, "activations") / 4.0;
+    assert!((part(&sp, "activations") / quarter - 1.0).abs() < 0.02);
+    assert!(part(&tp, "activations") > 1.3 * quarter);
+    assert!(part(&tp, "activations") < 0.6 * part(&plain, "activations"));
+    // A pipeline's answer says which stage's peak it is.
+    let pp = at(json!({"parallelism": {"pipeline_parallel": 2}})).await;
+    let warnings = pp["warnings"].to_string();
+    assert!(
+        warnings.contains("first of 2 pipeline stages"),
+        "{warnings}"
+    );
+    assert!(!plain["warnings"].to_string().contains("pipeline stages"));
 }
 
 #[tokio::test]

@@ -464,6 +464,11 @@ pub struct ParallelismRequest {
     #[serde(default, deserialize_with = "whole_number::optional")]
     #[schema(minimum = 1, maximum = 1048576)]
     pub context_parallel: Option<u64>,
+    /// Whether tensor parallelism also splits the norms and the first linears' inputs along
+    /// the sequence (Megatron's `--sequence-parallel`, torchtitan's TP plan). Default false,
+    /// Megatron's default: each tensor-parallel rank then holds those activations whole.
+    #[serde(default)]
+    pub sequence_parallel: Option<bool>,
 }
 
 /// A GPU a request names: a catalogue id, name or alias (`h100-80gb`, `A100 80GB`,

@@ -335,6 +335,7 @@ pub struct ParallelismResponse {
     pub tensor_parallel: u64,
     pub pipeline_parallel: u64,
     pub context_parallel: u64,
+    pub sequence_parallel: bool,
 }
 
 /// Whether the job fits one GPU, and how many copies fit side by side.
@@ -407,10 +408,13 @@ pub struct UncertaintyResponse {
     /// The fields the request left unsaid that move the figure, widest first, each with the
     /// figure's range over the values it could take: state the first to narrow the bound
     /// most. Empty when the request states them all, or when a learned or simulated figure
-    /// answers (its measured errors hold what its jobs left unsaid).
+    /// answers (its measured errors hold what its jobs left unsaid). An unsaid `stack` comes
+    /// last: what the other stacks would answer, within the spread between stacks; it is not
+    /// in the bound (the held-out errors were measured over many stacks), and stating it
+    /// narrows nothing, but a stack the physics does not follow gets that spread as its bound.
     pub assumed: Vec<AssumedResponse>,
     /// `ln(highest / lowest)` of the figures the unstated fields allow together (their moves
-    /// added): 0 when nothing is assumed.
+    /// added; the `stack` entry aside): 0 when nothing is assumed.
     pub assumed_log_range: f64,
     /// What the scores are multiplied by for that range: `1 + w assumed_log_range`, `w` the
     /// calibration's weight, fitted with the quantiles on held-out rows (docs/reports/accuracy.md).
@@ -421,8 +425,8 @@ pub struct UncertaintyResponse {
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct AssumedResponse {
     /// The request field, e.g. `precision`, `optimizer`, `activation_checkpointing`,
-    /// `attention`, `master_weights`, `load.torch_dtype`, `loss_implementation` or
-    /// `optimizer_implementation`.
+    /// `attention`, `master_weights`, `load.torch_dtype`, `loss_implementation`,
+    /// `optimizer_implementation` or `stack`.
     pub field: String,
     /// The value the answer assumed.
     pub assumed: String,
