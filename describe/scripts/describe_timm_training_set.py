@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
+import os
 import gzip
 import io
 import hashlib
@@ -123,7 +124,7 @@ def write_provenance(
         "```",
         "",
         f"- generated: {datetime.now(timezone.utc).replace(microsecond=0).isoformat()}",
-        f"- source: `{csv_path}`, sha256 `{csv_sha}`",
+        f"- source: `{os.path.basename(csv_path)}` (../shared/data), sha256 `{csv_sha}`",
         f"- python {platform.python_version()}, torch {torch.__version__}, timm {timm.__version__}",
         "- input: each model's `pretrained_cfg['input_size']`, one meta tensor `[1, *input_size]`,",
         "  one forward pass in training mode (batch norms in eval mode) under `torch.no_grad()`",

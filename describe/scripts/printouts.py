@@ -10,7 +10,7 @@ transformers `Model(Config(...))`, keras applications `weights=None`), and run o
 batch 1-2. To save time, torch models skip the random init of their parameters (see
 SkipParamInit; parameters are zero-filled); no printout depends on the weights' values.
 
-    /work/main/.venv/bin/python describe/scripts/printouts.py [--only SUBSTRING ...]
+    .venv-describe/bin/python describe/scripts/printouts.py [--only SUBSTRING ...]
 
 writes `tests/fixtures/summaries/printouts.jsonl.gz` (one JSON object per line, sorted by
 set, model, tool, notes; gzip with mtime 0, so identical rows give identical bytes) and
@@ -817,7 +817,7 @@ def write_md(path: Path, rows, problems, timings, specs, wall_s, gz_path: Path) 
     w("## How it was made")
     w("")
     w("```")
-    w("/work/main/.venv/bin/python describe/scripts/printouts.py")
+    w(".venv-describe/bin/python describe/scripts/printouts.py")
     w("```")
     w("")
     w(f"- generated: {datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()}")

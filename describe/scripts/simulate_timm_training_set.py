@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import os
 import gzip
 import hashlib
 import json
@@ -143,7 +144,7 @@ def main() -> int:
         "```",
         "",
         f"- generated: {datetime.now(timezone.utc).replace(microsecond=0).isoformat()}",
-        f"- source: `{args.csv}`, sha256 `{sha}`",
+        f"- source: `{os.path.basename(args.csv)}` (../shared/data), sha256 `{sha}`",
         f"- python {platform.python_version()}, torch {torch.__version__}, timm {timm.__version__}",
         f"- models: {len(todo)}, simulated: {len(results)}, failed: {len(failures)}",
         f"- wall: {wall / 60:.1f} min with {args.workers} worker processes (one thread each)",

@@ -257,7 +257,7 @@ const LANES: usize = 16;
 /// [`LANES`] points, each block coordinate-major (`LANES` first coordinates, then `LANES`
 /// second ones, ...), so that the compiler vectorises across points (twice as fast as a scan
 /// point by point). Brute force over 3,000 points of 11 coordinates takes about 10 us
-/// (docs/reports/speed.md) and is exact; a k-d tree gains little where the number of points is barely
+/// (`cargo bench`) and is exact; a k-d tree gains little where the number of points is barely
 /// above 2^dimensions.
 #[derive(Debug)]
 struct Points {

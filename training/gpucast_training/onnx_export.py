@@ -23,6 +23,28 @@ def export_onnx(model, example_inputs, input_names, output_name, dynamic_axes, p
         verbose=False,
         optimize=True,
     )
+    strip_stack_traces(path)
+
+
+# Node metadata the exporter writes that records where the training code ran (absolute paths of
+# this machine): nothing reads it, and a committed model must not carry it.
+MACHINE_METADATA = ("pkg.torch.onnx.stack_trace",)
+
+
+def strip_stack_traces(path):
+    """Rewrites the ONNX file at `path` without [`MACHINE_METADATA`] on its nodes."""
+    import onnx  # the exporter's own dependency
+
+    model = onnx.load(path)
+    graphs = [model.graph]
+    while graphs:
+        graph = graphs.pop()
+        for node in graph.node:
+            kept = [p for p in node.metadata_props if p.key not in MACHINE_METADATA]
+            del node.metadata_props[:]
+            node.metadata_props.extend(kept)
+            graphs.extend(a.g for a in node.attribute if a.HasField("g"))
+    onnx.save(model, path)
 
 
 def onnx_session(path, threads=1):

@@ -16,6 +16,7 @@ that are left out, and why, are counted in data/public/PROVENANCE.md.
 """
 
 import csv
+import os
 import time
 
 import torch
@@ -332,7 +333,7 @@ def run(layout, threads=None):
         "```",
         "",
         f"- generated: {mf.utc_now()}",
-        f"- source: `{csv_path}`, sha256 `{sha}`, {len(rows)} rows",
+        f"- source: `{os.path.basename(csv_path)}` (../shared/data), sha256 `{sha}`, {len(rows)} rows",
         f"- torch {torch.__version__}, transformers {transformers.__version__}",
         f"- rows described: {len(lines)} ({sum(l['ddp'] for l in lines)} of them DDP: one GPU's "
         "step simulated, DDP's gradient buckets not modelled)",
