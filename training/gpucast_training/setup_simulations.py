@@ -57,6 +57,7 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 OUT = ("docs", "reports", "setup-simulations.md")
+TERMS_OUT = ("data", "setup_simulations.json")
 COMMAND = "python -m gpucast_training setup-simulations"
 MIB = 1024.0 * 1024.0
 
@@ -460,50 +461,10 @@ def _pct(x):
     return "—" if x is None else f"{100 * x:+.1f} %"
 
 
-def case_table(c, service, simulated):
-    """Markdown lines: one case's terms on both paths and the error."""
-    lines = [
-        f"### {c['name']}: {describe_setup(c)}",
-        "",
-        (
-            f"Peak: service `{service['peak']}`, describe `{simulated['peak']}`; trainable "
-            f"parameters: service {service['trainable_params']:,}, describe "
-            f"{simulated['trainable_params']:,}."
-        ),
-        "",
-        "| term | service MiB | describe MiB | error |",
-        "| --- | ---: | ---: | ---: |",
-    ]
-    for term in TERMS:
-        s, d = service["terms"][term], simulated["terms"][term]
-        lines.append(f"| {TERM_LABELS[term]} | {_mib(s)} | {_mib(d)} | {_pct(relative(s, d))} |")
-    return lines + [""]
-
-
-def delta_table(what, a, b, service, simulated):
-    """Markdown lines: one delta on both paths. `service`/`simulated` map case names to their
-    terms (service_terms / simulation_terms)."""
-    ds = delta(service[a]["terms"], service[b]["terms"])
-    dd = delta(simulated[a]["terms"], simulated[b]["terms"])
-    lines = [
-        f"### {what}: {b} − {a}",
-        "",
-        (
-            f"Peaks: {a} service `{service[a]['peak']}`, describe `{simulated[a]['peak']}`; "
-            f"{b} service `{service[b]['peak']}`, describe `{simulated[b]['peak']}`."
-        ),
-        "",
-        "| term | service Δ MiB | describe Δ MiB | service − describe MiB | of describe's Δ |",
-        "| --- | ---: | ---: | ---: | ---: |",
-    ]
-    for term in TERMS:
-        gap = ds[term] - dd[term]
-        flag = " **off**" if delta_off(ds[term], dd[term]) else ""
-        lines.append(
-            f"| {TERM_LABELS[term]} | {ds[term]:+,.1f} | {dd[term]:+,.1f} | "
-            f"{gap:+,.1f}{flag} | {_pct(relative(ds[term], dd[term]) if dd[term] else None)} |"
-        )
-    return lines + [""], ds, dd
+def delta_terms(a, b, service, simulated):
+    """One delta's terms on both paths, MiB: `b` less `a`. `service`/`simulated` map case names to
+    their terms (service_terms / simulation_terms)."""
+    return delta(service[a]["terms"], service[b]["terms"]), delta(simulated[a]["terms"], simulated[b]["terms"])
 
 
 def describe_setup(c):
@@ -726,7 +687,38 @@ def run(layout=None, threads=None, **_):
     path = layout.out(*OUT) if layout is not None else os.path.join(REPO, *OUT)
     with open(path, "w") as f:
         f.write(text)
+    with open(os.path.join(REPO, *TERMS_OUT), "w") as f:
+        json.dump(terms_by_case(service, simulated), f, indent=1, sort_keys=True)
+        f.write("\n")
     print(text)
+
+
+def terms_by_case(service, simulated, cases=CASES, deltas=DELTAS):
+    """Every case's terms on both paths and every delta's, MiB: the detail behind the report's
+    tables, as data."""
+    cases = {
+        c["name"]: {
+            "setup": describe_setup(c),
+            "service": {t: round(service[c["name"]]["terms"][t], 1) for t in TERMS},
+            "describe": {t: round(simulated[c["name"]]["terms"][t], 1) for t in TERMS}
+            if c["name"] in simulated
+            else None,
+        }
+        for c in cases
+    }
+    out = []
+    for what, a, b in deltas:
+        if a in simulated and b in simulated:
+            ds, dd = delta_terms(a, b, service, simulated)
+            out.append(
+                {
+                    "setup": what,
+                    "cases": [b, a],
+                    "service": {t: round(ds[t], 1) for t in TERMS},
+                    "describe": {t: round(dd[t], 1) for t in TERMS},
+                }
+            )
+    return {"cases": cases, "deltas": out}
 
 
 def report(service, simulated, failed, analytic_answers, configs, payload, elapsed):
@@ -780,13 +772,12 @@ def report(service, simulated, failed, analytic_answers, configs, payload, elaps
         ),
         "| --- | --- | ---: | ---: | ---: | ---: | --- |",
     ]
-    details, off_pairs = [], []
+    off_pairs = []
     for what, a, b in DELTAS:
         if a not in simulated or b not in simulated:
             lines.append(f"| {what} | {b} − {a} | — | — | — | — | not simulated |")
             continue
-        table, ds, dd = delta_table(what, a, b, service, simulated)
-        details += table
+        ds, dd = delta_terms(a, b, service, simulated)
         off = [TERM_LABELS[t] for t in TERMS if delta_off(ds[t], dd[t])]
         if delta_off(ds["allocated"], dd["allocated"]):
             off_pairs.append((what, a, b))
@@ -831,11 +822,10 @@ def report(service, simulated, failed, analytic_answers, configs, payload, elaps
     lines.append("")
     if failed:
         lines += ["Not simulated:", ""] + [f"- {n}: {e}" for n, e in failed.items()] + [""]
-    lines += ["## Deltas term by term", ""] + details
-    lines += ["## Cases term by term", ""]
-    for c in CASES:
-        if c["name"] in simulated:
-            lines += case_table(c, service[c["name"]], simulated[c["name"]])
+    lines += [
+        f"Each case's and each delta's terms on both paths: `{'/'.join(TERMS_OUT)}` (written with this page).",
+        "",
+    ]
     lines += [
         "## Not simulated: the service against the libraries' layouts",
         "",

@@ -194,7 +194,7 @@ class Arithmetic(unittest.TestCase):
 
 
 class Tables(unittest.TestCase):
-    def test_case_and_delta_tables(self):
+    def test_case_and_delta_terms(self):
         a = ss.case("A", "llama-3.2-1b", lora=True)
         b = ss.case("B", "llama-3.2-1b", lora=True, modules_to_save=["lm_head"])
         service = {"A": ss.service_terms(estimate()), "B": ss.service_terms(estimate(parameters=600.0, state=1200.0))}
@@ -202,18 +202,15 @@ class Tables(unittest.TestCase):
             "A": ss.simulation_terms(simulation(), 1300.0),
             "B": ss.simulation_terms(simulation(parameters=1100, state=2200), 1300.0),
         }
-        lines = ss.case_table(a, service["A"], simulated["A"])
-        self.assertTrue(lines[0].startswith("### A: llama-3.2-1b, bf16"))
-        weights = [l for l in lines if l.startswith("| weights |")]
-        self.assertEqual(weights, ["| weights | 100.0 | 100.0 | +0.0 % |"])
-        lines, ds, dd = ss.delta_table("saved head", "A", "B", service, simulated)
-        self.assertEqual(ds["parameters"], 500.0)
-        self.assertAlmostEqual(dd["parameters"], 1000.0)
-        row = next(l for l in lines if l.startswith("| weights |"))
-        self.assertIn("| +500.0 | +1,000.0 | -500.0 **off** | -50.0 % |", row)
-        row = next(l for l in lines if l.startswith("| activations |"))
-        self.assertNotIn("off", row)
-        self.assertTrue(all(l.count("|") == 6 for l in lines if l.startswith("| ")))
+        terms = ss.terms_by_case(service, simulated, cases=[a, b], deltas=[("saved head", "A", "B")])
+        self.assertEqual(terms["cases"]["A"]["service"]["parameters"], 100.0)
+        self.assertEqual(terms["cases"]["A"]["describe"]["parameters"], 100.0)
+        (saved,) = terms["deltas"]
+        self.assertEqual(saved["cases"], ["B", "A"])
+        self.assertEqual(saved["service"]["parameters"], 500.0)
+        self.assertAlmostEqual(saved["describe"]["parameters"], 1000.0)
+        self.assertTrue(ss.delta_off(saved["service"]["parameters"], saved["describe"]["parameters"]))
+        self.assertFalse(ss.delta_off(saved["service"]["activations"], saved["describe"]["activations"]))
         self.assertIn("modules_to_save ['lm_head']", ss.describe_setup(b))
 
 
