@@ -13,6 +13,7 @@
 //! | `gpucast_calibration_scale` | gauge | gpu, environment |
 //! | `gpucast_calibration_offset_mib` | gauge | gpu, environment |
 //! | `gpucast_calibration_host_us_per_op` | gauge | gpu, environment (profiles with observed step times) |
+//! | `gpucast_calibration_observed_over_estimated` | histogram | gpu, environment: each recorded observation's peak over the service's uncalibrated figure for its job |
 //!
 //! The calibration labels are bounded: catalogued and attached cards, at most 256 custom
 //! ones, each with at most 32 environments.
@@ -26,6 +27,11 @@ use prometheus::{
 /// HTTP latency buckets, seconds: estimates take tens of microseconds, batches milliseconds.
 const HTTP_BUCKETS: [f64; 14] = [
     0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+];
+/// Observed / estimated buckets: a few % either side of 1, then the stacks that hold up to 2x
+/// more or less (calibration's factor range) and beyond.
+const RATIO_BUCKETS: [f64; 17] = [
+    0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 1.0, 1.05, 1.1, 1.15, 1.2, 1.3, 1.5, 1.75, 2.0, 3.0,
 ];
 /// Inference latency buckets, seconds: from a few microseconds (MLP) to a millisecond or so.
 const INFERENCE_BUCKETS: [f64; 12] = [
@@ -45,6 +51,7 @@ pub struct Metrics {
     pub calibration_scale: GaugeVec,
     pub calibration_offset_mib: GaugeVec,
     pub calibration_host_us_per_op: GaugeVec,
+    pub calibration_observed_over_estimated: HistogramVec,
 }
 
 impl Metrics {
@@ -117,6 +124,15 @@ impl Metrics {
             &["gpu", "environment"],
         )
         .expect("valid metric");
+        let calibration_observed_over_estimated = HistogramVec::new(
+            HistogramOpts::new(
+                "calibration_observed_over_estimated",
+                "Each recorded observation's peak over the service's uncalibrated figure for its job",
+            )
+            .buckets(RATIO_BUCKETS.to_vec()),
+            &["gpu", "environment"],
+        )
+        .expect("valid metric");
         for collector in [
             Box::new(http_requests_total.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(http_request_duration_seconds.clone()),
@@ -128,6 +144,7 @@ impl Metrics {
             Box::new(calibration_scale.clone()),
             Box::new(calibration_offset_mib.clone()),
             Box::new(calibration_host_us_per_op.clone()),
+            Box::new(calibration_observed_over_estimated.clone()),
         ] {
             registry
                 .register(collector)
@@ -145,6 +162,7 @@ impl Metrics {
             calibration_scale,
             calibration_offset_mib,
             calibration_host_us_per_op,
+            calibration_observed_over_estimated,
         }
     }
 

@@ -280,12 +280,32 @@ fn record(state: &AppState, observations: Vec<Posted>) -> Result<ObservationsRes
         });
     }
     let recorded = batch.len();
+    let ratios: Vec<(String, String, f64)> = batch
+        .iter()
+        .map(|o| {
+            let environment = o.environment.clone().unwrap_or_default();
+            (
+                o.gpu.clone(),
+                environment,
+                o.observed_peak_mib / o.predicted_mib,
+            )
+        })
+        .collect();
     // The caps are checked and the batch recorded as one: concurrent writers cannot both pass.
     let updates = state
         .engine
         .profiles
         .record_checked(batch, refuse_too_many_profiles)?
         .map_err(profile_error)?;
+    // Recorded, so their labels are within the profiles' bounds.
+    for (gpu, environment, ratio) in ratios {
+        state
+            .engine
+            .metrics
+            .calibration_observed_over_estimated
+            .with_label_values(&[gpu.as_str(), environment.as_str()])
+            .observe(ratio);
+    }
     let mut profiles = Vec::with_capacity(updates.len());
     let mut limited = Vec::new();
     for update in updates {
@@ -473,6 +493,10 @@ pub async fn watch(
                 Ok(None) => tracing::warn!(pid, "watch recorded but no profile derived"),
                 Ok(Some(Update { profile, limited })) => {
                     metrics.record_calibration(&profile);
+                    metrics
+                        .calibration_observed_over_estimated
+                        .with_label_values(&[gpu.as_str(), ""])
+                        .observe(peak / reference.predicted_mib);
                     tracing::info!(pid, gpu = %gpu, peak_mib = report.peak_mib, observations = profile.observations, limited, "watch recorded");
                 }
                 Err(e) => tracing::warn!(pid, error = %e, "watch peak not recorded"),

@@ -138,3 +138,67 @@ async fn unknown_paths_and_methods_are_answered_as_problems() {
     assert_eq!(problem["status"], 405);
     assert!(problem["detail"].as_str().unwrap().contains("GET"));
 }
+
+/// Each recorded observation lands in the observed / estimated histogram of its GPU and
+/// environment, and every series the Grafana dashboard reads is one the service exports.
+#[tokio::test]
+async fn observations_feed_the_error_histogram_and_the_dashboard_reads_exported_series() {
+    let app = spawn_app().await;
+    let answer: Value = app
+        .post_json("/v1/estimate", &example_job())
+        .await
+        .json()
+        .await
+        .unwrap();
+    let figure = answer["memory"]["estimate_mib"].as_f64().unwrap();
+    let observation = serde_json::json!({"gpu": "h100-80gb", "job": example_job(),
+        "observed_peak_mib": (figure * 1.12).round(), "environment": "team-a"});
+    let posted = app
+        .post_json("/v1/calibration/observations", &observation)
+        .await;
+    assert_eq!(posted.status(), 200);
+    let metrics = app.get("/metrics").await.text().await.unwrap();
+    let series = "gpucast_calibration_observed_over_estimated";
+    let labels = "environment=\"team-a\",gpu=\"h100-80gb\"";
+    assert_eq!(
+        counter(&metrics, &format!("{series}_count{{{labels}}}")),
+        1.0,
+        "{metrics}"
+    );
+    // The ratio is against the uncalibrated figure: between 1.1 and 1.15 here.
+    let at = |le: &str| {
+        counter(
+            &metrics,
+            &format!("{series}_bucket{{{labels},le=\"{le}\"}}"),
+        )
+    };
+    assert_eq!((at("1.1"), at("1.15")), (0.0, 1.0), "{metrics}");
+
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dashboard: Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join("docker/grafana/dashboards/gpucast.json")).unwrap(),
+    )
+    .unwrap();
+    let mut read = 0;
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            let expr = target["expr"].as_str().unwrap_or_default();
+            for name in expr
+                .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .filter(|w| w.starts_with("gpucast_"))
+            {
+                let family = ["_bucket", "_count", "_sum"]
+                    .iter()
+                    .find_map(|s| name.strip_suffix(s))
+                    .unwrap_or(name);
+                assert!(
+                    metrics.contains(&format!("# TYPE {family} ")),
+                    "panel {}: {name} is not exported",
+                    panel["title"]
+                );
+                read += 1;
+            }
+        }
+    }
+    assert!(read > 10, "{read} series read");
+}
