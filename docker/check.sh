@@ -93,7 +93,7 @@ print(f"checked {copies} COPY sources", file=sys.stderr)
 
 # Metrics the dashboard queries.
 defined = {"gpucast_" + m for m in re.findall(r'Opts::new\(\s*"(\w+)"', (root / "src/metrics.rs").read_text())}
-dashboard = (root / "docker/grafana/dashboards/gpucast.json").read_text()
+dashboard = (root / "deploy/grafana/gpucast.json").read_text()
 for name in sorted(set(re.findall(r"gpucast_\w+", dashboard))):
     base = re.sub(r"_(bucket|count|sum)$", "", name)
     if base not in defined:

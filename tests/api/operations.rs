@@ -176,7 +176,7 @@ async fn observations_feed_the_error_histogram_and_the_dashboard_reads_exported_
 
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let dashboard: Value = serde_json::from_str(
-        &std::fs::read_to_string(root.join("docker/grafana/dashboards/gpucast.json")).unwrap(),
+        &std::fs::read_to_string(root.join("deploy/grafana/gpucast.json")).unwrap(),
     )
     .unwrap();
     let mut read = 0;
