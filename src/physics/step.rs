@@ -10,7 +10,7 @@
 //! temporaries). Gradients from earlier micro-batches are alive in both when the step
 //! accumulates. docs/user/setups.md states the rules; each constant says where it comes from.
 
-use crate::job::matched::NamedLayers;
+use crate::job::matched::{self, NamedLayers};
 use crate::job::setup::{
     BaseWeights, Checkpointing, ExpertLayout, LoraTargets, Optimizer, OptimizerImplementation,
     Reference, Setup, Strategy, Trainable,
@@ -175,12 +175,81 @@ pub fn analytic_step(job: &Job) -> StepMemory {
 /// own: what another value of a field the request left unsaid would give
 /// (`physics::assumed`), without copying the job.
 pub fn analytic_step_as(job: &Job, setup: &Setup, known: Option<KnownActivations>) -> StepMemory {
-    // The layers the setup's module lists name, matched once per job (not per card or step).
-    let named = job.named_layers(setup);
-    let plans = plan_layers(job, setup, known, &named);
-    let model = model_state(&plans, setup);
-    let kept = kept_for_backward(job, setup, known, &named, &plans);
-    on_the_gpu(job, setup, &model, &kept)
+    StepStages::of(job, setup, known).memory
+}
+
+/// One analytic step kept stage by stage, so that a step of the same layers with another value
+/// of one field (`physics::assumed`) runs again only the stages that field reaches: an
+/// optimizer implementation only the model state's temporaries, a loss, an attention kernel or
+/// checkpointing only what backward keeps. Each stage is reused only when every input it reads
+/// is the same, so a step beside it is the step run whole, bit for bit.
+pub struct StepStages<'a> {
+    setup: &'a Setup,
+    known: Option<KnownActivations>,
+    named: std::borrow::Cow<'a, NamedLayers>,
+    plans: Vec<LayerPlan>,
+    model: ModelState,
+    kept: KeptForBackward,
+    /// The step itself.
+    pub memory: StepMemory,
+}
+
+impl<'a> StepStages<'a> {
+    /// The step of `job`'s layers with `setup` and `known` activations, stage by stage.
+    pub fn of(job: &'a Job, setup: &'a Setup, known: Option<KnownActivations>) -> StepStages<'a> {
+        // The layers the setup's module lists name, matched once per job (not per card or step).
+        let named = job.named_layers(setup);
+        let plans = plan_layers(job, setup, known, &named);
+        let model = model_state(&plans, setup);
+        let kept = kept_for_backward(job, setup, known, &named, &plans);
+        let memory = on_the_gpu(job, setup, &model, &kept);
+        StepStages {
+            setup,
+            known,
+            named,
+            plans,
+            model,
+            kept,
+            memory,
+        }
+    }
+
+    /// [`analytic_step_as`] of the same job with `setup` and `known`, reusing the stages whose
+    /// inputs are this step's.
+    pub fn beside(&self, job: &Job, setup: &Setup, known: Option<KnownActivations>) -> StepMemory {
+        let base = self.setup;
+        // The module lists name the same layers, and every field the plan reads is the same
+        // (the stored weights read only whether the activations are known).
+        let same_plans = matched::same_lists(setup, base)
+            && known.is_some() == self.known.is_some()
+            && setup.precision == base.precision
+            && setup.fp32_master == base.fp32_master
+            && setup.optimizer == base.optimizer
+            && setup.reference == base.reference
+            && setup.parallelism == base.parallelism
+            && setup.trainable == base.trainable
+            && setup.lora == base.lora;
+        if !same_plans {
+            return analytic_step_as(job, setup, known);
+        }
+        // The model state reads the plans and, beyond them, the optimizer's implementation.
+        let model = if setup.implementation == base.implementation {
+            self.model
+        } else {
+            model_state(&self.plans, setup)
+        };
+        // What backward keeps reads the plans, the activations, checkpointing and the
+        // micro-batch.
+        let kept = if known == self.known
+            && setup.checkpointing == base.checkpointing
+            && setup.micro_batch_size == base.micro_batch_size
+        {
+            self.kept
+        } else {
+            kept_for_backward(job, setup, known, &self.named, &self.plans)
+        };
+        on_the_gpu(job, setup, &model, &kept)
+    }
 }
 
 /// Stage one: each layer's trainable parameters, adapters, stored weights, reference copy,
@@ -386,6 +455,7 @@ fn stored_weight_bytes(
 }
 
 /// What the model's weights, gradients and optimizer hold, whole model, before sharding.
+#[derive(Clone, Copy)]
 struct ModelState {
     weights: f64,
     gradients: f64,
@@ -459,6 +529,7 @@ fn model_state(plans: &[LayerPlan], setup: &Setup) -> ModelState {
 
 /// What backward needs at the step's start, bytes: the activations kept and the temporaries
 /// it begins with.
+#[derive(Clone, Copy)]
 struct KeptForBackward {
     activations: f64,
     backward_temporaries: f64,
@@ -590,9 +661,23 @@ fn kept_for_backward(
         kept * (1.0 - inside) + inputs + kept * largest
     };
     let adapter_inputs = if adapter_input_bytes > 0.0 {
+        // Which layers a checkpointed block holds, marked once (not each block asked per layer).
+        let mut inside = vec![
+            false;
+            if checkpointed.is_empty() {
+                0
+            } else {
+                layers.len()
+            }
+        ];
+        for range in checkpointed {
+            for i in range.clone().take_while(|&i| i < layers.len()) {
+                inside[i] = true;
+            }
+        }
         (0..layers.len())
             .filter(|&i| plans[i].adapters > 0.0)
-            .filter(|&i| !checkpointed.iter().any(|r| r.contains(&i)))
+            .filter(|&i| !inside.get(i).copied().unwrap_or(false))
             .map(|i| {
                 let (inputs, outputs) = linear_shape(&layers[i], detail(i));
                 let positions = outputs.max(1.0).recip() * layers[i].output_size as f64;
