@@ -30,7 +30,8 @@ const MIN_RANGE_MIB: f64 = 1.0;
 /// learned correction): each assumed field's moves of it over the field's alternatives, widest
 /// first. Each alternative is the analytic step of the same layers again, with only the
 /// stages the field reaches run again ([`StepStages::beside`]: the implementation its model
-/// state's temporaries, a loss, attention or checkpointing what backward keeps); but not for
+/// state's temporaries, the optimizer or master copy the state, a loss, attention or
+/// checkpointing what backward keeps); but not for
 /// another optimizer implementation when the step peaks at the start of backward
 /// (`peak_at_backward`): the implementation only sets the optimizer step's temporaries, and
 /// the alternatives only lower them, so they cannot move that peak.

@@ -115,6 +115,7 @@ fn embedding_factors(layer: &Layer, detail: Option<&LayerDetail>) -> (f64, f64) 
 }
 
 /// Per-layer facts the step model reads.
+#[derive(Clone)]
 struct LayerPlan {
     /// Base parameters that train.
     trainable: f64,
@@ -128,6 +129,9 @@ struct LayerPlan {
     reference_bytes: f64,
     /// Bytes of the optimizer state of this layer's trainable base parameters (non-adapter).
     state_elements_bytes: f64,
+    /// The (in, out) factors of the layer's matrix (Adafactor's), for a linear layer or an
+    /// embedding table.
+    shape: Option<(f64, f64)>,
     /// Bytes of this layer's quantised weight dequantised for its matmul (compute dtype).
     dequantised_bytes: f64,
 }
@@ -180,7 +184,8 @@ pub fn analytic_step_as(job: &Job, setup: &Setup, known: Option<KnownActivations
 
 /// One analytic step kept stage by stage, so that a step of the same layers with another value
 /// of one field (`physics::assumed`) runs again only the stages that field reaches: an
-/// optimizer implementation only the model state's temporaries, a loss, an attention kernel or
+/// optimizer implementation only the model state's temporaries, an optimizer or a master copy
+/// the plan's optimizer state and the model state, a loss, an attention kernel or
 /// checkpointing only what backward keeps. Each stage is reused only when every input it reads
 /// is the same, so a step beside it is the step run whole, bit for bit.
 pub struct StepStages<'a> {
@@ -219,12 +224,11 @@ impl<'a> StepStages<'a> {
     pub fn beside(&self, job: &Job, setup: &Setup, known: Option<KnownActivations>) -> StepMemory {
         let base = self.setup;
         // The module lists name the same layers, and every field the plan reads is the same
-        // (the stored weights read only whether the activations are known).
+        // (the stored weights read only whether the activations are known) but the
+        // optimizer and the master copy, which only its state reads.
         let same_plans = matched::same_lists(setup, base)
             && known.is_some() == self.known.is_some()
             && setup.precision == base.precision
-            && setup.fp32_master == base.fp32_master
-            && setup.optimizer == base.optimizer
             && setup.reference == base.reference
             && setup.parallelism == base.parallelism
             && setup.trainable == base.trainable
@@ -232,11 +236,33 @@ impl<'a> StepStages<'a> {
         if !same_plans {
             return analytic_step_as(job, setup, known);
         }
-        // The model state reads the plans and, beyond them, the optimizer's implementation.
-        let model = if setup.implementation == base.implementation {
+        let same_state = setup.optimizer == base.optimizer && setup.fp32_master == base.fp32_master;
+        let restated;
+        let plans = if same_state {
+            &self.plans
+        } else {
+            restated = self
+                .plans
+                .iter()
+                .zip(job.layers())
+                .map(|(plan, layer)| LayerPlan {
+                    state_elements_bytes: layer_state_bytes(
+                        setup,
+                        plan.trainable,
+                        layer,
+                        plan.shape,
+                    ),
+                    ..plan.clone()
+                })
+                .collect::<Vec<_>>();
+            &restated
+        };
+        // The model state reads the plans and, beyond them, the optimizer, its implementation
+        // and the master copy.
+        let model = if same_state && setup.implementation == base.implementation {
             self.model
         } else {
-            model_state(&self.plans, setup)
+            model_state(plans, setup)
         };
         // What backward keeps reads the plans, the activations, checkpointing and the
         // micro-batch.
@@ -246,7 +272,7 @@ impl<'a> StepStages<'a> {
         {
             self.kept
         } else {
-            kept_for_backward(job, setup, known, &self.named, &self.plans)
+            kept_for_backward(job, setup, known, &self.named, plans)
         };
         on_the_gpu(job, setup, &model, &kept)
     }
@@ -265,8 +291,6 @@ fn plan_layers(
     let detail = |i: usize| details.get(i);
     let precision = setup.precision;
     let storage = precision.storage_bytes();
-    // The optimizer's elements: the weights' dtype, or fp32 beside an fp32 master copy.
-    let state_storage = if setup.fp32_master { 4.0 } else { storage };
     let head = layers.iter().rposition(|l| l.kind == LayerKind::Linear);
     let total_params: f64 = layers.iter().map(|l| l.params as f64).sum();
     // Which layers LoRA adapts, and which base weights are quantised (bitsandbytes quantises
@@ -389,21 +413,33 @@ fn plan_layers(
                 weight_bytes,
                 reference_bytes,
                 dequantised_bytes,
-                // An fp32 master copy of what trains goes with the state.
-                state_elements_bytes: state_bytes(
-                    setup.optimizer,
-                    trainable,
-                    state_storage,
-                    layer,
-                    shape,
-                ) + if setup.fp32_master {
-                    trainable * 4.0
-                } else {
-                    0.0
-                },
+                state_elements_bytes: layer_state_bytes(setup, trainable, layer, shape),
+                shape,
             }
         })
         .collect()
+}
+
+/// The optimizer state of one layer's `trainable` base parameters, with the fp32 master copy
+/// of them that goes with it; `shape`: the factors Adafactor keeps.
+fn layer_state_bytes(
+    setup: &Setup,
+    trainable: f64,
+    layer: &Layer,
+    shape: Option<(f64, f64)>,
+) -> f64 {
+    // The optimizer's elements: the weights' dtype, or fp32 beside an fp32 master copy.
+    let state_storage = if setup.fp32_master {
+        4.0
+    } else {
+        setup.precision.storage_bytes()
+    };
+    state_bytes(setup.optimizer, trainable, state_storage, layer, shape)
+        + if setup.fp32_master {
+            trainable * 4.0
+        } else {
+            0.0
+        }
 }
 
 /// Bytes of one layer's base weights as the GPU stores them: quantised, or in the weights'
