@@ -193,6 +193,7 @@ pub struct StepStages<'a> {
     known: Option<KnownActivations>,
     named: std::borrow::Cow<'a, NamedLayers>,
     plans: Vec<LayerPlan>,
+    sums: LayerSums,
     model: ModelState,
     kept: KeptForBackward,
     /// The step itself.
@@ -206,13 +207,15 @@ impl<'a> StepStages<'a> {
         let named = job.named_layers(setup);
         let plans = plan_layers(job, setup, known, &named);
         let model = model_state(&plans, setup);
-        let kept = kept_for_backward(job, setup, known, &named, &plans);
+        let sums = layer_sums(job, &plans);
+        let kept = kept_for_backward(job, setup, known, &named, &plans, &sums);
         let memory = on_the_gpu(job, setup, &model, &kept);
         StepStages {
             setup,
             known,
             named,
             plans,
+            sums,
             model,
             kept,
             memory,
@@ -272,7 +275,7 @@ impl<'a> StepStages<'a> {
         {
             self.kept
         } else {
-            kept_for_backward(job, setup, known, &self.named, plans)
+            kept_for_backward(job, setup, known, &self.named, plans, &self.sums)
         };
         on_the_gpu(job, setup, &model, &kept)
     }
@@ -508,13 +511,27 @@ struct ModelState {
 fn model_state(plans: &[LayerPlan], setup: &Setup) -> ModelState {
     let storage = setup.precision.storage_bytes();
     let state_storage = if setup.fp32_master { 4.0 } else { storage };
-    let adapter_params: f64 = plans.iter().map(|p| p.adapters).sum();
-    let base_trainable: f64 = plans.iter().map(|p| p.trainable).sum();
-    let weights: f64 = plans
-        .iter()
-        .map(|p| p.weight_bytes + p.reference_bytes)
-        .sum::<f64>()
-        + adapter_params * ADAPTER_BYTES;
+    let state_element_bytes =
+        |p: &LayerPlan| p.trainable * state_storage + p.adapters * ADAPTER_BYTES;
+    let gradient_bytes = |p: &LayerPlan| p.trainable * storage + p.adapters * ADAPTER_BYTES;
+    // One pass over the plans: each sum taken in layer order from -0.0, as `Iterator::sum`
+    // takes it, each largest from 0.
+    let (mut adapter_params, mut base_trainable, mut stored, mut layer_state) =
+        (-0.0, -0.0, -0.0, -0.0);
+    let (mut all_state_elements, mut most_state_elements) = (-0.0, 0.0);
+    let (mut trainable_fp32, mut largest_gradient) = (-0.0, 0.0);
+    for p in plans {
+        adapter_params += p.adapters;
+        base_trainable += p.trainable;
+        stored += p.weight_bytes + p.reference_bytes;
+        layer_state += p.state_elements_bytes;
+        let elements = state_element_bytes(p);
+        all_state_elements += elements;
+        most_state_elements = f64::max(most_state_elements, elements);
+        trainable_fp32 += p.trainable * 4.0;
+        largest_gradient = f64::max(largest_gradient, gradient_bytes(p));
+    }
+    let weights: f64 = stored + adapter_params * ADAPTER_BYTES;
     let gradients = base_trainable * storage + adapter_params * ADAPTER_BYTES;
     let adapter_state = if adapter_params > 0.0 {
         let one = Layer {
@@ -526,10 +543,7 @@ fn model_state(plans: &[LayerPlan], setup: &Setup) -> ModelState {
     } else {
         0.0
     };
-    let state: f64 = plans.iter().map(|p| p.state_elements_bytes).sum::<f64>() + adapter_state;
-    let state_element_bytes =
-        |p: &LayerPlan| p.trainable * state_storage + p.adapters * ADAPTER_BYTES;
-    let gradient_bytes = |p: &LayerPlan| p.trainable * storage + p.adapters * ADAPTER_BYTES;
+    let state: f64 = layer_state + adapter_state;
     // The optimizer's temporaries: foreach Adam/Adafactor take one copy of the state's size
     // (the sqrt of the second moments, for all parameters at once); the for-loop one
     // parameter's; fused kernels and bitsandbytes' none to speak of.
@@ -537,19 +551,16 @@ fn model_state(plans: &[LayerPlan], setup: &Setup) -> ModelState {
         (Optimizer::Sgd | Optimizer::Momentum, _) => 0.0,
         (o, _) if o.is_8bit() || o.is_paged() => 0.0,
         (_, OptimizerImplementation::Fused) => 0.0,
-        (_, OptimizerImplementation::Foreach) => plans.iter().map(state_element_bytes).sum(),
-        (_, OptimizerImplementation::ForLoop) => {
-            plans.iter().map(state_element_bytes).fold(0.0, f64::max)
-        }
+        (_, OptimizerImplementation::Foreach) => all_state_elements,
+        (_, OptimizerImplementation::ForLoop) => most_state_elements,
     };
     // With an fp32 master the step also takes an fp32 copy of the gradients it applies.
     let fp32_gradient_copy = if setup.fp32_master {
-        plans.iter().map(|p| p.trainable * 4.0).sum()
+        trainable_fp32
     } else {
         0.0
     };
     let optimizer_temporaries = optimizer_temporaries + fp32_gradient_copy;
-    let largest_gradient = plans.iter().map(gradient_bytes).fold(0.0, f64::max);
 
     ModelState {
         weights,
@@ -560,6 +571,48 @@ fn model_state(plans: &[LayerPlan], setup: &Setup) -> ModelState {
         largest_gradient,
         adapter_params,
         base_trainable,
+    }
+}
+
+/// What backward's figures read of the layers and their plans whatever the activations,
+/// checkpointing and micro-batch: summed once per plan, not once per alternative.
+struct LayerSums {
+    /// Each layer's output elements per sample.
+    outputs: Vec<f64>,
+    /// Their sum (at least 1).
+    output_total: f64,
+    largest_output: f64,
+    /// The largest quantised weight dequantised for its matmul, bytes.
+    dequantised: f64,
+    /// Each adapted layer's input elements per sample (its positions times its inputs),
+    /// in layer order: what LoRA's adapters keep of it.
+    adapter_inputs: Vec<(usize, f64)>,
+}
+
+fn layer_sums(job: &Job, plans: &[LayerPlan]) -> LayerSums {
+    let layers = job.layers();
+    let details = job.layer_details();
+    let outputs: Vec<f64> = layers.iter().map(|l| l.output_size as f64).collect();
+    let output_total: f64 = outputs.iter().sum::<f64>().max(1.0);
+    let largest_output = outputs.iter().copied().fold(0.0, f64::max);
+    let dequantised = plans
+        .iter()
+        .map(|p| p.dequantised_bytes)
+        .fold(0.0, f64::max);
+    let adapter_inputs = (0..layers.len())
+        .filter(|&i| plans[i].adapters > 0.0)
+        .map(|i| {
+            let (inputs, outputs) = linear_shape(&layers[i], details.get(i));
+            let positions = outputs.max(1.0).recip() * layers[i].output_size as f64;
+            (i, positions * inputs)
+        })
+        .collect();
+    LayerSums {
+        outputs,
+        output_total,
+        largest_output,
+        dequantised,
+        adapter_inputs,
     }
 }
 
@@ -579,10 +632,10 @@ fn kept_for_backward(
     known: Option<KnownActivations>,
     named: &NamedLayers,
     plans: &[LayerPlan],
+    sums: &LayerSums,
 ) -> KeptForBackward {
     let layers = job.layers();
     let details = job.layer_details();
-    let detail = |i: usize| details.get(i);
     let precision = setup.precision;
     let storage = precision.storage_bytes();
     let lora = setup.lora.as_ref();
@@ -598,8 +651,7 @@ fn kept_for_backward(
     };
     // A block's input is the residual stream: fp32 under autocast, 16-bit when pure.
     let stream_bytes = storage;
-    let outputs: Vec<f64> = layers.iter().map(|l| l.output_size as f64).collect();
-    let output_total: f64 = outputs.iter().sum::<f64>().max(1.0);
+    let (outputs, output_total) = (&sums.outputs, sums.output_total);
     let share =
         |range: &std::ops::Range<usize>| outputs[range.clone()].iter().sum::<f64>() / output_total;
     // Freeze tuning: autograd records nothing before the first layer that trains (no input
@@ -711,14 +763,10 @@ fn kept_for_backward(
                 inside[i] = true;
             }
         }
-        (0..layers.len())
-            .filter(|&i| plans[i].adapters > 0.0)
-            .filter(|&i| !inside.get(i).copied().unwrap_or(false))
-            .map(|i| {
-                let (inputs, outputs) = linear_shape(&layers[i], detail(i));
-                let positions = outputs.max(1.0).recip() * layers[i].output_size as f64;
-                positions * inputs * micro * adapter_input_bytes
-            })
+        sums.adapter_inputs
+            .iter()
+            .filter(|&&(i, _)| !inside.get(i).copied().unwrap_or(false))
+            .map(|&(_, per_sample)| per_sample * micro * adapter_input_bytes)
             .sum::<f64>()
     } else {
         0.0
@@ -726,11 +774,7 @@ fn kept_for_backward(
     let activations = activations + adapter_inputs;
     // Backward starts with the gradient of the loss's input (the logits, in fp32 for a
     // language model's loss) beside what it keeps.
-    let largest_output = outputs.iter().copied().fold(0.0, f64::max);
-    let dequantised = plans
-        .iter()
-        .map(|p| p.dequantised_bytes)
-        .fold(0.0, f64::max);
+    let (largest_output, dequantised) = (sums.largest_output, sums.dequantised);
     let backward_temporaries = dequantised
         + match known {
             Some(k) => k.backward_temporaries * micro,
