@@ -131,7 +131,7 @@ pub async fn estimate_batch(
             let work = deadline.clone();
             state.pool.run(Work::Batch, deadline.clone(), move || {
                 let answers = answer_items_until(&engine, &part, &profiles, started, &work);
-                super::body::release_freed_memory();
+                super::body::release_freed_memory_when_idle();
                 answers
             })
         })
