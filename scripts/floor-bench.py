@@ -243,6 +243,7 @@ def main():
                 f"{path} is missing: cargo build --locked --release --bin gpucast "
                 "--example json_floor --example stage_timings; cargo install oha --locked"
             )
+    load_before = os.getloadavg()
     scratch = tempfile.mkdtemp(prefix="gpucast-floor-")
     port = free_port()
     service = subprocess.Popen(
@@ -298,12 +299,14 @@ def main():
         service.wait(timeout=60)
         shutil.rmtree(scratch, ignore_errors=True)
 
+    load_after = os.getloadavg()
     lines = [
         "# The service's speed: against its floor, by stage, under a flood",
         "",
         f"Written by `python3 scripts/floor-bench.py --seconds {args.seconds}` on "
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} at commit `{commit()}` "
-        f"({os.cpu_count()} cores; release builds of "
+        f"({os.cpu_count()} cores, load average {load_before[0]:.1f} before and {load_after[0]:.1f} after "
+        "the run, other work included; release builds of "
         "the service and of examples/json_floor.rs, which reads the same body and writes a reply of the "
         "same bytes, with the service's allocator). Do not edit by hand. oha, "
         f"{args.seconds} s of load per cell, the floor and the service alternating. "
