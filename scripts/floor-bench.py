@@ -9,7 +9,9 @@
 3. requests that arrive alone (a quarter of a second apart), timed by the server's own
    latency_us: the cold path a scheduler's occasional calls take;
 4. a legitimate single estimate while 8 clients flood POST /v1/estimate/batch with 256 jobs
-   each, against the same estimate on a quiet server.
+   each, against the same estimate on a quiet server;
+5. the batch rate: estimates a second of POST /v1/estimate/batch as the load test posts it
+   (load-tests/run.py: the README job 256 times, and 256 distinct MLP test jobs; 4 clients).
 
 Stdlib only; needs `oha` (cargo install oha --locked).
 
@@ -202,6 +204,30 @@ def flood_figures(args, port, scratch, single_body):
     return quiet, flooded, (batches[2], batches[3])
 
 
+BATCH_ITEMS = 256
+BATCH_CLIENTS = 4
+
+
+def batch_figures(args, port, scratch, mlp):
+    """[(name, batches per second, estimates per second, p50 ms, non-200 answers)] of the load
+    test's two MLP batches (load-tests/run.py's batch_example_256 and batch_mlp_256), each
+    posted by BATCH_CLIENTS clients without pause for `args.seconds`."""
+    with gzip.open(os.path.join(ROOT, "data", "mlp", "test.jsonl.gz"), "rt") as f:
+        distinct = [json.loads(line)["job"] for _, line in zip(range(BATCH_ITEMS), f)]
+    rows = []
+    for name, items in (
+        ("the README MLP job 256 times (batch_example_256)", [mlp] * BATCH_ITEMS),
+        ("256 distinct MLP test jobs (batch_mlp_256)", distinct),
+    ):
+        path = os.path.join(scratch, f"batch{len(rows)}.json")
+        with open(path, "w") as f:
+            json.dump({"items": items}, f, separators=(",", ":"))
+        p50, _, rps, failed = run_oha(args.oha, port, path, BATCH_CLIENTS, args.seconds, "/v1/estimate/batch")
+        rows.append((name, rps, rps * len(items), p50, failed))
+        print(rows[-1], flush=True)
+    return rows
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=int, default=5)
@@ -217,6 +243,7 @@ def main():
                 f"{path} is missing: cargo build --locked --release --bin gpucast "
                 "--example json_floor --example stage_timings; cargo install oha --locked"
             )
+    load_before = os.getloadavg()
     scratch = tempfile.mkdtemp(prefix="gpucast-floor-")
     port = free_port()
     service = subprocess.Popen(
@@ -264,6 +291,7 @@ def main():
             finally:
                 floor.terminate()
                 floor.wait(timeout=30)
+        batches = batch_figures(args, port, scratch, jobs()[0][1])
         flood = flood_figures(args, port, scratch, body_files[0][1])
         stages = stage_figures(args.stages, body_files)
     finally:
@@ -271,12 +299,14 @@ def main():
         service.wait(timeout=60)
         shutil.rmtree(scratch, ignore_errors=True)
 
+    load_after = os.getloadavg()
     lines = [
         "# The service's speed: against its floor, by stage, under a flood",
         "",
         f"Written by `python3 scripts/floor-bench.py --seconds {args.seconds}` on "
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} at commit `{commit()}` "
-        f"({os.cpu_count()} cores; release builds of "
+        f"({os.cpu_count()} cores, load average {load_before[0]:.1f} before and {load_after[0]:.1f} after "
+        "the run, other work included; release builds of "
         "the service and of examples/json_floor.rs, which reads the same body and writes a reply of the "
         "same bytes, with the service's allocator). Do not edit by hand. oha, "
         f"{args.seconds} s of load per cell, the floor and the service alternating. "
@@ -293,6 +323,18 @@ def main():
             f"{s_p50 / f_p50:.1f}x | {f_rps:,.0f} | {s_rps:,.0f} | {s_rps / f_rps:.2f} | "
             f"{f_bad + s_bad} |"
         )
+    lines += [
+        "",
+        "## Batches",
+        "",
+        f"POST /v1/estimate/batch as the load test posts it (load-tests/run.py), {BATCH_CLIENTS} clients "
+        f"without pause for {args.seconds} s each: estimates a second are items x batches a second.",
+        "",
+        "| batch | batches/s | estimates/s | p50 ms | non-200 |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for name, rps, eps, p50, bad in batches:
+        lines.append(f"| {name} | {rps:,.1f} | {eps:,.0f} | {p50:.3f} | {bad} |")
     lines += [
         "",
         "## Where one estimate's time goes, in process",

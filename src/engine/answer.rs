@@ -476,7 +476,12 @@ fn respond(
             ])
             .inc();
     }
-    let null_reasons = utilization_null_reasons(engine, &estimate);
+    // With a roofline every metric has a figure: no reason to write.
+    let null_reasons = if roofline.is_ok() {
+        BTreeMap::new()
+    } else {
+        utilization_null_reasons(engine, &estimate)
+    };
     let utilization = utilization(
         &mut estimate.utilization,
         &roofline,

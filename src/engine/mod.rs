@@ -15,6 +15,7 @@ pub mod cost;
 pub mod files;
 pub mod validate;
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -126,9 +127,73 @@ impl Engine {
         items: Vec<Box<serde_json::value::RawValue>>,
         started: Instant,
     ) -> Result<Vec<BatchItemResponse>, ApiError> {
-        let (valid, errors) = self.validate_items(items)?;
+        let (valid, sources) = self.validate_items_shared(items)?;
         let answers = answer::answer_items(self, &valid, started);
-        Ok(batch_outcomes(errors, answers))
+        Ok(shared_outcomes(self, sources, answers, started))
+    }
+
+    /// [`Engine::validate_items`], with an item whose JSON repeats an earlier valid item's
+    /// byte for byte read, priced and validated once: it is answered as that item is
+    /// ([`shared_outcomes`]), and only the distinct valid items are returned to answer. The
+    /// price is the whole batch's, repeats included.
+    pub fn validate_items_shared(
+        &self,
+        items: Vec<Box<serde_json::value::RawValue>>,
+    ) -> Result<(Vec<ValidEstimateRequest>, Vec<ItemSource>), ApiError> {
+        let count = items.len();
+        // Per item: its request parsed, or the earlier item its JSON repeats.
+        let mut first: HashMap<&str, usize> = HashMap::with_capacity(count);
+        let mut parsed: Vec<Result<Result<EstimateRequest, ApiError>, usize>> =
+            Vec::with_capacity(count);
+        let mut costs: Vec<Option<cost::Cost>> = Vec::with_capacity(count);
+        let mut price = cost::Cost::default();
+        for (index, item) in items.iter().enumerate() {
+            if let Some(&earlier) = first.get(item.get()) {
+                if let Some(cost) = costs[earlier] {
+                    price.add(&cost);
+                }
+                costs.push(costs[earlier]);
+                parsed.push(Err(earlier));
+                continue;
+            }
+            let request = parse_estimate(item.get().as_bytes(), &format!("items[{index}]"));
+            let cost = request.as_ref().ok().map(cost::Cost::of);
+            if let Some(cost) = &cost {
+                price.add(cost);
+                // Only a request that parsed is shared (an error names its own index).
+                first.insert(item.get(), index);
+            }
+            costs.push(cost);
+            parsed.push(Ok(request));
+        }
+        price.check(self.cost_budget, Some(count))?;
+        let (mut valid, mut sources) = (Vec::with_capacity(count), Vec::with_capacity(count));
+        for (index, request) in parsed.into_iter().enumerate() {
+            let request = match request {
+                Ok(request) => request,
+                Err(earlier) => {
+                    if matches!(sources[earlier], ItemSource::Valid) {
+                        sources.push(ItemSource::Repeats(earlier));
+                        continue;
+                    }
+                    // The earlier item was refused: this one is read again, its error naming
+                    // its own index.
+                    parse_estimate(items[index].get().as_bytes(), &format!("items[{index}]"))
+                }
+            };
+            let checked = request.and_then(|request| {
+                validate::validate(&request, &self.catalogue, self.devices.as_ref())
+                    .map_err(|e| e.within(&format!("items[{index}].")))
+            });
+            match checked {
+                Ok(item) => {
+                    valid.push(item);
+                    sources.push(ItemSource::Valid);
+                }
+                Err(error) => sources.push(ItemSource::Invalid(error)),
+            }
+        }
+        Ok((valid, sources))
     }
 
     /// A batch's items parsed, priced together (above the cost budget the batch is refused
@@ -180,6 +245,82 @@ pub fn parse_items(
     Ok(parsed)
 }
 
+/// Where a batch item's outcome comes from ([`Engine::validate_items_shared`]).
+#[derive(Debug)]
+pub enum ItemSource {
+    /// The next of the answers to the distinct valid items.
+    Valid,
+    /// Refused on its own.
+    Invalid(ApiError),
+    /// The JSON of the earlier item at this index, repeated: answered as that item is.
+    Repeats(usize),
+}
+
+/// A batch's outcomes in order from [`Engine::validate_items_shared`]'s sources and the
+/// answers to its distinct valid items (in order): a repeated item gets the answer of the
+/// item it repeats (its `latency_us.total` its own: the time until it was answered), and is
+/// counted in the predicted classes as an answer of its own.
+pub fn shared_outcomes(
+    engine: &Engine,
+    sources: Vec<ItemSource>,
+    answers: impl IntoIterator<Item = Result<EstimateResponse, ApiError>>,
+    started: Instant,
+) -> Vec<BatchItemResponse> {
+    let mut answers = answers.into_iter();
+    let mut outcomes: Vec<BatchItemResponse> = Vec::with_capacity(sources.len());
+    for (index, source) in sources.into_iter().enumerate() {
+        let outcome = match source {
+            ItemSource::Valid => outcome(
+                index,
+                answers.next().expect("one answer per distinct valid item"),
+            ),
+            ItemSource::Invalid(error) => outcome(index, Err(error)),
+            ItemSource::Repeats(earlier) => {
+                let answered = &outcomes[earlier];
+                let mut estimate = answered.estimate.clone();
+                if let Some(estimate) = estimate.as_mut() {
+                    estimate.latency_us.total =
+                        crate::api::answer::round_1(started.elapsed().as_secs_f64() * 1e6);
+                    engine
+                        .metrics
+                        .predicted_class_total
+                        .with_label_values(&[
+                            estimate.family.as_str(),
+                            &estimate.memory.class.index.to_string(),
+                        ])
+                        .inc();
+                }
+                BatchItemResponse {
+                    index,
+                    status: answered.status,
+                    estimate,
+                    error: answered.error.clone(),
+                }
+            }
+        };
+        outcomes.push(outcome);
+    }
+    outcomes
+}
+
+/// One item's outcome as the batch answers it.
+fn outcome(index: usize, outcome: Result<EstimateResponse, ApiError>) -> BatchItemResponse {
+    match outcome {
+        Ok(estimate) => BatchItemResponse {
+            index,
+            status: 200,
+            estimate: Some(estimate),
+            error: None,
+        },
+        Err(error) => BatchItemResponse {
+            index,
+            status: error.status().as_u16(),
+            estimate: None,
+            error: Some(error.problem()),
+        },
+    }
+}
+
 /// A batch's outcomes in order: each item's error (from [`Engine::validate_items`]) or the
 /// next of `answers` (one per valid item, in order).
 pub fn batch_outcomes(
@@ -191,24 +332,11 @@ pub fn batch_outcomes(
         .into_iter()
         .enumerate()
         .map(|(index, error)| {
-            let outcome = match error {
+            let answer = match error {
                 Some(error) => Err(error),
                 None => answers.next().expect("one answer per valid item"),
             };
-            match outcome {
-                Ok(estimate) => BatchItemResponse {
-                    index,
-                    status: 200,
-                    estimate: Some(estimate),
-                    error: None,
-                },
-                Err(error) => BatchItemResponse {
-                    index,
-                    status: error.status().as_u16(),
-                    estimate: None,
-                    error: Some(error.problem()),
-                },
-            }
+            outcome(index, answer)
         })
         .collect()
 }

@@ -535,7 +535,7 @@ fn config_job(
     // The model's activations at another precision or kernel: built again, as each picks
     // its own attention path (grouped-query attention in fp32 runs the math path).
     let known_at = |precision: Precision, kernel: transformer::AttentionKernel| {
-        transformer::build(config_read.clone(), seq_len, precision, kernel)
+        transformer::build_unnamed(config_read.clone(), seq_len, precision, kernel)
             .ok()
             .map(|m| m.activations_with(precision, sharded_weights, loss))
     };

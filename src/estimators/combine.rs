@@ -411,7 +411,7 @@ impl Partial {
             .as_ref()
             .filter(|_| job.learned_estimators_apply())
             .map_or(1.0, |(reach, _)| bound_widening(reach));
-        let mut physics = Physics::of(
+        let (mut physics, stages) = Physics::of_staged(
             job,
             simulated.map(|s| s.cuda_context_mib),
             query.capacity_mib,
@@ -527,7 +527,8 @@ impl Partial {
             // its other values: the range it leaves open widens the bound. (A learned or
             // simulated figure's own errors already hold what its training jobs left unsaid.)
             if physics.source == BreakdownSource::Step {
-                assumed = physics::assumed::ranges(job, step_mib, peak_at_backward);
+                assumed =
+                    physics::assumed::ranges(job, stages.as_ref(), step_mib, peak_at_backward);
                 peak.assumed_log_range =
                     physics::assumed::log_range(&assumed, settled.estimate_mib);
             }

@@ -99,11 +99,31 @@ fn permits_for(len: usize) -> usize {
         .div_ceil(BYTES_PER_PERMIT)
 }
 
+std::thread_local! {
+    /// Whether this thread freed memory to hand back once it is idle
+    /// ([`release_freed_memory_when_idle`]).
+    static RELEASE_DUE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// [`release_freed_memory`] on this thread once it has no more work to do (the estimate
+/// pool's threads check, `http::pool`), not now: pages freed between back-to-back batch parts
+/// are the next part's, and handing them back had the kernel zero them again on the next
+/// part's first touch (under a flood of batches, over half of the server's CPU time).
+pub fn release_freed_memory_when_idle() {
+    RELEASE_DUE.with(|due| due.set(true));
+}
+
+/// Whether this thread has freed memory to hand back once idle.
+pub fn release_due() -> bool {
+    RELEASE_DUE.with(|due| due.get())
+}
+
 /// Hands the heaps' freed pages back to the system, on the calling thread (mimalloc's heaps
 /// are per thread): mimalloc (the service's allocator) and glibc's (ONNX Runtime's buffers)
 /// keep a batch's megabytes of features and answers, or a large body's frames, and a flood of
 /// them would leave the process that much larger for good.
 pub fn release_freed_memory() {
+    RELEASE_DUE.with(|due| due.set(false));
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim only returns free memory at the top of glibc's heaps and arenas; it
     // touches no memory the program holds.

@@ -10,7 +10,7 @@ use crate::api::parse::{parse_estimate, parse_json};
 use crate::api::types::{BatchRequest, BatchResponse, EstimateRequest, EstimateResponse, Problem};
 use crate::engine::answer::{answer_items_until, answer_until};
 use crate::engine::validate::ValidEstimateRequest;
-use crate::engine::{batch_outcomes, Deadline};
+use crate::engine::{shared_outcomes, Deadline};
 use crate::error::ApiError;
 use crate::http::extract::JsonBytes;
 use crate::http::pool::Work;
@@ -111,10 +111,12 @@ pub async fn estimate_batch(
         .await
         .map_err(|_| ApiError::NotReady)?;
     let engine = Arc::clone(&state.engine);
-    let (valid, errors) = state
+    // An item repeating an earlier one's JSON is read and answered once
+    // (`Engine::validate_items_shared`).
+    let (valid, sources) = state
         .pool
         .run(Work::Batch, deadline.clone(), move || {
-            engine.validate_items(request.items)
+            engine.validate_items_shared(request.items)
         })
         .await?;
     // The valid items in parts (`into_parts`), all queued at once: they run side by side,
@@ -129,18 +131,24 @@ pub async fn estimate_batch(
             let work = deadline.clone();
             state.pool.run(Work::Batch, deadline.clone(), move || {
                 let answers = answer_items_until(&engine, &part, &profiles, started, &work);
-                super::body::release_freed_memory();
+                super::body::release_freed_memory_when_idle();
                 answers
             })
         })
         .collect();
-    let mut answers = Vec::with_capacity(errors.len());
+    let mut answers = Vec::with_capacity(sources.len());
     for part in pending {
         answers.extend(part.await?);
     }
-    Ok(Json(BatchResponse {
-        items: batch_outcomes(errors, answers),
-    }))
+    // Repeated items' answers are copied on the pool too.
+    let engine = Arc::clone(&state.engine);
+    let items = state
+        .pool
+        .run(Work::Batch, deadline, move || {
+            Ok(shared_outcomes(&engine, sources, answers, started))
+        })
+        .await?;
+    Ok(Json(BatchResponse { items }))
 }
 
 /// A batch's valid items in order, cut into parts of about equal work (an item ranked on n

@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use crate::engine::Deadline;
 use crate::error::ApiError;
+use crate::http::body;
 use crate::metrics::Metrics;
 
 /// What a piece of work belongs to: its place in the queue and its metric label.
@@ -56,6 +57,10 @@ type Job = Box<dyn FnOnce() + Send>;
 /// milliseconds of work, so singles wait that much longer at most).
 const BATCH_PATIENCE: Duration = Duration::from_millis(20);
 
+/// How long a pool thread stays idle before it hands back the memory a batch part freed
+/// (`body::release_freed_memory_when_idle`).
+const RELEASE_AFTER_IDLE: Duration = Duration::from_millis(20);
+
 #[derive(Default)]
 struct Queues {
     estimates: VecDeque<Job>,
@@ -67,6 +72,10 @@ struct Queues {
 }
 
 impl Queues {
+    fn is_empty(&self) -> bool {
+        self.estimates.is_empty() && self.batches.is_empty()
+    }
+
     /// The next job for a free thread: a batch part that has waited [`BATCH_PATIENCE`] since
     /// it was queued and since the last part was taken, else a single estimate, else a part.
     fn next(&mut self, now: Instant) -> Option<Job> {
@@ -230,6 +239,21 @@ fn serve(shared: &Shared) {
                 }
                 if let Some(job) = queues.next(Instant::now()) {
                     break job;
+                }
+                if body::release_due() {
+                    // Memory a batch part freed goes back to the system once the thread has
+                    // stayed idle a moment; a flood's next part reuses it instead.
+                    let (waited, timeout) = shared
+                        .work
+                        .wait_timeout(queues, RELEASE_AFTER_IDLE)
+                        .unwrap_or_else(|p| p.into_inner());
+                    queues = waited;
+                    if timeout.timed_out() && !queues.closed && queues.is_empty() {
+                        drop(queues);
+                        body::release_freed_memory();
+                        queues = shared.lock();
+                    }
+                    continue;
                 }
                 queues = shared.work.wait(queues).unwrap_or_else(|p| p.into_inner());
             }

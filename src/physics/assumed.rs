@@ -3,6 +3,7 @@
 //! (`physics::uncertainty`) and tell the caller which field to state to narrow it.
 
 use super::peak::Physics;
+use super::step::{self, StepStages};
 use crate::job::setup::OptimizerImplementation;
 use crate::job::{Alternative, Job};
 
@@ -27,11 +28,31 @@ const MIN_RANGE_MIB: f64 = 1.0;
 
 /// For a job the analytic step answers with `step_mib` (its own step's figure, before any
 /// learned correction): each assumed field's moves of it over the field's alternatives, widest
-/// first. Each alternative is one more analytic step of the same layers, but for another
-/// optimizer implementation when the step peaks at the start of backward
+/// first. Each alternative is the analytic step of the same layers again, with only the
+/// stages the field reaches run again ([`StepStages::beside`]: the implementation its model
+/// state's temporaries, the optimizer or master copy the state, a loss, attention or
+/// checkpointing what backward keeps); but not for
+/// another optimizer implementation when the step peaks at the start of backward
 /// (`peak_at_backward`): the implementation only sets the optimizer step's temporaries, and
 /// the alternatives only lower them, so they cannot move that peak.
-pub fn ranges(job: &Job, step_mib: f64, peak_at_backward: bool) -> Vec<AssumedRange> {
+/// `stages`: the job's own step, stage by stage, when already run.
+pub fn ranges(
+    job: &Job,
+    stages: Option<&StepStages>,
+    step_mib: f64,
+    peak_at_backward: bool,
+) -> Vec<AssumedRange> {
+    if job.assumptions().is_empty() {
+        return Vec::new();
+    }
+    let own;
+    let base = match stages {
+        Some(stages) => stages,
+        None => {
+            own = StepStages::of(job, job.setup(), job.known_activations());
+            &own
+        }
+    };
     let mut out: Vec<AssumedRange> = job
         .assumptions()
         .iter()
@@ -43,7 +64,7 @@ pub fn ranges(job: &Job, step_mib: f64, peak_at_backward: bool) -> Vec<AssumedRa
                 {
                     continue;
                 }
-                let moved = step_figure(job, alternative) - step_mib;
+                let moved = step_figure(job, base, alternative) - step_mib;
                 low = low.min(moved);
                 high = high.max(moved);
             }
@@ -60,8 +81,9 @@ pub fn ranges(job: &Job, step_mib: f64, peak_at_backward: bool) -> Vec<AssumedRa
 }
 
 /// The analytic step's figure of `job` with `alternative` in place of the assumed value, as
-/// the answer reads a figure ([`Physics::settle`]).
-fn step_figure(job: &Job, alternative: &Alternative) -> f64 {
+/// the answer reads a figure ([`Physics::settle`]): `base`'s stages that the alternative does
+/// not reach reused.
+fn step_figure(job: &Job, base: &StepStages, alternative: &Alternative) -> f64 {
     let mut setup = job.setup().clone();
     let mut known = job.known_activations();
     match alternative {
@@ -90,7 +112,10 @@ fn step_figure(job: &Job, alternative: &Alternative) -> f64 {
             }
         }
     }
-    settled_figure(&Physics::step_as(job, &setup, known))
+    let memory = base.beside(job, &setup, known);
+    // Debug builds (every test run) hold the reuse to the step run whole.
+    debug_assert_eq!(memory, step::analytic_step_as(job, &setup, known));
+    settled_figure(&Physics::from_step(&memory))
 }
 
 /// A step's figure held to its floor, as the answer reads it.

@@ -110,12 +110,26 @@ impl Physics {
     /// From the job's simulation when it has one and the context cost is known (the manifest's
     /// `simulated` block), else from the analytic formulas.
     pub fn of(job: &Job, cuda_context_mib: Option<f64>, capacity_mib: u64) -> Physics {
+        Physics::of_staged(job, cuda_context_mib, capacity_mib).0
+    }
+
+    /// [`Physics::of`], with the analytic step's stages when the step answers (what the
+    /// assumed fields' alternatives reuse, `physics::assumed`).
+    pub fn of_staged(
+        job: &Job,
+        cuda_context_mib: Option<f64>,
+        capacity_mib: u64,
+    ) -> (Physics, Option<step::StepStages<'_>>) {
         match (job.simulation(), cuda_context_mib) {
-            (Some(simulation), Some(context)) => {
-                Physics::simulated(&on_most_loaded_gpu(job, simulation), context, capacity_mib)
+            (Some(simulation), Some(context)) => (
+                Physics::simulated(&on_most_loaded_gpu(job, simulation), context, capacity_mib),
+                None,
+            ),
+            _ if !job.learned_estimators_apply() => {
+                let stages = step::StepStages::of(job, job.setup(), job.known_activations());
+                (Physics::from_step(&stages.memory), Some(stages))
             }
-            _ if !job.learned_estimators_apply() => Physics::step(job),
-            _ => Physics::analytic(job),
+            _ => (Physics::analytic(job), None),
         }
     }
 
@@ -129,7 +143,11 @@ impl Physics {
     /// [`Physics::step`] of `job`'s layers with `setup` and `known` activations in place of
     /// its own ([`step::analytic_step_as`]).
     pub fn step_as(job: &Job, setup: &Setup, known: Option<KnownActivations>) -> Physics {
-        let memory = step::analytic_step_as(job, setup, known);
+        Physics::from_step(&step::analytic_step_as(job, setup, known))
+    }
+
+    /// The physics of an analytic step's bytes ([`Physics::step_as`]).
+    pub fn from_step(memory: &step::StepMemory) -> Physics {
         let parts = Breakdown {
             parameters: memory.parameters / MIB,
             gradients: memory.gradients / MIB,

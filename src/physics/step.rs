@@ -10,7 +10,7 @@
 //! temporaries). Gradients from earlier micro-batches are alive in both when the step
 //! accumulates. docs/user/setups.md states the rules; each constant says where it comes from.
 
-use crate::job::matched::NamedLayers;
+use crate::job::matched::{self, NamedLayers};
 use crate::job::setup::{
     BaseWeights, Checkpointing, ExpertLayout, LoraTargets, Optimizer, OptimizerImplementation,
     Reference, Setup, Strategy, Trainable,
@@ -115,6 +115,7 @@ fn embedding_factors(layer: &Layer, detail: Option<&LayerDetail>) -> (f64, f64) 
 }
 
 /// Per-layer facts the step model reads.
+#[derive(Clone)]
 struct LayerPlan {
     /// Base parameters that train.
     trainable: f64,
@@ -128,6 +129,9 @@ struct LayerPlan {
     reference_bytes: f64,
     /// Bytes of the optimizer state of this layer's trainable base parameters (non-adapter).
     state_elements_bytes: f64,
+    /// The (in, out) factors of the layer's matrix (Adafactor's), for a linear layer or an
+    /// embedding table.
+    shape: Option<(f64, f64)>,
     /// Bytes of this layer's quantised weight dequantised for its matmul (compute dtype).
     dequantised_bytes: f64,
 }
@@ -175,12 +179,106 @@ pub fn analytic_step(job: &Job) -> StepMemory {
 /// own: what another value of a field the request left unsaid would give
 /// (`physics::assumed`), without copying the job.
 pub fn analytic_step_as(job: &Job, setup: &Setup, known: Option<KnownActivations>) -> StepMemory {
-    // The layers the setup's module lists name, matched once per job (not per card or step).
-    let named = job.named_layers(setup);
-    let plans = plan_layers(job, setup, known, &named);
-    let model = model_state(&plans, setup);
-    let kept = kept_for_backward(job, setup, known, &named, &plans);
-    on_the_gpu(job, setup, &model, &kept)
+    StepStages::of(job, setup, known).memory
+}
+
+/// One analytic step kept stage by stage, so that a step of the same layers with another value
+/// of one field (`physics::assumed`) runs again only the stages that field reaches: an
+/// optimizer implementation only the model state's temporaries, an optimizer or a master copy
+/// the plan's optimizer state and the model state, a loss, an attention kernel or
+/// checkpointing only what backward keeps. Each stage is reused only when every input it reads
+/// is the same, so a step beside it is the step run whole, bit for bit.
+pub struct StepStages<'a> {
+    setup: &'a Setup,
+    known: Option<KnownActivations>,
+    named: std::borrow::Cow<'a, NamedLayers>,
+    plans: Vec<LayerPlan>,
+    sums: LayerSums,
+    model: ModelState,
+    kept: KeptForBackward,
+    /// The step itself.
+    pub memory: StepMemory,
+}
+
+impl<'a> StepStages<'a> {
+    /// The step of `job`'s layers with `setup` and `known` activations, stage by stage.
+    pub fn of(job: &'a Job, setup: &'a Setup, known: Option<KnownActivations>) -> StepStages<'a> {
+        // The layers the setup's module lists name, matched once per job (not per card or step).
+        let named = job.named_layers(setup);
+        let plans = plan_layers(job, setup, known, &named);
+        let model = model_state(&plans, setup);
+        let sums = layer_sums(job, &plans);
+        let kept = kept_for_backward(job, setup, known, &named, &plans, &sums);
+        let memory = on_the_gpu(job, setup, &model, &kept);
+        StepStages {
+            setup,
+            known,
+            named,
+            plans,
+            sums,
+            model,
+            kept,
+            memory,
+        }
+    }
+
+    /// [`analytic_step_as`] of the same job with `setup` and `known`, reusing the stages whose
+    /// inputs are this step's.
+    pub fn beside(&self, job: &Job, setup: &Setup, known: Option<KnownActivations>) -> StepMemory {
+        let base = self.setup;
+        // The module lists name the same layers, and every field the plan reads is the same
+        // (the stored weights read only whether the activations are known) but the
+        // optimizer and the master copy, which only its state reads.
+        let same_plans = matched::same_lists(setup, base)
+            && known.is_some() == self.known.is_some()
+            && setup.precision == base.precision
+            && setup.reference == base.reference
+            && setup.parallelism == base.parallelism
+            && setup.trainable == base.trainable
+            && setup.lora == base.lora;
+        if !same_plans {
+            return analytic_step_as(job, setup, known);
+        }
+        let same_state = setup.optimizer == base.optimizer && setup.fp32_master == base.fp32_master;
+        let restated;
+        let plans = if same_state {
+            &self.plans
+        } else {
+            restated = self
+                .plans
+                .iter()
+                .zip(job.layers())
+                .map(|(plan, layer)| LayerPlan {
+                    state_elements_bytes: layer_state_bytes(
+                        setup,
+                        plan.trainable,
+                        layer,
+                        plan.shape,
+                    ),
+                    ..plan.clone()
+                })
+                .collect::<Vec<_>>();
+            &restated
+        };
+        // The model state reads the plans and, beyond them, the optimizer, its implementation
+        // and the master copy.
+        let model = if same_state && setup.implementation == base.implementation {
+            self.model
+        } else {
+            model_state(plans, setup)
+        };
+        // What backward keeps reads the plans, the activations, checkpointing and the
+        // micro-batch.
+        let kept = if known == self.known
+            && setup.checkpointing == base.checkpointing
+            && setup.micro_batch_size == base.micro_batch_size
+        {
+            self.kept
+        } else {
+            kept_for_backward(job, setup, known, &self.named, plans, &self.sums)
+        };
+        on_the_gpu(job, setup, &model, &kept)
+    }
 }
 
 /// Stage one: each layer's trainable parameters, adapters, stored weights, reference copy,
@@ -196,8 +294,6 @@ fn plan_layers(
     let detail = |i: usize| details.get(i);
     let precision = setup.precision;
     let storage = precision.storage_bytes();
-    // The optimizer's elements: the weights' dtype, or fp32 beside an fp32 master copy.
-    let state_storage = if setup.fp32_master { 4.0 } else { storage };
     let head = layers.iter().rposition(|l| l.kind == LayerKind::Linear);
     let total_params: f64 = layers.iter().map(|l| l.params as f64).sum();
     // Which layers LoRA adapts, and which base weights are quantised (bitsandbytes quantises
@@ -320,21 +416,33 @@ fn plan_layers(
                 weight_bytes,
                 reference_bytes,
                 dequantised_bytes,
-                // An fp32 master copy of what trains goes with the state.
-                state_elements_bytes: state_bytes(
-                    setup.optimizer,
-                    trainable,
-                    state_storage,
-                    layer,
-                    shape,
-                ) + if setup.fp32_master {
-                    trainable * 4.0
-                } else {
-                    0.0
-                },
+                state_elements_bytes: layer_state_bytes(setup, trainable, layer, shape),
+                shape,
             }
         })
         .collect()
+}
+
+/// The optimizer state of one layer's `trainable` base parameters, with the fp32 master copy
+/// of them that goes with it; `shape`: the factors Adafactor keeps.
+fn layer_state_bytes(
+    setup: &Setup,
+    trainable: f64,
+    layer: &Layer,
+    shape: Option<(f64, f64)>,
+) -> f64 {
+    // The optimizer's elements: the weights' dtype, or fp32 beside an fp32 master copy.
+    let state_storage = if setup.fp32_master {
+        4.0
+    } else {
+        setup.precision.storage_bytes()
+    };
+    state_bytes(setup.optimizer, trainable, state_storage, layer, shape)
+        + if setup.fp32_master {
+            trainable * 4.0
+        } else {
+            0.0
+        }
 }
 
 /// Bytes of one layer's base weights as the GPU stores them: quantised, or in the weights'
@@ -386,6 +494,7 @@ fn stored_weight_bytes(
 }
 
 /// What the model's weights, gradients and optimizer hold, whole model, before sharding.
+#[derive(Clone, Copy)]
 struct ModelState {
     weights: f64,
     gradients: f64,
@@ -402,13 +511,27 @@ struct ModelState {
 fn model_state(plans: &[LayerPlan], setup: &Setup) -> ModelState {
     let storage = setup.precision.storage_bytes();
     let state_storage = if setup.fp32_master { 4.0 } else { storage };
-    let adapter_params: f64 = plans.iter().map(|p| p.adapters).sum();
-    let base_trainable: f64 = plans.iter().map(|p| p.trainable).sum();
-    let weights: f64 = plans
-        .iter()
-        .map(|p| p.weight_bytes + p.reference_bytes)
-        .sum::<f64>()
-        + adapter_params * ADAPTER_BYTES;
+    let state_element_bytes =
+        |p: &LayerPlan| p.trainable * state_storage + p.adapters * ADAPTER_BYTES;
+    let gradient_bytes = |p: &LayerPlan| p.trainable * storage + p.adapters * ADAPTER_BYTES;
+    // One pass over the plans: each sum taken in layer order from -0.0, as `Iterator::sum`
+    // takes it, each largest from 0.
+    let (mut adapter_params, mut base_trainable, mut stored, mut layer_state) =
+        (-0.0, -0.0, -0.0, -0.0);
+    let (mut all_state_elements, mut most_state_elements) = (-0.0, 0.0);
+    let (mut trainable_fp32, mut largest_gradient) = (-0.0, 0.0);
+    for p in plans {
+        adapter_params += p.adapters;
+        base_trainable += p.trainable;
+        stored += p.weight_bytes + p.reference_bytes;
+        layer_state += p.state_elements_bytes;
+        let elements = state_element_bytes(p);
+        all_state_elements += elements;
+        most_state_elements = f64::max(most_state_elements, elements);
+        trainable_fp32 += p.trainable * 4.0;
+        largest_gradient = f64::max(largest_gradient, gradient_bytes(p));
+    }
+    let weights: f64 = stored + adapter_params * ADAPTER_BYTES;
     let gradients = base_trainable * storage + adapter_params * ADAPTER_BYTES;
     let adapter_state = if adapter_params > 0.0 {
         let one = Layer {
@@ -420,10 +543,7 @@ fn model_state(plans: &[LayerPlan], setup: &Setup) -> ModelState {
     } else {
         0.0
     };
-    let state: f64 = plans.iter().map(|p| p.state_elements_bytes).sum::<f64>() + adapter_state;
-    let state_element_bytes =
-        |p: &LayerPlan| p.trainable * state_storage + p.adapters * ADAPTER_BYTES;
-    let gradient_bytes = |p: &LayerPlan| p.trainable * storage + p.adapters * ADAPTER_BYTES;
+    let state: f64 = layer_state + adapter_state;
     // The optimizer's temporaries: foreach Adam/Adafactor take one copy of the state's size
     // (the sqrt of the second moments, for all parameters at once); the for-loop one
     // parameter's; fused kernels and bitsandbytes' none to speak of.
@@ -431,19 +551,16 @@ fn model_state(plans: &[LayerPlan], setup: &Setup) -> ModelState {
         (Optimizer::Sgd | Optimizer::Momentum, _) => 0.0,
         (o, _) if o.is_8bit() || o.is_paged() => 0.0,
         (_, OptimizerImplementation::Fused) => 0.0,
-        (_, OptimizerImplementation::Foreach) => plans.iter().map(state_element_bytes).sum(),
-        (_, OptimizerImplementation::ForLoop) => {
-            plans.iter().map(state_element_bytes).fold(0.0, f64::max)
-        }
+        (_, OptimizerImplementation::Foreach) => all_state_elements,
+        (_, OptimizerImplementation::ForLoop) => most_state_elements,
     };
     // With an fp32 master the step also takes an fp32 copy of the gradients it applies.
     let fp32_gradient_copy = if setup.fp32_master {
-        plans.iter().map(|p| p.trainable * 4.0).sum()
+        trainable_fp32
     } else {
         0.0
     };
     let optimizer_temporaries = optimizer_temporaries + fp32_gradient_copy;
-    let largest_gradient = plans.iter().map(gradient_bytes).fold(0.0, f64::max);
 
     ModelState {
         weights,
@@ -457,8 +574,51 @@ fn model_state(plans: &[LayerPlan], setup: &Setup) -> ModelState {
     }
 }
 
+/// What backward's figures read of the layers and their plans whatever the activations,
+/// checkpointing and micro-batch: summed once per plan, not once per alternative.
+struct LayerSums {
+    /// Each layer's output elements per sample.
+    outputs: Vec<f64>,
+    /// Their sum (at least 1).
+    output_total: f64,
+    largest_output: f64,
+    /// The largest quantised weight dequantised for its matmul, bytes.
+    dequantised: f64,
+    /// Each adapted layer's input elements per sample (its positions times its inputs),
+    /// in layer order: what LoRA's adapters keep of it.
+    adapter_inputs: Vec<(usize, f64)>,
+}
+
+fn layer_sums(job: &Job, plans: &[LayerPlan]) -> LayerSums {
+    let layers = job.layers();
+    let details = job.layer_details();
+    let outputs: Vec<f64> = layers.iter().map(|l| l.output_size as f64).collect();
+    let output_total: f64 = outputs.iter().sum::<f64>().max(1.0);
+    let largest_output = outputs.iter().copied().fold(0.0, f64::max);
+    let dequantised = plans
+        .iter()
+        .map(|p| p.dequantised_bytes)
+        .fold(0.0, f64::max);
+    let adapter_inputs = (0..layers.len())
+        .filter(|&i| plans[i].adapters > 0.0)
+        .map(|i| {
+            let (inputs, outputs) = linear_shape(&layers[i], details.get(i));
+            let positions = outputs.max(1.0).recip() * layers[i].output_size as f64;
+            (i, positions * inputs)
+        })
+        .collect();
+    LayerSums {
+        outputs,
+        output_total,
+        largest_output,
+        dequantised,
+        adapter_inputs,
+    }
+}
+
 /// What backward needs at the step's start, bytes: the activations kept and the temporaries
 /// it begins with.
+#[derive(Clone, Copy)]
 struct KeptForBackward {
     activations: f64,
     backward_temporaries: f64,
@@ -476,10 +636,10 @@ fn kept_for_backward(
     known: Option<KnownActivations>,
     named: &NamedLayers,
     plans: &[LayerPlan],
+    sums: &LayerSums,
 ) -> KeptForBackward {
     let layers = job.layers();
     let details = job.layer_details();
-    let detail = |i: usize| details.get(i);
     let precision = setup.precision;
     let storage = precision.storage_bytes();
     let lora = setup.lora.as_ref();
@@ -495,8 +655,7 @@ fn kept_for_backward(
     };
     // A block's input is the residual stream: fp32 under autocast, 16-bit when pure.
     let stream_bytes = storage;
-    let outputs: Vec<f64> = layers.iter().map(|l| l.output_size as f64).collect();
-    let output_total: f64 = outputs.iter().sum::<f64>().max(1.0);
+    let (outputs, output_total) = (&sums.outputs, sums.output_total);
     let share =
         |range: &std::ops::Range<usize>| outputs[range.clone()].iter().sum::<f64>() / output_total;
     // Freeze tuning: autograd records nothing before the first layer that trains (no input
@@ -601,14 +760,24 @@ fn kept_for_backward(
         kept * (1.0 - inside) + inputs + kept * largest
     };
     let adapter_inputs = if adapter_input_bytes > 0.0 {
-        (0..layers.len())
-            .filter(|&i| plans[i].adapters > 0.0)
-            .filter(|&i| !checkpointed.iter().any(|r| r.contains(&i)))
-            .map(|i| {
-                let (inputs, outputs) = linear_shape(&layers[i], detail(i));
-                let positions = outputs.max(1.0).recip() * layers[i].output_size as f64;
-                positions * inputs * micro * adapter_input_bytes
-            })
+        // Which layers a checkpointed block holds, marked once (not each block asked per layer).
+        let mut inside = vec![
+            false;
+            if checkpointed.is_empty() {
+                0
+            } else {
+                layers.len()
+            }
+        ];
+        for range in checkpointed {
+            for i in range.clone().take_while(|&i| i < layers.len()) {
+                inside[i] = true;
+            }
+        }
+        sums.adapter_inputs
+            .iter()
+            .filter(|&&(i, _)| !inside.get(i).copied().unwrap_or(false))
+            .map(|&(_, per_sample)| per_sample * micro * adapter_input_bytes)
             .sum::<f64>()
     } else {
         0.0
@@ -616,11 +785,7 @@ fn kept_for_backward(
     let activations = activations + adapter_inputs;
     // Backward starts with the gradient of the loss's input (the logits, in fp32 for a
     // language model's loss) beside what it keeps.
-    let largest_output = outputs.iter().copied().fold(0.0, f64::max);
-    let dequantised = plans
-        .iter()
-        .map(|p| p.dequantised_bytes)
-        .fold(0.0, f64::max);
+    let (largest_output, dequantised) = (sums.largest_output, sums.dequantised);
     let backward_temporaries = dequantised
         + match known {
             Some(k) => k.backward_temporaries * micro,

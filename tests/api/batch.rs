@@ -96,3 +96,52 @@ async fn a_job_is_answered_the_same_alone_and_inside_a_batch() {
         }
     }
 }
+
+#[tokio::test]
+async fn repeated_items_are_answered_as_alone_and_refused_under_their_own_index() {
+    // An item repeating an earlier one's JSON is read and answered once; every copy is still
+    // the answer the job gets alone, and a repeated invalid item names its own index.
+    let app = spawn_app().await;
+    let config = json!({
+        "transformer_config": {
+            "model_type": "llama", "hidden_size": 2048, "intermediate_size": 5632,
+            "num_hidden_layers": 4, "num_attention_heads": 16, "vocab_size": 32000
+        },
+        "batch_size": 2, "seq_len": 512, "gpu": "rtx-4090",
+        "lora": {"rank": 8, "target_modules": "all-linear", "base_weights": "nf4"}
+    });
+    let wrong_type = json!({"batch_size": "many", "layers": []});
+    let items = json!([
+        example_job(),
+        config.clone(),
+        wrong_type.clone(),
+        example_job(),
+        config.clone(),
+        wrong_type,
+        example_job()
+    ]);
+    let batch = app
+        .post_json_value("/v1/estimate/batch", &json!({ "items": items }))
+        .await;
+    let answered = batch["items"].as_array().unwrap();
+    assert_eq!(answered.len(), 7);
+    for (index, (job, item)) in items.as_array().unwrap().iter().zip(answered).enumerate() {
+        assert_eq!(item["index"], index);
+        if job["batch_size"] == "many" {
+            assert_eq!(item["status"], 422, "{item}");
+            let detail = item["error"]["detail"].as_str().unwrap();
+            assert!(
+                detail.contains(&format!("items[{index}].batch_size")),
+                "{detail}"
+            );
+            continue;
+        }
+        assert_eq!(item["status"], 200, "{item}");
+        let alone = app.post_json_value("/v1/estimate", job).await;
+        assert_eq!(
+            without_latency(item["estimate"].clone()),
+            without_latency(alone),
+            "item {index}"
+        );
+    }
+}

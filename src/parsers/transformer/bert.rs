@@ -1,7 +1,7 @@
 //! BERT-style encoders (BERT, RoBERTa, XLM-R): post-norm, its masked-LM prediction head, or
 //! the pooler and `classifier` of a sequence classifier.
 
-use super::{dotted, dropout, product, Body, Builder, Head, Saved, Shapes};
+use super::{dropout, product, Body, Builder, Head, Saved, Shapes};
 use crate::job::validated::LayerKind;
 
 /// The embeddings and the blocks (the head follows in [`super::build`]).
@@ -61,63 +61,63 @@ pub(super) fn body(b: &mut Builder, s: &Shapes, outside: &mut Saved) -> Body {
     for i in 0..c.layers {
         let p = format!("bert.encoder.layer.{i}");
         b.push(
-            dotted(&p, "attention.self"),
+            b.name(&p, "attention.self"),
             LayerKind::Attention,
             0,
             c.hidden,
             attention_flops,
         );
         b.linear(
-            dotted(&p, "attention.self.query"),
+            b.name(&p, "attention.self.query"),
             c.hidden,
             c.hidden,
             true,
             true,
         );
         b.linear(
-            dotted(&p, "attention.self.key"),
+            b.name(&p, "attention.self.key"),
             c.hidden,
             c.hidden,
             true,
             true,
         );
         b.linear(
-            dotted(&p, "attention.self.value"),
+            b.name(&p, "attention.self.value"),
             c.hidden,
             c.hidden,
             true,
             true,
         );
         b.linear(
-            dotted(&p, "attention.output.dense"),
+            b.name(&p, "attention.output.dense"),
             c.hidden,
             c.hidden,
             true,
             true,
         );
-        b.layer_norm(dotted(&p, "attention.output.LayerNorm"), c.hidden);
+        b.layer_norm(b.name(&p, "attention.output.LayerNorm"), c.hidden);
         b.linear(
-            dotted(&p, "intermediate.dense"),
+            b.name(&p, "intermediate.dense"),
             c.hidden,
             c.intermediate,
             true,
             true,
         );
         b.push(
-            dotted(&p, "intermediate.intermediate_act_fn"),
+            b.name(&p, "intermediate.intermediate_act_fn"),
             LayerKind::Gelu,
             0,
             c.intermediate,
             0,
         );
         b.linear(
-            dotted(&p, "output.dense"),
+            b.name(&p, "output.dense"),
             c.intermediate,
             c.hidden,
             true,
             true,
         );
-        b.layer_norm(dotted(&p, "output.LayerNorm"), c.hidden);
+        b.layer_norm(b.name(&p, "output.LayerNorm"), c.hidden);
         let mut block = s.attention_saved(q);
         block.autocast_copies += 2.0 * h;
         block.add(post_norm);

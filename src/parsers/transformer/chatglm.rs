@@ -2,7 +2,7 @@
 //! one fused `query_key_value` (multi-query groups), a fused SwiGLU `dense_h_to_4h`, and an
 //! output layer of its own over the padded vocabulary.
 
-use super::{dotted, dropout, Body, Builder, Head, Saved, Shapes};
+use super::{dropout, Body, Builder, Head, Saved, Shapes};
 use crate::job::validated::LayerKind;
 
 /// The embeddings and the blocks (the head follows in [`super::build`]).
@@ -38,45 +38,45 @@ pub(super) fn body(b: &mut Builder, s: &Shapes, outside: &mut Saved) -> Body {
     let (qd, kvd) = (c.heads * c.head_dim, c.kv_heads * c.head_dim);
     for i in 0..c.layers {
         let p = format!("transformer.encoder.layers.{i}");
-        push_norm(b, dotted(&p, "input_layernorm"));
+        push_norm(b, b.name(&p, "input_layernorm"));
         b.push(
-            dotted(&p, "self_attention.core_attention"),
+            b.name(&p, "self_attention.core_attention"),
             LayerKind::Attention,
             0,
             c.hidden,
             attention_flops,
         );
         b.linear(
-            dotted(&p, "self_attention.query_key_value"),
+            b.name(&p, "self_attention.query_key_value"),
             c.hidden,
             qd + 2 * kvd,
             c.qkv_bias,
             true,
         );
         b.linear(
-            dotted(&p, "self_attention.dense"),
+            b.name(&p, "self_attention.dense"),
             qd,
             c.hidden,
             c.mlp_bias,
             true,
         );
-        push_norm(b, dotted(&p, "post_attention_layernorm"));
+        push_norm(b, b.name(&p, "post_attention_layernorm"));
         b.linear(
-            dotted(&p, "mlp.dense_h_to_4h"),
+            b.name(&p, "mlp.dense_h_to_4h"),
             c.hidden,
             2 * c.intermediate,
             c.mlp_bias,
             true,
         );
         b.push(
-            dotted(&p, "mlp.activation_func"),
+            b.name(&p, "mlp.activation_func"),
             LayerKind::Silu,
             0,
             c.intermediate,
             0,
         );
         b.linear(
-            dotted(&p, "mlp.dense_4h_to_h"),
+            b.name(&p, "mlp.dense_4h_to_h"),
             c.intermediate,
             c.hidden,
             c.mlp_bias,

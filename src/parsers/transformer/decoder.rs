@@ -1,7 +1,7 @@
 //! Llama-style decoders (Llama, Mistral, Qwen2/3, Gemma, Phi-3, Mixtral and Qwen MoE, OLMo,
 //! Granite, InternLM2): pre-RMSNorm, rotary, gated MLP or routed experts.
 
-use super::{dotted, Body, Builder, Head, Saved, Shapes};
+use super::{Body, Builder, Head, Saved, Shapes};
 use crate::job::names::Experts;
 use crate::job::validated::LayerKind;
 
@@ -28,9 +28,9 @@ pub(super) fn body(b: &mut Builder, s: &Shapes, outside: &mut Saved) -> Body {
     );
     for i in 0..c.layers {
         let p = format!("model.layers.{i}");
-        b.rms_norm(dotted(&p, "input_layernorm"), c.hidden);
+        b.rms_norm(b.name(&p, "input_layernorm"), c.hidden);
         b.push(
-            dotted(&p, "self_attn"),
+            b.name(&p, "self_attn"),
             LayerKind::Attention,
             0,
             c.hidden,
@@ -39,7 +39,7 @@ pub(super) fn body(b: &mut Builder, s: &Shapes, outside: &mut Saved) -> Body {
         let (qd, kvd) = (c.heads * c.head_dim, c.kv_heads * c.head_dim);
         if c.fused {
             b.linear(
-                dotted(&p, "self_attn.qkv_proj"),
+                b.name(&p, "self_attn.qkv_proj"),
                 c.hidden,
                 qd + 2 * kvd,
                 c.qkv_bias,
@@ -47,29 +47,29 @@ pub(super) fn body(b: &mut Builder, s: &Shapes, outside: &mut Saved) -> Body {
             );
         } else {
             b.linear(
-                dotted(&p, "self_attn.q_proj"),
+                b.name(&p, "self_attn.q_proj"),
                 c.hidden,
                 qd,
                 c.qkv_bias,
                 true,
             );
             b.linear(
-                dotted(&p, "self_attn.k_proj"),
+                b.name(&p, "self_attn.k_proj"),
                 c.hidden,
                 kvd,
                 c.qkv_bias,
                 true,
             );
             b.linear(
-                dotted(&p, "self_attn.v_proj"),
+                b.name(&p, "self_attn.v_proj"),
                 c.hidden,
                 kvd,
                 c.qkv_bias,
                 true,
             );
         }
-        b.linear(dotted(&p, "self_attn.o_proj"), qd, c.hidden, false, true);
-        b.rms_norm(dotted(&p, "post_attention_layernorm"), c.hidden);
+        b.linear(b.name(&p, "self_attn.o_proj"), qd, c.hidden, false, true);
+        b.rms_norm(b.name(&p, "post_attention_layernorm"), c.hidden);
         let mut block = rms;
         block.add(s.attention_saved(if sixteen { kv } else { q }));
         block.add(rms);
@@ -79,9 +79,9 @@ pub(super) fn body(b: &mut Builder, s: &Shapes, outside: &mut Saved) -> Body {
         }
         if c.experts > 0 {
             let (e, k) = (c.experts, c.experts_per_token);
-            b.linear(dotted(&p, "mlp.gate"), c.hidden, e, false, true);
+            b.linear(b.name(&p, "mlp.gate"), c.hidden, e, false, true);
             b.experts(
-                dotted(&p, "mlp.experts"),
+                b.name(&p, "mlp.experts"),
                 Experts {
                     count: e,
                     hidden: c.hidden,
@@ -90,7 +90,7 @@ pub(super) fn body(b: &mut Builder, s: &Shapes, outside: &mut Saved) -> Body {
                 k,
             );
             b.push(
-                dotted(&p, "mlp.experts.act_fn"),
+                b.name(&p, "mlp.experts.act_fn"),
                 LayerKind::Silu,
                 0,
                 k * c.intermediate,
@@ -113,24 +113,24 @@ pub(super) fn body(b: &mut Builder, s: &Shapes, outside: &mut Saved) -> Body {
             };
             if c.fused {
                 b.linear(
-                    dotted(&p, "mlp.gate_up_proj"),
+                    b.name(&p, "mlp.gate_up_proj"),
                     c.hidden,
                     2 * c.intermediate,
                     c.mlp_bias,
                     true,
                 );
-                b.push(dotted(&p, "mlp.activation_fn"), act, 0, c.intermediate, 0);
+                b.push(b.name(&p, "mlp.activation_fn"), act, 0, c.intermediate, 0);
             } else {
                 b.linear(
-                    dotted(&p, "mlp.gate_proj"),
+                    b.name(&p, "mlp.gate_proj"),
                     c.hidden,
                     c.intermediate,
                     c.mlp_bias,
                     true,
                 );
-                b.push(dotted(&p, "mlp.act_fn"), act, 0, c.intermediate, 0);
+                b.push(b.name(&p, "mlp.act_fn"), act, 0, c.intermediate, 0);
                 b.linear(
-                    dotted(&p, "mlp.up_proj"),
+                    b.name(&p, "mlp.up_proj"),
                     c.hidden,
                     c.intermediate,
                     c.mlp_bias,
@@ -138,7 +138,7 @@ pub(super) fn body(b: &mut Builder, s: &Shapes, outside: &mut Saved) -> Body {
                 );
             }
             b.linear(
-                dotted(&p, "mlp.down_proj"),
+                b.name(&p, "mlp.down_proj"),
                 c.intermediate,
                 c.hidden,
                 c.mlp_bias,

@@ -1,6 +1,6 @@
 //! GPT-2: learned positions, LayerNorm, a fused qkv projection (`c_attn`), GELU MLP.
 
-use super::{dotted, dropout, Body, Builder, Head, Saved, Shapes};
+use super::{dropout, Body, Builder, Head, Saved, Shapes};
 use crate::job::validated::LayerKind;
 
 /// The embeddings and the blocks (the head follows in [`super::build`]).
@@ -41,41 +41,41 @@ pub(super) fn body(b: &mut Builder, s: &Shapes, outside: &mut Saved) -> Body {
     outside.mask += resid * h;
     for i in 0..c.layers {
         let p = format!("transformer.h.{i}");
-        b.layer_norm(dotted(&p, "ln_1"), c.hidden);
+        b.layer_norm(b.name(&p, "ln_1"), c.hidden);
         b.push(
-            dotted(&p, "attn"),
+            b.name(&p, "attn"),
             LayerKind::Attention,
             0,
             c.hidden,
             attention_flops,
         );
         b.linear(
-            dotted(&p, "attn.c_attn"),
+            b.name(&p, "attn.c_attn"),
             c.hidden,
             3 * c.hidden,
             true,
             true,
         );
-        b.linear(dotted(&p, "attn.c_proj"), c.hidden, c.hidden, true, true);
+        b.linear(b.name(&p, "attn.c_proj"), c.hidden, c.hidden, true, true);
         b.push(
-            dotted(&p, "attn.resid_dropout"),
+            b.name(&p, "attn.resid_dropout"),
             LayerKind::Dropout,
             0,
             c.hidden,
             0,
         );
-        b.layer_norm(dotted(&p, "ln_2"), c.hidden);
-        b.linear(dotted(&p, "mlp.c_fc"), c.hidden, c.intermediate, true, true);
-        b.push(dotted(&p, "mlp.act"), LayerKind::Gelu, 0, c.intermediate, 0);
+        b.layer_norm(b.name(&p, "ln_2"), c.hidden);
+        b.linear(b.name(&p, "mlp.c_fc"), c.hidden, c.intermediate, true, true);
+        b.push(b.name(&p, "mlp.act"), LayerKind::Gelu, 0, c.intermediate, 0);
         b.linear(
-            dotted(&p, "mlp.c_proj"),
+            b.name(&p, "mlp.c_proj"),
             c.intermediate,
             c.hidden,
             true,
             true,
         );
         b.push(
-            dotted(&p, "mlp.dropout"),
+            b.name(&p, "mlp.dropout"),
             LayerKind::Dropout,
             0,
             c.hidden,

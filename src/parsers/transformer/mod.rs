@@ -128,9 +128,21 @@ struct Builder {
     seq: u64,
     layers: Vec<Layer>,
     details: Vec<LayerDetail>,
+    /// Whether the modules are named: not when the model is built only for its activations
+    /// ([`build_unnamed`]), which read no name.
+    named: bool,
 }
 
 impl Builder {
+    /// The module path `prefix.name` ([`dotted`]), or nothing (no allocation) unnamed.
+    fn name(&self, prefix: &str, name: &str) -> String {
+        if self.named {
+            dotted(prefix, name)
+        } else {
+            String::new()
+        }
+    }
+
     fn push(&mut self, name: String, kind: LayerKind, params: u64, outputs: u64, flops: u64) {
         self.layers.push(Layer {
             kind,
@@ -289,6 +301,28 @@ pub fn build(
     precision: Precision,
     kernel: AttentionKernel,
 ) -> Result<TransformerModel, ConfigError> {
+    build_named(config, seq_len, precision, kernel, true)
+}
+
+/// [`build`] without the modules' names (`details` hold none): for a model built again only
+/// for its activations at another precision or attention kernel
+/// ([`TransformerModel::activations_with`] reads no name), at a fraction of the cost.
+pub fn build_unnamed(
+    config: TransformerConfig,
+    seq_len: u64,
+    precision: Precision,
+    kernel: AttentionKernel,
+) -> Result<TransformerModel, ConfigError> {
+    build_named(config, seq_len, precision, kernel, false)
+}
+
+fn build_named(
+    config: TransformerConfig,
+    seq_len: u64,
+    precision: Precision,
+    kernel: AttentionKernel,
+    named: bool,
+) -> Result<TransformerModel, ConfigError> {
     let c = &config;
     let mut warnings = c.notes.clone();
     let seq = seq_len;
@@ -330,6 +364,7 @@ pub fn build(
         seq,
         layers: Vec::with_capacity(expected),
         details: Vec::with_capacity(expected),
+        named,
     };
     let mut outside = Saved {
         int64: 1.0,
@@ -576,6 +611,26 @@ mod tests {
             "num_hidden_layers": 32, "num_attention_heads": 32, "vocab_size": 32000,
             "torch_dtype": "bfloat16", "unknown_key": [1, 2, 3]
         })
+    }
+
+    #[test]
+    fn a_model_built_unnamed_has_the_same_layers_and_activations() {
+        for kernel in [AttentionKernel::Auto, AttentionKernel::Eager] {
+            for precision in [Precision::Bf16, Precision::AmpBf16, Precision::Fp32] {
+                let named = build(config(llama()).unwrap(), 512, precision, kernel).unwrap();
+                let unnamed =
+                    build_unnamed(config(llama()).unwrap(), 512, precision, kernel).unwrap();
+                assert_eq!(named.layers, unnamed.layers);
+                for loss in [LossImplementation::UpcastFp32, LossImplementation::Fused] {
+                    for sharded in [false, true] {
+                        assert_eq!(
+                            named.activations_with(precision, sharded, loss),
+                            unnamed.activations_with(precision, sharded, loss)
+                        );
+                    }
+                }
+            }
+        }
     }
 
     #[test]

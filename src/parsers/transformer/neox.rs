@@ -1,7 +1,7 @@
 //! GPT-NeoX (Pythia, StableLM alpha): LayerNorm, fused `query_key_value`, parallel
 //! residual by default.
 
-use super::{dotted, dropout, Body, Builder, Head, Saved, Shapes};
+use super::{dropout, Body, Builder, Head, Saved, Shapes};
 use crate::job::validated::LayerKind;
 
 /// The embeddings and the blocks (the head follows in [`super::build`]).
@@ -27,39 +27,39 @@ pub(super) fn body(b: &mut Builder, s: &Shapes, outside: &mut Saved) -> Body {
     outside.mask += resid * h;
     for i in 0..c.layers {
         let p = format!("gpt_neox.layers.{i}");
-        b.layer_norm(dotted(&p, "input_layernorm"), c.hidden);
+        b.layer_norm(b.name(&p, "input_layernorm"), c.hidden);
         b.push(
-            dotted(&p, "attention"),
+            b.name(&p, "attention"),
             LayerKind::Attention,
             0,
             c.hidden,
             attention_flops,
         );
         b.linear(
-            dotted(&p, "attention.query_key_value"),
+            b.name(&p, "attention.query_key_value"),
             c.hidden,
             3 * c.hidden,
             true,
             true,
         );
         b.linear(
-            dotted(&p, "attention.dense"),
+            b.name(&p, "attention.dense"),
             c.hidden,
             c.hidden,
             true,
             true,
         );
-        b.layer_norm(dotted(&p, "post_attention_layernorm"), c.hidden);
+        b.layer_norm(b.name(&p, "post_attention_layernorm"), c.hidden);
         b.linear(
-            dotted(&p, "mlp.dense_h_to_4h"),
+            b.name(&p, "mlp.dense_h_to_4h"),
             c.hidden,
             c.intermediate,
             true,
             true,
         );
-        b.push(dotted(&p, "mlp.act"), LayerKind::Gelu, 0, c.intermediate, 0);
+        b.push(b.name(&p, "mlp.act"), LayerKind::Gelu, 0, c.intermediate, 0);
         b.linear(
-            dotted(&p, "mlp.dense_4h_to_h"),
+            b.name(&p, "mlp.dense_4h_to_h"),
             c.intermediate,
             c.hidden,
             true,

@@ -1,6 +1,6 @@
 //! Phi-1/Phi-2: one LayerNorm read by attention and MLP in parallel, GELU MLP, biased head.
 
-use super::{dotted, dropout, Body, Builder, Head, Saved, Shapes};
+use super::{dropout, Body, Builder, Head, Saved, Shapes};
 use crate::job::validated::LayerKind;
 
 /// The embeddings and the blocks (the head follows in [`super::build`]).
@@ -28,28 +28,28 @@ pub(super) fn body(b: &mut Builder, s: &Shapes, outside: &mut Saved) -> Body {
     outside.mask += resid * h;
     for i in 0..c.layers {
         let p = format!("model.layers.{i}");
-        b.layer_norm(dotted(&p, "input_layernorm"), c.hidden);
+        b.layer_norm(b.name(&p, "input_layernorm"), c.hidden);
         b.push(
-            dotted(&p, "self_attn"),
+            b.name(&p, "self_attn"),
             LayerKind::Attention,
             0,
             c.hidden,
             attention_flops,
         );
         let (qd, kvd) = (c.heads * c.head_dim, c.kv_heads * c.head_dim);
-        b.linear(dotted(&p, "self_attn.q_proj"), c.hidden, qd, true, true);
-        b.linear(dotted(&p, "self_attn.k_proj"), c.hidden, kvd, true, true);
-        b.linear(dotted(&p, "self_attn.v_proj"), c.hidden, kvd, true, true);
-        b.linear(dotted(&p, "self_attn.dense"), qd, c.hidden, true, true);
-        b.linear(dotted(&p, "mlp.fc1"), c.hidden, c.intermediate, true, true);
+        b.linear(b.name(&p, "self_attn.q_proj"), c.hidden, qd, true, true);
+        b.linear(b.name(&p, "self_attn.k_proj"), c.hidden, kvd, true, true);
+        b.linear(b.name(&p, "self_attn.v_proj"), c.hidden, kvd, true, true);
+        b.linear(b.name(&p, "self_attn.dense"), qd, c.hidden, true, true);
+        b.linear(b.name(&p, "mlp.fc1"), c.hidden, c.intermediate, true, true);
         b.push(
-            dotted(&p, "mlp.activation_fn"),
+            b.name(&p, "mlp.activation_fn"),
             LayerKind::Gelu,
             0,
             c.intermediate,
             0,
         );
-        b.linear(dotted(&p, "mlp.fc2"), c.intermediate, c.hidden, true, true);
+        b.linear(b.name(&p, "mlp.fc2"), c.intermediate, c.hidden, true, true);
         let mut block = layer_norm;
         block.autocast_copies += 3.0 * h;
         block.add(s.attention_saved(if sixteen { kv } else { q }));

@@ -1,6 +1,6 @@
 //! T5-style encoder-decoders (T5, mT5, UMT5): RMSNorm, relative position bias, cross-attention.
 
-use super::{dotted, dropout, Body, Builder, Head, Saved, Shapes};
+use super::{dropout, Body, Builder, Head, Saved, Shapes};
 use crate::job::validated::LayerKind;
 
 /// The embeddings and the blocks (the head follows in [`super::build`]).
@@ -48,9 +48,9 @@ pub(super) fn body(b: &mut Builder, s: &Shapes, outside: &mut Saved) -> Body {
     let stack = |b: &mut Builder, stack: &str, count: u64, cross: bool| {
         for i in 0..count {
             let p = format!("{stack}.block.{i}.layer");
-            b.rms_norm(dotted(&p, "0.layer_norm"), c.hidden);
+            b.rms_norm(b.name(&p, "0.layer_norm"), c.hidden);
             b.push(
-                dotted(&p, "0.SelfAttention"),
+                b.name(&p, "0.SelfAttention"),
                 LayerKind::Attention,
                 0,
                 c.hidden,
@@ -61,24 +61,24 @@ pub(super) fn body(b: &mut Builder, s: &Shapes, outside: &mut Saved) -> Body {
                 "0.SelfAttention.k",
                 "0.SelfAttention.v",
             ] {
-                b.linear(dotted(&p, proj), c.hidden, qd, false, true);
+                b.linear(b.name(&p, proj), c.hidden, qd, false, true);
             }
             if i == 0 {
                 b.push(
-                    dotted(&p, "0.SelfAttention.relative_attention_bias"),
+                    b.name(&p, "0.SelfAttention.relative_attention_bias"),
                     LayerKind::Embedding,
                     c.relative_buckets * c.heads,
                     c.heads * seq,
                     0,
                 );
             }
-            b.linear(dotted(&p, "0.SelfAttention.o"), qd, c.hidden, false, true);
+            b.linear(b.name(&p, "0.SelfAttention.o"), qd, c.hidden, false, true);
             // The feed-forward sublayer follows the attention sublayers.
-            let ffn = dotted(&p, if cross { "2" } else { "1" });
+            let ffn = b.name(&p, if cross { "2" } else { "1" });
             if cross {
-                b.rms_norm(dotted(&p, "1.layer_norm"), c.hidden);
+                b.rms_norm(b.name(&p, "1.layer_norm"), c.hidden);
                 b.push(
-                    dotted(&p, "1.EncDecAttention"),
+                    b.name(&p, "1.EncDecAttention"),
                     LayerKind::Attention,
                     0,
                     c.hidden,
@@ -89,39 +89,39 @@ pub(super) fn body(b: &mut Builder, s: &Shapes, outside: &mut Saved) -> Body {
                     "1.EncDecAttention.k",
                     "1.EncDecAttention.v",
                 ] {
-                    b.linear(dotted(&p, proj), c.hidden, qd, false, true);
+                    b.linear(b.name(&p, proj), c.hidden, qd, false, true);
                 }
-                b.linear(dotted(&p, "1.EncDecAttention.o"), qd, c.hidden, false, true);
+                b.linear(b.name(&p, "1.EncDecAttention.o"), qd, c.hidden, false, true);
             }
-            b.rms_norm(dotted(&ffn, "layer_norm"), c.hidden);
+            b.rms_norm(b.name(&ffn, "layer_norm"), c.hidden);
             if c.gated {
                 b.linear(
-                    dotted(&ffn, "DenseReluDense.wi_0"),
+                    b.name(&ffn, "DenseReluDense.wi_0"),
                     c.hidden,
                     ff,
                     false,
                     true,
                 );
                 b.linear(
-                    dotted(&ffn, "DenseReluDense.wi_1"),
+                    b.name(&ffn, "DenseReluDense.wi_1"),
                     c.hidden,
                     ff,
                     false,
                     true,
                 );
             } else {
-                b.linear(dotted(&ffn, "DenseReluDense.wi"), c.hidden, ff, false, true);
+                b.linear(b.name(&ffn, "DenseReluDense.wi"), c.hidden, ff, false, true);
             }
             b.push(
-                dotted(&ffn, "DenseReluDense.act"),
+                b.name(&ffn, "DenseReluDense.act"),
                 LayerKind::Relu,
                 0,
                 ff,
                 0,
             );
-            b.linear(dotted(&ffn, "DenseReluDense.wo"), ff, c.hidden, false, true);
+            b.linear(b.name(&ffn, "DenseReluDense.wo"), ff, c.hidden, false, true);
         }
-        b.rms_norm(dotted(stack, "final_layer_norm"), c.hidden);
+        b.rms_norm(b.name(stack, "final_layer_norm"), c.hidden);
     };
     stack(b, "encoder", c.layers, false);
     stack(b, "decoder", c.decoder_layers, true);
