@@ -13,8 +13,8 @@ use crate::engine::files;
 use crate::error::ApiError;
 use crate::job::setup::{
     BaseWeights, Checkpointing, ExpertLayout, LossImplementation, Optimizer,
-    OptimizerImplementation, Precision, UncheckedLora, UncheckedNames, UncheckedOffload,
-    UncheckedParallelism, UncheckedZero,
+    OptimizerImplementation, Precision, Strategy, UncheckedLora, UncheckedNames, UncheckedOffload,
+    UncheckedParallelism, UncheckedZero, ZeroBuffers, MAX_ZERO_ELEMENTS,
 };
 use crate::job::{
     echo, Confidence, Job, LayerKind, MemoryFraction, SavedTensors, SimulatedCategories,
@@ -467,6 +467,7 @@ fn config_job(
         .unwrap_or_default();
     // Kept to build the model again at an unstated field's other values.
     let config_read = parsed.clone();
+    let hidden = parsed.hidden as f64;
     let mut model = transformer::build(parsed, seq_len, precision, kernel).map_err(invalid)?;
     let mut warnings = std::mem::take(&mut model.warnings);
     if text_only {
@@ -545,8 +546,37 @@ fn config_job(
         .then(|| known_at(precision, transformer::AttentionKernel::Eager))
         .flatten();
     let job = with_assumed_setup(request, job, assumed_dtype, &|p| known_at(p, kernel), eager);
+    let job = with_assumed_zero(request, job, hidden);
     let job = with_assumed_expert_layout(request, job, &mut warnings);
     Ok((with_assumed_implementation(request, job), warnings))
+}
+
+/// Notes unstated ZeRO-3 buffers: DeepSpeed's defaults are assumed (a 5e8-element gradient
+/// bucket allocated whole, 5e7 prefetched), and Hugging Face's `"auto"` values from the hidden
+/// size `h` (bucket `h^2`, prefetch `0.9 h^2`, persistence `10 h`), which its integration
+/// writes into most configs, bound the range.
+fn with_assumed_zero(request: &EstimateRequest, job: Job, hidden: f64) -> Job {
+    let setup = job.setup();
+    let defaults = ZeroBuffers::default();
+    if request.zero.is_some()
+        || setup.parallelism.strategy != Strategy::Zero3
+        || setup.zero != defaults
+        || hidden < 1.0
+    {
+        return job;
+    }
+    let square = (hidden * hidden).min(MAX_ZERO_ELEMENTS as f64);
+    let auto = ZeroBuffers {
+        reduce_bucket: (square as u64).max(1),
+        prefetch_bucket: (0.9 * square) as u64,
+        persistence_threshold: (10.0 * hidden) as u64,
+        ..defaults
+    };
+    job.with_assumption(Assumption {
+        field: "zero",
+        assumed: "deepspeed_defaults",
+        alternatives: vec![Alternative::Zero(auto)],
+    })
 }
 
 /// Notes an unstated expert layout where it matters (a mixture of experts under a quantised

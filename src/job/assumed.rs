@@ -5,6 +5,7 @@
 use super::activations::KnownActivations;
 use super::setup::{
     Checkpointing, ExpertLayout, LossImplementation, Optimizer, OptimizerImplementation, Precision,
+    ZeroBuffers,
 };
 
 /// Another value an assumed field could have taken, as the job would hold it.
@@ -26,6 +27,8 @@ pub enum Alternative {
     Attention(KnownActivations),
     /// An fp32 master copy of what trains, stepped in fp32 (DeepSpeed's 16-bit modes).
     MasterWeights,
+    /// DeepSpeed ZeRO's buffers at other sizes (Hugging Face's `"auto"` values).
+    Zero(ZeroBuffers),
 }
 
 /// One field the request did not state: the value assumed and the others worth running (the

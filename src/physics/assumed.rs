@@ -106,6 +106,7 @@ fn step_figure(job: &Job, base: &StepStages, alternative: &Alternative) -> f64 {
         }
         Alternative::Checkpointing(checkpointing) => setup.checkpointing = checkpointing.clone(),
         Alternative::MasterWeights => setup.fp32_master = true,
+        Alternative::Zero(zero) => setup.zero = *zero,
         Alternative::ExpertLayout(layout) => {
             if let Some(lora) = setup.lora.as_mut() {
                 lora.expert_layout = *layout;

@@ -313,3 +313,33 @@ async fn every_unstated_setup_field_that_moves_the_figure_is_listed() {
         assert!(field(&assumed(&moved), name).is_none(), "{name}");
     }
 }
+
+/// ZeRO-3 without its buffer sizes: DeepSpeed's defaults are assumed, and Hugging Face's
+/// `"auto"` values from the hidden size bound the range (the same figure as stating them).
+#[tokio::test]
+async fn unsaid_zero3_buffers_are_listed_with_hugging_faces_auto_values() {
+    let app = spawn_app().await;
+    let job = json!({
+        "transformer_config": config("llama"),
+        "seq_len": 2048, "batch_size": 1, "precision": "bf16", "optimizer": "adamw",
+        "parallelism": {"strategy": "zero3", "world_size": 8},
+    });
+    let unsaid = app.post_json_value("/v1/estimate", &job).await;
+    let list = assumed(&unsaid);
+    let zero = field(&list, "zero").unwrap_or_else(|| panic!("{}", unsaid["memory"]));
+    assert_eq!(zero["assumed"], "deepspeed_defaults");
+    let hidden = config("llama")["hidden_size"].as_u64().unwrap();
+    let auto = json!({"reduce_bucket_size": hidden * hidden,
+                      "prefetch_bucket_size": hidden * hidden * 9 / 10,
+                      "param_persistence_threshold": 10 * hidden});
+    let stated = app
+        .post_json_value("/v1/estimate", &with(job.clone(), "zero", auto))
+        .await;
+    assert!(field(&assumed(&stated), "zero").is_none());
+    let figure = mib(&stated["memory"]["estimate_mib"]);
+    assert!(
+        (mib(&zero["low_mib"]) - figure).abs() <= 1.0,
+        "{zero} vs {figure}"
+    );
+    assert!(figure < mib(&unsaid["memory"]["estimate_mib"]));
+}

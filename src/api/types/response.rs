@@ -426,7 +426,8 @@ pub struct UncertaintyResponse {
 pub struct AssumedResponse {
     /// The request field, e.g. `precision`, `optimizer`, `activation_checkpointing`,
     /// `attention`, `master_weights`, `load.torch_dtype`, `loss_implementation`,
-    /// `optimizer_implementation` or `stack`.
+    /// `optimizer_implementation`, `zero` (DeepSpeed's defaults against Hugging Face's
+    /// `"auto"` buffer sizes) or `stack`.
     pub field: String,
     /// The value the answer assumed.
     pub assumed: String,
