@@ -196,6 +196,7 @@ fn decide(
             .map_err(|e| Refusal::Deny(422, e))?
             .is_some();
         if let (Some(job), false) = (job, placed) {
+            pods::price(template).map_err(|e| Refusal::Deny(413, e))?;
             annotated.push((template, job));
         }
     }
@@ -257,6 +258,18 @@ fn decide(
         .collect();
     let patch =
         serde_json::to_vec(&ops).map_err(|e| Refusal::Failed(ApiError::Internal(e.to_string())))?;
+    // The templates' prices bound it already; this is the promise kept whatever they miss.
+    if patch.len() > pods::MAX_PATCH_BYTES {
+        return Err(Refusal::Deny(
+            413,
+            format!(
+                "the placement would take a {}-byte JSON Patch; at most {} are written (fewer \
+                 node selector terms or templates)",
+                patch.len(),
+                pods::MAX_PATCH_BYTES
+            ),
+        ));
+    }
     use base64::Engine as _;
     Ok(AdmissionResponse {
         patch_type: Some("JSONPatch".into()),

@@ -450,6 +450,62 @@ async fn a_malformed_job_annotation_is_denied_with_the_validation_message() {
 }
 
 #[tokio::test]
+async fn a_flood_of_node_selector_terms_is_refused_before_any_work_with_a_small_answer() {
+    let app = admission_app(&PRODUCTS).await;
+    let with_terms = |terms: Vec<Value>| {
+        let mut object = pod(Some(&small_mlp()));
+        object["spec"]["affinity"] = json!({"nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}});
+        object
+    };
+    // 200,000 empty terms (600 KB): once one patch operation each, listing every product.
+    let object = with_terms(vec![json!({}); 200_000]);
+    let response = app
+        .post_json(ROUTE, &review(("", "v1", "Pod"), object))
+        .await;
+    assert_eq!(response.status(), 200);
+    let bytes = response.bytes().await.unwrap();
+    assert!(bytes.len() < 4096, "{} bytes", bytes.len());
+    let body: Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(body["response"]["allowed"], false);
+    assert_eq!(body["response"]["status"]["code"], 413);
+    assert!(body["response"]["status"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("200000 node selector terms"));
+    // As many requirements as terms allow, over the limit on requirements.
+    let requirement = json!({"key": "zone", "operator": "In", "values": ["a"]});
+    let object = with_terms(vec![
+        json!({"matchExpressions": vec![requirement.clone(); 9]});
+        64
+    ]);
+    let response = answer(&app, &review(("", "v1", "Pod"), object)).await;
+    assert_eq!(response["status"]["code"], 413, "{response:#}");
+    // At the limit: placed, and a term that selects nothing is left selecting nothing (the
+    // product requirement added to it would widen where the pod may go).
+    let mut terms = vec![json!({"matchExpressions": [requirement]}); 63];
+    terms.push(json!({}));
+    let object = with_terms(terms);
+    let placed = patched(
+        &object,
+        &answer(&app, &review(("", "v1", "Pod"), object.clone())).await,
+    );
+    let terms = placed["spec"]["affinity"]["nodeAffinity"]
+        ["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        .as_array()
+        .unwrap();
+    assert_eq!(terms[63], json!({}));
+    assert!(terms[..63]
+        .iter()
+        .all(|t| t["matchExpressions"].as_array().unwrap().len() == 2));
+    // More containers than read.
+    let mut object = pod(Some(&small_mlp()));
+    object["spec"]["containers"] = json!(vec![json!({"name": "c", "image": "i"}); 65]);
+    let response = answer(&app, &review(("", "v1", "Pod"), object)).await;
+    assert_eq!(response["status"]["code"], 413, "{response:#}");
+}
+
+#[tokio::test]
 async fn a_named_gpu_narrows_the_affinity_to_that_card() {
     let app = admission_app(&PRODUCTS).await;
     let mut job = small_mlp();
