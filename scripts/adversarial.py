@@ -86,6 +86,7 @@ def main():
             ("idempotency_churn_200x990", calibration.idempotency_churn),
             ("profile_key_churn", calibration.profile_key_churn),
             ("admission_node_selector_flood", admission.node_selector_flood),
+            ("one_byte_chunks_150x65000", connections.one_byte_chunks),
         ]:
             if wanted(name):
                 reports.append(run_attack(server, name, attack))

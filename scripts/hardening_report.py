@@ -37,6 +37,7 @@ SENT = {
     "(b) gpucast.sqlite3 overwritten with garbage, restart",
     "cli_oversized_input": "`gpucast estimate` on a 50 MB file",
     "sigterm_with_half_sent_header": "SIGTERM while a socket holds half a request header",
+    "one_byte_chunks_150x65000": "150 sockets: a chunked POST of 65,000 one-byte chunks each, held unfinished",
     "admission_node_selector_flood": "AdmissionReviews of a pod annotated with the README job whose required "
     "node affinity holds [{}] x 200,000 and x 520,000 terms, then 64 one-requirement terms",
 }

@@ -392,3 +392,60 @@ def unknown_field_echo(port):
     expect_statuses({str(status): 1}, {"400", "422"})
     target("the echo under 4 KB", len(answer) < 4096, f"{len(answer)} bytes for a {len(body)}-byte body")
     return collections.Counter({str(status): 1}), measured
+
+
+def one_byte_chunks(port, connections=150, chunks=65_000):
+    """150 sockets each send a chunked POST of 65,000 one-byte chunks (under the free 64 KiB
+    each) and hold it unfinished until the body timeout. A body holds its bytes, not an entry
+    (and a pinned read buffer) per chunk: RSS grows at most 100 MiB."""
+    server = CURRENT["server"]
+    baseline = server.rss_mib()
+    head = (
+        f"POST /v1/estimate HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+    ).encode()
+    payload = head + b"1\r\nx\r\n" * chunks
+    socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(connections)]
+    peak, stop = [baseline], threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            peak[0] = max(peak[0], server.rss_mib())
+            time.sleep(0.02)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+
+    def send(sock):
+        try:
+            sock.sendall(payload)
+        except OSError:
+            pass
+
+    senders = [threading.Thread(target=send, args=(s,)) for s in socks]
+    started = time.time()
+    for thread in senders:
+        thread.start()
+    for thread in senders:
+        thread.join()
+    sent_seconds = round(time.time() - started, 2)
+    statuses = collections.Counter(read_status(s, 30) for s in socks)
+    stop.set()
+    sampler.join()
+    for sock in socks:
+        sock.close()
+    growth = peak[0] - baseline
+    measured = {
+        "rss_baseline_mib": round(baseline, 1),
+        "rss_peak_mib": round(peak[0], 1),
+        "rss_growth_mib": round(growth, 1),
+        "wire_bytes_per_socket": len(payload),
+        "all_sent_after_s": sent_seconds,
+    }
+    target(
+        f"{connections} x {chunks:,} one-byte chunks held: RSS +100 MiB at most",
+        growth <= 100,
+        f"{baseline:.1f} -> peak {peak[0]:.1f} MiB (+{growth:.1f})",
+    )
+    expect_statuses(statuses, {"408", "503"})
+    return statuses, measured
