@@ -87,6 +87,7 @@ def main():
             ("profile_key_churn", calibration.profile_key_churn),
             ("admission_node_selector_flood", admission.node_selector_flood),
             ("one_byte_chunks_150x65000", connections.one_byte_chunks),
+            ("one_address_1100_idle", connections.one_address_holds_all),
         ]:
             if wanted(name):
                 reports.append(run_attack(server, name, attack))

@@ -449,3 +449,86 @@ def one_byte_chunks(port, connections=150, chunks=65_000):
     )
     expect_statuses(statuses, {"408", "503"})
     return statuses, measured
+
+
+def one_address_holds_all(port, sockets=1_100, requests=20):
+    """1,100 idle sockets from 127.0.0.2 (opened, never a byte sent, reopened as the header
+    timeout closes them), past the port's 1,024 connections; meanwhile 20 requests from
+    127.0.0.1, one after another. One address holds at most its own cap: every request of the
+    other is answered, each within 2 s."""
+    held, stop = [], threading.Event()
+
+    def open_one():
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind(("127.0.0.2", 0))
+        sock.settimeout(2)
+        try:
+            sock.connect(("127.0.0.1", port))
+        except OSError:
+            sock.close()
+            return None
+        return sock
+
+    def hold():
+        while not stop.is_set():
+            alive = []
+            for sock in held:
+                sock.setblocking(False)
+                try:
+                    closed = sock.recv(1) == b""
+                except BlockingIOError:
+                    closed = False
+                except OSError:
+                    closed = True
+                if closed:
+                    sock.close()
+                else:
+                    alive.append(sock)
+            held[:] = alive
+            while len(held) < sockets and not stop.is_set():
+                sock = open_one()
+                if sock is None:
+                    break
+                held.append(sock)
+            time.sleep(0.2)
+
+    for _ in range(sockets):
+        sock = open_one()
+        if sock is not None:
+            held.append(sock)
+    opened = len(held)
+    holder = threading.Thread(target=hold, daemon=True)
+    holder.start()
+    time.sleep(0.5)
+    statuses, seconds = collections.Counter(), []
+    for _ in range(requests):
+        started = time.perf_counter()
+        status = request(port, "GET", "/v1/gpus", timeout=5)
+        seconds.append(round(time.perf_counter() - started, 3))
+        statuses[str(status)] += 1
+        time.sleep(0.2)
+    stop.set()
+    holder.join()
+    still_open = 0
+    for sock in held:
+        sock.setblocking(False)
+        try:
+            still_open += sock.recv(1) != b""
+        except BlockingIOError:
+            still_open += 1
+        except OSError:
+            pass
+        sock.close()
+    answered = statuses.get("200", 0)
+    measured = {
+        "sockets_opened_from_127.0.0.2": opened,
+        "held_open_at_the_end": still_open,
+        "other_address_seconds_max": max(seconds),
+        "other_address_statuses": dict(statuses),
+    }
+    target(
+        f"{sockets:,} idle sockets from one address: {requests} of {requests} requests from another answered, each within 2 s",
+        answered == requests and max(seconds) <= 2,
+        f"{answered}/{requests} answered, slowest {max(seconds)} s; {still_open} of the address's sockets held open",
+    )
+    return statuses, measured
