@@ -61,6 +61,8 @@ def main():
     # first: RUSAGE_CHILDREN is then the CLI's own maximum (no server has been reaped yet)
     if wanted("cli_oversized_input"):
         reports.append(cli.cli_oversized_input(binary))
+    if wanted("cli_hub_cache"):
+        reports.append(cli.cli_hub_cache(binary))
     server = Server(binary, free_port(), extra_args=("--admission",))
     SERVER_PID[0] = server.process.pid
     try:

@@ -36,6 +36,8 @@ SENT = {
     "store_faults": "(a) 20 observations, SIGKILL, bytes flipped in a middle WAL frame, restart; "
     "(b) gpucast.sqlite3 overwritten with garbage, restart",
     "cli_oversized_input": "`gpucast estimate` on a 50 MB file",
+    "cli_hub_cache": "`gpucast estimate --config org/m`, HF_HUB_OFFLINE=1, on caches holding a sparse 3 GB "
+    "config.json, a refs/main naming an absolute path out of the cache, a config.json linked out of it",
     "sigterm_with_half_sent_header": "SIGTERM while a socket holds half a request header",
     "one_byte_chunks_150x65000": "150 sockets: a chunked POST of 65,000 one-byte chunks each, held unfinished",
     "one_address_1100_idle": "1,100 idle sockets from 127.0.0.2, reopened as they are closed, while 127.0.0.1 "
