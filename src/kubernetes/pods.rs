@@ -145,6 +145,15 @@ pub fn templates<'a>(
             pod,
         })
     };
+    let known = match (kind.group.as_str(), kind.kind.as_str()) {
+        ("", "Pod") => Some("v1"),
+        ("batch", "Job") => Some("batch/v1"),
+        ("kubeflow.org", "PyTorchJob") => Some("kubeflow.org/v1"),
+        _ => None,
+    };
+    if let Some(expected) = known {
+        check_version(kind, object, expected)?;
+    }
     match (kind.group.as_str(), kind.kind.as_str()) {
         ("", "Pod") => Ok(vec![Template {
             pointer: String::new(),
@@ -179,6 +188,33 @@ pub fn templates<'a>(
     }
 }
 
+/// A kind the webhook places is read only at the version it knows (`expected`, as the
+/// object's `apiVersion` says it): the review's `kind.version` and the object's own
+/// `apiVersion`, when it has one, must both be it.
+fn check_version(kind: &GroupVersionKind, object: &Value, expected: &str) -> Result<(), String> {
+    let reviewed = if kind.group.is_empty() {
+        kind.version.clone()
+    } else {
+        format!("{}/{}", kind.group, kind.version)
+    };
+    if reviewed != expected {
+        return Err(format!(
+            "request.kind: {} {} is not read; the webhook places {} {expected}",
+            crate::job::echo(&reviewed),
+            crate::job::echo(&kind.kind),
+            crate::job::echo(&kind.kind)
+        ));
+    }
+    match object.get("apiVersion") {
+        None | Some(Value::Null) => Ok(()),
+        Some(Value::String(declared)) if declared == expected => Ok(()),
+        Some(declared) => Err(format!(
+            "request.object.apiVersion: {} does not match request.kind ({expected})",
+            crate::job::echo(&declared.to_string())
+        )),
+    }
+}
+
 /// The operations that give `template` a required node affinity on `products` (kept with
 /// whatever affinity it has) and the `annotations`.
 pub fn placement_ops(
@@ -194,7 +230,18 @@ pub fn placement_ops(
         // Each term must also ask for the product: the terms are ORed, the expressions of a
         // term ANDed. A term that selects nothing is left so ([`selects`]).
         Some(terms) => {
-            for (index, term) in terms.iter().enumerate().filter(|(_, t)| selects(t)) {
+            // A term that asks for these products already (a pod of a placed template) is
+            // left as it is.
+            let placed = |term: &Value| {
+                term.get("matchExpressions")
+                    .and_then(Value::as_array)
+                    .is_some_and(|list| list.contains(&requirement))
+            };
+            for (index, term) in terms
+                .iter()
+                .enumerate()
+                .filter(|(_, t)| selects(t) && !placed(t))
+            {
                 let path = format!(
                     "{}/spec/affinity/nodeAffinity/{required}/nodeSelectorTerms/{index}/matchExpressions",
                     template.pointer
@@ -222,12 +269,19 @@ pub fn placement_ops(
             );
         }
     }
-    add_members(
-        &mut ops,
-        template,
-        &["metadata", "annotations"],
-        annotations,
-    );
+    // Only the annotations that change: a pod of a placed template carries them already.
+    let annotations: Map<String, Value> = annotations
+        .into_iter()
+        .filter(|(key, value)| template.annotation(key).ok().flatten() != value.as_str())
+        .collect();
+    if !annotations.is_empty() {
+        add_members(
+            &mut ops,
+            template,
+            &["metadata", "annotations"],
+            annotations,
+        );
+    }
     ops
 }
 
