@@ -108,6 +108,8 @@ def main():
         except Exception as error:
             target("the attack ran to its end", False, f"{type(error).__name__}: {error}", attack="store_faults")
             reports.append({"attack": "store_faults", "crashed": f"{type(error).__name__}: {error}"})
+    if wanted("tls_half_open_1100"):
+        reports.append(connections.tls_half_open_handshakes(binary))
     if wanted("sigterm_with_half_sent_header"):
         reports.append(connections.sigterm_with_half_header(binary))
         sigterm = reports[-1]

@@ -42,6 +42,8 @@ SENT = {
     "one_byte_chunks_150x65000": "150 sockets: a chunked POST of 65,000 one-byte chunks each, held unfinished",
     "one_address_1100_idle": "1,100 idle sockets from 127.0.0.2, reopened as they are closed, while 127.0.0.1 "
     "sends 20 GET /v1/gpus one after another",
+    "tls_half_open_1100": "a TLS port: 1,100 sockets from 127.0.0.2 each sending a ClientHello's 5-byte "
+    "record header and stopping, reopened as they are closed, while 127.0.0.1 sends 20 HTTPS GET /v1/gpus",
     "admission_node_selector_flood": "AdmissionReviews of a pod annotated with the README job whose required "
     "node affinity holds [{}] x 200,000 and x 520,000 terms, then 64 one-requirement terms",
 }

@@ -19,6 +19,7 @@ from harness import Server, call, call_json, free_port, raw_http, request
 from .suite import (
     CURRENT,
     MIB,
+    ROOT,
     RSS_SETTLE_MARGIN_MIB,
     SERVER_PID,
     concurrently,
@@ -451,12 +452,14 @@ def one_byte_chunks(port, connections=150, chunks=65_000):
     return statuses, measured
 
 
-def one_address_holds_all(port, sockets=1_100, requests=20):
+def one_address_holds_all(port, sockets=1_100, requests=20, first_bytes=b"", ask=None):
     """1,100 idle sockets from 127.0.0.2 (opened, never a byte sent, reopened as the header
     timeout closes them), past the port's 1,024 connections; meanwhile 20 requests from
     127.0.0.1, one after another. One address holds at most its own cap: every request of the
-    other is answered, each within 2 s."""
+    other is answered, each within 2 s. (`first_bytes`: what each socket sends once open;
+    `ask`: the other address's request, GET /v1/gpus by default.)"""
     held, stop = [], threading.Event()
+    ask = ask or (lambda: request(port, "GET", "/v1/gpus", timeout=5))
 
     def open_one():
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -464,6 +467,8 @@ def one_address_holds_all(port, sockets=1_100, requests=20):
         sock.settimeout(2)
         try:
             sock.connect(("127.0.0.1", port))
+            if first_bytes:
+                sock.sendall(first_bytes)
         except OSError:
             sock.close()
             return None
@@ -503,7 +508,7 @@ def one_address_holds_all(port, sockets=1_100, requests=20):
     statuses, seconds = collections.Counter(), []
     for _ in range(requests):
         started = time.perf_counter()
-        status = request(port, "GET", "/v1/gpus", timeout=5)
+        status = ask()
         seconds.append(round(time.perf_counter() - started, 3))
         statuses[str(status)] += 1
         time.sleep(0.2)
@@ -532,3 +537,58 @@ def one_address_holds_all(port, sockets=1_100, requests=20):
         f"{answered}/{requests} answered, slowest {max(seconds)} s; {still_open} of the address's sockets held open",
     )
     return statuses, measured
+
+
+def tls_half_open_handshakes(binary):
+    """The same from 127.0.0.2 against a TLS port (the test certificate): each socket sends the
+    first bytes of a ClientHello record (a 5-byte header announcing 512 bytes) and stops, a
+    handshake left half-open until the header timeout; 20 HTTPS requests from 127.0.0.1."""
+    import http.client
+    import ssl
+    import urllib.request as fetch
+
+    CURRENT["attack"] = "tls_half_open_1100"
+    port, health = free_port(), free_port()
+    tls = os.path.join(ROOT, "tests", "fixtures", "tls")
+    server = Server(
+        binary,
+        port,
+        extra_args=(
+            "--tls-cert",
+            os.path.join(tls, "cert.pem"),
+            "--tls-key",
+            os.path.join(tls, "key.pem"),
+            "--health-listen",
+            f"127.0.0.1:{health}",
+        ),
+        must_start=False,
+        ready_timeout=1,
+    )
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        try:
+            if fetch.urlopen(f"http://127.0.0.1:{health}/readyz", timeout=1).status == 200:
+                break
+        except Exception:
+            time.sleep(0.2)
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+
+    def ask():
+        connection = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=5)
+        try:
+            connection.request("GET", "/v1/gpus")
+            return connection.getresponse().status
+        except Exception as error:
+            return type(error).__name__
+        finally:
+            connection.close()
+
+    try:
+        statuses, measured = one_address_holds_all(port, first_bytes=b"\x16\x03\x01\x02\x00", ask=ask)
+    finally:
+        server.stop()
+    report = {"attack": "tls_half_open_1100", "attacker_statuses": dict(statuses), "measured": measured}
+    print(json.dumps(report), flush=True)
+    return report
