@@ -39,7 +39,7 @@ import time
 from attacks import admission, calibration, cli, connections
 from attacks.suite import MIB, ROOT, SERVER_PID, TARGETS, check_existing, run_attack, target
 from hardening_report import PAGE, brief, write_page, write_report
-from harness import DATA_DIRS, Server, free_port
+from harness import DATA_DIRS, Server, commit, free_port
 
 
 def main():
@@ -53,6 +53,7 @@ def main():
     out = args[1] if len(args) > 1 else os.path.join(ROOT, "load-tests", "adversarial.json")
     command = " ".join(["python3", os.path.relpath(os.path.abspath(__file__), os.getcwd())] + sys.argv[1:])
     suite_started = time.time()
+    measured_at = commit()  # before the report's own files change the checkout
     reports = []
 
     def wanted(name):
@@ -137,7 +138,7 @@ def main():
     suite_seconds = round(time.time() - suite_started, 1)
     write_report(out, command, shown, suite_seconds, reports, failed)
     if only is None:  # the page is the whole suite's
-        write_page(PAGE, command, shown, reports, failed)
+        write_page(PAGE, command, shown, reports, failed, at=measured_at)
     print(
         f"report: {out}; page: {'docs/reports/hardening.md' if only is None else 'not written (--only)'}; {suite_seconds} s"
     )
