@@ -5,6 +5,8 @@ every target) and docs/reports/hardening.md (the generated page), from what the 
 import datetime
 import json
 import os
+import re
+import tempfile
 
 from harness import commit
 from attacks.suite import RSS_PEAK_TARGET_MIB, RSS_SETTLE_MARGIN_MIB, TARGETS
@@ -36,12 +38,34 @@ SENT = {
     "store_faults": "(a) 20 observations, SIGKILL, bytes flipped in a middle WAL frame, restart; "
     "(b) gpucast.sqlite3 overwritten with garbage, restart",
     "cli_oversized_input": "`gpucast estimate` on a 50 MB file",
+    "cli_hub_cache": "`gpucast estimate --config org/m`, HF_HUB_OFFLINE=1, on caches holding a sparse 3 GB "
+    "config.json, a refs/main naming an absolute path out of the cache, a config.json linked out of it",
     "sigterm_with_half_sent_header": "SIGTERM while a socket holds half a request header",
+    "one_byte_chunks_150x65000": "150 sockets: a chunked POST of 65,000 one-byte chunks each, held unfinished",
+    "one_address_1100_idle": "1,100 idle sockets from 127.0.0.2, reopened as they are closed, while 127.0.0.1 "
+    "sends 20 GET /v1/gpus one after another",
+    "tls_half_open_1100": "a TLS port: 1,100 sockets from 127.0.0.2 each sending a ClientHello's 5-byte "
+    "record header and stopping, reopened as they are closed, while 127.0.0.1 sends 20 HTTPS GET /v1/gpus",
+    "admission_node_selector_flood": "AdmissionReviews of a pod annotated with the README job whose required "
+    "node affinity holds [{}] x 200,000 and x 520,000 terms, then 64 one-requirement terms",
 }
+
+
+# A temporary file's or folder's path (a store, a damaged copy, an oversized input): named by
+# what it is, never by where this machine put it.
+TEMPORARY = re.compile(re.escape(tempfile.gettempdir().rstrip("/")) + r"/gpucast-[^\s\"',;:)]*")
+
+
+def scrub(text):
+    """`text` without this machine's paths: temporary ones as `$TMP/...`, the checkout's
+    relative to it."""
+    text = TEMPORARY.sub("$TMP/...", text)
+    return text.replace(ROOT + os.sep, "")
 
 
 def brief(value, limit=400):
     text = value if isinstance(value, str) else json.dumps(value, separators=(", ", ": "))
+    text = scrub(text)
     text = text.replace("|", "\\|").replace("\n", " ")
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
@@ -85,13 +109,16 @@ def came_back(report):
     return "; ".join(parts)
 
 
-def write_page(path, command, binary, reports, failed):
+def write_page(path, command, binary, reports, failed, at=None):
+    """The page; `at`: the commit measured (taken before anything was written, so that the
+    report's own files do not mark it changed), else the checkout's now."""
+    at = at or commit()
     lines = [
         "# Hardening: what the adversarial suite measured",
         "",
         f"Written by `{command}` on "
         f"{datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')} at commit "
-        f"`{commit()}`, against `{binary}` on a {os.cpu_count()}-core machine. Generated: do not edit by hand; "
+        f"`{at}`, against `{binary}` on a {os.cpu_count()}-core machine. Generated: do not edit by hand; "
         "run the command again.",
         "",
         f"Targets: peak RSS <= {RSS_PEAK_TARGET_MIB} MiB under every attack and back within "
@@ -152,17 +179,16 @@ def write_page(path, command, binary, reports, failed):
 
 def write_report(out, command, binary, suite_seconds, reports, failed):
     """load-tests/adversarial.json (or `out`): every attack's report, every target, the failed ones."""
+    text = json.dumps(
+        {
+            "binary": binary,
+            "command": command,
+            "suite_seconds": suite_seconds,
+            "attacks": reports,
+            "targets": TARGETS,
+            "failed_targets": [f"{t['attack']}: {t['target']}" for t in failed],
+        },
+        indent=1,
+    )
     with open(out, "w") as handle:
-        json.dump(
-            {
-                "binary": binary,
-                "command": command,
-                "suite_seconds": suite_seconds,
-                "attacks": reports,
-                "targets": TARGETS,
-                "failed_targets": [f"{t['attack']}: {t['target']}" for t in failed],
-            },
-            handle,
-            indent=1,
-        )
-        handle.write("\n")
+        handle.write(scrub(text) + "\n")

@@ -25,8 +25,12 @@ case's CPU seconds a request per run and their median) last.
 
 searches instead: that many random bodies up to the limits (MAX_LAYERS layers, 256 names of
 256 characters in every module list, 16 cards, config.json jobs of up to 512 layers at long
-sequences and large worlds, module printouts of thousands of repeated blocks, batches of 256
-such items), each sent once and its CPU time measured as above. Prints the worst five and a
+sequences and large worlds, the same wrapped as a multimodal config's `text_config`, module
+printouts of thousands of repeated blocks or convolutions, batches of 256 such items, posts of
+up to 1,000 observations of such jobs, AdmissionReviews of pods annotated with such a job and
+up to 200,000 node selector terms), on every route that does work (/v1/estimate,
+/v1/estimate/batch, /v1/calibration/observations, /v1/kubernetes/admission), each sent once
+and its CPU time measured as above. Prints the worst five and a
 JSON summary whose `worst_cpu_seconds` the issue's target holds to at most 1 s.
 """
 
@@ -232,7 +236,76 @@ def random_printout_body(rng):
     }
 
 
-FORMS = {"layers": random_layers_body, "config": random_config_body, "printout": random_printout_body}
+def random_wrapped_config_body(rng):
+    """A config job whose config is a multimodal wrapper (LLaVA's shape): the language model
+    under `text_config`, nothing sized at the top."""
+    body = random_config_body(rng)
+    body["transformer_config"] = {"model_type": "llava", "text_config": body["transformer_config"]}
+    return body
+
+
+def random_conv_printout_body(rng):
+    blocks = rng.choice([64, 4095])
+    text = f"Net(\n  (0-{blocks - 1}): {blocks} x Conv2d(64, 64, kernel_size=(3, 3), stride=(1, 1), padding=(1, 1))\n)"
+    return {
+        "summary": {"format": "module_print", "text": text},
+        "batch_size": rng.choice([1, 64]),
+        "input_shape": [64, 32, 32],
+        "gpu": rng.sample(GPUS, rng.choice([1, 16])),
+    }
+
+
+FORMS = {
+    "layers": random_layers_body,
+    "config": random_config_body,
+    "wrapped config": random_wrapped_config_body,
+    "printout": random_printout_body,
+    "conv printout": random_conv_printout_body,
+}
+
+
+def observations_body(items):
+    """POST /v1/calibration/observations of `items` (jobs of the forms above), each observed on
+    one card at most of its memory."""
+    observations = []
+    for job in items:
+        job = dict(job)
+        job.pop("gpu", None)
+        observations.append({"gpu": "a100-80gb", "job": job, "observed_peak_mib": 80000})
+    return observations
+
+
+def admission_body(rng, job):
+    """An AdmissionReview of a pod annotated with `job` (one card's worth), its required node
+    affinity holding a random number of terms (up to 200,000 empty ones)."""
+    job = dict(job)
+    job.pop("gpu", None)
+    terms = rng.choice([0, 64, 200_000])
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "train", "annotations": {"gpucast.dev/job": json.dumps(job)}},
+        "spec": {"containers": [{"name": "t", "image": "t:1"}]},
+    }
+    if terms:
+        term = {} if terms > 64 else {"matchExpressions": [{"key": "zone", "operator": "Exists"}]}
+        pod["spec"]["affinity"] = {
+            "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term] * terms}}
+        }
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "operation": "CREATE",
+            "object": pod,
+        },
+    }
+
+
+def fits(body):
+    return body is not None and len(json.dumps(body).encode()) <= BODY_LIMIT
 
 
 def fitted(body):
@@ -252,14 +325,21 @@ def search(server, port, count, seed):
     pid = server.process.pid
     results = []
     for n in range(count):
-        form = rng.choice([*FORMS, "batch"])
+        form = rng.choice([*FORMS, "batch", "observations", "admission"])
+        item_form = rng.choice(list(FORMS))
         if form == "batch":
-            item_form = rng.choice(list(FORMS))
             items = [FORMS[item_form](rng) for _ in range(rng.choice([4, 256]))]
             body, path = fitted_batch(items), "/v1/estimate/batch"
+        elif form == "observations":
+            items = [FORMS[item_form](rng) for _ in range(rng.choice([1, 256, 1000]))]
+            body, path = observations_body(items), "/v1/calibration/observations"
+            while len(body) > 1 and not fits(body):
+                del body[len(body) // 2 :]
+        elif form == "admission":
+            body, path = admission_body(rng, FORMS[item_form](rng)), "/v1/kubernetes/admission"
         else:
             body, path = fitted(FORMS[form](rng)), "/v1/estimate"
-        if body is None:
+        if not fits(body):
             continue
         size = len(json.dumps(body).encode())
         before = settled_cpu(pid, quiet=0.3)
@@ -267,7 +347,11 @@ def search(server, port, count, seed):
         status, answer = call_json(port, "POST", path, body, timeout=900)
         wall = time.perf_counter() - started
         cpu = settled_cpu(pid, quiet=0.3) - before
-        shape = form if form != "batch" else f"batch of {len(body['items'])} {item_form}"
+        shape = {
+            "batch": lambda: f"batch of {len(body['items'])} {item_form}",
+            "observations": lambda: f"{len(body)} observations of {item_form}",
+            "admission": lambda: f"admission of {item_form}",
+        }.get(form, lambda: form)()
         results.append(
             {
                 "n": n,
@@ -326,7 +410,7 @@ def main():
     with tempfile.TemporaryDirectory(prefix="gpucast-request-cpu-") as store:
         # A request timeout of its own: the hostile body took 40 s before issue 34's change,
         # and it is the work that is measured, not the 503.
-        server = Server(binary, port, data_dir=store, extra_args=("--request-timeout-secs", "900"))
+        server = Server(binary, port, data_dir=store, extra_args=("--request-timeout-secs", "900", "--admission"))
         try:
             if searched:
                 summary["search"] = search(server, port, searched, seed)

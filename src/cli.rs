@@ -82,7 +82,7 @@ pub fn estimate(args: &EstimateArgs) -> i32 {
             Ok(items) => match engine.estimate_items(items, started) {
                 Ok(items) => {
                     let response = BatchResponse { items };
-                    let value = serde_json::to_value(&response).expect("answers serialise");
+                    let value = as_sent(&response);
                     print(args.format, &value, true);
                     0
                 }
@@ -95,7 +95,7 @@ pub fn estimate(args: &EstimateArgs) -> i32 {
             parse_estimate(&bytes, "").and_then(|request| engine.estimate(&request, started));
         match outcome {
             Ok(response) => {
-                let value = serde_json::to_value(&response).expect("answers serialise");
+                let value = as_sent(&response);
                 print(args.format, &value, false);
                 0
             }
@@ -621,6 +621,14 @@ fn offline_engine(args: &EstimateArgs) -> Result<Engine, String> {
         )),
         cost_budget: args.max_request_cost,
     })
+}
+
+/// An answer as the service sends it: through its JSON text, so that an `f32` figure prints
+/// as its shortest form (`0.078`), as HTTP's do, not widened to an `f64` (`serde_json`'s
+/// `to_value` gives `0.07800000160932541`).
+fn as_sent<T: serde::Serialize>(answer: &T) -> Value {
+    let text = serde_json::to_string(answer).expect("answers serialise");
+    serde_json::from_str(&text).expect("answers parse back")
 }
 
 fn print(format: OutputFormat, value: &Value, batch: bool) {

@@ -333,6 +333,16 @@ pub struct ServeConfig {
     #[arg(long, env = "GPUCAST_MAX_CONNECTIONS", default_value_t = 1024)]
     pub max_connections: usize,
 
+    /// Connections open at once from one client address (an IPv6 /64 counts as one), below
+    /// --max-connections so one address cannot take every connection; at most a quarter of
+    /// them (and no more than 32) in a TLS handshake at once.
+    #[arg(
+        long,
+        env = "GPUCAST_MAX_CONNECTIONS_PER_ADDRESS",
+        default_value_t = DEFAULT_MAX_CONNECTIONS_PER_ADDRESS
+    )]
+    pub max_connections_per_address: usize,
+
     /// Host names (comma-separated) that writes may carry in `Host` and `Origin` besides the
     /// loopback names of a loopback listener; a reachable listener checks them when given.
     #[arg(long, env = "GPUCAST_ALLOWED_HOSTS", value_delimiter = ',')]
@@ -462,6 +472,9 @@ pub struct ServeConfig {
 
 /// The largest request body, bytes (`--max-body-bytes`; `gpucast estimate` reads no more).
 pub const DEFAULT_MAX_BODY_BYTES: usize = 2 * 1024 * 1024;
+
+/// The default of --max-connections-per-address: a quarter of the default --max-connections.
+pub const DEFAULT_MAX_CONNECTIONS_PER_ADDRESS: usize = 256;
 /// Jobs in one batch (`--max-batch-items`; `gpucast estimate --batch` too).
 pub const DEFAULT_MAX_BATCH_ITEMS: usize = 256;
 /// The most work units one request may cost (`--max-request-cost`; `gpucast estimate` too):
@@ -617,6 +630,10 @@ impl ServeConfig {
             ),
             ("--max-body-bytes-in-flight", self.max_body_bytes_in_flight),
             ("--max-connections", self.max_connections),
+            (
+                "--max-connections-per-address",
+                self.max_connections_per_address,
+            ),
             ("--max-concurrent-batches", self.max_concurrent_batches),
             ("--sessions-per-model", self.sessions_per_model),
             ("--max-concurrent-requests", self.max_concurrent_requests),
@@ -664,6 +681,7 @@ impl ServeConfig {
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             max_body_bytes_in_flight: 64 * 1024 * 1024,
             max_connections: 1024,
+            max_connections_per_address: DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
             allowed_hosts: Vec::new(),
             max_batch_items: DEFAULT_MAX_BATCH_ITEMS,
             max_request_cost: DEFAULT_MAX_REQUEST_COST,

@@ -121,15 +121,22 @@ impl Hub {
         self.download(repo, file, optional)
     }
 
-    /// The cached snapshot's `file` (`models--org--name/snapshots/<refs/main>/file`).
+    /// The cached snapshot's `file` (`models--org--name/snapshots/<refs/main>/file`), only
+    /// where it stays inside the cache: `refs/main` must name one snapshot folder (a commit
+    /// id, not a path), and the file, its links followed (a snapshot's files link to
+    /// `blobs/`), must resolve inside the cache root.
     fn cached(&self, repo: &str, file: &str) -> Option<PathBuf> {
-        let folder = self
-            .cache
-            .as_ref()?
-            .join(format!("models--{}", repo.replace('/', "--")));
-        let revision = std::fs::read_to_string(folder.join("refs/main")).ok()?;
-        let path = folder.join("snapshots").join(revision.trim()).join(file);
-        path.is_file().then_some(path)
+        let root = self.cache.as_ref()?;
+        let folder = root.join(format!("models--{}", repo.replace('/', "--")));
+        let revision = read_capped(&folder.join("refs/main"), MAX_REF_BYTES).ok()?;
+        let revision = std::str::from_utf8(&revision).ok()?.trim();
+        if !is_revision(revision) {
+            return None;
+        }
+        let path = folder.join("snapshots").join(revision).join(file);
+        let resolved = path.canonicalize().ok()?;
+        let root = root.canonicalize().ok()?;
+        (resolved.starts_with(&root) && resolved.is_file()).then_some(resolved)
     }
 
     fn download(&self, repo: &str, file: &str, optional: bool) -> Result<Option<Value>, String> {
@@ -167,20 +174,111 @@ impl Hub {
     }
 }
 
-fn read_json(path: &std::path::Path) -> Result<Value, String> {
-    let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    if bytes.len() as u64 > MAX_FILE_BYTES {
-        return Err(format!(
-            "{}: larger than {MAX_FILE_BYTES} bytes",
-            path.display()
-        ));
+/// The most bytes of a `refs/main`: a commit id and a newline.
+const MAX_REF_BYTES: u64 = 256;
+
+/// Whether a `refs/main` names one snapshot folder: a commit id (or a tag-like name) of
+/// letters, digits, `-`, `_` and `.`, never a path (`/`, `..`, an absolute one).
+fn is_revision(text: &str) -> bool {
+    !text.is_empty()
+        && text.len() <= 128
+        && text != "."
+        && text != ".."
+        && text
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+}
+
+/// The bytes of `path`, refused past `limit` before any is read (its size, then a read that
+/// stops one byte past the limit, for a file that grows meanwhile or reports no size).
+fn read_capped(path: &std::path::Path, limit: u64) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let too_large = || format!("{}: larger than {limit} bytes", path.display());
+    let metadata = file
+        .metadata()
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    if !metadata.is_file() {
+        return Err(format!("{}: not a file", path.display()));
     }
+    if metadata.len() > limit {
+        return Err(too_large());
+    }
+    let mut bytes = Vec::with_capacity(metadata.len() as usize);
+    file.take(limit + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    if bytes.len() as u64 > limit {
+        return Err(too_large());
+    }
+    Ok(bytes)
+}
+
+/// A cached file as JSON, within the cap a download has.
+fn read_json(path: &std::path::Path) -> Result<Value, String> {
+    let bytes = read_capped(path, MAX_FILE_BYTES)?;
     serde_json::from_slice(&bytes).map_err(|e| format!("{}: {e}", path.display()))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A cache root holding `models--org--m` with `refs/main` = `revision` and, under the
+    /// snapshot, config.json linked to a blob (as huggingface_hub keeps them).
+    fn cache_with(revision: &str) -> (tempfile::TempDir, Hub) {
+        let root = tempfile::tempdir().unwrap();
+        let folder = root.path().join("models--org--m");
+        std::fs::create_dir_all(folder.join("refs")).unwrap();
+        std::fs::create_dir_all(folder.join("blobs")).unwrap();
+        std::fs::create_dir_all(folder.join("snapshots/abc123")).unwrap();
+        std::fs::write(folder.join("refs/main"), revision).unwrap();
+        std::fs::write(folder.join("blobs/b1"), r#"{"model_type": "gpt2"}"#).unwrap();
+        std::os::unix::fs::symlink(
+            "../../blobs/b1",
+            folder.join("snapshots/abc123/config.json"),
+        )
+        .unwrap();
+        let hub = Hub {
+            cache: Some(root.path().to_path_buf()),
+            endpoint: "http://127.0.0.1:9".into(),
+            token: None,
+            offline: true,
+        };
+        (root, hub)
+    }
+
+    #[test]
+    fn the_cache_is_read_through_its_links_and_never_outside_its_root() {
+        let (_root, hub) = cache_with("abc123\n");
+        let config = hub.file("org/m", "config.json", false).unwrap().unwrap();
+        assert_eq!(config["model_type"], "gpt2");
+        // refs/main naming a path: absolute, or up and out.
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("config.json"), "{}").unwrap();
+        for revision in [outside.path().to_str().unwrap(), "../../..", "a/b"] {
+            let (_root, hub) = cache_with(revision);
+            assert!(hub.cached("org/m", "config.json").is_none(), "{revision}");
+        }
+        // A snapshot file linked out of the cache root.
+        let (root, hub) = cache_with("abc123");
+        let linked = root
+            .path()
+            .join("models--org--m/snapshots/abc123/adapter_config.json");
+        std::os::unix::fs::symlink(outside.path().join("config.json"), linked).unwrap();
+        assert!(hub.cached("org/m", "adapter_config.json").is_none());
+    }
+
+    #[test]
+    fn a_file_past_the_cap_is_refused_before_it_is_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.json");
+        // Sparse: 3 GB of size, no bytes on disk; refused from its size alone.
+        let file = std::fs::File::create(&path).unwrap();
+        file.set_len(3 << 30).unwrap();
+        let refused = read_json(&path).unwrap_err();
+        assert!(refused.contains("larger than"), "{refused}");
+    }
 
     #[test]
     fn repo_ids_are_told_from_paths() {

@@ -44,8 +44,8 @@ struct ConnectionTimeouts {
     header_read: Duration,
     /// A shutdown closes whatever is still open after this.
     drain: Duration,
-    /// Connections open at once; one more is closed when accepted.
-    max_connections: usize,
+    /// Connections open at once from one client address.
+    per_address: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -240,6 +240,7 @@ impl Application {
                 config.max_body_bytes_in_flight.div_ceil(1024),
             )),
             admission,
+            connection_slots: Arc::new(Semaphore::new(config.max_connections)),
         };
         Ok(Application {
             listener,
@@ -250,7 +251,7 @@ impl Application {
             tls,
             timeouts: ConnectionTimeouts {
                 header_read: Duration::from_secs(config.header_read_timeout_secs),
-                max_connections: config.max_connections,
+                per_address: config.max_connections_per_address,
                 drain: Duration::from_secs(config.drain_timeout_secs),
             },
         })
@@ -297,6 +298,7 @@ impl Application {
         let health = health
             .map(|listener| HealthListener::start(listener, state.clone(), timeouts.header_read))
             .transpose()?;
+        let slots = Arc::clone(&state.connection_slots);
         let router = http::router(state);
         ready.store(true, Ordering::Release);
         tracing::info!(address = %listener.local_addr()?, tls = tls.is_some(), "ready");
@@ -304,7 +306,10 @@ impl Application {
             listener,
             router,
             tls,
-            timeouts.max_connections,
+            Caps {
+                slots,
+                per_address: timeouts.per_address,
+            },
             timeouts.header_read,
             shutdown,
         )
@@ -334,12 +339,14 @@ impl Application {
 /// shutdown, forever) and a cap on connections open at once. With `tls`, each connection's
 /// handshake runs on its own task, holding the connection's slot, and must end within the
 /// header timeout too: a client that opens a connection and never shakes hands is closed like
-/// one that never sends its header.
+/// one that never sends its header. One client address holds at most `caps.per_address`
+/// connections, and a quarter of those (at most [`MAX_HANDSHAKES_PER_ADDRESS`]) in a TLS
+/// handshake, so that one address cannot take every connection from the others.
 async fn accept_until(
     listener: TcpListener,
     router: axum::Router,
     tls: Option<tokio_rustls::TlsAcceptor>,
-    max_connections: usize,
+    caps: Caps,
     header_read: Duration,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> hyper_util::server::graceful::GracefulShutdown {
@@ -353,12 +360,16 @@ async fn accept_until(
         .timer(TokioTimer::new())
         .header_read_timeout(header_read)
         .max_buf_size(READ_BUFFER_BYTES);
-    let connection_slots = Arc::new(Semaphore::new(max_connections));
+    let connection_slots = caps.slots;
+    let per_address = Arc::new(PerAddress::new(caps.per_address));
+    let handshakes = Arc::new(PerAddress::new(
+        (caps.per_address / 4).clamp(1, MAX_HANDSHAKES_PER_ADDRESS),
+    ));
     tokio::pin!(shutdown);
     loop {
-        let stream = tokio::select! {
+        let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
+                Ok(accepted) => accepted,
                 Err(error) => {
                     // Out of file descriptors, say: wait a little rather than spin.
                     tracing::warn!(%error, "accept failed");
@@ -370,17 +381,31 @@ async fn accept_until(
         };
         // Every connection holds its slot until it ends: past the cap, a new one is closed at
         // once rather than queued in memory.
+        // The address's own cap first: one address past it takes no global slot.
+        let Some(address_slot) = per_address.try_take(peer.ip()) else {
+            tracing::debug!("connection closed: the address's connection cap is reached");
+            drop(stream);
+            continue;
+        };
         let Ok(slot) = connection_slots.clone().try_acquire_owned() else {
             tracing::debug!("connection closed: the connection cap is reached");
             drop(stream);
             continue;
         };
+        let slot = (slot, address_slot);
         let service = TowerToHyperService::new(router.clone());
         if let Some(tls) = &tls {
+            let Some(handshake) = handshakes.try_take(peer.ip()) else {
+                tracing::debug!("connection closed: the address's TLS handshake cap is reached");
+                drop(stream);
+                continue;
+            };
             let (tls, connection, watcher) =
                 (tls.clone(), connection.clone(), connections.watcher());
             tokio::spawn(async move {
-                let stream = match tokio::time::timeout(header_read, tls.accept(stream)).await {
+                let shaken = tokio::time::timeout(header_read, tls.accept(stream)).await;
+                drop(handshake);
+                let stream = match shaken {
                     Ok(Ok(stream)) => stream,
                     Ok(Err(error)) => {
                         tracing::debug!(%error, "TLS handshake failed");
@@ -409,6 +434,78 @@ async fn accept_until(
         });
     }
     connections
+}
+
+/// The connection caps of a listener: its slots (shared with `/readyz`, which says not
+/// ready while none is left) and the most one client address holds.
+struct Caps {
+    slots: Arc<Semaphore>,
+    per_address: usize,
+}
+
+/// The most TLS handshakes one client address has in progress at once.
+const MAX_HANDSHAKES_PER_ADDRESS: usize = 32;
+
+/// What each client address holds open (connections, or handshakes), each held by a guard
+/// ([`AddressSlot`]). An entry lives while its address holds something, so the map is no
+/// larger than the connections open.
+struct PerAddress {
+    cap: usize,
+    open: std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>,
+}
+
+impl PerAddress {
+    fn new(cap: usize) -> PerAddress {
+        PerAddress {
+            cap,
+            open: std::sync::Mutex::new(std::collections::HashMap::new()),
+        }
+    }
+
+    /// One more for `address`, or `None` when it holds its cap.
+    fn try_take(self: &Arc<Self>, address: std::net::IpAddr) -> Option<AddressSlot> {
+        let address = client_key(address);
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let count = open.entry(address).or_insert(0);
+        if *count >= self.cap {
+            return None;
+        }
+        *count += 1;
+        Some(AddressSlot {
+            table: Arc::clone(self),
+            address,
+        })
+    }
+}
+
+/// One connection (or handshake) of an address, given back when dropped.
+struct AddressSlot {
+    table: Arc<PerAddress>,
+    address: std::net::IpAddr,
+}
+
+impl Drop for AddressSlot {
+    fn drop(&mut self) {
+        let mut open = self.table.open.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(count) = open.get_mut(&self.address) {
+            *count -= 1;
+            if *count == 0 {
+                open.remove(&self.address);
+            }
+        }
+    }
+}
+
+/// The client an address counts for: an IPv4 address (IPv4-mapped IPv6 as IPv4) itself, an
+/// IPv6 address by its /64 (one host is commonly given a whole /64).
+fn client_key(address: std::net::IpAddr) -> std::net::IpAddr {
+    match address.to_canonical() {
+        std::net::IpAddr::V6(v6) => {
+            let bits = u128::from(v6) & !((1u128 << 64) - 1);
+            std::net::IpAddr::V6(std::net::Ipv6Addr::from(bits))
+        }
+        v4 => v4,
+    }
 }
 
 /// The most a connection's read buffer holds (hyper's default is about 400 KB): bodies are
@@ -458,7 +555,10 @@ impl HealthListener {
                         listener,
                         router,
                         None,
-                        HEALTH_CONNECTIONS,
+                        Caps {
+                            slots: Arc::new(Semaphore::new(HEALTH_CONNECTIONS)),
+                            per_address: HEALTH_CONNECTIONS,
+                        },
                         header_read,
                         stopped,
                     )

@@ -48,6 +48,33 @@ fn a_job_file_is_answered_with_the_apis_json() {
     assert!(answer["memory"]["estimate_mib"].as_f64().unwrap() > 1300.0);
 }
 
+/// The CLI's figures are printed as the service sends them: an `f32` utilization in its
+/// shortest form, never widened (`0.07800000160932541`).
+#[test]
+fn figures_print_as_the_http_answer_rounds_them() {
+    let output = gpucast(&["estimate", "tests/fixtures/cli/llama_job.json"], None);
+    assert!(output.status.success());
+    let text = String::from_utf8_lossy(&output.stdout);
+    let utilization = &json(&output)["utilization"];
+    let mut checked = 0;
+    for metric in ["smact", "smocc", "drama"] {
+        let Some(value) = utilization[metric].as_f64() else {
+            continue;
+        };
+        checked += 1;
+        let printed = format!("\"{metric}\": {value}");
+        assert!(text.contains(&printed), "{printed} not in the output");
+        // What an f32 prints as: at most 9 significant digits.
+        let digits = value
+            .to_string()
+            .chars()
+            .filter(char::is_ascii_digit)
+            .count();
+        assert!(digits <= 10, "{metric}: {value}");
+    }
+    assert!(checked > 0, "no utilization figure: {utilization}");
+}
+
 #[test]
 fn standard_input_is_read_from_a_dash() {
     let body = std::fs::read(root().join("tests/fixtures/cli/llama_job.json")).unwrap();

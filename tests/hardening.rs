@@ -472,9 +472,69 @@ async fn connections_past_the_cap_are_closed_at_once() {
     assert_eq!(app.get("/healthz").await.status(), 200);
 }
 
+/// A connection from `source` (a loopback address: Linux answers all of 127/8) to the
+/// server's port on 127.0.0.1, as a blocking std stream.
+async fn connect_from(source: [u8; 4], port: u16) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket
+        .bind(std::net::SocketAddr::from((source, 0)))
+        .unwrap();
+    let stream = socket
+        .connect(std::net::SocketAddr::from(([127, 0, 0, 1], port)))
+        .await
+        .unwrap();
+    let stream = stream.into_std().unwrap();
+    stream.set_nonblocking(false).unwrap();
+    stream
+}
+
+/// One address holds at most --max-connections-per-address: its connections past that are
+/// closed at once, and another address is still answered although the first tried to take
+/// every connection of the port.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_address_cannot_take_the_connections_of_another() {
+    let mut config = config();
+    config.max_connections = 8;
+    config.max_connections_per_address = 4;
+    let app = spawn_app_with(config).await;
+    let port = app.port;
+    let mut held = Vec::new();
+    for _ in 0..12 {
+        held.push(connect_from([127, 0, 0, 2], port).await);
+    }
+    let (open, other) = blocking(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        // The ones past the address's cap were closed without an answer.
+        let open = held
+            .iter()
+            .filter(|stream| {
+                let mut reader: &TcpStream = stream;
+                reader
+                    .set_read_timeout(Some(Duration::from_millis(100)))
+                    .unwrap();
+                let mut byte = [0u8; 1];
+                // Still open: nothing to read within the timeout.
+                matches!(reader.read(&mut byte), Err(e) if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ))
+            })
+            .count();
+        let mut other = send(port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
+        let answered = status_within(&mut other, Duration::from_secs(2));
+        drop(held);
+        (open, answered)
+    })
+    .await;
+    assert_eq!(open, 4, "the address keeps its cap's worth");
+    assert_eq!(other.0, Some(200), "another address is answered");
+    assert!(other.1 < Duration::from_secs(2), "{:?}", other.1);
+}
+
 /// The health listener (`--health-listen`) answers /healthz and /readyz while the main port
-/// has every connection taken and closes new ones at once; it answers nothing else, and it
-/// says not ready once the service is shutting down.
+/// has every connection taken and closes new ones at once (`/readyz` then says not ready:
+/// the port refuses connections); it answers nothing else, and it says not ready once the
+/// service is shutting down.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_health_listener_answers_while_the_main_port_is_full() {
     let mut config = config();
@@ -506,7 +566,15 @@ async fn the_health_listener_answers_while_the_main_port_is_full() {
     })
     .await;
     assert_eq!(main, None, "the main port is full");
-    assert_eq!((healthz, readyz, other), (Some(200), Some(200), Some(404)));
+    // Alive, and not ready while the main port refuses connections.
+    assert_eq!((healthz, readyz, other), (Some(200), Some(503), Some(404)));
+    let readyz = blocking(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        let mut stream = send(health, b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n");
+        status_within(&mut stream, Duration::from_secs(3)).0
+    })
+    .await;
+    assert_eq!(readyz, Some(200), "ready again once the connections close");
 
     app.state
         .ready

@@ -19,6 +19,7 @@ from harness import Server, call, call_json, free_port, raw_http, request
 from .suite import (
     CURRENT,
     MIB,
+    ROOT,
     RSS_SETTLE_MARGIN_MIB,
     SERVER_PID,
     concurrently,
@@ -392,3 +393,202 @@ def unknown_field_echo(port):
     expect_statuses({str(status): 1}, {"400", "422"})
     target("the echo under 4 KB", len(answer) < 4096, f"{len(answer)} bytes for a {len(body)}-byte body")
     return collections.Counter({str(status): 1}), measured
+
+
+def one_byte_chunks(port, connections=150, chunks=65_000):
+    """150 sockets each send a chunked POST of 65,000 one-byte chunks (under the free 64 KiB
+    each) and hold it unfinished until the body timeout. A body holds its bytes, not an entry
+    (and a pinned read buffer) per chunk: RSS grows at most 100 MiB."""
+    server = CURRENT["server"]
+    baseline = server.rss_mib()
+    head = (
+        f"POST /v1/estimate HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+    ).encode()
+    payload = head + b"1\r\nx\r\n" * chunks
+    socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(connections)]
+    peak, stop = [baseline], threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            peak[0] = max(peak[0], server.rss_mib())
+            time.sleep(0.02)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+
+    def send(sock):
+        try:
+            sock.sendall(payload)
+        except OSError:
+            pass
+
+    senders = [threading.Thread(target=send, args=(s,)) for s in socks]
+    started = time.time()
+    for thread in senders:
+        thread.start()
+    for thread in senders:
+        thread.join()
+    sent_seconds = round(time.time() - started, 2)
+    statuses = collections.Counter(read_status(s, 30) for s in socks)
+    stop.set()
+    sampler.join()
+    for sock in socks:
+        sock.close()
+    growth = peak[0] - baseline
+    measured = {
+        "rss_baseline_mib": round(baseline, 1),
+        "rss_peak_mib": round(peak[0], 1),
+        "rss_growth_mib": round(growth, 1),
+        "wire_bytes_per_socket": len(payload),
+        "all_sent_after_s": sent_seconds,
+    }
+    target(
+        f"{connections} x {chunks:,} one-byte chunks held: RSS +100 MiB at most",
+        growth <= 100,
+        f"{baseline:.1f} -> peak {peak[0]:.1f} MiB (+{growth:.1f})",
+    )
+    expect_statuses(statuses, {"408", "503"})
+    return statuses, measured
+
+
+def one_address_holds_all(port, sockets=1_100, requests=20, first_bytes=b"", ask=None):
+    """1,100 idle sockets from 127.0.0.2 (opened, never a byte sent, reopened as the header
+    timeout closes them), past the port's 1,024 connections; meanwhile 20 requests from
+    127.0.0.1, one after another. One address holds at most its own cap: every request of the
+    other is answered, each within 2 s. (`first_bytes`: what each socket sends once open;
+    `ask`: the other address's request, GET /v1/gpus by default.)"""
+    held, stop = [], threading.Event()
+    ask = ask or (lambda: request(port, "GET", "/v1/gpus", timeout=5))
+
+    def open_one():
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind(("127.0.0.2", 0))
+        sock.settimeout(2)
+        try:
+            sock.connect(("127.0.0.1", port))
+            if first_bytes:
+                sock.sendall(first_bytes)
+        except OSError:
+            sock.close()
+            return None
+        return sock
+
+    def hold():
+        while not stop.is_set():
+            alive = []
+            for sock in held:
+                sock.setblocking(False)
+                try:
+                    closed = sock.recv(1) == b""
+                except BlockingIOError:
+                    closed = False
+                except OSError:
+                    closed = True
+                if closed:
+                    sock.close()
+                else:
+                    alive.append(sock)
+            held[:] = alive
+            while len(held) < sockets and not stop.is_set():
+                sock = open_one()
+                if sock is None:
+                    break
+                held.append(sock)
+            time.sleep(0.2)
+
+    for _ in range(sockets):
+        sock = open_one()
+        if sock is not None:
+            held.append(sock)
+    opened = len(held)
+    holder = threading.Thread(target=hold, daemon=True)
+    holder.start()
+    time.sleep(0.5)
+    statuses, seconds = collections.Counter(), []
+    for _ in range(requests):
+        started = time.perf_counter()
+        status = ask()
+        seconds.append(round(time.perf_counter() - started, 3))
+        statuses[str(status)] += 1
+        time.sleep(0.2)
+    stop.set()
+    holder.join()
+    still_open = 0
+    for sock in held:
+        sock.setblocking(False)
+        try:
+            still_open += sock.recv(1) != b""
+        except BlockingIOError:
+            still_open += 1
+        except OSError:
+            pass
+        sock.close()
+    answered = statuses.get("200", 0)
+    measured = {
+        "sockets_opened_from_127.0.0.2": opened,
+        "held_open_at_the_end": still_open,
+        "other_address_seconds_max": max(seconds),
+        "other_address_statuses": dict(statuses),
+    }
+    target(
+        f"{sockets:,} idle sockets from one address: {requests} of {requests} requests from another answered, each within 2 s",
+        answered == requests and max(seconds) <= 2,
+        f"{answered}/{requests} answered, slowest {max(seconds)} s; {still_open} of the address's sockets held open",
+    )
+    return statuses, measured
+
+
+def tls_half_open_handshakes(binary):
+    """The same from 127.0.0.2 against a TLS port (the test certificate): each socket sends the
+    first bytes of a ClientHello record (a 5-byte header announcing 512 bytes) and stops, a
+    handshake left half-open until the header timeout; 20 HTTPS requests from 127.0.0.1."""
+    import http.client
+    import ssl
+    import urllib.request as fetch
+
+    CURRENT["attack"] = "tls_half_open_1100"
+    port, health = free_port(), free_port()
+    tls = os.path.join(ROOT, "tests", "fixtures", "tls")
+    server = Server(
+        binary,
+        port,
+        extra_args=(
+            "--tls-cert",
+            os.path.join(tls, "cert.pem"),
+            "--tls-key",
+            os.path.join(tls, "key.pem"),
+            "--health-listen",
+            f"127.0.0.1:{health}",
+        ),
+        must_start=False,
+        ready_timeout=1,
+    )
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        try:
+            if fetch.urlopen(f"http://127.0.0.1:{health}/readyz", timeout=1).status == 200:
+                break
+        except Exception:
+            time.sleep(0.2)
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+
+    def ask():
+        connection = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=5)
+        try:
+            connection.request("GET", "/v1/gpus")
+            return connection.getresponse().status
+        except Exception as error:
+            return type(error).__name__
+        finally:
+            connection.close()
+
+    try:
+        statuses, measured = one_address_holds_all(port, first_bytes=b"\x16\x03\x01\x02\x00", ask=ask)
+    finally:
+        server.stop()
+    report = {"attack": "tls_half_open_1100", "attacker_statuses": dict(statuses), "measured": measured}
+    print(json.dumps(report), flush=True)
+    return report

@@ -101,6 +101,17 @@ pub fn object<'de, D: Deserializer<'de>>(
     }
 }
 
+/// `deserialize_with` for an optional value of any type: `None` when absent or null, an
+/// error for a repeated key at any depth.
+pub fn optional_value<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<Value>, D::Error> {
+    match Option::<Unique>::deserialize(deserializer)? {
+        None | Some(Unique(Value::Null)) => Ok(None),
+        Some(Unique(value)) => Ok(Some(value)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

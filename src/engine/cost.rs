@@ -16,7 +16,7 @@ use crate::api::types::{EstimateRequest, NamesRequest};
 use crate::error::ApiError;
 use crate::job::validated::MAX_LAYERS;
 use crate::parsers;
-use crate::parsers::transformer::TransformerConfig;
+use crate::parsers::transformer::{language_model, TransformerConfig};
 
 /// Each job: parsing, validating and answering it, whatever its size.
 const JOB_UNITS: u64 = 500;
@@ -130,10 +130,23 @@ impl Cost {
             (Some(list), _, _) => ((list.len() as u64).min(most), LAYERS),
             (None, Some(summary), _) => (parsers::layers_bound(&summary.text).min(most), SUMMARY),
             (None, None, Some(config)) => (
-                TransformerConfig::parse(config).map_or(0, |c| (c.modules_hint() as u64).min(most)),
+                // The config built: a multimodal config's language model.
+                TransformerConfig::parse(language_model(config).0)
+                    .map_or(0, |c| (c.modules_hint() as u64).min(most)),
                 CONFIG,
             ),
             (None, None, None) => (0, Fields::default()),
+        };
+        // The layers' work: a printout's convolutions weigh more than its other layers.
+        let work = match (&request.layers, &request.summary) {
+            (None, Some(summary)) => {
+                // Less what the cap on layers took off the plain count.
+                let capped_off = parsers::layers_bound(&summary.text).saturating_sub(layers);
+                parsers::layers_work_bound(&summary.text)
+                    .saturating_sub(capped_off)
+                    .clamp(layers, most * parsers::CONVOLUTION_WEIGHT)
+            }
+            _ => layers,
         };
         let cards = request.gpu.as_ref().map_or(1, |g| g.cards().len() as u64);
         let classifiers = request.estimators.as_deref() == Some("all");
@@ -177,8 +190,8 @@ impl Cost {
         let mut units = [0; PARTS];
         units[Part::Jobs as usize] = JOB_UNITS;
         units[Part::Cards as usize] = cards * card_units;
-        units[Part::Layers as usize] = layers * LAYER_UNITS;
-        units[Part::LayerCards as usize] = layers * cards * layer_card_units;
+        units[Part::Layers as usize] = work * LAYER_UNITS;
+        units[Part::LayerCards as usize] = work * cards * layer_card_units;
         units[Part::Names as usize] = name_bytes.div_ceil(NAME_BYTES_PER_UNIT);
         Cost {
             units,
@@ -369,6 +382,19 @@ mod tests {
             "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 100}}),
         );
         assert_eq!(Cost::of(&config).units(), 500 + 200 + 26 * 9);
+        // Convolutions at four times a linear layer's work, each repeat counted (to the cap:
+        // 4,096 layers, of which 4,095 of the 4,096 read are convolutions).
+        let convolutions = request(json!({"batch_size": 8, "summary": {"text":
+            "Net(\n  (0-4094): 4095 x Conv2d(64, 64, kernel_size=(3, 3))\n  (fc): Linear(in_features=3, out_features=3, bias=True)\n)"}}));
+        assert_eq!(Cost::of(&convolutions).units(), 500 + 200 + 16_383 * 9);
+        // A multimodal config at the language model it is built from, not its wrapper.
+        let wrapped = request(
+            json!({"batch_size": 8, "seq_len": 128, "transformer_config": {
+            "model_type": "llava", "text_config": {
+            "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 100}}}),
+        );
+        assert_eq!(Cost::of(&wrapped).units(), 500 + 200 + 26 * 9);
     }
 
     #[test]

@@ -450,15 +450,9 @@ fn config_job(
     }
     let kernel =
         transformer::AttentionKernel::parse(request.attention.as_deref()).map_err(invalid)?;
-    // A multimodal config (Gemma 3, LLaVA, Qwen2-VL, ...) holds its language model under
-    // `text_config`: that is what is built, and the answer says what it leaves out.
-    let multimodal = !config.contains_key("hidden_size")
-        && !config.contains_key("d_model")
-        && !config.contains_key("n_embd");
-    let (config, text_only) = match config.get("text_config") {
-        Some(serde_json::Value::Object(text)) if multimodal => (text, true),
-        _ => (config, false),
-    };
+    // A multimodal config's language model is what is built (and priced: the same rule), and
+    // the answer says what it leaves out.
+    let (config, text_only) = transformer::language_model(config);
     let parsed = transformer::TransformerConfig::parse(config).map_err(invalid)?;
     // The precision picks the attention kernel: read it before building.
     let setup = unchecked_setup(request);

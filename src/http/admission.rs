@@ -11,6 +11,7 @@ use crate::api::parse::parse_json;
 use crate::api::types::Problem;
 use crate::engine::Deadline;
 use crate::error::ApiError;
+use crate::http::body::{release_freed_memory, FREE_BYTES_PER_BODY};
 use crate::http::extract::JsonBytes;
 use crate::http::pool::Work;
 use crate::http::AppState;
@@ -53,9 +54,18 @@ pub async fn admission(
     let response = state
         .pool
         .run(Work::Estimate, deadline, move || {
-            let review: AdmissionReviewRequest = parse_json(&body, "")?;
-            span.record("uid", crate::job::echo(&review.request.uid));
-            crate::kubernetes::admit(&engine, &cluster, review, started, &work)
+            let large = body.len() > FREE_BYTES_PER_BODY;
+            let answer = (|| {
+                let review: AdmissionReviewRequest = parse_json(&body, "")?;
+                span.record("uid", crate::job::echo(&review.request.uid));
+                crate::kubernetes::admit(&engine, &cluster, review, started, &work)
+            })();
+            // A large object's tree is freed here, on this thread: handed back to the system,
+            // or a flood of them would leave the process that much larger.
+            if large {
+                release_freed_memory();
+            }
+            answer
         })
         .await?;
     Ok(Json(AdmissionReviewResponse::new(response)))

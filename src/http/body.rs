@@ -35,26 +35,25 @@ pub async fn read_within(
     budget: &Arc<Semaphore>,
 ) -> Result<ReadBody, ApiError> {
     let mut body = body;
-    // The frames as they arrive, joined once at the end: no copy while reading, and no
-    // memory for bytes that have not come (a body that declares 2 MiB and stalls holds what
-    // it sent).
-    // Declared first, dropped last: after the frames it releases.
+    // The bytes as they arrive ([`Segments`]): large frames kept, small ones coalesced (a
+    // one-byte chunk kept as a frame would cost a 32-byte entry and pin hyper's read
+    // buffer). Nothing is reserved for bytes that have not come (a body that declares 2 MiB
+    // and stalls holds what it sent), and the charge is the memory really held.
+    // Declared first, dropped last: after the segments it releases.
     let mut unfinished = ReleaseIfUnfinished(true, 0);
-    let mut frames: Vec<Bytes> = Vec::new();
-    let mut len = 0usize;
+    let mut segments = Segments::default();
     let mut held: Option<OwnedSemaphorePermit> = None;
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|error| ApiError::UnreadableBody(error.to_string()))?;
         let Ok(data) = frame.into_data() else {
             continue; // trailers carry no body bytes
         };
-        if len + data.len() > limit {
+        if segments.len + data.len() > limit {
             return Err(ApiError::PayloadTooLarge(limit));
         }
-        len += data.len();
-        unfinished.1 = len;
-        frames.push(data);
-        let wanted = permits_for(len);
+        // Charged before the segments grow: a body the budget has no room for never holds
+        // the larger buffer, even for a moment.
+        let wanted = permits_for(segments.held_after(data.len()));
         let have = held.as_ref().map_or(0, |p| p.num_permits());
         if wanted > have {
             let more = u32::try_from(wanted - have).unwrap_or(u32::MAX);
@@ -67,21 +66,113 @@ pub async fn read_within(
                 None => held = Some(permit),
             }
         }
+        segments.push(data);
+        unfinished.1 = segments.held();
     }
     unfinished.0 = false;
-    // Copied out, even a single frame: a frame is a slice of hyper's read buffer, which
-    // hyper cannot reuse while the request holds it.
-    let mut joined = Vec::with_capacity(len);
-    for frame in &frames {
-        joined.extend_from_slice(frame);
-    }
-    drop(frames);
-    let bytes = Bytes::from(joined);
+    let bytes = segments.join();
     Ok(ReadBody { bytes, _held: held })
 }
 
+/// A frame at least this long is kept as it came (a slice of hyper's read buffer: no copy);
+/// shorter ones are copied together into segments.
+const KEPT_FRAME_BYTES: usize = 4 * 1024;
+
+/// Most bytes of one segment of copied small frames.
+const SEGMENT_BYTES: usize = 64 * 1024;
+
+/// What an entry in the list of parts costs beside its bytes.
+const PART_OVERHEAD_BYTES: usize = std::mem::size_of::<Bytes>();
+
+/// A body's bytes as held while it arrives: large frames as they came, small ones coalesced
+/// into a segment that doubles from 1 KiB to [`SEGMENT_BYTES`], so a one-byte chunk costs a
+/// byte, not an entry and the read buffer it would pin.
+#[derive(Default)]
+struct Segments {
+    parts: Vec<Bytes>,
+    small: Vec<u8>,
+    len: usize,
+    /// The bytes of `parts` with their entries' overhead.
+    parts_held: usize,
+}
+
+impl Segments {
+    /// The memory held: the parts, their entries, the small segment's capacity.
+    fn held(&self) -> usize {
+        self.parts_held + self.small.capacity()
+    }
+
+    /// What [`Segments::held`] becomes once a frame of `more` bytes is pushed.
+    fn held_after(&self, more: usize) -> usize {
+        if more >= KEPT_FRAME_BYTES {
+            // The small segment (if any) flushed as a part, the frame kept as one.
+            let flushed = usize::from(!self.small.is_empty()) * PART_OVERHEAD_BYTES;
+            return self.held() + flushed + more + PART_OVERHEAD_BYTES;
+        }
+        let room = self.small.capacity() - self.small.len();
+        if more <= room {
+            return self.held();
+        }
+        if self.small.len() + more <= SEGMENT_BYTES {
+            return self.parts_held + self.grown(more);
+        }
+        // The segment flushed as a part, a new one started.
+        self.held() + PART_OVERHEAD_BYTES + more.max(1024)
+    }
+
+    /// The small segment's capacity grown for `more` bytes: doubling, within a segment.
+    fn grown(&self, more: usize) -> usize {
+        (self.small.len() + more)
+            .max(self.small.capacity() * 2)
+            .clamp(1024, SEGMENT_BYTES)
+    }
+
+    fn flush(&mut self) {
+        if !self.small.is_empty() {
+            let small = std::mem::take(&mut self.small);
+            self.parts_held += small.capacity() + PART_OVERHEAD_BYTES;
+            self.parts.push(Bytes::from(small));
+        }
+    }
+
+    fn push(&mut self, data: Bytes) {
+        self.len += data.len();
+        if data.len() >= KEPT_FRAME_BYTES {
+            self.flush();
+            self.parts_held += data.len() + PART_OVERHEAD_BYTES;
+            self.parts.push(data);
+            return;
+        }
+        let room = self.small.capacity() - self.small.len();
+        if data.len() > room {
+            if self.small.len() + data.len() <= SEGMENT_BYTES {
+                let grown = self.grown(data.len());
+                self.small.reserve_exact(grown - self.small.len());
+            } else {
+                self.flush();
+                self.small = Vec::with_capacity(data.len().max(1024));
+            }
+        }
+        self.small.extend_from_slice(&data);
+    }
+
+    /// The body in one buffer, copied once (a frame is a slice of hyper's read buffer, which
+    /// hyper cannot reuse while the request holds it); a lone small segment as it is.
+    fn join(mut self) -> Bytes {
+        if self.parts.is_empty() {
+            return Bytes::from(self.small);
+        }
+        let mut joined = Vec::with_capacity(self.len);
+        for part in self.parts.drain(..) {
+            joined.extend_from_slice(&part);
+        }
+        joined.extend_from_slice(&self.small);
+        Bytes::from(joined)
+    }
+}
+
 /// A body read that ends without its bytes (refused, too large, timed out: the future
-/// dropped) after it held more than its free share: its frames, freed on this thread, are
+/// dropped) after it held more than its free share: its buffer, freed on this thread, are
 /// handed back to the system, or a flood of large bodies would leave the process larger.
 struct ReleaseIfUnfinished(bool, usize);
 
@@ -93,7 +184,7 @@ impl Drop for ReleaseIfUnfinished {
     }
 }
 
-/// The permits a body of `len` bytes holds.
+/// The permits a body holding `len` bytes holds.
 fn permits_for(len: usize) -> usize {
     len.saturating_sub(FREE_BYTES_PER_BODY)
         .div_ceil(BYTES_PER_PERMIT)
@@ -139,6 +230,27 @@ pub fn release_freed_memory() {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+
+    /// A body of this many one-byte frames.
+    struct Drip(usize);
+
+    impl hyper::body::Body for Drip {
+        type Data = Bytes;
+        type Error = std::convert::Infallible;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<hyper::body::Frame<Bytes>, Self::Error>>> {
+            if self.0 == 0 {
+                return Poll::Ready(None);
+            }
+            self.0 -= 1;
+            Poll::Ready(Some(Ok(hyper::body::Frame::data(Bytes::from_static(b"x")))))
+        }
+    }
 
     #[test]
     fn only_the_bytes_past_the_free_share_are_charged() {
@@ -154,9 +266,61 @@ mod tests {
         let body = Body::from(vec![b'x'; FREE_BYTES_PER_BODY + 10 * 1024]);
         let read = read_within(body, 1 << 20, &budget).await.unwrap();
         assert_eq!(read.bytes.len(), FREE_BYTES_PER_BODY + 10 * 1024);
-        assert_eq!(budget.available_permits(), 90);
+        // Its bytes past the free share and the entry the frame was kept in.
+        assert_eq!(budget.available_permits(), 89);
         drop(read);
         assert_eq!(budget.available_permits(), 100);
+    }
+
+    #[tokio::test]
+    async fn one_byte_chunks_are_held_as_their_bytes_and_charged_for_the_buffer() {
+        // 70,000 one-byte frames: past the free share by their bytes, not by 70,000 entries.
+        let budget = Arc::new(Semaphore::new(1000));
+        let read = read_within(Body::new(Drip(70_000)), 1 << 20, &budget)
+            .await
+            .unwrap();
+        assert_eq!(read.bytes.len(), 70_000);
+        let charged = 1000 - budget.available_permits();
+        // A full 64 KiB segment and the next one: charged for their capacity, the memory
+        // held, not only the 70,000 bytes.
+        assert_eq!(
+            charged,
+            permits_for(SEGMENT_BYTES + PART_OVERHEAD_BYTES + 8 * 1024),
+            "{charged}"
+        );
+        drop(read);
+        assert_eq!(budget.available_permits(), 1000);
+    }
+
+    #[test]
+    fn small_frames_are_coalesced_large_ones_kept_and_the_charge_is_foreseen() {
+        let mut segments = Segments::default();
+        let frames: Vec<Bytes> = [1, 1500, 1500, 3 * SEGMENT_BYTES, 7, 4095]
+            .iter()
+            .cycle()
+            .take(120)
+            .enumerate()
+            .map(|(i, &n)| Bytes::from(vec![i as u8; n]))
+            .collect();
+        for frame in &frames {
+            let expected = segments.held_after(frame.len());
+            segments.push(frame.clone());
+            assert_eq!(segments.held(), expected);
+        }
+        let len: usize = frames.iter().map(Bytes::len).sum();
+        assert_eq!(segments.len, len);
+        // The kept frames and at most a segment's slack, with the entries' overhead.
+        assert!(segments.held() < len + 2 * SEGMENT_BYTES + 60 * PART_OVERHEAD_BYTES);
+        let joined = segments.join();
+        let expected: Vec<u8> = frames.iter().flat_map(|f| f.iter().copied()).collect();
+        assert_eq!(&joined[..], &expected[..]);
+        // 70,000 one-byte frames: one segment of 64 KiB and a second started.
+        let mut drip = Segments::default();
+        for _ in 0..70_000 {
+            drip.push(Bytes::from_static(b"x"));
+        }
+        assert_eq!(drip.parts.len(), 1);
+        assert_eq!(drip.held(), SEGMENT_BYTES + PART_OVERHEAD_BYTES + 8 * 1024);
     }
 
     #[tokio::test]

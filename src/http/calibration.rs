@@ -2,7 +2,7 @@
 //! `POST /v1/calibration/watch`.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::extract::{FromRequest, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
@@ -22,12 +22,15 @@ use crate::calibration::step_time;
 use crate::calibration::store::Update;
 use crate::devices::watch::{AddError, WatchConfig, WatchDone};
 use crate::devices::CUSTOM_PREFIX;
+use crate::engine::cost::Cost;
 use crate::engine::validate::{self, resolve, to_job};
+use crate::engine::Deadline;
 use crate::error::ApiError;
 use crate::estimators::FIRST_PRINCIPLES;
 use crate::http::auth::require_write_access;
 use crate::http::extract::{JsonBody, JsonObjectOrArray};
 use crate::http::idempotency::{self, Claim};
+use crate::http::pool::Work;
 use crate::http::AppState;
 use crate::placement::Target;
 use crate::placement::MAX_CUSTOM_PROFILES;
@@ -59,8 +62,11 @@ pub async fn profiles(State(state): State<AppState>) -> Json<ProfilesResponse> {
 /// transaction: all or none; the profiles of the GPU and of the GPU in that environment are
 /// derived again from the stored observations.
 ///
-/// Retries: the recording is not cancelled once it has started, so a call answered 503 (the
-/// request timeout) or whose answer was lost may have been recorded. To retry safely, send an
+/// The observations are priced like a batch of estimates (each job on its card) and refused
+/// above the budget before any work; they are validated on the estimate threads, and the work
+/// stops when the caller is gone. The recording is committed only with time to spare before
+/// the request timeout, so a call answered 503 recorded nothing; one whose answer was lost
+/// may have been recorded. To retry safely, send an
 /// `Idempotency-Key` header (1 to 255 visible ASCII characters, e.g. a UUID per batch): the
 /// first call with a key records and its answer is remembered (24 hours, the last 10,000 keys,
 /// in this process); a call with the same key and the same body returns that answer again with
@@ -86,8 +92,8 @@ pub async fn profiles(State(state): State<AppState>) -> Json<ProfilesResponse> {
         (status = 403, description = "Writes disabled: no token configured and the listener is not loopback-only", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "`attached` without an NVML device", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "Not `Content-Type: application/json` (a write must say it is JSON), or a compressed body", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Invalid observation (its rules across fields are in `ObservationRequest`), more than 1,000 of them, or an Idempotency-Key used with another body", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The calibration store is unavailable (nothing was recorded), the service is overloaded, or the request timeout passed (the recording may have finished: retry with the same Idempotency-Key); see Retry-After", body = Problem, content_type = "application/problem+json",
+        (status = 422, description = "Invalid observation (its rules across fields are in `ObservationRequest`), more than 1,000 of them, their jobs priced above the request budget (--max-request-cost), or an Idempotency-Key used with another body", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The calibration store is unavailable (nothing was recorded), the service is overloaded, or the request timeout passed (nothing was recorded); see Retry-After", body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = u64, description = "Seconds to wait"))),
     )
 )]
@@ -124,6 +130,13 @@ pub async fn observe(
             observations.len()
         )));
     }
+    // Priced like a batch's items before any work: each job answered on its card.
+    let mut spent = Cost::default();
+    for observation in &observations {
+        spent.add(&Cost::of(&observation.request.job));
+    }
+    spent.check(state.engine.cost_budget, Some(observations.len()))?;
+    let started = Instant::now();
     let ticket = match (key, fingerprint) {
         (Some(key), Some(fingerprint)) => loop {
             match state.idempotency.claim(&key, fingerprint)? {
@@ -148,23 +161,32 @@ pub async fn observe(
         },
         _ => None,
     };
-    // The ticket goes with the recording, not with this future: if the timeout answers first,
-    // the recording still finishes and the key still learns its answer.
-    let response = tokio::task::spawn_blocking(move || {
-        let response = record(&state, observations)?;
-        if let Some(ticket) = ticket {
-            ticket.succeed(
-                serde_json::to_vec(&response)
-                    .map_err(|e| ApiError::Internal(e.to_string()))?
-                    .into(),
-            );
-        }
-        Ok::<_, ApiError>(response)
-    })
-    .await
-    .map_err(|e| ApiError::Internal(format!("calibration task failed: {e}")))??;
+    // On the estimate threads, within the request: the work stops when the caller is gone
+    // (the deadline abandoned), and the recording commits only before `deadline`, which ends
+    // [`COMMIT_MARGIN`] before the request timeout answers 503.
+    let timeout = state.limits.request_timeout;
+    let deadline = Deadline::at(started + timeout - COMMIT_MARGIN.min(timeout / 4));
+    let work = deadline.clone();
+    let pool = Arc::clone(&state.pool);
+    let response = pool
+        .run(Work::Batch, deadline, move || {
+            let response = record(&state, observations, &work)?;
+            if let Some(ticket) = ticket {
+                ticket.succeed(
+                    serde_json::to_vec(&response)
+                        .map_err(|e| ApiError::Internal(e.to_string()))?
+                        .into(),
+                );
+            }
+            Ok::<_, ApiError>(response)
+        })
+        .await?;
     Ok(Json(response).into_response())
 }
+
+/// How long before the request timeout an observation call stops and commits nothing: room
+/// for the store's transaction to end before the caller can be answered 503.
+const COMMIT_MARGIN: Duration = Duration::from_secs(2);
 
 /// An observation as parsed, with its job's JSON text as posted.
 struct Posted {
@@ -190,7 +212,11 @@ fn posted(text: &str, location: &str) -> Result<Posted, ApiError> {
 
 /// Validates every observation first, so that a bad one records nothing; then stores them all
 /// in one transaction and re-derives the profiles they touch.
-fn record(state: &AppState, observations: Vec<Posted>) -> Result<ObservationsResponse, ApiError> {
+fn record(
+    state: &AppState,
+    observations: Vec<Posted>,
+    deadline: &Deadline,
+) -> Result<ObservationsResponse, ApiError> {
     let mut batch: Vec<NewObservation> = Vec::with_capacity(observations.len());
     for (
         index,
@@ -200,6 +226,7 @@ fn record(state: &AppState, observations: Vec<Posted>) -> Result<ObservationsRes
         },
     ) in observations.iter().enumerate()
     {
+        deadline.check()?;
         // A lone observation's fields are named as they are; a list's with their index.
         let location = if observations.len() > 1 {
             format!("[{index}].")
@@ -291,6 +318,9 @@ fn record(state: &AppState, observations: Vec<Posted>) -> Result<ObservationsRes
             )
         })
         .collect();
+    // The last moment to give up: past it, the caller may be answered 503 (or is gone), and
+    // a 503 must mean nothing was recorded.
+    deadline.check()?;
     // The caps are checked and the batch recorded as one: concurrent writers cannot both pass.
     let updates = state
         .engine

@@ -69,6 +69,9 @@ pub struct AppState {
     pub body_budget: Arc<Semaphore>,
     /// The GPU products the admission webhook places on; `None`: the webhook is off (404).
     pub admission: Option<Arc<crate::kubernetes::ClusterProducts>>,
+    /// The main port's connection slots: none left means it closes new connections at once
+    /// (and `/readyz` says not ready).
+    pub connection_slots: Arc<Semaphore>,
 }
 
 #[derive(OpenApi)]

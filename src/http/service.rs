@@ -31,12 +31,13 @@ pub async fn healthz() -> Json<HealthResponse> {
     tag = "operations",
     responses(
         (status = 200, description = "Ready (the store's state beside)", body = ReadyResponse),
-        (status = 503, description = "Not ready (starting, shutting down, or every request slot taken)", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Not ready (starting, shutting down, every request slot taken, or every connection of the main port taken, so that it closes new ones)", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn readyz(State(state): State<AppState>) -> Result<Json<ReadyResponse>, ApiError> {
     let estimates = state.permits.available_permits() > 0;
-    if !(state.ready.load(Ordering::Acquire) && estimates) {
+    let accepting = state.connection_slots.available_permits() > 0;
+    if !(state.ready.load(Ordering::Acquire) && estimates && accepting) {
         return Err(ApiError::NotReady);
     }
     let store_error = state.engine.profiles.fault().map(|e| crate::job::echo(&e));

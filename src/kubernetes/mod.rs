@@ -31,14 +31,19 @@ use review::{
     MAX_UID_CHARS,
 };
 
+/// The operations an AdmissionReview names (`CREATE` is placed; the others let through).
+const OPERATIONS: [&str; 4] = ["CREATE", "UPDATE", "DELETE", "CONNECT"];
+
 /// The annotation holding the job (the JSON of `POST /v1/estimate`).
 pub const JOB_ANNOTATION: &str = "gpucast.dev/job";
 /// The figure written back, MiB (the largest over the products the job fits).
 pub const ESTIMATE_ANNOTATION: &str = "gpucast.dev/estimate-mib";
 /// The upper bound written back, MiB (the largest over the products the job fits).
 pub const BOUND_ANNOTATION: &str = "gpucast.dev/upper-bound-mib";
-/// The products the affinity lists, comma-separated. A pod (template) that carries it was
-/// placed already: a Job's pods come from its placed template, and are let through as they are.
+/// The products the affinity lists, comma-separated. Written by the webhook, never trusted
+/// when read: a pod (template) carrying it is placed again like any other (a Job's pods come
+/// from its placed template: their affinity asks for those products already, and they are let
+/// through unchanged when the job still fits them).
 pub const PRODUCTS_ANNOTATION: &str = "gpucast.dev/products";
 
 /// Largest job annotation read, bytes: the API server holds all of an object's annotations
@@ -156,6 +161,13 @@ pub fn admit(
             "request.object: expected the object under review (a JSON object)".into(),
         ));
     }
+    if !OPERATIONS.contains(&request.operation.as_str()) {
+        return Err(ApiError::InvalidInput(format!(
+            "request.operation: one of {}, got {}",
+            OPERATIONS.join(", "),
+            echo(&request.operation)
+        )));
+    }
     let uid_chars = request.uid.chars().count();
     if uid_chars == 0 || uid_chars > MAX_UID_CHARS {
         return Err(ApiError::InvalidInput(format!(
@@ -180,22 +192,23 @@ fn decide(
     deadline: &Deadline,
 ) -> Result<AdmissionResponse, Refusal> {
     let uid = request.uid.as_str();
-    let creating = request.operation.as_deref().is_none_or(|op| op == "CREATE");
+    let creating = request.operation == "CREATE";
     let Some(object) = request.object.as_ref().filter(|_| creating) else {
         return Ok(AdmissionResponse::allow(uid));
     };
     let templates = pods::templates(&request.kind, object).map_err(|e| Refusal::Deny(422, e))?;
-    // The annotated templates not placed already, with their jobs.
+    // The annotated templates, with their jobs: each placed, whatever products annotation it
+    // carries (one the webhook did not write is not trusted).
     let mut annotated: Vec<(&Template, &str)> = Vec::new();
     for template in &templates {
         let job = template
             .annotation(JOB_ANNOTATION)
             .map_err(|e| Refusal::Deny(422, e))?;
-        let placed = template
+        template
             .annotation(PRODUCTS_ANNOTATION)
-            .map_err(|e| Refusal::Deny(422, e))?
-            .is_some();
-        if let (Some(job), false) = (job, placed) {
+            .map_err(|e| Refusal::Deny(422, e))?;
+        if let Some(job) = job {
+            pods::price(template).map_err(|e| Refusal::Deny(413, e))?;
             annotated.push((template, job));
         }
     }
@@ -255,8 +268,27 @@ fn decide(
             })
         })
         .collect();
+    if ops.is_empty() {
+        // Placed already, as it would be now (a pod of a placed template).
+        return Ok(AdmissionResponse {
+            warnings: summary,
+            ..AdmissionResponse::allow(uid)
+        });
+    }
     let patch =
         serde_json::to_vec(&ops).map_err(|e| Refusal::Failed(ApiError::Internal(e.to_string())))?;
+    // The templates' prices bound it already; this is the promise kept whatever they miss.
+    if patch.len() > pods::MAX_PATCH_BYTES {
+        return Err(Refusal::Deny(
+            413,
+            format!(
+                "the placement would take a {}-byte JSON Patch; at most {} are written (fewer \
+                 node selector terms or templates)",
+                patch.len(),
+                pods::MAX_PATCH_BYTES
+            ),
+        ));
+    }
     use base64::Engine as _;
     Ok(AdmissionResponse {
         patch_type: Some("JSONPatch".into()),

@@ -15,6 +15,24 @@ pub const PRODUCT_LABEL: &str = "nvidia.com/gpu.product";
 /// Most pod templates read from one object (a PyTorchJob has Master and Worker).
 pub const MAX_TEMPLATES: usize = 8;
 
+/// Most terms of a template's required node affinity. Each term the product requirement is
+/// added to costs one patch operation listing every fitting product, so the terms bound the
+/// answer; real pods carry a handful (Kubernetes sets no limit of its own).
+pub const MAX_NODE_SELECTOR_TERMS: usize = 64;
+
+/// Most requirements (`matchExpressions` and `matchFields`) over all of a template's terms.
+pub const MAX_NODE_SELECTOR_REQUIREMENTS: usize = 512;
+
+/// Most containers of a template (`containers`, `initContainers` and `ephemeralContainers`).
+pub const MAX_CONTAINERS: usize = 64;
+
+/// Most bytes of a template's annotations, keys and values: the API server's own limit.
+pub const MAX_ANNOTATION_BYTES: usize = 256 * 1024;
+
+/// Most bytes of the JSON Patch written for one object, before base64 (the answer then stays
+/// under 1 MB).
+pub const MAX_PATCH_BYTES: usize = 512 * 1024;
+
 /// A pod (template) of the object: where it is, and what it says.
 #[derive(Debug)]
 pub struct Template<'a> {
@@ -44,6 +62,77 @@ impl Template<'_> {
     }
 }
 
+/// The required node affinity's terms of a pod (template), when it has any.
+fn node_selector_terms(pod: &Value) -> Option<&Vec<Value>> {
+    pod.pointer(
+        "/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms",
+    )
+    .and_then(Value::as_array)
+}
+
+/// Whether a node selector term selects anything: Kubernetes reads a term without
+/// requirements as matching no node, so it is left as it is (the product requirement added to
+/// it would make it match, widening where the pod may go).
+fn selects(term: &Value) -> bool {
+    ["matchExpressions", "matchFields"].iter().any(|key| {
+        term.get(key)
+            .and_then(Value::as_array)
+            .is_some_and(|requirements| !requirements.is_empty())
+    })
+}
+
+/// The price of a pod (template), checked before any work is done for it: its containers,
+/// its node affinity's terms and their requirements, its annotations' bytes. Each is counted
+/// in one pass over what arrived (no copy), and a template over any limit is refused, so what
+/// the webhook writes back stays bounded by what it was sent.
+pub fn price(template: &Template) -> Result<(), String> {
+    let label = &template.label;
+    let spec = template.pod.get("spec");
+    let containers: usize = ["containers", "initContainers", "ephemeralContainers"]
+        .iter()
+        .filter_map(|key| spec.and_then(|s| s.get(key)).and_then(Value::as_array))
+        .map(Vec::len)
+        .sum();
+    if containers > MAX_CONTAINERS {
+        return Err(format!(
+            "{label}: {containers} containers; at most {MAX_CONTAINERS} are read"
+        ));
+    }
+    if let Some(terms) = node_selector_terms(template.pod) {
+        if terms.len() > MAX_NODE_SELECTOR_TERMS {
+            return Err(format!(
+                "{label}: {} node selector terms in the required node affinity; at most \
+                 {MAX_NODE_SELECTOR_TERMS} are read",
+                terms.len()
+            ));
+        }
+        let requirements: usize = terms
+            .iter()
+            .flat_map(|term| ["matchExpressions", "matchFields"].map(|key| term.get(key)))
+            .filter_map(|list| list.and_then(Value::as_array))
+            .map(Vec::len)
+            .sum();
+        if requirements > MAX_NODE_SELECTOR_REQUIREMENTS {
+            return Err(format!(
+                "{label}: {requirements} node selector requirements in the required node \
+                 affinity; at most {MAX_NODE_SELECTOR_REQUIREMENTS} are read"
+            ));
+        }
+    }
+    if let Some(Value::Object(annotations)) = template.pod.pointer("/metadata/annotations") {
+        let bytes: usize = annotations
+            .iter()
+            .map(|(key, value)| key.len() + value.as_str().map_or(0, str::len))
+            .sum();
+        if bytes > MAX_ANNOTATION_BYTES {
+            return Err(format!(
+                "{label}: {bytes} bytes of annotations; at most {MAX_ANNOTATION_BYTES} are read"
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// The pod templates of `object` of kind `kind`: none for a kind the webhook does not place.
 pub fn templates<'a>(
     kind: &GroupVersionKind,
@@ -56,6 +145,15 @@ pub fn templates<'a>(
             pod,
         })
     };
+    let known = match (kind.group.as_str(), kind.kind.as_str()) {
+        ("", "Pod") => Some("v1"),
+        ("batch", "Job") => Some("batch/v1"),
+        ("kubeflow.org", "PyTorchJob") => Some("kubeflow.org/v1"),
+        _ => None,
+    };
+    if let Some(expected) = known {
+        check_version(kind, object, expected)?;
+    }
     match (kind.group.as_str(), kind.kind.as_str()) {
         ("", "Pod") => Ok(vec![Template {
             pointer: String::new(),
@@ -90,6 +188,33 @@ pub fn templates<'a>(
     }
 }
 
+/// A kind the webhook places is read only at the version it knows (`expected`, as the
+/// object's `apiVersion` says it): the review's `kind.version` and the object's own
+/// `apiVersion`, when it has one, must both be it.
+fn check_version(kind: &GroupVersionKind, object: &Value, expected: &str) -> Result<(), String> {
+    let reviewed = if kind.group.is_empty() {
+        kind.version.clone()
+    } else {
+        format!("{}/{}", kind.group, kind.version)
+    };
+    if reviewed != expected {
+        return Err(format!(
+            "request.kind: {} {} is not read; the webhook places {} {expected}",
+            crate::job::echo(&reviewed),
+            crate::job::echo(&kind.kind),
+            crate::job::echo(&kind.kind)
+        ));
+    }
+    match object.get("apiVersion") {
+        None | Some(Value::Null) => Ok(()),
+        Some(Value::String(declared)) if declared == expected => Ok(()),
+        Some(declared) => Err(format!(
+            "request.object.apiVersion: {} does not match request.kind ({expected})",
+            crate::job::echo(&declared.to_string())
+        )),
+    }
+}
+
 /// The operations that give `template` a required node affinity on `products` (kept with
 /// whatever affinity it has) and the `annotations`.
 pub fn placement_ops(
@@ -100,18 +225,23 @@ pub fn placement_ops(
     let mut ops = Vec::new();
     let requirement = json!({"key": PRODUCT_LABEL, "operator": "In", "values": products});
     let required = "requiredDuringSchedulingIgnoredDuringExecution";
-    let terms = template
-        .pod
-        .pointer(&format!(
-            "/spec/affinity/nodeAffinity/{required}/nodeSelectorTerms"
-        ))
-        .and_then(Value::as_array)
-        .filter(|terms| !terms.is_empty());
+    let terms = node_selector_terms(template.pod).filter(|terms| !terms.is_empty());
     match terms {
         // Each term must also ask for the product: the terms are ORed, the expressions of a
-        // term ANDed.
+        // term ANDed. A term that selects nothing is left so ([`selects`]).
         Some(terms) => {
-            for (index, term) in terms.iter().enumerate() {
+            // A term that asks for these products already (a pod of a placed template) is
+            // left as it is.
+            let placed = |term: &Value| {
+                term.get("matchExpressions")
+                    .and_then(Value::as_array)
+                    .is_some_and(|list| list.contains(&requirement))
+            };
+            for (index, term) in terms
+                .iter()
+                .enumerate()
+                .filter(|(_, t)| selects(t) && !placed(t))
+            {
                 let path = format!(
                     "{}/spec/affinity/nodeAffinity/{required}/nodeSelectorTerms/{index}/matchExpressions",
                     template.pointer
@@ -139,12 +269,19 @@ pub fn placement_ops(
             );
         }
     }
-    add_members(
-        &mut ops,
-        template,
-        &["metadata", "annotations"],
-        annotations,
-    );
+    // Only the annotations that change: a pod of a placed template carries them already.
+    let annotations: Map<String, Value> = annotations
+        .into_iter()
+        .filter(|(key, value)| template.annotation(key).ok().flatten() != value.as_str())
+        .collect();
+    if !annotations.is_empty() {
+        add_members(
+            &mut ops,
+            template,
+            &["metadata", "annotations"],
+            annotations,
+        );
+    }
     ops
 }
 
@@ -234,6 +371,35 @@ mod tests {
         assert_eq!(ops[1]["path"], format!("{base}/1/matchExpressions"));
         assert!(ops[1]["value"].is_array());
         assert_eq!(ops.len(), 3);
+    }
+
+    #[test]
+    fn a_term_that_selects_nothing_is_left_so_and_too_many_terms_are_refused() {
+        let object = pod(json!({"affinity": {"nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {}, {"matchExpressions": []},
+            {"matchExpressions": [{"key": "zone", "operator": "Exists"}]}
+        ]}}}}));
+        let ops = ops_for(&object);
+        assert_eq!(ops.len(), 2, "{ops:#?}");
+        assert!(ops[0]["path"]
+            .as_str()
+            .unwrap()
+            .ends_with("nodeSelectorTerms/2/matchExpressions/-"));
+        let flood = pod(json!({"affinity": {"nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": vec![json!({}); MAX_NODE_SELECTOR_TERMS + 1]}}}}));
+        let kind = GroupVersionKind {
+            group: String::new(),
+            version: "v1".into(),
+            kind: "Pod".into(),
+        };
+        let flooded = templates(&kind, &flood).unwrap();
+        assert!(price(&flooded[0])
+            .unwrap_err()
+            .contains("node selector terms"));
+        let object = pod(json!({"containers": []}));
+        assert!(price(&templates(&kind, &object).unwrap()[0]).is_ok());
     }
 
     #[test]

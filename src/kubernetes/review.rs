@@ -50,16 +50,18 @@ pub struct AdmissionRequest {
     /// The kind of `object`: a Pod (`v1`), a Job (`batch/v1`) or a PyTorchJob
     /// (`kubeflow.org/v1`) is read; any other is allowed unchanged.
     pub kind: GroupVersionKind,
-    /// `CREATE` is placed; any other operation is allowed unchanged (a pod's affinity cannot
-    /// change after it is created).
-    #[serde(default)]
-    pub operation: Option<String>,
+    /// `CREATE` is placed; `UPDATE`, `DELETE` and `CONNECT` are allowed unchanged (a pod's
+    /// affinity cannot change after it is created). Required: a review that does not say
+    /// what it is for is refused.
+    #[schema(pattern = "^(CREATE|UPDATE|DELETE|CONNECT)$")]
+    pub operation: String,
     #[serde(default)]
     pub namespace: Option<String>,
     #[serde(default)]
     pub name: Option<String>,
-    /// The object as it would be stored (null on a DELETE).
-    #[serde(default)]
+    /// The object as it would be stored (null on a DELETE), each key once at every depth
+    /// (a repeated key is refused: serde would keep the last).
+    #[serde(default, deserialize_with = "crate::api::unique_keys::optional_value")]
     #[schema(value_type = Option<Object>)]
     pub object: Option<serde_json::Value>,
 }

@@ -359,6 +359,77 @@ async fn a_job_that_fits_none_of_the_clusters_products_is_denied_with_its_figure
 }
 
 #[tokio::test]
+async fn a_products_annotation_the_webhook_did_not_write_is_not_trusted() {
+    let app = admission_app(&["Tesla-T4", "NVIDIA-L4"]).await;
+    // A job that fits none of the cluster's cards, carrying its own products annotation.
+    let mut object = pod(Some(&gpt2_medium()));
+    object["metadata"]["annotations"]["gpucast.dev/products"] = "Tesla-T4".into();
+    let response = answer(&app, &review(("", "v1", "Pod"), object)).await;
+    assert_eq!(response["allowed"], false, "{response:#}");
+    assert_eq!(response["status"]["code"], 403);
+    // One that fits, with a forged list: placed, the list rewritten to what it fits.
+    let mut object = pod(Some(&small_mlp()));
+    object["metadata"]["annotations"]["gpucast.dev/products"] = "made-up".into();
+    let placed = patched(
+        &object,
+        &answer(&app, &review(("", "v1", "Pod"), object.clone())).await,
+    );
+    assert_eq!(
+        products_annotation(&placed),
+        ["Tesla-T4", "NVIDIA-L4"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect()
+    );
+}
+
+#[tokio::test]
+async fn a_review_is_read_strictly_keys_versions_and_operation() {
+    let app = admission_app(&PRODUCTS).await;
+    // A key repeated deep inside the object: refused, as at the top.
+    let body = review(("", "v1", "Pod"), pod(Some(&small_mlp())))
+        .to_string()
+        .replacen(
+            r#""restartPolicy":"Never""#,
+            r#""restartPolicy":"Never","restartPolicy":"Always""#,
+            1,
+        );
+    assert!(body.contains(r#""restartPolicy":"Always""#));
+    let response = app.post_raw(ROUTE, "application/json", body).await;
+    assert_eq!(response.status(), 422);
+    let problem: Value = response.json().await.unwrap();
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("duplicate key"),
+        "{problem}"
+    );
+    // Versions the webhook does not know: denied, not placed.
+    let response = answer(&app, &review(("", "v2", "Pod"), pod(Some(&small_mlp())))).await;
+    assert_eq!(response["status"]["code"], 422, "{response:#}");
+    let object = json!({"apiVersion": "batch/v2", "kind": "Job",
+        "spec": {"template": pod_spec(Some(&small_mlp()))}});
+    let response = answer(&app, &review(("batch", "v1", "Job"), object)).await;
+    assert_eq!(response["status"]["code"], 422, "{response:#}");
+    // No operation, a null one or an unknown one: not a review.
+    for operation in [None, Some(Value::Null), Some(json!("MERGE"))] {
+        let mut review = review(("", "v1", "Pod"), pod(Some(&small_mlp())));
+        let request = review["request"].as_object_mut().unwrap();
+        match &operation {
+            None => {
+                request.remove("operation");
+            }
+            Some(op) => {
+                request.insert("operation".into(), op.clone());
+            }
+        }
+        let response = app.post_json(ROUTE, &review).await;
+        assert_eq!(response.status(), 422, "{operation:?}");
+    }
+}
+
+#[tokio::test]
 async fn an_object_without_the_annotation_is_allowed_unchanged() {
     let app = admission_app(&PRODUCTS).await;
     for (kind, object) in [
@@ -447,6 +518,62 @@ async fn a_malformed_job_annotation_is_denied_with_the_validation_message() {
         .post_json(ROUTE, &review(("", "v1", "Pod"), json!([null, null])))
         .await;
     assert_eq!(response.status(), 422);
+}
+
+#[tokio::test]
+async fn a_flood_of_node_selector_terms_is_refused_before_any_work_with_a_small_answer() {
+    let app = admission_app(&PRODUCTS).await;
+    let with_terms = |terms: Vec<Value>| {
+        let mut object = pod(Some(&small_mlp()));
+        object["spec"]["affinity"] = json!({"nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}});
+        object
+    };
+    // 200,000 empty terms (600 KB): once one patch operation each, listing every product.
+    let object = with_terms(vec![json!({}); 200_000]);
+    let response = app
+        .post_json(ROUTE, &review(("", "v1", "Pod"), object))
+        .await;
+    assert_eq!(response.status(), 200);
+    let bytes = response.bytes().await.unwrap();
+    assert!(bytes.len() < 4096, "{} bytes", bytes.len());
+    let body: Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(body["response"]["allowed"], false);
+    assert_eq!(body["response"]["status"]["code"], 413);
+    assert!(body["response"]["status"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("200000 node selector terms"));
+    // As many requirements as terms allow, over the limit on requirements.
+    let requirement = json!({"key": "zone", "operator": "In", "values": ["a"]});
+    let object = with_terms(vec![
+        json!({"matchExpressions": vec![requirement.clone(); 9]});
+        64
+    ]);
+    let response = answer(&app, &review(("", "v1", "Pod"), object)).await;
+    assert_eq!(response["status"]["code"], 413, "{response:#}");
+    // At the limit: placed, and a term that selects nothing is left selecting nothing (the
+    // product requirement added to it would widen where the pod may go).
+    let mut terms = vec![json!({"matchExpressions": [requirement]}); 63];
+    terms.push(json!({}));
+    let object = with_terms(terms);
+    let placed = patched(
+        &object,
+        &answer(&app, &review(("", "v1", "Pod"), object.clone())).await,
+    );
+    let terms = placed["spec"]["affinity"]["nodeAffinity"]
+        ["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        .as_array()
+        .unwrap();
+    assert_eq!(terms[63], json!({}));
+    assert!(terms[..63]
+        .iter()
+        .all(|t| t["matchExpressions"].as_array().unwrap().len() == 2));
+    // More containers than read.
+    let mut object = pod(Some(&small_mlp()));
+    object["spec"]["containers"] = json!(vec![json!({"name": "c", "image": "i"}); 65]);
+    let response = answer(&app, &review(("", "v1", "Pod"), object)).await;
+    assert_eq!(response["status"]["code"], 413, "{response:#}");
 }
 
 #[tokio::test]

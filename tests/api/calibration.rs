@@ -8,8 +8,8 @@ use gpucast::devices::{FakeDevices, GpuDevices, NoDevices};
 use serde_json::{json, Value};
 
 use crate::helpers::{
-    example_job, held_out_mlp_jobs, median, models_dir, spawn_app, spawn_app_with_devices,
-    test_config,
+    example_job, held_out_mlp_jobs, median, models_dir, spawn_app, spawn_app_with,
+    spawn_app_with_devices, test_config,
 };
 
 #[tokio::test]
@@ -573,10 +573,10 @@ async fn a_retry_with_the_same_idempotency_key_records_nothing_again() {
     assert_eq!(observations_recorded(&app).await, 4);
 }
 
-/// The issue's case: a call answered 503 by the timeout was recorded all the same, and its
-/// retry recorded it again.
+/// A call answered 503 by the timeout records nothing (the recording commits only with time
+/// to spare before the timeout: issue 45), and its retry with the same key records it once.
 #[tokio::test]
-async fn a_call_answered_503_and_retried_with_its_key_is_recorded_once() {
+async fn a_call_answered_503_records_nothing_and_its_retry_records_once() {
     let mut config = test_config(&models_dir());
     config.request_timeout_secs = 1;
     let devices = Arc::new(FakeDevices::single("NVIDIA L4", 23_034));
@@ -586,15 +586,38 @@ async fn a_call_answered_503_and_retried_with_its_key_is_recorded_once() {
     let body = json!({"gpu": "attached", "job": example_job(), "observed_peak_mib": 2100});
     let response = post_with_key(&app, "slow-1", &body).await;
     assert_eq!(response.status(), 503);
-    // The retry comes while the first call is still recording: it waits for its answer.
+    // The first call's work ends (past its deadline: nothing committed) and frees its key.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    devices.set_list_delay(Duration::ZERO);
+    assert_eq!(observations_recorded(&app).await, 0);
     let retry = post_with_key(&app, "slow-1", &body).await;
     assert_eq!(retry.status(), 200);
-    assert_eq!(retry.headers()["idempotency-replayed"], "true");
+    assert!(retry.headers().get("idempotency-replayed").is_none());
     let retry: Value = retry.json().await.unwrap();
     assert_eq!(retry["recorded"], 1);
-    assert_eq!(retry["profiles"][0]["observations"], 1);
-    devices.set_list_delay(Duration::ZERO);
     assert_eq!(observations_recorded(&app).await, 1);
+}
+
+/// Observations are priced like a batch of estimates before any work: a post whose jobs cost
+/// more than the budget is refused, naming it, and records nothing.
+#[tokio::test]
+async fn observations_priced_above_the_budget_are_refused_before_any_work() {
+    let mut config = test_config(&models_dir());
+    config.max_request_cost = 100_000;
+    let app = spawn_app_with(config).await;
+    let one = json!({"gpu": "l40s", "job": example_job(), "observed_peak_mib": 2100});
+    let body = Value::Array(vec![one; 300]);
+    let response = app.post_json("/v1/calibration/observations", &body).await;
+    assert_eq!(response.status(), 422);
+    let problem: Value = response.json().await.unwrap();
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("above the budget"),
+        "{problem}"
+    );
+    assert_eq!(observations_recorded(&app).await, 0);
 }
 
 /// Three observations from an environment whose context is 500 MiB larger than physics' (all

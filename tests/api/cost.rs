@@ -206,7 +206,9 @@ fn every_request_the_repository_sends_is_priced_far_under_the_budget() {
     );
     // Every committed job: a hundredth of it as sent, a tenth ranked on every card it may name
     // with the classifiers; the 40 dearest in one batch (scripts/answers-unchanged.py sends
-    // them in 40s) a tenth; a batch of the dearest as full as the limits allow, three fifths.
+    // them in 40s) a tenth; a batch of the dearest as full as the limits allow, within the
+    // budget (since issue 45 a printout's convolutions are priced at the four linear layers'
+    // work they cost, and a body of the CNN printouts comes to about 0.83 of it).
     assert!(dearest * 100 <= DEFAULT_MAX_REQUEST_COST, "{dearest}");
     assert!(
         dearest_ranked * 10 <= DEFAULT_MAX_REQUEST_COST,
@@ -217,7 +219,7 @@ fn every_request_the_repository_sends_is_priced_far_under_the_budget() {
         "the 40 dearest jobs: {forty}"
     );
     assert!(
-        full_batch * 5 <= DEFAULT_MAX_REQUEST_COST * 3,
+        full_batch <= DEFAULT_MAX_REQUEST_COST,
         "a full batch: {full_batch}"
     );
 }

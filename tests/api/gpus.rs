@@ -59,6 +59,16 @@ async fn a_custom_card_is_estimated_and_observed_under_its_own_key() {
     let twin = fit_for(&app, json!({"name": "a100-40gb", "capacity_mib": 30_000})).await;
     assert_eq!(twin["gpu"], "custom-a100-40gb-30000mib", "{twin}");
     assert_eq!(twin["capacity_mib"], 30_000);
+    // A whole number written as a float, as JSON Schema's integer admits (issue 45: `322.0`).
+    let float = fit_for(
+        &app,
+        json!({"name": "Lab Card 2", "capacity_mib": 12_000.0}),
+    )
+    .await;
+    assert_eq!(float["gpu"], "custom-lab-card-2-12000mib", "{float}");
+    let mut job = example_job();
+    job["gpu"] = json!({"name": "Lab Card 2", "capacity_mib": 12_000.5});
+    assert_eq!(app.post_json("/v1/estimate", &job).await.status(), 422);
 
     let observation = json!({"gpu": card, "job": example_job(), "observed_peak_mib": 2100});
     let response = app

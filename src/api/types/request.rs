@@ -331,6 +331,27 @@ pub enum NamesRequest {
     Names(Vec<String>),
 }
 
+/// A module name as a list of them holds it: 1 to 256 characters once trimmed, not all
+/// whitespace (the schema of each name of `trainable.modules` and `lora.modules_to_save`;
+/// the lists hold plain strings).
+pub struct ModuleName;
+
+impl utoipa::PartialSchema for ModuleName {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        utoipa::openapi::schema::ObjectBuilder::new()
+            .schema_type(utoipa::openapi::schema::Type::String)
+            .min_length(Some(1))
+            .max_length(Some(crate::job::setup::MAX_NAME_CHARS))
+            .pattern(Some("\\S"))
+            .description(Some(
+                "A module name: 1 to 256 characters once trimmed, not all whitespace.",
+            ))
+            .into()
+    }
+}
+
+impl ToSchema for ModuleName {}
+
 /// Which parameters train: a count, or module names (layer-name prefixes).
 #[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -339,7 +360,7 @@ pub struct TrainableRequest {
     #[schema(maximum = 10_000_000_000_000_u64)]
     pub params: Option<u64>,
     #[serde(default)]
-    #[schema(min_items = 1, max_items = 256)]
+    #[schema(value_type = Option<Vec<ModuleName>>, min_items = 1, max_items = 256)]
     pub modules: Option<Vec<String>>,
 }
 
@@ -380,6 +401,7 @@ pub struct LoraRequest {
     /// each gets a trained copy beside the frozen original, with its gradients and optimizer
     /// state.
     #[serde(default)]
+    #[schema(value_type = Option<Vec<ModuleName>>, min_items = 1, max_items = 256)]
     pub modules_to_save: Option<Vec<String>>,
 }
 
@@ -495,6 +517,7 @@ pub struct CustomGpuRequest {
     #[schema(min_length = 1, max_length = 64, pattern = "^[A-Za-z0-9 ._-]{1,64}$")]
     pub name: String,
     /// Usable memory, MiB, as nvidia-smi reports it (`memory.total`).
+    #[serde(deserialize_with = "whole_number::one")]
     #[schema(minimum = 1, maximum = 1048576)]
     pub capacity_mib: u64,
 }

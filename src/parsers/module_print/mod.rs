@@ -289,35 +289,48 @@ fn looks_like_arguments(body: &str) -> bool {
 /// own `N x` and its containers'), any other line twice; saturating at `cap`. What a request
 /// holding the text is priced at before it is parsed.
 pub(super) fn layers_bound(text: &str, cap: u64) -> u64 {
+    weighted_layers_bound(text, cap, |_| 1)
+}
+
+/// [`layers_bound`] with each module line's layers also counted `weight(class)` times (what
+/// a printout's layers cost to answer, by their kind): the weighted count, scaled down in
+/// proportion when the plain one reaches `cap`, so it lies between the capped count and
+/// `cap` times the heaviest weight.
+pub(super) fn weighted_layers_bound(text: &str, cap: u64, weight: impl Fn(&str) -> u64) -> u64 {
     // The copies outside each open container, innermost last.
     let mut outside: Vec<u64> = Vec::new();
     let mut copies: u64 = 1;
-    let mut total: u64 = 0;
+    let (mut total, mut weighted): (u64, u64) = (0, 0);
     for raw in text.lines() {
         let trimmed = raw.trim();
         let body = split_params(trimmed).map_or(trimmed, |(body, _)| body);
-        let layers = if body == ")" {
+        let (layers, heavy) = if body == ")" {
             copies = outside.pop().unwrap_or(1);
-            0
+            (0, 0)
         } else {
             match parse_module_line(body) {
-                Ok((_, repeat, _, args)) => {
+                Ok((_, repeat, class, args)) => {
                     let these = copies.saturating_mul(repeat);
                     if args.is_none() {
                         outside.push(copies);
                         copies = these;
+                        (these, these)
+                    } else {
+                        (these, these.saturating_mul(weight(class)))
                     }
-                    these
                 }
-                Err(_) => copies,
+                Err(_) => (copies, copies),
             }
         };
         total = total.saturating_add(layers.saturating_mul(2));
+        weighted = weighted.saturating_add(heavy.saturating_mul(2));
         if total >= cap {
-            return cap;
+            // The share of the weight in what was read, over the capped count.
+            let scaled = u128::from(weighted) * u128::from(cap) / u128::from(total.max(1));
+            return u64::try_from(scaled).unwrap_or(u64::MAX);
         }
     }
-    total
+    weighted
 }
 
 /// Splits `body, 12,608 params` into the body and the count.

@@ -198,6 +198,21 @@ struct Sizes {
     experts_per_token: u64,
 }
 
+/// The config a `transformer_config` is built from, and whether it is a multimodal config's
+/// language model: a multimodal config (Gemma 3, LLaVA, Qwen2-VL, ...) without sizes of its
+/// own holds its language model under `text_config`, and that is what is built. One rule for
+/// the request's price and for what is built, so that a wrapper cannot be priced as one model
+/// and built as another.
+pub fn language_model(config: &Map<String, Value>) -> (&Map<String, Value>, bool) {
+    let multimodal = !config.contains_key("hidden_size")
+        && !config.contains_key("d_model")
+        && !config.contains_key("n_embd");
+    match config.get("text_config") {
+        Some(Value::Object(text)) if multimodal => (text, true),
+        _ => (config, false),
+    }
+}
+
 impl TransformerConfig {
     /// About how many modules the built model lists: a decoder's 11 a block and the few around
     /// them (other layouts differ by a few), never more than a job may hold plus one. What the
