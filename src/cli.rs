@@ -11,15 +11,15 @@ use std::time::Instant;
 use serde_json::Value;
 
 use crate::api::parse::{parse_estimate, parse_json};
-use crate::api::types::{BatchRequest, BatchResponse};
+use crate::api::types::{BatchRequest, BatchResponse, PlanRequest, PlanResponse};
 use crate::calibration::db;
 use crate::calibration::store::{ProfileStore, DEFAULT_RETENTION};
-use crate::config::{located, EstimateArgs, FeaturesArgs, OutputFormat};
+use crate::config::{located, EstimateArgs, FeaturesArgs, OutputFormat, PlanArgs};
 use crate::devices::sku::Catalogue;
 use crate::devices::NoDevices;
 use crate::engine::cost::Cost;
 use crate::engine::validate::to_job;
-use crate::engine::{parse_items, Engine};
+use crate::engine::{parse_items, Deadline, Engine};
 use crate::error::ApiError;
 use crate::estimators::features::{raw_token_feature, AggregateFeatures, TOKEN_FEATURES};
 use crate::estimators::Estimators;
@@ -48,15 +48,13 @@ fn read_calibration(path: &std::path::Path) -> Result<String, String> {
     Ok(text)
 }
 
-/// Runs the subcommand; returns the process's exit status.
-pub fn estimate(args: &EstimateArgs) -> i32 {
-    let bytes = match job_input(args) {
-        Ok(bytes) => bytes,
-        Err(e) => {
-            eprintln!("gpucast estimate: {e}");
-            return FAILED;
-        }
-    };
+/// The job's bytes and the engine that answers it, or the exit status of a failure (said on
+/// standard error, `command` naming the subcommand).
+fn job_and_engine(args: &EstimateArgs, command: &str) -> Result<(Vec<u8>, Engine), i32> {
+    let bytes = job_input(args).map_err(|e| {
+        eprintln!("gpucast {command}: {e}");
+        FAILED
+    })?;
     if let Some(path) = &args.uncertainty {
         let calibration = read_calibration(path).and_then(|text| Calibration::parse(&text));
         match calibration {
@@ -64,17 +62,23 @@ pub fn estimate(args: &EstimateArgs) -> i32 {
                 uncertainty::install(calibration);
             }
             Err(e) => {
-                eprintln!("gpucast estimate: --uncertainty {}: {e}", path.display());
-                return FAILED;
+                eprintln!("gpucast {command}: --uncertainty {}: {e}", path.display());
+                return Err(FAILED);
             }
         }
     }
-    let engine = match offline_engine(args) {
-        Ok(engine) => engine,
-        Err(e) => {
-            eprintln!("gpucast estimate: {e}");
-            return FAILED;
-        }
+    let engine = offline_engine(args).map_err(|e| {
+        eprintln!("gpucast {command}: {e}");
+        FAILED
+    })?;
+    Ok((bytes, engine))
+}
+
+/// Runs the subcommand; returns the process's exit status.
+pub fn estimate(args: &EstimateArgs) -> i32 {
+    let (bytes, engine) = match job_and_engine(args, "estimate") {
+        Ok(prepared) => prepared,
+        Err(status) => return status,
     };
     let started = Instant::now();
     if args.batch {
@@ -102,6 +106,135 @@ pub fn estimate(args: &EstimateArgs) -> i32 {
             Err(error) => problem(error),
         }
     }
+}
+
+/// `gpucast plan`: the job as `estimate` reads it, planned as `POST /v1/plan` plans it.
+pub fn plan(args: &PlanArgs) -> i32 {
+    if args.estimate.batch {
+        eprintln!("gpucast plan: a plan is of one job, not a --batch");
+        return FAILED;
+    }
+    let (bytes, engine) = match job_and_engine(&args.estimate, "plan") {
+        Ok(prepared) => prepared,
+        Err(status) => return status,
+    };
+    let mut body = serde_json::Map::new();
+    if args.catalogue {
+        body.insert("catalogue".into(), Value::Bool(true));
+    }
+    if let Some(list) = &args.precisions {
+        body.insert("precisions".into(), names(list));
+    }
+    if let Some(max) = args.max_micro_batch {
+        body.insert("max_micro_batch".into(), Value::from(max));
+    }
+    if let Some(max) = args.max_seq_len {
+        body.insert("max_seq_len".into(), Value::from(max));
+    }
+    if args.no_setups {
+        body.insert("setups".into(), Value::Bool(false));
+    }
+    // The job goes in as its bytes: read as the plan route reads its `job`.
+    let rest = serde_json::to_string(&body).expect("a JSON value serialises");
+    let mut text = format!("{{\"job\":{}", String::from_utf8_lossy(&bytes).trim());
+    if body.is_empty() {
+        text.push('}');
+    } else {
+        text.push(',');
+        text.push_str(&rest[1..]);
+    }
+    let outcome = parse_json::<PlanRequest>(text.as_bytes(), "")
+        .and_then(|request| crate::engine::plan::plan(&engine, &request, &Deadline::NONE));
+    match outcome {
+        Ok(plan) => {
+            match args.estimate.format {
+                OutputFormat::Json => out(&format!(
+                    "{}\n",
+                    serde_json::to_string_pretty(&plan).expect("plans serialise")
+                )),
+                OutputFormat::Table => out(&plan_table(&plan)),
+            }
+            0
+        }
+        Err(error) => problem(error),
+    }
+}
+
+/// A plan for people: each card's largest micro-batch, the sequence, the setups ranked.
+pub fn plan_table(plan: &PlanResponse) -> String {
+    let mib = |v: Option<f64>| v.map_or_else(|| "-".into(), |v| format!("{v:.0}"));
+    let ms = |v: Option<f64>| v.map_or_else(|| "-".into(), |v| format!("{v:.1}"));
+    let mut text = format!(
+        "at confidence {}, the job's micro-batch {} x {} accumulation steps\n",
+        plan.confidence, plan.micro_batch_size, plan.gradient_accumulation_steps
+    );
+    text.push_str(&format!(
+        "{:<16} {:>9} {:<9} {:<5} {:>10} {:>10} {:>10} {:>10}\n",
+        "gpu", "MiB", "precision", "fits", "bound MiB", "largest mb", "bound MiB", "step ms"
+    ));
+    for row in &plan.cards {
+        let largest = match (row.largest_micro_batch, row.limited_by_max) {
+            (None, _) => "none".to_string(),
+            (Some(m), false) => m.to_string(),
+            (Some(m), true) => format!("{m}+"),
+        };
+        let at = row.at_largest.as_ref();
+        text.push_str(&format!(
+            "{:<16} {:>9} {:<9} {:<5} {:>10} {:>10} {:>10} {:>10}\n",
+            row.gpu,
+            row.capacity_mib,
+            row.precision,
+            if row.fits { "yes" } else { "no" },
+            mib(row.job.upper_bound_mib),
+            largest,
+            mib(at.and_then(|a| a.upper_bound_mib)),
+            ms(at.and_then(|a| a.step_time_ms)),
+        ));
+    }
+    if plan.cards.len() > 1 {
+        text.push_str(&format!(
+            "smallest card it fits: {}\n",
+            plan.smallest_fitting_gpu.as_deref().unwrap_or("none")
+        ));
+    }
+    if let Some(seq) = &plan.seq_len {
+        text.push_str(&format!(
+            "longest sequence at micro-batch {} on {}: {}{}\n",
+            seq.micro_batch_size,
+            seq.gpu,
+            seq.longest_seq_len
+                .map_or_else(|| "none".into(), |s| s.to_string()),
+            if seq.limited_by_max { "+" } else { "" }
+        ));
+    }
+    if !plan.setups.is_empty() {
+        text.push_str(&format!(
+            "setups at micro-batch {} on {}, best first:\n",
+            plan.micro_batch_size, plan.cards[0].gpu
+        ));
+        text.push_str(&format!(
+            "  {:<4} {:<26} {:<5} {:>10} {:>10} {:>10} {:>12}\n",
+            "rank", "setup", "fits", "MiB", "bound MiB", "step ms", "ms/sample"
+        ));
+        for setup in &plan.setups {
+            text.push_str(&format!(
+                "  {:<4} {:<26} {:<5} {:>10} {:>10} {:>10} {:>12}\n",
+                setup.rank,
+                setup.setup,
+                if setup.fits { "yes" } else { "no" },
+                mib(setup.estimate_mib),
+                mib(setup.upper_bound_mib),
+                ms(setup.step_time_ms),
+                ms(setup.ms_per_sample),
+            ));
+        }
+    }
+    // The time is the JSON's (`latency_us`): the table stays the same run to run.
+    text.push_str(&format!("{} estimates\n", plan.estimates));
+    for warning in &plan.warnings {
+        text.push_str(&format!("warning: {warning}\n"));
+    }
+    text
 }
 
 /// The request: the job file (or an empty job) with `--config`'s model and the setup flags

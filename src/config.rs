@@ -32,6 +32,11 @@ pub enum Command {
     /// Answer a job description (the JSON of POST /v1/estimate) from the command line with the
     /// committed models, no server; bad input exits 2 with the API's problem JSON.
     Estimate(EstimateArgs),
+    /// Plan a job (the JSON of POST /v1/plan from the job and flags of `estimate`): the largest
+    /// micro-batch that fits each card at the job's confidence (and with --max-seq-len the
+    /// longest sequence), the setups that make it fit ranked by time per sample, the smallest
+    /// card. A search over the estimates `estimate` answers, no server.
+    Plan(PlanArgs),
     /// Print what the estimators read of each job (the JSON of POST /v1/estimate): the raw
     /// aggregate features by name, the layers' kinds and token features; what the training
     /// pipeline learns from, so that it never restates the rules. No models needed.
@@ -103,6 +108,33 @@ pub struct EstimateArgs {
     /// given or the directory holds a store; otherwise no profile applies.
     #[command(flatten)]
     pub store: StoreArgs,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct PlanArgs {
+    /// The job and how the answer is read and printed, as `gpucast estimate` takes them.
+    #[command(flatten)]
+    pub estimate: EstimateArgs,
+
+    /// Plan on every card of the catalogue (`gpucast gpus`) instead of --gpu.
+    #[arg(long)]
+    pub catalogue: bool,
+
+    /// A dtype sweep: precisions separated by commas (`fp32,amp_bf16,bf16`), one row each.
+    #[arg(long, value_name = "LIST")]
+    pub precisions: Option<String>,
+
+    /// The largest micro-batch tried (default 4096).
+    #[arg(long)]
+    pub max_micro_batch: Option<u64>,
+
+    /// Sequence length free: the longest up to this that fits at the job's micro-batch.
+    #[arg(long)]
+    pub max_seq_len: Option<u64>,
+
+    /// Leave out the setups (checkpointing, LoRA, 8-bit optimizer, ZeRO-3, offload).
+    #[arg(long)]
+    pub no_setups: bool,
 }
 
 #[derive(Debug, Clone, Args)]

@@ -14,6 +14,7 @@ fn main() -> anyhow::Result<()> {
     match &cli.command {
         // No runtime, no server: the answer and the exit status.
         Command::Estimate(args) => std::process::exit(gpucast::cli::estimate(args)),
+        Command::Plan(args) => std::process::exit(gpucast::cli::plan(args)),
         Command::Gpus { format } => std::process::exit(gpucast::cli::gpus(*format)),
         Command::Features(args) => std::process::exit(gpucast::cli::features(args)),
         _ => {}
@@ -56,7 +57,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             eprintln!("gpucast: {written} observations exported");
             Ok(())
         }
-        Command::Estimate(_) | Command::Gpus { .. } | Command::Features(_) => {
+        Command::Estimate(_) | Command::Plan(_) | Command::Gpus { .. } | Command::Features(_) => {
             unreachable!("answered before the runtime starts")
         }
         Command::Serve(config) => {

@@ -133,7 +133,7 @@ fn the_readmes_command_line_examples_show_their_output() {
     for (i, (lang, body)) in blocks.iter().enumerate() {
         let command = body.trim();
         if *lang != "sh"
-            || !command.starts_with("gpucast estimate")
+            || !(command.starts_with("gpucast estimate") || command.starts_with("gpucast plan"))
             || !command.contains("--format table")
         {
             continue;

@@ -221,6 +221,21 @@ impl Cost {
         self.names_from = self.names_from.with(other.names_from);
     }
 
+    /// The price of `n` answers of this request (a plan's estimates, each priced as the job).
+    pub fn times(&self, n: u64) -> Cost {
+        let mut units = self.units;
+        for part in units.iter_mut() {
+            *part = part.saturating_mul(n);
+        }
+        Cost {
+            units,
+            jobs: self.jobs.saturating_mul(n),
+            layers: self.layers.saturating_mul(n),
+            name_bytes: self.name_bytes.saturating_mul(n),
+            ..*self
+        }
+    }
+
     /// The price in work units.
     pub fn units(&self) -> u64 {
         self.units.iter().sum()

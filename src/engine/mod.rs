@@ -7,12 +7,15 @@
 //! - [`cost`]: a wire request's price from its sizes, refused above the budget before any work.
 //! - [`files`]: the setup the user's files (training arguments, PEFT, DeepSpeed, load) state,
 //!   written into the request's own fields.
+//! - [`plan`]: the reverse question, a search over estimates: the largest micro-batch and
+//!   sequence that fit, the setups that make a job fit, the smallest card.
 //! - [`validate`]: a wire request -> a validated job, its target GPU and what was asked.
 //! - [`answer`]: a validated request -> the answer (placement, class, utilization, metrics).
 
 pub mod answer;
 pub mod cost;
 pub mod files;
+pub mod plan;
 pub mod validate;
 
 use std::collections::HashMap;

@@ -10,6 +10,7 @@ pub mod estimate;
 pub mod extract;
 pub mod gpus;
 pub mod idempotency;
+pub mod plan;
 pub mod pool;
 pub mod service;
 
@@ -94,6 +95,7 @@ fn api_router() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(ApiDoc::openapi())
         .routes(routes!(estimate::estimate))
         .routes(routes!(estimate::estimate_batch))
+        .routes(routes!(plan::plan))
         .routes(routes!(service::estimators))
         .routes(routes!(service::healthz))
         .routes(routes!(service::readyz))

@@ -19,6 +19,7 @@ mod gpus;
 mod helpers;
 mod invariants;
 mod operations;
+mod plan;
 mod public_setups;
 mod ranking;
 mod real_models;

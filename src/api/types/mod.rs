@@ -4,15 +4,18 @@
 //! - [`request`]: a training job to estimate, with its GPU, setup and model.
 //! - [`response`]: the estimate: memory, bound, fit, breakdown, utilization, the setup read.
 //! - [`calibration`]: observations, profiles, the watch and the host's devices.
+//! - [`plan`]: the reverse question: the largest micro-batch, sequence, setup and card that fit.
 //! - [`service`]: batches, problems, the loaded estimators, health, the GPU catalogue.
 //! - here: how numbers and objects are read where serde's derive is laxer than the schema.
 
 mod calibration;
+mod plan;
 mod request;
 mod response;
 mod service;
 
 pub use calibration::*;
+pub use plan::*;
 pub use request::*;
 pub use response::*;
 pub use service::*;
