@@ -321,6 +321,18 @@ class RoundTripTest(unittest.TestCase):
         self.assertEqual(answer.items[1].status, 422)
         self.assertIn("batch_size", answer.items[1].error.detail)
 
+    def test_plan(self) -> None:
+        answer = self.client.plan(self.job, setups=False)
+        self.assertIsInstance(answer, gpucast.PlanResponse)
+        card = answer.cards[0]
+        self.assertEqual(card.gpu, "h100-80gb")
+        largest = card.largest_micro_batch
+        self.assertGreaterEqual(largest, answer.micro_batch_size)
+        # The plan's largest micro-batch is where /v1/estimate still says it fits.
+        at = dict(self.job, micro_batch_size=largest, batch_size=largest * answer.gradient_accumulation_steps)
+        self.assertTrue(self.client.estimate(at).fit.fits)
+        self.assertGreater(answer.estimates, 1)
+
     def test_reads(self) -> None:
         self.assertEqual(self.client.healthz().status, "ok")
         self.assertTrue(self.client.readyz().ready)

@@ -21,6 +21,7 @@ from .models import (
     HealthResponse,
     Model,
     ObservationsResponse,
+    PlanResponse,
     Problem,
     ProfilesResponse,
     ReadyResponse,
@@ -41,6 +42,7 @@ class Route(NamedTuple):
 ROUTES: dict[str, Route] = {
     "estimate": Route("POST", "/v1/estimate", EstimateResponse, "EstimateRequest"),
     "estimate_batch": Route("POST", "/v1/estimate/batch", BatchResponse, "BatchRequest"),
+    "plan": Route("POST", "/v1/plan", PlanResponse, "PlanRequest"),
     "gpus": Route("GET", "/v1/gpus", GpusResponse),
     "estimators": Route("GET", "/v1/estimators", EstimatorsResponse),
     "devices": Route("GET", "/v1/devices", DevicesResponse),
@@ -83,6 +85,12 @@ class Client:
     def estimate_batch(self, jobs: Sequence[Job]) -> BatchResponse:
         """POST /v1/estimate/batch: each job answered on its own (a bad one gets its own error)."""
         return self._call("estimate_batch", {"items": [dict(job) for job in jobs]})
+
+    def plan(self, job: Job, **search: Any) -> PlanResponse:
+        """POST /v1/plan: the largest micro-batch that fits each card of the job's `gpu`, the
+        setups that make it fit, the smallest card; `search` holds the plan's other fields
+        (`catalogue`, `precisions`, `max_micro_batch`, `max_seq_len`, `setups`)."""
+        return self._call("plan", {"job": dict(job), **search})
 
     def gpus(self) -> GpusResponse:
         return self._call("gpus")
@@ -200,6 +208,9 @@ class AsyncClient:
 
     async def estimate_batch(self, jobs: Sequence[Job]) -> BatchResponse:
         return await asyncio.to_thread(self.sync.estimate_batch, jobs)
+
+    async def plan(self, job: Job, **search: Any) -> PlanResponse:
+        return await asyncio.to_thread(self.sync.plan, job, **search)
 
     async def gpus(self) -> GpusResponse:
         return await asyncio.to_thread(self.sync.gpus)

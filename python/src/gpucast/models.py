@@ -156,6 +156,68 @@ class BatchResponse(Model):
 
 
 @dataclass
+class PlanPointResponse(Model):
+    """The estimate's figures at one point of a plan's search."""
+
+    SCHEMA: ClassVar[str] = "PlanPointResponse"
+    micro_batch_size: int = 0
+    seq_len: int | None = None
+    estimate_mib: float | None = None
+    upper_bound_mib: float | None = None
+    oom_probability: float | None = None
+    step_time_ms: float | None = None
+    samples_per_s: float | None = None
+
+
+@dataclass
+class PlanCardResponse(Model):
+    """One card at one precision: the job's fit and the largest micro-batch that fits."""
+
+    SCHEMA: ClassVar[str] = "PlanCardResponse"
+    gpu: str = ""
+    capacity_mib: int = 0
+    precision: str = ""
+    fits: bool = False
+    job: PlanPointResponse | None = wire(model=PlanPointResponse)
+    largest_micro_batch: int | None = None
+    at_largest: PlanPointResponse | None = wire(model=PlanPointResponse)
+    limited_by_max: bool = False
+
+
+@dataclass
+class PlanSetupResponse(Model):
+    """One setup over the job, ranked (1: fits, least time per sample)."""
+
+    SCHEMA: ClassVar[str] = "PlanSetupResponse"
+    rank: int = 0
+    setup: str = ""
+    changes: list[str] = field(default_factory=list)
+    fits: bool = False
+    estimate_mib: float | None = None
+    upper_bound_mib: float | None = None
+    step_time_ms: float | None = None
+    ms_per_sample: float | None = None
+
+
+@dataclass
+class PlanResponse(Model):
+    """POST /v1/plan: the largest micro-batch per card (`cards`), the setups ranked, the
+    smallest card the job fits."""
+
+    SCHEMA: ClassVar[str] = "PlanResponse"
+    confidence: float = 0.0
+    micro_batch_size: int = 0
+    gradient_accumulation_steps: int = 0
+    cards: list[PlanCardResponse] = wire(model=PlanCardResponse, many=True)
+    smallest_fitting_gpu: str | None = None
+    seq_len: dict[str, Any] | None = None
+    setups: list[PlanSetupResponse] = wire(model=PlanSetupResponse, many=True)
+    estimates: int = 0
+    latency_us: float = 0.0
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass
 class HealthResponse(Model):
     SCHEMA: ClassVar[str] = "HealthResponse"
     status: str = ""
