@@ -299,7 +299,7 @@ fn job_input(args: &EstimateArgs) -> Result<Vec<u8>, String> {
         .ok_or("the job must be a JSON object to take the setup flags")?;
     for (key, value) in fields {
         // A layout, offload or load the job states keeps the keys the flags do not set.
-        let nested = matches!(key.as_str(), "parallelism" | "offload" | "load");
+        let nested = matches!(key.as_str(), "parallelism" | "offload" | "load" | "node");
         match (object.get_mut(&key), value) {
             (Some(Value::Object(given)), Value::Object(set)) if nested => given.extend(set),
             (_, value) => {
@@ -310,12 +310,17 @@ fn job_input(args: &EstimateArgs) -> Result<Vec<u8>, String> {
     Ok(serde_json::to_vec(&job).expect("a JSON value serialises"))
 }
 
-/// A file's JSON object.
+/// A file's object: JSON, or YAML as accelerate writes its config and DeepSpeed users keep
+/// theirs ([`crate::api::unique_keys::file_text`], as the service reads a file's text).
 fn json_object(text: &[u8], file: &std::path::Path) -> Result<Value, String> {
-    let value: Value =
-        serde_json::from_slice(text).map_err(|e| format!("{}: {e}", file.display()))?;
+    let text = std::str::from_utf8(text).map_err(|_| format!("{}: not UTF-8", file.display()))?;
+    let value =
+        crate::api::unique_keys::file_text(text).map_err(|e| format!("{}: {e}", file.display()))?;
     if !value.is_object() {
-        return Err(format!("{}: expected a JSON object", file.display()));
+        return Err(format!(
+            "{}: expected a JSON object or YAML mapping",
+            file.display()
+        ));
     }
     Ok(value)
 }
@@ -548,6 +553,16 @@ fn setup_fields(flags: &crate::config::JobFlags) -> Result<serde_json::Map<Strin
     };
     set("input_shape", input_shape);
     set("memory_fraction", flags.memory_fraction.map(Value::from));
+    set(
+        "node",
+        flags.node_memory_mib.map(|memory| {
+            let mut node = serde_json::json!({ "memory_mib": memory });
+            if let Some(gpus) = flags.node_gpus {
+                node["gpus"] = Value::from(gpus);
+            }
+            node
+        }),
+    );
     set("model", text(&flags.model));
     set("estimators", text(&flags.estimators));
     set("environment", text(&flags.environment));
@@ -831,6 +846,11 @@ pub fn table(answer: &Value) -> String {
         for (name, value) in parts {
             out.push_str(&format!("  {name:<24}{}\n", mib(value)));
         }
+    }
+    if let Some(host) = setup["offload"]["host_memory_mib"].as_f64() {
+        out.push_str(&format!(
+            "host     {host:.1} MiB per GPU's process (offload)\n"
+        ));
     }
     let performance = &answer["performance"];
     if performance.is_object() {

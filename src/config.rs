@@ -278,6 +278,13 @@ pub struct JobFlags {
     /// The share of the card the job caps its allocator at (above 0, at most 1).
     #[arg(long)]
     pub memory_fraction: Option<f64>,
+    /// The node's host memory (RAM) in MiB: an offloading job's CPU state is checked against
+    /// it (`node.memory_mib`).
+    #[arg(long, value_name = "MIB")]
+    pub node_memory_mib: Option<u64>,
+    /// The job's GPUs on one node (`node.gpus`; default: the world size, at most 8).
+    #[arg(long, requires = "node_memory_mib")]
+    pub node_gpus: Option<u64>,
     /// Where the description came from, e.g. `timm:resnet50` (informational).
     #[arg(long)]
     pub model: Option<String>,

@@ -23,7 +23,7 @@ pub enum ApiError {
     #[error("content-encoding is not accepted: send the body uncompressed")]
     UnsupportedEncoding,
     #[error(
-        "content-type must be application/json; a model printout (torchsummary, torchinfo, \
+        "content-type must be application/json (or application/yaml for a job); a model printout (torchsummary, torchinfo, \
          print(model), Keras) goes inside JSON: {{\"summary\": {{\"text\": \"<the printout>\"}}, \
          \"batch_size\": 32}}"
     )]

@@ -800,6 +800,7 @@ fn every_request_field_has_a_flag() {
             "trainable" => vec!["--trainable-params", "--trainable-modules"],
             // ZeRO's buffer sizes come from the DeepSpeed config users have.
             "zero" => vec!["--deepspeed"],
+            "node" => vec!["--node-memory-mib", "--node-gpus"],
             _ => vec![],
         }
     };
@@ -1036,4 +1037,100 @@ fn a_saved_model_directory_and_a_job_file_take_config() {
     );
     assert_eq!(output.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&output.stderr).contains("without config.json"));
+}
+
+/// accelerate writes its config as YAML, and DeepSpeed configs are kept as YAML too: each is
+/// read from its flag as it is, and answers as its JSON does.
+#[test]
+fn yaml_configs_answer_as_their_json() {
+    let fsdp = "tests/fixtures/recipes/alignment-handbook-zephyr-sft-full-fsdp";
+    let zero3 = "tests/fixtures/recipes/transformers-docs-zero3-offload";
+    let cases = [
+        (
+            "tests/fixtures/transformer_configs/public/mistralai__Mistral-7B-v0.1.json",
+            "--fsdp",
+            format!("{fsdp}/fsdp"),
+            format!("{fsdp}/training_args.json"),
+            "8",
+        ),
+        (
+            "tests/fixtures/transformer_configs/public/bigscience__T0_3B.json",
+            "--deepspeed",
+            format!("{zero3}/deepspeed"),
+            format!("{zero3}/training_args.json"),
+            "2",
+        ),
+    ];
+    for (config, flag, file, arguments, world) in cases {
+        let answer = |ext: &str| {
+            let path = format!("{file}.{ext}");
+            let output = gpucast(
+                &[
+                    "estimate",
+                    "--config",
+                    config,
+                    "--seq-len",
+                    "512",
+                    "--world-size",
+                    world,
+                    "--training-args",
+                    &arguments,
+                    flag,
+                    &path,
+                ],
+                None,
+            );
+            assert!(output.status.success(), "{path}: {output:?}");
+            json(&output)
+        };
+        let (yaml, from_json) = (answer("yaml"), answer("json"));
+        assert_eq!(yaml["memory"], from_json["memory"], "{file}");
+        assert_eq!(yaml["setup"], from_json["setup"], "{file}");
+        assert!(
+            !yaml["setup"]["from_files"].as_array().unwrap().is_empty(),
+            "{yaml}"
+        );
+    }
+}
+
+#[test]
+fn plan_answers_the_largest_micro_batch_as_a_table_and_as_json() {
+    let config = "tests/fixtures/transformer_configs/public/meta-llama__Meta-Llama-3-8B.json";
+    let args = [
+        "plan",
+        "--config",
+        config,
+        "--seq-len",
+        "2048",
+        "--batch-size",
+        "1",
+        "--precision",
+        "bf16",
+        "--lora-rank",
+        "16",
+        "--base-weights",
+        "nf4",
+        "--activation-checkpointing",
+        "full",
+        "--gpu",
+        "rtx4090",
+        "--no-setups",
+    ];
+    let output = gpucast(&args, None);
+    assert!(output.status.success(), "{output:?}");
+    let plan = json(&output);
+    let largest = plan["cards"][0]["largest_micro_batch"].as_u64().unwrap();
+    let mut table_args = args.to_vec();
+    table_args.extend(["--format", "table"]);
+    let table = String::from_utf8(gpucast(&table_args, None).stdout).unwrap();
+    assert!(table.contains("rtx-4090"), "{table}");
+    assert!(
+        table.lines().any(|l| l.starts_with("rtx-4090")
+            && l.split_whitespace().nth(5) == Some(&largest.to_string())),
+        "{table}"
+    );
+    // A batch is not a plan.
+    let mut batch = args.to_vec();
+    batch.push("--batch");
+    assert_eq!(gpucast(&batch, None).status.code(), Some(1));
 }

@@ -7,10 +7,10 @@ use std::time::Instant;
 
 use crate::api::types::{
     AssumedResponse, BreakdownResponse, BreakdownSourceName, CalibrationResponse, EstimateResponse,
-    EstimatorAnswer, ExtrapolationResponse, FitBasisName, FitResponse, LatencyResponse,
-    MemoryClassResponse, MemoryResponse, OffloadResponse, ParallelismResponse, PeakMomentName,
-    PerformanceBoundName, PerformanceResponse, PerformanceSourceName, SetupResponse,
-    UncertaintyResponse, UtilizationResponse,
+    EstimatorAnswer, ExtrapolationResponse, FitBasisName, FitResponse, HostMemoryResponse,
+    LatencyResponse, MemoryClassResponse, MemoryResponse, OffloadResponse, ParallelismResponse,
+    PeakMomentName, PerformanceBoundName, PerformanceResponse, PerformanceSourceName,
+    SetupResponse, UncertaintyResponse, UtilizationResponse,
 };
 use crate::calibration::step_time::HostFit;
 use crate::estimators::{ClassAnswer, Estimate};
@@ -80,10 +80,20 @@ pub fn setup_response(job: &Job, trained_params: Option<(f64, f64)>) -> SetupRes
             context_parallel: p.context,
             sequence_parallel: p.sequence_parallel,
         },
-        offload: OffloadResponse {
-            optimizer_state: setup.offload.optimizer_state,
-            gradients: setup.offload.gradients,
-            parameters: setup.offload.parameters,
+        offload: {
+            let host = step::host_memory(job);
+            let mib = |bytes: f64| round_1(bytes / (1024.0 * 1024.0));
+            OffloadResponse {
+                optimizer_state: setup.offload.optimizer_state,
+                gradients: setup.offload.gradients,
+                parameters: setup.offload.parameters,
+                host_memory_mib: host.map(|h| mib(h.total())),
+                host_breakdown: host.map(|h| HostMemoryResponse {
+                    optimizer_state: mib(h.optimizer_state),
+                    gradients: mib(h.gradients),
+                    parameters: mib(h.parameters),
+                }),
+            }
         },
         master_weights: if setup.fp32_master { "fp32" } else { "none" }.into(),
         reference_model: setup.reference.as_str().into(),
@@ -235,6 +245,7 @@ pub fn to_response(
                 FitBasis::UpperBound => FitBasisName::UpperBound,
                 FitBasis::Simulation => FitBasisName::Simulation,
             },
+            host: None,
         }),
         warnings: {
             warnings.extend(left_out);

@@ -112,6 +112,50 @@ pub fn optional_value<'de, D: Deserializer<'de>>(
     }
 }
 
+/// The text of a file as users' tools write it, JSON or YAML (accelerate writes its config as
+/// YAML, and DeepSpeed configs are kept as either), read into a JSON value with each key once
+/// at every depth. Text that opens as JSON is read as JSON only, so that its error is JSON's.
+/// YAML is read within serde-saphyr's budgets (events, aliases, depth).
+pub fn file_text(text: &str) -> Result<Value, String> {
+    let opening = text.trim_start();
+    if opening.starts_with(['{', '[']) {
+        return serde_json::from_str::<Unique>(text)
+            .map(|u| u.0)
+            .map_err(|e| format!("JSON: {e}"));
+    }
+    serde_saphyr::from_str::<Unique>(text)
+        .map(|u| u.0)
+        .map_err(|e| format!("YAML: {}", first_line(&e.to_string())))
+}
+
+/// A parser's message up to its first line (serde-saphyr adds a drawing of the input).
+fn first_line(message: &str) -> String {
+    let line = message.lines().next().unwrap_or("").trim();
+    line.strip_prefix("error: ").unwrap_or(line).to_string()
+}
+
+/// `deserialize_with` for a file's field: its object, or its text as a string (JSON or YAML,
+/// [`file_text`]) holding one; `None` when absent or null.
+pub fn file_object<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<Map<String, Value>>, D::Error> {
+    match Option::<Unique>::deserialize(deserializer)? {
+        None | Some(Unique(Value::Null)) => Ok(None),
+        Some(Unique(Value::Object(object))) => Ok(Some(object)),
+        Some(Unique(Value::String(text))) => match file_text(&text) {
+            Ok(Value::Object(object)) => Ok(Some(object)),
+            Ok(_) => Err(de::Error::custom(
+                "the file's text holds no mapping (a JSON object or YAML mapping)",
+            )),
+            Err(e) => Err(de::Error::custom(format_args!("the file's text: {e}"))),
+        },
+        Some(_) => Err(de::Error::invalid_type(
+            de::Unexpected::Other("a value that is neither an object nor a file's text"),
+            &"a JSON object, or a file's text (JSON or YAML)",
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -134,6 +178,30 @@ mod tests {
         assert!(top.contains("duplicate key `hidden_size`"), "{top}");
         let deep = read(r#"{"config": {"text_config": {"a": [{"b": 1, "b": 2}]}}}"#).unwrap_err();
         assert!(deep.contains("duplicate key `b`"), "{deep}");
+    }
+
+    #[test]
+    fn a_files_text_is_read_as_json_or_yaml_with_each_key_once() {
+        let yaml = "distributed_type: FSDP\nnum_processes: 8\nfsdp_config:\n  fsdp_sharding_strategy: FULL_SHARD\n  fsdp_offload_params: false\n";
+        let value = file_text(yaml).unwrap();
+        assert_eq!(value["num_processes"], 8);
+        assert_eq!(value["fsdp_config"]["fsdp_offload_params"], false);
+        assert_eq!(value["fsdp_config"]["fsdp_sharding_strategy"], "FULL_SHARD");
+        assert_eq!(file_text(r#"{"a": 1}"#).unwrap()["a"], 1);
+        let repeated = file_text("a: 1\na: 2\n").unwrap_err();
+        assert!(repeated.contains("duplicate"), "{repeated}");
+        let json = file_text("{\"a\": ").unwrap_err();
+        assert!(json.starts_with("JSON:"), "{json}");
+        // Aliases that would expand without bound stop at the parser's budget.
+        let mut bomb = String::from("a: &a [x, x, x, x, x, x, x, x, x, x]\n");
+        for i in 1..20 {
+            let prev = (b'a' + (i - 1) as u8) as char;
+            let name = (b'a' + i as u8) as char;
+            bomb.push_str(&format!(
+                "{name}: &{name} [*{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}]\n"
+            ));
+        }
+        assert!(file_text(&bomb).is_err());
     }
 
     #[test]

@@ -7,12 +7,13 @@ use std::time::Instant;
 
 use crate::api::answer::{performance_response, round_1, round_to, setup_response, to_response};
 use crate::api::types::{
-    EstimateResponse, GpuRankResponse, SetupResponse, UtilizationResponse, UtilizationSourceName,
+    EstimateResponse, GpuRankResponse, HostFitResponse, SetupResponse, UtilizationResponse,
+    UtilizationSourceName,
 };
 use crate::calibration::label::Stack;
 use crate::calibration::step_time::HostFit;
 use crate::calibration::store::ProfileSnapshot;
-use crate::engine::validate::ValidEstimateRequest;
+use crate::engine::validate::{Node, ValidEstimateRequest};
 use crate::engine::{Deadline, Engine};
 use crate::error::ApiError;
 use crate::estimators::manifest::EstimatorKind;
@@ -64,6 +65,7 @@ pub fn answer_until(
         warnings,
         classifiers,
         from_files,
+        node,
         ..
     } = request;
     // The profiles as this request reads them: one version throughout.
@@ -88,6 +90,7 @@ pub fn answer_until(
             from_files,
             ..setup_response(&job, trained_params(&estimate))
         },
+        node,
     };
     respond(engine, estimate, asked, started, true)
 }
@@ -136,6 +139,7 @@ fn answer_ranked(
             stack: request.stack,
             warnings: request.warnings.clone(),
             setup: setup.clone(),
+            node: request.node,
         };
         // One request counts once in the metrics: the estimates of the first card.
         answers.push(respond(engine, estimate, asked, started, index == 0)?);
@@ -237,6 +241,7 @@ pub fn answer_items_until(
                     from_files: item.from_files.clone(),
                     ..setup_response(&item.job, trained_params(&estimate))
                 },
+                node: item.node,
             };
             Ok(respond(engine, estimate, asked, started, true))
         });
@@ -277,6 +282,8 @@ struct Asked {
     roofline: Result<Timed, String>,
     /// The calibration profiles as the request read them.
     profiles: ProfileSnapshot,
+    /// The node whose host memory an offloading job must fit.
+    node: Option<Node>,
 }
 
 /// The roofline and the host cost it was timed with.
@@ -413,6 +420,7 @@ fn respond(
         setup,
         roofline,
         profiles,
+        node,
     } = asked;
     let on_reference = target.gpu == REFERENCE_SKU;
     let mut estimate = estimate?;
@@ -506,7 +514,39 @@ fn respond(
     if let Some(calibration) = response.calibration.as_mut() {
         calibration.profiles_stale = profiles.stale();
     }
+    if let Some(node) = node {
+        check_host(&mut response, node);
+    }
     Ok(response)
+}
+
+/// An offloading job placed on `node`: what its ranks there keep on the CPU against the node's
+/// host memory; the job does not fit where it does not. A job without offload is not checked
+/// (its host memory is not modelled).
+fn check_host(response: &mut EstimateResponse, node: Node) {
+    let (Some(per_gpu), Some(fit)) = (
+        response.setup.offload.host_memory_mib,
+        response.fit.as_mut(),
+    ) else {
+        return;
+    };
+    let needed = round_1(per_gpu * node.gpus as f64);
+    let fits = needed <= node.memory_mib as f64;
+    fit.host = Some(HostFitResponse {
+        needed_mib: needed,
+        capacity_mib: node.memory_mib,
+        gpus: node.gpus,
+        fits,
+    });
+    if !fits {
+        fit.fits = false;
+        fit.max_colocated = 0;
+        response.warnings.push(format!(
+            "node: the {} GPUs' offload holds {needed} MiB of host memory ({per_gpu} MiB each), \
+             more than the node's {} MiB: the job does not fit there",
+            node.gpus, node.memory_mib
+        ));
+    }
 }
 
 /// Why each utilization metric without a figure has none: no model for the job's family (and

@@ -402,6 +402,7 @@ fn setup_row(
         fits: fits(answer)?,
         estimate_mib: answer.memory.estimate_mib,
         upper_bound_mib: answer.memory.upper_bound_mib,
+        host_memory_mib: answer.setup.offload.host_memory_mib,
         step_time_ms: answer.performance.as_ref().map(|p| p.step_time_ms),
         ms_per_sample: answer
             .performance

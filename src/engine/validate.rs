@@ -35,6 +35,40 @@ give the traced saved_tensors for the most accurate figure";
 /// Longest sequence accepted (tokens per sample).
 const MAX_SEQ_LEN: u64 = 1_000_000;
 
+/// The node a request names: its host memory and the job's GPUs on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Node {
+    pub memory_mib: u64,
+    pub gpus: u64,
+}
+
+/// The most GPUs a node holds when the request does not say: the world size, at most this.
+const DEFAULT_NODE_GPUS: u64 = 8;
+
+/// A request's `node`, checked: a positive memory, and its GPUs (default: the world size, at
+/// most [`DEFAULT_NODE_GPUS`]) no more than the world size.
+fn node(raw: Option<&crate::api::types::NodeRequest>, job: &Job) -> Result<Option<Node>, ApiError> {
+    let Some(raw) = raw else {
+        return Ok(None);
+    };
+    let world = job.setup().parallelism.world_size.max(1);
+    if raw.memory_mib == 0 {
+        return Err(ApiError::InvalidInput(
+            "node.memory_mib: the node's host memory in MiB, at least 1".into(),
+        ));
+    }
+    let gpus = raw.gpus.unwrap_or(world.min(DEFAULT_NODE_GPUS));
+    if gpus == 0 || gpus > world {
+        return Err(ApiError::InvalidInput(format!(
+            "node.gpus: the job's GPUs on one node, 1 to its world size ({world}), got {gpus}"
+        )));
+    }
+    Ok(Some(Node {
+        memory_mib: raw.memory_mib,
+        gpus,
+    }))
+}
+
 /// A valid request: its job, and what the answer is asked for.
 pub struct ValidEstimateRequest {
     pub job: Job,
@@ -58,6 +92,8 @@ pub struct ValidEstimateRequest {
     pub warnings: Vec<String>,
     /// The setup values read from the request's files (said back as `setup.from_files`).
     pub from_files: Vec<FromFileResponse>,
+    /// The node whose host memory an offloading job's placement checks.
+    pub node: Option<Node>,
 }
 
 /// Validates a request as both estimate routes do.
@@ -75,6 +111,7 @@ pub fn validate(
     let mut warnings = warnings;
     warnings.extend(also_named(request.gpu.as_ref(), catalogue));
     let environment = environment(request.environment.as_deref())?;
+    let node = node(request.node.as_ref(), &job)?;
     let stack = request
         .stack
         .as_deref()
@@ -103,6 +140,7 @@ pub fn validate(
         stack,
         warnings,
         from_files,
+        node,
     })
 }
 

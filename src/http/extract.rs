@@ -23,9 +23,48 @@ pub struct JsonBytes(pub Bytes);
 impl FromRequest<AppState> for JsonBytes {
     type Rejection = ApiError;
 
+    /// A YAML body (`application/yaml`, `application/x-yaml`, `text/yaml`: a job written as
+    /// accelerate and DeepSpeed users write their configs) is read into its JSON here, on the
+    /// blocking pool (it is CPU work in proportion to the body, within its size limit).
     async fn from_request(request: Request, state: &AppState) -> Result<Self, Self::Rejection> {
-        body_bytes(request, state).await.map(JsonBytes)
+        let yaml = is_yaml(&request);
+        let bytes = body_bytes(request, state).await?;
+        if !yaml {
+            return Ok(JsonBytes(bytes));
+        }
+        let json = tokio::task::spawn_blocking(move || {
+            let text = std::str::from_utf8(&bytes)
+                .map_err(|_| ApiError::MalformedJson("the YAML body is not UTF-8".into()))?;
+            let value =
+                crate::api::unique_keys::file_text(text).map_err(ApiError::MalformedJson)?;
+            Ok::<_, ApiError>(Bytes::from(
+                serde_json::to_vec(&value).expect("a JSON value serialises"),
+            ))
+        })
+        .await
+        .map_err(|_| ApiError::Internal("reading a YAML body failed".into()))??;
+        Ok(JsonBytes(json))
     }
+}
+
+/// The YAML media types a job body may come as.
+const YAML_TYPES: [&str; 3] = ["application/yaml", "application/x-yaml", "text/yaml"];
+
+fn media_type(request: &Request) -> Option<String> {
+    let value = request.headers().get(header::CONTENT_TYPE)?;
+    let value = value.to_str().unwrap_or("");
+    Some(
+        value
+            .split(';')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_ascii_lowercase(),
+    )
+}
+
+fn is_yaml(request: &Request) -> bool {
+    media_type(request).is_some_and(|m| YAML_TYPES.contains(&m.as_str()))
 }
 
 /// A JSON body that may be one object or an array of them.
@@ -35,6 +74,9 @@ impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
     type Rejection = ApiError;
 
     async fn from_request(request: Request, state: &AppState) -> Result<Self, Self::Rejection> {
+        if is_yaml(&request) {
+            return Err(ApiError::UnsupportedMediaType);
+        }
         let bytes = body_bytes(request, state).await?;
         parse_json(&bytes, "").map(JsonBody)
     }
@@ -44,25 +86,19 @@ impl<T: DeserializeOwned> FromRequest<AppState> for JsonObjectOrArray<T> {
     type Rejection = ApiError;
 
     async fn from_request(request: Request, state: &AppState) -> Result<Self, Self::Rejection> {
+        if is_yaml(&request) {
+            return Err(ApiError::UnsupportedMediaType);
+        }
         let bytes = body_bytes(request, state).await?;
         deserialize(&bytes, "").map(JsonObjectOrArray)
     }
 }
 
 async fn body_bytes(request: Request, state: &AppState) -> Result<Bytes, ApiError> {
-    // A missing content type is accepted (curl without -H); a different one is not.
-    if let Some(content_type) = request.headers().get(header::CONTENT_TYPE) {
-        let is_json = content_type
-            .to_str()
-            .map(|v| {
-                v.split(';')
-                    .next()
-                    .unwrap_or("")
-                    .trim()
-                    .eq_ignore_ascii_case("application/json")
-            })
-            .unwrap_or(false);
-        if !is_json {
+    // A missing content type is accepted (curl without -H); a different one is not (YAML is
+    // let through for the extractors that read it).
+    if let Some(media) = media_type(&request) {
+        if media != "application/json" && !YAML_TYPES.contains(&media.as_str()) {
             return Err(ApiError::UnsupportedMediaType);
         }
     }

@@ -404,3 +404,100 @@ async fn the_batch_size_may_be_left_to_the_training_arguments() {
         .await
         .starts_with("batch_size: missing"));
 }
+
+/// An answer without its timings.
+fn timeless(mut answer: Value) -> Value {
+    answer.as_object_mut().unwrap().remove("latency_us");
+    answer
+}
+
+/// accelerate writes YAML, and DeepSpeed configs are kept as YAML: a file's text is read as it
+/// is (a string in a JSON request), and a whole job may come as YAML (`application/yaml`); each
+/// answers as its JSON does, with the values it set in `setup.from_files`.
+#[tokio::test]
+async fn yaml_files_and_yaml_bodies_answer_as_their_json() {
+    let app = spawn_app().await;
+    let folder = recipes().join("alignment-handbook-zephyr-sft-full-fsdp");
+    let job = read_json(&folder.join("job.json"));
+    let mut request = base_request(&job);
+    request["training_arguments"] = read_json(&folder.join("training_args.json"));
+    request["fsdp"] = read_json(&folder.join("fsdp.json"));
+    let from_json = app.post_json_value("/v1/estimate", &request).await;
+    assert!(
+        from_json["memory"]["estimate_mib"].is_number(),
+        "{from_json}"
+    );
+    let fields: Vec<&str> = from_json["setup"]["from_files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["from"].as_str().unwrap())
+        .collect();
+    assert!(fields.iter().any(|f| f.starts_with("fsdp.")), "{fields:?}");
+
+    let yaml_text = std::fs::read_to_string(folder.join("fsdp.yaml")).unwrap();
+    let mut as_text = request.clone();
+    as_text["fsdp"] = Value::from(yaml_text);
+    let from_text = app.post_json_value("/v1/estimate", &as_text).await;
+    assert_eq!(timeless(from_text), timeless(from_json.clone()));
+
+    // The whole body as YAML (JSON is YAML too: its YAML rendering, written by hand here).
+    let deepspeed = recipes().join("transformers-docs-zero3-offload");
+    let body = format!(
+        "# a job as YAML\ntransformer_config: {}\nseq_len: 512\nbatch_size: 2\ngpu: a100-80gb\n\
+         parallelism:\n  world_size: 2\ntraining_arguments: {}\ndeepspeed: |\n{}",
+        std::fs::read_to_string(
+            repo_root().join("tests/fixtures/transformer_configs/public/bigscience__T0_3B.json")
+        )
+        .unwrap()
+        .replace('\n', " "),
+        std::fs::read_to_string(deepspeed.join("training_args.json"))
+            .unwrap()
+            .replace('\n', " "),
+        std::fs::read_to_string(deepspeed.join("deepspeed.yaml"))
+            .unwrap()
+            .lines()
+            .map(|l| format!("  {l}\n"))
+            .collect::<String>(),
+    );
+    let response = app.post_raw("/v1/estimate", "application/yaml", body).await;
+    assert_eq!(response.status(), 200);
+    let from_yaml: Value = response.json().await.unwrap();
+    let same = json!({
+        "transformer_config": read_json(&repo_root().join("tests/fixtures/transformer_configs/public/bigscience__T0_3B.json")),
+        "seq_len": 512, "batch_size": 2, "gpu": "a100-80gb",
+        "parallelism": {"world_size": 2},
+        "training_arguments": read_json(&deepspeed.join("training_args.json")),
+        "deepspeed": read_json(&deepspeed.join("deepspeed.json")),
+    });
+    let from_json = app.post_json_value("/v1/estimate", &same).await;
+    assert_eq!(timeless(from_yaml), timeless(from_json));
+}
+
+#[tokio::test]
+async fn a_files_text_that_is_not_a_mapping_is_refused_naming_the_field() {
+    let app = spawn_app().await;
+    let folder = recipes().join("alignment-handbook-zephyr-sft-full-fsdp");
+    let mut request = base_request(&read_json(&folder.join("job.json")));
+    for (text, says) in [
+        ("- just\n- a list\n", "no mapping"),
+        ("a: [unclosed\n", "YAML"),
+        ("{\"a\": ", "JSON"),
+        ("a: 1\na: 2\n", "duplicate"),
+    ] {
+        request["fsdp"] = Value::from(text);
+        let response = app.post_json("/v1/estimate", &request).await;
+        assert_eq!(response.status(), 422, "{text}");
+        let problem: Value = response.json().await.unwrap();
+        let detail = problem["detail"].as_str().unwrap();
+        assert!(detail.starts_with("fsdp"), "{detail}");
+        assert!(detail.contains(says), "{detail}");
+    }
+    // Other media types stay refused, and the calibration writes take JSON only.
+    let response = app.post_raw("/v1/estimate", "text/plain", "a: 1").await;
+    assert_eq!(response.status(), 415);
+    let response = app
+        .post_raw("/v1/calibration/observations", "application/yaml", "a: 1")
+        .await;
+    assert_eq!(response.status(), 415);
+}

@@ -17,6 +17,7 @@ mod files;
 mod floor_sweep;
 mod gpus;
 mod helpers;
+mod host_memory;
 mod invariants;
 mod operations;
 mod plan;

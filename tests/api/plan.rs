@@ -187,6 +187,10 @@ async fn the_setups_that_make_a_job_fit_are_ranked_fitting_first_by_time_per_sam
         .map(|s| s["ms_per_sample"].as_f64().unwrap())
         .collect();
     assert!(fitting.windows(2).all(|w| w[0] <= w[1]), "{plan}");
+    // An offloading setup says what it holds on the host.
+    for setup in setups.iter().filter(|s| s["setup"] == "offload_optimizer") {
+        assert!(setup["host_memory_mib"].as_f64().unwrap() > 0.0, "{setup}");
+    }
     // Each figure is the estimate of the job with that change.
     let zero3 = setups.iter().find(|s| s["setup"] == "zero3").unwrap();
     let mut changed = job.clone();

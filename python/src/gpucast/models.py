@@ -195,6 +195,7 @@ class PlanSetupResponse(Model):
     fits: bool = False
     estimate_mib: float | None = None
     upper_bound_mib: float | None = None
+    host_memory_mib: float | None = None
     step_time_ms: float | None = None
     ms_per_sample: float | None = None
 

@@ -122,6 +122,10 @@ pub struct PlanSetupResponse {
     pub fits: bool,
     pub estimate_mib: Option<f64>,
     pub upper_bound_mib: Option<f64>,
+    /// Host memory one GPU's process holds for the setup's offload
+    /// (`setup.offload.host_memory_mib`); absent without offload.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_memory_mib: Option<f64>,
     pub step_time_ms: Option<f64>,
     /// `step_time_ms` over the samples of a step on this GPU.
     pub ms_per_sample: Option<f64>,

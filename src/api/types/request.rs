@@ -149,29 +149,29 @@ pub struct EstimateRequest {
     /// `paged_adamw_8bit`, `paged_adamw_32bit`, ...), `fsdp`, and `deepspeed` when it is the
     /// config itself. Other keys are ignored. What is read is echoed in `setup.from_files`; a
     /// value the request states otherwise is a 422 naming both.
-    #[serde(default, deserialize_with = "crate::api::unique_keys::object")]
-    #[schema(value_type = Option<Object>, example = json!({"per_device_train_batch_size": 4, "gradient_accumulation_steps": 4, "gradient_checkpointing": true, "bf16": true, "optim": "paged_adamw_8bit"}))]
+    #[serde(default, deserialize_with = "crate::api::unique_keys::file_object")]
+    #[schema(value_type = Option<FileObject>, example = json!({"per_device_train_batch_size": 4, "gradient_accumulation_steps": 4, "gradient_checkpointing": true, "bf16": true, "optim": "paged_adamw_8bit"}))]
     pub training_arguments: Option<serde_json::Map<String, serde_json::Value>>,
     /// PEFT's `adapter_config.json` (`peft_type` LORA): the `lora` block from `r`,
     /// `lora_alpha`, `lora_dropout`, `target_modules` and `modules_to_save`.
-    #[serde(default, deserialize_with = "crate::api::unique_keys::object")]
-    #[schema(value_type = Option<Object>, example = json!({"peft_type": "LORA", "r": 16, "lora_alpha": 32, "lora_dropout": 0.05, "target_modules": ["q_proj", "v_proj"], "bias": "none"}))]
+    #[serde(default, deserialize_with = "crate::api::unique_keys::file_object")]
+    #[schema(value_type = Option<FileObject>, example = json!({"peft_type": "LORA", "r": 16, "lora_alpha": 32, "lora_dropout": 0.05, "target_modules": ["q_proj", "v_proj"], "bias": "none"}))]
     pub adapter_config: Option<serde_json::Map<String, serde_json::Value>>,
-    /// A DeepSpeed config: `zero_optimization.stage` (0: ddp, 1-3: zero1-zero3),
+    /// A DeepSpeed config (an object, or its text as JSON or YAML): `zero_optimization.stage` (0: ddp, 1-3: zero1-zero3),
     /// `offload_optimizer` / `offload_param` devices, `bf16` / `fp16` (16-bit weights with fp32
     /// master weights), its `optimizer`; `"auto"` resolved from `training_arguments` as the
     /// Trainer does. `parallelism.world_size` still says how many GPUs.
-    #[serde(default, deserialize_with = "crate::api::unique_keys::object")]
-    #[schema(value_type = Option<Object>, example = json!({"zero_optimization": {"stage": 3}, "bf16": {"enabled": "auto"}, "train_micro_batch_size_per_gpu": "auto"}))]
+    #[serde(default, deserialize_with = "crate::api::unique_keys::file_object")]
+    #[schema(value_type = Option<FileObject>, example = json!({"zero_optimization": {"stage": 3}, "bf16": {"enabled": "auto"}, "train_micro_batch_size_per_gpu": "auto"}))]
     pub deepspeed: Option<serde_json::Map<String, serde_json::Value>>,
-    /// accelerate's FSDP options, as JSON: its config (`distributed_type: FSDP`,
+    /// accelerate's FSDP options, as JSON or as the YAML text accelerate writes: its config (`distributed_type: FSDP`,
     /// `fsdp_config`, `mixed_precision` as autocast, `num_processes` as
     /// `parallelism.world_size`) or the `fsdp_config` mapping alone. `sharding_strategy`
     /// (`FULL_SHARD`: fsdp, `SHARD_GRAD_OP`: zero2, `NO_SHARD`: ddp; accelerate's default
     /// FULL_SHARD) or FSDP2's `reshard_after_forward`, `offload_params` and
     /// `activation_checkpointing` are read, with or without their `fsdp_` prefix.
-    #[serde(default, deserialize_with = "crate::api::unique_keys::object")]
-    #[schema(value_type = Option<Object>, example = json!({"distributed_type": "FSDP", "mixed_precision": "bf16", "num_processes": 8, "fsdp_config": {"fsdp_sharding_strategy": "FULL_SHARD", "fsdp_offload_params": false, "fsdp_activation_checkpointing": true}}))]
+    #[serde(default, deserialize_with = "crate::api::unique_keys::file_object")]
+    #[schema(value_type = Option<FileObject>, example = json!({"distributed_type": "FSDP", "mixed_precision": "bf16", "num_processes": 8, "fsdp_config": {"fsdp_sharding_strategy": "FULL_SHARD", "fsdp_offload_params": false, "fsdp_activation_checkpointing": true}}))]
     pub fsdp: Option<serde_json::Map<String, serde_json::Value>>,
     /// How `from_pretrained` loaded the model: `torch_dtype` (`bfloat16`, `float16`, `float32`
     /// or `auto`: the config's; not given: the config's 16-bit `torch_dtype` as transformers 5
@@ -180,8 +180,8 @@ pub struct EstimateRequest {
     /// and `quantization_config` (bitsandbytes `load_in_4bit` / `load_in_8bit`, GPTQ or AWQ
     /// 4-bit) as `lora.base_weights`; `attn_implementation` as `attention`. 16-bit weights
     /// train as pure `bf16` / `fp16`.
-    #[serde(default, deserialize_with = "crate::api::unique_keys::object")]
-    #[schema(value_type = Option<Object>, example = json!({"torch_dtype": "bfloat16", "quantization_config": {"load_in_4bit": true, "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": true}}))]
+    #[serde(default, deserialize_with = "crate::api::unique_keys::file_object")]
+    #[schema(value_type = Option<FileObject>, example = json!({"torch_dtype": "bfloat16", "quantization_config": {"load_in_4bit": true, "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": true}}))]
     pub load: Option<serde_json::Map<String, serde_json::Value>>,
     /// With `transformer_config`: how the loss over the vocabulary is taken. `upcast_fp32`
     /// (default: Hugging Face transformers' loss, the whole logits in fp32), `chunked`
@@ -213,6 +213,11 @@ pub struct EstimateRequest {
     /// up to 16 cards ranks them (`gpu_ranking`) and answers for the best-ranked one.
     #[serde(default)]
     pub gpu: Option<GpuChoice>,
+    /// The node the job's GPUs sit in (its host memory and how many of the job's GPUs it
+    /// holds): with offload, `fit.host` checks what the ranks keep on the CPU against it, and
+    /// `fit.fits` is false when it does not fit.
+    #[serde(default, deserialize_with = "object_only::optional")]
+    pub node: Option<NodeRequest>,
     /// The software environment the job runs in (e.g. `torch2.5-cu124`: 1 to 64 letters,
     /// digits, `.`, `_`, `+`, `-`): the GPU's calibration profile in that environment is used
     /// when there is one, else the GPU's own; `calibration.environment` says which.
@@ -233,6 +238,29 @@ pub struct EstimateRequest {
     #[schema(example = "litgpt")]
     pub stack: Option<String>,
 }
+
+/// A file a user's tool wrote: its JSON object, or its text as a string, JSON or YAML
+/// (accelerate's config, a DeepSpeed config kept as YAML), read with each key once.
+pub struct FileObject;
+
+impl utoipa::PartialSchema for FileObject {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, Type};
+        OneOfBuilder::new()
+            .item(ObjectBuilder::new().schema_type(Type::Object))
+            .item(
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .description(Some("The file's text: JSON or YAML holding one mapping")),
+            )
+            .description(Some(
+                "The file as a JSON object, or its text (JSON or YAML) as a string.",
+            ))
+            .into()
+    }
+}
+
+impl ToSchema for FileObject {}
 
 /// Most cards a `gpu` list may name: enough for any cluster's kinds, bounded for the CPU.
 pub const MAX_GPU_CHOICES: usize = 16;
@@ -463,6 +491,43 @@ pub struct OffloadResponse {
     pub optimizer_state: bool,
     pub gradients: bool,
     pub parameters: bool,
+    /// Host (CPU) memory one GPU's process holds for what it offloads, MiB (the sum of
+    /// `host_breakdown`); absent without offload.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_memory_mib: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_breakdown: Option<HostMemoryResponse>,
+}
+
+/// What one GPU's process holds in host memory for its offload, MiB, as DeepSpeed's
+/// ZeRO-Offload and FSDP's `CPUOffload` keep it; rounded to 0.1 MiB.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct HostMemoryResponse {
+    /// The optimizer's state (with an fp32 master copy where the setup keeps one), the rank's
+    /// shard of it.
+    pub optimizer_state: f64,
+    /// The gradients the CPU optimizer steps on: the rank's partition in fp32 (ZeRO-1/2
+    /// keep a second one to accumulate micro-batches in), pinned with DeepSpeed's
+    /// `pin_memory`; offloaded on their own, in their dtype.
+    pub gradients: f64,
+    /// The weights' shard (FSDP `offload_params`, ZeRO-3 `offload_param`).
+    pub parameters: f64,
+}
+
+/// The node a job's GPUs sit in, as a placement checks it: with offload, what its ranks hold
+/// on the CPU must fit its host memory.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"memory_mib": 262144, "gpus": 8}))]
+pub struct NodeRequest {
+    /// The node's host memory (RAM) the job may use, MiB.
+    #[serde(deserialize_with = "whole_number::one")]
+    #[schema(minimum = 1, maximum = 1000000000_u64)]
+    pub memory_mib: u64,
+    /// The job's GPUs on one node (default: the world size, at most 8).
+    #[serde(default, deserialize_with = "whole_number::optional")]
+    #[schema(minimum = 1, maximum = 1048576)]
+    pub gpus: Option<u64>,
 }
 
 /// The GPU layout. `world_size` = data x `tensor_parallel` x `pipeline_parallel` x

@@ -364,6 +364,22 @@ pub struct FitResponse {
     /// What `fits` and `max_colocated` rest on.
     #[serde(default)]
     pub basis: FitBasisName,
+    /// With `node` and offload: whether the node's host memory holds what the job's ranks on
+    /// it keep on the CPU (`fits` is false when it does not); absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<HostFitResponse>,
+}
+
+/// The node's host memory against what the job's ranks on it offload.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct HostFitResponse {
+    /// `setup.offload.host_memory_mib` x `gpus`, MiB.
+    pub needed_mib: f64,
+    /// The node's host memory (`node.memory_mib`).
+    pub capacity_mib: u64,
+    /// The job's GPUs on the node.
+    pub gpus: u64,
+    pub fits: bool,
 }
 
 /// The distribution of the peak that `upper_bound_mib` and `fit.oom_probability` are read
