@@ -111,14 +111,35 @@ impl Hub {
                 Ok(None)
             } else {
                 Err(format!(
-                    "{repo}: {file} is not in the Hugging Face cache ({}) and HF_HUB_OFFLINE is set",
-                    self.cache
-                        .as_ref()
-                        .map_or("none".into(), |c| c.display().to_string())
+                    "{repo}: {file} is not in the Hugging Face cache ({}) and HF_HUB_OFFLINE is \
+                     set: download it once where the hub is reachable (`hf download {repo} \
+                     {file}`), or give --config a config.json file or its directory",
+                    self.cache_shown()
                 ))
             };
         }
-        self.download(repo, file, optional)
+        match self.download(repo, file, optional) {
+            // The adapter probe on a hub out of reach: the required file's error says so,
+            // naming that file rather than the probe's.
+            Err(Fetch::Unreachable(_)) if optional => Ok(None),
+            Err(Fetch::Unreachable(why)) => Err(format!(
+                "{repo}: {file} is not in the Hugging Face cache ({}) and the hub could not be \
+                 reached ({why}): download it once where the hub is reachable (`hf download \
+                 {repo} {file}`) and set HF_HUB_OFFLINE=1 to read the cache without asking, or \
+                 give --config a config.json file or its directory",
+                self.cache_shown()
+            )),
+            Err(Fetch::Refused(why)) => Err(why),
+            Ok(value) => Ok(value),
+        }
+    }
+
+    /// The cache folder looked in, as an error names it.
+    fn cache_shown(&self) -> String {
+        self.cache.as_ref().map_or_else(
+            || "none: neither HF_HUB_CACHE, HF_HOME nor HOME is set".into(),
+            |c| c.display().to_string(),
+        )
     }
 
     /// The cached snapshot's `file` (`models--org--name/snapshots/<refs/main>/file`), only
@@ -139,7 +160,7 @@ impl Hub {
         (resolved.starts_with(&root) && resolved.is_file()).then_some(resolved)
     }
 
-    fn download(&self, repo: &str, file: &str, optional: bool) -> Result<Option<Value>, String> {
+    fn download(&self, repo: &str, file: &str, optional: bool) -> Result<Option<Value>, Fetch> {
         let url = format!("{}/{repo}/resolve/main/{file}", self.endpoint);
         let agent: ureq::Agent = ureq::Agent::config_builder()
             .timeout_global(Some(TIMEOUT))
@@ -150,28 +171,37 @@ impl Hub {
         if let Some(token) = &self.token {
             request = request.header("Authorization", &format!("Bearer {token}"));
         }
-        let mut response = request.call().map_err(|e| format!("{url}: {e}"))?;
+        let mut response = request
+            .call()
+            .map_err(|e| Fetch::Unreachable(format!("{url}: {e}")))?;
         match response.status().as_u16() {
             200 => {}
             404 if optional => return Ok(None),
             401 | 403 => {
-                return Err(format!(
+                return Err(Fetch::Refused(format!(
                     "{url}: {} (a gated or private repo: set HF_TOKEN)",
                     response.status()
-                ))
+                )))
             }
-            _ => return Err(format!("{url}: {}", response.status())),
+            _ => return Err(Fetch::Refused(format!("{url}: {}", response.status()))),
         }
         let body = response
             .body_mut()
             .with_config()
             .limit(MAX_FILE_BYTES)
             .read_to_vec()
-            .map_err(|e| format!("{url}: {e}"))?;
+            .map_err(|e| Fetch::Unreachable(format!("{url}: {e}")))?;
         serde_json::from_slice(&body)
             .map(Some)
-            .map_err(|e| format!("{url}: {e}"))
+            .map_err(|e| Fetch::Refused(format!("{url}: {e}")))
     }
+}
+
+/// Why a download gave no file: the hub out of reach (no network, a name that does not
+/// resolve, a time-out), or its answer refused.
+enum Fetch {
+    Unreachable(String),
+    Refused(String),
 }
 
 /// The most bytes of a `refs/main`: a commit id and a newline.

@@ -1134,3 +1134,36 @@ fn plan_answers_the_largest_micro_batch_as_a_table_and_as_json() {
     batch.push("--batch");
     assert_eq!(gpucast(&batch, None).status.code(), Some(1));
 }
+
+/// With no cache and no hub in reach, the error names the file that was needed (config.json,
+/// not the adapter probe), the cache folder looked in, and the offline switch.
+#[test]
+fn a_hub_out_of_reach_names_the_file_the_cache_and_the_offline_switch() {
+    let cache = tempfile_dir("empty-hub-cache");
+    let cache_arg = cache.to_string_lossy().into_owned();
+    // A loopback port nothing listens on: the connection is refused at once.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let output = gpucast_with_env(
+        &[
+            "estimate",
+            "--config",
+            "meta-llama/Meta-Llama-3-8B",
+            "--seq-len",
+            "2048",
+            "--batch-size",
+            "1",
+        ],
+        &[
+            ("HF_HUB_CACHE", cache_arg.as_str()),
+            ("HF_ENDPOINT", endpoint.as_str()),
+        ],
+    );
+    assert_eq!(output.status.code(), Some(1), "{output:?}");
+    let error = String::from_utf8_lossy(&output.stderr);
+    assert!(error.contains("config.json"), "{error}");
+    assert!(!error.contains("adapter_config.json"), "{error}");
+    assert!(error.contains(&cache_arg), "{error}");
+    assert!(error.contains("HF_HUB_OFFLINE"), "{error}");
+}
