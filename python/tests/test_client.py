@@ -238,8 +238,11 @@ class CallbackStackTest(unittest.TestCase):
         self.assertEqual(client.estimated[0]["environment"], label)
         self.assertEqual(client.estimated[0]["gpu"], "h100-80gb")
         self.assertEqual(callback.estimate.memory.estimate_mib, 36981.6)
-        self.assertIn("gpucast: estimated 36982 MiB (bound 46832 MiB at 0.95) on h100-80gb: fits", logs)
+        self.assertIn("estimated 36982 MiB (bound 46832 MiB at 0.95) on h100-80gb (named): fits", logs)
         self.assertIn(label, logs)
+        # One prefix: the logger's name.
+        self.assertNotIn("gpucast: gpucast", logs)
+        self.assertTrue(all(line.split(":", 2)[2][:8] != "gpucast:" for line in logs.splitlines()), logs)
 
     def test_a_named_environment_is_kept(self) -> None:
         client, _, _ = self.run_callback(environment="cluster-a")
@@ -247,6 +250,47 @@ class CallbackStackTest(unittest.TestCase):
         self.assertEqual(client.estimated[0]["environment"], "cluster-a")
         # The device's name when no gpu is given.
         self.assertEqual(client.estimated[0]["gpu"], "h100-80gb")
+
+
+class NoDevice:
+    """A host without a CUDA device."""
+
+    def available(self) -> bool:
+        return False
+
+
+class CpuHostTest(unittest.TestCase):
+    """On a host without a GPU the callback says so, estimates for the card named, and posts
+    nothing (and says it posted nothing)."""
+
+    def test_the_named_card_is_estimated_and_no_observation_is_claimed(self) -> None:
+        from gpucast.callback import CallbackMethods
+
+        client = FakeClient()
+        callback = CallbackMethods(client, {"seq_len": 2048}, steps=1, stats=NoDevice(), gpu="rtx-4090")
+        with self.assertLogs("gpucast", logging.INFO) as logs:
+            callback.on_train_begin(types.SimpleNamespace(deepspeed=None, fsdp=""), None, None)
+            callback.on_step_end(None, None, None)
+        text = "\n".join(logs.output)
+        self.assertEqual(client.estimated[0]["gpu"], "rtx-4090")
+        self.assertIn("(named)", text)
+        self.assertIn("WARNING:gpucast:no CUDA device on this host", text)
+        self.assertNotIn("gpucast: gpucast", text)
+        self.assertEqual(client.observed, [])
+        self.assertFalse(callback.observer.posted)
+        self.assertTrue(callback.observer.attempted)
+
+    def test_no_card_named_is_said_not_assumed_in_silence(self) -> None:
+        from gpucast.callback import CallbackMethods
+
+        client = FakeClient()
+        callback = CallbackMethods(client, {"seq_len": 2048}, steps=1, stats=NoDevice())
+        with self.assertLogs("gpucast", logging.INFO) as logs:
+            callback.on_train_begin(types.SimpleNamespace(deepspeed=None, fsdp=""), None, None)
+        text = "\n".join(logs.output)
+        self.assertNotIn("gpu", client.estimated[0])
+        self.assertIn("no gpu= named", text)
+        self.assertIn("the service's reference card", text)
 
 
 class FakeStats:

@@ -89,24 +89,42 @@ class CallbackMethods:
         environment = self.observer.environment
         if environment and "environment" not in request:
             request["environment"] = environment
-        gpu = self.observer.gpu
-        if gpu is None and self.observer.stats is not None and self.observer.stats.available():
-            gpu = self.observer.stats.device_name()
-        if gpu is not None and "gpu" not in request:
+        gpu, card = self.card(request)
+        if gpu is not None:
             request["gpu"] = gpu
         self.estimate = self.observer.guarded("estimating", lambda: self.observer.client.estimate(request))
         if self.estimate is not None:
             memory, fit = self.estimate.memory, self.estimate.fit
             mib = "{:.0f} MiB".format
+            assumed = [f"{a['field']}={a['assumed']}" for a in (memory.uncertainty or {}).get("assumed", [])]
             log.info(
-                "gpucast: estimated %s (bound %s at %s) on %s: %s; environment %s",
+                "estimated %s (bound %s at %s) on %s (%s): %s; environment %s; assumed: %s",
                 mib(memory.estimate_mib) if memory.estimate_mib is not None else "no figure",
                 mib(memory.upper_bound_mib) if memory.upper_bound_mib is not None else "none",
                 memory.confidence,
-                fit.gpu,
-                "fits" if fit.fits else "does not fit",
+                fit.gpu if fit is not None else "no card",
+                card,
+                "fits" if fit is not None and fit.fits else "does not fit",
                 environment or "none",
+                ", ".join(assumed) or "nothing",
             )
+
+    def card(self, request: dict[str, Any]) -> tuple[Any, str]:
+        """The card to estimate for and why it is that one: the one named (`gpu=`), the job's,
+        or this host's; on a host without a CUDA device and none named, the service's reference
+        card, said as a warning rather than assumed in silence."""
+        if self.observer.gpu is not None:
+            return self.observer.gpu, "named"
+        if "gpu" in request:
+            return None, "the job's"
+        stats = self.observer.stats
+        if stats is not None and self.observer.guarded("reading the device", stats.available):
+            return stats.device_name(), "this host's GPU"
+        log.warning(
+            "no CUDA device on this host and no gpu= named: the estimate is for the service's "
+            "reference card; name the card the job will train on, e.g. GpucastCallback(url, gpu='rtx-4090')"
+        )
+        return None, "the service's reference card: no CUDA device here, none named"
 
     # Hugging Face Trainer hooks.
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:

@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import enum
 import json
+import logging
 import os
 from typing import Any
+
+log = logging.getLogger("gpucast")
+
 
 # The attention kernels the service models (`load.attn_implementation`).
 ATTENTION_KERNELS = ("eager", "sdpa", "flash_attention_2", "flash_attention_3")
@@ -97,7 +101,7 @@ def job_from_hf(model: Any, args: Any, *, seq_len: int | None = None, gpu: Any =
     if seq_len is None:
         raise ValueError("seq_len: tokens per sample; pass from_trainer(trainer, seq_len=...)")
     job["seq_len"] = int(seq_len)
-    gpu = gpu if gpu is not None else cuda_device_name()
+    gpu = gpu if gpu is not None else host_card()
     if gpu is not None:
         job["gpu"] = gpu
     job.update(fields)
@@ -166,6 +170,18 @@ def deepspeed_config(args: Any) -> dict[str, Any] | None:
         with open(raw, encoding="utf-8") as file:
             return json.load(file)
     return None
+
+
+def host_card() -> str | None:
+    """This host's first CUDA device's name; without one, a warning (the job then names no card,
+    and the service answers for its reference card) and None."""
+    name = cuda_device_name()
+    if name is None:
+        log.warning(
+            "no CUDA device on this host and no gpu given: the job names no card, so the service "
+            "answers for its reference card; pass gpu='rtx-4090' (or the card it will train on)"
+        )
+    return name
 
 
 def cuda_device_name() -> str | None:
@@ -251,7 +267,7 @@ def from_lightning(
     name = optimizer_name(optimizers[0]) if optimizers else None
     if name is not None:
         job["optimizer"] = name
-    gpu = gpu if gpu is not None else cuda_device_name()
+    gpu = gpu if gpu is not None else host_card()
     if gpu is not None:
         job["gpu"] = gpu
     job.update(fields)

@@ -156,7 +156,10 @@ class Observer:
         self.step_times: list[float] = []
         self.last_step_end: float | None = None
         self.steps_seen = 0
+        # `posted`: an observation was posted (the service answered); `attempted`: the post
+        # was tried (once), whatever came of it.
         self.posted = False
+        self.attempted = False
         self.started = False
         # What was posted, its answer and the allocator's peaks (for the caller's logs).
         self.observation: dict[str, Any] | None = None
@@ -169,6 +172,7 @@ class Observer:
         self.steps_seen = 0
         self.step_times.clear()
         self.posted = False
+        self.attempted = False
         self.guarded("start", self.reset_stats)
         self.last_step_end = self.clock()
 
@@ -189,7 +193,7 @@ class Observer:
         self.steps_seen += 1
         if self.stats is not None:
             self.guarded("sample", self.sample_stats)
-        if self.steps_seen >= self.steps and not self.posted:
+        if self.steps_seen >= self.steps and not self.attempted:
             self.post()
 
     def sample_stats(self) -> None:
@@ -198,15 +202,17 @@ class Observer:
 
     def post(self) -> ObservationsResponse | None:
         """Posts the observation now (once); returns the answer, or None after a warning."""
-        if self.posted:
+        if self.attempted:
             return self.response
-        self.posted = True
-        return self.guarded("post", self.post_observation)
+        self.attempted = True
+        self.guarded("post", self.post_observation)
+        self.posted = self.response is not None
+        return self.response
 
     def post_observation(self) -> ObservationsResponse | None:
         stats = self.stats
         if stats is None or not stats.available():
-            log.warning("gpucast: no CUDA device; no observation posted")
+            log.warning("no CUDA device on this host: no peak to observe, no observation posted")
             return None
         reading = stats.reading()
         self.reading = reading
@@ -214,7 +220,7 @@ class Observer:
         gpu = self.gpu if self.gpu is not None else stats.device_name()
         job = self.job() if callable(self.job) else self.job
         if job is None:
-            log.warning("gpucast: no job to observe; no observation posted")
+            log.warning("no job to observe; no observation posted")
             return None
         observation: dict[str, Any] = {"gpu": gpu, "job": job, "observed_peak_mib": peak / MIB}
         step_time = self.step_time_ms()
@@ -225,7 +231,7 @@ class Observer:
             observation["environment"] = environment
         self.observation = observation
         log.info(
-            "gpucast: observed %.0f MiB on %s (torch max allocated %.0f MiB, reserved %.0f MiB)",
+            "observed %.0f MiB on %s (torch max allocated %.0f MiB, reserved %.0f MiB)",
             peak / MIB,
             gpu,
             reading.max_allocated / MIB,
@@ -244,7 +250,7 @@ class Observer:
         try:
             return action()
         except Exception as error:
-            log.warning("gpucast: %s failed, training goes on: %s", what, error)
+            log.warning("%s failed, training goes on: %s", what, error)
             return None
 
 
@@ -263,5 +269,5 @@ class track:  # noqa: N801 - used as a context manager, like contextlib's
         return self.observer
 
     def __exit__(self, *exc_info: Any) -> None:
-        if not self.observer.posted and self.observer.steps_seen > 0:
+        if not self.observer.attempted and self.observer.steps_seen > 0:
             self.observer.post()
