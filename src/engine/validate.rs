@@ -69,6 +69,20 @@ fn node(raw: Option<&crate::api::types::NodeRequest>, job: &Job) -> Result<Optio
     }))
 }
 
+/// The per-sample input a request gives: `input_shape`, or `summary.input_shape` beside the
+/// printout it sizes; both given, they must agree.
+fn given_input_shape(request: &EstimateRequest) -> Result<Option<Vec<u64>>, ApiError> {
+    let inside = request.summary.as_ref().and_then(|s| s.input_shape.clone());
+    match (&request.input_shape, inside) {
+        (Some(top), Some(inside)) if *top != inside => Err(ApiError::InvalidInput(format!(
+            "summary.input_shape: {inside:?} differs from input_shape {top:?}: give one, or \
+             make them agree"
+        ))),
+        (Some(top), _) => Ok(Some(top.clone())),
+        (None, inside) => Ok(inside),
+    }
+}
+
 /// A valid request: its job, and what the answer is asked for.
 pub struct ValidEstimateRequest {
     pub job: Job,
@@ -288,7 +302,8 @@ fn to_job_stated(
     // Saved tensors derived from a summary's layers, when the request traced none.
     let mut derived = None;
     // The per-sample input: the request's, else what a printed table's footer says.
-    let mut input_shape = request.input_shape.clone();
+    let mut input_shape = given_input_shape(request)?;
+    let given_shape = input_shape.clone();
     if let Some(config) = &request.transformer_config {
         return config_job(request, config, assumed_dtype);
     }
@@ -322,7 +337,7 @@ fn to_job_stated(
             };
             let sample = SampleShape {
                 seq_len: request.seq_len,
-                input_shape: request.input_shape.as_deref(),
+                input_shape: given_shape.as_deref(),
             };
             let parsed = parse_summary(format, &summary.text, batch_size, sample)
                 .map_err(|e| ApiError::InvalidInput(e.to_string()))?;

@@ -268,3 +268,68 @@ async fn a_tables_input_image_is_read_from_its_footer_when_not_given() {
     assert!(answered >= 150, "{answered}");
     assert!(read * 10 >= square * 8, "{read} of {square}");
 }
+
+/// A small CNN as `print(model)` shows it, its first linear layer printed for 32 x 32 inputs
+/// (128 channels x 16 x 16 after the pool).
+const CNN_FOR_32: &str = "Net(
+  (conv1): Conv2d(3, 64, kernel_size=(3, 3), stride=(1, 1), padding=(1, 1))
+  (relu1): ReLU()
+  (conv2): Conv2d(64, 128, kernel_size=(3, 3), stride=(1, 1), padding=(1, 1))
+  (relu2): ReLU()
+  (pool): MaxPool2d(kernel_size=2, stride=2, padding=0, dilation=1, ceil_mode=False)
+  (flatten): Flatten(start_dim=1, end_dim=-1)
+  (fc1): Linear(in_features=32768, out_features=256, bias=True)
+  (fc2): Linear(in_features=256, out_features=10, bias=True)
+)";
+
+fn contradictions(answer: &Value) -> Vec<String> {
+    answer["warnings"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{answer}"))
+        .iter()
+        .map(|w| w.as_str().unwrap().to_string())
+        .filter(|w| w.contains("features, but input_shape"))
+        .collect()
+}
+
+#[tokio::test]
+async fn input_shape_is_read_inside_summary_as_at_the_top() {
+    let app = spawn_app().await;
+    let inside =
+        json!({"summary": {"text": CNN_FOR_32, "input_shape": [3, 32, 32]}, "batch_size": 64});
+    let top =
+        json!({"summary": {"text": CNN_FOR_32}, "input_shape": [3, 32, 32], "batch_size": 64});
+    let (a, b) = (
+        app.post_json_value("/v1/estimate", &inside).await,
+        app.post_json_value("/v1/estimate", &top).await,
+    );
+    assert!(a["memory"]["estimate_mib"].is_number(), "{a}");
+    assert_eq!(a["memory"], b["memory"]);
+    assert!(contradictions(&a).is_empty(), "{a}");
+    let both = json!({"summary": {"text": CNN_FOR_32, "input_shape": [3, 64, 64]},
+        "input_shape": [3, 32, 32], "batch_size": 64});
+    let response = app.post_json("/v1/estimate", &both).await;
+    assert_eq!(response.status(), 422);
+    let problem: Value = response.json().await.unwrap();
+    assert!(problem["detail"]
+        .as_str()
+        .unwrap()
+        .starts_with("summary.input_shape"));
+}
+
+#[tokio::test]
+async fn a_printout_whose_sizes_contradict_input_shape_is_warned_naming_the_layer() {
+    let app = spawn_app().await;
+    // Printed for 32 x 32, asked at 224 x 224: fc1 takes 32,768 features, the maps 1,605,632.
+    let job =
+        json!({"summary": {"text": CNN_FOR_32, "input_shape": [3, 224, 224]}, "batch_size": 8});
+    let answer = app.post_json_value("/v1/estimate", &job).await;
+    let warned = contradictions(&answer);
+    assert_eq!(warned.len(), 1, "{answer}");
+    assert!(
+        warned[0].contains("line 8: fc1 (Linear) takes 32768"),
+        "{}",
+        warned[0]
+    );
+    assert!(warned[0].contains("gives 1605632"), "{}", warned[0]);
+}

@@ -688,6 +688,11 @@ pub struct SummaryRequest {
     /// The printed text (at most 1 MiB).
     #[schema(min_length = 1, max_length = 1048576)]
     pub text: String,
+    /// The per-sample input the printout was made for, e.g. `[3, 224, 224]`: the request's
+    /// `input_shape`, given beside the text it sizes (either place; both must agree).
+    #[serde(default, deserialize_with = "whole_number::optional_list")]
+    #[schema(value_type = Option<Vec<Dimension>>, min_items = 1, max_items = 5)]
+    pub input_shape: Option<Vec<u64>>,
 }
 
 #[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, ToSchema)]

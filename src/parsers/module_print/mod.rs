@@ -72,8 +72,19 @@ pub(super) fn parse(
         sizing,
         layers: Layers::default(),
         lost_track: None,
+        contradiction: None,
     };
     emitter.emit(tree.root)?;
+    if let (Some((line, layer, printed, carried)), Some(shape)) =
+        (emitter.contradiction.take(), sample.input_shape)
+    {
+        warnings.push(format!(
+            "summary.text line {line}: {layer} takes {printed} features, but input_shape \
+             {shape:?} carried through the printed layers gives {carried} there: the printout \
+             was made for another input size (or a layer that resizes is not printed); the \
+             sizes before it follow input_shape, so check it"
+        ));
+    }
     if let Some((line, class)) = emitter.lost_track.take() {
         warnings.push(format!(
             "summary.text line {line}: could not follow input_shape through {class}; the sizes \

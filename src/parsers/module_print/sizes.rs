@@ -38,6 +38,9 @@ pub(super) struct Maps {
     class_tokens: u64,
     /// When a conv stem became tokens: (tokens, width).
     tokenized: Option<(u64, u64)>,
+    /// The last linear layer whose printed `in_features` the carried map contradicts:
+    /// (in_features, the features the map holds there).
+    pub(super) mismatch: Option<(u64, u64)>,
 }
 
 /// History searched for a branch's input: enough for any block, bounded for hostile text.
@@ -107,6 +110,7 @@ impl Sizing {
                 attention,
                 class_tokens,
                 tokenized: None,
+                mismatch: None,
             }));
         }
         let tokens = match (sample.seq_len, sample.input_shape) {
@@ -182,6 +186,9 @@ pub(super) struct Emitter<'n, 'a> {
     pub(super) layers: Layers,
     /// The first layer the maps could not be carried through: (line, class).
     pub(super) lost_track: Option<(usize, String)>,
+    /// The first layer whose printed input size contradicts the map carried to it: (line,
+    /// label, its in_features, the map's features).
+    pub(super) contradiction: Option<(usize, String, u64, u64)>,
 }
 
 impl Emitter<'_, '_> {
@@ -288,6 +295,13 @@ impl Emitter<'_, '_> {
                 let followed = maps.follow(node.class, kind, args).map_err(at_line)?;
                 if !followed && self.lost_track.is_none() {
                     self.lost_track = Some((node.line, node.label()));
+                }
+                if let Some((printed, carried)) = maps.mismatch.take() {
+                    // Only where the maps were followed so far: after a layer they could not
+                    // be carried through, the sizes are approximate anyway (said so).
+                    if self.contradiction.is_none() && self.lost_track.is_none() {
+                        self.contradiction = Some((node.line, node.label(), printed, carried));
+                    }
                 }
                 maps.current
                     .size()
@@ -434,6 +448,14 @@ impl Maps {
                     });
                 } else {
                     fits = positions == 1 || input == flat || input.is_none();
+                    // A flattened (or 1 x 1) map read by a layer printed for another size: the
+                    // printout was made for another input than input_shape. Not with attention,
+                    // whose widths the maps follow only roughly.
+                    if let (Some(input), Some(flat), false) = (input, flat, self.attention) {
+                        if positions == 1 && input != flat {
+                            self.mismatch = Some((input, flat));
+                        }
+                    }
                     self.set(Map {
                         channels: output,
                         spatial: Vec::new(),
