@@ -8,6 +8,7 @@
 //! | `gpucast_inference_duration_seconds` | histogram | estimator |
 //! | `gpucast_predicted_class_total` | counter | family, class (index of the combined class) |
 //! | `gpucast_cancelled_total` | counter | work (`estimate`, `batch`), stage (`queued`: not started before its deadline; `running`: stopped at it) |
+//! | `gpucast_admission_decisions_total` | counter | decision (`placed`: allowed with a node affinity; `allowed`: allowed as it is; `denied`) |
 //! | `gpucast_build_info` | gauge (1) | version, estimators (manifest generation time) |
 //! | `gpucast_calibration_observations` | gauge | gpu (profile key), environment (`""`: the GPU's own profile) |
 //! | `gpucast_calibration_scale` | gauge | gpu, environment |
@@ -39,6 +40,9 @@ const INFERENCE_BUCKETS: [f64; 12] = [
     0.01,
 ];
 
+/// The decisions an admission review is counted under.
+pub const ADMISSION_DECISIONS: [&str; 3] = ["placed", "allowed", "denied"];
+
 pub struct Metrics {
     registry: Registry,
     pub http_requests_total: IntCounterVec,
@@ -46,6 +50,7 @@ pub struct Metrics {
     pub inference_duration_seconds: HistogramVec,
     pub predicted_class_total: IntCounterVec,
     pub cancelled_total: IntCounterVec,
+    pub admission_decisions_total: IntCounterVec,
     pub build_info: IntGaugeVec,
     pub calibration_observations: IntGaugeVec,
     pub calibration_scale: GaugeVec,
@@ -90,6 +95,18 @@ impl Metrics {
             &["work", "stage"],
         )
         .expect("valid metric");
+        let admission_decisions_total = IntCounterVec::new(
+            Opts::new(
+                "admission_decisions_total",
+                "Admission reviews answered, by decision (denials are HTTP 200 reviews)",
+            ),
+            &["decision"],
+        )
+        .expect("valid metric");
+        // Every decision's series from the start, at 0: a dashboard's rate needs them.
+        for decision in ADMISSION_DECISIONS {
+            admission_decisions_total.with_label_values(&[decision]);
+        }
         let build_info = IntGaugeVec::new(
             Opts::new("build_info", "Build and model information (always 1)"),
             &["version", "estimators"],
@@ -139,6 +156,7 @@ impl Metrics {
             Box::new(inference_duration_seconds.clone()),
             Box::new(predicted_class_total.clone()),
             Box::new(cancelled_total.clone()),
+            Box::new(admission_decisions_total.clone()),
             Box::new(build_info.clone()),
             Box::new(calibration_observations.clone()),
             Box::new(calibration_scale.clone()),
@@ -157,6 +175,7 @@ impl Metrics {
             inference_duration_seconds,
             predicted_class_total,
             cancelled_total,
+            admission_decisions_total,
             build_info,
             calibration_observations,
             calibration_scale,
@@ -187,6 +206,19 @@ impl Metrics {
                 .with_label_values(&labels)
                 .set(fit.host_us_per_op);
         }
+    }
+
+    /// Counts one admission review's decision: `placed` (allowed with a patch), `allowed` (as
+    /// it is) or `denied`.
+    pub fn record_admission(&self, allowed: bool, patched: bool) {
+        let decision = match (allowed, patched) {
+            (false, _) => "denied",
+            (true, true) => "placed",
+            (true, false) => "allowed",
+        };
+        self.admission_decisions_total
+            .with_label_values(&[decision])
+            .inc();
     }
 
     /// The text exposition format.

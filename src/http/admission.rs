@@ -68,5 +68,15 @@ pub async fn admission(
             answer
         })
         .await?;
+    count_decision(&state, &response);
     Ok(Json(AdmissionReviewResponse::new(response)))
+}
+
+/// The review's decision in `/metrics` (`gpucast_admission_decisions_total`): a denial is an
+/// HTTP 200 review, which the HTTP series cannot tell from a placement.
+fn count_decision(state: &AppState, response: &crate::kubernetes::review::AdmissionResponse) {
+    state
+        .engine
+        .metrics
+        .record_admission(response.allowed, response.patch.is_some());
 }

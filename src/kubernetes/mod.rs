@@ -226,14 +226,14 @@ fn decide(
         let place = match placed.get(job) {
             Some(place) => place.clone(),
             None => {
-                let place = place(engine, cluster, job, &mut spent, started, deadline).map_err(
-                    |refusal| match refusal {
+                let gpus = pods::requested_gpus(&request.kind, object);
+                let place = place(engine, cluster, job, gpus, &mut spent, started, deadline)
+                    .map_err(|refusal| match refusal {
                         Refusal::Deny(code, message) => {
                             Refusal::Deny(code, format!("{where_}: {message}"))
                         }
                         failed => failed,
-                    },
-                )?;
+                    })?;
                 placed.insert(job, place.clone());
                 place
             }
@@ -305,6 +305,7 @@ fn place(
     engine: &Engine,
     cluster: &ClusterProducts,
     job: &str,
+    gpus: Option<u64>,
     spent: &mut Cost,
     started: Instant,
     deadline: &Deadline,
@@ -323,6 +324,7 @@ fn place(
         ));
     }
     let mut request = parse_estimate(job.as_bytes(), "").map_err(refuse)?;
+    world_from_pods(&mut request, gpus);
     let cards = candidates(engine, cluster, request.gpu.as_ref()).map_err(refuse)?;
     request.gpu = Some(GpuChoice::Many(
         cards.into_iter().map(GpuRequest::Name).collect(),
@@ -333,6 +335,36 @@ fn place(
     let confidence = valid.confidence.get();
     let answer = answer_until(engine, valid, started, deadline).map_err(refuse)?;
     placed(cluster, &answer, confidence).map_err(|message| Refusal::Deny(403, message))
+}
+
+/// A distributed job (a data-parallel strategy, or a DeepSpeed or FSDP config) that does not
+/// state its world size runs on the GPUs its pods ask for (limits x replicas), when they are
+/// more than one: what `torchrun` and accelerate would launch it on. A job without a strategy
+/// is one GPU's, whatever its pods ask for.
+fn world_from_pods(request: &mut crate::api::types::EstimateRequest, gpus: Option<u64>) {
+    let Some(gpus) = gpus.filter(|&g| g > 1) else {
+        return;
+    };
+    let layout = request.parallelism.as_ref();
+    let stated = layout.is_some_and(|p| p.world_size.is_some());
+    let distributed = layout
+        .and_then(|p| p.strategy.as_deref())
+        .is_some_and(|s| !s.eq_ignore_ascii_case("none"))
+        || request.deepspeed.is_some()
+        || request.fsdp.is_some();
+    if stated || !distributed {
+        return;
+    }
+    let layout = request
+        .parallelism
+        .get_or_insert(crate::api::types::ParallelismRequest {
+            strategy: None,
+            world_size: None,
+            tensor_parallel: None,
+            pipeline_parallel: None,
+            context_parallel: None,
+        });
+    layout.world_size = Some(gpus);
 }
 
 /// The catalogue ids of the cluster's cards the job may go to: those its `gpu` names (by any

@@ -3,6 +3,7 @@
 
 mod accuracy;
 mod admission;
+mod admission_pods;
 mod assumed;
 mod batch;
 mod calibration;
