@@ -322,6 +322,46 @@ pub fn escape(token: &str) -> String {
     token.replace('~', "~0").replace('/', "~1")
 }
 
+/// The GPUs the object asks for in all: each pod template's `nvidia.com/gpu` limits (its
+/// containers' summed) times its replicas (a Job's `parallelism`, a PyTorchJob replica spec's
+/// `replicas`; 1 when unsaid). `None` when no template asks for a GPU. What a distributed
+/// job's world size is when its annotation does not say.
+pub fn requested_gpus(kind: &GroupVersionKind, object: &Value) -> Option<u64> {
+    let per_pod = |pod: &Value| -> u64 {
+        pod.pointer("/spec/containers")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|c| c.pointer("/resources/limits/nvidia.com~1gpu"))
+            .filter_map(|n| match n {
+                Value::Number(n) => n.as_u64(),
+                Value::String(s) => s.trim().parse().ok(),
+                _ => None,
+            })
+            .fold(0u64, u64::saturating_add)
+    };
+    let count = |value: Option<&Value>| value.and_then(Value::as_u64).unwrap_or(1);
+    let total = match (kind.group.as_str(), kind.kind.as_str()) {
+        ("", "Pod") => per_pod(object),
+        ("batch", "Job") => object.pointer("/spec/template").map_or(0, |pod| {
+            per_pod(pod).saturating_mul(count(object.pointer("/spec/parallelism")))
+        }),
+        ("kubeflow.org", "PyTorchJob") => object
+            .pointer("/spec/pytorchReplicaSpecs")
+            .and_then(Value::as_object)
+            .into_iter()
+            .flat_map(|specs| specs.values().take(MAX_TEMPLATES))
+            .map(|spec| {
+                spec.get("template")
+                    .map_or(0, per_pod)
+                    .saturating_mul(count(spec.get("replicas")))
+            })
+            .fold(0u64, u64::saturating_add),
+        _ => 0,
+    };
+    (total > 0).then_some(total)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -413,44 +453,4 @@ mod tests {
             "A,B"
         );
     }
-}
-
-/// The GPUs the object asks for in all: each pod template's `nvidia.com/gpu` limits (its
-/// containers' summed) times its replicas (a Job's `parallelism`, a PyTorchJob replica spec's
-/// `replicas`; 1 when unsaid). `None` when no template asks for a GPU. What a distributed
-/// job's world size is when its annotation does not say.
-pub fn requested_gpus(kind: &GroupVersionKind, object: &Value) -> Option<u64> {
-    let per_pod = |pod: &Value| -> u64 {
-        pod.pointer("/spec/containers")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .filter_map(|c| c.pointer("/resources/limits/nvidia.com~1gpu"))
-            .filter_map(|n| match n {
-                Value::Number(n) => n.as_u64(),
-                Value::String(s) => s.trim().parse().ok(),
-                _ => None,
-            })
-            .fold(0u64, u64::saturating_add)
-    };
-    let count = |value: Option<&Value>| value.and_then(Value::as_u64).unwrap_or(1);
-    let total = match (kind.group.as_str(), kind.kind.as_str()) {
-        ("", "Pod") => per_pod(object),
-        ("batch", "Job") => object.pointer("/spec/template").map_or(0, |pod| {
-            per_pod(pod).saturating_mul(count(object.pointer("/spec/parallelism")))
-        }),
-        ("kubeflow.org", "PyTorchJob") => object
-            .pointer("/spec/pytorchReplicaSpecs")
-            .and_then(Value::as_object)
-            .into_iter()
-            .flat_map(|specs| specs.values().take(MAX_TEMPLATES))
-            .map(|spec| {
-                spec.get("template")
-                    .map_or(0, per_pod)
-                    .saturating_mul(count(spec.get("replicas")))
-            })
-            .fold(0u64, u64::saturating_add),
-        _ => 0,
-    };
-    (total > 0).then_some(total)
 }
