@@ -292,7 +292,7 @@ pub struct HostMemory {
     /// fp32 buffer beside its master weights (ZeRO-1/2 `single_partition_of_fp32_groups`' grads,
     /// ZeRO-3 `grad_partitions_flat_buffer`, pinned with `pin_memory`), and ZeRO-1/2 keep a
     /// second fp32 partition to accumulate micro-batches in (`accumulated_grads_in_cpu`);
-    /// gradients offloaded on their own (torchao, FSDP) are kept in their dtype.
+    /// FSDP's `CPUOffload` and gradients offloaded on their own (torchao) keep their dtype.
     pub gradients: f64,
     /// The weights' shard on the CPU (FSDP `CPUOffload(offload_params=True)`, ZeRO-3
     /// `offload_param`), in their dtype.
@@ -331,15 +331,19 @@ pub fn host_memory(job: &Job) -> Option<HostMemory> {
     };
     let trained = model.base_trainable + model.adapter_params;
     // ZeRO's CPU optimizer steps on an fp32 copy of the rank's gradient partition; ZeRO-1/2
-    // accumulate micro-batches in another (ZeRO-3 accumulates in the first).
-    let fp32_partitions = match p.strategy {
-        Strategy::Zero1 | Strategy::Zero2 if setup.accumulation > 1 => 2.0,
-        _ => 1.0,
-    };
-    let cpu_step_gradients = if offload.optimizer_state {
-        trained * 4.0 / model_parallel / by(shard_state) * fp32_partitions
-    } else {
-        0.0
+    // accumulate micro-batches in another (ZeRO-3 accumulates in the first). FSDP's
+    // `CPUOffload` (and torchao's) moves the gradients' shard in their own dtype.
+    let cpu_step_gradients = match p.strategy {
+        _ if !offload.optimizer_state => 0.0,
+        Strategy::Zero1 | Strategy::Zero2 | Strategy::Zero3 => {
+            let partitions = if p.strategy != Strategy::Zero3 && setup.accumulation > 1 {
+                2.0
+            } else {
+                1.0
+            };
+            trained * 4.0 / model_parallel / by(shard_state) * partitions
+        }
+        _ => model.gradients / model_parallel / by(shard_gradients),
     };
     let own_gradients = if offload.gradients {
         model.gradients / model_parallel / by(shard_gradients)
