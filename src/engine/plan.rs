@@ -459,6 +459,7 @@ fn setup_changes(
             tensor_parallel: None,
             pipeline_parallel: None,
             context_parallel: None,
+            sequence_parallel: None,
         });
         layout.strategy = Some("zero3".into());
         out.push(("zero3", vec!["parallelism.strategy: zero3".into()], at));

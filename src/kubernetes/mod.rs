@@ -363,6 +363,7 @@ fn world_from_pods(request: &mut crate::api::types::EstimateRequest, gpus: Optio
             tensor_parallel: None,
             pipeline_parallel: None,
             context_parallel: None,
+            sequence_parallel: None,
         });
     layout.world_size = Some(gpus);
 }
