@@ -9,6 +9,7 @@ mod batch;
 mod calibration;
 #[path = "../common/mod.rs"]
 mod common;
+mod config_setups;
 mod cost;
 mod docs;
 mod environment;
