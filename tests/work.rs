@@ -34,8 +34,16 @@ fn ranked_job() -> Value {
 }
 
 /// A batch of 256 ranked jobs: 4,096 card estimates.
+/// 256 distinct jobs (a batch answers a repeated item once), each ranked over 16 cards.
 fn heavy_batch() -> Vec<u8> {
-    serde_json::to_vec(&json!({ "items": vec![ranked_job(); 256] })).unwrap()
+    let items: Vec<Value> = (1..=256)
+        .map(|n| {
+            let mut job = ranked_job();
+            job["batch_size"] = json!(n);
+            job
+        })
+        .collect();
+    serde_json::to_vec(&json!({ "items": items })).unwrap()
 }
 
 fn cancelled(metrics: &str) -> u64 {
