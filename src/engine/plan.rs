@@ -22,6 +22,7 @@ use crate::api::types::{
     PlanResponse, PlanSeqLenResponse, PlanSetupResponse, MAX_PLAN_PRECISIONS,
 };
 use crate::engine::cost::Cost;
+use crate::engine::validate::MAX_SEQ_LEN;
 use crate::engine::{Deadline, Engine};
 use crate::error::ApiError;
 
@@ -52,15 +53,23 @@ pub fn plan(
         request.max_micro_batch,
         DEFAULT_MAX_MICRO_BATCH,
     )?;
-    let max_seq_len = request
-        .max_seq_len
-        .map(|m| bounded("max_seq_len", Some(m), m))
-        .transpose()?;
-    if max_seq_len.is_some() && job.seq_len.is_none() {
-        return Err(ApiError::InvalidInput(
-            "max_seq_len: the job has no seq_len to free; give it one".into(),
-        ));
-    }
+    let max_seq_len = match request.max_seq_len {
+        Some(m) if !(1..=MAX_SEQ_LEN).contains(&m) => {
+            return Err(ApiError::InvalidInput(format!(
+                "max_seq_len: between 1 and {MAX_SEQ_LEN}, got {m}"
+            )))
+        }
+        other => other,
+    };
+    // A job without a sequence has none to free: the plan says so and searches the batch.
+    let mut notes = Vec::new();
+    let max_seq_len = max_seq_len.filter(|_| {
+        let free = job.seq_len.is_some();
+        if !free {
+            notes.push("max_seq_len: the job has no seq_len to free; left out".to_string());
+        }
+        free
+    });
     let cards: Vec<Option<GpuRequest>> = if request.catalogue {
         engine
             .catalogue
@@ -128,6 +137,7 @@ pub fn plan(
         None => None,
     };
     let mut warnings = answer.warnings.clone();
+    warnings.extend(notes);
     let setups = if with_setups {
         search.setups(&base, &answer, &mut warnings)?
     } else {

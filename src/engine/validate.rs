@@ -33,7 +33,7 @@ printed output shapes (what each layer keeps for backward), not traced by gpucas
 give the traced saved_tensors for the most accurate figure";
 
 /// Longest sequence accepted (tokens per sample).
-const MAX_SEQ_LEN: u64 = 1_000_000;
+pub const MAX_SEQ_LEN: u64 = 1_000_000;
 
 /// The node a request names: its host memory and the job's GPUs on it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,14 +70,35 @@ fn node(raw: Option<&crate::api::types::NodeRequest>, job: &Job) -> Result<Optio
 }
 
 /// The per-sample input a request gives: `input_shape`, or `summary.input_shape` beside the
-/// printout it sizes; both given, they must agree.
-fn given_input_shape(request: &EstimateRequest) -> Result<Option<Vec<u64>>, ApiError> {
+/// printout it sizes; both given and different, the top-level one, said in `warnings`. Each
+/// is checked wherever it is given (1 to 5 dimensions of 1 to 1,000,000), whether the job
+/// reads it or not.
+fn given_input_shape(
+    request: &EstimateRequest,
+    warnings: &mut Vec<String>,
+) -> Result<Option<Vec<u64>>, ApiError> {
     let inside = request.summary.as_ref().and_then(|s| s.input_shape.clone());
+    for (field, shape) in [
+        ("input_shape", request.input_shape.as_ref()),
+        ("summary.input_shape", inside.as_ref()),
+    ] {
+        if let Some(shape) = shape {
+            if shape.is_empty() || shape.len() > 5 || shape.iter().any(|&d| d == 0 || d > 1_000_000)
+            {
+                return Err(ApiError::InvalidInput(format!(
+                    "{field}: 1 to 5 dimensions, each 1 to 1000000, got {shape:?}"
+                )));
+            }
+        }
+    }
     match (&request.input_shape, inside) {
-        (Some(top), Some(inside)) if *top != inside => Err(ApiError::InvalidInput(format!(
-            "summary.input_shape: {inside:?} differs from input_shape {top:?}: give one, or \
-             make them agree"
-        ))),
+        (Some(top), Some(inside)) if *top != inside => {
+            warnings.push(format!(
+                "summary.input_shape: {inside:?} differs from input_shape {top:?}; input_shape \
+                 used"
+            ));
+            Ok(Some(top.clone()))
+        }
         (Some(top), _) => Ok(Some(top.clone())),
         (None, inside) => Ok(inside),
     }
@@ -302,7 +323,7 @@ fn to_job_stated(
     // Saved tensors derived from a summary's layers, when the request traced none.
     let mut derived = None;
     // The per-sample input: the request's, else what a printed table's footer says.
-    let mut input_shape = given_input_shape(request)?;
+    let mut input_shape = given_input_shape(request, &mut warnings)?;
     let given_shape = input_shape.clone();
     if let Some(config) = &request.transformer_config {
         return config_job(request, config, assumed_dtype);

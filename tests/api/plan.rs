@@ -231,7 +231,7 @@ async fn a_bad_plan_names_its_field() {
             "max_micro_batch",
         ),
         (
-            json!({"job": example_job(), "max_seq_len": 64}),
+            json!({"job": llama_qlora_4090(), "max_seq_len": 1_000_001}),
             "max_seq_len",
         ),
         (json!({"job": {"batch_size": "many"}}), "job.batch_size"),
@@ -249,4 +249,21 @@ async fn a_bad_plan_names_its_field() {
             "{field}: {problem}"
         );
     }
+}
+
+/// A job without a sequence has none to free: `max_seq_len` is left out with a warning (the
+/// schema cannot say which jobs have one), and the batch is still searched.
+#[tokio::test]
+async fn max_seq_len_on_a_job_without_a_sequence_is_left_out_and_said() {
+    let app = spawn_app().await;
+    let body = json!({"job": example_job(), "max_seq_len": 64, "setups": false});
+    let response = app.post_json("/v1/plan", &body).await;
+    assert_eq!(response.status(), 200);
+    let plan: Value = response.json().await.unwrap();
+    assert!(
+        plan["warnings"].to_string().contains("max_seq_len"),
+        "{plan}"
+    );
+    assert!(plan["cards"][0]["largest_micro_batch"].as_u64().unwrap() >= 1);
+    assert!(plan["cards"][0]["longest_seq_len"].is_null(), "{plan}");
 }

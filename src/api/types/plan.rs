@@ -45,7 +45,8 @@ pub struct PlanRequest {
     #[schema(minimum = 1, maximum = 1048576)]
     pub max_micro_batch: Option<u64>,
     /// Sequence length free: the longest `seq_len` up to this that fits the first row's card
-    /// at the job's micro-batch. Absent: the sequence is the job's.
+    /// at the job's micro-batch. Absent: the sequence is the job's; with a job that has no
+    /// `seq_len`, left out with a warning.
     #[serde(default, deserialize_with = "whole_number::optional")]
     #[schema(minimum = 1, maximum = 1_000_000)]
     pub max_seq_len: Option<u64>,
