@@ -689,7 +689,8 @@ pub struct SummaryRequest {
     #[schema(min_length = 1, max_length = 1048576)]
     pub text: String,
     /// The per-sample input the printout was made for, e.g. `[3, 224, 224]`: the request's
-    /// `input_shape`, given beside the text it sizes (either place; both must agree).
+    /// `input_shape`, given beside the text it sizes (either place; both given and different,
+    /// the top-level one is used, with a warning).
     #[serde(default, deserialize_with = "whole_number::optional_list")]
     #[schema(value_type = Option<Vec<Dimension>>, min_items = 1, max_items = 5)]
     pub input_shape: Option<Vec<u64>>,
