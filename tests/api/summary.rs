@@ -341,3 +341,26 @@ async fn a_printout_whose_sizes_contradict_input_shape_is_warned_naming_the_laye
     );
     assert!(warned[0].contains("gives 1605632"), "{}", warned[0]);
 }
+
+#[tokio::test]
+async fn a_printout_smaller_than_any_learned_job_is_answered_by_its_counted_terms() {
+    let app = spawn_app().await;
+    // CIFAR-sized: the traced regressor, fit on ImageNet-sized timm models, answers below the
+    // CUDA context, so the counted terms answer. torch's saved-tensor hooks on this network
+    // at batch 64 (fp32) hold 72.8 MiB beside the parameters: what the breakdown must show.
+    let job = json!({"summary": {"text": CNN_FOR_32}, "input_shape": [3, 32, 32],
+        "batch_size": 64, "optimizer": "adam", "precision": "fp32"});
+    let answer = app.post_json_value("/v1/estimate", &job).await;
+    let memory = &answer["memory"];
+    let activations = memory["breakdown"]["activations"].as_f64().unwrap();
+    assert!((activations - 72.8).abs() < 0.5, "{memory}");
+    let traced = memory["estimators"]["traced_first_principles"]["estimate_mib"].as_f64();
+    assert_eq!(memory["estimate_mib"].as_f64(), traced, "{memory}");
+    assert_eq!(memory["floored"], false, "{memory}");
+    assert!(
+        answer["warnings"]
+            .to_string()
+            .contains("cnn_traced_memory_regressor: left out: it answered"),
+        "{answer}"
+    );
+}
