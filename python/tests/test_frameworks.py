@@ -6,6 +6,7 @@ transformers, peft and lightning (describe's venv, scripts/client-test.sh) and t
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import tempfile
 import unittest
@@ -163,7 +164,18 @@ class HuggingFaceTest(unittest.TestCase):
         from transformers import TrainerCallback
 
         self.assertIsInstance(callback, TrainerCallback)
-        hf_trainer(model, self.tmp.name, callbacks=[callback]).train()
+        with self.assertLogs("gpucast", logging.INFO) as logs:
+            hf_trainer(model, self.tmp.name, callbacks=[callback]).train()
+        # One clean estimate line before training: the figure, its bound, the card and why,
+        # the stack; one prefix (the logger's).
+        estimated = [line for line in logs.output if ":estimated " in line]
+        self.assertEqual(len(estimated), 1, logs.output)
+        self.assertRegex(
+            estimated[0],
+            r"^INFO:gpucast:estimated \d+ MiB \(bound \d+ MiB at 0\.95\) on h100-80gb \(named\): "
+            r"(fits|does not fit); environment hf\d+\.\d+-torch\d+\.\d+",
+        )
+        self.assertFalse(any("gpucast: gpucast" in line for line in logs.output), logs.output)
         observer = callback.observer
         self.assertEqual(observer.response.recorded, 1)
         # Labelled with the stack it ran on (the framework's and torch's versions), and the
