@@ -297,6 +297,9 @@ pub struct HostMemory {
     /// The weights' shard on the CPU (FSDP `CPUOffload(offload_params=True)`, ZeRO-3
     /// `offload_param`), in their dtype.
     pub parameters: f64,
+    /// The trained parameters the CPU optimizer steps on this rank (its shard): what crosses
+    /// PCIe each step as gradients down and updated weights up. Zero without optimizer offload.
+    pub stepped_params: f64,
 }
 
 impl HostMemory {
@@ -355,10 +358,16 @@ pub fn host_memory(job: &Job) -> Option<HostMemory> {
     } else {
         0.0
     };
+    let stepped_params = if offload.optimizer_state {
+        trained / model_parallel / by(shard_state)
+    } else {
+        0.0
+    };
     Some(HostMemory {
         optimizer_state,
         gradients: cpu_step_gradients.max(own_gradients),
         parameters,
+        stepped_params,
     })
 }
 

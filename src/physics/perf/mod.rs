@@ -10,8 +10,9 @@
 //! docs/design/roofline.md describes the model, its constants and how it was evaluated.
 
 use crate::devices::performance::GpuPerformance;
-use crate::job::setup::{Checkpointing, LoraTargets, Trainable};
+use crate::job::setup::{Checkpointing, LoraTargets, Strategy, Trainable};
 use crate::job::validated::{Family, Job, LayerKind};
+use crate::physics::step;
 
 mod collectives;
 mod kernels;
@@ -161,16 +162,19 @@ pub fn roofline_with(job: &Job, gpu: &GpuPerformance, constants: &Constants) -> 
     forward_us *= accumulation;
     backward_us *= accumulation;
 
-    // The optimizer step, from a synchronised start.
+    // The optimizer step, from a synchronised start: on the GPU, unless its state is offloaded
+    // (then the CPU steps, in `offload_us`).
     let mut optimizer = Timeline::new(gpu, constants, precision);
-    optimizer_kernels(
-        &mut optimizer,
-        job,
-        &trains_share,
-        &adapted,
-        storage,
-        max_warps,
-    );
+    if !setup.offload.optimizer_state {
+        optimizer_kernels(
+            &mut optimizer,
+            job,
+            &trains_share,
+            &adapted,
+            storage,
+            max_warps,
+        );
+    }
     let optimizer_us = optimizer.sync();
     scaled = scaled.plus(Sums::of(&optimizer));
 
@@ -184,11 +188,18 @@ pub fn roofline_with(job: &Job, gpu: &GpuPerformance, constants: &Constants) -> 
     };
     let input_us =
         input_elements(job) * setup.micro_batch_size as f64 * accumulation * input_ns * 1e-3;
+    let offload_us = match setup.offload.any() {
+        true => step::host_memory(job).map_or(0.0, |host| {
+            offload_us(job, &host, forward_us, backward_us, accumulation)
+        }),
+        false => 0.0,
+    };
     let step_us = micro_us * accumulation
         + optimizer_us
         + constants.step_host_us
         + input_us
-        + collectives.exposed_us;
+        + collectives.exposed_us
+        + offload_us;
     let busy = scaled.compute_us + scaled.memory_us;
     let idle = (step_us - busy - collectives.exposed_us).max(0.0);
     let exposed = collectives.exposed_us;
@@ -216,6 +227,38 @@ pub fn roofline_with(job: &Job, gpu: &GpuPerformance, constants: &Constants) -> 
         bytes: scaled.bytes,
         collectives_ms: collectives.total_us * 1e-3,
     }
+}
+
+/// Host memory one GPU's process streams per second in a CPU optimizer step (DeepSpeed's
+/// CPU-Adam, AVX on the few cores each GPU's process gets): an assumption of this model, not
+/// fitted on measured offload runs.
+const HOST_OPTIMIZER_GB_S: f64 = 10.0;
+
+/// What offload adds to a step, us, beyond what the GPU's work hides (ZeRO-Offload, FSDP's
+/// `CPUOffload`): the gradients copied down as backward makes them (hidden behind backward;
+/// ZeRO-1/2 copy every micro-batch's, accumulated on the CPU), the CPU optimizer's step over
+/// the state, master weights and gradients it holds (the GPU waits), the updated weights copied
+/// back up before the next forward, and offloaded weights brought in for each micro-batch's
+/// forward and backward (prefetched: hidden behind both).
+fn offload_us(
+    job: &Job,
+    host: &step::HostMemory,
+    forward_us: f64,
+    backward_us: f64,
+    accumulation: f64,
+) -> f64 {
+    let setup = job.setup();
+    let storage = setup.precision.storage_bytes();
+    let pcie_us = |bytes: f64| bytes / (PCIE_GB_S * 1e3);
+    let copies = match setup.parallelism.strategy {
+        Strategy::Zero1 | Strategy::Zero2 => accumulation,
+        _ => 1.0,
+    };
+    let down = pcie_us(host.stepped_params * storage * copies);
+    let cpu_step = (2.0 * host.optimizer_state + host.gradients) / (HOST_OPTIMIZER_GB_S * 1e3);
+    let up = pcie_us(host.stepped_params * storage);
+    let fetch = pcie_us(2.0 * host.parameters * accumulation);
+    (down - backward_us).max(0.0) + cpu_step + up + (fetch - forward_us - backward_us).max(0.0)
 }
 
 /// What each layer does in the step: the share of its weights that trains, whether it carries
