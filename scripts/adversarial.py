@@ -136,7 +136,7 @@ def main():
     binary_path = os.path.abspath(binary)
     shown = os.path.relpath(binary_path, ROOT) if binary_path.startswith(ROOT + os.sep) else binary
     suite_seconds = round(time.time() - suite_started, 1)
-    write_report(out, command, shown, suite_seconds, reports, failed)
+    write_report(out, command, shown, suite_seconds, reports, failed, at=measured_at)
     if only is None:  # the page is the whole suite's
         write_page(PAGE, command, shown, reports, failed, at=measured_at)
     print(
