@@ -75,6 +75,12 @@ def parser():
     )
     p.add_argument("--threads", type=int, help="torch threads (default: the stage's own, 1 or 2)")
     p.add_argument(
+        "--from-data",
+        action="store_true",
+        help="decisions, evaluate, mlp, setup-simulations, simulated, stacks: render the report page "
+        "again from its committed data (docs/reports/NAME.json) without running the stage",
+    )
+    p.add_argument(
         "--simulate",
         action="store_true",
         help="public-setups: describe simulates each row's training setup (off by default)",
@@ -95,7 +101,11 @@ def main(argv=None):
     )
     for stage in ALL if args.stage == "all" else [args.stage]:
         module = importlib.import_module("." + STAGES[stage], __package__)
-        if args.simulate:
+        if args.from_data:
+            if not hasattr(module, "render"):
+                parser().error(f"{stage} writes no report page to render")
+            module.render(layout)
+        elif args.simulate:
             if stage != "public-setups":
                 parser().error("--simulate is public-setups' option")
             module.run(layout, args.threads, simulate=True)
