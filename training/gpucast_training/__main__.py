@@ -50,6 +50,9 @@ STAGES = {
     "stacks": "stacks",
 }
 ALL = ["mlp", "timm", "simulated", "evaluate"]
+# --from-data: the stages whose page is rendered by a module of its own (stdlib only, where the
+# stage's own imports torch).
+RENDERERS = {"simulated": "simulated_report"}
 
 
 def parser():
@@ -100,12 +103,14 @@ def main(argv=None):
         observations=args.observations,
     )
     for stage in ALL if args.stage == "all" else [args.stage]:
-        module = importlib.import_module("." + STAGES[stage], __package__)
         if args.from_data:
+            module = importlib.import_module("." + RENDERERS.get(stage, STAGES[stage]), __package__)
             if not hasattr(module, "render"):
                 parser().error(f"{stage} writes no report page to render")
             module.render(layout)
-        elif args.simulate:
+            continue
+        module = importlib.import_module("." + STAGES[stage], __package__)
+        if args.simulate:
             if stage != "public-setups":
                 parser().error("--simulate is public-setups' option")
             module.run(layout, args.threads, simulate=True)
