@@ -71,7 +71,8 @@ def _section(section, blocks=None):
 
 def page(data, keep, data_name, stage):
     """The page from the report's data: its title and head, a line naming the data file, and the
-    sections named in `keep` ({heading: None for every block, or the blocks' indices})."""
+    sections named in `keep` ({heading, or the start of one: None for every block, or the
+    blocks' indices})."""
     sections = data["sections"]
     out = _section(sections[0])
     out.append(
@@ -79,8 +80,9 @@ def page(data, keep, data_name, stage):
         f"from which `python -m gpucast_training {stage} --from-data` renders this page again."
     )
     for section in sections[1:]:
-        if section["heading"] in keep:
-            out += _section(section, keep[section["heading"]])
+        named = [k for k in keep if section["heading"].startswith(k)]
+        if named:
+            out += _section(section, keep[named[0]])
     return "\n\n".join(out) + "\n"
 
 
