@@ -60,6 +60,18 @@ def _block(block):
     return "\n".join(lines)
 
 
+def table(section_heading, sections):
+    """The first table of the section whose heading starts with `section_heading`."""
+    for section in sections:
+        if (section["heading"] or "").startswith(section_heading):
+            return next(b for b in section["blocks"] if "rows" in b)
+    raise KeyError(section_heading)
+
+
+def markdown_table(columns, rows):
+    return _block({"columns": columns, "rows": rows})
+
+
 def _section(section, blocks=None):
     out = []
     if section["heading"] is not None:
@@ -69,16 +81,18 @@ def _section(section, blocks=None):
     return out
 
 
-def page(data, keep, data_name, stage):
+def page(data, keep, data_name, stage, summary=None):
     """The page from the report's data: its title and head, a line naming the data file, and the
     sections named in `keep` ({heading, or the start of one: None for every block, or the
-    blocks' indices})."""
+    blocks' indices}); `summary(sections)`, if given, adds blocks of its own after the head."""
     sections = data["sections"]
     out = _section(sections[0])
     out.append(
         f"This page keeps the summary; every section and table of the run is in [{data_name}]({data_name}), "
         f"from which `python -m gpucast_training {stage} --from-data` renders this page again."
     )
+    if summary is not None:
+        out += summary(sections)
     for section in sections[1:]:
         named = [k for k in keep if section["heading"].startswith(k)]
         if named:
@@ -86,20 +100,20 @@ def page(data, keep, data_name, stage):
     return "\n\n".join(out) + "\n"
 
 
-def write(page_path, markdown, keep, stage):
+def write(page_path, markdown, keep, stage, summary=None):
     """Writes the whole report to the JSON beside `page_path` and the page from it."""
     page_path = Path(page_path)
     data_path = page_path.with_suffix(".json")
     data = {"page": page_path.name, "sections": parse(markdown)}
     data_path.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
-    page_path.write_text(page(data, keep, data_path.name, stage))
+    page_path.write_text(page(data, keep, data_path.name, stage, summary))
     return page_path.read_text()
 
 
-def render(page_path, keep, stage):
+def render(page_path, keep, stage, summary=None):
     """The page again, from the committed JSON beside it."""
     page_path = Path(page_path)
     data_path = page_path.with_suffix(".json")
     data = json.loads(data_path.read_text())
-    page_path.write_text(page(data, keep, data_path.name, stage))
+    page_path.write_text(page(data, keep, data_path.name, stage, summary))
     return page_path.read_text()
