@@ -52,7 +52,7 @@ STAGES = {
 ALL = ["mlp", "timm", "simulated", "evaluate"]
 # --from-data: the stages whose page is rendered by a module of its own (stdlib only, where the
 # stage's own imports torch).
-RENDERERS = {"simulated": "simulated_report"}
+RENDERERS = {"simulated": "simulated_report", "mlp": "mlp_report"}
 
 
 def parser():
