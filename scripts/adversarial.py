@@ -14,8 +14,9 @@ latency and errors, and /healthz failures. Then, on servers of their own: a stor
 store overwritten with garbage; the CLI fed a 50 MB file; last, SIGTERM with a half-sent header
 held open: seconds until the process exits.
 
-Targets (the hardening issue), each checked and listed pass/fail in the report and in
-docs/reports/hardening.md (written by this script, never by hand): the attackers' statuses as expected;
+Targets (the hardening issue), each checked and listed pass/fail in the report, and counted per
+attack in docs/reports/hardening.md (written by this script, never by hand; `python3
+scripts/hardening_report.py` renders it again from the report): the attackers' statuses as expected;
 peak RSS <= 250 MiB under every attack and back near the baseline (within 50 MiB) afterwards;
 the legitimate client sees no errors and /healthz never fails; cross-site writes refused and
 nothing recorded; calibration poisoning stays within its reach and flips no fit; a 1.5 MB
