@@ -50,9 +50,16 @@ STAGES = {
     "stacks": "stacks",
 }
 ALL = ["mlp", "timm", "simulated", "evaluate"]
-# --from-data: the stages whose page is rendered by a module of its own (stdlib only, where the
-# stage's own imports torch).
-RENDERERS = {"simulated": "simulated_report", "mlp": "mlp_report"}
+# --from-data: the stages that write a report page, and the module that renders it again from
+# its data (stdlib only: a module of its own where the stage's imports torch).
+RENDERERS = {
+    "mlp": "mlp_report",
+    "simulated": "simulated_report",
+    "evaluate": "evaluate",
+    "decisions": "decisions",
+    "setup-simulations": "setup_simulations",
+    "stacks": "stacks",
+}
 
 
 def parser():
@@ -102,12 +109,14 @@ def main(argv=None):
         simulations=args.simulations,
         observations=args.observations,
     )
-    for stage in ALL if args.stage == "all" else [args.stage]:
+    stages = ALL if args.stage == "all" else [args.stage]
+    if args.from_data and args.stage == "all":
+        stages = [stage for stage in ALL if stage in RENDERERS]
+    for stage in stages:
         if args.from_data:
-            module = importlib.import_module("." + RENDERERS.get(stage, STAGES[stage]), __package__)
-            if not hasattr(module, "render"):
+            if stage not in RENDERERS:
                 parser().error(f"{stage} writes no report page to render")
-            module.render(layout)
+            importlib.import_module("." + RENDERERS[stage], __package__).render(layout)
             continue
         module = importlib.import_module("." + STAGES[stage], __package__)
         if args.simulate:
