@@ -306,7 +306,8 @@ def main() -> int:
     log = work / "server.log"
     bodies = build_bodies(work)
     report: dict = {
-        "command": "scripts/load-test.sh " + " ".join(sys.argv[1:]),
+        # The checkout's paths relative to it: no machine's path is recorded.
+        "command": "scripts/load-test.sh " + " ".join(sys.argv[1:]).replace(str(ROOT) + "/", ""),
         "generated_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine(),
         "load_average_before": loadavg(),

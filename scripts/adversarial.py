@@ -14,8 +14,9 @@ latency and errors, and /healthz failures. Then, on servers of their own: a stor
 store overwritten with garbage; the CLI fed a 50 MB file; last, SIGTERM with a half-sent header
 held open: seconds until the process exits.
 
-Targets (the hardening issue), each checked and listed pass/fail in the report and in
-docs/reports/hardening.md (written by this script, never by hand): the attackers' statuses as expected;
+Targets (the hardening issue), each checked and listed pass/fail in the report, and counted per
+attack in docs/reports/hardening.md (written by this script, never by hand; `python3
+scripts/hardening_report.py` renders it again from the report): the attackers' statuses as expected;
 peak RSS <= 250 MiB under every attack and back near the baseline (within 50 MiB) afterwards;
 the legitimate client sees no errors and /healthz never fails; cross-site writes refused and
 nothing recorded; calibration poisoning stays within its reach and flips no fit; a 1.5 MB
@@ -136,7 +137,7 @@ def main():
     binary_path = os.path.abspath(binary)
     shown = os.path.relpath(binary_path, ROOT) if binary_path.startswith(ROOT + os.sep) else binary
     suite_seconds = round(time.time() - suite_started, 1)
-    write_report(out, command, shown, suite_seconds, reports, failed)
+    write_report(out, command, shown, suite_seconds, reports, failed, at=measured_at)
     if only is None:  # the page is the whole suite's
         write_page(PAGE, command, shown, reports, failed, at=measured_at)
     print(

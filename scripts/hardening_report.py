@@ -1,11 +1,13 @@
 """The adversarial suite's report writer: load-tests/adversarial.json (every attack's report and
 every target) and docs/reports/hardening.md (the generated page), from what the attacks
-(scripts/attacks/) returned and recorded."""
+(scripts/attacks/) returned and recorded. `python3 scripts/hardening_report.py [REPORT.json]`
+renders the page again from a recorded report without running the suite."""
 
 import datetime
 import json
 import os
 import re
+import sys
 import tempfile
 
 from harness import commit
@@ -109,22 +111,29 @@ def came_back(report):
     return "; ".join(parts)
 
 
-def write_page(path, command, binary, reports, failed, at=None):
-    """The page; `at`: the commit measured (taken before anything was written, so that the
-    report's own files do not mark it changed), else the checkout's now."""
+def write_page(path, command, binary, reports, failed, at=None, targets=None, written=None, cores=None):
+    """The page: a head, one line per attack, the targets missed; every attack's report and
+    every target stay in load-tests/adversarial.json. `at`: the commit measured (taken before
+    anything was written, so that the report's own files do not mark it changed), else the
+    checkout's now; `targets`: the recorded targets (TARGETS, those this run checked, by
+    default); `written`, `cores`: when and on how many cores the suite ran (now, here)."""
     at = at or commit()
+    targets = TARGETS if targets is None else targets
+    written = written or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
         "# Hardening: what the adversarial suite measured",
         "",
-        f"Written by `{command}` on "
-        f"{datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')} at commit "
-        f"`{at}`, against `{binary}` on a {os.cpu_count()}-core machine. Generated: do not edit by hand; "
-        "run the command again.",
+        f"Written by `{command}` on {written} at commit `{at}`, against `{binary}` on a "
+        f"{cores or os.cpu_count()}-core machine. Do not edit by hand; run the command again "
+        "(`python3 scripts/hardening_report.py` renders this page again from the committed "
+        "[load-tests/adversarial.json](../../load-tests/adversarial.json), which holds what each "
+        "attack got back and every target with its measurement; what each sends: `SENT` in "
+        "scripts/hardening_report.py, the attacks in scripts/attacks/).",
         "",
         f"Targets: peak RSS <= {RSS_PEAK_TARGET_MIB} MiB under every attack and back within "
         f"{RSS_SETTLE_MARGIN_MIB} MiB of the baseline afterwards; the legitimate client (its own "
-        "process, one estimate every 20 ms) sees no errors and /healthz never fails; the "
-        "attack-specific ones below. Legitimate p99 <= 50 ms is reported, not asserted.",
+        "process, one estimate every 20 ms) sees no errors and /healthz never fails; each attack's "
+        "own targets (in the JSON). Legitimate p99 <= 50 ms is reported, not asserted.",
         "",
         f"**{'All asserted targets met.' if not failed else f'{len(failed)} asserted target(s) failed.'}**",
         "",
@@ -132,57 +141,45 @@ def write_page(path, command, binary, reports, failed, at=None):
     if failed:
         lines += [f"- FAILED: {t['attack']}: {t['target']} ({brief(t['measured'], 300)})" for t in failed]
         lines.append("")
-    lines += ["## Attacks", ""]
+    lines += [
+        "| attack | peak RSS MiB (before, after) | legitimate p99 ms, errors | targets met |",
+        "| --- | --- | --- | --- |",
+    ]
     for report in reports:
         name = report["attack"]
-        legitimate = report.get("legitimate")
-        lines += [
-            f"### {name}",
-            "",
-            "| | |",
-            "|---|---|",
-            f"| sent | {brief(SENT.get(name, '-'))} |",
-            f"| came back | {came_back(report)} |",
-        ]
         if "rss_peak_mib" in report:
-            lines.append(
-                f"| peak RSS | {report['rss_peak_mib']} MiB (before {report['rss_before_mib']}, "
-                f"after {report['rss_after_mib']}) |"
-            )
+            rss = f"{report['rss_peak_mib']} ({report['rss_before_mib']}, {report['rss_after_mib']})"
         elif "max_rss_mib" in report:
-            lines.append(f"| peak RSS | {report['max_rss_mib']} MiB (the CLI process) |")
+            rss = f"{report['max_rss_mib']} (the CLI)"
         else:
-            lines.append("| peak RSS | - (servers of its own, restarted) |")
-        if legitimate:
-            lines.append(
-                f"| legitimate | p50 {legitimate['p50_ms']} ms, p99 {legitimate['p99_ms']} ms, "
-                f"{legitimate['answered']} answered, errors {brief(legitimate['errors'] or 'none')} |"
-            )
-            lines.append(f"| /healthz failures | {report['healthz_failures']} |")
-        else:
-            lines += ["| legitimate | - |", "| /healthz failures | - |"]
-        if "seconds" in report:
-            lines.append(f"| seconds | {report['seconds']} |")
-        lines.append("")
-    lines += ["## Targets", "", "| attack | target | measured | result |", "|---|---|---|---|"]
-    for t in TARGETS:
-        result = (
-            ("pass" if t["passed"] else "FAIL")
-            if t["asserted"]
-            else ("pass" if t["passed"] else "missed") + " (reported only)"
-        )
-        lines.append(f"| {t['attack']} | {brief(t['target'], 200)} | {brief(t['measured'], 300)} | {result} |")
+            rss = "- (own servers)"
+        legitimate = report.get("legitimate")
+        client = f"{legitimate['p99_ms']}, {len(legitimate['errors'] or {})}" if legitimate else "-"
+        own = [t for t in targets if t["attack"] == name]
+        met = sum(t["passed"] for t in own)
+        lines.append(f"| {name} | {rss} | {client} | {met} of {len(own)} |")
+    missed = [t for t in targets if not t["passed"]]
+    if missed:
+        lines += ["", "Missed:", ""]
+        lines += [
+            f"- {t['attack']}: {t['target']} ({'asserted' if t['asserted'] else 'reported only'}): "
+            f"{brief(t['measured'], 300)}"
+            for t in missed
+        ]
     lines.append("")
     with open(path, "w") as handle:
         handle.write("\n".join(lines))
 
 
-def write_report(out, command, binary, suite_seconds, reports, failed):
+def write_report(out, command, binary, suite_seconds, reports, failed, at=None):
     """load-tests/adversarial.json (or `out`): every attack's report, every target, the failed ones."""
     text = json.dumps(
         {
             "binary": binary,
             "command": command,
+            "commit": at or commit(),
+            "cores": os.cpu_count(),
+            "written": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "suite_seconds": suite_seconds,
             "attacks": reports,
             "targets": TARGETS,
@@ -192,3 +189,27 @@ def write_report(out, command, binary, suite_seconds, reports, failed):
     )
     with open(out, "w") as handle:
         handle.write(scrub(text) + "\n")
+
+
+def main():
+    """Renders the page again from a committed report (load-tests/adversarial.json by default)."""
+    source = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "load-tests", "adversarial.json")
+    with open(source) as handle:
+        report = json.load(handle)
+    failed = [t for t in report["targets"] if t["asserted"] and not t["passed"]]
+    write_page(
+        PAGE,
+        report["command"],
+        report["binary"],
+        report["attacks"],
+        failed,
+        at=report["commit"],
+        targets=report["targets"],
+        written=report["written"],
+        cores=report["cores"],
+    )
+    print(f"page: {os.path.relpath(PAGE, os.getcwd())}")
+
+
+if __name__ == "__main__":
+    main()

@@ -443,7 +443,7 @@ async fn layers_before_the_first_trainable_one_keep_no_activations() {
 /// `F.cross_entropy` on the logits in their own dtype (nanoGPT's loss): under pure bf16 the
 /// log-softmax and backward's first gradients are 16-bit, 2 and 4 bytes a class and token
 /// against the upcast loss's 4 and 10 (describe's simulation of it on Llama-3.2-1B:
-/// docs/reports/setup-simulations.md, L-full-native); under autocast and in fp32 the op runs in fp32,
+/// docs/reports/setup-simulations.json, L-full-native); under autocast and in fp32 the op runs in fp32,
 /// so it is the upcast loss.
 #[tokio::test]
 async fn a_native_loss_stays_16_bit_only_under_pure_16_bit_weights() {

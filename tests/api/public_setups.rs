@@ -3,7 +3,7 @@
 //! answered by the running service and compared like with like with what each source
 //! measured (allocated, reserved or the device total), per setup family, beside DeepSpeed's
 //! and accelerate's estimates of the same rows. `cargo test --test api public_setups --
-//! --nocapture` prints the table docs/reports/estimators-accuracy.md quotes.
+//! --nocapture` prints the table (per setup family; held out: docs/reports/accuracy.md).
 
 use std::collections::BTreeMap;
 use std::io::BufRead;

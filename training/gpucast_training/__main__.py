@@ -50,6 +50,16 @@ STAGES = {
     "stacks": "stacks",
 }
 ALL = ["mlp", "timm", "simulated", "evaluate"]
+# --from-data: the stages that write a report page, and the module that renders it again from
+# its data (stdlib only: a module of its own where the stage's imports torch).
+RENDERERS = {
+    "mlp": "mlp_report",
+    "simulated": "simulated_report",
+    "evaluate": "evaluate",
+    "decisions": "decisions",
+    "setup-simulations": "setup_simulations",
+    "stacks": "stacks",
+}
 
 
 def parser():
@@ -75,6 +85,12 @@ def parser():
     )
     p.add_argument("--threads", type=int, help="torch threads (default: the stage's own, 1 or 2)")
     p.add_argument(
+        "--from-data",
+        action="store_true",
+        help="decisions, evaluate, mlp, setup-simulations, simulated, stacks: render the report page "
+        "again from its committed data (docs/reports/NAME.json) without running the stage",
+    )
+    p.add_argument(
         "--simulate",
         action="store_true",
         help="public-setups: describe simulates each row's training setup (off by default)",
@@ -93,7 +109,15 @@ def main(argv=None):
         simulations=args.simulations,
         observations=args.observations,
     )
-    for stage in ALL if args.stage == "all" else [args.stage]:
+    stages = ALL if args.stage == "all" else [args.stage]
+    if args.from_data and args.stage == "all":
+        stages = [stage for stage in ALL if stage in RENDERERS]
+    for stage in stages:
+        if args.from_data:
+            if stage not in RENDERERS:
+                parser().error(f"{stage} writes no report page to render")
+            importlib.import_module("." + RENDERERS[stage], __package__).render(layout)
+            continue
         module = importlib.import_module("." + STAGES[stage], __package__)
         if args.simulate:
             if stage != "public-setups":

@@ -1,5 +1,6 @@
 """Decisions, not only figures: computes the held-out score quantiles that bound every figure
-(data/uncertainty.json) and scores the served rule as a scheduler meets it (docs/reports/accuracy.md).
+(data/uncertainty.json) and scores the served rule as a scheduler meets it (docs/reports/accuracy.md,
+every table in docs/reports/accuracy.json).
 
 Every answer comes from `gpucast estimate --batch` (the service's own code), never from a copy
 of its rules here. The measured rows (all committed, derived from ../shared/data):
@@ -25,6 +26,7 @@ group through the CLI's `--uncertainty`, at each confidence of the calibration c
 one group out, never rows.
 
     python -m gpucast_training decisions      # answers with the newest build of gpucast
+    python -m gpucast_training decisions --from-data   # the page again from accuracy.json
 """
 
 import datetime
@@ -40,12 +42,20 @@ import tempfile
 from collections import defaultdict
 from pathlib import Path
 
-from . import service
+from . import pages, service
 from .cards import card_of
 from .constants import CAPACITY_MIB
 from .public_setups import eager_attention
 
 ROOT = Path(__file__).resolve().parents[2]
+PAGE = ROOT / "docs/reports/accuracy.md"
+# The sections (and their blocks) the page keeps; the rest is in docs/reports/accuracy.json.
+KEEP = {
+    "Held out: the calibration curve": [0, 1],
+    "Held out at 0.95: figures and decisions": [0, 3],
+    "One job, several levels of detail": None,
+    "How far a decision can go: a perfect figure": None,
+}
 REFERENCE_CAPACITY = CAPACITY_MIB  # the reference card's, from data/gpus.json
 # The least uncertain share a score is divided by. 1 divides by nothing: held out (leave one
 # source or family out, every row), dividing by the uncertain share at least 0.1 / 0.3 / 0.5
@@ -55,7 +65,7 @@ REFERENCE_CAPACITY = CAPACITY_MIB  # the reference card's, from data/gpus.json
 # stated wrong.
 MIN_SHARE = 1.0
 # A group with fewer rows answers with its parent's quantiles (`physics::uncertainty`).
-# Held out (docs/reports/accuracy.md, "Group size"), 19 rows (the rank 0.95 needs) gives LoRA rows their
+# Held out (docs/reports/accuracy.json, "Group size"), 19 rows (the rank 0.95 needs) gives LoRA rows their
 # own quantiles (bound 1.64 -> 1.33x, refused with room 30.7 -> 22.7 %) but sharded rows too,
 # and those do not carry from one source to another (above the 0.95 bound 0.22 -> 0.29; LLM
 # rows 0.07 -> 0.10, past the 0.08 target): 30 is served.
@@ -64,7 +74,7 @@ MIN_ROWS = 30
 MIN_ROWS_TRIED = (19,)
 # How much the log range of the figures a request's unstated fields allow (loss implementation,
 # optimizer implementation: `physics::assumed`) widens a score's normaliser. Held out, every
-# weight tried gave the same coverage and more refusals (docs/reports/accuracy.md, "The unstated
+# weight tried gave the same coverage and more refusals (docs/reports/accuracy.json, "The unstated
 # fields' weight": 1 and 3 refused 38.1 and 42.1 % of the LLM runs with room, 0 refused 36.7 %):
 # on the published rows the loss left unsaid does not tell the large errors from the small, so
 # the served bound rests on the model's measured errors alone and the ranges are only listed.
@@ -907,10 +917,19 @@ def run(layout=None, threads=None, gpucast=None):
         by_min_rows[rows_needed] = held_out_curve(gpucast, every, pairs, kept_out)
     MIN_ROWS = served_rows
     command = "python -m gpucast_training decisions"
-    (ROOT / "docs/reports/accuracy.md").write_text(
-        report(served, held_out, unaudited, kept_out, committed, command, by_weight, by_min_rows)
+    print(
+        pages.write(
+            PAGE,
+            report(served, held_out, unaudited, kept_out, committed, command, by_weight, by_min_rows),
+            KEEP,
+            "decisions",
+        )
     )
-    print((ROOT / "docs/reports/accuracy.md").read_text())
+
+
+def render(layout=None):
+    """`decisions --from-data`: the page again from docs/reports/accuracy.json."""
+    print(pages.render(PAGE, KEEP, "decisions"))
 
 
 if __name__ == "__main__":

@@ -55,9 +55,13 @@ import sys
 import tempfile
 import time
 
+from gpucast_training import pages
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 OUT = ("docs", "reports", "setup-simulations.md")
 TERMS_OUT = ("data", "setup_simulations.json")
+# The sections (and their blocks) the page keeps; every one is in docs/reports/setup-simulations.json.
+KEEP = {"Deltas: what each setup adds, on both paths": [0, 1]}
 COMMAND = "python -m gpucast_training setup-simulations"
 MIB = 1024.0 * 1024.0
 
@@ -685,12 +689,16 @@ def run(layout=None, threads=None, **_):
             simulated[c["name"]] = simulation_terms(r, service[c["name"]]["cuda_context"])
     text = report(service, simulated, failed, analytic_answers, configs, payload, time.time() - started)
     path = layout.out(*OUT) if layout is not None else os.path.join(REPO, *OUT)
-    with open(path, "w") as f:
-        f.write(text)
     with open(os.path.join(REPO, *TERMS_OUT), "w") as f:
         json.dump(terms_by_case(service, simulated), f, indent=1, sort_keys=True)
         f.write("\n")
-    print(text)
+    print(pages.write(path, text, KEEP, "setup-simulations"))
+
+
+def render(layout=None):
+    """`setup-simulations --from-data`: the page again from docs/reports/setup-simulations.json."""
+    path = layout.out(*OUT) if layout is not None else os.path.join(REPO, *OUT)
+    print(pages.render(path, KEEP, "setup-simulations"))
 
 
 def terms_by_case(service, simulated, cases=CASES, deltas=DELTAS):

@@ -48,6 +48,7 @@ from .constants import BOUND_CONFIDENCE, CAPACITY_MIB, FAMILIES, MIB, SEED, VERS
 from .constants import REAL_FOLDS as N_FOLDS
 from .data import load_timm, log, read_jsonl_gz
 from .onnx_export import onnx_session
+from .simulated_report import CAP, written_at, write_report
 
 THREADS = 1
 SIM_FEATURES = [
@@ -77,7 +78,7 @@ DOMAIN_FEATURES = [
 ]
 # |log correction| < CAP: the learned part moves the simulated figure by at most x/÷ e^CAP
 # (1.35); the simulation alone is within 0.93-1.10 of the measured peak for 80 % of the rows.
-REGRESSOR = dict(members=10, hidden=32, epochs=800, lr=1e-2, weight_decay=1e-3, cap=0.3)
+REGRESSOR = dict(members=10, hidden=32, epochs=800, lr=1e-2, weight_decay=1e-3, cap=CAP)
 NAMES = {family: family + "_simulated_memory_regressor" for family in FAMILIES}
 ONNX_FILE = "timm_simulated_regressor.onnx"
 DOMAIN_FILE = "simulated_domain.json"
@@ -373,6 +374,7 @@ def run_stage(layout):
             "served_learned": int(every_usable.sum()),
         },
         "seconds": time.time() - started,
+        "written": written_at(),
     }
     merge_manifest(layout, result, final_entries, path, domain_path)
     mf.write_json(layout.out("data", "timm", "simulated_figures.json"), result, newline=False)
@@ -541,133 +543,6 @@ def merge_manifest(layout, result, entries, onnx_path, domain_path):
         },
     }
     mf.write_manifest(layout.out("models", "manifest.json"), manifest)
-
-
-def pct(value):
-    return "" if value is None else "%.1f %%" % (100 * value)
-
-
-def figure_table(rows):
-    lines = [
-        "| estimator | median abs rel error | p90 | under-estimated | bound exceeded (0.95) | "
-        "8 GB class accuracy | oom reported not fitting |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    for name, f in rows.items():
-        lines.append(
-            "| %s | %s | %s | %s | %s | %.3f | %s |"
-            % (
-                name,
-                pct(f["median_abs_rel_error"]),
-                pct(f["p90_abs_rel_error"]),
-                pct(f["under_rate"]),
-                pct(f.get("bound_exceeded_rate")),
-                f["class_accuracy"],
-                pct(f.get("oom_not_fit_rate")),
-            )
-        )
-    return lines
-
-
-NAMES_IN_REPORT = {
-    "simulated_corrected": "**gpucast: simulated + learned correction (served)**",
-    "simulated_alone": "simulation alone (reserved peak on the card + context)",
-    "allocated_plus_context": "simulation's allocated peak + context (no allocator cache)",
-}
-
-
-def write_report(result, path):
-    def renamed(figs):
-        return {NAMES_IN_REPORT.get(k, k): v for k, v in figs.items()}
-
-    cv, test, public = result["cv"], result["test"], result["public"]
-    lines = (
-        [
-            "# Simulated training step: evaluation",
-            "",
-            "Command: `python -m gpucast_training simulated` (after the `timm` stage, "
-            "`describe/scripts/simulate_timm_training_set.py` and `python -m gpucast_training public-rows`). "
-            "Figures below are that run's; data/timm/simulated_figures.json has them all.",
-            "",
-            "The simulation: describe runs two training steps on meta tensors and replays every allocation "
-            "and free through its model of PyTorch's CUDA caching allocator (describe/README.md). The "
-            "served figure is the simulated reserved peak on the card + a CUDA context of %.0f MiB "
-            "(fitted: median of measured - reserved over the ok rows at batch 8 and 16), corrected by a "
-            "learned factor within x/÷ e^%.1f where the job lies near the timm training data, never below "
-            "the physical floor (weights + gradients + optimizer state + activations at the simulated peak "
-            "+ context)." % (result["served_context_mib"], REGRESSOR["cap"]),
-            "",
-            "## Grouped 5-fold CV by model family (%d rows of the visible families)" % result["rows"]["train"],
-            "",
-        ]
-        + figure_table(renamed(cv))
-        + [
-            "",
-            "Rows far from the other folds' data (the correction not applied): %d."
-            % cv["simulated_corrected"]["far_rows"],
-            "",
-            "## The 25 held-out families (%d rows; fitted on the training part, scored through onnxruntime)"
-            % result["rows"]["test"],
-            "",
-        ]
-        + figure_table(renamed(test))
-        + [
-            "",
-            "Rows far from the training data: %d." % test["simulated_corrected"]["far_rows"],
-            "",
-        ]
-    )
-    if public:
-        lines += [
-            "## Out of distribution: public_training_memory.csv (published runs)",
-            "",
-            "Every row whose setup gpucast expresses (data/public/PROVENANCE.md lists what is left out "
-            "and why), compared like with like: `allocated` rows (torch.cuda.max_memory_allocated) with "
-            "the simulation's allocated peak, `allocated_minus_weights` rows (TorchTracemalloc: the "
-            "peak minus what was held when training began, i.e. the weights) with the allocated peak "
-            "less the parameters, `device` rows (nvidia-smi/NVML) with the served estimate and its bound. "
-            "DDP rows are simulated as one GPU (DDP's gradient buckets are not modelled).",
-            "",
-            "| row | model | compare | measured MiB | gpucast MiB | error | served estimate | bound | correction |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-        ]
-        for o in public["rows"]:
-            lines.append(
-                "| %d | %s%s | %s | %.0f | %.0f | %+.1f %% | %.0f | %.0f | %s |"
-                % (
-                    o["row"],
-                    o["model"][:48],
-                    " (DDP)" if o["ddp"] else "",
-                    o["compare"],
-                    o["measured_mib"],
-                    o["predicted_mib"],
-                    100 * (o["predicted_mib"] / o["measured_mib"] - 1),
-                    o["estimate_mib"],
-                    o["upper_bound_mib"],
-                    "no (far)" if o["far"] else "yes",
-                )
-            )
-        lines += [
-            "",
-            "- median absolute error, all %d rows: %s; the %d single-GPU rows: %s"
-            % (
-                public["n"],
-                pct(public["median_abs_rel_error"]),
-                public["strict_n"],
-                pct(public["strict_median_abs_rel_error"]),
-            ),
-            "- served bound exceeded: %s of %d device rows; %s of all %d rows (an allocated figure above "
-            "the served device bound is a miss too)"
-            % (
-                public.get("device_bound_exceeded"),
-                public.get("device_rows"),
-                public.get("all_bound_exceeded"),
-                public["n"],
-            ),
-            "",
-        ]
-    with open(path, "w") as handle:
-        handle.write("\n".join(lines) + "\n")
 
 
 def run(layout, threads=None):

@@ -15,6 +15,7 @@ the asked runs of every draw. Beside it, the floor of what learning can reach: t
 by the best single factor per framework, fitted to all its runs (the median ratio).
 
     cd training && python -m gpucast_training stacks   # with the newest build of gpucast
+    cd training && python -m gpucast_training stacks --from-data   # the page from its JSON
 """
 
 import csv
@@ -31,9 +32,10 @@ import urllib.error
 import urllib.request
 from collections import defaultdict
 
-from . import service
+from . import pages, service
 from .decisions import ROOT, like_with_like, on_device, rows, written_at
 
+PAGE = ROOT / "docs/reports/stack-learning.md"
 KS = (0, 1, 3, 5)
 # The key of k = 0 with the framework's stack stated in the request.
 STATED = "0, stack stated"
@@ -308,6 +310,8 @@ def write_report(lines):
         "the answers' bounds rested on (`memory.uncertainty.basis`). *0, stack stated*: no observation, the",
         "request's `stack` the framework's (transformers, accelerate, litgpt, torchtune, else other).",
         "",
+        "## Every framework and k",
+        "",
         "| framework | runs | k | asked | median error | above the 0.95 bound | median bound / figure | floor | target at k = 3 | basis |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
@@ -324,4 +328,37 @@ def write_report(lines):
             + f" | {basis} |"
         )
     out.append("")
-    (ROOT / "docs/reports/stack-learning.md").write_text("\n".join(out))
+    print(pages.write(PAGE, "\n".join(out), {}, "stacks", summary))
+
+
+def summary(sections):
+    """The median error by k, a line per framework, from the full table."""
+    full = pages.table("Every framework and k", sections)
+    col = {name: i for i, name in enumerate(full["columns"])}
+    ks = [str(k) for k in KS[:1]] + [STATED] + [str(k) for k in KS[1:]]
+    by = defaultdict(dict)
+    for row in full["rows"]:
+        by[row[col["framework"]]][row[col["k"]]] = row
+    rows, met = [], 0
+    for framework, cells in by.items():
+        first = next(iter(cells.values()))
+        target, at3 = first[col["target at k = 3"]], cells.get("3")
+        if at3 is not None and target != "-":
+            met += float(at3[col["median error"]].rstrip(" %")) <= float(target.rstrip(" %"))
+        rows.append(
+            [framework, first[col["runs"]], first[col["floor"]], target]
+            + [cells[k][col["median error"]] if k in cells else "-" for k in ks]
+        )
+    return [
+        "Median error of the asked runs by the number k of the framework's runs observed "
+        f"(*stated*: k = 0 with the request's `stack`); k = 3 meets its target for {met} of {len(rows)} "
+        "frameworks. The bounds' coverage and width and the answers' basis, for every k: the JSON.",
+        pages.markdown_table(
+            ["framework", "runs", "floor", "target at k = 3", "k = 0", "stated", "k = 1", "k = 3", "k = 5"], rows
+        ),
+    ]
+
+
+def render(layout=None):
+    """`stacks --from-data`: the page again from docs/reports/stack-learning.json."""
+    print(pages.render(PAGE, {}, "stacks", summary))
