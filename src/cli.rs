@@ -14,10 +14,13 @@ use crate::api::parse::{parse_estimate, parse_json};
 use crate::api::types::{BatchRequest, BatchResponse, PlanRequest, PlanResponse};
 use crate::calibration::db;
 use crate::calibration::store::{ProfileStore, DEFAULT_RETENTION};
-use crate::config::{located, EstimateArgs, FeaturesArgs, OutputFormat, PlanArgs};
+use crate::config::{
+    located, EstimateArgs, FeaturesArgs, OutputFormat, PlanArgs, RecordArgs, StoreArgs,
+};
 use crate::devices::sku::Catalogue;
 use crate::devices::NoDevices;
 use crate::engine::cost::Cost;
+use crate::engine::observation;
 use crate::engine::validate::to_job;
 use crate::engine::{parse_items, Deadline, Engine};
 use crate::error::ApiError;
@@ -742,11 +745,28 @@ fn out(text: &str) {
 /// calibration profiles of the store when there is one (`--database-url`, or a store in
 /// `--data-dir`), no NVML.
 fn offline_engine(args: &EstimateArgs) -> Result<Engine, String> {
-    let (models, dylib) = (located(&args.models), located(&args.ort_dylib));
+    engine_over_store(
+        &args.models,
+        &args.ort_dylib,
+        &args.store,
+        args.max_request_cost,
+        false,
+    )
+}
+
+/// The engine of a command run without a server: its store opened (`create`: made where it
+/// is absent), else an empty one of its own.
+fn engine_over_store(
+    models: &std::path::Path,
+    ort_dylib: &std::path::Path,
+    store: &StoreArgs,
+    cost_budget: u64,
+    create: bool,
+) -> Result<Engine, String> {
+    let (models, dylib) = (located(models), located(ort_dylib));
     let estimators = Estimators::load(&models, &dylib, 1).map_err(|e| e.to_string())?;
-    let store = &args.store;
     let database_url = store.database_url.as_ref().map(|u| u.expose());
-    let stored = database_url.is_some() || store.data_dir.join(db::SQLITE_FILE).is_file();
+    let stored = create || database_url.is_some() || store.data_dir.join(db::SQLITE_FILE).is_file();
     let (profiles, _) = if stored {
         ProfileStore::open(&store.data_dir, database_url, DEFAULT_RETENTION)
     } else {
@@ -767,8 +787,47 @@ fn offline_engine(args: &EstimateArgs) -> Result<Engine, String> {
         devices: Arc::new(NoDevices::new(
             "gpucast estimate does not read NVML: name the gpu",
         )),
-        cost_budget: args.max_request_cost,
+        cost_budget,
     })
+}
+
+/// `gpucast observations record`: observations recorded into the store through the rules
+/// `POST /v1/calibration/observations` holds them to ([`crate::engine::observation`]).
+pub fn record(args: &RecordArgs) -> i32 {
+    let bytes = match read_input(&args.file, args.max_body_bytes) {
+        Ok(bytes) => bytes,
+        Err(e) => {
+            eprintln!("gpucast: {}: {e}", args.file);
+            return 2;
+        }
+    };
+    let engine = match engine_over_store(
+        &args.models,
+        &args.ort_dylib,
+        &args.store,
+        args.max_request_cost,
+        true,
+    ) {
+        Ok(engine) => engine,
+        Err(e) => {
+            eprintln!("gpucast: {e}");
+            return 1;
+        }
+    };
+    let outcome = std::str::from_utf8(&bytes)
+        .map_err(|_| ApiError::MalformedJson("the file is not UTF-8".into()))
+        .and_then(observation::parse)
+        .and_then(|observations| {
+            observation::price(&engine, &observations)?;
+            observation::record(&engine, observations, &Deadline::NONE)
+        });
+    match outcome {
+        Ok(response) => {
+            print(OutputFormat::Json, &as_sent(&response), false);
+            0
+        }
+        Err(error) => problem(error),
+    }
 }
 
 /// An answer as the service sends it: through its JSON text, so that an `f32` figure prints

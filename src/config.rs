@@ -623,6 +623,41 @@ pub enum ObservationsCommand {
         #[arg(long)]
         output: Option<PathBuf>,
     },
+    /// Record observations (one, or a JSON array, as POST /v1/calibration/observations takes
+    /// them) into the store, held to the service's rules: what the route refuses, this
+    /// refuses, recording nothing; else all are recorded and the refitted profiles printed.
+    Record(RecordArgs),
+}
+
+/// `gpucast observations record`.
+#[derive(Debug, clap::Args)]
+pub struct RecordArgs {
+    /// The observations file (JSON), or `-` for standard input.
+    pub file: String,
+
+    /// Directory holding manifest.json and the ONNX models it lists.
+    #[arg(long, env = "GPUCAST_MODELS", default_value = "models")]
+    pub models: PathBuf,
+
+    /// ONNX Runtime shared library.
+    #[arg(
+        long,
+        env = "ORT_DYLIB_PATH",
+        default_value = ".cache/onnxruntime/libonnxruntime.so"
+    )]
+    pub ort_dylib: PathBuf,
+
+    /// Largest input read, in bytes: the server's body limit.
+    #[arg(long, env = "GPUCAST_MAX_BODY_BYTES", default_value_t = DEFAULT_MAX_BODY_BYTES)]
+    pub max_body_bytes: usize,
+
+    /// The most work units the observations' jobs may cost: the server's budget.
+    #[arg(long, env = "GPUCAST_MAX_REQUEST_COST", default_value_t = DEFAULT_MAX_REQUEST_COST)]
+    pub max_request_cost: u64,
+
+    /// The store written (created in --data-dir when absent).
+    #[command(flatten)]
+    pub store: StoreArgs,
 }
 
 /// A secret that never appears in logs or debug output.

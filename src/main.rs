@@ -17,6 +17,9 @@ fn main() -> anyhow::Result<()> {
         Command::Plan(args) => std::process::exit(gpucast::cli::plan(args)),
         Command::Gpus { format } => std::process::exit(gpucast::cli::gpus(*format)),
         Command::Features(args) => std::process::exit(gpucast::cli::features(args)),
+        Command::Observations(ObservationsCommand::Record(args)) => {
+            std::process::exit(gpucast::cli::record(args))
+        }
         _ => {}
     }
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
@@ -57,7 +60,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             eprintln!("gpucast: {written} observations exported");
             Ok(())
         }
-        Command::Estimate(_) | Command::Plan(_) | Command::Gpus { .. } | Command::Features(_) => {
+        Command::Estimate(_)
+        | Command::Plan(_)
+        | Command::Gpus { .. }
+        | Command::Features(_)
+        | Command::Observations(ObservationsCommand::Record(_)) => {
             unreachable!("answered before the runtime starts")
         }
         Command::Serve(config) => {

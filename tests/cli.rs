@@ -1167,3 +1167,50 @@ fn a_hub_out_of_reach_names_the_file_the_cache_and_the_offline_switch() {
     assert!(error.contains(&cache_arg), "{error}");
     assert!(error.contains("HF_HUB_OFFLINE"), "{error}");
 }
+
+/// `gpucast observations record` holds a file to the route's rules: a peak below the job's
+/// physical floor is refused with the route's problem and records nothing; good ones are
+/// recorded into the store, which `estimate --data-dir` then reads.
+#[test]
+fn observations_are_recorded_from_a_file_under_the_routes_rules() {
+    let store = std::env::temp_dir().join(format!("gpucast-cli-record-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&store);
+    let data_dir = store.to_str().unwrap();
+    let job: Value = serde_json::from_str(
+        &std::fs::read_to_string(root().join("tests/fixtures/cli/llama_job.json")).unwrap(),
+    )
+    .unwrap();
+    let estimate = gpucast(&["estimate", "tests/fixtures/cli/llama_job.json"], None);
+    let figure = json(&estimate)["memory"]["estimate_mib"].as_f64().unwrap();
+    let observation =
+        |peak: f64| serde_json::json!({"gpu": "h100-80gb", "job": job, "observed_peak_mib": peak});
+    let record = |body: &Value| {
+        gpucast(
+            &["observations", "record", "--data-dir", data_dir, "-"],
+            Some(body.to_string().as_bytes()),
+        )
+    };
+    // One of two below the floor: the route's 422, naming the item; nothing recorded.
+    let refused = record(&serde_json::json!([observation(figure), observation(1.0)]));
+    assert_eq!(refused.status.code(), Some(2), "{refused:?}");
+    let problem = json(&refused);
+    assert_eq!(problem["status"], 422, "{problem}");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with("[1].observed_peak_mib: 1 MiB is below the job's physical floor"),
+        "{problem}"
+    );
+    let recorded = record(&serde_json::json!([
+        observation(figure * 1.1),
+        observation(figure * 1.12),
+        observation(figure * 1.08)
+    ]));
+    assert!(recorded.status.success(), "{recorded:?}");
+    let answer = json(&recorded);
+    assert_eq!(answer["recorded"], 3, "{answer}");
+    assert_eq!(answer["profiles"][0]["gpu"], "h100-80gb", "{answer}");
+    assert_eq!(answer["profiles"][0]["observations"], 3, "{answer}");
+    let _ = std::fs::remove_dir_all(&store);
+}

@@ -15,6 +15,7 @@
 pub mod answer;
 pub mod cost;
 pub mod files;
+pub mod observation;
 pub mod plan;
 pub mod validate;
 
