@@ -15,7 +15,7 @@ use crate::api::types::{BatchRequest, BatchResponse, PlanRequest, PlanResponse};
 use crate::calibration::db;
 use crate::calibration::store::{ProfileStore, DEFAULT_RETENTION};
 use crate::config::{
-    located, EstimateArgs, FeaturesArgs, OutputFormat, PlanArgs, RecordArgs, StoreArgs,
+    located, CombineArgs, EstimateArgs, FeaturesArgs, OutputFormat, PlanArgs, RecordArgs, StoreArgs,
 };
 use crate::devices::sku::Catalogue;
 use crate::devices::NoDevices;
@@ -24,6 +24,7 @@ use crate::engine::observation;
 use crate::engine::validate::to_job;
 use crate::engine::{parse_items, Deadline, Engine};
 use crate::error::ApiError;
+use crate::estimators::combine::{fold_answer, FoldJob};
 use crate::estimators::features::{raw_token_feature, AggregateFeatures, TOKEN_FEATURES};
 use crate::estimators::Estimators;
 use crate::job::Job;
@@ -789,6 +790,39 @@ fn engine_over_store(
         )),
         cost_budget,
     })
+}
+
+/// A training fold's jobs for `gpucast combine`: the domain's thresholds and the jobs.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Fold {
+    near: f64,
+    far: f64,
+    max_widen: f64,
+    items: Vec<FoldJob>,
+}
+
+/// `gpucast combine`: each fold job answered by [`fold_answer`].
+pub fn combine(args: &CombineArgs) -> i32 {
+    let outcome = read_input(&args.file, args.max_body_bytes)
+        .map_err(|e| ApiError::InvalidInput(format!("{}: {e}", args.file)))
+        .and_then(|bytes| parse_json::<Fold>(&bytes, ""));
+    match outcome {
+        Ok(fold) => {
+            let items: Vec<_> = fold
+                .items
+                .iter()
+                .map(|job| fold_answer(job, fold.near, fold.far, fold.max_widen))
+                .collect();
+            print(
+                OutputFormat::Json,
+                &serde_json::json!({ "items": items }),
+                false,
+            );
+            0
+        }
+        Err(error) => problem(error),
+    }
 }
 
 /// `gpucast observations record`: observations recorded into the store through the rules

@@ -41,6 +41,12 @@ pub enum Command {
     /// aggregate features by name, the layers' kinds and token features; what the training
     /// pipeline learns from, so that it never restates the rules. No models needed.
     Features(FeaturesArgs),
+    /// Answer a training fold's jobs by the rule a served simulated job is answered by (the
+    /// correction near the data, the simulated figure far from it, the bound widened with
+    /// the distance, the floor): `{"near", "far", "max_widen", "items": [...]}` in, one
+    /// `{"figure_mib", "upper_bound_mib", "far"}` per item out. The simulated stage scores
+    /// models it has not served yet through it, so training keeps no copy of the rule.
+    Combine(CombineArgs),
     /// List the GPU catalogue: the names `--gpu` and requests take.
     Gpus {
         #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
@@ -154,6 +160,17 @@ pub struct FeaturesArgs {
     /// The most work units one job (or a `--batch`, all its jobs) may cost, as `estimate`.
     #[arg(long, env = "GPUCAST_MAX_REQUEST_COST", default_value_t = DEFAULT_MAX_REQUEST_COST)]
     pub max_request_cost: u64,
+}
+
+/// `gpucast combine`.
+#[derive(Debug, Clone, Args)]
+pub struct CombineArgs {
+    /// The fold's jobs (JSON), or `-` for standard input.
+    pub file: String,
+
+    /// Largest input read, in bytes.
+    #[arg(long, env = "GPUCAST_MAX_BODY_BYTES", default_value_t = DEFAULT_MAX_BODY_BYTES)]
+    pub max_body_bytes: usize,
 }
 
 /// The common questions as flags: `gpucast estimate --config config.json --seq-len 2048

@@ -17,6 +17,7 @@ fn main() -> anyhow::Result<()> {
         Command::Plan(args) => std::process::exit(gpucast::cli::plan(args)),
         Command::Gpus { format } => std::process::exit(gpucast::cli::gpus(*format)),
         Command::Features(args) => std::process::exit(gpucast::cli::features(args)),
+        Command::Combine(args) => std::process::exit(gpucast::cli::combine(args)),
         Command::Observations(ObservationsCommand::Record(args)) => {
             std::process::exit(gpucast::cli::record(args))
         }
@@ -64,6 +65,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         | Command::Plan(_)
         | Command::Gpus { .. }
         | Command::Features(_)
+        | Command::Combine(_)
         | Command::Observations(ObservationsCommand::Record(_)) => {
             unreachable!("answered before the runtime starts")
         }

@@ -119,3 +119,23 @@ def kind_ids(jobs, kind_vocab, gpucast=None):
     as the manifest records it; 0 pads)."""
     index = {kind: i + 1 for i, kind in enumerate(kind_vocab)}
     return [[index[kind] for kind in f["kinds"]] for f in features(jobs, gpucast)]
+
+
+def combine(fold_jobs, near, far, max_widen, gpucast=None):
+    """Each fold job answered by the service's rule for a simulated job (`gpucast combine`):
+    {"figure_mib", "upper_bound_mib", "far"} per job, in order. A fold job is the figures a
+    stage has for a model it has not served yet (log_learned, simulated_mib, floor_mib,
+    distance or None outside the domain's setups, typical_distance, learned_log_ratio,
+    simulated_log_ratio, runs_on_card, capacity_mib, measured_range)."""
+    out = []
+    for batch in chunks(fold_jobs):
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+            json.dump({"near": near, "far": far, "max_widen": max_widen, "items": batch}, f)
+        try:
+            done = subprocess.run([gpucast or binary(), "combine", f.name], capture_output=True, text=True, cwd=ROOT)
+        finally:
+            os.unlink(f.name)
+        if done.returncode != 0:
+            raise SystemExit(f"gpucast combine failed: {done.stdout[-2000:]}{done.stderr[-2000:]}")
+        out.extend(json.loads(done.stdout)["items"])
+    return out

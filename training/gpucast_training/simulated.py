@@ -43,7 +43,6 @@ from . import timm as rp
 from . import service
 from . import timm_models as rm
 from .cards import capacity_of, card_of
-from .combine import FAR, MAX_WIDEN, NEAR, combine
 from .constants import BOUND_CONFIDENCE, CAPACITY_MIB, FAMILIES, MIB, SEED, VERSION
 from .constants import REAL_FOLDS as N_FOLDS
 from .data import load_timm, log, read_jsonl_gz
@@ -51,6 +50,11 @@ from .onnx_export import onnx_session
 from .simulated_report import CAP, written_at, write_report
 
 THREADS = 1
+# The domain's thresholds (written into models/simulated_domain.json, which the service reads):
+# beyond NEAR x the typical distance of a new family the bound widens (by ratio / NEAR, at most
+# MAX_WIDEN); beyond FAR x it, or for another optimizer or precision than the data's, the
+# correction is not applied at all (the simulated figure leads).
+NEAR, FAR, MAX_WIDEN = 1.0, 2.0, 2.0
 SIM_FEATURES = [
     "sim_allocated_mib",
     "sim_reserved_mib",
@@ -132,7 +136,7 @@ def fit_context(records):
 
 
 # The service's simulated figure, floor and card check with a context fitted here per fold: the
-# stage scores models the service does not serve (combine.py says why they are stated here).
+# stage scores models the service does not serve, whose context the binary cannot know.
 def reserved_on_card(job, context, capacity=CAPACITY_MIB):
     """The reserved peak the card shows: capped at the usable memory when the step fits (the
     allocator frees its cache before an allocation fails)."""
@@ -254,25 +258,32 @@ def run_stage(layout):
     cross = nearest_distances(points, points, True, groups, groups)
     typical = float(np.quantile(cross, 0.95))
 
-    def served(log_learned, job, ctx, distance, family, capacity=CAPACITY_MIB):
-        q = rp.log_ratio_at(quantiles[family], BOUND_CONFIDENCE)
-        qs = rp.log_ratio_at(sim_quantiles, BOUND_CONFIDENCE)
-        return combine(
-            log_learned,
-            simulated_figure(job, ctx, capacity),
-            floor_figure(job, ctx),
-            distance,
-            typical,
-            q,
-            qs,
-            runs_on_card(job, ctx, capacity),
-            capacity,
-            runs_on_card(job, ctx, CAPACITY_MIB),
-        )
+    def served(jobs):
+        """(figure, bound, far) of each (log_learned, job, context, distance, family[,
+        capacity]) as the service would answer it: its rule, through `gpucast combine`."""
+        fold = []
+        for log_learned, job, ctx, distance, family, *capacity in jobs:
+            capacity = capacity[0] if capacity else CAPACITY_MIB
+            fold.append(
+                {
+                    "log_learned": float(log_learned),
+                    "simulated_mib": float(simulated_figure(job, ctx, capacity)),
+                    "floor_mib": float(floor_figure(job, ctx)),
+                    "distance": float(distance) if math.isfinite(distance) else None,
+                    "typical_distance": typical,
+                    "learned_log_ratio": rp.log_ratio_at(quantiles[family], BOUND_CONFIDENCE),
+                    "simulated_log_ratio": rp.log_ratio_at(sim_quantiles, BOUND_CONFIDENCE),
+                    "runs_on_card": bool(runs_on_card(job, ctx, capacity)),
+                    "capacity_mib": int(capacity),
+                    "measured_range": bool(runs_on_card(job, ctx, CAPACITY_MIB)),
+                }
+            )
+        answers = service.combine(fold, NEAR, FAR, MAX_WIDEN)
+        return [(a["figure_mib"], a["upper_bound_mib"], a["far"]) for a in answers]
 
-    cv_final = [
-        served(oof[i], train[i]["job"], oof_context[i], cross[i], train[i]["family"]) for i in range(len(train))
-    ]
+    cv_final = served(
+        (oof[i], train[i]["job"], oof_context[i], cross[i], train[i]["family"]) for i in range(len(train))
+    )
     baselines = served_baselines(layout)
     cv = {
         "simulated_alone": figures(sim_cv, sim_cv * math.exp(rp.log_ratio_at(sim_quantiles, BOUND_CONFIDENCE)), train),
@@ -296,7 +307,7 @@ def run_stage(layout):
     t_log = session.run(None, {"features": rp.encode(test_raws, entries_all)})[0][:, 0]
     t_dist = nearest_distances(points, domain_vectors(test_raws, entries_all))
     t_sim = np.array([simulated_figure(r["job"], context) for r in test])
-    t_final = [served(t_log[i], test[i]["job"], context, t_dist[i], test[i]["family"]) for i in range(len(test))]
+    t_final = served((t_log[i], test[i]["job"], context, t_dist[i], test[i]["family"]) for i in range(len(test)))
     held = {
         "simulated_alone": figures(t_sim, t_sim * math.exp(rp.log_ratio_at(sim_quantiles, BOUND_CONFIDENCE)), test),
         "simulated_corrected": figures([f for f, _, _ in t_final], [b for _, b, _ in t_final], test),
@@ -442,13 +453,15 @@ def evaluate_public(layout, session, entries, points, context, served):
     raws = service.raw_aggregate([r["job"] for r in rows])
     log_learned = session.run(None, {"features": rp.encode(raws, entries)})[0][:, 0]
     distances = nearest_distances(points, domain_vectors(raws, entries))
-    for row, raw, learned, distance in zip(rows, raws, log_learned, distances):
+    asked = []
+    for row, learned, distance in zip(rows, log_learned, distances):
         job = row["job"]
         family = job["family"] if job["family"] in FAMILIES else "transformer"
         in_domain = job.get("optimizer") == "adam" and job.get("precision") == "fp32"
         dist = distance if in_domain else float("inf")
-        capacity = card_capacity(row["gpu"])
-        total, bound, far = served(learned, job, context, dist, family, capacity)
+        asked.append((learned, job, context, dist, family, card_capacity(row["gpu"])))
+    for row, raw, (total, bound, far) in zip(rows, raws, served(asked)):
+        job = row["job"]
         b = job["simulation"]["breakdown_at_peak"]
         compare = row["compare"]
         # Like with like: allocated figures against the allocator's allocated peak (from the
