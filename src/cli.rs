@@ -12,6 +12,8 @@ use serde_json::Value;
 
 use crate::api::parse::{parse_estimate, parse_json};
 use crate::api::types::{BatchRequest, BatchResponse, PlanRequest, PlanResponse};
+use crate::bound::distribution::{self as uncertainty, Calibration};
+use crate::bound::learned::{fold_answer, FoldJob};
 use crate::calibration::db;
 use crate::calibration::store::{ProfileStore, DEFAULT_RETENTION};
 use crate::config::{
@@ -24,12 +26,10 @@ use crate::engine::observation;
 use crate::engine::validate::to_job;
 use crate::engine::{parse_items, Deadline, Engine};
 use crate::error::ApiError;
-use crate::estimators::combine::{fold_answer, FoldJob};
 use crate::estimators::features::{raw_token_feature, AggregateFeatures, TOKEN_FEATURES};
 use crate::estimators::Estimators;
 use crate::job::Job;
 use crate::metrics::Metrics;
-use crate::physics::uncertainty::{self, Calibration};
 
 /// Exit status of bad input (the problem JSON is printed).
 pub const BAD_INPUT: i32 = 2;

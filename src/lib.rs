@@ -2,6 +2,7 @@
 //! description, before it runs.
 
 pub mod api;
+pub mod bound;
 pub mod calibration;
 pub mod cli;
 pub mod config;

@@ -12,6 +12,7 @@ use crate::api::types::{
     PeakMomentName, PerformanceBoundName, PerformanceResponse, PerformanceSourceName,
     SetupResponse, UncertaintyResponse, UtilizationResponse,
 };
+use crate::bound::PeakDistribution;
 use crate::calibration::step_time::HostFit;
 use crate::estimators::{ClassAnswer, Estimate};
 use crate::job::setup::Trainable;
@@ -19,7 +20,6 @@ use crate::job::{Confidence, Job, MemoryClass};
 use crate::physics::assumed::AssumedRange;
 use crate::physics::perf::{self, Bound, Roofline};
 use crate::physics::step;
-use crate::physics::uncertainty::PeakDistribution;
 use crate::physics::{Breakdown, BreakdownSource, Physics};
 use crate::placement::{BoundBasis, FitBasis, Placement};
 

@@ -25,9 +25,9 @@ use load::SimulatedModel;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use crate::bound::PeakDistribution;
 use crate::job::{Family, Job, LayerKind, MemoryClass, MemoryClasses};
 use crate::physics::assumed::AssumedRange;
-use crate::physics::uncertainty::PeakDistribution;
 use crate::physics::Physics;
 use extrapolation::{DomainSummary, Extrapolation, TrainingDomain};
 use manifest::Manifest;

@@ -1,5 +1,5 @@
 //! How much of a job a figure rests on: each level of detail has its own spread of the
-//! uncertain terms ([`crate::physics::uncertainty`]).
+//! uncertain terms ([`crate::bound`]).
 
 use serde::{Deserialize, Serialize};
 

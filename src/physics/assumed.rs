@@ -1,6 +1,6 @@
 //! How far each field a request left unsaid moves the figure (`job::assumed`): the analytic
 //! step run again with each of the field's other values. The ranges widen the bound
-//! (`physics::uncertainty`) and tell the caller which field to state to narrow it.
+//! (`crate::bound`) and tell the caller which field to state to narrow it.
 
 use super::peak::Physics;
 use super::step::{self, StepStages};
@@ -125,20 +125,10 @@ pub fn settled_figure(physics: &Physics) -> f64 {
     physics.settle(total, total).estimate_mib
 }
 
-/// `ln(highest / lowest)` of the figures the assumed fields allow together around
-/// `figure_mib` (each field's move added): 0 when nothing is assumed.
-pub fn log_range(ranges: &[AssumedRange], figure_mib: f64) -> f64 {
-    if ranges.is_empty() || figure_mib <= 0.0 {
-        return 0.0;
-    }
-    let up: f64 = ranges.iter().map(|r| r.up_mib).sum();
-    let down: f64 = ranges.iter().map(|r| r.down_mib).sum();
-    ((figure_mib + up) / (figure_mib - down).max(1.0)).ln()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bound::distribution::log_range;
 
     fn range(down: f64, up: f64) -> AssumedRange {
         AssumedRange {

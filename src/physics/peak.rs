@@ -6,7 +6,6 @@
 use super::analytic::{self, FRAMEWORK_OVERHEAD_MIB};
 use super::breakdown::{Breakdown, BreakdownSource};
 use super::step::{self, ALLOCATOR_CACHE_SHARE};
-use super::uncertainty::{Group, PeakDistribution, Terms};
 use crate::job::{Detail, Job, KnownActivations, Setup, Simulation};
 
 const MIB: f64 = 1024.0 * 1024.0;
@@ -318,34 +317,6 @@ impl Physics {
             upper_bound_mib: upper_bound_mib.max(estimate_mib),
             floored,
         }
-    }
-
-    /// The distribution of the peak around an answered figure: its breakdown's terms, the
-    /// uncertain ones at least physics' own (a figure held at the floor keeps their doubt),
-    /// with the held-out scores of `group` that answer at `confidence`, scaled by `widen` (a job far from the data the
-    /// scores were measured on). For a simulated job the cache the allocator frees before it
-    /// fails is what lies between the reserved peak and the minimum capacity.
-    pub fn distribution(
-        &self,
-        group: Group,
-        confidence: f64,
-        figure_mib: f64,
-        widen: f64,
-    ) -> PeakDistribution {
-        let p = &self.parts;
-        let mut terms = Terms::of(
-            &self.breakdown(figure_mib),
-            p.activations + p.temporaries + p.allocator_cache,
-        );
-        if let Some(peaks) = &self.simulated {
-            terms.reclaimable = (peaks.reserved_on_card_mib - peaks.min_capacity_mib).max(0.0);
-        }
-        let mut distribution = PeakDistribution::new(group, confidence, terms);
-        distribution.other = self
-            .other_moment
-            .map(|b| Terms::of(&b, b.activations + b.temporaries + b.allocator_cache));
-        distribution.scale = widen.max(1.0);
-        distribution
     }
 
     /// The categories of an answered figure (at least the floor). Simulated: the simulation's

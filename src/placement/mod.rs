@@ -9,24 +9,23 @@
 //! - here: [`place`], the answer moved onto a card by its profile, held to physics, and the
 //!   decision read from the peak's distribution.
 
-mod fit;
 mod rank;
 mod target;
 
-pub use fit::{copies_within, fit, Fit, FitBasis};
+pub use crate::bound::fit::{copies_within, fit, Fit, FitBasis};
 pub use rank::{rank, Candidate};
 pub use target::{
     GpuAsk, PlacementError, Target, MAX_CUSTOM_CAPACITY_MIB, MAX_CUSTOM_NAME_CHARS,
     MAX_CUSTOM_PROFILES, REFERENCE_SKU,
 };
 
+use crate::bound::PeakDistribution;
 use crate::calibration::environment::StackSpread;
 use crate::calibration::label::Stack;
 use crate::calibration::store::ProfileSnapshot;
 use crate::estimators::MibAnswer;
 use crate::job::MemoryFraction;
 use crate::physics::assumed::AssumedRange;
-use crate::physics::uncertainty::PeakDistribution;
 use crate::physics::Physics;
 
 /// The `stack` a request left unsaid, as an assumed field: transformers on PyTorch is

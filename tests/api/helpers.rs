@@ -172,7 +172,7 @@ pub fn combinations(n: usize, k: usize) -> Vec<Vec<usize>> {
     out
 }
 
-/// Checks an answer's bound against the rule of `physics::uncertainty`: its scores are the
+/// Checks an answer's bound against the rule of `bound::distribution`: its scores are the
 /// committed ones (data/uncertainty.json) of the group it names, scaled by `widen`, and the
 /// bound is the figure's terms times `exp(scale x score at 0.95 x share)` (rounded up).
 pub fn assert_bound_is_the_distributions_at_95(body: &Value, widen: f64) {

@@ -17,7 +17,7 @@ of its rules here. The measured rows (all committed, derived from ../shared/data
   (data/public/offload_jobs.jsonl.gz, written by `public-offload`).
 
 A measured peak's score against its answer is `log(measured / figure) / share` on the device's
-scale (`physics::uncertainty`), grouped as the answer says (`memory.uncertainty`: level of
+scale (`bound::distribution`), grouped as the answer says (`memory.uncertainty`: level of
 detail, setup family, model family). Each group's split-conformal quantiles (the score at rank
 `(n + 1) c`) are written on a grid of levels. Rows enter through the data audit ([`audit`]),
 whose rules were written before their effect was seen. Held-out figures recompute the quantiles
@@ -64,7 +64,7 @@ REFERENCE_CAPACITY = CAPACITY_MIB  # the reference card's, from data/gpus.json
 # 1.15x against 1.13x): the counted state is not known better than the rest once a setup is
 # stated wrong.
 MIN_SHARE = 1.0
-# A group with fewer rows answers with its parent's quantiles (`physics::uncertainty`).
+# A group with fewer rows answers with its parent's quantiles (`bound::distribution`).
 # Held out (docs/reports/accuracy.json, "Group size"), 19 rows (the rank 0.95 needs) gives LoRA rows their
 # own quantiles (bound 1.64 -> 1.33x, refused with room 30.7 -> 22.7 %) but sharded rows too,
 # and those do not carry from one source to another (above the 0.95 bound 0.22 -> 0.29; LLM
@@ -730,7 +730,7 @@ def report(served, held_out, unaudited, kept_out, committed, command, by_weight,
         "",
         "The bound is the figure times `exp(score)`, the score a split-conformal quantile of the",
         "held-out scores `log(measured / figure)` of the job's group (level of detail, setup",
-        "family, model family; `physics::uncertainty`, data/uncertainty.json).",
+        "family, model family; `bound::distribution`, data/uncertainty.json).",
         "",
         "## Held out: the calibration curve",
         "",

@@ -25,8 +25,9 @@ use std::sync::OnceLock;
 
 use serde::{Deserialize, Serialize};
 
-use super::breakdown::Breakdown;
 pub use crate::job::{Detail, Family, Group, SetupFamily};
+use crate::physics::assumed::AssumedRange;
+use crate::physics::{Breakdown, Physics};
 
 /// One group's score quantiles, at the calibration's levels.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -359,6 +360,47 @@ impl PeakDistribution {
             }
         }
         1.0 - self.calibration.level_of(self.scores, low)
+    }
+}
+
+/// `ln(highest / lowest)` of the figures the assumed fields allow together around
+/// `figure_mib` (each field's move added): 0 when nothing is assumed.
+pub fn log_range(ranges: &[AssumedRange], figure_mib: f64) -> f64 {
+    if ranges.is_empty() || figure_mib <= 0.0 {
+        return 0.0;
+    }
+    let up: f64 = ranges.iter().map(|r| r.up_mib).sum();
+    let down: f64 = ranges.iter().map(|r| r.down_mib).sum();
+    ((figure_mib + up) / (figure_mib - down).max(1.0)).ln()
+}
+
+impl Physics {
+    /// The distribution of the peak around an answered figure: its breakdown's terms, the
+    /// uncertain ones at least physics' own (a figure held at the floor keeps their doubt),
+    /// with the held-out scores of `group` that answer at `confidence`, scaled by `widen` (a job far from the data the
+    /// scores were measured on). For a simulated job the cache the allocator frees before it
+    /// fails is what lies between the reserved peak and the minimum capacity.
+    pub fn distribution(
+        &self,
+        group: Group,
+        confidence: f64,
+        figure_mib: f64,
+        widen: f64,
+    ) -> PeakDistribution {
+        let p = &self.parts;
+        let mut terms = Terms::of(
+            &self.breakdown(figure_mib),
+            p.activations + p.temporaries + p.allocator_cache,
+        );
+        if let Some(peaks) = &self.simulated {
+            terms.reclaimable = (peaks.reserved_on_card_mib - peaks.min_capacity_mib).max(0.0);
+        }
+        let mut distribution = PeakDistribution::new(group, confidence, terms);
+        distribution.other = self
+            .other_moment
+            .map(|b| Terms::of(&b, b.activations + b.temporaries + b.allocator_cache));
+        distribution.scale = widen.max(1.0);
+        distribution
     }
 }
 
