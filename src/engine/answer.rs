@@ -66,6 +66,7 @@ pub fn answer_until(
         classifiers,
         from_files,
         node,
+        counted,
         ..
     } = request;
     // The profiles as this request reads them: one version throughout.
@@ -92,7 +93,7 @@ pub fn answer_until(
         },
         node,
     };
-    respond(engine, estimate, asked, started, true)
+    respond(engine, estimate, asked, started, counted)
 }
 
 /// Answers a request whose `gpu` is a list: the job on every card, ranked by
@@ -142,7 +143,13 @@ fn answer_ranked(
             node: request.node,
         };
         // One request counts once in the metrics: the estimates of the first card.
-        answers.push(respond(engine, estimate, asked, started, index == 0)?);
+        answers.push(respond(
+            engine,
+            estimate,
+            asked,
+            started,
+            request.counted && index == 0,
+        )?);
     }
     let candidates: Vec<Candidate> = answers
         .iter()

@@ -116,6 +116,19 @@ impl Engine {
         answer::answer_until(self, valid, started, deadline)
     }
 
+    /// [`Engine::estimate_until`] for a point of a search (a plan's): answered alike, not
+    /// counted in the metrics.
+    pub fn estimate_uncounted(
+        &self,
+        request: &EstimateRequest,
+        started: Instant,
+        deadline: &Deadline,
+    ) -> Result<EstimateResponse, ApiError> {
+        let mut valid = self.validate(request)?;
+        valid.counted = false;
+        answer::answer_until(self, valid, started, deadline)
+    }
+
     /// A request priced ([`cost::Cost`]) and, within the budget, validated
     /// ([`validate::validate`]).
     pub fn validate(&self, request: &EstimateRequest) -> Result<ValidEstimateRequest, ApiError> {

@@ -240,7 +240,7 @@ impl Search<'_> {
         self.deadline.check()?;
         self.estimates += 1;
         self.engine
-            .estimate_until(request, Instant::now(), self.deadline)
+            .estimate_uncounted(request, Instant::now(), self.deadline)
             .map_err(|e| e.within("job."))
     }
 

@@ -129,6 +129,9 @@ pub struct ValidEstimateRequest {
     pub from_files: Vec<FromFileResponse>,
     /// The node whose host memory an offloading job's placement checks.
     pub node: Option<Node>,
+    /// Whether its answer counts in the metrics (the class answered, the estimators' time): a
+    /// caller's request does; a plan's search points are not answers anyone asked for.
+    pub counted: bool,
 }
 
 /// Validates a request as both estimate routes do.
@@ -176,6 +179,7 @@ pub fn validate(
         warnings,
         from_files,
         node,
+        counted: true,
     })
 }
 

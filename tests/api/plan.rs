@@ -276,3 +276,29 @@ async fn max_seq_len_on_a_job_without_a_sequence_is_left_out_and_said() {
     assert!(plan["cards"][0]["largest_micro_batch"].as_u64().unwrap() >= 1);
     assert!(plan["cards"][0]["longest_seq_len"].is_null(), "{plan}");
 }
+
+/// A plan's search points are not answers anyone asked for: the class counter and the
+/// estimators' time count requests, so a plan of many estimates leaves them as they were.
+#[tokio::test]
+async fn a_plans_search_points_are_not_counted_as_answers() {
+    let app = spawn_app().await;
+    let classes = |text: &str| -> f64 {
+        text.lines()
+            .filter(|l| l.starts_with("gpucast_predicted_class_total{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    let before = classes(&app.get("/metrics").await.text().await.unwrap());
+    let plan = app
+        .post_json_value("/v1/plan", &json!({"job": example_job()}))
+        .await;
+    assert!(plan["estimates"].as_u64().unwrap() > 1, "{plan}");
+    let after_plan = classes(&app.get("/metrics").await.text().await.unwrap());
+    assert_eq!(after_plan, before);
+    assert_eq!(
+        app.post_json("/v1/estimate", &example_job()).await.status(),
+        200
+    );
+    let after_estimate = classes(&app.get("/metrics").await.text().await.unwrap());
+    assert_eq!(after_estimate, before + 1.0);
+}
