@@ -1,5 +1,6 @@
 //! Whether a job fits a card, and how many copies of it fit side by side.
 
+use super::PeakDistribution;
 use crate::job::MemoryFraction;
 use crate::physics::Physics;
 
@@ -113,3 +114,30 @@ pub enum FitBasis {
     /// The simulation's minimum capacity and reserved peak.
     Simulation,
 }
+
+/// The decision at `confidence`: the probability that the job runs out of memory on a card of
+/// `capacity_mib` (within the cap of a memory fraction: what the allocator may hold beside the
+/// context), and whether that is at most 1 - confidence.
+pub fn decide(
+    peak: &PeakDistribution,
+    capacity_mib: u64,
+    physics: &Physics,
+    fraction: Option<MemoryFraction>,
+    confidence: f64,
+) -> (f64, bool) {
+    let capacity = capacity_mib as f64;
+    let context = physics.parts.cuda_context;
+    let room = match fraction {
+        Some(f) => (f.get() * capacity).min(capacity - context) + context,
+        None => capacity,
+    };
+    let oom_probability = peak.oom_probability(room);
+    (
+        oom_probability,
+        oom_probability <= 1.0 - confidence + DECISION_TOLERANCE,
+    )
+}
+
+/// Rounding room in comparing a probability with 1 - confidence: a bound read at the
+/// confidence and a capacity equal to it are a fit.
+const DECISION_TOLERANCE: f64 = 1e-9;

@@ -12,7 +12,7 @@
 mod rank;
 mod target;
 
-pub use crate::bound::fit::{copies_within, fit, Fit, FitBasis};
+pub use crate::bound::fit::{copies_within, decide, fit, Fit, FitBasis};
 pub use rank::{rank, Candidate};
 pub use target::{
     GpuAsk, PlacementError, Target, MAX_CUSTOM_CAPACITY_MIB, MAX_CUSTOM_NAME_CHARS,
@@ -164,19 +164,9 @@ pub fn place(
         physics,
         fraction,
     );
-    // `fits` is the decision at the confidence: the probability of running out of memory on
-    // the card (within the cap of a memory fraction) at most 1 - confidence.
-    let room = match fraction {
-        Some(f) => {
-            let capacity = target.capacity_mib as f64;
-            (f.get() * capacity).min(capacity - physics.parts.cuda_context)
-                + physics.parts.cuda_context
-        }
-        None => target.capacity_mib as f64,
-    };
-    let oom_probability = peak.oom_probability(room);
+    let (oom_probability, fits) = decide(&peak, target.capacity_mib, physics, fraction, confidence);
     fit.oom_probability = oom_probability;
-    fit.fits = oom_probability <= 1.0 - confidence + DECISION_TOLERANCE;
+    fit.fits = fits;
     fit.max_colocated = if fit.fits {
         fit.max_colocated.max(1)
     } else {
@@ -195,10 +185,6 @@ pub fn place(
         basis,
     }
 }
-
-/// Rounding room in comparing a probability with 1 - confidence: a bound read at the
-/// confidence and a capacity equal to it are a fit.
-const DECISION_TOLERANCE: f64 = 1e-9;
 
 #[cfg(test)]
 mod tests;
