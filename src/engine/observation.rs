@@ -98,6 +98,24 @@ pub fn record(
     observations: Vec<Posted>,
     deadline: &Deadline,
 ) -> Result<ObservationsResponse, ApiError> {
+    // The caps first, from each observation's names alone (cheap), so that a batch that
+    // would start too many profiles is refused before its jobs are estimated; an
+    // observation whose names do not resolve is left to the checks below to name. The
+    // store checks them again as it records (concurrent writers).
+    let (catalogue, devices) = (&engine.catalogue, engine.devices.as_ref());
+    let named: Vec<(String, Option<String>)> = observations
+        .iter()
+        .filter_map(|Posted { request, .. }| {
+            let target = resolve(Some(&request.gpu), catalogue, devices).ok()?;
+            let environment = validate::environment(request.environment.as_deref()).ok()?;
+            Some((target.gpu, environment))
+        })
+        .collect();
+    let keys: Vec<Key> = named
+        .iter()
+        .map(|(gpu, environment)| (gpu.as_str(), environment.as_deref()))
+        .collect();
+    refuse_too_many_keys(&engine.profiles.list(), &keys)?;
     let mut batch: Vec<NewObservation> = Vec::with_capacity(observations.len());
     for (
         index,
@@ -241,10 +259,22 @@ fn refuse_too_many_profiles(
     existing: &[CalibrationProfile],
     batch: &[NewObservation],
 ) -> Result<(), ApiError> {
+    let keys: Vec<Key> = batch
+        .iter()
+        .map(|o| (o.gpu.as_str(), o.environment.as_deref()))
+        .collect();
+    refuse_too_many_keys(existing, &keys)
+}
+
+/// A profile's key: the GPU, and the environment (`None`: the GPU's own).
+type Key<'a> = (&'a str, Option<&'a str>);
+
+/// [`refuse_too_many_profiles`] over the keys a batch would write.
+fn refuse_too_many_keys(existing: &[CalibrationProfile], batch: &[Key]) -> Result<(), ApiError> {
     let is_custom = |key: &str| key.starts_with(CUSTOM_PREFIX);
     let mut new_keys: Vec<(&str, Option<&str>)> = batch
         .iter()
-        .map(|o| (o.gpu.as_str(), o.environment.as_deref()))
+        .copied()
         .filter(|(gpu, environment)| {
             !existing
                 .iter()
@@ -262,7 +292,7 @@ fn refuse_too_many_profiles(
     }
     let mut new_custom: Vec<&str> = batch
         .iter()
-        .map(|o| o.gpu.as_str())
+        .map(|&(gpu, _)| gpu)
         .filter(|gpu| is_custom(gpu) && !existing.iter().any(|p| p.sku == *gpu))
         .collect();
     new_custom.sort_unstable();
@@ -281,14 +311,14 @@ fn refuse_too_many_profiles(
             )));
         }
     }
-    for o in batch {
-        let Some(environment) = &o.environment else {
+    for &(gpu, environment) in batch {
+        let Some(environment) = environment else {
             continue;
         };
-        let known = |p: &CalibrationProfile| p.sku == o.gpu && p.environment.is_some();
+        let known = |p: &CalibrationProfile| p.sku == gpu && p.environment.is_some();
         if existing
             .iter()
-            .any(|p| known(p) && p.environment.as_ref() == Some(environment))
+            .any(|p| known(p) && p.environment.as_deref() == Some(environment))
         {
             continue;
         }
@@ -299,8 +329,8 @@ fn refuse_too_many_profiles(
             .chain(
                 batch
                     .iter()
-                    .filter(|b| b.gpu == o.gpu)
-                    .filter_map(|b| b.environment.as_deref()),
+                    .filter(|&&(other, _)| other == gpu)
+                    .filter_map(|&(_, environment)| environment),
             )
             .collect();
         environments.sort_unstable();
@@ -308,7 +338,7 @@ fn refuse_too_many_profiles(
         if environments.len() > MAX_ENVIRONMENTS_PER_GPU {
             return Err(ApiError::InvalidInput(format!(
                 "environment: at most {MAX_ENVIRONMENTS_PER_GPU} environments are calibrated per GPU; {} has more with this call",
-                o.gpu
+                gpu
             )));
         }
     }
