@@ -13,7 +13,7 @@ use super::manifest::{
     EstimatorEntry, EstimatorKind, FileRef, InputSpec, Manifest, Runtime, SimulatedEntry,
     MANIFEST_FILE, SUPPORTED_SCHEMA_VERSION,
 };
-use super::onnx::{self, Model, ModelInput, OnnxModel};
+use super::onnx::{self, Model, OnnxModel};
 use super::Estimators;
 use crate::estimators::features::{
     check_specs, raw_token_feature, AggregateFeatures, TOKEN_FEATURES,
@@ -227,9 +227,9 @@ enum ModelRefused {
     Model(String),
 }
 
-/// Loads a model on the one runtime its entry names: in process, a graph of ops the
-/// evaluator knows that answers a row of zeros (the features' means); on ONNX Runtime, a pool
-/// of `sessions` sessions whose graph has the inputs and the output the service uses.
+/// Loads a model on the one runtime its entry names: in process, a weights file the evaluator
+/// reads whose rows are as wide as the entry's features; on ONNX Runtime, a pool of `sessions`
+/// sessions whose graph has the inputs and the output the service uses.
 fn load_model(
     entry: &EstimatorEntry,
     runtime: Runtime,
@@ -240,17 +240,15 @@ fn load_model(
 ) -> Result<Box<dyn Model>, ModelRefused> {
     match (runtime, input) {
         (Runtime::InProcess, Input::Aggregate(specs)) => {
-            let graph =
-                FeedForward::from_onnx(bytes, &entry.output).map_err(ModelRefused::Model)?;
-            let zeros = vec![0.0; specs.len()];
-            let row = ModelInput::Aggregate {
-                rows: &zeros,
-                n_rows: 1,
-            };
-            graph
-                .infer(row)
-                .map_err(|e| ModelRefused::Model(format!("a row of zeros fails: {}", e.0)))?;
-            Ok(Box::new(graph))
+            let model = FeedForward::from_weights(bytes).map_err(ModelRefused::Model)?;
+            if model.inputs() != specs.len() {
+                return Err(ModelRefused::Model(format!(
+                    "its rows hold {} features, the entry lists {}",
+                    model.inputs(),
+                    specs.len()
+                )));
+            }
+            Ok(Box::new(model))
         }
         (Runtime::InProcess, Input::Sequence { .. }) => Err(ModelRefused::Model(
             "the in-process evaluator reads aggregate features only".into(),
@@ -378,6 +376,7 @@ fn check_entry(entry: &EstimatorEntry) -> Result<Checked, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::estimators::onnx::ModelInput;
 
     fn root() -> PathBuf {
         PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -466,25 +465,27 @@ mod tests {
             .map(|i| format!("value {i}: {} against {}", got[i], expected[i]))
     }
 
-    /// Where the in-process run of `graph_file` parts from ONNX Runtime's run of
-    /// `runtime_file` on the probe rows.
+    /// Where the in-process run of `weights_file` parts from ONNX Runtime's run of
+    /// `graph_file` on the probe rows.
     fn disagreement_with_onnx_runtime(
+        weights_file: &Path,
         graph_file: &Path,
-        runtime_file: &Path,
         output: &str,
         width: usize,
     ) -> Option<String> {
         let environment = onnx::environment(&dylib()).unwrap();
-        let runtime_bytes = std::fs::read(runtime_file).unwrap();
-        let runtime =
-            OnnxModel::load(environment, &runtime_bytes, &["features"], output, 1).unwrap();
-        let graph = FeedForward::from_onnx(&std::fs::read(graph_file).unwrap(), output).unwrap();
+        let graph_bytes = std::fs::read(graph_file).unwrap();
+        let runtime = OnnxModel::load(environment, &graph_bytes, &["features"], output, 1).unwrap();
+        let weights = FeedForward::from_weights(&std::fs::read(weights_file).unwrap()).unwrap();
         let rows = probe_rows(width);
         let input = ModelInput::Aggregate {
             rows: &rows,
             n_rows: PROBE_ROWS,
         };
-        disagreement(&runtime.infer(input).unwrap(), &graph.infer(input).unwrap())
+        disagreement(
+            &runtime.infer(input).unwrap(),
+            &weights.infer(input).unwrap(),
+        )
     }
 
     fn aggregate_width(entry: &EstimatorEntry) -> Option<usize> {
@@ -494,8 +495,9 @@ mod tests {
         }
     }
 
-    // The load no longer compares the evaluator with ONNX Runtime; this test does, for every
-    // committed in-process model, so the evaluator stays right.
+    // The load never reads the graphs of the in-process models; this test runs each against
+    // its weights, for every committed in-process model, so the weights and the evaluator
+    // stay right.
     #[test]
     fn every_committed_aggregate_model_is_evaluated_in_process_and_agrees_with_onnx_runtime() {
         let (models, manifest) = committed();
@@ -510,8 +512,17 @@ mod tests {
                 "{}",
                 entry.name
             );
-            let file = models.join(&entry.file);
-            if let Some(why) = disagreement_with_onnx_runtime(&file, &file, &entry.output, width) {
+            let graph = entry
+                .graph
+                .as_ref()
+                .expect("an in-process entry names its graph");
+            let graph_path = models.join(&graph.file);
+            let actual = hex::encode(Sha256::digest(std::fs::read(&graph_path).unwrap()));
+            assert_eq!(actual, graph.sha256, "{}: the graph's sha256", entry.name);
+            let weights = models.join(&entry.file);
+            if let Some(why) =
+                disagreement_with_onnx_runtime(&weights, &graph_path, &entry.output, width)
+            {
                 panic!(
                     "{}: disagrees with ONNX Runtime on probe rows: {why}",
                     entry.name
@@ -529,11 +540,11 @@ mod tests {
     fn the_agreement_check_sees_other_weights() {
         let (models, manifest) = committed();
         let entry = |name: &str| manifest.estimators.iter().find(|e| e.name == name).unwrap();
-        // The same inputs and output, other weights: SMOCC's graph against SMACT's runtime.
+        // The same inputs and output, other weights: SMOCC's weights against SMACT's graph.
         let (smact, smocc) = (entry("smact"), entry("smocc"));
         let why = disagreement_with_onnx_runtime(
             &models.join(&smocc.file),
-            &models.join(&smact.file),
+            &models.join(&smact.graph.as_ref().unwrap().file),
             &smact.output,
             aggregate_width(smact).unwrap(),
         );
@@ -577,33 +588,58 @@ mod tests {
         );
     }
 
+    /// Writes `edit` of smact's weights as its file, with their checksum.
+    fn edited_weights(
+        manifest: &mut serde_json::Value,
+        dir: &Path,
+        edit: impl FnOnce(&mut serde_json::Value),
+    ) {
+        let entry = entry_named(manifest, "smact");
+        let file = entry["file"].as_str().unwrap().to_string();
+        let mut weights: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.join(&file)).unwrap()).unwrap();
+        edit(&mut weights);
+        let bytes = serde_json::to_vec(&weights).unwrap();
+        std::fs::write(dir.join("smact_patched.weights.json"), &bytes).unwrap();
+        entry["file"] = "smact_patched.weights.json".into();
+        entry["sha256"] = hex::encode(Sha256::digest(&bytes)).into();
+    }
+
     #[test]
-    fn an_in_process_model_with_an_op_the_evaluator_does_not_know_fails_the_load() {
+    fn an_in_process_model_the_evaluator_cannot_run_fails_the_load() {
         let error = load_edited(|manifest, dir| {
-            // Every Sigmoid of smact's graph made a Softsign: the same bytes' length, so the
-            // protobuf stays valid, and ONNX Runtime would run it.
-            let bytes = std::fs::read(dir.join("smact.onnx")).unwrap();
-            let text = String::from_utf8_lossy(&bytes).into_owned();
-            assert!(text.contains("Sigmoid"));
-            let patched: Vec<u8> = replace_all(&bytes, b"Sigmoid", b"Softsgn");
-            std::fs::write(dir.join("smact_patched.onnx"), &patched).unwrap();
-            let entry = entry_named(manifest, "smact");
-            entry["file"] = "smact_patched.onnx".into();
-            entry["sha256"] = hex::encode(Sha256::digest(&patched)).into();
+            edited_weights(manifest, dir, |weights| {
+                weights["head"]["type"] = "softsign".into();
+            });
         })
         .err()
-        .expect("a graph with an unknown op is refused in process");
+        .expect("weights with an unknown head are refused in process");
         let message = error.to_string();
         assert!(matches!(error, LoadError::Model { .. }), "{message}");
         assert!(
             message.contains("estimator 'smact' cannot run on in_process")
-                && message.contains("Softsgn"),
+                && message.contains("softsign"),
+            "{message}"
+        );
+        // Its graph is no weights file: the evaluator never reads ONNX.
+        let error = load_edited(|manifest, _| {
+            let entry = entry_named(manifest, "smact");
+            let graph = entry["graph"].clone();
+            entry["file"] = graph["file"].clone();
+            entry["sha256"] = graph["sha256"].clone();
+        })
+        .err()
+        .expect("a graph is refused in process");
+        let message = error.to_string();
+        assert!(
+            message.contains("estimator 'smact' cannot run on in_process")
+                && message.contains("not a weights file"),
             "{message}"
         );
     }
 
     #[test]
-    fn an_in_process_graph_fed_fewer_features_than_it_reads_fails_the_load() {
+    fn an_in_process_model_fed_fewer_features_than_it_reads_fails_the_load() {
         let error = load_edited(|manifest, _| {
             let features = &mut entry_named(manifest, "smact")["input"]["features"];
             features.as_array_mut().unwrap().pop();
@@ -613,24 +649,9 @@ mod tests {
         let message = error.to_string();
         assert!(
             message.contains("estimator 'smact' cannot run on in_process")
-                && message.contains("a row of zeros fails"),
+                && message.contains("its rows hold 22 features, the entry lists 21"),
             "{message}"
         );
-    }
-
-    fn replace_all(bytes: &[u8], from: &[u8], to: &[u8]) -> Vec<u8> {
-        let mut out = Vec::with_capacity(bytes.len());
-        let mut i = 0;
-        while i < bytes.len() {
-            if bytes[i..].starts_with(from) {
-                out.extend_from_slice(to);
-                i += from.len();
-            } else {
-                out.push(bytes[i]);
-                i += 1;
-            }
-        }
-        out
     }
 
     #[test]
@@ -648,9 +669,13 @@ mod tests {
     }
 
     #[test]
-    fn an_aggregate_model_may_be_named_onnx_runtime() {
+    fn an_aggregate_model_may_be_named_onnx_runtime_with_its_graph() {
         let estimators = load_edited(|manifest, _| {
-            entry_named(manifest, "smact")["runtime"] = "onnxruntime".into();
+            let entry = entry_named(manifest, "smact");
+            entry["runtime"] = "onnxruntime".into();
+            let graph = entry["graph"].clone();
+            entry["file"] = graph["file"].clone();
+            entry["sha256"] = graph["sha256"].clone();
         })
         .unwrap();
         let smact = estimators
@@ -659,6 +684,18 @@ mod tests {
             .find(|e| e.name() == "smact")
             .unwrap();
         assert_eq!(smact.runtime(), "onnxruntime");
+        // Its weights file is no graph: ONNX Runtime refuses it.
+        let error = load_edited(|manifest, _| {
+            entry_named(manifest, "smact")["runtime"] = "onnxruntime".into();
+        })
+        .err()
+        .expect("weights are refused on ONNX Runtime");
+        assert!(
+            error
+                .to_string()
+                .contains("estimator 'smact' cannot run on onnxruntime"),
+            "{error}"
+        );
     }
 
     #[test]

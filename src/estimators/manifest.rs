@@ -79,11 +79,18 @@ pub struct EstimatorEntry {
     pub version: String,
     pub family: String,
     pub kind: EstimatorKind,
+    /// What the runtime loads: a weights file (`*.weights.json`) in process, an ONNX graph on
+    /// ONNX Runtime.
     pub file: String,
     pub sha256: String,
+    /// The ONNX graph training exported and scored, which an in-process entry's weights were
+    /// written from: never loaded by the service (the tests check the weights against ONNX
+    /// Runtime's run of it).
+    #[serde(default)]
+    pub graph: Option<FileRef>,
     pub input: InputSpec,
     pub output: String,
-    /// What evaluates the graph: `in_process` or `onnxruntime` ([`Runtime`]); absent in older
+    /// What evaluates the model: `in_process` or `onnxruntime` ([`Runtime`]); absent in older
     /// manifests, where [`Runtime::default_for`] decides. Kept as text so that a name this
     /// build does not know is refused with the estimator's name, not serde's line and column.
     #[serde(default)]
@@ -114,7 +121,8 @@ pub struct EstimatorEntry {
 /// loaded on, with no second copy of it and no fallback to another.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Runtime {
-    /// gpucast's own evaluator of the aggregate feed-forward graphs ([`super::feedforward`]).
+    /// gpucast's own evaluator of the aggregate MLP ensembles, read from their weight arrays
+    /// ([`super::feedforward`]).
     InProcess,
     /// ONNX Runtime's sessions.
     OnnxRuntime,
@@ -140,7 +148,8 @@ impl Runtime {
 
     /// The runtime of an entry that names none (manifests written before the field): what
     /// served such entries before, in process for aggregate graphs and ONNX Runtime for
-    /// sequence ones. An aggregate graph the evaluator cannot read then fails the load.
+    /// sequence ones. An aggregate model whose file the evaluator cannot read then fails the
+    /// load.
     pub fn default_for(input: &InputSpec) -> Runtime {
         match input {
             InputSpec::Aggregate { .. } => Runtime::InProcess,

@@ -36,14 +36,14 @@ async fn a_missing_model_fails_start_up_naming_the_file() {
 #[tokio::test]
 async fn a_model_whose_checksum_differs_fails_start_up_naming_the_file() {
     let models = copy_models();
-    let path = models.path().join("mlp_ensemble.onnx");
+    let path = models.path().join("mlp_ensemble.weights.json");
     let mut bytes = std::fs::read(&path).unwrap();
     let last = bytes.len() - 1;
     bytes[last] ^= 0xff;
     std::fs::write(&path, bytes).unwrap();
     let error = start_error(models.path()).await;
     assert!(
-        error.contains("mlp_ensemble.onnx") && error.contains("sha256"),
+        error.contains("mlp_ensemble.weights.json") && error.contains("sha256"),
         "{error}"
     );
 }
@@ -52,13 +52,13 @@ async fn a_model_whose_checksum_differs_fails_start_up_naming_the_file() {
 async fn a_corrupt_model_with_a_matching_checksum_fails_start_up_naming_the_file() {
     use sha2::{Digest, Sha256};
     let models = copy_models();
-    let garbage = b"this is not an ONNX graph".to_vec();
-    std::fs::write(models.path().join("smact.onnx"), &garbage).unwrap();
+    let garbage = b"this is not a weights file".to_vec();
+    std::fs::write(models.path().join("smact.weights.json"), &garbage).unwrap();
     let manifest_path = models.path().join("manifest.json");
     let manifest = std::fs::read_to_string(&manifest_path).unwrap();
     let mut manifest: serde_json::Value = serde_json::from_str(&manifest).unwrap();
     for estimator in manifest["estimators"].as_array_mut().unwrap() {
-        if estimator["file"] == "smact.onnx" {
+        if estimator["file"] == "smact.weights.json" {
             estimator["sha256"] = hex::encode(Sha256::digest(&garbage)).into();
         }
     }
@@ -66,9 +66,9 @@ async fn a_corrupt_model_with_a_matching_checksum_fails_start_up_naming_the_file
     let error = start_error(models.path()).await;
     // smact runs in process: its evaluator reads the file, and names the model and its runtime.
     assert!(
-        error.contains("smact.onnx")
+        error.contains("smact.weights.json")
             && error.contains("estimator 'smact' cannot run on in_process")
-            && error.contains("not an ONNX model"),
+            && error.contains("not a weights file"),
         "{error}"
     );
 }

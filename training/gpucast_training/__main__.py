@@ -10,6 +10,9 @@ from is the built gpucast's: `gpucast features --batch`, gpucast_training/servic
 
 and, outside `all` (slow, needs describe/ and transformers):
 
+  weights    models/*.weights.json: the in-process estimators' weight arrays, written from their
+             exported graphs, and the manifest pointed at them (no retraining; needs onnx; the
+             stages above do it when they write the manifest)
   public-rows  data/public/jobs.jsonl.gz from public_training_memory.csv
   public-setups  data/public/setup_jobs.jsonl.gz: every row whose training setup docs/user/setups.md
                can express, with DeepSpeed's and accelerate's baselines (those two packages are
@@ -41,6 +44,7 @@ STAGES = {
     "timm": "timm",
     "simulated": "simulated",
     "evaluate": "evaluate",
+    "weights": "weights",
     "public-rows": "public_rows",
     "public-setups": "public_setups",
     "perf-data": "perf_data",

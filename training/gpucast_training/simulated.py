@@ -397,7 +397,7 @@ def served_baselines(layout):
     manifest and ONNX file) and its residual quantiles."""
     by_name = mf.estimators_by_name(mf.read_json(layout.read("models", "manifest.json")))
     traced = {f: by_name[rp.REAL_NAMES[f]["traced_regressor"]] for f in FAMILIES}
-    session = onnx_session(layout.read("models", traced["cnn"]["file"]), 1)
+    session = onnx_session(layout.read("models", mf.graph_file(traced["cnn"])), 1)
     return {"traced": traced, "session": session}
 
 

@@ -1,6 +1,6 @@
 """What training keeps of the estimators' inputs: the normalisation it fits and the manifest
 records, the class bins, the CSV's jobs and group keys (stdlib). The features themselves are the
-service's (`gpucast features --batch`: tests/cli.rs, tests/api/accuracy.rs; test_service.py).
+service's (`gpucast features --batch`: tests/cli/features.rs, tests/api/accuracy.rs; test_service.py).
 
 Run from the repository root:  python3 -m unittest discover -s training/tests -t training
 """

@@ -63,8 +63,8 @@ pub struct EstimatorInfo {
     /// `aggregate` (whole-job features) or `sequence` (one token per layer).
     pub input: String,
     /// What evaluates the model, as the manifest's `runtime` fixes it: `in_process` (gpucast's
-    /// own evaluator of the small feed-forward graphs, read from the `.onnx` file) or
-    /// `onnxruntime`.
+    /// own evaluator of the small MLP ensembles, read from their weight arrays, `file`
+    /// `*.weights.json`) or `onnxruntime` (`file` an ONNX graph).
     pub runtime: String,
     pub file: String,
     pub sha256: String,
