@@ -26,6 +26,9 @@ pub enum Command {
     Openapi,
     /// Print the layer-kind vocabulary (the committed openapi/layer_kinds.json is this output).
     LayerKinds,
+    /// Print the names each setup field takes (the committed python/src/gpucast/vocabulary.json
+    /// is this output; describe/gpucast_describe/vocabulary.json links to it).
+    Vocabulary,
     /// The stored calibration observations.
     #[command(subcommand)]
     Observations(ObservationsCommand),

@@ -81,6 +81,12 @@ pub enum Reference {
 }
 
 impl Reference {
+    pub const ALL: [Reference; 3] = [
+        Reference::None,
+        Reference::Copy,
+        Reference::AdaptersDisabled,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Reference::None => "none",
@@ -299,7 +305,7 @@ impl Setup {
                         "unknown precision '{}' (known: {}; mixed16 = amp_fp16; Lightning's \
                          bf16-mixed, 16-mixed, bf16-true, 16-true, 32-true)",
                         echo(name),
-                        Precision::NAMES
+                        values::known(&Precision::ALL, Precision::as_str)
                     ),
                 )
             })?,
@@ -312,7 +318,7 @@ impl Setup {
                     format!(
                         "unknown optimizer '{}' (known: {})",
                         echo(name),
-                        Optimizer::NAMES
+                        values::known(&Optimizer::ALL, Optimizer::as_str)
                     ),
                 )
             })?,
@@ -322,7 +328,14 @@ impl Setup {
             Some(name) => OptimizerImplementation::parse(name).ok_or_else(|| {
                 SetupError::new(
                     "optimizer_implementation",
-                    format!("unknown '{}' (known: foreach, fused, for_loop)", echo(name)),
+                    format!(
+                        "unknown '{}' (known: {})",
+                        echo(name),
+                        values::known(
+                            &OptimizerImplementation::ALL,
+                            OptimizerImplementation::as_str
+                        )
+                    ),
                 )
             })?,
         };
