@@ -4,7 +4,10 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::*;
-use crate::job::Family;
+use crate::job::setup::{
+    UncheckedLora, UncheckedNames, UncheckedOffload, UncheckedParallelism, UncheckedZero,
+};
+use crate::job::{Family, UncheckedSetup};
 
 // Its setup fields are the command line's flags too (`gpucast estimate --optimizer adamw`),
 // declared here once: `#[arg(long)]` makes a field a flag of the same name, its documentation
@@ -278,6 +281,62 @@ pub struct EstimateRequest {
     #[schema(example = "litgpt")]
     #[arg(long)]
     pub stack: Option<String>,
+}
+
+impl EstimateRequest {
+    /// The setup fields, borrowed for the domain's parser: a field it reads is mapped here,
+    /// beside its declaration.
+    pub fn unchecked_setup(&self) -> UncheckedSetup<'_> {
+        fn names(n: &NamesRequest) -> UncheckedNames<'_> {
+            match n {
+                NamesRequest::Keyword(word) => UncheckedNames::Keyword(word),
+                NamesRequest::Names(list) => UncheckedNames::Names(list),
+            }
+        }
+        UncheckedSetup {
+            precision: self.precision.as_deref(),
+            optimizer: self.optimizer.as_deref(),
+            optimizer_implementation: self.optimizer_implementation.as_deref(),
+            activation_checkpointing: self.activation_checkpointing.as_ref().map(names),
+            micro_batch_size: self.micro_batch_size,
+            gradient_accumulation_steps: self.gradient_accumulation_steps,
+            trainable_params: self.trainable.as_ref().and_then(|t| t.params),
+            trainable_modules: self.trainable.as_ref().and_then(|t| t.modules.as_deref()),
+            lora: self.lora.as_ref().map(|l| UncheckedLora {
+                rank: l.rank,
+                alpha: l.alpha,
+                dropout: l.dropout,
+                target_modules: names(&l.target_modules),
+                base_weights: l.base_weights.as_deref(),
+                modules_to_save: l.modules_to_save.as_deref(),
+                group_size: l.group_size,
+                expert_layout: l.expert_layout.as_deref(),
+            }),
+            parallelism: self.parallelism.as_ref().map(|p| UncheckedParallelism {
+                strategy: p.strategy.as_deref(),
+                world_size: p.world_size,
+                tensor_parallel: p.tensor_parallel,
+                pipeline_parallel: p.pipeline_parallel,
+                context_parallel: p.context_parallel,
+                sequence_parallel: p.sequence_parallel,
+            }),
+            master_weights: self.master_weights.as_deref(),
+            reference_model: self.reference_model.as_deref(),
+            offload: self.offload.as_ref().map(|o| UncheckedOffload {
+                optimizer_state: o.optimizer_state,
+                gradients: o.gradients,
+                parameters: o.parameters,
+            }),
+            zero: self.zero.as_ref().map(|z| UncheckedZero {
+                reduce_bucket_size: z.reduce_bucket_size,
+                prefetch_bucket_size: z.prefetch_bucket_size,
+                max_live_parameters: z.max_live_parameters,
+                max_reuse_distance: z.max_reuse_distance,
+                param_persistence_threshold: z.param_persistence_threshold,
+                sub_group_size: z.sub_group_size,
+            }),
+        }
+    }
 }
 
 /// A file a user's tool wrote: its JSON object, or its text as a string, JSON or YAML
