@@ -8,10 +8,6 @@
 use std::collections::BTreeMap;
 
 use crate::calibration::label::Stack;
-use crate::job::setup::{
-    BaseWeights, Checkpointing, ExpertLayout, LossImplementation, Optimizer,
-    OptimizerImplementation, Precision, Reference, Strategy,
-};
 use crate::parsers::files::ATTENTION_KERNELS;
 
 /// The committed [`setup_vocabulary`] and the link to it, from the repository's root.
@@ -21,48 +17,22 @@ pub const COMMITTED: [&str; 2] = [
 ];
 
 /// Request field (a dotted path for a nested one) -> the canonical names it takes, in the order
-/// the docs list them. Other spellings the service also reads (`mixed16`, `adamw8bit`,
-/// Lightning's precision strings) are not listed: a client sends these.
+/// the docs list them: the setup's own ([`crate::job::setup::named_values`]), the load's
+/// attention kernels and the stacks. Other spellings the service also reads (`mixed16`,
+/// `adamw8bit`, Lightning's precision strings) are not listed: a client sends these.
 pub fn setup_vocabulary() -> BTreeMap<&'static str, Vec<&'static str>> {
-    fn names<T: Copy>(all: &[T], name: fn(T) -> &'static str) -> Vec<&'static str> {
-        all.iter().map(|&value| name(value)).collect()
-    }
-    BTreeMap::from([
-        ("precision", names(&Precision::ALL, Precision::as_str)),
-        ("optimizer", names(&Optimizer::ALL, Optimizer::as_str)),
-        (
-            "optimizer_implementation",
-            names(
-                &OptimizerImplementation::ALL,
-                OptimizerImplementation::as_str,
-            ),
-        ),
-        ("activation_checkpointing", Checkpointing::KEYWORDS.to_vec()),
-        (
-            "loss_implementation",
-            names(&LossImplementation::ALL, LossImplementation::as_str),
-        ),
-        ("reference_model", names(&Reference::ALL, Reference::as_str)),
-        (
-            "parallelism.strategy",
-            names(&Strategy::ALL, Strategy::as_str),
-        ),
-        (
-            "lora.base_weights",
-            names(&BaseWeights::ALL, BaseWeights::as_str),
-        ),
-        (
-            "lora.expert_layout",
-            names(&ExpertLayout::ALL, ExpertLayout::as_str),
-        ),
-        ("load.attn_implementation", ATTENTION_KERNELS.to_vec()),
-        ("stack", Stack::NAMES.to_vec()),
-    ])
+    let mut vocabulary: BTreeMap<_, _> = crate::job::setup::named_values().into_iter().collect();
+    vocabulary.insert("load.attn_implementation", ATTENTION_KERNELS.to_vec());
+    vocabulary.insert("stack", Stack::NAMES.to_vec());
+    vocabulary
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::job::setup::{
+        BaseWeights, ExpertLayout, LossImplementation, OptimizerImplementation, Precision, Strategy,
+    };
 
     #[test]
     fn every_name_is_listed_once_and_parses_as_itself() {

@@ -521,6 +521,44 @@ fn micro_batch(
     }
 }
 
+/// Each setup field with named values (a dotted path for a nested one) -> its canonical names,
+/// in the order the docs list them: the setup's part of `gpucast vocabulary`
+/// (`crate::api::vocabulary`). A field with named values adds its line here, beside its parse.
+pub fn named_values() -> Vec<(&'static str, Vec<&'static str>)> {
+    vec![
+        ("precision", value_names(&Precision::ALL, Precision::as_str)),
+        ("optimizer", value_names(&Optimizer::ALL, Optimizer::as_str)),
+        (
+            "optimizer_implementation",
+            value_names(
+                &OptimizerImplementation::ALL,
+                OptimizerImplementation::as_str,
+            ),
+        ),
+        ("activation_checkpointing", Checkpointing::KEYWORDS.to_vec()),
+        (
+            "loss_implementation",
+            value_names(&LossImplementation::ALL, LossImplementation::as_str),
+        ),
+        (
+            "reference_model",
+            value_names(&Reference::ALL, Reference::as_str),
+        ),
+        (
+            "parallelism.strategy",
+            value_names(&Strategy::ALL, Strategy::as_str),
+        ),
+        (
+            "lora.base_weights",
+            value_names(&BaseWeights::ALL, BaseWeights::as_str),
+        ),
+        (
+            "lora.expert_layout",
+            value_names(&ExpertLayout::ALL, ExpertLayout::as_str),
+        ),
+    ]
+}
+
 mod lora;
 mod parallelism;
 mod values;

@@ -19,13 +19,14 @@ pub enum Precision {
     Fp16,
 }
 
+/// The name of each of `values`.
+pub(crate) fn value_names<T: Copy>(values: &[T], name: fn(T) -> &'static str) -> Vec<&'static str> {
+    values.iter().map(|&v| name(v)).collect()
+}
+
 /// Each name of `values`, separated by commas: what an error lists as known.
 pub(crate) fn known<T: Copy>(values: &[T], name: fn(T) -> &'static str) -> String {
-    values
-        .iter()
-        .map(|&v| name(v))
-        .collect::<Vec<_>>()
-        .join(", ")
+    value_names(values, name).join(", ")
 }
 
 impl Precision {
