@@ -427,36 +427,27 @@ fn gpu_choice(raw: &str) -> Result<Value, String> {
 
 /// The request fields the flags set. Each value is checked where the API checks it.
 fn setup_fields(flags: &crate::config::JobFlags) -> Result<serde_json::Map<String, Value>, String> {
-    let mut fields = serde_json::Map::new();
+    // The flags declared by the request's own fields, as the request states them.
+    let Value::Object(mut fields) =
+        serde_json::to_value(&flags.request).map_err(|e| format!("the setup flags: {e}"))?
+    else {
+        unreachable!("a request serialises as an object")
+    };
+    // What no flag set is absent, at every depth (a layout the job states keeps the keys the
+    // flags leave unset).
+    fn without_nulls(fields: &mut serde_json::Map<String, Value>) {
+        fields.retain(|_, value| !value.is_null());
+        fields
+            .values_mut()
+            .filter_map(Value::as_object_mut)
+            .for_each(without_nulls);
+    }
+    without_nulls(&mut fields);
     let mut set = |key: &str, value: Option<Value>| {
         if let Some(value) = value {
             fields.insert(key.into(), value);
         }
     };
-    let text = |value: &Option<String>| value.as_deref().map(Value::from);
-    set("family", text(&flags.family));
-    set("batch_size", flags.batch_size.map(Value::from));
-    set("seq_len", flags.seq_len.map(Value::from));
-    set("micro_batch_size", flags.micro_batch_size.map(Value::from));
-    set(
-        "gradient_accumulation_steps",
-        flags.gradient_accumulation_steps.map(Value::from),
-    );
-    set("precision", text(&flags.precision));
-    set("optimizer", text(&flags.optimizer));
-    set(
-        "optimizer_implementation",
-        text(&flags.optimizer_implementation),
-    );
-    set("master_weights", text(&flags.master_weights));
-    set("reference_model", text(&flags.reference_model));
-    set(
-        "activation_checkpointing",
-        flags.activation_checkpointing.as_deref().map(|c| match c {
-            "none" | "full" => Value::from(c),
-            modules => names(modules),
-        }),
-    );
     set(
         "trainable",
         match (flags.trainable_params, &flags.trainable_modules) {
@@ -495,29 +486,6 @@ fn setup_fields(flags: &crate::config::JobFlags) -> Result<serde_json::Map<Strin
             lora
         }),
     );
-    let mut parallelism = serde_json::Map::new();
-    for (key, value) in [
-        ("strategy", flags.strategy.as_deref().map(Value::from)),
-        ("world_size", flags.world_size.map(Value::from)),
-        ("tensor_parallel", flags.tensor_parallel.map(Value::from)),
-        (
-            "pipeline_parallel",
-            flags.pipeline_parallel.map(Value::from),
-        ),
-        ("context_parallel", flags.context_parallel.map(Value::from)),
-        (
-            "sequence_parallel",
-            flags.sequence_parallel.map(Value::from),
-        ),
-    ] {
-        if let Some(value) = value {
-            parallelism.insert(key.into(), value);
-        }
-    }
-    set(
-        "parallelism",
-        (!parallelism.is_empty()).then_some(Value::Object(parallelism)),
-    );
     let offload = match &flags.offload {
         None => None,
         Some(list) => {
@@ -539,8 +507,6 @@ fn setup_fields(flags: &crate::config::JobFlags) -> Result<serde_json::Map<Strin
         }
     };
     set("offload", offload);
-    set("loss_implementation", text(&flags.loss_implementation));
-    set("attention", text(&flags.attention));
     let input_shape = match &flags.input_shape {
         None => None,
         Some(dims) => Some(Value::from(
@@ -556,7 +522,6 @@ fn setup_fields(flags: &crate::config::JobFlags) -> Result<serde_json::Map<Strin
         )),
     };
     set("input_shape", input_shape);
-    set("memory_fraction", flags.memory_fraction.map(Value::from));
     set(
         "node",
         flags.node_memory_mib.map(|memory| {
@@ -567,12 +532,7 @@ fn setup_fields(flags: &crate::config::JobFlags) -> Result<serde_json::Map<Strin
             node
         }),
     );
-    set("model", text(&flags.model));
-    set("estimators", text(&flags.estimators));
-    set("environment", text(&flags.environment));
-    set("stack", text(&flags.stack));
     set("gpu", flags.gpu.as_deref().map(gpu_choice).transpose()?);
-    set("confidence", flags.confidence.map(Value::from));
     Ok(fields)
 }
 

@@ -26,6 +26,9 @@ pub enum Command {
     Openapi,
     /// Print the layer-kind vocabulary (the committed openapi/layer_kinds.json is this output).
     LayerKinds,
+    /// Print the names each setup field takes (the committed python/src/gpucast/vocabulary.json
+    /// is this output; describe/gpucast_describe/vocabulary.json links to it).
+    Vocabulary,
     /// The stored calibration observations.
     #[command(subcommand)]
     Observations(ObservationsCommand),
@@ -178,6 +181,10 @@ pub struct CombineArgs {
 /// --gpu rtx-4090`. Each sets the request field of the same name.
 #[derive(Debug, Clone, Default, Args)]
 pub struct JobFlags {
+    /// The setup fields whose flag is the request field itself (`--optimizer`, `--precision`,
+    /// `--batch-size`, ...): declared once, in the request (`#[arg(long)]` there).
+    #[command(flatten)]
+    pub request: crate::api::types::EstimateRequest,
     /// A Hugging Face config.json, as the hub serves it; a directory holding one (what
     /// `save_pretrained` writes, with its adapter_config.json when there is one); or a hub repo
     /// id (`org/name`): its config.json (an adapter repo: its adapter_config.json and its
@@ -185,46 +192,12 @@ pub struct JobFlags {
     /// HF_TOKEN, HF_HUB_OFFLINE). With a job file, the job's transformer_config.
     #[arg(long, value_name = "FILE|DIR|REPO")]
     pub config: Option<PathBuf>,
-    /// mlp, cnn or transformer (inferred from the layers when absent).
-    #[arg(long)]
-    pub family: Option<String>,
-    /// Samples per optimizer step on each GPU (the micro-batch times the accumulation steps).
-    #[arg(long)]
-    pub batch_size: Option<u64>,
-    /// Tokens per sample, for a transformer (a maximum under dynamic padding).
-    #[arg(long)]
-    pub seq_len: Option<u64>,
-    /// Samples per forward and backward pass, when smaller than the batch (accumulation).
-    #[arg(long)]
-    pub micro_batch_size: Option<u64>,
-    /// Micro-batches accumulated per optimizer step.
-    #[arg(long)]
-    pub gradient_accumulation_steps: Option<u64>,
-    /// fp32, tf32, amp_fp16, amp_bf16, fp16, bf16.
-    #[arg(long)]
-    pub precision: Option<String>,
-    /// sgd, momentum, adam, adamw, adafactor, adam_8bit, adamw_8bit, paged_adamw,
-    /// paged_adamw_8bit.
-    #[arg(long)]
-    pub optimizer: Option<String>,
-    /// How the optimizer steps: foreach, fused, for_loop.
-    #[arg(long)]
-    pub optimizer_implementation: Option<String>,
-    /// With bf16 or fp16: fp32 (a master copy stepped in fp32, as DeepSpeed's) or none.
-    #[arg(long)]
-    pub master_weights: Option<String>,
-    /// Preference training's reference model: copy, adapters_disabled or none.
-    #[arg(long)]
-    pub reference_model: Option<String>,
     /// Only this many parameters train (the rest frozen).
     #[arg(long, conflicts_with = "trainable_modules")]
     pub trainable_params: Option<u64>,
     /// Only these modules train, names separated by commas.
     #[arg(long)]
     pub trainable_modules: Option<String>,
-    /// none, full, or module names separated by commas.
-    #[arg(long)]
-    pub activation_checkpointing: Option<String>,
     /// LoRA on every linear layer but the head (`--lora-targets` to name them) at this rank.
     #[arg(long)]
     pub lora_rank: Option<u64>,
@@ -247,25 +220,6 @@ pub struct JobFlags {
     /// With gptq_int4 or awq_int4: inputs per quantisation group (default 128).
     #[arg(long, requires = "lora_rank")]
     pub group_size: Option<u64>,
-    /// The data-parallel layout: none, ddp, fsdp, zero1, zero2, zero3 (`parallelism.strategy`).
-    #[arg(long)]
-    pub strategy: Option<String>,
-    /// GPUs in all (`parallelism.world_size`): data x tensor x pipeline x context parallel.
-    #[arg(long)]
-    pub world_size: Option<u64>,
-    /// Tensor-parallel degree.
-    #[arg(long)]
-    pub tensor_parallel: Option<u64>,
-    /// Pipeline-parallel degree.
-    #[arg(long)]
-    pub pipeline_parallel: Option<u64>,
-    /// Context-parallel degree.
-    #[arg(long)]
-    pub context_parallel: Option<u64>,
-    /// Whether tensor parallelism splits the norms' inputs along the sequence too (default
-    /// false, Megatron's).
-    #[arg(long, value_name = "BOOL")]
-    pub sequence_parallel: Option<bool>,
     /// What lives in CPU memory, separated by commas: optimizer_state, gradients, parameters.
     #[arg(long, value_name = "LIST")]
     pub offload: Option<String>,
@@ -277,12 +231,6 @@ pub struct JobFlags {
     /// config's); written as `load.torch_dtype`, over --load's.
     #[arg(long)]
     pub torch_dtype: Option<String>,
-    /// How the loss over the vocabulary is taken: upcast_fp32, chunked, fused, native.
-    #[arg(long)]
-    pub loss_implementation: Option<String>,
-    /// The attention kernel of a config job: sdpa or eager.
-    #[arg(long)]
-    pub attention: Option<String>,
     /// Per-sample input shape, dimensions separated by commas (e.g. `3,224,224`).
     #[arg(long, value_name = "DIMS")]
     pub input_shape: Option<String>,
@@ -292,9 +240,6 @@ pub struct JobFlags {
     /// gpucast_describe's simulation of a step (JSON): the request's `simulation`.
     #[arg(long, value_name = "FILE")]
     pub simulation: Option<PathBuf>,
-    /// The share of the card the job caps its allocator at (above 0, at most 1).
-    #[arg(long)]
-    pub memory_fraction: Option<f64>,
     /// The node's host memory (RAM) in MiB: an offloading job's CPU state is checked against
     /// it (`node.memory_mib`).
     #[arg(long, value_name = "MIB")]
@@ -302,19 +247,6 @@ pub struct JobFlags {
     /// The job's GPUs on one node (`node.gpus`; default: the world size, at most 8).
     #[arg(long, requires = "node_memory_mib")]
     pub node_gpus: Option<u64>,
-    /// Where the description came from, e.g. `timm:resnet50` (informational).
-    #[arg(long)]
-    pub model: Option<String>,
-    /// figures (default) or all (the memory classifiers too).
-    #[arg(long)]
-    pub estimators: Option<String>,
-    /// The software environment whose calibration profile applies (e.g. `torch2.5-cu124`).
-    #[arg(long)]
-    pub environment: Option<String>,
-    /// The training stack: transformers (default), accelerate, deepspeed, megatron, litgpt,
-    /// torchtitan, torchtune or other.
-    #[arg(long)]
-    pub stack: Option<String>,
     /// A Hugging Face Trainer's training_args.json (`TrainingArguments.to_dict()`): the
     /// micro-batch, accumulation, checkpointing, bf16/fp16 autocast and `optim`.
     #[arg(long, value_name = "FILE")]
@@ -335,9 +267,6 @@ pub struct JobFlags {
     /// memory (`NAME:MIB`); several separated by commas are ranked.
     #[arg(long)]
     pub gpu: Option<String>,
-    /// The confidence of the bound and of `fits` (0.5 to 0.99).
-    #[arg(long)]
-    pub confidence: Option<f64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

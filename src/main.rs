@@ -49,6 +49,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             println!("{}", serde_json::to_string_pretty(&vocabulary)?);
             Ok(())
         }
+        Command::Vocabulary => {
+            let vocabulary = gpucast::api::vocabulary::setup_vocabulary();
+            println!("{}", serde_json::to_string_pretty(&vocabulary)?);
+            Ok(())
+        }
         Command::Observations(ObservationsCommand::Export { store, output }) => {
             let written = tokio::task::spawn_blocking(move || {
                 gpucast::calibration::export::export(

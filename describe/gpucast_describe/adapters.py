@@ -85,7 +85,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-CHECKPOINTING = ("none", "full")
+from .vocabulary import VOCABULARY
+
+CHECKPOINTING = tuple(VOCABULARY["activation_checkpointing"])
 BASE_WEIGHTS = ("same", "int8", "nf4")
 LORA_FIELDS = ("rank", "alpha", "target_modules", "base_weights", "dropout")
 ALL_LINEAR = "all-linear"

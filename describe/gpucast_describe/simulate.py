@@ -59,21 +59,13 @@ from . import allocator
 from .adapters import apply_setup, parse_lora
 from .attention import _gpu_attention, _math_attention, sdpa_backend
 from .meta import on_meta
+from .vocabulary import VOCABULARY
 
-OPTIMIZERS = (
-    "sgd",
-    "momentum",
-    "adam",
-    "adamw",
-    "adafactor",
-    "adam_8bit",
-    "adamw_8bit",
-    "paged_adamw",
-    "paged_adamw_8bit",
-)
+# The service's names (vocabulary.json); what each optimizer keeps is this module's.
+OPTIMIZERS = tuple(VOCABULARY["optimizer"])
 PAGED_OPTIMIZERS = ("paged_adamw", "paged_adamw_8bit")
-OPTIMIZER_IMPLEMENTATIONS = ("foreach", "fused", "for_loop")
-PRECISIONS = ("fp32", "tf32", "amp_fp16", "amp_bf16", "bf16", "fp16")
+OPTIMIZER_IMPLEMENTATIONS = tuple(VOCABULARY["optimizer_implementation"])
+PRECISIONS = tuple(VOCABULARY["precision"])
 PRECISION_ALIASES = {"mixed16": "amp_fp16", "amp": "amp_fp16"}
 LOSSES = ("auto", "cross_entropy", "sum")
 # efficient: F.scaled_dot_product_attention with the kernel the GPU picks (flash, memory-efficient

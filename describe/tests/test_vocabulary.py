@@ -1,5 +1,7 @@
 """describe's layer kinds against the service's vocabulary (openapi/layer_kinds.json, the output
-of `gpucast layer-kinds`): a kind describe emits that the service does not know would be a 422."""
+of `gpucast layer-kinds`): a kind describe emits that the service does not know would be a 422.
+Its setup names are the service's own (gpucast_describe/vocabulary.json, `gpucast vocabulary`):
+each optimizer there must have describe's physics."""
 
 import json
 import os
@@ -7,7 +9,11 @@ import unittest
 
 import _paths
 
+import torch
+
 from gpucast_describe.kinds import CANONICAL_KINDS, CONV_KINDS, KIND_BY_CLASS_NAME
+from gpucast_describe.simulate import make_optimizer
+from gpucast_describe.vocabulary import VOCABULARY as SETUP_VOCABULARY
 
 VOCABULARY = os.path.join(_paths.PACKAGE_ROOT, os.pardir, "openapi", "layer_kinds.json")
 
@@ -36,6 +42,13 @@ class VocabularyTest(unittest.TestCase):
             service = exceptions.get(class_name) or aliases.get(normalised(class_name))
             if service is not None:
                 self.assertEqual(service, kind, class_name)
+
+
+class SetupVocabularyTest(unittest.TestCase):
+    def test_every_optimizer_the_service_names_is_simulated(self):
+        params = [torch.nn.Parameter(torch.zeros(4, 4, device="meta"))]
+        for name in SETUP_VOCABULARY["optimizer"]:
+            self.assertIsInstance(make_optimizer(name, params), torch.optim.Optimizer, name)
 
 
 if __name__ == "__main__":

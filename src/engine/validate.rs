@@ -13,14 +13,13 @@ use crate::engine::files;
 use crate::error::ApiError;
 use crate::job::setup::{
     BaseWeights, Checkpointing, ExpertLayout, LossImplementation, Optimizer,
-    OptimizerImplementation, Precision, Strategy, UncheckedLora, UncheckedNames, UncheckedOffload,
-    UncheckedParallelism, UncheckedZero, ZeroBuffers, MAX_ZERO_ELEMENTS,
+    OptimizerImplementation, Precision, Strategy, ZeroBuffers, MAX_ZERO_ELEMENTS,
 };
 use crate::job::{
     echo, Confidence, Job, LayerKind, MemoryFraction, SavedTensors, SimulatedCategories,
     UncheckedLayer, UncheckedSimulation,
 };
-use crate::job::{Alternative, Assumption, KnownActivations, LayerDetail, UncheckedSetup};
+use crate::job::{Alternative, Assumption, KnownActivations, LayerDetail};
 use crate::parsers::files::AssumedDtype;
 use crate::parsers::transformer;
 use crate::parsers::{parse_summary, SampleShape, SummaryFormat};
@@ -457,7 +456,7 @@ fn to_job_stated(
         None => job,
     };
     let job = job
-        .with_setup(&unchecked_setup(request))?
+        .with_setup(&request.unchecked_setup())?
         .with_input_shape(input_shape.as_deref())?
         .with_saved_tensors(
             request
@@ -533,7 +532,7 @@ fn config_job(
     let (config, text_only) = transformer::language_model(config);
     let parsed = transformer::TransformerConfig::parse(config).map_err(invalid)?;
     // The precision picks the attention kernel: read it before building.
-    let setup = unchecked_setup(request);
+    let setup = request.unchecked_setup();
     let precision = crate::job::Setup::parse(batch_size.max(1), &setup)
         .map(|s| s.precision)
         .unwrap_or_default();
@@ -807,62 +806,6 @@ fn note_defaults(request: &EstimateRequest, job: &Job, warnings: &mut Vec<String
              bf16-mixed) state amp_bf16"
         )),
         Some(_) => {}
-    }
-}
-
-/// The setup fields of a request, borrowed for the domain's parser.
-fn unchecked_setup(request: &EstimateRequest) -> UncheckedSetup<'_> {
-    fn names(n: &NamesRequest) -> UncheckedNames<'_> {
-        match n {
-            NamesRequest::Keyword(word) => UncheckedNames::Keyword(word),
-            NamesRequest::Names(list) => UncheckedNames::Names(list),
-        }
-    }
-    UncheckedSetup {
-        precision: request.precision.as_deref(),
-        optimizer: request.optimizer.as_deref(),
-        optimizer_implementation: request.optimizer_implementation.as_deref(),
-        activation_checkpointing: request.activation_checkpointing.as_ref().map(names),
-        micro_batch_size: request.micro_batch_size,
-        gradient_accumulation_steps: request.gradient_accumulation_steps,
-        trainable_params: request.trainable.as_ref().and_then(|t| t.params),
-        trainable_modules: request
-            .trainable
-            .as_ref()
-            .and_then(|t| t.modules.as_deref()),
-        lora: request.lora.as_ref().map(|l| UncheckedLora {
-            rank: l.rank,
-            alpha: l.alpha,
-            dropout: l.dropout,
-            target_modules: names(&l.target_modules),
-            base_weights: l.base_weights.as_deref(),
-            modules_to_save: l.modules_to_save.as_deref(),
-            group_size: l.group_size,
-            expert_layout: l.expert_layout.as_deref(),
-        }),
-        parallelism: request.parallelism.as_ref().map(|p| UncheckedParallelism {
-            strategy: p.strategy.as_deref(),
-            world_size: p.world_size,
-            tensor_parallel: p.tensor_parallel,
-            pipeline_parallel: p.pipeline_parallel,
-            context_parallel: p.context_parallel,
-            sequence_parallel: p.sequence_parallel,
-        }),
-        master_weights: request.master_weights.as_deref(),
-        reference_model: request.reference_model.as_deref(),
-        offload: request.offload.as_ref().map(|o| UncheckedOffload {
-            optimizer_state: o.optimizer_state,
-            gradients: o.gradients,
-            parameters: o.parameters,
-        }),
-        zero: request.zero.as_ref().map(|z| UncheckedZero {
-            reduce_bucket_size: z.reduce_bucket_size,
-            prefetch_bucket_size: z.prefetch_bucket_size,
-            max_live_parameters: z.max_live_parameters,
-            max_reuse_distance: z.max_reuse_distance,
-            param_persistence_threshold: z.param_persistence_threshold,
-            sub_group_size: z.sub_group_size,
-        }),
     }
 }
 

@@ -78,6 +78,20 @@ fn the_committed_layer_kinds_are_the_services() {
     );
 }
 
+#[test]
+fn the_committed_setup_vocabularies_are_the_services() {
+    let generated = serde_json::to_value(gpucast::api::vocabulary::setup_vocabulary()).unwrap();
+    for path in gpucast::api::vocabulary::COMMITTED {
+        let committed: Value =
+            serde_json::from_str(&std::fs::read_to_string(repo_root().join(path)).unwrap())
+                .unwrap();
+        assert!(
+            generated == committed,
+            "{path} is stale: regenerate it with `cargo run -q -- vocabulary > {path}`"
+        );
+    }
+}
+
 /// The committed response examples are this service's answers to the example requests: the
 /// same fields, the same figures (latencies aside, and MiB within 0.5 % for other CPUs'
 /// floating point). `GPUCAST_WRITE_EXAMPLES=1` rewrites them from the answers.

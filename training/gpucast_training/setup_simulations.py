@@ -79,8 +79,12 @@ GPU = "h200"  # a card the jobs fit on many times over: no figure capped at the 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 LORA = {"rank": 16, "alpha": 32, "target_modules": TARGETS}
 HEADS = ("lm", "reward")
-REFERENCES = ("none", "copy", "adapters_disabled")
-LOSSES = ("upcast_fp32", "chunked", "fused", "native")
+# The service's names of the fields a case sets (`gpucast vocabulary`, the client's
+# vocabulary.json), read from the one file, never restated.
+with open(os.path.join(REPO, "python", "src", "gpucast", "vocabulary.json")) as _vocabulary:
+    _NAMES = json.load(_vocabulary)
+REFERENCES = tuple(_NAMES["reference_model"])
+LOSSES = tuple(_NAMES["loss_implementation"])
 PRECISIONS = ("bf16", "amp_bf16")
 BASES = ("same", "nf4")
 # A delta is "off" when the two paths differ by more than this share of describe's delta, and

@@ -10,13 +10,17 @@ import enum
 import json
 import logging
 import os
+from importlib import resources
 from typing import Any
 
 log = logging.getLogger("gpucast")
 
+# The service's names for the values of the setup fields (`gpucast vocabulary`, shipped with
+# this package): request field (dotted for a nested one) -> its canonical names.
+VOCABULARY: dict[str, list[str]] = json.loads(resources.files(__package__).joinpath("vocabulary.json").read_text())
 
 # The attention kernels the service models (`load.attn_implementation`).
-ATTENTION_KERNELS = ("eager", "sdpa", "flash_attention_2", "flash_attention_3")
+ATTENTION_KERNELS = tuple(VOCABULARY["load.attn_implementation"])
 # Training-argument names that state the tokens per sample (TRL's SFTConfig and kin).
 SEQ_LEN_ARGUMENTS = ("max_seq_length", "max_length")
 
@@ -197,17 +201,14 @@ def cuda_device_name() -> str | None:
     return None
 
 
-# torch.optim class names to the service's `optimizer` names.
-OPTIMIZERS = {"Adam": "adam", "AdamW": "adamw", "Adafactor": "adafactor", "SGD": "sgd"}
-
-
 def optimizer_name(optimizer: Any) -> str | None:
-    """The service's name of a torch optimizer (`SGD` with momentum is `momentum`)."""
-    name = type(optimizer).__name__
-    if name == "SGD":
+    """The service's name of a torch optimizer: its class name in lower case where the service
+    knows that name (`Adam`, `AdamW`, `Adafactor`; `SGD` with momentum is `momentum`)."""
+    name = type(optimizer).__name__.lower()
+    if name == "sgd":
         groups = getattr(optimizer, "param_groups", None) or [{}]
         return "momentum" if groups[0].get("momentum") else "sgd"
-    return OPTIMIZERS.get(name)
+    return name if name in VOCABULARY["optimizer"] else None
 
 
 def from_lightning(

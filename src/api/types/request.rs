@@ -4,10 +4,17 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::*;
-use crate::job::Family;
+use crate::job::setup::{
+    UncheckedLora, UncheckedNames, UncheckedOffload, UncheckedParallelism, UncheckedZero,
+};
+use crate::job::{Family, UncheckedSetup};
 
+// Its setup fields are the command line's flags too (`gpucast estimate --optimizer adamw`),
+// declared here once: `#[arg(long)]` makes a field a flag of the same name, its documentation
+// the help; `#[arg(skip)]` leaves a field to the job file (or to a flag of another form, in
+// `JobFlags` of config.rs).
 /// A training job to estimate.
-#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, ToSchema, clap::Args)]
 #[serde(deny_unknown_fields)]
 #[schema(example = json!({
     "family": "mlp",
@@ -32,16 +39,19 @@ pub struct EstimateRequest {
     /// transformer, convolutions a CNN).
     #[serde(default)]
     #[schema(value_type = Option<FamilyName>)]
+    #[arg(long)]
     pub family: Option<String>,
     /// Samples per training step. Required, unless `training_arguments` state
     /// `per_device_train_batch_size`: it is then that x `gradient_accumulation_steps` (the
     /// samples a GPU takes per step).
     #[schema(minimum = 1, maximum = 1048576)]
     #[serde(default, deserialize_with = "whole_number::optional")]
+    #[arg(long)]
     pub batch_size: Option<u64>,
     /// The model's layers in execution order (1 to 4096). Give either `layers` or `summary`.
     #[serde(default, deserialize_with = "layer_objects")]
     #[schema(min_items = 1, max_items = 4096)]
+    #[arg(skip)]
     pub layers: Option<Vec<LayerRequest>>,
     /// The model as printed text instead of a layer list: a `torchsummary` or `torchinfo` table,
     /// `print(model)` (plain, or annotated with `, N params` per module), or a Keras
@@ -49,90 +59,110 @@ pub struct EstimateRequest {
     /// What was assumed to read it (derived parameters, sizes, shared weights) is answered in
     /// `warnings`.
     #[serde(default, deserialize_with = "object_only::optional")]
+    #[arg(skip)]
     pub summary: Option<SummaryRequest>,
     /// Sequence length (tokens per sample); required with a `module_print` summary that has
     /// token layers (embeddings, attention) and no `input_shape`.
     #[serde(default, deserialize_with = "whole_number::optional")]
     #[schema(minimum = 1, maximum = 1_000_000)]
+    #[arg(long)]
     pub seq_len: Option<u64>,
     /// `sgd`, `momentum`, `adam` (default), `adamw`, `adafactor`, `adam_8bit`, `adamw_8bit`
     /// (bitsandbytes), `paged_adamw` or `paged_adamw_8bit` (state outside PyTorch's allocator).
     #[serde(default)]
+    #[arg(long)]
     pub optimizer: Option<String>,
     /// `fp32` (default), `tf32`, `amp_fp16` / `amp_bf16` (autocast, fp32 master weights;
     /// `mixed16` = `amp_fp16`), `bf16` / `fp16` (pure 16-bit weights, gradients and state).
     /// Lightning's strings are read too: `bf16-mixed` (`amp_bf16`), `16-mixed` (`amp_fp16`),
     /// `bf16-true` (`bf16`), `16-true` (`fp16`), `32-true` (`fp32`).
     #[serde(default)]
+    #[arg(long)]
     pub precision: Option<String>,
     /// How the optimizer steps: `foreach` (default, PyTorch's GPU default), `fused`, `for_loop`.
     #[serde(default)]
+    #[arg(long)]
     pub optimizer_implementation: Option<String>,
     /// `none` (default), `full` (every repeated block, found from the layer names) or a list
     /// of module names (layer-name prefixes) that recompute their forward in backward.
     #[serde(default)]
+    #[arg(long, value_parser = NamesRequest::from_flag)]
     pub activation_checkpointing: Option<NamesRequest>,
     /// Samples per GPU per forward/backward (the peak follows it). Default: `batch_size /
     /// gradient_accumulation_steps`.
     #[serde(default, deserialize_with = "whole_number::optional")]
     #[schema(minimum = 1, maximum = 1048576)]
+    #[arg(long)]
     pub micro_batch_size: Option<u64>,
     /// Micro-batches per optimizer step (default 1); gradients persist between them.
     #[serde(default, deserialize_with = "whole_number::optional")]
     #[schema(minimum = 1, maximum = 1048576)]
+    #[arg(long)]
     pub gradient_accumulation_steps: Option<u64>,
     /// Only these parameters train, the rest are frozen (no gradients, no optimizer state).
     #[serde(default, deserialize_with = "object_only::optional")]
+    #[arg(skip)]
     pub trainable: Option<TrainableRequest>,
     /// LoRA adapters on a frozen base (QLoRA with `base_weights: nf4`).
     #[serde(default, deserialize_with = "object_only::optional")]
+    #[arg(skip)]
     pub lora: Option<LoraRequest>,
     /// The GPU layout: data parallelism (DDP, FSDP, ZeRO), tensor, pipeline and context
     /// parallel degrees. The answer is for the most loaded GPU.
     #[serde(default, deserialize_with = "object_only::optional")]
+    #[command(flatten)]
     pub parallelism: Option<ParallelismRequest>,
     /// What lives in CPU memory instead (DeepSpeed ZeRO-Offload, FSDP `CPUOffload`, torchao's
     /// `CPUOffloadOptimizer`).
     #[serde(default, deserialize_with = "object_only::optional")]
+    #[arg(skip)]
     pub offload: Option<OffloadRequest>,
     /// With `precision` bf16 or fp16: `fp32` keeps an fp32 master copy of what trains with the
     /// optimizer state (sharded with it by ZeRO), the step run on it in fp32, as DeepSpeed's
     /// bf16/fp16 modes do; `none` (default) steps the 16-bit weights themselves.
     #[serde(default)]
+    #[arg(long)]
     pub master_weights: Option<String>,
     /// Preference training's reference model (TRL's DPO and kin): `copy` (a frozen copy of the
     /// weights beside the trained ones), `adapters_disabled` (with `lora`: the base without its
     /// adapters, no second copy) or `none` (default). Give `batch_size` in sequences (a
     /// chosen/rejected pair is two).
     #[serde(default)]
+    #[arg(long)]
     pub reference_model: Option<String>,
     /// DeepSpeed ZeRO's buffer sizes (its `zero_optimization` settings, in elements), with
     /// `parallelism.strategy` zero1-zero3; each unsaid one is DeepSpeed's default. A
     /// `deepspeed` config fills them in.
     #[serde(default, deserialize_with = "object_only::optional")]
+    #[arg(skip)]
     pub zero: Option<ZeroRequest>,
     /// Per-sample input shape, e.g. `[3, 224, 224]`: sizes the layers of a `module_print` summary
     /// with convolutions (otherwise informational for most estimators).
     #[serde(default, deserialize_with = "whole_number::optional_list")]
     #[schema(value_type = Option<Vec<Dimension>>, min_items = 1, max_items = 5)]
+    #[arg(skip)]
     pub input_shape: Option<Vec<u64>>,
     /// What autograd keeps for backward, as `gpucast_describe` traces it on the meta device:
     /// when present, the MiB figure comes from the regressors that use it (more accurate).
     #[serde(default, deserialize_with = "object_only::optional")]
+    #[arg(skip)]
     pub saved_tensors: Option<SavedTensorsRequest>,
     /// `gpucast_describe`'s simulation of a whole training step at this batch size: when
     /// present, the MiB figure comes from it (the `simulated` estimator, or a regressor that
     /// requires it), and `fit` from its minimum capacity and reserved peak.
     #[serde(default, deserialize_with = "object_only::optional")]
+    #[arg(skip)]
     pub simulation: Option<SimulationRequest>,
     /// The share of the card's memory the job caps its caching allocator at
     /// (`torch.cuda.set_per_process_memory_fraction`), greater than 0 and at most 1: the job
     /// must run within the cap, and each copy then occupies the cap plus the CUDA context.
     #[serde(default)]
     #[schema(exclusive_minimum = 0.0, maximum = 1.0)]
+    #[arg(long)]
     pub memory_fraction: Option<f64>,
     /// Where the description came from, e.g. `timm:resnet50` (informational).
     #[serde(default)]
+    #[arg(long)]
     pub model: Option<String>,
     /// A Hugging Face `config.json` (Llama, Mistral, Qwen2, Gemma, Phi-3, Mixtral-style MoE,
     /// GPT-2, GPT-NeoX, BERT, T5, ChatGLM) instead of `layers`: the model's layers, parameters and
@@ -140,6 +170,7 @@ pub struct EstimateRequest {
     /// ignored; missing essentials are a 422 naming them. The analytic training step answers.
     #[serde(default, deserialize_with = "crate::api::unique_keys::object")]
     #[schema(value_type = Option<Object>, example = json!({"model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 32000}))]
+    #[arg(skip)]
     pub transformer_config: Option<serde_json::Map<String, serde_json::Value>>,
     /// Hugging Face `TrainingArguments.to_dict()`, as the Trainer saves it
     /// (`training_args.json`): `per_device_train_batch_size` is the micro-batch,
@@ -151,11 +182,13 @@ pub struct EstimateRequest {
     /// value the request states otherwise is a 422 naming both.
     #[serde(default, deserialize_with = "crate::api::unique_keys::file_object")]
     #[schema(value_type = Option<FileObject>, example = json!({"per_device_train_batch_size": 4, "gradient_accumulation_steps": 4, "gradient_checkpointing": true, "bf16": true, "optim": "paged_adamw_8bit"}))]
+    #[arg(skip)]
     pub training_arguments: Option<serde_json::Map<String, serde_json::Value>>,
     /// PEFT's `adapter_config.json` (`peft_type` LORA): the `lora` block from `r`,
     /// `lora_alpha`, `lora_dropout`, `target_modules` and `modules_to_save`.
     #[serde(default, deserialize_with = "crate::api::unique_keys::file_object")]
     #[schema(value_type = Option<FileObject>, example = json!({"peft_type": "LORA", "r": 16, "lora_alpha": 32, "lora_dropout": 0.05, "target_modules": ["q_proj", "v_proj"], "bias": "none"}))]
+    #[arg(skip)]
     pub adapter_config: Option<serde_json::Map<String, serde_json::Value>>,
     /// A DeepSpeed config (an object, or its text as JSON or YAML): `zero_optimization.stage` (0: ddp, 1-3: zero1-zero3),
     /// `offload_optimizer` / `offload_param` devices, `bf16` / `fp16` (16-bit weights with fp32
@@ -163,6 +196,7 @@ pub struct EstimateRequest {
     /// Trainer does. `parallelism.world_size` still says how many GPUs.
     #[serde(default, deserialize_with = "crate::api::unique_keys::file_object")]
     #[schema(value_type = Option<FileObject>, example = json!({"zero_optimization": {"stage": 3}, "bf16": {"enabled": "auto"}, "train_micro_batch_size_per_gpu": "auto"}))]
+    #[arg(skip)]
     pub deepspeed: Option<serde_json::Map<String, serde_json::Value>>,
     /// accelerate's FSDP options, as JSON or as the YAML text accelerate writes: its config (`distributed_type: FSDP`,
     /// `fsdp_config`, `mixed_precision` as autocast, `num_processes` as
@@ -172,6 +206,7 @@ pub struct EstimateRequest {
     /// `activation_checkpointing` are read, with or without their `fsdp_` prefix.
     #[serde(default, deserialize_with = "crate::api::unique_keys::file_object")]
     #[schema(value_type = Option<FileObject>, example = json!({"distributed_type": "FSDP", "mixed_precision": "bf16", "num_processes": 8, "fsdp_config": {"fsdp_sharding_strategy": "FULL_SHARD", "fsdp_offload_params": false, "fsdp_activation_checkpointing": true}}))]
+    #[arg(skip)]
     pub fsdp: Option<serde_json::Map<String, serde_json::Value>>,
     /// How `from_pretrained` loaded the model: `torch_dtype` (`bfloat16`, `float16`, `float32`
     /// or `auto`: the config's; not given: the config's 16-bit `torch_dtype` as transformers 5
@@ -182,6 +217,7 @@ pub struct EstimateRequest {
     /// train as pure `bf16` / `fp16`.
     #[serde(default, deserialize_with = "crate::api::unique_keys::file_object")]
     #[schema(value_type = Option<FileObject>, example = json!({"torch_dtype": "bfloat16", "quantization_config": {"load_in_4bit": true, "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": true}}))]
+    #[arg(skip)]
     pub load: Option<serde_json::Map<String, serde_json::Value>>,
     /// With `transformer_config`: how the loss over the vocabulary is taken. `upcast_fp32`
     /// (default: Hugging Face transformers' loss, the whole logits in fp32), `chunked`
@@ -189,15 +225,18 @@ pub struct EstimateRequest {
     /// (Liger's fused linear cross-entropy, Cut Cross-Entropy: no logits kept) or `native`
     /// (`F.cross_entropy` on the logits in their own dtype: 16-bit under pure bf16/fp16).
     #[serde(default)]
+    #[arg(long)]
     pub loss_implementation: Option<String>,
     /// With `transformer_config`: the attention kernel, `sdpa` (default: flash or
     /// memory-efficient attention, no N x N tensors, as a GPU picks) or `eager` (the N x N
     /// probabilities kept).
     #[serde(default)]
+    #[arg(long)]
     pub attention: Option<String>,
     /// Confidence of `memory.upper_bound_mib`: the share of jobs whose true peak stays at or
     /// below it (0.5 to 0.99, default 0.95).
     #[serde(default)]
+    #[arg(long)]
     pub confidence: Option<f64>,
     /// Which estimators run: `figures` (default: those the answer's figures come from: the
     /// memory and utilization regressors, the simulation, the analytic models and physics) or
@@ -206,17 +245,20 @@ pub struct EstimateRequest {
     /// The classifiers cost most of a layer job's time.
     #[serde(default)]
     #[schema(value_type = Option<String>, example = "all")]
+    #[arg(long)]
     pub estimators: Option<String>,
     /// The GPU to estimate for: a catalogue GPU (`h100-80gb`, `A100 80GB`, `rtx 4090`, ...;
     /// `GET /v1/gpus` lists them), `attached` (this host's first GPU), or a card described by
     /// its name and memory. Default: the A100 40 GB the estimators were trained on. A list of
     /// up to 16 cards ranks them (`gpu_ranking`) and answers for the best-ranked one.
     #[serde(default)]
+    #[arg(skip)]
     pub gpu: Option<GpuChoice>,
     /// The node the job's GPUs sit in (its host memory and how many of the job's GPUs it
     /// holds): with offload, `fit.host` checks what the ranks keep on the CPU against it, and
     /// `fit.fits` is false when it does not fit.
     #[serde(default, deserialize_with = "object_only::optional")]
+    #[arg(skip)]
     pub node: Option<NodeRequest>,
     /// The software environment the job runs in (e.g. `torch2.5-cu124`: 1 to 64 letters,
     /// digits, `.`, `_`, `+`, `-`): the GPU's calibration profile in that environment is used
@@ -227,6 +269,7 @@ pub struct EstimateRequest {
         pattern = "^[A-Za-z0-9._+-]{1,64}$",
         example = "torch2.5-cu124"
     )]
+    #[arg(long)]
     pub environment: Option<String>,
     /// The training stack the job runs on: `transformers` (default: Hugging Face transformers
     /// and PEFT on PyTorch, Trainer, TRL or a custom loop), `accelerate`, `deepspeed` (the
@@ -236,7 +279,64 @@ pub struct EstimateRequest {
     /// stacks (`memory.uncertainty.basis`: `between_stacks`).
     #[serde(default)]
     #[schema(example = "litgpt")]
+    #[arg(long)]
     pub stack: Option<String>,
+}
+
+impl EstimateRequest {
+    /// The setup fields, borrowed for the domain's parser: a field it reads is mapped here,
+    /// beside its declaration.
+    pub fn unchecked_setup(&self) -> UncheckedSetup<'_> {
+        fn names(n: &NamesRequest) -> UncheckedNames<'_> {
+            match n {
+                NamesRequest::Keyword(word) => UncheckedNames::Keyword(word),
+                NamesRequest::Names(list) => UncheckedNames::Names(list),
+            }
+        }
+        UncheckedSetup {
+            precision: self.precision.as_deref(),
+            optimizer: self.optimizer.as_deref(),
+            optimizer_implementation: self.optimizer_implementation.as_deref(),
+            activation_checkpointing: self.activation_checkpointing.as_ref().map(names),
+            micro_batch_size: self.micro_batch_size,
+            gradient_accumulation_steps: self.gradient_accumulation_steps,
+            trainable_params: self.trainable.as_ref().and_then(|t| t.params),
+            trainable_modules: self.trainable.as_ref().and_then(|t| t.modules.as_deref()),
+            lora: self.lora.as_ref().map(|l| UncheckedLora {
+                rank: l.rank,
+                alpha: l.alpha,
+                dropout: l.dropout,
+                target_modules: names(&l.target_modules),
+                base_weights: l.base_weights.as_deref(),
+                modules_to_save: l.modules_to_save.as_deref(),
+                group_size: l.group_size,
+                expert_layout: l.expert_layout.as_deref(),
+            }),
+            parallelism: self.parallelism.as_ref().map(|p| UncheckedParallelism {
+                strategy: p.strategy.as_deref(),
+                world_size: p.world_size,
+                tensor_parallel: p.tensor_parallel,
+                pipeline_parallel: p.pipeline_parallel,
+                context_parallel: p.context_parallel,
+                sequence_parallel: p.sequence_parallel,
+            }),
+            master_weights: self.master_weights.as_deref(),
+            reference_model: self.reference_model.as_deref(),
+            offload: self.offload.as_ref().map(|o| UncheckedOffload {
+                optimizer_state: o.optimizer_state,
+                gradients: o.gradients,
+                parameters: o.parameters,
+            }),
+            zero: self.zero.as_ref().map(|z| UncheckedZero {
+                reduce_bucket_size: z.reduce_bucket_size,
+                prefetch_bucket_size: z.prefetch_bucket_size,
+                max_live_parameters: z.max_live_parameters,
+                max_reuse_distance: z.max_reuse_distance,
+                param_persistence_threshold: z.param_persistence_threshold,
+                sub_group_size: z.sub_group_size,
+            }),
+        }
+    }
 }
 
 /// A file a user's tool wrote: its JSON object, or its text as a string, JSON or YAML
@@ -357,6 +457,19 @@ impl<'de> Deserialize<'de> for GpuChoice {
 pub enum NamesRequest {
     Keyword(String),
     Names(Vec<String>),
+}
+
+impl NamesRequest {
+    /// A flag's value (`--activation-checkpointing`): `none` or `full` the keyword, anything
+    /// else module names separated by commas.
+    pub fn from_flag(raw: &str) -> Result<NamesRequest, std::convert::Infallible> {
+        Ok(match raw {
+            "none" | "full" => NamesRequest::Keyword(raw.to_string()),
+            modules => {
+                NamesRequest::Names(modules.split(',').map(|m| m.trim().to_string()).collect())
+            }
+        })
+    }
 }
 
 /// A module name as a list of them holds it: 1 to 256 characters once trimmed, not all
@@ -532,29 +645,39 @@ pub struct NodeRequest {
 
 /// The GPU layout. `world_size` = data x `tensor_parallel` x `pipeline_parallel` x
 /// `context_parallel`.
-#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema, clap::Args)]
 #[serde(deny_unknown_fields)]
 #[schema(example = json!({"strategy": "fsdp", "world_size": 8}))]
 pub struct ParallelismRequest {
     /// `none` (default), `ddp`, `fsdp` (full shard), `zero1`, `zero2`, `zero3`.
     #[serde(default)]
+    #[arg(long)]
     pub strategy: Option<String>,
+    /// GPUs in all: data x `tensor_parallel` x `pipeline_parallel` x `context_parallel`.
     #[serde(default, deserialize_with = "whole_number::optional")]
     #[schema(minimum = 1, maximum = 1048576)]
+    #[arg(long)]
     pub world_size: Option<u64>,
+    /// Tensor-parallel degree.
     #[serde(default, deserialize_with = "whole_number::optional")]
     #[schema(minimum = 1, maximum = 1048576)]
+    #[arg(long)]
     pub tensor_parallel: Option<u64>,
+    /// Pipeline-parallel degree.
     #[serde(default, deserialize_with = "whole_number::optional")]
     #[schema(minimum = 1, maximum = 1048576)]
+    #[arg(long)]
     pub pipeline_parallel: Option<u64>,
+    /// Context-parallel degree.
     #[serde(default, deserialize_with = "whole_number::optional")]
     #[schema(minimum = 1, maximum = 1048576)]
+    #[arg(long)]
     pub context_parallel: Option<u64>,
     /// Whether tensor parallelism also splits the norms and the first linears' inputs along
     /// the sequence (Megatron's `--sequence-parallel`, torchtitan's TP plan). Default false,
     /// Megatron's default: each tensor-parallel rank then holds those activations whole.
     #[serde(default)]
+    #[arg(long, value_name = "BOOL")]
     pub sequence_parallel: Option<bool>,
 }
 

@@ -27,6 +27,19 @@ pub const DEFAULT_GROUP_SIZE: u64 = 128;
 const MAX_GROUP_SIZE: u64 = 65_536;
 
 impl BaseWeights {
+    /// Every format (the 4-bit checkpoints at their default group size).
+    pub const ALL: [BaseWeights; 5] = [
+        BaseWeights::Same,
+        BaseWeights::Int8,
+        BaseWeights::Nf4,
+        BaseWeights::Gptq {
+            group_size: DEFAULT_GROUP_SIZE,
+        },
+        BaseWeights::Awq {
+            group_size: DEFAULT_GROUP_SIZE,
+        },
+    ];
+
     pub fn parse(raw: &str) -> Option<BaseWeights> {
         match raw.to_ascii_lowercase().as_str() {
             "same" | "none" => Some(BaseWeights::Same),
@@ -75,6 +88,8 @@ pub enum ExpertLayout {
 }
 
 impl ExpertLayout {
+    pub const ALL: [ExpertLayout; 2] = [ExpertLayout::PerExpertLinear, ExpertLayout::Fused];
+
     pub fn parse(raw: &str) -> Option<ExpertLayout> {
         match raw.to_ascii_lowercase().as_str() {
             "per_expert_linear" => Some(ExpertLayout::PerExpertLinear),
@@ -166,8 +181,9 @@ pub(super) fn lora(raw: Option<UncheckedLora<'_>>) -> Result<Option<Lora>, Setup
             SetupError::new(
                 "lora.base_weights",
                 format!(
-                    "unknown '{}' (known: same, int8, nf4, gptq_int4, awq_int4)",
-                    echo(name)
+                    "unknown '{}' (known: {})",
+                    echo(name),
+                    known(&BaseWeights::ALL, BaseWeights::as_str)
                 ),
             )
         })?,

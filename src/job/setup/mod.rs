@@ -81,6 +81,12 @@ pub enum Reference {
 }
 
 impl Reference {
+    pub const ALL: [Reference; 3] = [
+        Reference::None,
+        Reference::Copy,
+        Reference::AdaptersDisabled,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Reference::None => "none",
@@ -299,7 +305,7 @@ impl Setup {
                         "unknown precision '{}' (known: {}; mixed16 = amp_fp16; Lightning's \
                          bf16-mixed, 16-mixed, bf16-true, 16-true, 32-true)",
                         echo(name),
-                        Precision::NAMES
+                        values::known(&Precision::ALL, Precision::as_str)
                     ),
                 )
             })?,
@@ -312,7 +318,7 @@ impl Setup {
                     format!(
                         "unknown optimizer '{}' (known: {})",
                         echo(name),
-                        Optimizer::NAMES
+                        values::known(&Optimizer::ALL, Optimizer::as_str)
                     ),
                 )
             })?,
@@ -322,7 +328,14 @@ impl Setup {
             Some(name) => OptimizerImplementation::parse(name).ok_or_else(|| {
                 SetupError::new(
                     "optimizer_implementation",
-                    format!("unknown '{}' (known: foreach, fused, for_loop)", echo(name)),
+                    format!(
+                        "unknown '{}' (known: {})",
+                        echo(name),
+                        values::known(
+                            &OptimizerImplementation::ALL,
+                            OptimizerImplementation::as_str
+                        )
+                    ),
                 )
             })?,
         };
@@ -506,6 +519,44 @@ fn micro_batch(
         )),
         None => Ok(batch_size / accumulation),
     }
+}
+
+/// Each setup field with named values (a dotted path for a nested one) -> its canonical names,
+/// in the order the docs list them: the setup's part of `gpucast vocabulary`
+/// (`crate::api::vocabulary`). A field with named values adds its line here, beside its parse.
+pub fn named_values() -> Vec<(&'static str, Vec<&'static str>)> {
+    vec![
+        ("precision", value_names(&Precision::ALL, Precision::as_str)),
+        ("optimizer", value_names(&Optimizer::ALL, Optimizer::as_str)),
+        (
+            "optimizer_implementation",
+            value_names(
+                &OptimizerImplementation::ALL,
+                OptimizerImplementation::as_str,
+            ),
+        ),
+        ("activation_checkpointing", Checkpointing::KEYWORDS.to_vec()),
+        (
+            "loss_implementation",
+            value_names(&LossImplementation::ALL, LossImplementation::as_str),
+        ),
+        (
+            "reference_model",
+            value_names(&Reference::ALL, Reference::as_str),
+        ),
+        (
+            "parallelism.strategy",
+            value_names(&Strategy::ALL, Strategy::as_str),
+        ),
+        (
+            "lora.base_weights",
+            value_names(&BaseWeights::ALL, BaseWeights::as_str),
+        ),
+        (
+            "lora.expert_layout",
+            value_names(&ExpertLayout::ALL, ExpertLayout::as_str),
+        ),
+    ]
 }
 
 mod lora;

@@ -16,6 +16,15 @@ pub enum Strategy {
 }
 
 impl Strategy {
+    pub const ALL: [Strategy; 6] = [
+        Strategy::None,
+        Strategy::Ddp,
+        Strategy::Fsdp,
+        Strategy::Zero1,
+        Strategy::Zero2,
+        Strategy::Zero3,
+    ];
+
     pub fn parse(raw: &str) -> Option<Strategy> {
         match raw.to_ascii_lowercase().replace(['-', ' '], "_").as_str() {
             "none" | "single" => Some(Strategy::None),
@@ -165,8 +174,9 @@ pub(super) fn parallelism(
             SetupError::new(
                 "parallelism.strategy",
                 format!(
-                    "unknown strategy '{}' (known: none, ddp, fsdp, zero1, zero2, zero3)",
-                    echo(name)
+                    "unknown strategy '{}' (known: {})",
+                    echo(name),
+                    known(&Strategy::ALL, Strategy::as_str)
                 ),
             )
         })?,

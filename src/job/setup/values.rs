@@ -19,8 +19,26 @@ pub enum Precision {
     Fp16,
 }
 
+/// The name of each of `values`.
+pub(crate) fn value_names<T: Copy>(values: &[T], name: fn(T) -> &'static str) -> Vec<&'static str> {
+    values.iter().map(|&v| name(v)).collect()
+}
+
+/// Each name of `values`, separated by commas: what an error lists as known.
+pub(crate) fn known<T: Copy>(values: &[T], name: fn(T) -> &'static str) -> String {
+    value_names(values, name).join(", ")
+}
+
 impl Precision {
-    pub const NAMES: &'static str = "fp32, tf32, amp_fp16, amp_bf16, bf16, fp16";
+    /// Every precision, in the order the docs and the vocabulary list them.
+    pub const ALL: [Precision; 6] = [
+        Precision::Fp32,
+        Precision::Tf32,
+        Precision::AmpFp16,
+        Precision::AmpBf16,
+        Precision::Bf16,
+        Precision::Fp16,
+    ];
 
     pub fn parse(raw: &str) -> Option<Precision> {
         match raw.to_ascii_lowercase().as_str() {
@@ -96,8 +114,18 @@ pub enum Optimizer {
 }
 
 impl Optimizer {
-    pub const NAMES: &'static str = "sgd, momentum, adam, adamw, adafactor, adam_8bit, \
-                                     adamw_8bit, paged_adamw, paged_adamw_8bit";
+    /// Every optimizer, in the order the docs and the vocabulary list them.
+    pub const ALL: [Optimizer; 9] = [
+        Optimizer::Sgd,
+        Optimizer::Momentum,
+        Optimizer::Adam,
+        Optimizer::AdamW,
+        Optimizer::Adafactor,
+        Optimizer::Adam8bit,
+        Optimizer::AdamW8bit,
+        Optimizer::PagedAdamW,
+        Optimizer::PagedAdamW8bit,
+    ];
 
     pub fn parse(raw: &str) -> Option<Optimizer> {
         match raw.to_ascii_lowercase().replace('-', "_").as_str() {
@@ -181,6 +209,12 @@ pub enum OptimizerImplementation {
 }
 
 impl OptimizerImplementation {
+    pub const ALL: [OptimizerImplementation; 3] = [
+        OptimizerImplementation::Foreach,
+        OptimizerImplementation::Fused,
+        OptimizerImplementation::ForLoop,
+    ];
+
     pub fn parse(raw: &str) -> Option<OptimizerImplementation> {
         match raw.to_ascii_lowercase().as_str() {
             "foreach" => Some(OptimizerImplementation::Foreach),
@@ -211,6 +245,9 @@ pub enum Checkpointing {
 }
 
 impl Checkpointing {
+    /// The keywords it takes beside module names.
+    pub const KEYWORDS: [&'static str; 2] = ["none", "full"];
+
     pub fn as_str(&self) -> &'static str {
         match self {
             Checkpointing::None => "none",
@@ -249,7 +286,12 @@ pub enum LossImplementation {
 }
 
 impl LossImplementation {
-    pub const NAMES: &'static str = "upcast_fp32, chunked, fused, native";
+    pub const ALL: [LossImplementation; 4] = [
+        LossImplementation::UpcastFp32,
+        LossImplementation::Chunked,
+        LossImplementation::Fused,
+        LossImplementation::Native,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {

@@ -8,6 +8,11 @@
 
 use serde_json::{Map, Value};
 
+/// The `attn_implementation` values read (eager keeps the N x N probabilities; the others are
+/// read as `sdpa`).
+pub const ATTENTION_KERNELS: [&str; 4] =
+    ["eager", "sdpa", "flash_attention_2", "flash_attention_3"];
+
 use super::{boolean, keyword, place, present, shown, text, FileError, Read};
 use crate::job::echo;
 use crate::job::setup::{BaseWeights, Precision};
@@ -143,7 +148,7 @@ impl Load {
             map,
             prefix,
             "attn_implementation",
-            &["eager", "sdpa", "flash_attention_2", "flash_attention_3"],
+            &ATTENTION_KERNELS,
             "is not an attention kernel the service models",
         )?
         .map(|kernel| {

@@ -13,6 +13,7 @@
 mod deepspeed;
 mod fsdp;
 mod load;
+pub use load::ATTENTION_KERNELS;
 mod peft;
 mod training_args;
 

@@ -507,7 +507,7 @@ pub fn parse_loss_implementation(raw: Option<&str>) -> Result<LossImplementation
         Some(other) => Err(ConfigError(format!(
             "loss_implementation: unknown '{}' (known: {})",
             echo(other),
-            LossImplementation::NAMES
+            crate::job::setup::known(&LossImplementation::ALL, LossImplementation::as_str)
         ))),
     }
 }
