@@ -9,12 +9,14 @@
 //! - here: how numbers and objects are read where serde's derive is laxer than the schema.
 
 mod calibration;
+mod gpu_request;
 mod plan;
 mod request;
 mod response;
 mod service;
 
 pub use calibration::*;
+pub use gpu_request::*;
 pub use plan::*;
 pub use request::*;
 pub use response::*;
