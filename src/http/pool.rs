@@ -63,7 +63,8 @@ const BULK_NICE: libc::c_int = 10;
 
 /// The price ([`crate::engine::cost::Cost`]: units of about 0.1 us as priced; a release build
 /// now spends less) up to which a single estimate stays on a prompt thread: the README's job is
-/// 790 units, Llama-3-8B's config on one card about 4,400, on 16 cards 12,356.
+/// 790 units, the describe job of floor-bench 3,571, Llama-3-8B's config on one card 3,904, on 16
+/// cards 12,356.
 pub const PROMPT_UNITS: u64 = 10_000;
 
 type Job = Box<dyn FnOnce() + Send>;
