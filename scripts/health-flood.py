@@ -33,7 +33,7 @@ import tempfile
 import threading
 import time
 
-from adversarial import maximal_batch
+from attacks.connections import maximal_batch
 from harness import Server, free_port
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -132,7 +132,22 @@ impl Engine {
     /// A request priced ([`cost::Cost`]) and, within the budget, validated
     /// ([`validate::validate`]).
     pub fn validate(&self, request: &EstimateRequest) -> Result<ValidEstimateRequest, ApiError> {
-        cost::Cost::of(request).check(self.cost_budget, None)?;
+        self.price(request)?;
+        self.validate_priced(request)
+    }
+
+    /// The price of `request` in work units ([`cost::Cost`]), refused above the budget.
+    pub fn price(&self, request: &EstimateRequest) -> Result<u64, ApiError> {
+        let cost = cost::Cost::of(request);
+        cost.check(self.cost_budget, None)?;
+        Ok(cost.units())
+    }
+
+    /// A request already priced within the budget ([`Engine::price`]), validated.
+    pub fn validate_priced(
+        &self,
+        request: &EstimateRequest,
+    ) -> Result<ValidEstimateRequest, ApiError> {
         validate::validate(request, &self.catalogue, self.devices.as_ref())
     }
 

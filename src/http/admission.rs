@@ -53,7 +53,7 @@ pub async fn admission(
     let work = deadline.clone();
     let response = state
         .pool
-        .run(Work::Estimate, deadline, move || {
+        .run(Work::LongEstimate, deadline, move || {
             let large = body.len() > FREE_BYTES_PER_BODY;
             let answer = (|| {
                 let review: AdmissionReviewRequest = parse_json(&body, "")?;

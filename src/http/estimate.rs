@@ -10,10 +10,10 @@ use crate::api::parse::{parse_estimate, parse_json};
 use crate::api::types::{BatchRequest, BatchResponse, EstimateRequest, EstimateResponse, Problem};
 use crate::engine::answer::{answer_items_until, answer_until};
 use crate::engine::validate::ValidEstimateRequest;
-use crate::engine::{shared_outcomes, Deadline};
+use crate::engine::{shared_outcomes, Deadline, Engine};
 use crate::error::ApiError;
 use crate::http::extract::JsonBytes;
-use crate::http::pool::Work;
+use crate::http::pool::{Work, PROMPT_UNITS};
 use crate::http::AppState;
 
 /// The most card estimates (an item ranked on n cards is n) a part of a batch holds when the
@@ -48,20 +48,53 @@ pub async fn estimate(
     let deadline = Deadline::at(started + state.limits.request_timeout);
     let engine = Arc::clone(&state.engine);
     let span = tracing::Span::current();
-    let work = deadline.clone();
     // Every step on the estimate pool, none on this async worker: parsing, pricing (above the
-    // budget it is refused before any work), validation, the answer.
-    let answer = state
-        .pool
-        .run(Work::Estimate, deadline.clone(), move || {
+    // budget it is refused before any work), validation, the answer. A prompt thread parses and
+    // prices; a request priced above PROMPT_UNITS goes on to a bulk thread (`http::pool`).
+    let prompt = {
+        let (engine, span, work) = (Arc::clone(&engine), span.clone(), deadline.clone());
+        state.pool.run(Work::Estimate, deadline.clone(), move || {
             let request: EstimateRequest = parse_estimate(&body, "")?;
-            let valid = engine.validate(&request)?;
-            span.record("family", valid.job.family().as_str())
-                .record("layers", valid.job.layers().len());
-            answer_until(&engine, valid, started, &work)
+            if engine.price(&request)? > PROMPT_UNITS {
+                return Ok(Priced::Long(Box::new(request)));
+            }
+            let answer = validate_and_answer(&engine, &request, &span, started, &work)?;
+            Ok(Priced::Answered(Box::new(answer)))
         })
-        .await?;
+    };
+    let answer = match prompt.await? {
+        Priced::Answered(answer) => *answer,
+        Priced::Long(request) => {
+            let work = deadline.clone();
+            state
+                .pool
+                .run(Work::LongEstimate, deadline, move || {
+                    validate_and_answer(&engine, &request, &span, started, &work)
+                })
+                .await?
+        }
+    };
     Ok(Json(answer))
+}
+
+/// A single estimate once priced: answered on the prompt thread, or too long for it.
+enum Priced {
+    Answered(Box<EstimateResponse>),
+    Long(Box<EstimateRequest>),
+}
+
+/// A priced request validated and answered, its family and layers recorded in `span`.
+fn validate_and_answer(
+    engine: &Engine,
+    request: &EstimateRequest,
+    span: &tracing::Span,
+    started: Instant,
+    deadline: &Deadline,
+) -> Result<EstimateResponse, ApiError> {
+    let valid = engine.validate_priced(request)?;
+    span.record("family", valid.job.family().as_str())
+        .record("layers", valid.job.layers().len());
+    answer_until(engine, valid, started, deadline)
 }
 
 /// Estimate many jobs; each item succeeds or fails on its own.

@@ -3,14 +3,21 @@
 //! bodies, route and answer `/healthz` and `/readyz`; no estimate runs on them, so no estimate
 //! can delay a probe (issue 34: two costly requests once stalled every route for 131 s).
 //!
-//! - Bounded: one thread per core; work waits in a queue, which the request permits and batch
-//!   slots bound.
-//! - Single requests go first: a thread free takes a waiting single estimate before any part
+//! - Two sets of threads, one thread per core each; work waits in a queue, which the request
+//!   permits and batch slots bound.
+//! - Prompt threads, at the process's priority, answer single estimates priced at most
+//!   [`PROMPT_UNITS`] (a fraction of a millisecond each): [`Work::Estimate`]. An estimate
+//!   priced above is handed on to the bulk threads once priced ([`Work::LongEstimate`]).
+//! - Bulk threads, at lower priority (Linux nice 10 below the process), run everything that
+//!   may run long: batch parts, plans, calibration, admission reviews, long estimates. When
+//!   every core is busy with them, an async worker woken by a probe or a new connection still
+//!   runs at once. (Issue 47: at nice 10 the short estimates lost their core to anything else
+//!   runnable on the host, a load generator or a neighbour, which halved throughput at 32
+//!   connections; a thread cannot raise its priority back unprivileged, hence two sets.)
+//! - Among bulk work, long single estimates go first: a thread free takes one before any part
 //!   of a batch, so that a batch spread over every thread delays one by one part at most.
 //!   But not forever: when no part has been taken for [`BATCH_PATIENCE`], the oldest waiting
 //!   part goes next, so a flood of singles slows batches without starving them.
-//! - Lower priority (Linux nice 10): when every core is busy with estimates, an async worker
-//!   woken by a probe or a new connection still runs at once.
 //! - Work nobody waits for stops: when the caller's future is dropped (the request answered
 //!   503 at its timeout, or its connection closed) its [`Deadline`] is abandoned, and the work
 //!   stops at its next check, or is not started. Work past its deadline is not started either.
@@ -30,25 +37,35 @@ use crate::metrics::Metrics;
 /// What a piece of work belongs to: its place in the queue and its metric label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Work {
-    /// `POST /v1/estimate`: taken first.
+    /// `POST /v1/estimate` until priced: on a prompt thread.
     Estimate,
-    /// A part of `POST /v1/estimate/batch`: taken when no single estimate waits.
+    /// A single estimate priced above [`PROMPT_UNITS`], or an admission review: on a bulk
+    /// thread, before batch parts.
+    LongEstimate,
+    /// A part of `POST /v1/estimate/batch` (or a plan, calibration): on a bulk thread, when
+    /// no long estimate waits.
     Batch,
 }
 
 impl Work {
     pub fn as_str(self) -> &'static str {
         match self {
-            Work::Estimate => "estimate",
+            Work::Estimate | Work::LongEstimate => "estimate",
             Work::Batch => "batch",
         }
     }
 }
 
-/// The nice value of the pool's threads: below the async workers (nice 0), which then win a
-/// busy core whenever they have something to do.
+/// How far below the process's priority the bulk threads run: the async workers (at the
+/// process's) then win a busy core whenever they have something to do.
 #[cfg(target_os = "linux")]
-const POOL_NICE: libc::c_int = 10;
+const BULK_NICE: libc::c_int = 10;
+
+/// The price ([`crate::engine::cost::Cost`]: units of about 0.1 us as priced; a release build
+/// now spends less) up to which a single estimate stays on a prompt thread: the README's job is
+/// 790 units, the describe job of floor-bench 3,571, Llama-3-8B's config on one card 3,904, on 16
+/// cards 12,356.
+pub const PROMPT_UNITS: u64 = 10_000;
 
 type Job = Box<dyn FnOnce() + Send>;
 
@@ -63,6 +80,9 @@ const RELEASE_AFTER_IDLE: Duration = Duration::from_millis(20);
 
 #[derive(Default)]
 struct Queues {
+    /// Single estimates not yet priced: the prompt threads'.
+    prompt: VecDeque<Job>,
+    /// Long single estimates: the bulk threads', before batch parts.
     estimates: VecDeque<Job>,
     /// Parts of batches, each with when it was queued.
     batches: VecDeque<(Instant, Job)>,
@@ -76,7 +96,12 @@ impl Queues {
         self.estimates.is_empty() && self.batches.is_empty()
     }
 
-    /// The next job for a free thread: a batch part that has waited [`BATCH_PATIENCE`] since
+    /// The next job for a free prompt thread.
+    fn next_prompt(&mut self) -> Option<Job> {
+        self.prompt.pop_front()
+    }
+
+    /// The next job for a free bulk thread: a batch part that has waited [`BATCH_PATIENCE`] since
     /// it was queued and since the last part was taken, else a single estimate, else a part.
     fn next(&mut self, now: Instant) -> Option<Job> {
         let part_due = self.batches.front().is_some_and(|(queued, _)| {
@@ -96,7 +121,10 @@ impl Queues {
 
 struct Shared {
     queues: Mutex<Queues>,
+    /// Bulk work queued.
     work: Condvar,
+    /// Prompt work queued.
+    prompt_work: Condvar,
 }
 
 impl Shared {
@@ -114,18 +142,24 @@ pub struct CpuPool {
 }
 
 impl CpuPool {
-    /// `threads` threads (at least one), named `gpucast-cpu-N`.
+    /// `threads` bulk threads (at least one), named `gpucast-cpu-N`, and as many prompt
+    /// threads, `gpucast-now-N`.
     pub fn new(threads: usize, metrics: Arc<Metrics>) -> std::io::Result<CpuPool> {
         let threads = threads.max(1);
         let shared = Arc::new(Shared {
             queues: Mutex::new(Queues::default()),
             work: Condvar::new(),
+            prompt_work: Condvar::new(),
         });
         for n in 0..threads {
-            let shared = Arc::clone(&shared);
+            let bulk = Arc::clone(&shared);
             std::thread::Builder::new()
                 .name(format!("gpucast-cpu-{n}"))
-                .spawn(move || serve(&shared))?;
+                .spawn(move || serve(&bulk))?;
+            let prompt = Arc::clone(&shared);
+            std::thread::Builder::new()
+                .name(format!("gpucast-now-{n}"))
+                .spawn(move || serve_prompt(&prompt))?;
         }
         Ok(CpuPool {
             shared,
@@ -134,7 +168,7 @@ impl CpuPool {
         })
     }
 
-    /// How many threads estimate at once: what a batch is spread over.
+    /// How many bulk threads estimate at once: what a batch is spread over.
     pub fn threads(&self) -> usize {
         self.threads
     }
@@ -181,11 +215,15 @@ impl CpuPool {
         {
             let mut queues = self.shared.lock();
             match kind {
-                Work::Estimate => queues.estimates.push_back(job),
+                Work::Estimate => queues.prompt.push_back(job),
+                Work::LongEstimate => queues.estimates.push_back(job),
                 Work::Batch => queues.batches.push_back((Instant::now(), job)),
             }
         }
-        self.shared.work.notify_one();
+        match kind {
+            Work::Estimate => self.shared.prompt_work.notify_one(),
+            Work::LongEstimate | Work::Batch => self.shared.work.notify_one(),
+        }
         async move {
             let mut abandon = abandon;
             let outcome = receiver.await.unwrap_or_else(|_| {
@@ -216,6 +254,7 @@ impl Drop for CpuPool {
             let mut queues = self.shared.lock();
             queues.closed = true;
             (
+                std::mem::take(&mut queues.prompt),
                 std::mem::take(&mut queues.estimates),
                 std::mem::take(&mut queues.batches),
             )
@@ -223,11 +262,35 @@ impl Drop for CpuPool {
         // Outside the lock: dropping a job tells its caller.
         drop(dropped);
         self.shared.work.notify_all();
+        self.shared.prompt_work.notify_all();
     }
 }
 
-/// One pool thread: single estimates first, then parts of batches ([`Queues::next`]), until
-/// the pool is dropped.
+/// One prompt thread: single estimates until priced, at the process's priority, until the pool
+/// is dropped.
+fn serve_prompt(shared: &Shared) {
+    loop {
+        let job = {
+            let mut queues = shared.lock();
+            loop {
+                if queues.closed {
+                    return;
+                }
+                if let Some(job) = queues.next_prompt() {
+                    break job;
+                }
+                queues = shared
+                    .prompt_work
+                    .wait(queues)
+                    .unwrap_or_else(|p| p.into_inner());
+            }
+        };
+        job();
+    }
+}
+
+/// One bulk thread: long single estimates first, then parts of batches ([`Queues::next`]),
+/// until the pool is dropped.
 fn serve(shared: &Shared) {
     lower_priority();
     loop {
@@ -262,14 +325,16 @@ fn serve(shared: &Shared) {
     }
 }
 
-/// This thread at [`POOL_NICE`] (on Linux a nice value is a thread's own); elsewhere, and
-/// where the system refuses, the thread keeps its priority.
+/// This thread [`BULK_NICE`] below the process (on Linux a nice value is a thread's own);
+/// elsewhere, and where the system refuses, the thread keeps its priority.
 fn lower_priority() {
     #[cfg(target_os = "linux")]
-    // SAFETY: gettid and setpriority read and set this thread's scheduling value only.
+    // SAFETY: gettid, getpriority and setpriority read and set this thread's scheduling value
+    // only. getpriority's -1 is nice -1 or an error; either way the thread counts from there.
     unsafe {
         let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
-        libc::setpriority(libc::PRIO_PROCESS, tid, POOL_NICE);
+        let base = libc::getpriority(libc::PRIO_PROCESS, tid);
+        libc::setpriority(libc::PRIO_PROCESS, tid, (base + BULK_NICE).min(19));
     }
 }
 
@@ -313,15 +378,39 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn work_is_answered_by_the_pool_threads() {
+    async fn work_is_answered_by_the_pool_threads_short_estimates_by_the_prompt_ones() {
         let pool = pool(2);
-        let name = pool
-            .run(Work::Estimate, Deadline::NONE, || {
-                Ok(std::thread::current().name().map(str::to_owned))
-            })
-            .await
-            .unwrap();
-        assert!(name.unwrap().starts_with("gpucast-cpu-"));
+        for (kind, prefix) in [
+            (Work::Estimate, "gpucast-now-"),
+            (Work::LongEstimate, "gpucast-cpu-"),
+            (Work::Batch, "gpucast-cpu-"),
+        ] {
+            let name = pool
+                .run(kind, Deadline::NONE, || {
+                    Ok(std::thread::current().name().map(str::to_owned))
+                })
+                .await
+                .unwrap();
+            assert!(name.unwrap().starts_with(prefix), "{kind:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_short_estimate_is_answered_while_bulk_work_takes_every_bulk_thread() {
+        let pool = pool(1);
+        let (release, hold) = std::sync::mpsc::channel::<()>();
+        let busy = pool.run(Work::Batch, Deadline::NONE, move || {
+            hold.recv().ok();
+            Ok(())
+        });
+        assert_eq!(
+            pool.run(Work::Estimate, Deadline::NONE, || Ok(7))
+                .await
+                .unwrap(),
+            7
+        );
+        release.send(()).unwrap();
+        busy.await.unwrap();
     }
 
     #[tokio::test]
@@ -409,7 +498,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_waiting_single_estimate_goes_before_waiting_batch_parts() {
+    async fn a_waiting_long_estimate_goes_before_waiting_batch_parts() {
         let pool = pool(1);
         let order = Arc::new(Mutex::new(Vec::new()));
         // Holds the one thread while the others queue.
@@ -422,7 +511,7 @@ mod tests {
         for (kind, label) in [
             (Work::Batch, "batch 1"),
             (Work::Batch, "batch 2"),
-            (Work::Estimate, "single"),
+            (Work::LongEstimate, "single"),
         ] {
             let order = Arc::clone(&order);
             waiting.push(pool.run(kind, Deadline::NONE, move || {
