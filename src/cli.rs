@@ -17,7 +17,8 @@ use crate::bound::learned::{fold_answer, FoldJob};
 use crate::calibration::db;
 use crate::calibration::store::{ProfileStore, DEFAULT_RETENTION};
 use crate::config::{
-    located, CombineArgs, EstimateArgs, FeaturesArgs, OutputFormat, PlanArgs, RecordArgs, StoreArgs,
+    located, CombineArgs, EstimateArgs, FeaturesArgs, OfflineArgs, OutputFormat, PlanArgs,
+    RecordArgs, StoreArgs,
 };
 use crate::devices::sku::Catalogue;
 use crate::devices::NoDevices;
@@ -245,7 +246,7 @@ pub fn plan_table(plan: &PlanResponse) -> String {
 /// written over it.
 fn job_input(args: &EstimateArgs) -> Result<Vec<u8>, String> {
     let flags = &args.job;
-    let limit = args.max_body_bytes;
+    let limit = args.engine.max_body_bytes;
     let read = |file: &str| read_input(file, limit).map_err(|e| format!("{file}: {e}"));
     let base = match (&args.file, &flags.config) {
         (None, None) => {
@@ -706,25 +707,17 @@ fn out(text: &str) {
 /// calibration profiles of the store when there is one (`--database-url`, or a store in
 /// `--data-dir`), no NVML.
 fn offline_engine(args: &EstimateArgs) -> Result<Engine, String> {
-    engine_over_store(
-        &args.models,
-        &args.ort_dylib,
-        &args.store,
-        args.max_request_cost,
-        false,
-    )
+    engine_over_store(&args.engine, &args.store, false)
 }
 
 /// The engine of a command run without a server: its store opened (`create`: made where it
 /// is absent), else an empty one of its own.
 fn engine_over_store(
-    models: &std::path::Path,
-    ort_dylib: &std::path::Path,
+    offline: &OfflineArgs,
     store: &StoreArgs,
-    cost_budget: u64,
     create: bool,
 ) -> Result<Engine, String> {
-    let (models, dylib) = (located(models), located(ort_dylib));
+    let (models, dylib) = (located(&offline.models), located(&offline.ort_dylib));
     let estimators = Estimators::load(&models, &dylib, 1).map_err(|e| e.to_string())?;
     let database_url = store.database_url.as_ref().map(|u| u.expose());
     let stored = create || database_url.is_some() || store.data_dir.join(db::SQLITE_FILE).is_file();
@@ -748,7 +741,7 @@ fn engine_over_store(
         devices: Arc::new(NoDevices::new(
             "gpucast estimate does not read NVML: name the gpu",
         )),
-        cost_budget,
+        cost_budget: offline.max_request_cost,
     })
 }
 
@@ -788,20 +781,14 @@ pub fn combine(args: &CombineArgs) -> i32 {
 /// `gpucast observations record`: observations recorded into the store through the rules
 /// `POST /v1/calibration/observations` holds them to ([`crate::engine::observation`]).
 pub fn record(args: &RecordArgs) -> i32 {
-    let bytes = match read_input(&args.file, args.max_body_bytes) {
+    let bytes = match read_input(&args.file, args.engine.max_body_bytes) {
         Ok(bytes) => bytes,
         Err(e) => {
             eprintln!("gpucast: {}: {e}", args.file);
             return 2;
         }
     };
-    let engine = match engine_over_store(
-        &args.models,
-        &args.ort_dylib,
-        &args.store,
-        args.max_request_cost,
-        true,
-    ) {
+    let engine = match engine_over_store(&args.engine, &args.store, true) {
         Ok(engine) => engine,
         Err(e) => {
             eprintln!("gpucast: {e}");

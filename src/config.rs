@@ -84,28 +84,9 @@ pub struct EstimateArgs {
     #[arg(long, value_enum, default_value_t = OutputFormat::Json)]
     pub format: OutputFormat,
 
-    /// Directory holding manifest.json and the ONNX models it lists.
-    #[arg(long, env = "GPUCAST_MODELS", default_value = "models")]
-    pub models: PathBuf,
-
-    /// ONNX Runtime shared library.
-    #[arg(
-        long,
-        env = "ORT_DYLIB_PATH",
-        default_value = ".cache/onnxruntime/libonnxruntime.so"
-    )]
-    pub ort_dylib: PathBuf,
-
-    /// Largest input read, in bytes: the server's body limit, so that what the command
-    /// answers the service would take too.
-    #[arg(long, env = "GPUCAST_MAX_BODY_BYTES", default_value_t = DEFAULT_MAX_BODY_BYTES)]
-    pub max_body_bytes: usize,
-
-    /// The most work units one job (or a `--batch`, all its jobs) may cost: the server's
-    /// budget (`serve --max-request-cost`), so that what the command answers the service would
-    /// take too.
-    #[arg(long, env = "GPUCAST_MAX_REQUEST_COST", default_value_t = DEFAULT_MAX_REQUEST_COST)]
-    pub max_request_cost: u64,
+    /// The models, and the limits the service would hold the input to.
+    #[command(flatten)]
+    pub engine: OfflineArgs,
 
     /// Held-out score quantiles (the JSON of data/uncertainty.json) to answer with instead of
     /// the committed ones: the evaluation scores held-out sources with quantiles computed
@@ -575,12 +556,10 @@ pub enum ObservationsCommand {
     Record(RecordArgs),
 }
 
-/// `gpucast observations record`.
-#[derive(Debug, clap::Args)]
-pub struct RecordArgs {
-    /// The observations file (JSON), or `-` for standard input.
-    pub file: String,
-
+/// What a command answering without a server loads, and the limits the service would hold
+/// its input to, so that what the command answers the service would take too.
+#[derive(Debug, Clone, Args)]
+pub struct OfflineArgs {
     /// Directory holding manifest.json and the ONNX models it lists.
     #[arg(long, env = "GPUCAST_MODELS", default_value = "models")]
     pub models: PathBuf,
@@ -593,13 +572,26 @@ pub struct RecordArgs {
     )]
     pub ort_dylib: PathBuf,
 
-    /// Largest input read, in bytes: the server's body limit.
+    /// Largest input read, in bytes: the server's body limit, so that what the command
+    /// answers the service would take too.
     #[arg(long, env = "GPUCAST_MAX_BODY_BYTES", default_value_t = DEFAULT_MAX_BODY_BYTES)]
     pub max_body_bytes: usize,
 
-    /// The most work units the observations' jobs may cost: the server's budget.
+    /// The most work units one job (or a `--batch`, all its jobs, or a file of observations)
+    /// may cost: the server's budget (`serve --max-request-cost`).
     #[arg(long, env = "GPUCAST_MAX_REQUEST_COST", default_value_t = DEFAULT_MAX_REQUEST_COST)]
     pub max_request_cost: u64,
+}
+
+/// `gpucast observations record`.
+#[derive(Debug, clap::Args)]
+pub struct RecordArgs {
+    /// The observations file (JSON), or `-` for standard input.
+    pub file: String,
+
+    /// The models, and the limits the service would hold the input to.
+    #[command(flatten)]
+    pub engine: OfflineArgs,
 
     /// The store written (created in --data-dir when absent).
     #[command(flatten)]
