@@ -79,6 +79,8 @@ fn main() {
         metrics: Arc::new(Metrics::new()),
         devices: Arc::new(NoDevices::new("stage timings read no GPU")),
         cost_budget: gpucast::config::DEFAULT_MAX_REQUEST_COST,
+        // Every stage is timed as computed: no answer is reused.
+        memo: gpucast::engine::memo::AnswerMemo::OFF,
     };
     for file in &args {
         let body = std::fs::read(file).expect("a request file");

@@ -742,6 +742,7 @@ fn engine_over_store(
             "gpucast estimate does not read NVML: name the gpu",
         )),
         cost_budget: offline.max_request_cost,
+        memo: crate::engine::memo::AnswerMemo::OFF,
     })
 }
 

@@ -7,6 +7,7 @@
 //! | `gpucast_http_request_duration_seconds` | histogram | method, route, status |
 //! | `gpucast_inference_duration_seconds` | histogram | estimator |
 //! | `gpucast_predicted_class_total` | counter | family, class (index of the combined class) |
+//! | `gpucast_answers_reused_total` | counter | (none): answers given again without estimating (a body answered before while the profiles it read are current, or a batch item repeating an earlier one) |
 //! | `gpucast_cancelled_total` | counter | work (`estimate`, `batch`), stage (`queued`: not started before its deadline; `running`: stopped at it) |
 //! | `gpucast_admission_decisions_total` | counter | decision (`placed`: allowed with a node affinity; `allowed`: allowed as it is; `denied`) |
 //! | `gpucast_build_info` | gauge (1) | version, estimators (manifest generation time) |
@@ -21,8 +22,8 @@
 
 use crate::calibration::profile::CalibrationProfile;
 use prometheus::{
-    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry,
-    TextEncoder,
+    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
 
 /// HTTP latency buckets, seconds: estimates take tens of microseconds, batches milliseconds.
@@ -49,6 +50,7 @@ pub struct Metrics {
     pub http_request_duration_seconds: HistogramVec,
     pub inference_duration_seconds: HistogramVec,
     pub predicted_class_total: IntCounterVec,
+    pub answers_reused_total: IntCounter,
     pub cancelled_total: IntCounterVec,
     pub admission_decisions_total: IntCounterVec,
     pub build_info: IntGaugeVec,
@@ -85,6 +87,11 @@ impl Metrics {
         let predicted_class_total = IntCounterVec::new(
             Opts::new("predicted_class_total", "Combined memory classes predicted"),
             &["family", "class"],
+        )
+        .expect("valid metric");
+        let answers_reused_total = IntCounter::new(
+            "answers_reused_total",
+            "Answers given again without estimating: kept ones, and batch items repeating another",
         )
         .expect("valid metric");
         let cancelled_total = IntCounterVec::new(
@@ -155,6 +162,7 @@ impl Metrics {
             Box::new(http_request_duration_seconds.clone()),
             Box::new(inference_duration_seconds.clone()),
             Box::new(predicted_class_total.clone()),
+            Box::new(answers_reused_total.clone()),
             Box::new(cancelled_total.clone()),
             Box::new(admission_decisions_total.clone()),
             Box::new(build_info.clone()),
@@ -174,6 +182,7 @@ impl Metrics {
             http_request_duration_seconds,
             inference_duration_seconds,
             predicted_class_total,
+            answers_reused_total,
             cancelled_total,
             admission_decisions_total,
             build_info,

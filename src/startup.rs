@@ -16,6 +16,7 @@ use crate::devices::nvml::NvmlDevices;
 use crate::devices::sku::Catalogue;
 use crate::devices::watch::Sampler;
 use crate::devices::{GpuDevices, NoDevices};
+use crate::engine::memo::AnswerMemo;
 use crate::engine::Engine;
 use crate::estimators::{Estimators, LoadError};
 use crate::http::auth::{WriteAccess, WriteHosts};
@@ -217,6 +218,7 @@ impl Application {
                 metrics,
                 devices: devices.clone(),
                 cost_budget: config.max_request_cost,
+                memo: AnswerMemo::new(config.answer_memo_mib.saturating_mul(1 << 20)),
             }),
             ready: Arc::new(AtomicBool::new(false)),
             limits: Limits {

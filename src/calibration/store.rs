@@ -357,7 +357,33 @@ pub struct ProfileSnapshot {
     fault: Option<String>,
 }
 
+/// Which version of the profiles a snapshot is, without keeping its profiles alive: an answer
+/// kept for reuse is valid only while the profiles it read are current
+/// ([`crate::engine::memo`]).
+#[derive(Debug, Clone)]
+pub struct ProfileVersion {
+    map: std::sync::Weak<HashMap<ProfileKey, Derived>>,
+    stale: bool,
+}
+
+impl ProfileVersion {
+    /// Whether `snapshot` is this version: the same derived map (a weak reference keeps its
+    /// address from being reused), read in the same state of the store.
+    pub fn is(&self, snapshot: &ProfileSnapshot) -> bool {
+        std::ptr::eq(self.map.as_ptr(), Arc::as_ptr(&snapshot.map))
+            && self.stale == snapshot.stale()
+    }
+}
+
 impl ProfileSnapshot {
+    /// This snapshot's version ([`ProfileVersion`]).
+    pub fn version(&self) -> ProfileVersion {
+        ProfileVersion {
+            map: Arc::downgrade(&self.map),
+            stale: self.stale(),
+        }
+    }
+
     /// True while the store cannot be read: these are the profiles last derived.
     pub fn stale(&self) -> bool {
         self.fault.is_some()

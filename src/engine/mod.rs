@@ -11,10 +11,13 @@
 //!   sequence that fit, the setups that make a job fit, the smallest card.
 //! - [`validate`]: a wire request -> a validated job, its target GPU and what was asked.
 //! - [`answer`]: a validated request -> the answer (placement, class, utilization, metrics).
+//! - [`memo`]: answers kept by their request's bytes, reused while the profiles they read
+//!   are current.
 
 pub mod answer;
 pub mod cost;
 pub mod files;
+pub mod memo;
 pub mod observation;
 pub mod plan;
 pub mod validate;
@@ -93,6 +96,8 @@ pub struct Engine {
     /// The most work units a request may cost ([`cost`]; `--max-request-cost`): a request
     /// priced above it is refused before any work.
     pub cost_budget: u64,
+    /// Answers kept for reuse ([`memo`]; `--answer-memo-mib`).
+    pub memo: memo::AnswerMemo,
 }
 
 impl Engine {
@@ -127,6 +132,14 @@ impl Engine {
         let mut valid = self.validate(request)?;
         valid.counted = false;
         answer::answer_until(self, valid, started, deadline)
+    }
+
+    /// The answer kept for the request `body` ([`memo`]), counted as an answer, its
+    /// `latency_us.total` its own; `None` when none is kept or the profiles have moved since.
+    pub fn reuse(&self, body: &[u8], started: Instant) -> Option<EstimateResponse> {
+        let mut answer = self.memo.get(body, &self.profiles.snapshot())?;
+        count_reused(self, &mut answer, started);
+        Some(answer)
     }
 
     /// A request priced ([`cost::Cost`]) and, within the budget, validated
@@ -311,16 +324,7 @@ pub fn shared_outcomes(
                 let answered = &outcomes[earlier];
                 let mut estimate = answered.estimate.clone();
                 if let Some(estimate) = estimate.as_mut() {
-                    estimate.latency_us.total =
-                        crate::api::answer::round_1(started.elapsed().as_secs_f64() * 1e6);
-                    engine
-                        .metrics
-                        .predicted_class_total
-                        .with_label_values(&[
-                            estimate.family.as_str(),
-                            &estimate.memory.class.index.to_string(),
-                        ])
-                        .inc();
+                    count_reused(engine, estimate, started);
                 }
                 BatchItemResponse {
                     index,
@@ -333,6 +337,23 @@ pub fn shared_outcomes(
         outcomes.push(outcome);
     }
     outcomes
+}
+
+/// An answer given again (kept, or an earlier item's of the same batch): its
+/// `latency_us.total` is this request's own, and it counts as an answer in the predicted
+/// classes (the estimators' times are those of the run that computed it, and are not counted
+/// again).
+fn count_reused(engine: &Engine, answer: &mut EstimateResponse, started: Instant) {
+    answer.latency_us.total = crate::api::answer::round_1(started.elapsed().as_secs_f64() * 1e6);
+    engine
+        .metrics
+        .predicted_class_total
+        .with_label_values(&[
+            answer.family.as_str(),
+            &answer.memory.class.index.to_string(),
+        ])
+        .inc();
+    engine.metrics.answers_reused_total.inc();
 }
 
 /// One item's outcome as the batch answers it.

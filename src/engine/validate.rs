@@ -7,7 +7,7 @@ use crate::api::types::{
     EstimateRequest, FromFileResponse, GpuChoice, GpuRequest, NamesRequest, SummaryFormatRequest,
 };
 use crate::calibration::label::Stack;
-use crate::devices::sku::Catalogue;
+use crate::devices::sku::{Catalogue, GpuSelector};
 use crate::devices::GpuDevices;
 use crate::engine::files;
 use crate::error::ApiError;
@@ -131,6 +131,9 @@ pub struct ValidEstimateRequest {
     /// Whether its answer counts in the metrics (the class answered, the estimators' time): a
     /// caller's request does; a plan's search points are not answers anyone asked for.
     pub counted: bool,
+    /// Whether a card is the attached one, read from its driver: its answer is not kept for
+    /// reuse ([`crate::engine::memo`]), as the driver may come to report another card.
+    pub reads_device: bool,
 }
 
 /// Validates a request as both estimate routes do.
@@ -179,7 +182,21 @@ pub fn validate(
         from_files,
         node,
         counted: true,
+        reads_device: names_attached(request.gpu.as_ref(), catalogue),
     })
+}
+
+/// Whether `choice` names the attached card (alone or in a list).
+fn names_attached(choice: Option<&GpuChoice>, catalogue: &Catalogue) -> bool {
+    let attached = |card: &GpuRequest| match card {
+        GpuRequest::Name(name) => matches!(catalogue.select(name), Ok(GpuSelector::Attached)),
+        GpuRequest::Custom(_) => false,
+    };
+    match choice {
+        None => false,
+        Some(GpuChoice::One(card)) => attached(card),
+        Some(GpuChoice::Many(cards)) => cards.iter().any(attached),
+    }
 }
 
 /// Resolves a request's `gpu`, one card or a list, to the first card and the rest. A list

@@ -44,21 +44,32 @@ pub async fn estimate(
     JsonBytes(body): JsonBytes,
 ) -> Result<Json<EstimateResponse>, ApiError> {
     let started = Instant::now();
+    // A body answered before, while the profiles it read are current: its kept answer, here
+    // on the async worker (a lookup and a copy, no estimate).
+    if let Some(answer) = state.engine.reuse(&body, started) {
+        return Ok(Json(answer));
+    }
     // The guard's timeout answers 503 at the same moment; the work stops there too.
     let deadline = Deadline::at(started + state.limits.request_timeout);
     let engine = Arc::clone(&state.engine);
     let span = tracing::Span::current();
-    // Every step on the estimate pool, none on this async worker: parsing, pricing (above the
-    // budget it is refused before any work), validation, the answer. A prompt thread parses and
-    // prices; a request priced above PROMPT_UNITS goes on to a bulk thread (`http::pool`).
+    // Every step of an estimate on the estimate pool, none on this async worker: parsing,
+    // pricing (above the budget it is refused before any work), validation, the answer. A
+    // prompt thread parses and prices; a request priced above PROMPT_UNITS goes on to a bulk
+    // thread (`http::pool`).
     let prompt = {
-        let (engine, span, work) = (Arc::clone(&engine), span.clone(), deadline.clone());
+        let (engine, span, work, body) = (
+            Arc::clone(&engine),
+            span.clone(),
+            deadline.clone(),
+            body.clone(),
+        );
         state.pool.run(Work::Estimate, deadline.clone(), move || {
             let request: EstimateRequest = parse_estimate(&body, "")?;
             if engine.price(&request)? > PROMPT_UNITS {
                 return Ok(Priced::Long(Box::new(request)));
             }
-            let answer = validate_and_answer(&engine, &request, &span, started, &work)?;
+            let answer = validate_and_answer(&engine, &body, &request, &span, started, &work)?;
             Ok(Priced::Answered(Box::new(answer)))
         })
     };
@@ -69,7 +80,7 @@ pub async fn estimate(
             state
                 .pool
                 .run(Work::LongEstimate, deadline, move || {
-                    validate_and_answer(&engine, &request, &span, started, &work)
+                    validate_and_answer(&engine, &body, &request, &span, started, &work)
                 })
                 .await?
         }
@@ -83,18 +94,28 @@ enum Priced {
     Long(Box<EstimateRequest>),
 }
 
-/// A priced request validated and answered, its family and layers recorded in `span`.
+/// A priced request validated and answered, its family and layers recorded in `span`; its
+/// answer kept for reuse by its `body` ([`crate::engine::memo`]) when it reads no attached
+/// card and was given before the deadline (a caller answered 503 leaves nothing behind).
 fn validate_and_answer(
     engine: &Engine,
+    body: &[u8],
     request: &EstimateRequest,
     span: &tracing::Span,
     started: Instant,
     deadline: &Deadline,
 ) -> Result<EstimateResponse, ApiError> {
+    // Taken before the answer reads the profiles: a later version makes the kept answer stale.
+    let version = engine.profiles.snapshot().version();
     let valid = engine.validate_priced(request)?;
     span.record("family", valid.job.family().as_str())
         .record("layers", valid.job.layers().len());
-    answer_until(engine, valid, started, deadline)
+    let reusable = !valid.reads_device;
+    let answer = answer_until(engine, valid, started, deadline)?;
+    if reusable && deadline.check().is_ok() {
+        engine.memo.keep(body, version, &answer);
+    }
+    Ok(answer)
 }
 
 /// Estimate many jobs; each item succeeds or fails on its own.

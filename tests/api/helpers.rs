@@ -204,3 +204,13 @@ pub fn assert_bound_is_the_distributions_at_95(body: &Value, widen: f64) {
         "{bound}: {body}"
     );
 }
+
+/// The sum of the `/metrics` samples whose line starts with `prefix` (a metric's name, or its
+/// name and labels).
+pub fn counter(metrics: &str, prefix: &str) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(prefix))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}

@@ -26,6 +26,7 @@ mod plan;
 mod public_setups;
 mod ranking;
 mod real_models;
+mod reuse;
 mod roofline;
 mod saved_tensors;
 mod setups;
