@@ -174,17 +174,26 @@ impl Engine {
     ) -> Result<Vec<BatchItemResponse>, ApiError> {
         let (valid, sources) = self.validate_items_shared(items)?;
         let answers = answer::answer_items(self, &valid, started);
-        Ok(shared_outcomes(self, sources, answers, started))
+        Ok(shared_outcomes(
+            self,
+            sources,
+            answers,
+            started,
+            &Deadline::NONE,
+        ))
     }
 
     /// [`Engine::validate_items`], with an item whose JSON repeats an earlier valid item's
     /// byte for byte read, priced and validated once: it is answered as that item is
     /// ([`shared_outcomes`]), and only the distinct valid items are returned to answer. The
-    /// price is the whole batch's, repeats included.
+    /// price is the whole batch's, repeats included. An item whose JSON has a kept answer
+    /// ([`memo`]) is parsed and priced like the others, and answered with it.
     pub fn validate_items_shared(
         &self,
         items: Vec<Box<serde_json::value::RawValue>>,
-    ) -> Result<(Vec<ValidEstimateRequest>, Vec<ItemSource>), ApiError> {
+    ) -> Result<(Vec<ValidEstimateRequest>, ItemSources), ApiError> {
+        // Taken before any item is answered: a later version makes the answers kept stale.
+        let profiles = self.profiles.snapshot();
         let count = items.len();
         // Per item: its request parsed, or the earlier item its JSON repeats.
         let mut first: HashMap<&str, usize> = HashMap::with_capacity(count);
@@ -213,11 +222,12 @@ impl Engine {
         }
         price.check(self.cost_budget, Some(count))?;
         let (mut valid, mut sources) = (Vec::with_capacity(count), Vec::with_capacity(count));
+        let mut keys = Vec::with_capacity(count);
         for (index, request) in parsed.into_iter().enumerate() {
             let request = match request {
                 Ok(request) => request,
                 Err(earlier) => {
-                    if matches!(sources[earlier], ItemSource::Valid) {
+                    if matches!(sources[earlier], ItemSource::Valid | ItemSource::Kept(_)) {
                         sources.push(ItemSource::Repeats(earlier));
                         continue;
                     }
@@ -226,18 +236,31 @@ impl Engine {
                     parse_estimate(items[index].get().as_bytes(), &format!("items[{index}]"))
                 }
             };
+            let bytes = items[index].get().as_bytes();
+            if request.is_ok() {
+                if let Some(answer) = self.memo.get(bytes, &profiles) {
+                    sources.push(ItemSource::Kept(Box::new(answer)));
+                    continue;
+                }
+            }
             let checked = request.and_then(|request| {
                 validate::validate(&request, &self.catalogue, self.devices.as_ref())
                     .map_err(|e| e.within(&format!("items[{index}].")))
             });
             match checked {
                 Ok(item) => {
+                    keys.push((!item.reads_device).then(|| Box::<[u8]>::from(bytes)));
                     valid.push(item);
                     sources.push(ItemSource::Valid);
                 }
                 Err(error) => sources.push(ItemSource::Invalid(error)),
             }
         }
+        let sources = ItemSources {
+            sources,
+            keys,
+            version: profiles.version(),
+        };
         Ok((valid, sources))
     }
 
@@ -290,7 +313,19 @@ pub fn parse_items(
     Ok(parsed)
 }
 
-/// Where a batch item's outcome comes from ([`Engine::validate_items_shared`]).
+/// Where a batch's item outcomes come from ([`Engine::validate_items_shared`]), and what
+/// the answers computed for it are kept under.
+#[derive(Debug)]
+pub struct ItemSources {
+    sources: Vec<ItemSource>,
+    /// Per distinct valid item, in order, the bytes its answer is kept under (`None`: not
+    /// kept, it reads the attached card).
+    keys: Vec<Option<Box<[u8]>>>,
+    /// The profiles' version before any item was answered.
+    version: crate::calibration::store::ProfileVersion,
+}
+
+/// Where a batch item's outcome comes from.
 #[derive(Debug)]
 pub enum ItemSource {
     /// The next of the answers to the distinct valid items.
@@ -299,26 +334,43 @@ pub enum ItemSource {
     Invalid(ApiError),
     /// The JSON of the earlier item at this index, repeated: answered as that item is.
     Repeats(usize),
+    /// An answer kept for its JSON ([`memo`]).
+    Kept(Box<EstimateResponse>),
 }
 
 /// A batch's outcomes in order from [`Engine::validate_items_shared`]'s sources and the
 /// answers to its distinct valid items (in order): a repeated item gets the answer of the
-/// item it repeats (its `latency_us.total` its own: the time until it was answered), and is
-/// counted in the predicted classes as an answer of its own.
+/// item it repeats, a kept one its kept answer (each with its `latency_us.total` its own: the
+/// time until it was answered), and is counted in the predicted classes as an answer of its
+/// own. The answers computed are kept for reuse ([`memo`]) while `deadline` holds.
 pub fn shared_outcomes(
     engine: &Engine,
-    sources: Vec<ItemSource>,
+    sources: ItemSources,
     answers: impl IntoIterator<Item = Result<EstimateResponse, ApiError>>,
     started: Instant,
+    deadline: &Deadline,
 ) -> Vec<BatchItemResponse> {
-    let mut answers = answers.into_iter();
+    let ItemSources {
+        sources,
+        keys,
+        version,
+    } = sources;
+    let keep = deadline.check().is_ok();
+    let mut answers = answers.into_iter().zip(keys);
     let mut outcomes: Vec<BatchItemResponse> = Vec::with_capacity(sources.len());
     for (index, source) in sources.into_iter().enumerate() {
         let outcome = match source {
-            ItemSource::Valid => outcome(
-                index,
-                answers.next().expect("one answer per distinct valid item"),
-            ),
+            ItemSource::Valid => {
+                let (answer, key) = answers.next().expect("one answer per distinct valid item");
+                if let (Ok(answer), Some(key), true) = (&answer, key, keep) {
+                    engine.memo.keep(&key, version.clone(), answer);
+                }
+                outcome(index, answer)
+            }
+            ItemSource::Kept(mut answer) => {
+                count_reused(engine, &mut answer, started);
+                outcome(index, Ok(*answer))
+            }
             ItemSource::Invalid(error) => outcome(index, Err(error)),
             ItemSource::Repeats(earlier) => {
                 let answered = &outcomes[earlier];

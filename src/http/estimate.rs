@@ -165,8 +165,8 @@ pub async fn estimate_batch(
         .await
         .map_err(|_| ApiError::NotReady)?;
     let engine = Arc::clone(&state.engine);
-    // An item repeating an earlier one's JSON is read and answered once
-    // (`Engine::validate_items_shared`).
+    // An item repeating an earlier one's JSON is read and answered once, one with a kept
+    // answer is read and priced but not answered again (`Engine::validate_items_shared`).
     let (valid, sources) = state
         .pool
         .run(Work::Batch, deadline.clone(), move || {
@@ -177,6 +177,7 @@ pub async fn estimate_batch(
     // and a single estimate queued meanwhile goes before the parts not yet started. One
     // version of the profiles for the whole batch; each item's answer is the one it gets alone.
     let profiles = state.engine.profiles.snapshot();
+    let distinct = valid.len();
     let parts = into_parts(valid, state.pool.threads());
     let pending: Vec<_> = parts
         .into_iter()
@@ -190,16 +191,18 @@ pub async fn estimate_batch(
             })
         })
         .collect();
-    let mut answers = Vec::with_capacity(sources.len());
+    let mut answers = Vec::with_capacity(distinct);
     for part in pending {
         answers.extend(part.await?);
     }
-    // Repeated items' answers are copied on the pool too.
+    // Repeated items' answers are copied on the pool too, and the answers computed kept.
     let engine = Arc::clone(&state.engine);
     let items = state
         .pool
-        .run(Work::Batch, deadline, move || {
-            Ok(shared_outcomes(&engine, sources, answers, started))
+        .run(Work::Batch, deadline.clone(), move || {
+            Ok(shared_outcomes(
+                &engine, sources, answers, started, &deadline,
+            ))
         })
         .await?;
     Ok(Json(BatchResponse { items }))

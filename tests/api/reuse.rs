@@ -87,3 +87,31 @@ async fn a_refused_body_is_refused_again() {
     }
     assert_eq!(reused(&app).await, 0.0);
 }
+
+#[tokio::test]
+async fn batch_items_are_answered_alike_from_kept_answers_and_keep_theirs() {
+    let app = spawn_app().await;
+    let mut other = example_job();
+    other["batch_size"] = 64.into();
+    let batch = json!({"items": [example_job(), other]});
+    let items = |body: Value| -> Vec<Value> {
+        body["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|item| {
+                let mut estimate = item["estimate"].clone();
+                estimate["latency_us"] = Value::Null;
+                estimate
+            })
+            .collect()
+    };
+    let computed = items(app.post_json_value("/v1/estimate/batch", &batch).await);
+    assert_eq!(reused(&app).await, 0.0);
+    // A single estimate of an item's JSON reuses the batch's answer, and a batch the single's.
+    assert_eq!(answer(&app, &example_job()).await, computed[0]);
+    assert_eq!(reused(&app).await, 1.0);
+    let again = items(app.post_json_value("/v1/estimate/batch", &batch).await);
+    assert_eq!(again, computed);
+    assert_eq!(reused(&app).await, 3.0);
+}
