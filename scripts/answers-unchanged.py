@@ -14,7 +14,9 @@ fp32 SGD with accumulation, LoRA on named modules).
     python3 scripts/answers-unchanged.py /tmp/before target/release/gpucast
 
 With `--alone`, each build serves on loopback and answers every job in a request of its own
-(as a caller sending one job at a time sees it) instead of in batches.
+(as a caller sending one job at a time sees it) instead of in batches. With `--alone --again`,
+each job is sent twice in a row and the second answer compared: a build that keeps answers
+(`--answer-memo-mib`) gives its kept one.
 
 Stdlib only. Exits 1 when any answer differs, and prints the first few differences. With
 `--within-rounding`, a number that moved by at most one unit of its last significant digit (a sum
@@ -108,9 +110,10 @@ def answers(binary, batches):
     return out
 
 
-def answers_alone(binary, items):
+def answers_alone(binary, items, again=False):
     """Every item's answer (or problem) from `binary` serving on loopback, one request each: what
-    a caller that sends one job at a time gets."""
+    a caller that sends one job at a time gets; `again`: the answer to the same request sent a
+    second time."""
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="gpucast-alone-") as store:
         service = Server(binary, port, data_dir=store)
@@ -118,6 +121,8 @@ def answers_alone(binary, items):
             out = []
             for item in items:
                 status, answer = call_json(port, "POST", "/v1/estimate", item)
+                if again:
+                    status, answer = call_json(port, "POST", "/v1/estimate", item)
                 out.append({"estimate": answer} if status == 200 else {"error": answer})
             return out
         finally:
@@ -169,7 +174,8 @@ def main():
     args = sys.argv[1:]
     tolerate = "--within-rounding" in args
     alone = "--alone" in args
-    args = [a for a in args if a not in ("--within-rounding", "--alone")]
+    again = "--again" in args
+    args = [a for a in args if a not in ("--within-rounding", "--alone", "--again")]
     if len(args) != 2:
         raise SystemExit(__doc__)
     before, after = args
@@ -182,7 +188,7 @@ def main():
                 json.dump({"items": items[start : start + CHUNK]}, f)
             batches.append(path)
         if alone:
-            old, new = answers_alone(before, items), answers_alone(after, items)
+            old, new = answers_alone(before, items, again), answers_alone(after, items, again)
         else:
             old, new = answers(before, batches), answers(after, batches)
     stripped = [(without_latency(a), without_latency(b)) for a, b in zip(old, new)]

@@ -241,10 +241,13 @@ pub enum PerformanceSourceName {
     Roofline,
 }
 
-/// Time spent on this estimate, microseconds: `total` and one entry per estimator name.
+/// Time spent on this estimate, microseconds: `total` and one entry per estimator name. An
+/// answer given again without estimating (the same body answered before, while the
+/// calibration profiles it read are current, or a batch item repeating another) has a `total`
+/// of its own and the estimators' times of the run that computed it.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct LatencyResponse {
-    /// From a validated request to the answer, all estimators included.
+    /// From the request's arrival to its answer, all estimators included.
     pub total: f64,
     #[serde(flatten)]
     #[schema(additional_properties)]
