@@ -50,6 +50,43 @@ def batch_flood(port):
     return concurrently(8, lambda: request(port, "POST", "/v1/estimate/batch", body, timeout=120))
 
 
+def memo_churn(port, bodies=6_000, clients=8):
+    """6,000 distinct valid jobs (the example at 6,000 batch sizes), 8 clients: every answer
+    kept, four times what the answer memo holds at its default (16 MiB, about 1,500): the memo
+    evicts and the service's memory stays bounded."""
+    metrics = f"http://127.0.0.1:{port}/metrics"
+
+    def kept_reused():
+        text = urllib.request.urlopen(metrics).read().decode()
+        return sum(
+            float(line.split()[-1]) for line in text.splitlines() if line.startswith("gpucast_answers_reused_total")
+        )
+
+    reused_before = kept_reused()
+    sizes = iter(range(1, bodies + 1))
+    lock, statuses = threading.Lock(), collections.Counter()
+
+    def client():
+        while True:
+            with lock:
+                size = next(sizes, None)
+            if size is None:
+                return
+            job = example_job()
+            job["batch_size"] = 1_000_000 + size
+            status = request(port, "POST", "/v1/estimate", job)
+            with lock:
+                statuses[str(status)] += 1
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    expect_statuses(statuses, {"200"})
+    return statuses, {"bodies": bodies, "answers_reused": kept_reused() - reused_before}
+
+
 def slow_bodies(port, connections=520):
     socks = []
     for _ in range(connections):
