@@ -160,7 +160,11 @@ def main():
 
     with tempfile.TemporaryDirectory(prefix="gpucast-health-flood-") as store:
         health_arg = f"--health-listen=127.0.0.1:{health_port}"
-        server = Server(binary, port, data_dir=store, extra_args=[health_arg, *options.serve_arg])
+        # No answer kept: the flood repeats its bodies, which the memo would answer without
+        # estimating; an attacker varies them.
+        server = Server(
+            binary, port, data_dir=store, extra_args=[health_arg, "--answer-memo-mib", "0", *options.serve_arg]
+        )
         try:
             pid = server.process.pid
             threads = [threading.Thread(target=attacker, args=(n,)) for n in range(attackers)]
