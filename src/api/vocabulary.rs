@@ -9,6 +9,10 @@ use std::collections::BTreeMap;
 
 use crate::calibration::label::Stack;
 use crate::parsers::files::ATTENTION_KERNELS;
+use crate::parsers::transformer::AttentionKernel;
+
+/// What `estimators` takes: the figures' estimators alone, or the memory classifiers too.
+pub const ESTIMATOR_CHOICES: [&str; 2] = ["figures", "all"];
 
 /// The committed [`setup_vocabulary`] and the link to it, from the repository's root.
 pub const COMMITTED: [&str; 2] = [
@@ -17,13 +21,15 @@ pub const COMMITTED: [&str; 2] = [
 ];
 
 /// Request field (a dotted path for a nested one) -> the canonical names it takes, in the order
-/// the docs list them: the setup's own ([`crate::job::setup::named_values`]), the load's
-/// attention kernels and the stacks. Other spellings the service also reads (`mixed16`,
+/// the docs list them: the setup's own ([`crate::job::setup::named_values`]), the attention
+/// kernel of a config job and the load's, the stacks and the estimators asked for. Other spellings the service also reads (`mixed16`,
 /// `adamw8bit`, Lightning's precision strings) are not listed: a client sends these.
 pub fn setup_vocabulary() -> BTreeMap<&'static str, Vec<&'static str>> {
     let mut vocabulary: BTreeMap<_, _> = crate::job::setup::named_values().into_iter().collect();
+    vocabulary.insert("attention", AttentionKernel::NAMES.to_vec());
     vocabulary.insert("load.attn_implementation", ATTENTION_KERNELS.to_vec());
     vocabulary.insert("stack", Stack::NAMES.to_vec());
+    vocabulary.insert("estimators", ESTIMATOR_CHOICES.to_vec());
     vocabulary
 }
 
@@ -57,6 +63,9 @@ mod tests {
         }
         for layout in ExpertLayout::ALL {
             assert_eq!(ExpertLayout::parse(layout.as_str()), Some(layout));
+        }
+        for name in AttentionKernel::NAMES {
+            assert!(AttentionKernel::parse(Some(name)).is_ok(), "{name}");
         }
         for loss in LossImplementation::ALL {
             assert_eq!(

@@ -158,13 +158,16 @@ pub fn validate(
         .map(Stack::parse)
         .transpose()
         .map_err(ApiError::InvalidInput)?;
+    let [figures, all] = crate::api::vocabulary::ESTIMATOR_CHOICES;
     let classifiers = match request.estimators.as_deref() {
-        None | Some("figures") => false,
-        Some("all") => true,
+        None => false,
+        Some(choice) if choice == figures => false,
+        Some(choice) if choice == all => true,
         Some(other) => {
             return Err(ApiError::InvalidInput(format!(
-                "estimators: unknown '{}' (known: figures, all)",
-                crate::job::echo(other)
+                "estimators: unknown '{}' (known: {})",
+                crate::job::echo(other),
+                crate::api::vocabulary::ESTIMATOR_CHOICES.join(", ")
             )))
         }
     };

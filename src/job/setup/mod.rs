@@ -438,7 +438,11 @@ impl Setup {
             Some(other) => {
                 return Err(SetupError::new(
                     "master_weights",
-                    format!("unknown '{}' (known: none, fp32)", echo(other)),
+                    format!(
+                        "unknown '{}' (known: {})",
+                        echo(other),
+                        MASTER_WEIGHTS.join(", ")
+                    ),
                 ))
             }
         };
@@ -521,11 +525,16 @@ fn micro_batch(
     }
 }
 
+/// What `master_weights` takes: no copy beyond the weights, or an fp32 master copy of 16-bit
+/// weights.
+pub const MASTER_WEIGHTS: [&str; 2] = ["none", "fp32"];
+
 /// Each setup field with named values (a dotted path for a nested one) -> its canonical names,
 /// in the order the docs list them: the setup's part of `gpucast vocabulary`
 /// (`crate::api::vocabulary`). A field with named values adds its line here, beside its parse.
 pub fn named_values() -> Vec<(&'static str, Vec<&'static str>)> {
     vec![
+        ("master_weights", MASTER_WEIGHTS.to_vec()),
         ("precision", value_names(&Precision::ALL, Precision::as_str)),
         ("optimizer", value_names(&Optimizer::ALL, Optimizer::as_str)),
         (

@@ -38,6 +38,10 @@ pub enum AttentionKernel {
 }
 
 impl AttentionKernel {
+    /// The names `attention` takes, the vocabulary lists (`auto` and `flash_attention_2` are
+    /// read too, as `sdpa` and `flash`).
+    pub const NAMES: [&'static str; 5] = ["sdpa", "flash", "efficient", "eager", "math"];
+
     pub fn parse(raw: Option<&str>) -> Result<AttentionKernel, ConfigError> {
         match raw.map(str::to_ascii_lowercase).as_deref() {
             None | Some("sdpa" | "flash" | "flash_attention_2" | "efficient" | "auto") => {
@@ -45,8 +49,9 @@ impl AttentionKernel {
             }
             Some("eager" | "math") => Ok(AttentionKernel::Eager),
             Some(other) => Err(ConfigError(format!(
-                "attention: unknown kernel '{}' (known: sdpa, flash, efficient, eager, math)",
-                echo(other)
+                "attention: unknown kernel '{}' (known: {})",
+                echo(other),
+                AttentionKernel::NAMES.join(", ")
             ))),
         }
     }
