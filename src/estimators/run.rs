@@ -1,6 +1,7 @@
 //! Running: the estimators of a job's family, each model called once per batch of jobs (per
 //! distinct layer count for sequence models), their outputs handed to [`super::combine`].
 
+use std::cell::OnceCell;
 use std::time::{Duration, Instant};
 
 use super::combine::{self, FamilyModels, Partial};
@@ -120,11 +121,18 @@ impl Estimators {
         let job_refs: Vec<&Job> = jobs.iter().map(|query| query.job).collect();
         // The analytic figures once per job: the features read them, and they are answers too.
         let analytic: Vec<AnalyticRun> = job_refs.iter().map(|job| AnalyticRun::of(job)).collect();
-        let aggregates: Vec<AggregateFeatures> = job_refs
-            .iter()
-            .zip(&analytic)
-            .map(|(job, run)| AggregateFeatures::with_analytic(job, &run.figures))
-            .collect();
+        // The aggregate features, once a learned model or the training domain reads them: a
+        // job none applies to (a config job's analytic step answers alone) never needs them.
+        let aggregates_once: OnceCell<Vec<AggregateFeatures>> = OnceCell::new();
+        let aggregates = || {
+            aggregates_once.get_or_init(|| {
+                job_refs
+                    .iter()
+                    .zip(&analytic)
+                    .map(|(job, run)| AggregateFeatures::with_analytic(job, &run.figures))
+                    .collect()
+            })
+        };
         // A job of a setup the learned models were not trained on: its memory regressors
         // answer the same layers in the nearest setup they know, and the training step carries
         // that answer to the job's setup (`combine`, `Partial::finish`).
@@ -136,20 +144,31 @@ impl Estimators {
                     .map(|base| AggregateFeatures::with_analytic(base, &AnalyticFigures::of(base)))
             })
             .collect();
-        // What an estimator reads of a job: the job, or for a memory regressor its base.
-        let view = |i: usize, estimator: &Estimator| -> (&Job, &AggregateFeatures) {
-            match (&bases[i], &base_aggregates[i]) {
-                (Some(base), Some(features)) if estimator.answers_bases() => (base, features),
-                _ => (job_refs[i], &aggregates[i]),
+        // What an estimator reads of a job: the job, or for a memory regressor its base; and
+        // the features of that job (computed only when asked for).
+        let reads_base = |i: usize, estimator: &Estimator| -> bool {
+            bases[i].is_some() && base_aggregates[i].is_some() && estimator.answers_bases()
+        };
+        let view_job = |i: usize, estimator: &Estimator| -> &Job {
+            match &bases[i] {
+                Some(base) if reads_base(i, estimator) => base,
+                _ => job_refs[i],
+            }
+        };
+        let view_features = |i: usize, estimator: &Estimator| -> &AggregateFeatures {
+            match &base_aggregates[i] {
+                Some(features) if reads_base(i, estimator) => features,
+                _ => &aggregates()[i],
             }
         };
         // Only simulated jobs are placed against the training domain: nothing for the others.
         let domain = self.simulated.as_ref().and_then(|s| s.domain.as_ref());
         let reaches: Vec<Option<(Extrapolation, Duration)>> = job_refs
             .iter()
-            .zip(&aggregates)
-            .map(|(job, aggregate)| {
+            .enumerate()
+            .map(|(i, job)| {
                 let domain = domain.filter(|_| job.simulation().is_some())?;
+                let aggregate = &aggregates()[i];
                 let started = Instant::now();
                 Some((domain.locate(job, aggregate), started.elapsed()))
             })
@@ -160,7 +179,7 @@ impl Estimators {
             .collect();
         for estimator in &members {
             let applicable: Vec<usize> = (0..jobs.len())
-                .filter(|&i| estimator.applies_to(view(i, estimator).0))
+                .filter(|&i| estimator.applies_to(view_job(i, estimator)))
                 // The classifiers give opinions only: they run when they are asked for; a
                 // utilization regressor, where its figure is answered.
                 .filter(|&i| match estimator.entry.kind {
@@ -215,13 +234,13 @@ impl Estimators {
             let own_jobs = applicable.len() == jobs.len()
                 && (!estimator.answers_bases() || bases.iter().all(Option::is_none));
             let outputs = if own_jobs {
-                estimator.run_many(&job_refs, &aggregates)
+                estimator.run_many(&job_refs, aggregates())
             } else {
                 let some_jobs: Vec<&Job> =
-                    applicable.iter().map(|&i| view(i, estimator).0).collect();
+                    applicable.iter().map(|&i| view_job(i, estimator)).collect();
                 let some_aggregates: Vec<AggregateFeatures> = applicable
                     .iter()
-                    .map(|&i| view(i, estimator).1.clone())
+                    .map(|&i| view_features(i, estimator).clone())
                     .collect();
                 estimator.run_many(&some_jobs, &some_aggregates)
             };
