@@ -128,8 +128,8 @@ struct Builder {
     seq: u64,
     layers: Vec<Layer>,
     details: Vec<LayerDetail>,
-    /// Whether the modules are named: not when the model is built only for its activations
-    /// ([`build_unnamed`]), which read no name.
+    /// Whether the modules are named and described (`details`): not when the model is built
+    /// only for its activations ([`build_unnamed`]), which read neither.
     named: bool,
 }
 
@@ -149,13 +149,15 @@ impl Builder {
             output_size: outputs.saturating_mul(self.seq),
             params,
         });
-        self.details.push(LayerDetail {
-            name: Some(name),
-            in_features: None,
-            out_features: None,
-            flops: Some(flops),
-            experts: None,
-        });
+        if self.named {
+            self.details.push(LayerDetail {
+                name: Some(name),
+                in_features: None,
+                out_features: None,
+                flops: Some(flops),
+                experts: None,
+            });
+        }
     }
 
     /// A mixture of experts' routed experts as one layer (a fused module, as transformers 5
@@ -200,13 +202,15 @@ impl Builder {
             output_size: outputs * self.seq,
             params: count,
         });
-        self.details.push(LayerDetail {
-            name: Some(name),
-            in_features: Some(inputs),
-            out_features: Some(outputs),
-            flops: Some(flops),
-            experts: None,
-        });
+        if self.named {
+            self.details.push(LayerDetail {
+                name: Some(name),
+                in_features: Some(inputs),
+                out_features: Some(outputs),
+                flops: Some(flops),
+                experts: None,
+            });
+        }
     }
 }
 
@@ -304,8 +308,8 @@ pub fn build(
     build_named(config, seq_len, precision, kernel, true)
 }
 
-/// [`build`] without the modules' names (`details` hold none): for a model built again only
-/// for its activations at another precision or attention kernel
+/// [`build`] without the modules' names and details (`details` is empty): for a model built
+/// again only for its activations at another precision or attention kernel
 /// ([`TransformerModel::activations_with`] reads no name), at a fraction of the cost.
 pub fn build_unnamed(
     config: TransformerConfig,
@@ -363,7 +367,7 @@ fn build_named(
     let mut b = Builder {
         seq,
         layers: Vec::with_capacity(expected),
-        details: Vec::with_capacity(expected),
+        details: Vec::with_capacity(if named { expected } else { 0 }),
         named,
     };
     let mut outside = Saved {
