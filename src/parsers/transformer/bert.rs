@@ -59,7 +59,7 @@ pub(super) fn body(b: &mut Builder, s: &Shapes, outside: &mut Saved) -> Body {
     };
     outside.add(post_norm);
     for i in 0..c.layers {
-        let p = format!("bert.encoder.layer.{i}");
+        let p = b.prefix(|| format!("bert.encoder.layer.{i}"));
         b.push(
             b.name(&p, "attention.self"),
             LayerKind::Attention,

@@ -37,7 +37,7 @@ pub(super) fn body(b: &mut Builder, s: &Shapes, outside: &mut Saved) -> Body {
     let resid = dropout(c.hidden_dropout);
     let (qd, kvd) = (c.heads * c.head_dim, c.kv_heads * c.head_dim);
     for i in 0..c.layers {
-        let p = format!("transformer.encoder.layers.{i}");
+        let p = b.prefix(|| format!("transformer.encoder.layers.{i}"));
         push_norm(b, b.name(&p, "input_layernorm"));
         b.push(
             b.name(&p, "self_attention.core_attention"),

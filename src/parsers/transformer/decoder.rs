@@ -27,7 +27,7 @@ pub(super) fn body(b: &mut Builder, s: &Shapes, outside: &mut Saved) -> Body {
         0,
     );
     for i in 0..c.layers {
-        let p = format!("model.layers.{i}");
+        let p = b.prefix(|| format!("model.layers.{i}"));
         b.rms_norm(b.name(&p, "input_layernorm"), c.hidden);
         b.push(
             b.name(&p, "self_attn"),

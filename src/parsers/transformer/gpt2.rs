@@ -40,7 +40,7 @@ pub(super) fn body(b: &mut Builder, s: &Shapes, outside: &mut Saved) -> Body {
     let resid = dropout(c.hidden_dropout);
     outside.mask += resid * h;
     for i in 0..c.layers {
-        let p = format!("transformer.h.{i}");
+        let p = b.prefix(|| format!("transformer.h.{i}"));
         b.layer_norm(b.name(&p, "ln_1"), c.hidden);
         b.push(
             b.name(&p, "attn"),

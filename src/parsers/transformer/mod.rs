@@ -134,6 +134,16 @@ struct Builder {
 }
 
 impl Builder {
+    /// A block's prefix (`model.layers.7`), made only when the modules are named: unnamed,
+    /// nothing (no allocation, no formatting).
+    fn prefix(&self, made: impl FnOnce() -> String) -> String {
+        if self.named {
+            made()
+        } else {
+            String::new()
+        }
+    }
+
     /// The module path `prefix.name` ([`dotted`]), or nothing (no allocation) unnamed.
     fn name(&self, prefix: &str, name: &str) -> String {
         if self.named {

@@ -26,7 +26,7 @@ pub(super) fn body(b: &mut Builder, s: &Shapes, outside: &mut Saved) -> Body {
     let resid = dropout(c.hidden_dropout);
     outside.mask += resid * h;
     for i in 0..c.layers {
-        let p = format!("gpt_neox.layers.{i}");
+        let p = b.prefix(|| format!("gpt_neox.layers.{i}"));
         b.layer_norm(b.name(&p, "input_layernorm"), c.hidden);
         b.push(
             b.name(&p, "attention"),

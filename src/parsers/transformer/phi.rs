@@ -27,7 +27,7 @@ pub(super) fn body(b: &mut Builder, s: &Shapes, outside: &mut Saved) -> Body {
     let resid = dropout(c.hidden_dropout);
     outside.mask += resid * h;
     for i in 0..c.layers {
-        let p = format!("model.layers.{i}");
+        let p = b.prefix(|| format!("model.layers.{i}"));
         b.layer_norm(b.name(&p, "input_layernorm"), c.hidden);
         b.push(
             b.name(&p, "self_attn"),

@@ -47,7 +47,7 @@ pub(super) fn body(b: &mut Builder, s: &Shapes, outside: &mut Saved) -> Body {
     let (qd, ff) = (c.heads * c.head_dim, c.intermediate);
     let stack = |b: &mut Builder, stack: &str, count: u64, cross: bool| {
         for i in 0..count {
-            let p = format!("{stack}.block.{i}.layer");
+            let p = b.prefix(|| format!("{stack}.block.{i}.layer"));
             b.rms_norm(b.name(&p, "0.layer_norm"), c.hidden);
             b.push(
                 b.name(&p, "0.SelfAttention"),
