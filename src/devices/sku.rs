@@ -117,6 +117,11 @@ pub struct Catalogue {
 /// Ids shown in an "unknown GPU" message; `GET /v1/gpus` lists them all.
 const SHOWN_IDS: usize = 12;
 
+/// Whether a card's name asks for the attached GPU (`attached`, in any case).
+pub fn is_attached(input: &str) -> bool {
+    input.trim().eq_ignore_ascii_case("attached")
+}
+
 impl Catalogue {
     /// Indexes `builtin` and `added` entries (ids unique across both). A name of an added entry
     /// takes precedence over the same name of a built-in one; two entries of the same group
@@ -307,7 +312,7 @@ impl Catalogue {
     /// GPU names in the catalogue hold (and memory sizes and form factors): a request's `gpu`
     /// with other words in it is a mistake to refuse, not noise to read past.
     pub fn select(&self, input: &str) -> Result<GpuSelector<'_>, SkuError> {
-        if input.trim().eq_ignore_ascii_case("attached") {
+        if is_attached(input) {
             return Ok(GpuSelector::Attached);
         }
         let known = |t: &String| {

@@ -7,7 +7,7 @@ use crate::api::types::{
     EstimateRequest, FromFileResponse, GpuChoice, GpuRequest, NamesRequest, SummaryFormatRequest,
 };
 use crate::calibration::label::Stack;
-use crate::devices::sku::{Catalogue, GpuSelector};
+use crate::devices::sku::Catalogue;
 use crate::devices::GpuDevices;
 use crate::engine::files;
 use crate::error::ApiError;
@@ -185,14 +185,14 @@ pub fn validate(
         from_files,
         node,
         counted: true,
-        reads_device: names_attached(request.gpu.as_ref(), catalogue),
+        reads_device: names_attached(request.gpu.as_ref()),
     })
 }
 
 /// Whether `choice` names the attached card (alone or in a list).
-fn names_attached(choice: Option<&GpuChoice>, catalogue: &Catalogue) -> bool {
+fn names_attached(choice: Option<&GpuChoice>) -> bool {
     let attached = |card: &GpuRequest| match card {
-        GpuRequest::Name(name) => matches!(catalogue.select(name), Ok(GpuSelector::Attached)),
+        GpuRequest::Name(name) => crate::devices::sku::is_attached(name),
         GpuRequest::Custom(_) => false,
     };
     match choice {
