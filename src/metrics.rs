@@ -194,6 +194,14 @@ impl Metrics {
         }
     }
 
+    /// Counts one answer of `family` in combined memory class `class`
+    /// (`gpucast_predicted_class_total`).
+    pub fn count_class(&self, family: &str, class: usize) {
+        self.predicted_class_total
+            .with_label_values(&[family, &class.to_string()])
+            .inc();
+    }
+
     /// Publishes the state of one calibration profile (a GPU's own, or a GPU's in an
     /// environment).
     pub fn record_calibration(&self, profile: &CalibrationProfile) {

@@ -63,26 +63,13 @@ def memo_churn(port, bodies=6_000, clients=8):
         )
 
     reused_before = kept_reused()
-    sizes = iter(range(1, bodies + 1))
-    lock, statuses = threading.Lock(), collections.Counter()
 
-    def client():
-        while True:
-            with lock:
-                size = next(sizes, None)
-            if size is None:
-                return
-            job = example_job()
-            job["batch_size"] = 1_000_000 + size
-            status = request(port, "POST", "/v1/estimate", job)
-            with lock:
-                statuses[str(status)] += 1
+    def post(size):
+        job = example_job()
+        job["batch_size"] = 1_000_000 + size
+        return request(port, "POST", "/v1/estimate", job)
 
-    threads = [threading.Thread(target=client) for _ in range(clients)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    statuses = concurrently(clients, post, items=range(1, bodies + 1))
     expect_statuses(statuses, {"200"})
     return statuses, {"bodies": bodies, "answers_reused": kept_reused() - reused_before}
 

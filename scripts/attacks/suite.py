@@ -208,14 +208,27 @@ def check_existing(report):
         target("no thread left behind", threads and threads[0].split()[1] == threads[0].split()[3], threads)
 
 
-def concurrently(n, work):
+def concurrently(n, work, items=None):
+    """`n` threads, each calling `work()` once; with `items`, calling `work(item)` for the next
+    item until none is left. The statuses returned, counted."""
     statuses = collections.Counter()
     lock = threading.Lock()
+    shared = None if items is None else iter(items)
 
     def one():
-        status = work()
-        with lock:
-            statuses[str(status)] += 1
+        if shared is None:
+            status = work()
+            with lock:
+                statuses[str(status)] += 1
+            return
+        while True:
+            with lock:
+                item = next(shared, None)
+            if item is None:
+                return
+            status = work(item)
+            with lock:
+                statuses[str(status)] += 1
 
     threads = [threading.Thread(target=one) for _ in range(n)]
     for thread in threads:

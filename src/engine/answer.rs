@@ -484,12 +484,7 @@ fn respond(
         }
         engine
             .metrics
-            .predicted_class_total
-            .with_label_values(&[
-                estimate.family.as_str(),
-                &estimate.class.class.index.to_string(),
-            ])
-            .inc();
+            .count_class(estimate.family.as_str(), estimate.class.class.index);
     }
     // With a roofline every metric has a figure: no reason to write.
     let null_reasons = if roofline.is_ok() {

@@ -399,12 +399,7 @@ fn count_reused(engine: &Engine, answer: &mut EstimateResponse, started: Instant
     answer.latency_us.total = crate::api::answer::round_1(started.elapsed().as_secs_f64() * 1e6);
     engine
         .metrics
-        .predicted_class_total
-        .with_label_values(&[
-            answer.family.as_str(),
-            &answer.memory.class.index.to_string(),
-        ])
-        .inc();
+        .count_class(&answer.family, answer.memory.class.index);
     engine.metrics.answers_reused_total.inc();
 }
 
